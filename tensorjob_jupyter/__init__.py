@@ -1,0 +1,19 @@
+"""tensorjob-jupyter: sandboxed WebAssembly tensor jobs against a local model.
+
+A guest (a wasm module speaking the cuttlefish proc-block ABI) returns
+commands; the host carries them out under the job's grants and limits and
+steps the guest again, publishing every move as an ordered event stream.
+
+    import tensorjob_jupyter as tj
+    envelope = tj.run("guests/examples/wordcount.c", input={"path": "book.txt"}, read=["book.txt"])
+"""
+
+from .abi import Envelope, JobError, JobStatus, TokenAction, Usage, codes
+from .jobs import Job, get_job, jobs, run
+from .limits import Limits
+from .runner import InferOptions, JobStats
+
+__version__ = "0.1.0"
+
+__all__ = ["Envelope", "InferOptions", "Job", "JobError", "JobStats", "JobStatus", "Limits", "TokenAction",
+           "Usage", "codes", "get_job", "jobs", "run", "__version__"]

@@ -1,0 +1,514 @@
+"""The wire types that cross the guest boundary, and their strict parsing.
+
+This module is the cuttlefish proc-block ABI in Python. A guest returns a
+``Command`` (JSON tagged by ``"cmd"``) from ``cf_init``/``cf_step``; the host
+answers with an ``Event`` (JSON tagged by ``"event"``). Everything is
+snake_case, the tag comes first and the other fields follow in declaration
+order, so the bytes we send are the bytes cuttlefish's serde would send.
+
+Guest output is hostile input: ``parse_command`` accepts exactly the shapes
+cuttlefish's serde would accept (unknown extra keys ignored, ``images``
+defaulting to ``[]``) and rejects everything else -- invalid JSON or UTF-8,
+duplicate keys, an unknown ``cmd``, a missing or mistyped field, a float or a
+negative or out-of-range integer -- with an ``AbiError`` whose message names
+the problem. The runner turns that into ``wasm_trap``.
+
+The job result is an ``Envelope``: ``status``, ``result`` (only when
+completed), ``error`` (only when failed or cancelled) and ``usage`` (always).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+U32_MAX = 2**32 - 1
+U64_MAX = 2**64 - 1
+
+
+class codes:
+    """The error codes, exact strings. Cuttlefish's nine plus ours (marked)."""
+
+    MODEL_LOAD_FAILED = "model_load_failed"
+    CAPABILITY_DENIED = "capability_denied"
+    SCHEMA_VALIDATION_FAILED = "schema_validation_failed"
+    SCRIPT_ERROR = "script_error"
+    WASM_TRAP = "wasm_trap"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    UNSUPPORTED = "unsupported"
+    NOT_FOUND = "not_found"
+    #: Ours: the job ran into one of its configured limits (steps, handles,
+    #: emit payload size, token budget). The message names the limit.
+    LIMIT_EXCEEDED = "limit_exceeded"
+    #: Ours: the inference worker's request queue was full.
+    BUSY = "busy"
+
+
+ERROR_CODES = frozenset(
+    v for k, v in vars(codes).items() if not k.startswith("_") and isinstance(v, str)
+)
+
+
+class AbiError(ValueError):
+    """A guest produced bytes that are not a valid command (-> ``wasm_trap``)."""
+
+
+class JobStatus(str, enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+    def __str__(self) -> str:  # pragma: no cover - convenience
+        return self.value
+
+
+class TokenAction(enum.IntEnum):
+    """What ``cf_on_token`` returns: 0 continues; *anything* else stops."""
+
+    CONTINUE = 0
+    STOP = 1
+
+    @classmethod
+    def from_i32(cls, value: int) -> "TokenAction":
+        return cls.CONTINUE if value == 0 else cls.STOP
+
+
+# --- media kinds -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MediaKind:
+    """What ``opened`` says a handle holds: text, image, document or binary."""
+
+    kind: str = "text"
+    format: str | None = None  # image only
+    pages: int | None = None  # document only
+    has_text_layer: bool | None = None  # document only
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = {"kind": self.kind}
+        if self.kind == "image":
+            out["format"] = self.format
+        elif self.kind == "document":
+            out["pages"] = self.pages
+            out["has_text_layer"] = self.has_text_layer
+        return out
+
+    @classmethod
+    def from_json(cls, value: Any) -> "MediaKind":
+        obj = _expect_object(value, "kind")
+        kind = _field(obj, "kind", str, "kind")
+        if kind == "text" or kind == "binary":
+            return cls(kind)
+        if kind == "image":
+            return cls("image", format=_field(obj, "format", str, "kind"))
+        if kind == "document":
+            return cls(
+                "document",
+                pages=_u32(obj, "pages", "kind"),
+                has_text_layer=_field(obj, "has_text_layer", bool, "kind"),
+            )
+        raise AbiError(f"unknown media kind {kind!r}")
+
+
+TEXT = MediaKind("text")
+BINARY = MediaKind("binary")
+
+# --- commands ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Infer:
+    prompt: str
+    max_tokens: int
+    images: tuple[int, ...] = ()
+    cmd = "infer"
+
+    def to_json(self) -> dict:
+        return {"cmd": "infer", "prompt": self.prompt, "max_tokens": self.max_tokens,
+                "images": list(self.images)}
+
+
+@dataclass(frozen=True)
+class Open:
+    path: str
+    cmd = "open"
+
+    def to_json(self) -> dict:
+        return {"cmd": "open", "path": self.path}
+
+
+@dataclass(frozen=True)
+class Slice:
+    handle: int
+    offset: int
+    len: int
+    cmd = "slice"
+
+    def to_json(self) -> dict:
+        return {"cmd": "slice", "handle": self.handle, "offset": self.offset, "len": self.len}
+
+
+@dataclass(frozen=True)
+class SliceBytes:
+    handle: int
+    offset: int
+    len: int
+    cmd = "slice_bytes"
+
+    def to_json(self) -> dict:
+        return {"cmd": "slice_bytes", "handle": self.handle, "offset": self.offset,
+                "len": self.len}
+
+
+@dataclass(frozen=True)
+class Embed:
+    texts: tuple[str, ...]
+    cmd = "embed"
+
+    def to_json(self) -> dict:
+        return {"cmd": "embed", "texts": list(self.texts)}
+
+
+@dataclass(frozen=True)
+class Emit:
+    progress: Any
+    cmd = "emit"
+
+    def to_json(self) -> dict:
+        return {"cmd": "emit", "progress": self.progress}
+
+
+@dataclass(frozen=True)
+class Done:
+    result: Any
+    cmd = "done"
+
+    def to_json(self) -> dict:
+        return {"cmd": "done", "result": self.result}
+
+
+@dataclass(frozen=True)
+class Fail:
+    code: str
+    message: str
+    cmd = "fail"
+
+    def to_json(self) -> dict:
+        return {"cmd": "fail", "code": self.code, "message": self.message}
+
+
+Command = Union[Infer, Open, Slice, SliceBytes, Embed, Emit, Done, Fail]
+
+#: Cuttlefish commands this host knows by name but does not implement. A guest
+#: that sends one fails with ``unsupported`` rather than an opaque parse error.
+UNSUPPORTED_COMMANDS = frozenset(
+    {"page_text", "page_text_opt", "page_image", "document_text", "image_op", "fetch"}
+)
+
+# --- events ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InferDone:
+    text: str
+    tokens_out: int
+
+    def to_json(self) -> dict:
+        return {"event": "infer_done", "text": self.text, "tokens_out": self.tokens_out}
+
+
+@dataclass(frozen=True)
+class Opened:
+    handle: int
+    len: int
+    kind: MediaKind = TEXT
+
+    def to_json(self) -> dict:
+        return {"event": "opened", "handle": self.handle, "len": self.len,
+                "kind": self.kind.to_json()}
+
+
+@dataclass(frozen=True)
+class Sliced:
+    text: str
+    next_offset: int
+
+    def to_json(self) -> dict:
+        return {"event": "sliced", "text": self.text, "next_offset": self.next_offset}
+
+
+@dataclass(frozen=True)
+class SlicedBytes:
+    bytes_base64: str
+    next_offset: int
+
+    def to_json(self) -> dict:
+        return {"event": "sliced_bytes", "bytes_base64": self.bytes_base64,
+                "next_offset": self.next_offset}
+
+
+@dataclass(frozen=True)
+class Embedded:
+    vectors: list[list[float]]
+
+    def to_json(self) -> dict:
+        return {"event": "embedded", "vectors": self.vectors}
+
+
+@dataclass(frozen=True)
+class Emitted:
+    def to_json(self) -> dict:
+        return {"event": "emitted"}
+
+
+Event = Union[InferDone, Opened, Sliced, SlicedBytes, Embedded, Emitted]
+
+# --- usage and the envelope --------------------------------------------------
+
+
+@dataclass
+class Usage:
+    tokens_in: int = 0
+    tokens_out: int = 0
+    duration_ms: int = 0
+    model: str = ""
+
+    def to_json(self) -> dict:
+        return {"tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
+                "duration_ms": self.duration_ms, "model": self.model}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "Usage":
+        return cls(obj.get("tokens_in", 0), obj.get("tokens_out", 0),
+                   obj.get("duration_ms", 0), obj.get("model", ""))
+
+
+@dataclass(frozen=True)
+class JobError:
+    code: str
+    message: str
+
+    def to_json(self) -> dict:
+        return {"code": self.code, "message": self.message}
+
+
+@dataclass
+class Envelope:
+    status: JobStatus
+    usage: Usage = field(default_factory=Usage)
+    result: Any = None
+    error: JobError | None = None
+
+    def __post_init__(self) -> None:
+        self.status = JobStatus(self.status)
+        if self.status is not JobStatus.COMPLETED and self.result is not None:
+            raise ValueError("only a completed envelope carries a result")
+        if self.status is JobStatus.COMPLETED and self.error is not None:
+            raise ValueError("a completed envelope carries no error")
+
+    @property
+    def ok(self) -> bool:
+        return self.status is JobStatus.COMPLETED
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = {"status": self.status.value}
+        if self.status is JobStatus.COMPLETED:
+            out["result"] = self.result
+        if self.error is not None:
+            out["error"] = self.error.to_json()
+        out["usage"] = self.usage.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "Envelope":
+        err = obj.get("error")
+        return cls(
+            status=JobStatus(obj["status"]),
+            usage=Usage.from_json(obj.get("usage", {})),
+            result=obj.get("result"),
+            error=JobError(err["code"], err["message"]) if err else None,
+        )
+
+
+# --- encoding ----------------------------------------------------------------
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON, non-ASCII kept as UTF-8: serde_json's output format."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def encode_event(event: Event) -> bytes:
+    return dumps(event.to_json()).encode("utf-8")
+
+
+# --- strict parsing ----------------------------------------------------------
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    obj: dict = {}
+    for key, value in pairs:
+        if key in obj:
+            raise AbiError(f"duplicate field `{key}`")
+        obj[key] = value
+    return obj
+
+
+def _no_constants(name: str) -> Any:
+    raise AbiError(f"{name} is not valid JSON")
+
+
+def loads_strict(raw: bytes | bytearray | memoryview) -> Any:
+    """Parse JSON as serde_json would: UTF-8 only, no NaN, no duplicate keys."""
+    try:
+        text = bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise AbiError(f"command is not valid UTF-8 (byte {e.start})") from None
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+    except json.JSONDecodeError as e:
+        raise AbiError(f"command is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise AbiError("command JSON is nested too deeply") from None
+
+
+def _expect_object(value: Any, what: str) -> dict:
+    if not isinstance(value, dict):
+        raise AbiError(f"{what} must be a JSON object, got {_type_name(value)}")
+    return value
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number with a fraction" if not math.isfinite(value) or value != int(value) else "a float"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _field(obj: dict, name: str, typ: type, where: str) -> Any:
+    if name not in obj:
+        raise AbiError(f"`{where}` is missing field `{name}`")
+    value = obj[name]
+    if typ is str and not isinstance(value, str):
+        raise AbiError(f"`{where}.{name}` must be a string, got {_type_name(value)}")
+    if typ is bool and not isinstance(value, bool):
+        raise AbiError(f"`{where}.{name}` must be a boolean, got {_type_name(value)}")
+    return value
+
+
+def _int_in(value: Any, bound: int, label: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise AbiError(f"`{label}` must be an unsigned integer, got {_type_name(value)}")
+    if value < 0:
+        raise AbiError(f"`{label}` must not be negative, got {value}")
+    if value > bound:
+        raise AbiError(f"`{label}` = {value} is out of range (at most {bound})")
+    return value
+
+
+def _u32(obj: dict, name: str, where: str) -> int:
+    if name not in obj:
+        raise AbiError(f"`{where}` is missing field `{name}`")
+    return _int_in(obj[name], U32_MAX, f"{where}.{name}")
+
+
+def _u64(obj: dict, name: str, where: str) -> int:
+    if name not in obj:
+        raise AbiError(f"`{where}` is missing field `{name}`")
+    return _int_in(obj[name], U64_MAX, f"{where}.{name}")
+
+
+def _any(obj: dict, name: str, where: str) -> Any:
+    if name not in obj:
+        raise AbiError(f"`{where}` is missing field `{name}`")
+    return obj[name]
+
+
+class UnsupportedCommand(AbiError):
+    """A cuttlefish command this host knows by name but does not implement."""
+
+
+def command_from_json(value: Any) -> Command:
+    obj = _expect_object(value, "a command")
+    if "cmd" not in obj:
+        raise AbiError("command has no `cmd` tag")
+    tag = obj["cmd"]
+    if not isinstance(tag, str):
+        raise AbiError(f"`cmd` must be a string, got {_type_name(tag)}")
+    if tag == "infer":
+        images = obj.get("images", [])
+        if not isinstance(images, list):
+            raise AbiError(f"`infer.images` must be an array, got {_type_name(images)}")
+        return Infer(
+            prompt=_field(obj, "prompt", str, "infer"),
+            max_tokens=_u32(obj, "max_tokens", "infer"),
+            images=tuple(_int_in(h, U32_MAX, "infer.images[]") for h in images),
+        )
+    if tag == "open":
+        return Open(path=_field(obj, "path", str, "open"))
+    if tag == "slice":
+        return Slice(_u32(obj, "handle", "slice"), _u64(obj, "offset", "slice"), _u64(obj, "len", "slice"))
+    if tag == "slice_bytes":
+        return SliceBytes(_u32(obj, "handle", "slice_bytes"), _u64(obj, "offset", "slice_bytes"),
+                          _u64(obj, "len", "slice_bytes"))
+    if tag == "embed":
+        texts = _any(obj, "texts", "embed")
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise AbiError("`embed.texts` must be an array of strings")
+        return Embed(tuple(texts))
+    if tag == "emit":
+        return Emit(_any(obj, "progress", "emit"))
+    if tag == "done":
+        return Done(_any(obj, "result", "done"))
+    if tag == "fail":
+        return Fail(_field(obj, "code", str, "fail"), _field(obj, "message", str, "fail"))
+    if tag in UNSUPPORTED_COMMANDS:
+        raise UnsupportedCommand(f"`{tag}` is a cuttlefish command this host does not implement")
+    raise AbiError(f"unknown command `{tag}`")
+
+
+def parse_command(raw: bytes | bytearray | memoryview) -> Command:
+    """Bytes from a guest -> a ``Command``, or ``AbiError`` naming the problem."""
+    return command_from_json(loads_strict(raw))
+
+
+def event_from_json(value: Any) -> Event:
+    """Parse an event (used by tests and replay; the host only writes events)."""
+    obj = _expect_object(value, "an event")
+    tag = obj.get("event")
+    if tag == "infer_done":
+        return InferDone(_field(obj, "text", str, "infer_done"), _u32(obj, "tokens_out", "infer_done"))
+    if tag == "opened":
+        kind = MediaKind.from_json(obj["kind"]) if "kind" in obj else TEXT
+        return Opened(_u32(obj, "handle", "opened"), _u64(obj, "len", "opened"), kind)
+    if tag == "sliced":
+        return Sliced(_field(obj, "text", str, "sliced"), _u64(obj, "next_offset", "sliced"))
+    if tag == "sliced_bytes":
+        return SlicedBytes(_field(obj, "bytes_base64", str, "sliced_bytes"),
+                           _u64(obj, "next_offset", "sliced_bytes"))
+    if tag == "embedded":
+        return Embedded(_any(obj, "vectors", "embedded"))
+    if tag == "emitted":
+        return Emitted()
+    raise AbiError(f"unknown event `{tag}`")

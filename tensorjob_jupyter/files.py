@@ -1,0 +1,169 @@
+"""A job's open files: handles, content sniffing and bounded windows.
+
+Bulk data never crosses the guest boundary whole. ``open`` yields a handle,
+the length and the kind (sniffed from the first 4 KiB of content, never from
+the name) without reading the file; ``slice`` and ``slice_bytes`` then serve
+one bounded window at a time with ``pread``, so neither the host nor the
+guest ever holds the whole file, and offsets past 4 GiB work.
+
+``slice`` cuts each window back to a UTF-8 character boundary and reports
+the ``next_offset`` to resume from; a window too small to hold one character
+is an error, never an empty read that would spin a guest forever. The job's
+``max_window_bytes`` caps every window: a guest asking for more gets less.
+
+Handles count from 0 in each job and are never reused; a job may hold at
+most ``max_handles`` of them. Errors carry cuttlefish's codes: a bad handle
+or offset is ``capability_denied`` (the handle is the capability).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .abi import MediaKind, codes
+from .caps import AccessError
+
+SNIFF_BYTES = 4096
+
+
+def sniff(head: bytes, length: int) -> MediaKind:
+    """The media kind of a file from its first bytes (cuttlefish's order).
+
+    PDFs are reported as ``binary``: this host extracts no pages, so the
+    byte commands are the only ones that apply to them.
+    """
+    if head.startswith(b"\x89PNG"):
+        return MediaKind("image", format="png")
+    if head.startswith(b"\xff\xd8\xff"):
+        return MediaKind("image", format="jpeg")
+    if head.startswith(b"GIF8"):
+        return MediaKind("image", format="gif")
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return MediaKind("image", format="webp")
+    if length == 0:
+        return MediaKind("text")
+    try:
+        head.decode("utf-8")
+        return MediaKind("text")
+    except UnicodeDecodeError as e:
+        # Only a character cut off by the sniff window is still text.
+        if e.reason == "unexpected end of data" and e.start > 0:
+            return MediaKind("text")
+        return MediaKind("binary")
+
+
+def utf8_prefix(buf: bytes) -> int:
+    """Length of the longest prefix of ``buf`` that is complete, valid UTF-8."""
+    try:
+        buf.decode("utf-8")
+        return len(buf)
+    except UnicodeDecodeError as e:
+        return e.start
+
+
+@dataclass
+class OpenFile:
+    handle: int
+    path: Path
+    fd: int
+    len: int
+    kind: MediaKind
+    bytes_read: int = 0
+
+
+@dataclass(frozen=True)
+class Window:
+    data: bytes
+    offset: int
+    next_offset: int
+
+    @property
+    def text(self) -> str:
+        return self.data.decode("utf-8")
+
+
+class Handles:
+    """The table of files one job has open."""
+
+    def __init__(self, max_handles: int = 64, max_window_bytes: int = 4 * 1024 * 1024):
+        self.max_handles = max_handles
+        self.max_window_bytes = max_window_bytes
+        self._files: dict[int, OpenFile] = {}
+        self._next = 0
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def __iter__(self):
+        return iter(self._files.values())
+
+    def add(self, fd: int, path: Path) -> OpenFile:
+        """Take ownership of an open descriptor; sniff its kind from the head."""
+        if len(self._files) >= self.max_handles:
+            os.close(fd)
+            raise AccessError(codes.LIMIT_EXCEEDED,
+                              f"the job already holds {self.max_handles} open files (max_handles)")
+        try:
+            length = os.fstat(fd).st_size
+            head = os.pread(fd, min(SNIFF_BYTES, length), 0) if length else b""
+        except OSError as e:
+            os.close(fd)
+            raise AccessError(codes.CAPABILITY_DENIED, f"cannot read {path}: {e.strerror}") from None
+        f = OpenFile(self._next, path, fd, length, sniff(head, length))
+        self._files[f.handle] = f
+        self._next += 1
+        return f
+
+    def get(self, handle: int) -> OpenFile:
+        f = self._files.get(handle)
+        if f is None:
+            raise AccessError(codes.CAPABILITY_DENIED, f"no such handle: {handle}")
+        return f
+
+    def _read(self, handle: int, offset: int, length: int) -> tuple[OpenFile, bytes]:
+        f = self.get(handle)
+        if offset > f.len:
+            raise AccessError(codes.CAPABILITY_DENIED, f"offset {offset} is past end of file ({f.len} bytes)")
+        want = min(length, self.max_window_bytes, f.len - offset)
+        try:
+            data = os.pread(f.fd, want, offset) if want > 0 else b""
+        except OSError as e:
+            raise AccessError(codes.CAPABILITY_DENIED, f"cannot read {f.path}: {e.strerror}") from None
+        f.bytes_read += len(data)
+        return f, data
+
+    def slice_bytes(self, handle: int, offset: int, length: int) -> Window:
+        _, data = self._read(handle, offset, length)
+        return Window(data, offset, offset + len(data))
+
+    def slice(self, handle: int, offset: int, length: int) -> Window:
+        f, data = self._read(handle, offset, length)
+        valid = utf8_prefix(data)
+        if valid == 0 and data:
+            if _incomplete_lead(data):
+                if offset + len(data) < f.len:
+                    raise AccessError(codes.CAPABILITY_DENIED,
+                                      f"window of {len(data)} bytes is too small to hold one character")
+                raise AccessError(codes.CAPABILITY_DENIED,
+                                  f"the file ends inside a UTF-8 character at offset {offset}")
+            raise AccessError(codes.CAPABILITY_DENIED,
+                              f"the bytes at offset {offset} of handle {handle} are not valid UTF-8 text; "
+                              f"read them with slice_bytes")
+        return Window(data[:valid], offset, offset + valid)
+
+    def close(self) -> None:
+        for f in self._files.values():
+            try:
+                os.close(f.fd)
+            except OSError:
+                pass
+        self._files.clear()
+
+
+def _incomplete_lead(data: bytes) -> bool:
+    """True when ``data`` starts a valid multi-byte character that was cut short."""
+    lead = data[0]
+    need = 2 if lead >> 5 == 0b110 else 3 if lead >> 4 == 0b1110 else 4 if lead >> 3 == 0b11110 else 0
+    return need > len(data) and all(b >> 6 == 0b10 for b in data[1:])

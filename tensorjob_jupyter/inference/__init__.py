@@ -1,0 +1,9 @@
+"""Model backends: the request shapes, the worker thread, and the engines."""
+
+from .base import (Backend, Engine, GenerateRequest, GenerateResult, GenerateUsage, LoraChoice,
+                   ModelError, QueueFull, Sampler)
+from .scripted import ScriptedBackend, ScriptedEngine
+from .worker import InferenceWorker
+
+__all__ = ["Backend", "Engine", "GenerateRequest", "GenerateResult", "GenerateUsage", "InferenceWorker",
+           "LoraChoice", "ModelError", "QueueFull", "Sampler", "ScriptedBackend", "ScriptedEngine"]

@@ -1,0 +1,108 @@
+"""The request and answer shapes every model backend speaks.
+
+A job never touches a model directly: it sends a ``GenerateRequest`` (or a
+list of texts to embed) to a backend and gets a ``concurrent.futures.Future``
+back, so the job's own thread stays free to step the guest, watch for
+cancellation and forward tokens while the model works elsewhere. Streaming is
+a callback per token whose return value says whether to go on: that is the
+return path a guest's stop verdict (or a cancel) takes to reach the decoder.
+
+``Engine`` is the synchronous thing that owns a model and runs only on its
+worker thread; ``Backend`` is what jobs hold (see ``worker.InferenceWorker``).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+TokenCallback = Callable[[str], bool]
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+FINISH_CANCELLED = "cancelled"
+
+
+class ModelError(RuntimeError):
+    """The model failed (to load, or while generating): ``model_load_failed``."""
+
+
+class QueueFull(RuntimeError):
+    """The worker's request queue is full; the request was not accepted."""
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """Sampling settings; temperature 0 means greedy decoding."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+                "min_p": self.min_p, "repeat_penalty": self.repeat_penalty, "seed": self.seed,
+                "stop": list(self.stop)}
+
+
+@dataclass(frozen=True)
+class LoraChoice:
+    """One adapter, by configured name, and the scale to apply it at."""
+
+    name: str
+    scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    prompt: str
+    max_tokens: int
+    sampler: Sampler = field(default_factory=Sampler)
+    cache_prompt: bool = True
+    lora: tuple[LoraChoice, ...] = ()
+    chat: bool = False  # apply the model's chat template to the prompt
+
+
+@dataclass
+class GenerateUsage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    time_to_first_token_s: float | None = None
+    tokens_per_second: float | None = None
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class GenerateResult:
+    text: str
+    finish_reason: str
+    usage: GenerateUsage = field(default_factory=GenerateUsage)
+
+
+class Engine(Protocol):
+    """Owns one model; called only from its worker thread."""
+
+    model_name: str
+
+    def generate(self, request: GenerateRequest, on_token: TokenCallback) -> GenerateResult: ...
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
+
+
+class Backend(Protocol):
+    """What a job holds: submit work, get futures. Thread-safe."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    def generate_stream(self, request: GenerateRequest, on_token: TokenCallback) -> "Future[GenerateResult]": ...
+
+    def embed(self, texts: Sequence[str]) -> "Future[list[list[float]]]": ...

@@ -1,0 +1,90 @@
+"""A deterministic engine for tests and demos: replies from a script.
+
+``ScriptedEngine`` answers each prompt with a fixed text (or one computed
+from the prompt), streamed as word tokens the way cuttlefish's stub does:
+the first word bare, the rest with a leading space. It honours
+``max_tokens`` and the stop verdict exactly like a real decoder -- the token
+that receives the stop verdict is counted and kept -- and can be told to
+pause between tokens or to fail, so every path of the host can be tested
+without a model. Embeddings are stable pseudo-random unit vectors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+import time
+from typing import Callable, Sequence
+
+from .base import (FINISH_LENGTH, FINISH_STOP, GenerateRequest, GenerateResult, GenerateUsage,
+                   ModelError, TokenCallback)
+from .worker import InferenceWorker
+
+Reply = str | Callable[[str], str]
+
+
+class ScriptedEngine:
+    def __init__(self, reply: Reply | Sequence[str] = "a stub summary", *, token_delay_s: float = 0.0,
+                 fail: str | None = None, model_name: str = "scripted", embedding_dim: int = 8):
+        self.reply = reply
+        self.token_delay_s = token_delay_s
+        self.fail = fail
+        self.model_name = model_name
+        self.embedding_dim = embedding_dim
+        self.prompts: list[str] = []
+
+    def _text_for(self, prompt: str) -> str:
+        if callable(self.reply):
+            return self.reply(prompt)
+        if isinstance(self.reply, str):
+            return self.reply
+        replies = list(self.reply)
+        return replies[min(len(self.prompts) - 1, len(replies) - 1)] if replies else ""
+
+    def generate(self, request: GenerateRequest, on_token: TokenCallback) -> GenerateResult:
+        self.prompts.append(request.prompt)
+        if self.fail:
+            raise ModelError(self.fail)
+        words = self._text_for(request.prompt).split()
+        started = time.perf_counter()
+        first = None
+        pieces: list[str] = []
+        finish = FINISH_STOP
+        for i, word in enumerate(words):
+            if i >= request.max_tokens:
+                finish = FINISH_LENGTH
+                break
+            if self.token_delay_s:
+                time.sleep(self.token_delay_s)
+            piece = word if i == 0 else " " + word
+            pieces.append(piece)
+            first = first if first is not None else time.perf_counter() - started
+            if not on_token(piece):
+                break
+        elapsed = time.perf_counter() - started
+        usage = GenerateUsage(prompt_tokens=len(request.prompt.split()), completion_tokens=len(pieces),
+                              time_to_first_token_s=first,
+                              tokens_per_second=(len(pieces) / elapsed) if elapsed > 0 and pieces else None)
+        return GenerateResult("".join(pieces), finish, usage)
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        if self.fail:
+            raise ModelError(self.fail)
+        out = []
+        for text in texts:
+            digest = hashlib.sha256(text.encode("utf-8")).digest()
+            raw = [v / 2**31 - 1.0 for v in struct.unpack(f"<{self.embedding_dim}I",
+                                                          (digest * 4)[: 4 * self.embedding_dim])]
+            norm = math.sqrt(sum(x * x for x in raw)) or 1.0
+            out.append([x / norm for x in raw])
+        return out
+
+
+class ScriptedBackend(InferenceWorker):
+    """An ``InferenceWorker`` serving a ``ScriptedEngine``."""
+
+    def __init__(self, reply: Reply | Sequence[str] = "a stub summary", **kwargs):
+        queue_size = kwargs.pop("queue_size", 64)
+        self.scripted = ScriptedEngine(reply, **kwargs)
+        super().__init__(self.scripted, queue_size=queue_size, name="tensorjob-scripted")

@@ -1,0 +1,122 @@
+"""One thread per model, fed by a bounded queue of requests.
+
+A model object (``llama_cpp.Llama`` above all) is not thread-safe, so exactly
+one thread ever touches it: the worker. Jobs submit ``generate_stream`` and
+``embed`` requests and get futures; requests run one at a time in arrival
+order, so jobs sharing a model interleave request by request and none
+starves. The queue is bounded: when it is full a request fails at once with
+``QueueFull`` instead of blocking the caller forever.
+
+The engine is built on the worker thread on first use, so a model that fails
+to load fails the requests that needed it (``ModelError`` with the reason)
+and nothing else. A token callback that raises -- a job that died mid-request
+-- stops that generation and never wedges the worker.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable, Sequence
+
+from .base import Engine, GenerateRequest, GenerateResult, ModelError, QueueFull, TokenCallback
+
+_STOP = object()
+
+
+class InferenceWorker:
+    """A ``Backend`` that serves one engine from one thread."""
+
+    def __init__(self, engine: Engine | Callable[[], Engine], *, model_name: str | None = None,
+                 queue_size: int = 64, name: str = "tensorjob-inference"):
+        self._factory = engine if callable(engine) and not hasattr(engine, "generate") else (lambda: engine)
+        self._engine: Engine | None = None
+        self._load_error: BaseException | None = None
+        self._model_name = model_name or getattr(engine, "model_name", None)
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._closed = False
+        self.requests_served = 0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def model_name(self) -> str:
+        return self._model_name or "unknown"
+
+    @property
+    def engine(self) -> Engine | None:
+        return self._engine
+
+    # -- submitting ---------------------------------------------------------------
+
+    def _submit(self, kind: str, payload: Any, on_token: TokenCallback | None = None) -> Future:
+        if self._closed:
+            raise ModelError("the inference worker is closed")
+        fut: Future = Future()
+        try:
+            self._queue.put_nowait((kind, payload, on_token, fut))
+        except queue.Full:
+            raise QueueFull(f"the inference queue for {self.model_name} is full "
+                            f"({self._queue.maxsize} requests waiting); try again later") from None
+        return fut
+
+    def generate_stream(self, request: GenerateRequest, on_token: TokenCallback) -> "Future[GenerateResult]":
+        return self._submit("generate", request, on_token)
+
+    def generate(self, request: GenerateRequest) -> "Future[GenerateResult]":
+        return self._submit("generate", request, lambda _t: True)
+
+    def embed(self, texts: Sequence[str]) -> "Future[list[list[float]]]":
+        return self._submit("embed", list(texts))
+
+    def close(self, timeout: float | None = 5.0) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+
+    # -- the worker thread -----------------------------------------------------------
+
+    def _load(self) -> Engine:
+        if self._engine is None:
+            if self._load_error is not None:
+                raise ModelError(str(self._load_error))
+            try:
+                self._engine = self._factory()
+            except BaseException as e:  # noqa: BLE001 - any load failure is reported
+                self._load_error = e
+                raise ModelError(str(e)) from e
+            self._model_name = self._model_name or getattr(self._engine, "model_name", None)
+        return self._engine
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            kind, payload, on_token, fut = item
+            if not fut.set_running_or_notify_cancel():
+                continue  # cancelled while it waited in the queue
+            try:
+                engine = self._load()
+                if kind == "generate":
+                    result = engine.generate(payload, _guarded(on_token))
+                else:
+                    result = engine.embed(payload)
+            except BaseException as e:  # noqa: BLE001 - reported through the future
+                fut.set_exception(e if isinstance(e, (ModelError, QueueFull)) else ModelError(f"{type(e).__name__}: {e}"))
+            else:
+                fut.set_result(result)
+            finally:
+                self.requests_served += 1
+
+
+def _guarded(on_token: TokenCallback) -> TokenCallback:
+    def call(token: str) -> bool:
+        try:
+            return bool(on_token(token))
+        except BaseException:  # noqa: BLE001 - a dead listener means stop
+            return False
+    return call

@@ -1,0 +1,133 @@
+"""Each ``infer`` as one response in the Open Responses event format.
+
+An infer publishes, in order: ``response.created`` (status ``queued``),
+``response.in_progress``, ``response.output_item.added`` (a message item),
+``response.content_part.added``, one ``response.output_text.delta`` per
+token, ``response.output_text.done``, ``response.content_part.done``,
+``response.output_item.done``, and then exactly one terminal event:
+``response.completed``; ``response.incomplete`` with
+``incomplete_details.reason`` = ``max_output_tokens`` when the token limit cut
+it short, or ``stopped`` when the guest said stop; or ``error`` followed by
+``response.failed`` when the model failed. Text events carry ``item_id``,
+nullable fields are present as ``null``, and usage includes
+``input_tokens_details.cached_tokens`` -- the spec's shape, not a subset.
+
+The events are published on the job's stream, so their ``sequence_number``
+counts across the whole job rather than restarting per response.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from .events import EventStream
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class ResponseStream:
+    """Publishes one infer's Open Responses events on a job's stream."""
+
+    def __init__(self, stream: EventStream, *, model: str, max_output_tokens: int,
+                 temperature: float | None = None, top_p: float | None = None, index: int = 0):
+        self.stream = stream
+        self.id = _id("resp")
+        self.item_id = _id("msg")
+        self.model = model
+        self.index = index
+        self.max_output_tokens = max_output_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.created_at = int(time.time())
+        self.text_parts: list[str] = []
+        self._opened = False
+
+    # -- snapshots ------------------------------------------------------------------
+
+    def _part(self, text: str) -> dict:
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+    def _item(self, status: str, text: str | None) -> dict:
+        content = [] if text is None else [self._part(text)]
+        return {"type": "message", "id": self.item_id, "status": status, "role": "assistant",
+                "content": content}
+
+    def _resource(self, status: str, *, output: list | None = None, usage: dict | None = None,
+                  error: dict | None = None, incomplete: dict | None = None,
+                  completed_at: int | None = None) -> dict:
+        return {
+            "id": self.id, "object": "response", "created_at": self.created_at,
+            "completed_at": completed_at, "status": status, "incomplete_details": incomplete,
+            "model": self.model, "previous_response_id": None, "instructions": None,
+            "output": output or [], "error": error, "tools": [], "tool_choice": "none",
+            "truncation": "disabled", "parallel_tool_calls": False,
+            "text": {"format": {"type": "text"}}, "top_p": self.top_p,
+            "presence_penalty": 0.0, "frequency_penalty": 0.0, "top_logprobs": 0,
+            "temperature": self.temperature, "reasoning": None, "usage": usage,
+            "max_output_tokens": self.max_output_tokens, "max_tool_calls": None,
+            "store": False, "background": False, "service_tier": "default", "metadata": {},
+            "safety_identifier": None, "prompt_cache_key": None,
+        }
+
+    @staticmethod
+    def usage_json(input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict:
+        return {"input_tokens": input_tokens,
+                "input_tokens_details": {"cached_tokens": cached_tokens},
+                "output_tokens": output_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": input_tokens + output_tokens}
+
+    # -- the sequence ---------------------------------------------------------------
+
+    def start(self) -> None:
+        self.stream.publish("response.created", response=self._resource("queued"), infer_index=self.index)
+        self.stream.publish("response.in_progress", response=self._resource("in_progress"),
+                            infer_index=self.index)
+
+    def _open(self) -> None:
+        if self._opened:
+            return
+        self._opened = True
+        self.stream.publish("response.output_item.added", output_index=0,
+                            item=self._item("in_progress", None))
+        self.stream.publish("response.content_part.added", item_id=self.item_id, output_index=0,
+                            content_index=0, part=self._part(""))
+
+    def delta(self, text: str) -> None:
+        self._open()
+        self.text_parts.append(text)
+        self.stream.publish("response.output_text.delta", item_id=self.item_id, output_index=0,
+                            content_index=0, delta=text, logprobs=[])
+
+    def _close_item(self, text: str, status: str) -> dict:
+        self._open()
+        self.stream.publish("response.output_text.done", item_id=self.item_id, output_index=0,
+                            content_index=0, text=text, logprobs=[])
+        self.stream.publish("response.content_part.done", item_id=self.item_id, output_index=0,
+                            content_index=0, part=self._part(text))
+        item = self._item(status, text)
+        self.stream.publish("response.output_item.done", output_index=0, item=item)
+        return item
+
+    def finish(self, text: str, *, usage: dict, incomplete_reason: str | None = None,
+               extra: dict[str, Any] | None = None) -> None:
+        """Close the response: completed, or incomplete with ``incomplete_reason``."""
+        status = "incomplete" if incomplete_reason else "completed"
+        item = self._close_item(text, status)
+        resource = self._resource(status, output=[item], usage=usage, completed_at=int(time.time()),
+                                  incomplete={"reason": incomplete_reason} if incomplete_reason else None)
+        resource["output_text"] = text
+        self.stream.publish(f"response.{status}", response=resource, **(extra or {}))
+
+    def fail(self, message: str, *, code: str | None = None, error_type: str = "model_error") -> None:
+        """The model failed: an ``error`` event, then ``response.failed``."""
+        error = {"type": error_type, "code": code, "message": message, "param": None}
+        self.stream.publish("error", error=error)
+        output = [self._item("incomplete", "".join(self.text_parts))] if self._opened else []
+        self.stream.publish("response.failed",
+                            response=self._resource("failed", output=output, error={"code": code or error_type,
+                                                                                    "message": message}))

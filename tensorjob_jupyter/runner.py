@@ -1,0 +1,355 @@
+"""The reactor: drive one guest from ``cf_init`` to ``done`` or ``fail``.
+
+A guest never calls the host and waits. It *returns* a command; the reactor
+carries it out and steps the guest again with the resulting event:
+
+    command = guest.init(input)
+    loop: check cancel and time -> execute(command) -> event -> command = guest.step(event)
+
+Because every iteration passes through here, the host sees everything and
+decides everything: ``open`` is checked against the job's grants (the one
+place a path enters the system; later ``slice``s name handles), windows are
+capped, ``emit`` payloads are measured and published verbatim, steps and
+tokens are counted against their budgets, and cancellation needs no
+cooperation from the guest -- between steps the reactor simply stops, and
+inside a step ``Guest.interrupt`` ends the call.
+
+``infer`` runs on the model's worker thread while this thread forwards each
+token first to the event stream (as an Open Responses delta) and then to the
+guest's ``cf_on_token``; a stop verdict travels back to the decoder through
+the token callback's return value, so generation ends within a token or two.
+
+Every exit path -- done, fail, trap, denial, limit, timeout, cancel --
+produces an ``Envelope`` with usage set and never a partial result; failures
+are values, not exceptions.
+"""
+
+from __future__ import annotations
+
+import base64
+import queue
+import threading
+import time
+from concurrent.futures import CancelledError, Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import abi
+from .abi import Envelope, JobError, JobStatus, Usage, codes, dumps
+from .caps import AccessError, Grants
+from .events import EventStream
+from .files import Handles
+from .guest import Guest, GuestTrap
+from .inference.base import (FINISH_LENGTH, Backend, GenerateRequest, LoraChoice, ModelError, QueueFull,
+                             Sampler)
+from .limits import Limits
+from .responses import ResponseStream
+from .streaming import StreamingHost
+
+PREVIEW_CHARS = 512
+PREVIEW_BYTES = 256
+POLL_S = 0.02
+
+
+class JobEnd(Exception):
+    """Ends the job with an error code (raised anywhere inside the reactor)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class InferOptions:
+    """How this job's ``infer`` commands are sent to the model."""
+
+    sampler: Sampler = field(default_factory=Sampler)
+    cache_prompt: bool = True
+    lora: tuple[LoraChoice, ...] = ()
+    chat: bool = False
+
+
+@dataclass
+class JobStats:
+    """What the job did, beyond the envelope's usage."""
+
+    steps: int = 0
+    peak_memory_bytes: int = 0
+    files_opened: int = 0
+    bytes_read: int = 0
+    infers: int = 0
+    embeds: int = 0
+    chunks: int = 0
+    stream_bytes: int = 0
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+class Reactor:
+    """Runs one job to its envelope. Construct and ``run()`` on the job's thread."""
+
+    def __init__(self, *, job_id: str, wasm: bytes, input: Any, grants: Grants, backend: Backend | None,
+                 limits: Limits, stream: EventStream, cancel: threading.Event,
+                 input_bytes: bytes = b"", infer: InferOptions | None = None):
+        self.job_id = job_id
+        self.wasm = wasm
+        self.input = input
+        self.grants = grants
+        self.backend = backend
+        self.limits = limits
+        self.stream = stream
+        self.cancel = cancel
+        self.input_bytes = input_bytes
+        self.infer_options = infer or InferOptions()
+        self.stats = JobStats()
+        self.usage = Usage(model=backend.model_name if backend is not None else "")
+        self.handles = Handles(limits.max_handles, limits.max_window_bytes)
+        self.guest: Guest | None = None
+        self._started = 0.0
+        self.deadline: float | None = None
+
+    # -- cancellation (any thread) ----------------------------------------------------
+
+    def request_cancel(self) -> None:
+        self.cancel.set()
+        guest = self.guest
+        if guest is not None:
+            guest.interrupt()
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def run(self) -> Envelope:
+        self._started = time.monotonic()
+        if self.limits.job_timeout_s is not None:
+            self.deadline = self._started + self.limits.job_timeout_s
+        try:
+            result = self._drive()
+            envelope = Envelope(JobStatus.COMPLETED, self.usage, result=result)
+        except (JobEnd, GuestTrap, AccessError) as e:
+            status = JobStatus.CANCELLED if e.code == codes.CANCELLED else JobStatus.FAILED
+            envelope = Envelope(status, self.usage, error=JobError(e.code, e.message))
+        except Exception as e:  # a host bug must still end the job cleanly
+            envelope = Envelope(JobStatus.FAILED, self.usage,
+                                error=JobError(codes.WASM_TRAP, f"internal host error: {type(e).__name__}: {e}"))
+        finally:
+            if self.guest is not None:
+                self.stats.peak_memory_bytes = self.guest.peak_memory_bytes
+                self.guest.close()
+            self.handles.close()
+        self.usage.duration_ms = int((time.monotonic() - self._started) * 1000)
+        return envelope
+
+    def _check_running(self) -> None:
+        if self.cancel.is_set():
+            raise JobEnd(codes.CANCELLED, "job cancelled")
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise JobEnd(codes.TIMEOUT, f"the job ran past its time limit of {self.limits.job_timeout_s} s")
+
+    def _drive(self) -> Any:
+        self._check_running()
+        streaming = StreamingHost(self.limits, self._on_chunk, self.input_bytes,
+                                  listening=lambda: not self.cancel.is_set(), on_flush=self.stream.flush)
+        self.guest = Guest(self.wasm, self.limits, [streaming], deadline=self.deadline)
+        if self.cancel.is_set():
+            self.guest.interrupt()
+        command = self.guest.init(dumps(self.input).encode("utf-8"))
+        self.stats.steps = 1
+        while True:
+            self._check_running()
+            if isinstance(command, abi.Done):
+                return command.result
+            if isinstance(command, abi.Fail):
+                raise JobEnd(command.code, command.message)
+            event = self._execute(command)
+            if self.stats.steps >= self.limits.max_steps:
+                raise JobEnd(codes.LIMIT_EXCEEDED,
+                             f"the guest returned {self.stats.steps} commands without finishing (max_steps)")
+            self._check_running()
+            command = self.guest.step(event)
+            self.stats.steps += 1
+
+    def _execute(self, command: abi.Command) -> abi.Event:
+        if isinstance(command, abi.Emit):
+            return self._emit(command)
+        if isinstance(command, abi.Open):
+            return self._open(command)
+        if isinstance(command, abi.Slice):
+            return self._slice(command)
+        if isinstance(command, abi.SliceBytes):
+            return self._slice_bytes(command)
+        if isinstance(command, abi.Infer):
+            return self._infer(command)
+        if isinstance(command, abi.Embed):
+            return self._embed(command)
+        raise JobEnd(codes.UNSUPPORTED, f"unexpected command {command!r}")  # pragma: no cover
+
+    # -- commands -----------------------------------------------------------------------
+
+    def _emit(self, cmd: abi.Emit) -> abi.Event:
+        size = len(dumps(cmd.progress).encode("utf-8"))
+        if size > self.limits.max_emit_bytes:
+            raise JobEnd(codes.LIMIT_EXCEEDED, f"emit payload of {size} bytes is over the "
+                                               f"{self.limits.max_emit_bytes}-byte limit (max_emit_bytes)")
+        self.stream.publish("job.progress", progress=cmd.progress)
+        return abi.Emitted()
+
+    def _open(self, cmd: abi.Open) -> abi.Event:
+        if len(self.handles) >= self.limits.max_handles:
+            raise JobEnd(codes.LIMIT_EXCEEDED,
+                         f"the job already holds {self.limits.max_handles} open files (max_handles)")
+        fd, canonical = self.grants.open_checked(cmd.path)
+        f = self.handles.add(fd, canonical)
+        self.stats.files_opened += 1
+        self.stream.publish("job.file.opened", handle=f.handle, path=cmd.path, resolved=str(canonical),
+                            len=f.len, kind=f.kind.to_json())
+        return abi.Opened(f.handle, f.len, f.kind)
+
+    def _slice(self, cmd: abi.Slice) -> abi.Event:
+        window = self.handles.slice(cmd.handle, cmd.offset, cmd.len)
+        text = window.text
+        self.stats.bytes_read += len(window.data)
+        self.stream.publish("job.file.sliced", handle=cmd.handle, offset=cmd.offset, requested=cmd.len,
+                            length=len(window.data), next_offset=window.next_offset, binary=False,
+                            preview=text[:PREVIEW_CHARS])
+        return abi.Sliced(text, window.next_offset)
+
+    def _slice_bytes(self, cmd: abi.SliceBytes) -> abi.Event:
+        window = self.handles.slice_bytes(cmd.handle, cmd.offset, cmd.len)
+        self.stats.bytes_read += len(window.data)
+        self.stream.publish("job.file.sliced", handle=cmd.handle, offset=cmd.offset, requested=cmd.len,
+                            length=len(window.data), next_offset=window.next_offset, binary=True,
+                            preview_base64=base64.b64encode(window.data[:PREVIEW_BYTES]).decode("ascii"))
+        return abi.SlicedBytes(base64.b64encode(window.data).decode("ascii"), window.next_offset)
+
+    def _on_chunk(self, data: bytes) -> None:
+        self.stats.chunks += 1
+        self.stats.stream_bytes += len(data)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        self.stream.publish("job.chunk", index=self.stats.chunks - 1,
+                            bytes_base64=base64.b64encode(data).decode("ascii"), text=text)
+
+    def _backend(self) -> Backend:
+        if self.backend is None:
+            raise JobEnd(codes.MODEL_LOAD_FAILED, "this job has no model, so it cannot infer or embed")
+        return self.backend
+
+    def _await(self, fut: Future, on_stop=None) -> Any:
+        """Wait for a model future while honouring cancel and the job deadline."""
+        while True:
+            try:
+                self._check_running()
+            except JobEnd:
+                fut.cancel()
+                if on_stop:
+                    on_stop()
+                raise
+            try:
+                return fut.result(timeout=POLL_S)
+            except FutureTimeout:
+                continue
+            except CancelledError:
+                raise JobEnd(codes.CANCELLED, "cancelled during inference") from None
+
+    def _embed(self, cmd: abi.Embed) -> abi.Event:
+        backend = self._backend()
+        try:
+            fut = backend.embed(list(cmd.texts))
+        except QueueFull as e:
+            raise JobEnd(codes.BUSY, str(e)) from None
+        try:
+            vectors = self._await(fut)
+        except ModelError as e:
+            raise JobEnd(codes.MODEL_LOAD_FAILED, str(e)) from None
+        self.stats.embeds += 1
+        self.stream.publish("job.embedded", count=len(vectors), dimensions=len(vectors[0]) if vectors else 0)
+        return abi.Embedded(vectors)
+
+    def _infer(self, cmd: abi.Infer) -> abi.Event:
+        if cmd.images:
+            raise JobEnd(codes.UNSUPPORTED, "infer with images needs a vision-capable model; "
+                                            "this host serves text models only")
+        backend = self._backend()
+        remaining = self.limits.max_tokens - self.usage.tokens_out
+        if remaining <= 0:
+            raise JobEnd(codes.LIMIT_EXCEEDED,
+                         f"the job's token budget of {self.limits.max_tokens} tokens is spent (max_tokens)")
+        max_tokens = min(cmd.max_tokens, remaining)
+        opts = self.infer_options
+        response = ResponseStream(self.stream, model=backend.model_name, max_output_tokens=max_tokens,
+                                  temperature=opts.sampler.temperature, top_p=opts.sampler.top_p,
+                                  index=self.stats.infers)
+        self.stats.infers += 1
+        response.start()
+        tokens: queue.SimpleQueue = queue.SimpleQueue()
+        stop = threading.Event()
+
+        def on_token(piece: str) -> bool:  # runs on the model's worker thread
+            tokens.put(piece)
+            return not stop.is_set() and not self.cancel.is_set()
+
+        request = GenerateRequest(cmd.prompt, max_tokens, opts.sampler, opts.cache_prompt, opts.lora, opts.chat)
+        try:
+            fut = backend.generate_stream(request, on_token)
+        except QueueFull as e:
+            response.fail(str(e), code=codes.BUSY, error_type="too_many_requests")
+            raise JobEnd(codes.BUSY, str(e)) from None
+
+        guest_stopped = False
+        while True:
+            try:
+                self._check_running()
+            except JobEnd as e:
+                stop.set()
+                fut.cancel()
+                if e.code == codes.CANCELLED:
+                    response.finish("".join(response.text_parts), usage=response.usage_json(0, 0),
+                                    incomplete_reason="cancelled")
+                    raise JobEnd(codes.CANCELLED, "cancelled during inference") from None
+                response.fail(e.message, code=e.code, error_type="server_error")
+                raise
+            try:
+                piece = tokens.get(timeout=POLL_S)
+            except queue.Empty:
+                if fut.done() and tokens.empty():
+                    break
+                continue
+            response.delta(piece)
+            if guest_stopped:
+                continue
+            try:
+                keep = self.guest.on_token(piece)
+            except GuestTrap as e:
+                stop.set()
+                response.fail(e.message, code=e.code, error_type="server_error")
+                raise
+            if not keep:
+                guest_stopped = True
+                stop.set()
+
+        try:
+            result = fut.result()
+        except CancelledError:
+            raise JobEnd(codes.CANCELLED, "cancelled during inference") from None
+        except Exception as e:  # ModelError, or anything the engine raised
+            response.fail(str(e), code=codes.MODEL_LOAD_FAILED)
+            raise JobEnd(codes.MODEL_LOAD_FAILED, str(e)) from None
+
+        u = result.usage
+        self.usage.tokens_in += u.prompt_tokens
+        self.usage.tokens_out += u.completion_tokens
+        reason = "guest_stop" if guest_stopped else ("max_output_tokens" if result.finish_reason == FINISH_LENGTH
+                                                     else None)
+        response.finish(result.text, usage=response.usage_json(u.prompt_tokens, u.completion_tokens,
+                                                               u.cached_tokens),
+                        incomplete_reason=reason,
+                        extra={"finish_reason": result.finish_reason, "timing": {
+                            "time_to_first_token_s": u.time_to_first_token_s,
+                            "tokens_per_second": u.tokens_per_second}})
+        return abi.InferDone(result.text, u.completion_tokens)
