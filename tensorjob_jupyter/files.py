@@ -34,6 +34,8 @@ def sniff(head: bytes, length: int) -> MediaKind:
     PDFs are reported as ``binary``: this host extracts no pages, so the
     byte commands are the only ones that apply to them.
     """
+    if head.startswith(b"%PDF-"):
+        return MediaKind("binary")
     if head.startswith(b"\x89PNG"):
         return MediaKind("image", format="png")
     if head.startswith(b"\xff\xd8\xff"):

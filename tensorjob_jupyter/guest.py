@@ -175,7 +175,7 @@ def _engine_config(limits: Limits) -> tuple[wasmtime.Config, tuple]:
     cfg.epoch_interruption = True
     cfg.consume_fuel = limits.fuel is not None
     cfg.max_wasm_stack = limits.stack_bytes
-    cfg.wasm_memory64 = False
+    cfg.wasm_memory64 = True  # so a 64-bit guest compiles and is refused by name
     cfg.wasm_threads = False
     key = ("epoch", limits.fuel is not None, limits.stack_bytes, wasmtime.__name__)
     return cfg, key
@@ -445,9 +445,17 @@ class Guest:
 
 
 def _first_line(e: BaseException) -> str:
+    """The informative line of a wasmtime error: the trap reason, not the backtrace."""
     text = str(e).strip()
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("error while executing at wasm backtrace"):
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for line in lines:
+        if "wasm trap:" in line:
+            return line[line.index("wasm trap:") + len("wasm trap:"):].strip()
+    if "Caused by:" in lines:
+        cause = lines[lines.index("Caused by:") + 1:]
+        if cause:
+            return cause[-1].split(":", 1)[-1].strip() if cause[-1][:1].isdigit() else cause[-1]
+    for line in lines:
+        if not line.startswith("error while executing at wasm backtrace"):
             return line
     return text or type(e).__name__

@@ -51,6 +51,7 @@ from .streaming import StreamingHost
 PREVIEW_CHARS = 512
 PREVIEW_BYTES = 256
 POLL_S = 0.02
+LOOKAHEAD = 1
 
 
 class JobEnd(Exception):
@@ -289,8 +290,16 @@ class Reactor:
         response.start()
         tokens: queue.SimpleQueue = queue.SimpleQueue()
         stop = threading.Event()
+        # The decoder may run at most LOOKAHEAD token(s) ahead of the guest, so
+        # a stop verdict always lands within a token or two, however fast the
+        # model is. The guest's cf_on_token takes microseconds; a token takes
+        # milliseconds, so the window costs the model nothing.
+        credits = threading.Semaphore(LOOKAHEAD)
 
         def on_token(piece: str) -> bool:  # runs on the model's worker thread
+            while not credits.acquire(timeout=POLL_S):
+                if stop.is_set() or self.cancel.is_set():
+                    return False
             tokens.put(piece)
             return not stop.is_set() and not self.cancel.is_set()
 
@@ -302,35 +311,37 @@ class Reactor:
             raise JobEnd(codes.BUSY, str(e)) from None
 
         guest_stopped = False
-        while True:
-            try:
-                self._check_running()
-            except JobEnd as e:
-                stop.set()
-                fut.cancel()
-                if e.code == codes.CANCELLED:
-                    response.finish("".join(response.text_parts), usage=response.usage_json(0, 0),
-                                    incomplete_reason="cancelled")
-                    raise JobEnd(codes.CANCELLED, "cancelled during inference") from None
-                response.fail(e.message, code=e.code, error_type="server_error")
-                raise
-            try:
-                piece = tokens.get(timeout=POLL_S)
-            except queue.Empty:
-                if fut.done() and tokens.empty():
-                    break
-                continue
-            response.delta(piece)
-            if guest_stopped:
-                continue
-            try:
-                keep = self.guest.on_token(piece)
-            except GuestTrap as e:
-                stop.set()
-                response.fail(e.message, code=e.code, error_type="server_error")
-                raise
-            if not keep:
-                guest_stopped = True
+        try:
+            while True:
+                try:
+                    self._check_running()
+                except JobEnd as e:
+                    fut.cancel()
+                    if e.code == codes.CANCELLED:
+                        response.finish("".join(response.text_parts), usage=response.usage_json(0, 0),
+                                        incomplete_reason="cancelled")
+                        raise JobEnd(codes.CANCELLED, "cancelled during inference") from None
+                    response.fail(e.message, code=e.code, error_type="server_error")
+                    raise
+                try:
+                    piece = tokens.get(timeout=POLL_S)
+                except queue.Empty:
+                    if fut.done() and tokens.empty():
+                        break
+                    continue
+                response.delta(piece)
+                if not guest_stopped:
+                    try:
+                        keep = self.guest.on_token(piece)
+                    except GuestTrap as e:
+                        response.fail(e.message, code=e.code, error_type="server_error")
+                        raise
+                    if not keep:
+                        guest_stopped = True
+                        stop.set()
+                credits.release()
+        finally:
+            if not fut.done():
                 stop.set()
 
         try:
