@@ -264,6 +264,8 @@ class Reactor:
             fut = backend.embed(list(cmd.texts))
         except QueueFull as e:
             raise JobEnd(codes.BUSY, str(e)) from None
+        except ModelError as e:
+            raise JobEnd(codes.MODEL_LOAD_FAILED, str(e)) from None
         try:
             vectors = self._await(fut)
         except ModelError as e:
@@ -309,6 +311,9 @@ class Reactor:
         except QueueFull as e:
             response.fail(str(e), code=codes.BUSY, error_type="too_many_requests")
             raise JobEnd(codes.BUSY, str(e)) from None
+        except ModelError as e:
+            response.fail(str(e), code=codes.MODEL_LOAD_FAILED)
+            raise JobEnd(codes.MODEL_LOAD_FAILED, str(e)) from None
 
         guest_stopped = False
         try:
