@@ -17,3 +17,16 @@ __version__ = "0.1.0"
 
 __all__ = ["Envelope", "InferOptions", "Job", "JobError", "JobStats", "JobStatus", "Limits", "TokenAction",
            "Usage", "codes", "get_job", "jobs", "run", "__version__"]
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext tensorjob_jupyter`` registers ``%%tensorjob`` and ``%tensorjob``."""
+    from .magic import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython):
+    from .magic import unload_ipython_extension as unload
+
+    unload(ipython)

@@ -61,6 +61,20 @@ class Subscription:
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
 
+    @property
+    def ended(self) -> bool:
+        """True once the stream has closed (events may still wait in the queue)."""
+        return self._stream.closed
+
+    def drain(self) -> list[dict]:
+        """Every event waiting now, without blocking."""
+        out = []
+        while True:
+            try:
+                out.append(self._queue.get_nowait())
+            except queue.Empty:
+                return out
+
     def __iter__(self) -> Iterator[dict]:
         while True:
             event = self.get()

@@ -73,6 +73,8 @@ class Job:
                                 cancel=self._cancel, input_bytes=input_bytes, infer=infer)
         self._envelope: Envelope | None = None
         self._done = threading.Event()
+        self._callbacks: list = []
+        self._callbacks_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.started_at: float | None = None
         self.finished_at: float | None = None
@@ -107,7 +109,22 @@ class Job:
                                 stats=self._reactor.stats.to_json())
         finally:
             self.stream.close(payload)
-            self._done.set()
+            with self._callbacks_lock:
+                self._done.set()
+                callbacks = list(self._callbacks)
+            for callback in callbacks:
+                try:
+                    callback(self)
+                except Exception:  # a listener's bug must not break the job
+                    pass
+
+    def add_done_callback(self, callback) -> None:
+        """Call ``callback(job)`` when the job ends (at once if it already has)."""
+        with self._callbacks_lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        callback(self)
 
     def cancel(self) -> None:
         """Ask the job to stop; it ends ``cancelled`` within moments."""

@@ -1,0 +1,1 @@
+"""The job view: state folded from events, its HTML, the widget, the text summary."""

@@ -1,0 +1,147 @@
+"""HTML for each section of the job view, built from a ``ViewState``.
+
+Every string that came from a guest or a model -- tokens, paths, previews,
+emitted payloads, streamed output, the result, error messages -- passes
+through ``text.for_html`` before it is placed in markup, so a guest that
+emits ``<script>`` shows the characters ``<script>``. Markup built here uses
+inline styles only (no script, no external resources), so it renders the
+same in JupyterLab, Notebook, VS Code and nbconvert's HTML.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..text import for_html
+from .state import FileState, ViewState
+
+STATUS_COLOURS = {"running": "#1f6feb", "completed": "#1a7f37", "failed": "#cf222e", "cancelled": "#9a6700"}
+PRE = "white-space:pre-wrap;word-break:break-word;margin:0;font-size:12px;"
+MAX_HEX_BYTES = 128
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def header(state: ViewState) -> str:
+    colour = STATUS_COLOURS.get(state.status, "#57606a")
+    rate = state.tokens_per_second
+    bits = [f"{state.elapsed_s:.1f} s"]
+    if state.tokens:
+        bits.append(f"{state.tokens} tokens")
+    if rate is not None:
+        bits.append(f"{rate:.1f} tok/s")
+    return (f'<div style="font-family:sans-serif"><b>tensorjob</b> {for_html(state.name)} '
+            f'<span style="background:{colour};color:white;border-radius:4px;padding:1px 6px" '
+            f'class="tj-status">{for_html(state.status)}</span> '
+            f'<span class="tj-elapsed" style="color:#57606a">{" · ".join(bits)}</span></div>')
+
+
+def log(state: ViewState) -> str:
+    if not state.log:
+        return ""
+    lines = "\n".join(for_html(line) for line in state.log)
+    return f'<pre class="tj-log" style="{PRE}color:#57606a">{lines}</pre>'
+
+
+def tokens(state: ViewState) -> str:
+    blocks = []
+    for infer in state.infers:
+        note = infer.status if infer.reason is None else f"{infer.status}: {infer.reason}"
+        blocks.append(f'<div style="color:#57606a;font-size:11px">infer {infer.index + 1} · {infer.tokens} tokens · '
+                      f'{for_html(note)}</div><pre class="tj-tokens" style="{PRE}">{for_html(infer.text)}</pre>')
+    return "".join(blocks)
+
+
+def coverage_bar(f: FileState, width: int = 240) -> str:
+    """An inline SVG bar: grey is the file, blue the byte ranges read."""
+    rects = []
+    if f.length > 0:
+        for a, b in f.ranges:
+            x = width * a / f.length
+            w = max(1.0, width * (b - a) / f.length)
+            rects.append(f'<rect x="{x:.1f}" y="0" width="{w:.1f}" height="10" fill="#1f6feb"/>')
+    pct = 100.0 * f.bytes_covered / f.length if f.length else 100.0
+    return (f'<svg class="tj-coverage" data-covered="{pct:.1f}" width="{width}" height="10" '
+            f'style="vertical-align:middle"><rect width="{width}" height="10" fill="#d0d7de"/>'
+            f'{"".join(rects)}</svg> <span style="font-size:11px">{pct:.0f}% read</span>')
+
+
+def hex_dump(data: bytes, offset: int = 0) -> str:
+    lines = []
+    for i in range(0, min(len(data), MAX_HEX_BYTES), 16):
+        row = data[i:i + 16]
+        hexes = " ".join(f"{b:02x}" for b in row)
+        text = "".join(chr(b) if 32 <= b < 127 else "." for b in row)
+        lines.append(f"{offset + i:08x}  {hexes:<47}  {text}")
+    return "\n".join(lines)
+
+
+def files(state: ViewState) -> str:
+    if not state.files:
+        return ""
+    rows = []
+    for f in state.files.values():
+        if f.preview_bytes is not None:
+            preview = hex_dump(f.preview_bytes, f.preview_offset)
+        else:
+            preview = f.preview or ""
+        rows.append(
+            f'<div class="tj-file" style="margin:4px 0;font-family:sans-serif;font-size:12px">'
+            f'<b>#{f.handle}</b> <code>{for_html(f.path)}</code> · {human_bytes(f.length)} · {for_html(f.kind)}<br>'
+            f'{coverage_bar(f)}'
+            f'<pre class="tj-preview" style="{PRE}max-height:8em;overflow:auto;background:#f6f8fa;padding:2px">'
+            f'{for_html(preview)}</pre></div>')
+    return "<div><b style='font-family:sans-serif;font-size:12px'>Files</b>" + "".join(rows) + "</div>"
+
+
+def output(state: ViewState) -> str:
+    if not state.chunks:
+        return ""
+    return (f'<div style="font-family:sans-serif;font-size:11px;color:#57606a">output · {state.chunks} chunks · '
+            f'{human_bytes(state.output_bytes)}</div><pre class="tj-output" style="{PRE}">'
+            f'{for_html(state.output_text)}</pre>')
+
+
+def json_tree(value: Any, key: str | None = None, depth: int = 0) -> str:
+    """Collapsible JSON: objects and arrays are <details>, open near the top."""
+    label = f"<b>{for_html(key)}</b>: " if key is not None else ""
+    if isinstance(value, dict) and value:
+        inner = "".join(json_tree(v, str(k), depth + 1) for k, v in value.items())
+        return (f'<details{" open" if depth < 2 else ""} style="margin-left:{12 if depth else 0}px">'
+                f'<summary>{label}{{…}} {len(value)} keys</summary>{inner}</details>')
+    if isinstance(value, list) and value:
+        inner = "".join(json_tree(v, str(i), depth + 1) for i, v in enumerate(value))
+        return (f'<details{" open" if depth < 2 else ""} style="margin-left:{12 if depth else 0}px">'
+                f'<summary>{label}[…] {len(value)} items</summary>{inner}</details>')
+    text = json.dumps(value, ensure_ascii=False)
+    return f'<div style="margin-left:{12 if depth else 0}px">{label}<code>{for_html(text)}</code></div>'
+
+
+def result(state: ViewState) -> str:
+    if state.error:
+        return (f'<div class="tj-error" style="color:#cf222e;font-family:sans-serif">'
+                f'<b>{for_html(state.error["code"])}</b>: {for_html(state.error["message"])}</div>')
+    if not state.has_result:
+        return ""
+    return (f'<div class="tj-result" style="font-family:monospace;font-size:12px">'
+            f'<b style="font-family:sans-serif">Result</b>{json_tree(state.result)}</div>')
+
+
+def usage(state: ViewState) -> str:
+    if not state.usage:
+        return ""
+    u = state.usage
+    return (f'<div class="tj-usage" style="font-family:sans-serif;font-size:11px;color:#57606a">'
+            f'{u["tokens_in"]} tokens in · {u["tokens_out"]} out · {u["duration_ms"]} ms · '
+            f'model {for_html(u["model"] or "none")}</div>')
+
+
+RENDERERS = {"header": header, "log": log, "tokens": tokens, "files": files, "output": output,
+             "result": result, "usage": usage}

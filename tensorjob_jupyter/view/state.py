@@ -1,0 +1,235 @@
+"""What a job view shows, folded from the job's events; no widgets here.
+
+``ViewState.apply(event)`` turns the event stream into the handful of facts
+a person watches: status and timing, progress from ``emit`` payloads of the
+form ``{"done": n, "total": m}`` or ``{"fraction": x}`` (anything else is a
+log line), the streamed text of each infer, every open file with the byte
+ranges read from it and a preview of the latest window, the guest's
+streamed output, the result and the usage. Each section records whether it
+changed since the last render, so a view resends only what moved.
+
+Keeping this pure makes the view testable without a front end and lets the
+widget, the plain-text summary and any future renderer share one reading of
+the stream.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_LOG_LINES = 50
+MAX_TEXT_CHARS = 20_000  # per infer and for streamed output: the tail is kept
+
+SECTIONS = ("header", "progress", "log", "tokens", "files", "output", "result", "usage")
+
+
+@dataclass
+class FileState:
+    handle: int
+    path: str
+    length: int
+    kind: str
+    ranges: list[list[int]] = field(default_factory=list)  # merged [start, end)
+    preview: str | None = None
+    preview_bytes: bytes | None = None
+    preview_offset: int = 0
+
+    def add_range(self, start: int, end: int) -> None:
+        if end <= start:
+            return
+        merged: list[list[int]] = []
+        for a, b in sorted(self.ranges + [[start, end]]):
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        self.ranges = merged
+
+    @property
+    def bytes_covered(self) -> int:
+        return sum(b - a for a, b in self.ranges)
+
+
+@dataclass
+class InferState:
+    index: int
+    parts: list[str] = field(default_factory=list)
+    chars: int = 0
+    tokens: int = 0
+    status: str = "running"
+    reason: str | None = None
+
+    @property
+    def text(self) -> str:
+        text = "".join(self.parts)
+        if len(text) > MAX_TEXT_CHARS:
+            self.parts = [text[-MAX_TEXT_CHARS:]]
+            return "…" + self.parts[0]
+        return text
+
+
+class ViewState:
+    def __init__(self, name: str = "guest") -> None:
+        self.name = name
+        self.status = "running"
+        self.started = time.monotonic()
+        self.finished: float | None = None
+        self.error: dict | None = None
+        self.result: Any = None
+        self.has_result = False
+        self.usage: dict | None = None
+        self.stats: dict | None = None
+        self.fraction: float | None = None
+        self.progress_text = ""
+        self.log: deque[str] = deque(maxlen=MAX_LOG_LINES)
+        self.infers: list[InferState] = []
+        self.tokens = 0
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self.files: dict[int, FileState] = {}
+        self.output_parts: list[str] = []
+        self.output_bytes = 0
+        self.chunks = 0
+        self.events_seen = 0
+        self.dirty: set[str] = set(SECTIONS)
+
+    # -- derived -------------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        return self.status in ("completed", "failed", "cancelled")
+
+    @property
+    def elapsed_s(self) -> float:
+        return (self.finished or time.monotonic()) - self.started
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        if self.first_token_at is None or self.last_token_at is None or self.tokens < 2:
+            return None
+        span = self.last_token_at - self.first_token_at
+        return (self.tokens - 1) / span if span > 0 else None
+
+    @property
+    def output_text(self) -> str:
+        text = "".join(self.output_parts)
+        if len(text) > MAX_TEXT_CHARS:
+            self.output_parts = [text[-MAX_TEXT_CHARS:]]
+            return "…" + self.output_parts[0]
+        return text
+
+    def take_dirty(self) -> set[str]:
+        dirty, self.dirty = self.dirty, set()
+        return dirty
+
+    # -- folding events ------------------------------------------------------------------
+
+    def apply(self, event: dict) -> None:
+        self.events_seen += 1
+        handler = getattr(self, "_on_" + event["type"].replace(".", "_"), None)
+        if handler is not None:
+            handler(event)
+
+    def _on_job_progress(self, event: dict) -> None:
+        payload = event["progress"]
+        fraction = progress_fraction(payload)
+        if fraction is not None:
+            self.fraction = fraction
+            self.progress_text = progress_label(payload)
+            self.dirty.add("progress")
+        else:
+            from ..abi import dumps
+
+            self.log.append(payload if isinstance(payload, str) else dumps(payload))
+            self.dirty.add("log")
+
+    def _on_job_file_opened(self, event: dict) -> None:
+        self.files[event["handle"]] = FileState(event["handle"], event["path"], event["len"], event["kind"]["kind"])
+        self.dirty.add("files")
+
+    def _on_job_file_sliced(self, event: dict) -> None:
+        f = self.files.get(event["handle"])
+        if f is None:
+            return
+        f.add_range(event["offset"], event["offset"] + event["length"])
+        f.preview_offset = event["offset"]
+        if event.get("binary"):
+            f.preview, f.preview_bytes = None, base64.b64decode(event.get("preview_base64", ""))
+        else:
+            f.preview, f.preview_bytes = event.get("preview", ""), None
+        self.dirty.add("files")
+
+    def _on_job_chunk(self, event: dict) -> None:
+        self.chunks += 1
+        data = base64.b64decode(event["bytes_base64"])
+        self.output_bytes += len(data)
+        self.output_parts.append(event["text"] if event.get("text") is not None else data.decode("utf-8", "replace"))
+        self.dirty.add("output")
+
+    def _on_response_created(self, event: dict) -> None:
+        self.infers.append(InferState(len(self.infers)))
+        self.dirty.add("tokens")
+
+    def _on_response_output_text_delta(self, event: dict) -> None:
+        if not self.infers:
+            self.infers.append(InferState(0))
+        now = time.monotonic()
+        infer = self.infers[-1]
+        infer.parts.append(event["delta"])
+        infer.tokens += 1
+        self.tokens += 1
+        self.first_token_at = self.first_token_at or now
+        self.last_token_at = now
+        self.dirty.update(("tokens", "header"))
+
+    def _finish_infer(self, status: str, reason: str | None = None) -> None:
+        if self.infers:
+            self.infers[-1].status, self.infers[-1].reason = status, reason
+            self.dirty.add("tokens")
+
+    def _on_response_completed(self, event: dict) -> None:
+        self._finish_infer("completed")
+
+    def _on_response_incomplete(self, event: dict) -> None:
+        self._finish_infer("incomplete", (event["response"].get("incomplete_details") or {}).get("reason"))
+
+    def _on_response_failed(self, event: dict) -> None:
+        self._finish_infer("failed")
+
+    def _end(self, event: dict) -> None:
+        env = event["envelope"]
+        self.status = env["status"]
+        self.finished = time.monotonic()
+        self.error = env.get("error")
+        self.usage = env.get("usage")
+        self.stats = event.get("stats")
+        if "result" in env:
+            self.result, self.has_result = env["result"], True
+        if self.status == "completed" and self.fraction is not None:
+            self.fraction = 1.0
+        self.dirty.update(SECTIONS)
+
+    _on_job_completed = _on_job_failed = _on_job_cancelled = _end
+
+
+def progress_fraction(payload: Any) -> float | None:
+    """The fraction an ``emit`` payload reports, or None if it is not progress."""
+    if not isinstance(payload, dict):
+        return None
+    done, total, fraction = payload.get("done"), payload.get("total"), payload.get("fraction")
+    number = (int, float)
+    if isinstance(done, number) and isinstance(total, number) and not isinstance(done, bool) and total > 0:
+        return max(0.0, min(1.0, done / total))
+    if isinstance(fraction, number) and not isinstance(fraction, bool):
+        return max(0.0, min(1.0, float(fraction)))
+    return None
+
+
+def progress_label(payload: dict) -> str:
+    if "done" in payload and "total" in payload:
+        return f"{payload['done']} / {payload['total']}"
+    return f"{100 * float(payload['fraction']):.0f}%"

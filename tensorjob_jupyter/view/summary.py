@@ -1,0 +1,25 @@
+"""The plain, deterministic text form of a finished job.
+
+Shown where no widget front end renders the live view (terminal IPython,
+nbconvert, nbval): status, the result as JSON, token counts, and the error
+if any. It never contains timings, job ids or paths of run folders, so a
+notebook's stored output compares equal on every run of a greedy model.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..abi import Envelope
+from ..text import for_terminal
+
+
+def summary(name: str, envelope: Envelope, *, with_result: bool = True) -> str:
+    u = envelope.usage
+    lines = [f"tensorjob {name}: {envelope.status.value}"]
+    if envelope.error is not None:
+        lines.append(f"error: {envelope.error.code}: {envelope.error.message}")
+    if with_result and envelope.ok:
+        lines.append("result: " + json.dumps(envelope.result, indent=2, ensure_ascii=False, sort_keys=False))
+    lines.append(f"tokens: {u.tokens_in} in, {u.tokens_out} out")
+    return for_terminal("\n".join(lines))
