@@ -28,6 +28,8 @@ from . import render
 from .state import ViewState
 
 TEXT_PLAIN = "tensorjob live view (shown by the Jupyter widget front end)"
+#: Widget messages per second the view never exceeds, whatever the refresh rate.
+MAX_MESSAGES_PER_S = 20
 
 
 class JobView:
@@ -38,6 +40,7 @@ class JobView:
         self.refresh_s = 1.0 / refresh_hz
         self.state = ViewState(job.name)
         self.pushes = 0
+        self.messages = 0
         self.header = w.HTML()
         self.progress = w.FloatProgress(value=0.0, min=0.0, max=1.0, layout=w.Layout(width="60%"))
         self.progress_label = w.Label()
@@ -100,30 +103,41 @@ class JobView:
                 dirty = self.state.take_dirty()
                 if not self.state.done:
                     dirty.add("header")  # the elapsed time moves
-                self._push(dirty)
-                next_push = now + self.refresh_s
+                sent = self._push(dirty)
+                # Space pushes so that messages never exceed MAX_MESSAGES_PER_S.
+                next_push = now + max(self.refresh_s, sent / MAX_MESSAGES_PER_S)
         for event in self._subscription.drain():
             self.state.apply(event)
         self._push(self.state.take_dirty() | {"header"})
 
-    def _push(self, dirty: set[str]) -> None:
+    def _push(self, dirty: set[str]) -> int:
+        """Write the changed sections; returns the number of widget messages sent."""
         if not dirty:
-            return
-        self.pushes += 1
+            return 0
+        sent = 0
         for name in dirty:
             widget = self._sections.get(name)
             if widget is not None:
                 value = render.RENDERERS[name](self.state)
                 if widget.value != value:
                     widget.value = value
+                    sent += 1
         if "progress" in dirty:
-            fraction = self.state.fraction
-            with self.progress.hold_sync():
-                self.progress.value = fraction if fraction is not None else 0.0
-                self.progress.bar_style = "success" if self.state.status == "completed" else (
-                    "danger" if self.state.status == "failed" else "")
-            self.progress_label.value = self.state.progress_text
+            fraction = self.state.fraction if self.state.fraction is not None else 0.0
+            style = {"completed": "success", "failed": "danger"}.get(self.state.status, "")
+            if (self.progress.value, self.progress.bar_style) != (fraction, style):
+                with self.progress.hold_sync():
+                    self.progress.value = fraction
+                    self.progress.bar_style = style
+                sent += 1
+            if self.progress_label.value != self.state.progress_text:
+                self.progress_label.value = self.state.progress_text
+                sent += 1
         if self.state.done and not self.cancel_button.disabled:
             with self.cancel_button.hold_sync():
                 self.cancel_button.disabled = True
                 self.cancel_button.description = self.state.status.capitalize()
+            sent += 1
+        self.pushes += 1
+        self.messages += sent
+        return sent

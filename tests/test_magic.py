@@ -1,0 +1,142 @@
+"""The magics in a real (terminal) IPython shell: options, values, summaries, compile errors."""
+
+import json
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.testing.globalipapp import start_ipython
+
+import tensorjob_jupyter as tj
+from tensorjob_jupyter import compile as tj_compile
+from tensorjob_jupyter.magic import TensorJob
+
+import wat
+
+
+@pytest.fixture(scope="module")
+def ip():
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "tensorjob_jupyter")
+    yield shell
+
+
+def echo_wat() -> str:
+    """A WAT guest whose result is its input: cf_init returns done wrapping the input bytes."""
+    prefix = b'{"cmd":"done","result":'
+    p_hex = "".join(f"\\{b:02x}" for b in prefix)
+    return f"""(module
+  (memory (export "memory") 2)
+  (data (i32.const 64) "{p_hex}")
+  (func (export "cf_alloc") (param $n i32) (result i32) (i32.const {64 + len(prefix)}))
+  (func (export "cf_init") (param $p i32) (param $n i32) (result i32)
+    (i32.store8 (i32.add (local.get $p) (local.get $n)) (i32.const 125))
+    (i32.store (i32.const 16) (i32.const 64))
+    (i32.store (i32.const 20) (i32.add (local.get $n) (i32.const {len(prefix) + 1})))
+    (i32.const 16))
+  (func (export "cf_step") (param i32 i32) (result i32) (i32.const 16)))"""
+
+
+def test_a_cell_runs_and_its_value_is_the_result(ip, capsys):
+    value = ip.run_cell_magic("tensorjob", '--input \'{"n": [1, 2]}\'', echo_wat())
+    assert value == {"n": [1, 2]}
+    out = capsys.readouterr().out
+    assert out.startswith("tensorjob cell (auto): completed\n")
+    assert '"n": [' in out and "tokens: 0 in, 0 out" in out
+
+
+def test_input_from_a_notebook_variable(ip):
+    ip.user_ns["params"] = {"path": "x.txt", "depth": 3}
+    assert ip.run_cell_magic("tensorjob", "--input $params --quiet", echo_wat()) == {"path": "x.txt", "depth": 3}
+
+
+def test_out_stores_the_result(ip):
+    ip.run_cell_magic("tensorjob", '--input \'"stored"\' --out answer --quiet', echo_wat())
+    assert ip.user_ns["answer"] == "stored"
+
+
+def test_bg_returns_the_job_at_once(ip):
+    job = ip.run_cell_magic("tensorjob", "--bg --quiet --out later", wat.script_wat([{"cmd": "done", "result": 7}]))
+    assert isinstance(job, tj.Job)
+    assert job.wait(10).result == 7
+    assert ip.user_ns["later"] == 7
+
+
+def test_two_background_jobs_run_at_once(ip):
+    jobs = [ip.run_cell_magic("tensorjob", "--bg --quiet", wat.script_wat([{"cmd": "emit", "progress": 1},
+                                                                           {"cmd": "done", "result": i}]))
+            for i in range(2)]
+    assert [j.wait(10).result for j in jobs] == [0, 1]
+
+
+def test_a_failed_job_prints_its_error_and_returns_none(ip, capsys):
+    value = ip.run_cell_magic("tensorjob", "", wat.script_wat([{"cmd": "fail", "code": "not_found", "message": "gone"}]))
+    assert value is None
+    assert "failed\nerror: not_found: gone\n" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ("--bogus", "unrecognized arguments: --bogus"),
+    ("--input {nope", "--input is not valid JSON"),
+    ("--input $missing_var", "no variable named 'missing_var'"),
+    ("--read /no/such/place", "--read /no/such/place: no such file or directory"),
+    ("--max-tokens -4", "--max-tokens must be a positive number"),
+    ("--model /no/model.gguf", "model file not found"),
+    ("--lang fortran", "invalid choice: 'fortran'"),
+])
+def test_bad_options_are_one_usage_error(ip, line, fragment):
+    with pytest.raises(UsageError) as info:
+        ip.run_cell_magic("tensorjob", line, echo_wat())
+    assert fragment in str(info.value)
+
+
+def test_line_magic_runs_a_file_lists_and_cancels(ip, tmp_path, capsys):
+    guest = tmp_path / "g.wat"
+    guest.write_text(wat.script_wat([{"cmd": "done", "result": "from file"}]))
+    assert ip.run_line_magic("tensorjob", f"run {guest} --quiet") == "from file"
+    ip.run_line_magic("tensorjob", "jobs")
+    assert "completed  g.wat" in capsys.readouterr().out
+    spin = tmp_path / "spin.wasm"
+    spin.write_bytes(wat.spin_in_step())
+    job = ip.run_line_magic("tensorjob", f"run {spin} --bg --quiet")
+    ip.run_line_magic("tensorjob", f"cancel {job.id}")
+    assert job.wait(5).status is tj.JobStatus.CANCELLED
+    with pytest.raises(UsageError, match="no job with id"):
+        ip.run_line_magic("tensorjob", "cancel nope")
+    with pytest.raises(UsageError, match="guest file not found"):
+        ip.run_line_magic("tensorjob", "run /no/guest.wasm")
+
+
+def test_compile_errors_show_the_cells_own_line_numbers(ip, capsys):
+    cell = "#include <tensorjob.h>\nint x = ;\n"
+    assert ip.run_cell_magic("tensorjob", "--lang c", cell) is None
+    err = capsys.readouterr().err
+    assert "cell.c:3:" in err  # line 1 of the cell is the %%tensorjob line
+    assert "Traceback" not in err
+
+
+def test_an_unchanged_cell_reuses_the_compiled_guest(ip):
+    cell = wat.script_wat([{"cmd": "done", "result": "cached"}]) + "\n;; unique 8c1f"
+    ip.run_cell_magic("tensorjob", "--quiet", cell)
+    hits = tj_compile.stats.cache_hits
+    assert ip.run_cell_magic("tensorjob", "--quiet", cell) == "cached"
+    assert tj_compile.stats.cache_hits == hits + 1
+
+
+def test_configuration_through_traitlets(ip):
+    ip.run_line_magic("config", "TensorJob.max_tokens = 1234")
+    magics = ip.magics_manager.registry["TensorJob"]
+    assert magics.max_tokens == 1234
+    ip.run_line_magic("config", "TensorJob.max_tokens = 32768")
+    names = TensorJob.class_trait_names(config=True)
+    for name in ("model_path", "runs_dir", "refresh_hz", "call_timeout_s", "job_timeout_s", "memory_bytes",
+                 "max_tokens"):
+        assert name in names
+
+
+def test_help_is_real(ip):
+    doc = TensorJob.tensorjob_cell.__doc__
+    for option in ("--read", "--input", "--max-tokens", "--timeout", "--model", "--chat", "--out", "--bg",
+                   "--quiet", "--lang"):
+        assert option in doc
+    assert "run PATH" in TensorJob.tensorjob_line.__doc__
+    assert ip.find_magic("tensorjob", "cell").__doc__ == doc

@@ -1,0 +1,159 @@
+"""The live view: state folding, escaping in every panel, throttling, the Cancel button."""
+
+import base64
+import time
+
+import pytest
+
+import tensorjob_jupyter as tj
+from tensorjob_jupyter.inference import ScriptedBackend
+from tensorjob_jupyter.view import render
+from tensorjob_jupyter.view.state import ViewState, progress_fraction
+from tensorjob_jupyter.view.summary import summary
+from tensorjob_jupyter.view.widget import TEXT_PLAIN, JobView
+
+import wat
+
+DONE = {"cmd": "done", "result": {"ok": True}}
+
+
+def ev(type, **fields):
+    return {"type": type, "sequence_number": 0, "job_id": "j", **fields}
+
+
+def test_progress_comes_from_done_total_or_fraction_and_anything_else_is_a_log_line():
+    assert progress_fraction({"done": 3, "total": 4}) == 0.75
+    assert progress_fraction({"fraction": 0.5}) == 0.5
+    assert progress_fraction({"fraction": 7}) == 1.0
+    assert progress_fraction({"done": True, "total": 2}) is None
+    assert progress_fraction("50%") is None and progress_fraction({"done": 1, "total": 0}) is None
+    s = ViewState()
+    s.apply(ev("job.progress", progress={"done": 1, "total": 4}))
+    s.apply(ev("job.progress", progress={"stage": "reading"}))
+    assert s.fraction == 0.25 and s.progress_text == "1 / 4"
+    assert list(s.log) == ['{"stage":"reading"}']
+
+
+def test_coverage_merges_the_ranges_read():
+    s = ViewState()
+    s.apply(ev("job.file.opened", handle=0, path="a.txt", len=100, kind={"kind": "text"}))
+    for offset, length in [(0, 10), (50, 10), (10, 5), (55, 20)]:
+        s.apply(ev("job.file.sliced", handle=0, offset=offset, requested=length, length=length,
+                   next_offset=offset + length, binary=False, preview="x"))
+    f = s.files[0]
+    assert f.ranges == [[0, 15], [50, 75]] and f.bytes_covered == 40
+    assert 'data-covered="40.0"' in render.files(s)
+
+
+def test_binary_windows_preview_as_a_hex_dump():
+    s = ViewState()
+    s.apply(ev("job.file.opened", handle=0, path="b.bin", len=4, kind={"kind": "binary"}))
+    s.apply(ev("job.file.sliced", handle=0, offset=0, requested=4, length=4, next_offset=4, binary=True,
+               preview_base64=base64.b64encode(b"\x00AB\xff").decode()))
+    assert "00000000  00 41 42 ff" in render.files(s) and ".AB." in render.files(s)
+
+
+HOSTILE = ["<script>alert(1)</script>", "<img src=x onerror=alert(2)>", "\x1b[31mred\x1b[0m"]
+
+
+@pytest.fixture
+def hostile_job(tmp_path):
+    name = tmp_path / "<img src=x onerror=alert(3)>.txt"
+    name.write_text("<script>alert(4)</script> file text")
+    chunk = "<img src=x onerror=alert(5)>\x1b]0;title\x07".encode()
+    imports = '(import "wasi:tensor/host@0.1.0" "emit-chunk" (func $emit (param i32 i32) (result i32)))'
+    data = "".join(f"\\{b:02x}" for b in chunk)
+    guest = wat.script_guest(
+        [{"cmd": "emit", "progress": HOSTILE[0]}, {"cmd": "emit", "progress": {"done": 1, "total": 2}},
+         {"cmd": "open", "path": str(name)}, {"cmd": "slice", "handle": 0, "offset": 0, "len": 100},
+         {"cmd": "infer", "prompt": "p", "max_tokens": 8},
+         {"cmd": "done", "result": {"<b>key</b>": HOSTILE, "html": "<svg onload=alert(6)>"}}],
+        imports=imports + f'(data (i32.const 0x8000) "{data}")',
+        step_prelude=f"(drop (call $emit (i32.const 0x8000) (i32.const {len(chunk)})))")
+    return tj.Job(guest, read=[tmp_path], backend=ScriptedBackend(" ".join(HOSTILE)))
+
+
+def test_every_panel_escapes_guest_and_model_text(hostile_job):
+    view = JobView(hostile_job, refresh_hz=20).start()
+    env = hostile_job.start().wait(30)
+    view.join(10)
+    assert env.ok, env
+    panels = {name: widget.value for name, widget in view._sections.items()}
+    panels["progress_label"] = view.progress_label.value
+    html = "".join(panels.values())
+    for needle in ("<script", "<img", "<svg onload", "<b>key", "\x1b", "\x07"):
+        assert needle not in html, needle
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in panels["log"]
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in panels["tokens"]
+    assert "&lt;img src=x onerror=alert(3)&gt;.txt" in panels["files"]
+    assert "&lt;script&gt;alert(4)&lt;/script&gt;" in panels["files"]
+    assert "&lt;img src=x onerror=alert(5)&gt;" in panels["output"]
+    assert "&lt;b&gt;key&lt;/b&gt;" in panels["result"] and "&lt;svg onload=alert(6)&gt;" in panels["result"]
+
+
+def test_the_view_after_a_job_shows_everything(tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_text("hello world")
+    job = tj.Job(wat.script_guest([{"cmd": "open", "path": str(doc)}, {"cmd": "slice", "handle": 0, "offset": 0,
+                                                                      "len": 5},
+                                   {"cmd": "emit", "progress": {"done": 1, "total": 2}},
+                                   {"cmd": "infer", "prompt": "p", "max_tokens": 8}, DONE]),
+                 read=[tmp_path], backend=ScriptedBackend("summary words here"))
+    view = JobView(job).start()
+    job.start().wait(30)
+    view.join(10)
+    assert 'class="tj-status">completed<' in view.header.value
+    assert view.progress.value == 1.0 and view.progress.bar_style == "success"
+    assert "summary words here" in view.tokens.value
+    assert "doc.txt" in view.files.value and 'data-covered="45.5"' in view.files.value
+    assert "hello" in view.files.value
+    assert "<details" in view.result.value and "ok" in view.result.value
+    assert "3 out" in view.usage.value
+    assert view.cancel_button.disabled and view.cancel_button.description == "Completed"
+
+
+def test_the_text_form_of_the_view_is_fixed():
+    job = tj.Job(wat.script_guest([DONE]))
+    view = JobView(job)
+    assert view._repr_mimebundle_()["text/plain"] == TEXT_PLAIN
+    assert "application/vnd.jupyter.widget-view+json" in view._repr_mimebundle_()
+
+
+def test_updates_are_throttled_whatever_the_token_rate():
+    backend = ScriptedBackend(" ".join(["tok"] * 3000), token_delay_s=0.0005)
+    job = tj.Job(wat.script_guest([{"cmd": "infer", "prompt": "p", "max_tokens": 3000}, DONE]), backend=backend)
+    view = JobView(job, refresh_hz=10).start()
+    started = time.monotonic()
+    job.start().wait(60)
+    view.join(10)
+    elapsed = time.monotonic() - started
+    assert view.state.tokens == 3000
+    assert view.pushes <= 10 * elapsed + 3, (view.pushes, elapsed)
+    assert view.messages <= 20 * elapsed + 8, (view.messages, elapsed)
+
+
+def test_the_cancel_button_cancels_a_running_job():
+    job = tj.Job(wat.spin_in_step(), limits=tj.Limits(call_timeout_s=30))
+    view = JobView(job).start()
+    job.start()
+    time.sleep(0.2)
+    view.cancel_button.click()
+    env = job.wait(5)
+    view.join(5)
+    assert env.status is tj.JobStatus.CANCELLED
+    assert 'class="tj-status">cancelled<' in view.header.value
+    assert view.cancel_button.disabled and view.cancel_button.description == "Cancelled"
+
+
+def test_refresh_rate_is_bounded():
+    with pytest.raises(ValueError):
+        JobView(tj.Job(wat.script_guest([DONE])), refresh_hz=100)
+
+
+def test_the_summary_is_deterministic_and_has_no_timings():
+    env = tj.run(wat.script_guest([{"cmd": "infer", "prompt": "a b", "max_tokens": 4}, DONE]),
+                 backend=ScriptedBackend("x y"))
+    text = summary("g.wat", env)
+    assert text == 'tensorjob g.wat: completed\nresult: {\n  "ok": true\n}\ntokens: 2 in, 2 out'
+    failed = tj.run(wat.script_guest([{"cmd": "fail", "code": "x", "message": "\x1b[2Jbad"}]))
+    assert summary("g", failed) == "tensorjob g: failed\nerror: x: bad\ntokens: 0 in, 0 out"
