@@ -18,6 +18,7 @@ compares equal under nbval whatever happened live.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 
@@ -25,6 +26,7 @@ import ipywidgets as w
 
 from ..jobs import Job
 from . import render
+from .side_channel import route_clicks_to_side_thread
 from .state import ViewState
 
 TEXT_PLAIN = "tensorjob live view (shown by the Jupyter widget front end)"
@@ -54,6 +56,7 @@ class JobView:
                                       tooltip="Stop this job")
         self.cancel_button.on_click(self._on_cancel)
         self.cancel_requested = False
+        self.clicks_off_main_thread = route_clicks_to_side_thread(self.cancel_button)
         self.widget = w.VBox([self.header, w.HBox([self.progress, self.progress_label, self.cancel_button]),
                               self.log, self.tokens, self.files, self.output, self.result, self.usage],
                              layout=w.Layout(border="1px solid #d0d7de", padding="4px"))
@@ -61,7 +64,11 @@ class JobView:
         self._sections = {"header": self.header, "log": self.log, "tokens": self.tokens, "files": self.files,
                           "output": self.output, "result": self.result, "usage": self.usage}
         self._subscription = job.subscribe()
-        self._thread = threading.Thread(target=self._run, name=f"tensorjob-view-{job.id}", daemon=True)
+        # The updater runs in a copy of the creating cell's context, so in a
+        # kernel its messages stay attached to that cell (whatever runs later).
+        context = contextvars.copy_context()
+        self._thread = threading.Thread(target=context.run, args=(self._run,), name=f"tensorjob-view-{job.id}",
+                                        daemon=True)
         self._push(self.state.take_dirty())
 
     # -- front-end side ------------------------------------------------------------------

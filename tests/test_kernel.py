@@ -1,0 +1,164 @@
+"""The magics in a real Jupyter kernel, driven over its wire protocol with jupyter_client.
+
+This is what a notebook front end does: execute cells, watch IOPub for the
+widget messages (comm_open / comm_msg), streams and results, send comm
+messages back (a click on the Cancel button) and interrupt the kernel.
+"""
+
+import os
+import queue
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+import wat
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
+    env["TENSORJOB_RUNS"] = str(tmp_path_factory.mktemp("kernel-runs"))
+    km, kc = start_new_kernel(kernel_name="python3", env=env)
+    try:
+        run(kc, "%load_ext tensorjob_jupyter")
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def run(kc, code, *, timeout=60, during=None):
+    """Execute ``code``; return (reply, IOPub messages of this execution)."""
+    msg_id = kc.execute(code)
+    messages = []
+    deadline = time.monotonic() + timeout
+    started = False
+    while True:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"timed out running {code[:60]!r}"
+        if during is not None and started:
+            during(messages)
+            during = None
+        try:
+            msg = kc.get_iopub_msg(timeout=min(remaining, 0.2))
+        except queue.Empty:
+            continue
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        messages.append(msg)
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "busy":
+            started = True
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    reply = kc.get_shell_msg(timeout=timeout)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=timeout)
+    return reply, messages
+
+
+def stdout(messages):
+    return "".join(m["content"]["text"] for m in messages if m["msg_type"] == "stream" and m["content"]["name"] == "stdout")
+
+
+def widget_states(messages):
+    """The last known state of every widget model, from comm_open and comm_msg updates."""
+    states = {}
+    for m in messages:
+        if m["msg_type"] == "comm_open":
+            states[m["content"]["comm_id"]] = dict(m["content"]["data"].get("state", {}))
+        elif m["msg_type"] == "comm_msg" and m["content"]["data"].get("method") == "update":
+            states.setdefault(m["content"]["comm_id"], {}).update(m["content"]["data"]["state"])
+    return states
+
+
+def html_values(messages):
+    return [s["value"] for s in widget_states(messages).values() if s.get("_model_name") == "HTMLModel" or
+            isinstance(s.get("value"), str)]
+
+
+def result_text(messages):
+    for m in messages:
+        if m["msg_type"] == "execute_result":
+            return m["content"]["data"]["text/plain"]
+    return None
+
+
+def test_a_cell_shows_the_live_view_and_returns_the_result(kernel):
+    _, kc = kernel
+    cell = "%%tensorjob\n" + wat.script_wat([{"cmd": "emit", "progress": {"done": 1, "total": 2}},
+                                              {"cmd": "done", "result": {"answer": 42}}])
+    reply, messages = run(kc, cell)
+    assert reply["content"]["status"] == "ok"
+    assert result_text(messages) == "{'answer': 42}"
+    assert "tensorjob cell (auto): completed" in stdout(messages)
+    displays = [m for m in messages if m["msg_type"] == "display_data"]
+    assert displays and "application/vnd.jupyter.widget-view+json" in displays[0]["content"]["data"]
+    assert displays[0]["content"]["data"]["text/plain"].startswith("tensorjob live view")
+    values = "".join(html_values(messages))
+    assert 'class="tj-status">completed<' in values and "answer" in values
+    progress = [s for s in widget_states(messages).values() if s.get("_model_name") == "FloatProgressModel"]
+    assert progress and progress[0]["value"] == 1.0
+
+
+def test_a_kernel_interrupt_cancels_the_job_cleanly(kernel):
+    km, kc = kernel
+    run(kc, "%config TensorJob.call_timeout_s = 60")
+    spin = "%%tensorjob\n" + wat.script_wat([{"cmd": "done", "result": 1}], init_body=wat.SPIN)
+
+    def interrupt(_messages):
+        time.sleep(0.5)
+        km.interrupt_kernel()
+
+    reply, messages = run(kc, spin, during=interrupt)
+    assert reply["content"]["status"] == "ok"
+    assert "tensorjob cell (auto): cancelled" in stdout(messages)
+    run(kc, "%config TensorJob.call_timeout_s = 10")
+    # The kernel and the host still work.
+    reply, messages = run(kc, "%%tensorjob --quiet\n" + wat.script_wat([{"cmd": "done", "result": "after"}]))
+    assert result_text(messages) == "'after'"
+
+
+def test_the_cancel_button_works_while_the_cell_waits(kernel):
+    _, kc = kernel
+    spin = "%%tensorjob\n" + wat.script_wat([{"cmd": "emit", "progress": 1}, {"cmd": "done", "result": 1}],
+                                            step_prelude="(loop $l (br $l))")
+
+    def click(messages):
+        time.sleep(0.5)
+        while True:  # collect what arrived so far
+            try:
+                msg = kc.get_iopub_msg(timeout=0.2)
+            except queue.Empty:
+                break
+            messages.append(msg)
+            if any(m["msg_type"] == "comm_open" and m["content"]["data"].get("state", {}).get("_model_name") ==
+                   "ButtonModel" for m in messages):
+                break
+        buttons = [cid for cid, s in widget_states(messages).items() if s.get("_model_name") == "ButtonModel"]
+        assert buttons, "no Cancel button was displayed"
+        kc.session.send(kc.shell_channel.socket, "comm_msg",
+                        {"comm_id": buttons[0], "data": {"method": "custom", "content": {"event": "click"}}})
+
+    reply, messages = run(kc, spin, during=click, timeout=30)
+    assert reply["content"]["status"] == "ok"
+    assert "tensorjob cell (auto): cancelled" in stdout(messages)
+    button = [s for s in widget_states(messages).values() if s.get("_model_name") == "ButtonModel"][0]
+    assert button["disabled"] and button["description"] == "Cancelled"
+
+
+def test_two_jobs_at_once_each_with_its_own_view(kernel, tmp_path):
+    _, kc = kernel
+    guest = tmp_path / "bg.wat"
+    guest.write_text(wat.script_wat([{"cmd": "emit", "progress": {"fraction": 0.5}}, {"cmd": "done", "result": "bg"}]))
+    reply, messages = run(kc, f"a = %tensorjob run {guest} --bg\n"
+                              f"b = %tensorjob run {guest} --bg\n"
+                              "print(a.wait(30).result, b.wait(30).result, a.id != b.id)")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert "bg bg True" in stdout(messages)
+    assert len([m for m in messages if m["msg_type"] == "display_data"]) == 2
