@@ -16,6 +16,8 @@ error). A usage error is one line naming the problem, never a traceback.
 from __future__ import annotations
 
 import argparse
+import base64
+import codecs
 import json
 import os
 import sys
@@ -122,6 +124,7 @@ class LivePrinter:
         self.job, self.out, self.err, self.quiet = job, out, err, quiet
         self.chunks_to_stdout = chunks_to_stdout
         self._sub = job.subscribe(maxsize=100_000)
+        self._chunk_decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._in_text = False
         self.thread = threading.Thread(target=self._run, name="tensorjob-printer", daemon=True)
 
@@ -139,7 +142,7 @@ class LivePrinter:
     def show(self, event: dict) -> None:
         kind = event["type"]
         if kind == "job.chunk":
-            text = event["text"] if event["text"] is not None else f"<{len(event['bytes_base64'])} base64 chars>"
+            text = self._chunk_decoder.decode(base64.b64decode(event["bytes_base64"]))
             stream = self.out if self.chunks_to_stdout else self.err
             stream.write(for_terminal(text))
             stream.flush()

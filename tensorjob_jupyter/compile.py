@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -253,9 +253,17 @@ def _local_dependencies(source: str, base: Path | None, seen: set[Path] | None =
     return out
 
 
+def _wat_version() -> str:
+    try:
+        return "wasmtime " + importlib.metadata.version("wasmtime")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover
+        return "wasmtime"
+
+
 def _cache_key(lang: str, source: str, flags: Sequence[str], filename: str, deps: list) -> str:
-    blob = json.dumps([_CACHE_FORMAT, lang, source, list(flags), filename, compiler_version() if lang != "wat"
-                       else wasmtime.__name__, _sdk_fingerprint(lang), deps], ensure_ascii=False)
+    version = _wat_version() if lang == "wat" else compiler_version()
+    blob = json.dumps([_CACHE_FORMAT, lang, source, list(flags), filename, version, _sdk_fingerprint(lang), deps],
+                      ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
@@ -298,12 +306,19 @@ def _source_name(filename: str, lang: str) -> str:
     return name
 
 
+_ZIG_CACHE_PATH = re.compile(r"[^\s:'\"]*[/\\]o[/\\][0-9a-f]{16,}[/\\]")
+
+
 def _clean_diagnostics(text: str, replacements: Iterable[tuple[str, str]]) -> str:
     for old, new in replacements:
         if old:
             text = text.replace(old + os.sep, new).replace(old, new.rstrip("/") or ".")
-    lines = [ln for ln in text.splitlines() if not ln.startswith("error: unrecognized argument")]
-    return "\n".join(lines).strip()
+    text = _ZIG_CACHE_PATH.sub("", text)  # wasm-ld names objects inside zig's cache
+    if re.search(r"undefined symbol: guest_(init|step|on_token)", text):
+        text = text.rstrip() + ("\nhint: a C guest defines tj_cmd guest_init(tj_json input) and "
+                                "tj_cmd guest_step(tj_event ev) (and int guest_on_token(tj_str token) "
+                                "when it defines TJ_ON_TOKEN)")
+    return text.strip()
 
 
 def _run_compiler(cmd: list[str], cwd: Path, lang: str, filename: str, replacements: list[tuple[str, str]]) -> None:

@@ -3,10 +3,11 @@
 ``ScriptedEngine`` answers each prompt with a fixed text (or one computed
 from the prompt), streamed as word tokens the way cuttlefish's stub does:
 the first word bare, the rest with a leading space. It honours
-``max_tokens`` and the stop verdict exactly like a real decoder -- the token
-that receives the stop verdict is counted and kept -- and can be told to
-pause between tokens or to fail, so every path of the host can be tested
-without a model. Embeddings are stable pseudo-random unit vectors.
+``max_tokens`` and the stop verdict the way a real decoder does -- the token
+whose callback returns False is counted and kept, so with the host's
+one-token lookahead the text may hold one token the guest never judged --
+and can be told to pause between tokens or to fail, so every path of the
+host can be tested without a model. Embeddings are stable pseudo-random unit vectors.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ the stream.
 from __future__ import annotations
 
 import base64
+import codecs
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -92,6 +93,7 @@ class ViewState:
         self.last_token_at: float | None = None
         self.files: dict[int, FileState] = {}
         self.output_parts: list[str] = []
+        self._output_decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.output_bytes = 0
         self.chunks = 0
         self.events_seen = 0
@@ -167,7 +169,8 @@ class ViewState:
         self.chunks += 1
         data = base64.b64decode(event["bytes_base64"])
         self.output_bytes += len(data)
-        self.output_parts.append(event["text"] if event.get("text") is not None else data.decode("utf-8", "replace"))
+        # Decode across chunks: a character split between two chunks stays whole.
+        self.output_parts.append(self._output_decoder.decode(data))
         self.dirty.add("output")
 
     def _on_response_created(self, event: dict) -> None:
