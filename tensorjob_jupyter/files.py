@@ -56,13 +56,12 @@ def sniff(head: bytes, length: int) -> MediaKind:
         return MediaKind("binary")
 
 
-def utf8_prefix(buf: bytes) -> int:
-    """Length of the longest prefix of ``buf`` that is complete, valid UTF-8."""
+def utf8_prefix(buf: bytes) -> tuple[int, str]:
+    """The longest prefix of ``buf`` that is complete, valid UTF-8: (length, text)."""
     try:
-        buf.decode("utf-8")
-        return len(buf)
+        return len(buf), buf.decode("utf-8")
     except UnicodeDecodeError as e:
-        return e.start
+        return e.start, buf[:e.start].decode("utf-8")
 
 
 @dataclass
@@ -80,10 +79,7 @@ class Window:
     data: bytes
     offset: int
     next_offset: int
-
-    @property
-    def text(self) -> str:
-        return self.data.decode("utf-8")
+    text: str | None = None  # the decoded window, for ``slice``
 
 
 class Handles:
@@ -142,7 +138,7 @@ class Handles:
 
     def slice(self, handle: int, offset: int, length: int) -> Window:
         f, data = self._read(handle, offset, length)
-        valid = utf8_prefix(data)
+        valid, text = utf8_prefix(data)
         if valid == 0 and data:
             if _incomplete_lead(data):
                 if offset + len(data) < f.len:
@@ -153,7 +149,7 @@ class Handles:
             raise AccessError(codes.CAPABILITY_DENIED,
                               f"the bytes at offset {offset} of handle {handle} are not valid UTF-8 text; "
                               f"read them with slice_bytes")
-        return Window(data[:valid], offset, offset + valid)
+        return Window(data[:valid] if valid < len(data) else data, offset, offset + valid, text)
 
     def close(self) -> None:
         for f in self._files.values():

