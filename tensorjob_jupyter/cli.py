@@ -78,21 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _backend(model: str | None):
-    """A backend that loads the model (default: the embedded one) on first use."""
-    from .inference.lazy import LazyBackend
+    """The shared backend for ``model`` (default: the embedded one), loaded on first use."""
+    from .inference.lazy import model_backend
 
-    def factory():
-        from .inference.models import get_backend
-
-        return get_backend(model)
-
-    if model is not None:
-        if not Path(model).is_file():
-            raise UsageError(f"model file not found: {model}")
-        name = Path(model).stem
-    else:
-        name = "SmolLM2-135M-Instruct.Q4_1"
-    return LazyBackend(factory, name)
+    if model is not None and not Path(model).is_file():
+        raise UsageError(f"model file not found: {model}")
+    return model_backend(model)
 
 
 def _parse_input(text: str | None) -> Any:

@@ -50,11 +50,23 @@ def resolve_guest(guest: bytes | bytearray | str | os.PathLike) -> bytes:
     return load_guest(guest)
 
 
+class _DefaultModel:
+    def __repr__(self) -> str:
+        return "DEFAULT_MODEL"
+
+
+#: ``backend=DEFAULT_MODEL`` (the default): the process's shared backend for
+#: ``model`` (a GGUF path; None means the embedded model), loaded on first use.
+#: Pass ``backend=None`` for a job with no model at all.
+DEFAULT_MODEL = _DefaultModel()
+
+
 class Job:
     """A tensor job. Construct, ``start()``, then ``wait()`` or ``cancel()``."""
 
     def __init__(self, guest: bytes | str | os.PathLike, *, input: Any = None,
-                 read: Iterable[str | os.PathLike] = (), backend: Backend | None = None,
+                 read: Iterable[str | os.PathLike] = (), backend: Backend | None | _DefaultModel = DEFAULT_MODEL,
+                 model: str | os.PathLike | None = None,
                  limits: Limits | None = None, input_bytes: bytes = b"",
                  infer: InferOptions | None = None, runs_dir: str | os.PathLike | None = None,
                  cwd: str | os.PathLike | None = None, name: str | None = None):
@@ -64,6 +76,10 @@ class Job:
         self.input = {} if input is None else input
         self.limits = limits or Limits()
         self.grants = Grants.for_paths(read, cwd)
+        if backend is DEFAULT_MODEL:
+            from .inference.lazy import model_backend
+
+            backend = model_backend(model)
         self.backend = backend
         self.run_dir = Path(runs_dir if runs_dir is not None else default_runs_dir()) / self.id
         self.stream = EventStream(self.id, self.run_dir)

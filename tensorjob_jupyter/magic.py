@@ -34,14 +34,11 @@ from traitlets import Bool, CaselessStrEnum, Float, Int, Unicode
 from .abi import JobStatus
 from .compile import CompileError, compile_source, load_guest
 from .inference.base import Sampler
-from .inference.lazy import LazyBackend
+from .inference.lazy import model_backend
 from .jobs import Job, get_job, jobs
 from .limits import Limits
 from .runner import InferOptions
 from .view.summary import summary
-
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1"
-
 
 def _job_options(func):
     """The options shared by ``%%tensorjob`` and ``%tensorjob run``."""
@@ -50,6 +47,7 @@ def _job_options(func):
                  help="grant read access to a file or directory (repeatable)"),
         argument("--input", default=None, metavar="JSON",
                  help="the job input: a JSON value, or $name for a variable of the notebook"),
+        argument("--input-file", default=None, metavar="F", help="stage F's bytes for the guest's read-input"),
         argument("--max-tokens", type=int, default=None, metavar="N", help="token budget for the whole job"),
         argument("--timeout", type=float, default=None, metavar="S", help="time limit for the whole job, seconds"),
         argument("--model", default=None, metavar="PATH", help="a GGUF model file (default: TensorJob.model_path, "
@@ -104,13 +102,7 @@ class TensorJob(Magics):
         path = model or self.model_path or None
         if path is not None and not os.path.isfile(path):
             raise UsageError(f"model file not found: {path}")
-
-        def factory():
-            from .inference.models import get_backend
-
-            return get_backend(path)
-
-        return LazyBackend(factory, os.path.splitext(os.path.basename(path))[0] if path else DEFAULT_MODEL_NAME)
+        return model_backend(path)
 
     def _input(self, text: str | None) -> Any:
         if text is None:
@@ -144,7 +136,16 @@ class TensorJob(Magics):
         runs_dir = self.runs_dir or None
         return Job(guest, input=self._input(args.input), read=self._reads(args.read), backend=self._backend(args.model),
                    limits=self._limits(args), infer=InferOptions(sampler=sampler, chat=args.chat or self.chat),
-                   runs_dir=runs_dir, name=name)
+                   input_bytes=self._input_bytes(args.input_file), runs_dir=runs_dir, name=name)
+
+    def _input_bytes(self, path: str | None) -> bytes:
+        if path is None:
+            return b""
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as e:
+            raise UsageError(f"--input-file {path}: {e.strerror}") from None
 
     # -- running and showing --------------------------------------------------------------
 

@@ -151,7 +151,7 @@ def test_a_model_error_is_model_load_failed_with_error_then_response_failed(heal
 
 
 def test_a_job_without_a_model_cannot_infer():
-    job = run_job([INFER, DONE])
+    job = run_job([INFER, DONE], backend=None)
     assert job.envelope.error.code == codes.MODEL_LOAD_FAILED and "no model" in job.envelope.error.message
 
 

@@ -128,7 +128,7 @@ def test_updates_are_throttled_whatever_the_token_rate():
     view.join(10)
     elapsed = time.monotonic() - started
     assert view.state.tokens == 3000
-    assert view.pushes <= 10 * elapsed + 3, (view.pushes, elapsed)
+    assert view.pushes <= 10 * elapsed + 5, (view.pushes, elapsed)  # + first, last and the drain
     assert view.messages <= 20 * elapsed + 8, (view.messages, elapsed)
 
 

@@ -7,8 +7,10 @@ and a model that cannot load should only fail the jobs that use it.
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Callable, Sequence
 
 from .base import Backend, GenerateRequest, GenerateResult, TokenCallback
@@ -40,3 +42,19 @@ class LazyBackend:
 
     def embed(self, texts: Sequence[str]) -> "Future[list[list[float]]]":
         return self._get().embed(texts)
+
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1"
+
+
+def model_backend(model_path: str | os.PathLike | None = None) -> LazyBackend:
+    """The process's shared backend for ``model_path`` (default: the embedded
+    model), loaded the first time a job infers or embeds."""
+
+    def factory() -> Backend:
+        from .models import get_backend
+
+        return get_backend(model_path)
+
+    name = Path(model_path).stem if model_path is not None else DEFAULT_MODEL_NAME
+    return LazyBackend(factory, name)
