@@ -158,6 +158,10 @@ class Job:
         assert self._envelope is not None
         return self._envelope
 
+    def wait_done(self, timeout: float | None = None) -> bool:
+        """Block until the job ends or ``timeout`` passes; True if it ended."""
+        return self._done.wait(timeout)
+
     # -- state -----------------------------------------------------------------------
 
     @property

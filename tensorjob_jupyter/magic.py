@@ -180,24 +180,14 @@ class TensorJob(Magics):
         return envelope.result if envelope.ok else None
 
     def _wait(self, job: Job):
-        """Wait for the job; keep widget clicks flowing; an interrupt cancels."""
-        poll = None
-        try:
-            if self._in_kernel():
-                try:
-                    from jupyter_ui_poll import ui_events
+        """Wait for the job; a kernel interrupt (KeyboardInterrupt) cancels it.
 
-                    poll = ui_events()
-                except Exception:  # noqa: BLE001 - without it, the button works with --bg
-                    poll = None
-            if poll is not None:
-                with poll as process_ui:
-                    while not job.done:
-                        process_ui(10)
-                        job._done.wait(0.05)
-            else:
-                while not job.done:
-                    job._done.wait(0.1)
+        The view's Cancel button keeps working meanwhile: its clicks are
+        handled on a side thread (see ``view.side_channel``).
+        """
+        try:
+            while not job.done:
+                job.wait_done(0.1)
         except KeyboardInterrupt:
             job.cancel()
         return job.wait()
