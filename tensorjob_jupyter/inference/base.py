@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 TokenCallback = Callable[[str], bool]
 
@@ -87,8 +87,28 @@ class GenerateResult:
     usage: GenerateUsage = field(default_factory=GenerateUsage)
 
 
+#: A generation's answer: (result, None) on success, (None, error) on failure.
+DoneCallback = Callable[[Optional[GenerateResult], Optional[BaseException]], None]
+
+
+@dataclass
+class Pending:
+    """One generate request handed to a batching engine, with where its answer goes."""
+
+    request: GenerateRequest
+    on_token: TokenCallback
+    done: DoneCallback
+    tokens: list[int] | None = None  # the prompt, once the engine has tokenized it
+
+
 class Engine(Protocol):
-    """Owns one model; called only from its worker thread."""
+    """Owns one model; called only from its worker thread.
+
+    An engine may also offer ``serve(first: Pending, admit)``: run ``first``
+    and every request ``admit()`` hands over meanwhile in shared decode steps,
+    calling each ``Pending.done`` as it finishes (continuous batching). The
+    worker uses it when present.
+    """
 
     model_name: str
 

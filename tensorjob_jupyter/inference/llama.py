@@ -13,7 +13,7 @@ high-level loop cannot give us what the host needs:
   it is ruled out. ``on_token`` only ever sees complete, final text, and the
   result's text is exactly what was delivered.
 * **A prefix cache keyed by what produced the KV.** The context holds a few
-  *slots* (llama.cpp sequences in one unified KV cache). Each slot remembers
+  *slots* (llama.cpp sequences, each with its own KV stream). Each slot remembers
   the tokens whose KV it holds and the LoRA selection they were computed
   under; a request reuses the longest common prefix of a slot with the same
   LoRA key, and reports it as ``cached_tokens``. Switching adapters never
@@ -23,20 +23,20 @@ high-level loop cannot give us what the host needs:
   (``llama_set_adapters_lora``); an unknown name is an error, never ignored.
 * **Batching.** ``serve`` decodes every active sequence in one
   ``llama_decode`` per step and can admit new requests between steps
-  (continuous batching); ``BatchingWorker`` feeds it from the worker queue.
+  (continuous batching); ``InferenceWorker`` feeds it from its queue.
   Sequences in one batch share a LoRA selection, since adapters are set on
   the whole context.
 
-On determinism: llama.cpp's kernels are not bitwise batch-size invariant
-(on this CPU build a batch of more than ~32 tokens takes another matmul path,
-and logits move by a few tenths). The last prompt token is therefore always
-decoded on its own, so a repeated prompt gives exactly what a cold run gives,
-cached or not, and decode steps of up to a few sequences match a lone
-sequence. A prompt that merely shares a prefix with an earlier one reuses KV
-computed in another batch shape and can differ from a cold run at a near
-tie; ``n_batch=32`` makes every prefill take the small-batch path and the
-results independent of cache history, at about two thirds of the prefill
-speed.
+On determinism: llama.cpp's kernels are not bitwise invariant to batch shape
+or to where a sequence sits in the KV cache (on this CPU build a batch of
+more than ~32 tokens takes another matmul path, and a sequence placed after
+another one's cells attends in other blocks; logits move by a few tenths).
+So each slot has a KV stream of its own, and the last prompt token is always
+decoded on its own: a repeated prompt gives exactly what a cold run gives,
+from the cache or not, and decode steps of a few sequences together match a
+lone sequence. A prompt that merely shares a prefix with an earlier one
+reuses KV computed in another batch shape and can differ from a cold run at
+a near tie.
 
 Embeddings use a second context on the same model weights (``embeddings``
 on, mean pooling), created on first use; vectors are L2-normalised.
@@ -64,8 +64,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from .base import (FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, GenerateRequest, GenerateResult,
-                   GenerateUsage, LoraChoice, ModelError, QueueFull, TokenCallback)
-from .worker import _STOP, InferenceWorker, _guarded
+                   GenerateUsage, LoraChoice, ModelError, Pending, TokenCallback)
 
 log = logging.getLogger("tensorjob_jupyter.llama")
 log.addHandler(logging.NullHandler())
@@ -73,20 +72,6 @@ log.addHandler(logging.NullHandler())
 GGUF_MAGIC = b"GGUF"
 PENALTY_LAST_N = 64
 EMBED_SEQS = 64
-
-# A generation's callback: (result, None) on success, (None, error) on failure.
-DoneCallback = Callable[["GenerateResult | None", "BaseException | None"], None]
-
-
-@dataclass
-class Pending:
-    """One generate request waiting to be served, with where its answer goes."""
-
-    request: GenerateRequest
-    on_token: TokenCallback
-    done: DoneCallback
-    tokens: list[int] | None = None  # the prompt, once tokenized
-
 
 # -- llama.cpp: import, logging, backend -------------------------------------------------
 
@@ -296,7 +281,6 @@ class _Sequence:
     prompt_tokens: int
     cached_tokens: int
     limit: int  # completion tokens allowed (max_tokens, or what the context leaves)
-    reserved: int  # KV cells this sequence may end up holding
     started: float
     parts: list[str] = field(default_factory=list)
     n_out: int = 0
@@ -308,8 +292,9 @@ class _Sequence:
 class LlamaEngine:
     """A GGUF model on llama.cpp. Use from one thread only (the worker's).
 
-    ``n_ctx``: KV cells shared by all slots (capped at the model's training
-    context); ``n_batch``: prompt tokens per decode; ``n_threads`` /
+    ``n_ctx``: the context of each slot, prompt and reply (capped at the
+    model's training context; the KV cache holds ``n_ctx * slots`` cells,
+    about 23 KB each for SmolLM2-135M); ``n_batch``: prompt tokens per decode; ``n_threads`` /
     ``n_threads_batch``: default to the physical cores / the CPUs this process
     may use; ``n_gpu_layers``: default -1 (all) when the build can offload,
     else 0; ``slots``: cached sequences, and the most requests decoded
@@ -317,7 +302,7 @@ class LlamaEngine:
     ``embedding_n_ctx``: the longest text embedded (longer ones are cut).
     """
 
-    def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 4096, n_batch: int = 512,
+    def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 2048, n_batch: int = 512,
                  n_threads: int | None = None, n_threads_batch: int | None = None,
                  n_gpu_layers: int | None = None, slots: int = 4,
                  loras: Mapping[str, str | os.PathLike] | None = None,
@@ -355,19 +340,23 @@ class LlamaEngine:
             self.n_vocab = self._model.n_vocab()
             with _CaptureLog() as lines:
                 cp = llama_cpp.llama_context_default_params()
-                cp.n_ctx = self.n_ctx
+                cp.n_ctx = self.n_ctx * self.n_slots
                 cp.n_batch = self.n_batch
                 cp.n_ubatch = self.n_batch
                 cp.n_threads = self.n_threads
                 cp.n_threads_batch = self.n_threads_batch
                 cp.n_seq_max = self.n_slots
-                cp.kv_unified = True  # one pool of cells: a lone sequence may use all of n_ctx
+                # each slot gets its own stream of n_ctx cells: a sequence always sits at the
+                # same cells, so its numerics do not depend on what the other slots hold
+                cp.kv_unified = False
                 cp.no_perf = True
                 try:
                     self._ctx = _internals.LlamaContext(model=self._model, params=cp, verbose=False)
                 except Exception as e:  # noqa: BLE001
                     raise ModelError(f"could not create a context for {self.model_path} "
-                                     f"(n_ctx={self.n_ctx}): {_reason(lines) or e}") from None
+                                     f"(n_ctx={self.n_ctx} x {self.n_slots} slots): "
+                                     f"{_reason(lines) or e}") from None
+            self.n_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx.ctx))
             self._batch = _internals.LlamaBatch(n_tokens=max(self.n_batch, self.n_slots), embd=0,
                                                 n_seq_max=1, verbose=False)
             self._slots = [_Slot(i) for i in range(self.n_slots)]
@@ -530,9 +519,9 @@ class LlamaEngine:
 
         Between decode steps, while a slot is free, ``admit()`` is asked for
         another request (None: nothing now). Each request's ``done`` is called
-        as soon as it finishes. Requests whose LoRA selection differs from the
-        running batch's (or that do not fit the KV cache yet) wait, in order,
-        until the batch drains; nothing is admitted past a waiting request.
+        as soon as it finishes. A request whose LoRA selection differs from the
+        running batch's waits until the batch drains; nothing is admitted past
+        a waiting request, so order is kept.
         """
         active: list[_Sequence] = []
         waiting: collections.deque[Pending] = collections.deque([first])
@@ -564,6 +553,9 @@ class LlamaEngine:
     def _try_start(self, item: Pending, active: list[_Sequence]) -> bool:
         """Start ``item`` if it can join ``active`` now; False means it must wait.
 
+        It must wait when every slot is busy or the batch runs another LoRA
+        selection.
+
         A request that can never run (bad LoRA name, prompt too long) is
         answered with its error and counts as started.
         """
@@ -580,16 +572,11 @@ class LlamaEngine:
             tokens = item.tokens
             room = self.n_ctx - len(tokens)
             limit = room if request.max_tokens <= 0 else min(request.max_tokens, room)
-            reserved = len(tokens) + limit
-            in_use = sum(s.reserved for s in active)
-            if active and in_use + reserved > self.n_ctx:
-                return False
             self._set_lora(key)
             slot, reuse = self._pick_slot(tokens, key, request.cache_prompt)
-            self._make_room(in_use + reserved, keep=slot)
             sampler = self._sampler(request, tokens)
             seq = _Sequence(item, slot, sampler, TextStream(request.sampler.stop), len(tokens), reuse,
-                            limit, reserved, started)
+                            limit, started)
             slot.busy = True
             try:
                 idx = self._prefill(slot, tokens, reuse, key)
@@ -622,16 +609,6 @@ class LlamaEngine:
             best_len = 0
         # at least one prompt token is always decoded, for fresh logits
         return best, min(best_len, len(tokens) - 1)
-
-    def _make_room(self, needed: int, keep: _Slot) -> None:
-        """Evict idle slots (least recently used first) until ``needed`` cells are free."""
-        others = sorted((s for s in self._slots if not s.busy and s is not keep and s.tokens),
-                        key=lambda s: s.last_used)
-        held = sum(len(s.tokens) for s in others)
-        while others and needed + held > self.n_ctx:
-            victim = others.pop(0)
-            held -= len(victim.tokens)
-            self._drop_slot(victim)
 
     def _drop_slot(self, slot: _Slot) -> None:
         self._ctx.kv_cache_seq_rm(slot.seq_id, 0, -1)
@@ -672,7 +649,7 @@ class LlamaEngine:
         rc = self._lc.llama_decode(self._ctx.ctx, self._batch.batch)
         if rc != 0:
             if rc == 1:
-                raise ModelError("the KV cache is full (n_ctx too small for the requests at hand)")
+                raise ModelError("the KV cache has no room for this batch (llama_decode returned 1)")
             raise ModelError(f"llama_decode failed with code {rc}")
 
     def _sampler(self, request: GenerateRequest, prompt: list[int]):
@@ -856,71 +833,3 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 _CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
            " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}"
            "{{ '<|im_start|>assistant\n' }}{% endif %}")
-
-
-# -- the worker that batches ------------------------------------------------------------------------
-
-
-class BatchingWorker(InferenceWorker):
-    """An ``InferenceWorker`` whose engine decodes queued requests together.
-
-    While a generation runs, generate requests waiting in the queue join it
-    (``LlamaEngine.serve``) instead of waiting for it to end, so several jobs
-    on one model share each decode step. Order is kept: an embed request, or
-    a generate request that cannot join (another LoRA selection), stops
-    further admission until the running batch drains. With an engine that
-    has no ``serve`` it behaves exactly like ``InferenceWorker``.
-    """
-
-    def __init__(self, engine, **kwargs):
-        self._deferred: collections.deque = collections.deque()
-        super().__init__(engine, **kwargs)
-
-    def _take(self):
-        return self._deferred.popleft() if self._deferred else self._queue.get()
-
-    def _admit(self) -> Pending | None:
-        while not self._deferred:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return None
-            if item is _STOP or item[0] != "generate":
-                self._deferred.append(item)
-                return None
-            _kind, request, on_token, fut = item
-            if fut.set_running_or_notify_cancel():
-                return Pending(request, _guarded(on_token), self._resolver(fut))
-        return None
-
-    def _resolver(self, fut) -> DoneCallback:
-        def done(result, error) -> None:
-            self.requests_served += 1
-            if error is not None:
-                fut.set_exception(error if isinstance(error, (ModelError, QueueFull))
-                                  else ModelError(f"{type(error).__name__}: {error}"))
-            else:
-                fut.set_result(result)
-        return done
-
-    def _run(self) -> None:
-        while True:
-            item = self._take()
-            if item is _STOP:
-                return
-            kind, payload, on_token, fut = item
-            if not fut.set_running_or_notify_cancel():
-                continue
-            done = self._resolver(fut)
-            try:
-                engine = self._load()
-                if kind == "generate" and hasattr(engine, "serve"):
-                    engine.serve(Pending(payload, _guarded(on_token), done), self._admit)
-                    continue
-                result = (engine.generate(payload, _guarded(on_token)) if kind == "generate"
-                          else engine.embed(payload))
-            except BaseException as e:  # noqa: BLE001 - reported through the future
-                if not fut.done():
-                    done(None, e)
-            else:
-                done(result, None)

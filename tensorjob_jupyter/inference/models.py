@@ -11,7 +11,9 @@ the whole process, and every job on that model shares it. Cheap checks (the
 file exists and is GGUF) run at once and raise ``ModelError`` naming the
 path; the load itself happens on the worker thread on first use. A worker
 whose model failed to load is dropped from the registry, so the next
-``get_backend`` call tries again, while other models keep serving.
+``get_backend`` call tries again, while other models keep serving. By default
+the worker is a ``InferenceWorker``: requests that queue up while one
+generation runs join its decode steps instead of waiting for it to finish.
 """
 
 from __future__ import annotations
@@ -76,12 +78,12 @@ def get_backend(model_path: str | os.PathLike | None = None, *, queue_size: int 
     ``engine_options`` go to ``LlamaEngine`` (``n_ctx``, ``n_batch``,
     ``n_threads``, ``n_gpu_layers``, ``slots``, ``loras={"name": "path.gguf"}``,
     ``embedding_n_ctx``). With ``batching`` (the default) requests queued
-    while a generation runs join its decode steps (``BatchingWorker``);
+    while a generation runs join its decode steps (``InferenceWorker``);
     without it they run strictly one after another. A missing or non-GGUF
     file raises ``ModelError`` here; a file that fails to load fails the
     requests sent to the worker, and the next call builds a fresh worker.
     """
-    from .llama import BatchingWorker, LlamaEngine, check_gguf
+    from .llama import LlamaEngine, check_gguf
 
     path = check_gguf(resolve_model_path(model_path))
     loras = engine_options.get("loras")
@@ -101,9 +103,8 @@ def get_backend(model_path: str | os.PathLike | None = None, *, queue_size: int 
                 _forget(key, holder[0] if holder else None)
                 raise
 
-        cls = BatchingWorker if batching else InferenceWorker
-        worker = cls(build, model_name=path.stem, queue_size=queue_size,
-                     name=f"tensorjob-llama-{path.stem}")
+        worker = InferenceWorker(build, model_name=path.stem, queue_size=queue_size, batching=batching,
+                                 name=f"tensorjob-llama-{path.stem}")
         holder.append(worker)
         _workers[key] = worker
         return worker
@@ -128,7 +129,6 @@ def shutdown(timeout: float | None = 10.0) -> None:
         _workers.clear()
     for worker in workers:
         worker.close(timeout)
-        thread = getattr(worker, "_thread", None)
         engine = worker.engine
-        if engine is not None and hasattr(engine, "close") and not (thread and thread.is_alive()):
+        if engine is not None and hasattr(engine, "close") and not worker.alive:
             engine.close()

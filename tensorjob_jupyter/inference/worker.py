@@ -2,10 +2,13 @@
 
 A model object (``llama_cpp.Llama`` above all) is not thread-safe, so exactly
 one thread ever touches it: the worker. Jobs submit ``generate_stream`` and
-``embed`` requests and get futures; requests run one at a time in arrival
-order, so jobs sharing a model interleave request by request and none
-starves. The queue is bounded: when it is full a request fails at once with
-``QueueFull`` instead of blocking the caller forever.
+``embed`` requests and get futures; requests start in arrival order, so no
+job starves. When the engine can batch (it has ``serve``), generate requests
+that arrive while a generation runs join its decode steps instead of waiting
+for it to end; an embed, or a request that cannot join, stops admission
+until the batch drains, so order is kept. The queue is bounded: when it is
+full a request fails at once with ``QueueFull`` instead of blocking the
+caller forever.
 
 The engine is built on the worker thread on first use, so a model that fails
 to load fails the requests that needed it (``ModelError`` with the reason)
@@ -15,12 +18,14 @@ and nothing else. A token callback that raises -- a job that died mid-request
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 from concurrent.futures import Future
 from typing import Any, Callable, Sequence
 
-from .base import Engine, GenerateRequest, GenerateResult, ModelError, QueueFull, TokenCallback
+from .base import (DoneCallback, Engine, GenerateRequest, GenerateResult, ModelError, Pending, QueueFull,
+                   TokenCallback)
 
 _STOP = object()
 
@@ -29,12 +34,14 @@ class InferenceWorker:
     """A ``Backend`` that serves one engine from one thread."""
 
     def __init__(self, engine: Engine | Callable[[], Engine], *, model_name: str | None = None,
-                 queue_size: int = 64, name: str = "tensorjob-inference"):
+                 queue_size: int = 64, batching: bool = True, name: str = "tensorjob-inference"):
         self._factory = engine if callable(engine) and not hasattr(engine, "generate") else (lambda: engine)
         self._engine: Engine | None = None
         self._load_error: BaseException | None = None
         self._model_name = model_name or getattr(engine, "model_name", None)
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._deferred: collections.deque = collections.deque()  # taken off the queue, not yet admitted
+        self.batching = batching
         self._closed = False
         self.requests_served = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -47,6 +54,10 @@ class InferenceWorker:
     @property
     def engine(self) -> Engine | None:
         return self._engine
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     # -- submitting ---------------------------------------------------------------
 
@@ -91,26 +102,55 @@ class InferenceWorker:
             self._model_name = self._model_name or getattr(self._engine, "model_name", None)
         return self._engine
 
+    def _take(self):
+        return self._deferred.popleft() if self._deferred else self._queue.get()
+
+    def _admit(self) -> Pending | None:
+        """The next queued generate request, for a running batch; None stops admission."""
+        while not self._deferred:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return None
+            if item is _STOP or item[0] != "generate":
+                self._deferred.append(item)  # served after the batch drains, in order
+                return None
+            _kind, request, on_token, fut = item
+            if fut.set_running_or_notify_cancel():
+                return Pending(request, _guarded(on_token), self._resolver(fut))
+        return None
+
+    def _resolver(self, fut: Future) -> DoneCallback:
+        def done(result: Any, error: BaseException | None) -> None:
+            self.requests_served += 1
+            if error is not None:
+                fut.set_exception(error if isinstance(error, (ModelError, QueueFull))
+                                  else ModelError(f"{type(error).__name__}: {error}"))
+            else:
+                fut.set_result(result)
+        return done
+
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
+            item = self._take()
             if item is _STOP:
                 return
             kind, payload, on_token, fut = item
             if not fut.set_running_or_notify_cancel():
                 continue  # cancelled while it waited in the queue
+            done = self._resolver(fut)
             try:
                 engine = self._load()
-                if kind == "generate":
-                    result = engine.generate(payload, _guarded(on_token))
-                else:
-                    result = engine.embed(payload)
+                if kind == "generate" and self.batching and hasattr(engine, "serve"):
+                    engine.serve(Pending(payload, _guarded(on_token), done), self._admit)
+                    continue
+                result = (engine.generate(payload, _guarded(on_token)) if kind == "generate"
+                          else engine.embed(payload))
             except BaseException as e:  # noqa: BLE001 - reported through the future
-                fut.set_exception(e if isinstance(e, (ModelError, QueueFull)) else ModelError(f"{type(e).__name__}: {e}"))
+                if not fut.done():
+                    done(None, e)
             else:
-                fut.set_result(result)
-            finally:
-                self.requests_served += 1
+                done(result, None)
 
 
 def _guarded(on_token: TokenCallback) -> TokenCallback:
