@@ -24,6 +24,12 @@ def kernel(tmp_path_factory):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
     env["TENSORJOB_RUNS"] = str(tmp_path_factory.mktemp("kernel-runs"))
+    # A real ipython_config.py: the TensorJob defaults come from the profile.
+    ipython_dir = tmp_path_factory.mktemp("ipython")
+    (ipython_dir / "profile_default").mkdir()
+    (ipython_dir / "profile_default" / "ipython_config.py").write_text(
+        "c.TensorJob.refresh_hz = 7.0\nc.TensorJob.max_steps = 4321\n")
+    env["IPYTHONDIR"] = str(ipython_dir)
     km, kc = start_new_kernel(kernel_name="python3", env=env)
     try:
         run(kc, "%load_ext tensorjob_jupyter")
@@ -162,3 +168,17 @@ def test_two_jobs_at_once_each_with_its_own_view(kernel, tmp_path):
     assert reply["content"]["status"] == "ok", reply["content"]
     assert "bg bg True" in stdout(messages)
     assert len([m for m in messages if m["msg_type"] == "display_data"]) == 2
+
+
+def test_defaults_come_from_ipython_config_and_config_changes_them(kernel):
+    _, kc = kernel
+    _, messages = run(kc, "m = get_ipython().magics_manager.registry['TensorJob']\n"
+                          "print(m.refresh_hz, m.max_steps)\n"
+                          "%config TensorJob.max_steps = 99\n"
+                          "print(m.max_steps)")
+    assert stdout(messages) == "7.0 4321\n99\n"
+    _, messages = run(kc, "%%tensorjob --quiet\n" + wat.script_wat([{"cmd": "emit", "progress": 1}]))
+    assert "max_steps" not in stdout(messages)  # quiet: the failure is the value, not printed
+    _, messages = run(kc, "print(tensorjob_jupyter_last := __import__('tensorjob_jupyter').jobs()[-1].envelope.error.message)")
+    assert "99 commands" in stdout(messages) and "max_steps" in stdout(messages)
+    run(kc, "%config TensorJob.max_steps = 1000000")

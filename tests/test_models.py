@@ -99,3 +99,19 @@ def test_shutdown_closes_every_worker_and_a_later_call_starts_afresh(tiny_files)
     again = models.get_backend(tiny_files["model"], n_ctx=64)
     assert again is not worker
     assert run_request(again, GenerateRequest("the cat", 2))[0].usage.completion_tokens == 2
+
+
+def test_a_job_on_a_broken_model_fails_with_the_path_and_the_next_job_runs(tmp_path):
+    import tensorjob_jupyter as tj
+    from tensorjob_jupyter.inference import ScriptedBackend
+
+    import wat
+
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\0" * 64)  # right magic, nothing behind it
+    guest = wat.script_guest([{"cmd": "infer", "prompt": "hi", "max_tokens": 4}, {"cmd": "done", "result": 1}])
+    env = tj.run(guest, model=broken, timeout=60)
+    assert env.error.code == "model_load_failed" and str(broken) in env.error.message
+    missing = tj.run(guest, model=tmp_path / "missing.gguf", timeout=60)
+    assert missing.error.code == "model_load_failed" and "missing.gguf" in missing.error.message
+    assert tj.run(guest, backend=ScriptedBackend("fine"), timeout=60).ok
