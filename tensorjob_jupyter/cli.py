@@ -9,8 +9,9 @@ stderr as they happen (terminal control sequences from the guest or the
 model are stripped first), the guest's streamed output (``emit-chunk``) on
 stdout, and at the end the result as JSON on stdout -- or, with ``--json``,
 the whole envelope instead and nothing else on stdout. The exit status is 0
-only when the job completed (1 failed, 130 cancelled by Ctrl-C, 2 usage
-error). A usage error is one line naming the problem, never a traceback.
+only when the job completed (1 failed or did not compile, 130 cancelled by
+Ctrl-C, 2 usage error). A usage error is one line naming the problem, never
+a traceback.
 """
 
 from __future__ import annotations
@@ -190,17 +191,21 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
             raise UsageError(f"--input-file {args.input_file}: {e.strerror}") from None
     limits = _limits(args)
     backend = _backend(args.model)
+    try:
+        events_file = open(args.events, "w", encoding="utf-8") if args.events else None
+    except OSError as e:
+        raise UsageError(f"--events {args.events}: {e.strerror}") from None
     from .compile import CompileError
 
     try:
         job = Job(guest_path, input=job_input, read=args.read, backend=backend, limits=limits,
                   input_bytes=input_bytes, infer=InferOptions(chat=args.chat), runs_dir=args.runs)
     except CompileError as e:
-        err.write(f"tensorjob: compile error:\n{e}\n")
-        return EXIT_USAGE
+        if events_file is not None:
+            events_file.close()
+        err.write(f"tensorjob: the guest does not compile:\n{e}\n")
+        return EXIT_FAILED
     printer = LivePrinter(job, out=out, err=err, quiet=args.quiet, chunks_to_stdout=not args.json)
-    events_file = open(args.events, "w", encoding="utf-8") if args.events else None
-    events_sub = job.subscribe(maxsize=1_000_000) if events_file else None
     printer.thread.start()
     job.start()
     try:
@@ -213,7 +218,6 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
         with events_file:
             for event in job.events:  # the complete, ordered history
                 events_file.write(dumps(event) + "\n")
-        events_sub.close()
     if args.json:
         out.write(json.dumps(envelope.to_json(), indent=2, ensure_ascii=False) + "\n")
     elif envelope.ok:

@@ -93,6 +93,7 @@ class Job:
         self._callbacks_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.started_at: float | None = None
+        self.started_monotonic: float | None = None
         self.finished_at: float | None = None
         self.stream.publish("job.created", name=self.name,
                             guest={"sha256": self._reactor_digest(), "bytes": len(self.wasm)},
@@ -111,6 +112,7 @@ class Job:
         if self._thread is not None:
             raise RuntimeError(f"job {self.id} was already started")
         self.started_at = time.time()
+        self.started_monotonic = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"tensorjob-{self.id}", daemon=True)
         self._thread.start()
         return self

@@ -130,3 +130,26 @@ def test_ctrl_c_cancels_the_job_and_exits_130(guest_file):
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 130, err
     assert json.loads(out)["status"] == "cancelled"
+
+
+def test_a_guest_that_does_not_compile_shows_file_and_line(tmp_path):
+    src = tmp_path / "broken.c"
+    src.write_text('#include "tensorjob.h"\n\nint oops = ;\n')
+    code, out, err = run_cli("run", str(src))
+    assert code == 1 and out == ""
+    assert "broken.c:3:" in err and "Traceback" not in err
+    code, _, err = run_cli("compile", str(src))
+    assert code == 1 and "broken.c:3:" in err
+
+
+def test_compile_writes_a_wasm_module(tmp_path):
+    src = tmp_path / "g.wat"
+    src.write_text(wat.script_wat([DONE]))
+    code, out, _ = run_cli("compile", str(src), "-o", str(tmp_path / "out.wasm"))
+    assert code == 0 and "out.wasm" in out
+    assert (tmp_path / "out.wasm").read_bytes().startswith(b"\0asm")
+
+
+def test_an_unwritable_events_file_is_a_usage_error(guest_file, tmp_path):
+    code, _, err = run_cli("run", guest_file([DONE]), "--events", str(tmp_path / "no" / "such" / "dir.jsonl"))
+    assert code == 2 and "--events" in err and err.count("\n") == 1
