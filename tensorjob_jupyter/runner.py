@@ -52,6 +52,7 @@ PREVIEW_CHARS = 512
 PREVIEW_BYTES = 256
 POLL_S = 0.02
 LOOKAHEAD = 1
+PARTIAL_USAGE_WAIT_S = 0.5
 
 
 class JobEnd(Exception):
@@ -258,6 +259,21 @@ class Reactor:
             except CancelledError:
                 raise JobEnd(codes.CANCELLED, "cancelled during inference") from None
 
+    def _partial_usage(self, fut: Future, delivered: int) -> tuple[int, int]:
+        """Count an infer that ends early (cancel, timeout, trap) in the job's usage.
+
+        The decoder stops within a token once told, so its own count usually
+        arrives at once; if it does not, the tokens delivered so far stand in.
+        """
+        try:
+            u = fut.result(timeout=PARTIAL_USAGE_WAIT_S).usage
+            tokens_in, tokens_out = u.prompt_tokens, u.completion_tokens
+        except Exception:  # still prefilling, cancelled in the queue, or failed
+            tokens_in, tokens_out = 0, delivered
+        self.usage.tokens_in += tokens_in
+        self.usage.tokens_out += tokens_out
+        return tokens_in, tokens_out
+
     def _embed(self, cmd: abi.Embed) -> abi.Event:
         backend = self._backend()
         try:
@@ -321,9 +337,11 @@ class Reactor:
                 try:
                     self._check_running()
                 except JobEnd as e:
+                    stop.set()
                     fut.cancel()
+                    in_, out = self._partial_usage(fut, len(response.text_parts))
                     if e.code == codes.CANCELLED:
-                        response.finish("".join(response.text_parts), usage=response.usage_json(0, 0),
+                        response.finish("".join(response.text_parts), usage=response.usage_json(in_, out),
                                         incomplete_reason="cancelled")
                         raise JobEnd(codes.CANCELLED, "cancelled during inference") from None
                     response.fail(e.message, code=e.code, error_type="server_error")
@@ -339,6 +357,8 @@ class Reactor:
                     try:
                         keep = self.guest.on_token(piece)
                     except GuestTrap as e:
+                        stop.set()
+                        self._partial_usage(fut, len(response.text_parts))
                         response.fail(e.message, code=e.code, error_type="server_error")
                         raise
                     if not keep:

@@ -98,7 +98,8 @@ def files(state: ViewState) -> str:
             f'{coverage_bar(f)}'
             f'<pre class="tj-preview" style="{PRE}max-height:8em;overflow:auto;background:#f6f8fa;padding:2px">'
             f'{for_html(preview)}</pre></div>')
-    return "<div><b style='font-family:sans-serif;font-size:12px'>Files</b>" + "".join(rows) + "</div>"
+    return ("<div style='line-height:1.4'><b style='font-family:sans-serif;font-size:12px'>Files</b>"
+            + "".join(rows) + "</div>")
 
 
 def output(state: ViewState) -> str:
@@ -130,7 +131,7 @@ def result(state: ViewState) -> str:
                 f'<b>{for_html(state.error["code"])}</b>: {for_html(state.error["message"])}</div>')
     if not state.has_result:
         return ""
-    return (f'<div class="tj-result" style="font-family:monospace;font-size:12px">'
+    return (f'<div class="tj-result" style="font-family:monospace;font-size:12px;line-height:1.4">'
             f'<b style="font-family:sans-serif">Result</b>{json_tree(state.result)}</div>')
 
 

@@ -149,6 +149,8 @@ class JobView:
         if self.state.done and not self.cancel_button.disabled:
             with self.cancel_button.hold_sync():
                 self.cancel_button.disabled = True
+                self.cancel_button.button_style = ""
+                self.cancel_button.icon = ""
                 self.cancel_button.description = self.state.status.capitalize()
             sent += 1
         self.pushes += 1
