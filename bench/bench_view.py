@@ -10,10 +10,10 @@
    how many tokens it showed; a token's lag is the time from its publication
    to the first push that showed it. Goal: at most 20 messages a second, and
    no token lags by more than 100 ms plus one refresh period.
-2. **Cell start-up.** ``%%tensorjob`` on an unchanged cell, run a second time
-   in an IPython shell with the model already loaded: the time from the cell's
-   start to the guest's first command, against the first (cold) run of the
-   same cell, which compiles the guest.
+2. **Cell start-up.** ``%%tensorjob`` on an unchanged C cell, run again in an
+   IPython shell with the model already loaded: the time from the cell's start
+   to the guest's first command, against the first (cold) run of the same
+   cell, which compiles the guest with zig cc.
 
 Run: ``python bench/bench_view.py [--quick]``.
 """
@@ -130,11 +130,15 @@ def bench_cell_startup(repeats: int, use_model: bool) -> dict:
         return original(self, command)
 
     runner.Reactor._execute = timed_execute
-    commands = [{"cmd": "emit", "progress": {"done": 0, "total": 1}}]
-    if use_model:
-        commands.append({"cmd": "infer", "prompt": "Hello", "max_tokens": 4})
-    commands.append({"cmd": "done", "result": "ok"})
-    cell = wat.script_wat(commands) + f"\n;; bench cell {time.time()}"  # a new cell for this run
+    infer = 'return tj_infer(TJ_STR("Hello"), 4);' if use_model else 'return tj_done(tj_jsonf("\\"ok\\""));'
+    cell = f"""// bench cell {time.time()} (new for this run, so the first run compiles)
+#include "tensorjob.h"
+tj_cmd guest_init(tj_json input) {{ return tj_progress(0, 1); }}
+tj_cmd guest_step(tj_event ev) {{
+    if (ev.type == TJ_EV_EMITTED) {{ {infer} }}
+    return tj_done(tj_jsonf("\\"ok\\""));
+}}
+"""
     timings = []
     try:
         for _ in range(repeats + 1):
