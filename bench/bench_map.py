@@ -50,9 +50,14 @@ def guest() -> bytes:
                              {"cmd": "done", "result": "ok"}])
 
 
-def backend_kwargs(args) -> dict:
-    if args.model:
-        return {"model": None if args.model == "default" else args.model}
+def threads(workers: int) -> int:
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
+def backend_kwargs(args, workers: int = 1) -> dict:
+    if args.model:  # one process per core share: llama.cpp threads must not outnumber the cores
+        return {"model": None if args.model == "default" else args.model,
+                "model_options": {"n_threads": threads(workers), "n_threads_batch": threads(workers)}}
     return {"backend": functools.partial(ScriptedBackend, REPLY, token_delay_s=args.token_delay)}
 
 
@@ -63,7 +68,7 @@ def write_manifest(folder: Path, n: int) -> Path:
 
 
 def jobs_in_a_loop(name: str, wasm: bytes, n: int, kwargs: dict, folder: Path) -> dict:
-    spec = BackendSpec.of(kwargs.get("backend"), kwargs.get("model"))
+    spec = BackendSpec.of(kwargs.get("backend"), kwargs.get("model"), kwargs.get("model_options"))
     backend = process_backend(spec)
     started = time.perf_counter()
     for i in range(n):
@@ -150,8 +155,8 @@ def main(argv=None) -> int:
         rows.append(one_map("local, no fsync", wasm, manifest, folder, 1, concurrency=1, fsync=False, **kwargs))
         rows.append(one_map("local, concurrency 4", wasm, manifest, folder, 4, concurrency=4, **kwargs))
         if not args.no_dask:
-            rows += dask_maps(wasm, manifest, folder, kwargs, 1)
-            rows += dask_maps(wasm, manifest, folder, kwargs, 2)
+            rows += dask_maps(wasm, manifest, folder, backend_kwargs(args, 1), 1)
+            rows += dask_maps(wasm, manifest, folder, backend_kwargs(args, 2), 2)
         show(rows + [no_infer], rows[1], n)
         if args.json:
             print(json.dumps(rows, indent=2))

@@ -9,14 +9,16 @@ steps the guest again, publishing every move as an ordered event stream.
 """
 
 from .abi import Envelope, JobError, JobStatus, TokenAction, Usage, codes
+from .fanout import ManifestError, MapResult, MapRun, ResumeRefused, map, start_map
 from .jobs import Job, get_job, jobs, run
 from .limits import Limits
 from .runner import InferOptions, JobStats
 
 __version__ = "0.1.0"
 
-__all__ = ["Envelope", "InferOptions", "Job", "JobError", "JobStats", "JobStatus", "Limits", "TokenAction",
-           "Usage", "codes", "get_job", "jobs", "run", "__version__"]
+__all__ = ["Envelope", "InferOptions", "Job", "JobError", "JobStats", "JobStatus", "Limits", "ManifestError",
+           "MapResult", "MapRun", "ResumeRefused", "TokenAction", "Usage", "codes", "get_job", "jobs", "map", "run",
+           "start_map", "__version__"]
 
 
 def load_ipython_extension(ipython):

@@ -48,6 +48,8 @@ class codes:
     LIMIT_EXCEEDED = "limit_exceeded"
     #: Ours: the inference worker's request queue was full.
     BUSY = "busy"
+    #: Ours: a map item whose Dask worker kept dying, retries exhausted.
+    WORKER_LOST = "worker_lost"
 
 
 ERROR_CODES = frozenset(

@@ -3,6 +3,7 @@
     tensorjob run GUEST [--read PATH]... [--input JSON] [--input-file F]
                   [--max-tokens N] [--timeout S] [--events FILE] [--json]
     tensorjob compile FILE [-o OUT]
+    tensorjob map GUEST --over manifest.jsonl --run-dir DIR [--concurrency N] [--cluster ADDRESS]
 
 ``run`` prints the job's progress, file reads and streamed tokens live on
 stderr as they happen (terminal control sequences from the guest or the
@@ -28,6 +29,7 @@ from typing import Any, Sequence, TextIO
 
 from . import __version__
 from .abi import JobStatus, dumps
+from .fanout import add_map_parser, cmd_map
 from .jobs import Job
 from .limits import Limits
 from .runner import InferOptions
@@ -67,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--chat", action="store_true", help="apply the model's chat template to each prompt")
     run.add_argument("--quiet", "-q", action="store_true", help="no live progress on stderr")
     run.add_argument("--runs", default=None, metavar="DIR", help="where transcripts go (default ~/.tensorjob/runs)")
+
+    add_map_parser(sub)
 
     comp = sub.add_parser("compile", help="compile a .c, .zig or .wat guest to .wasm",
                           description="Compile a guest source file to a .wasm module.")
@@ -258,6 +262,8 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
         args = parser.parse_args(argv)
         if args.command == "run":
             return cmd_run(args, out, err)
+        if args.command == "map":
+            return cmd_map(args, out, err)
         return cmd_compile(args, out, err)
     except UsageError as e:
         err.write(f"tensorjob: error: {e}\n")

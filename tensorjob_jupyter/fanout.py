@@ -54,7 +54,7 @@ import os
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence, TextIO
 
@@ -63,6 +63,10 @@ from .inference.base import Backend
 from .jobs import Job, resolve_guest
 from .limits import Limits
 from .runner import InferOptions
+
+__all__ = ["BackendSpec", "ItemSpec", "Manifest", "ManifestError", "MapError", "MapProgress", "MapResult",
+           "MapRun", "ResumeRefused", "RunFolder", "WORKER_LOST", "add_map_parser", "cmd_map", "map",
+           "parse_manifest", "process_backend", "read_manifest", "run_item", "start_map"]
 
 LEDGER = "ledger.json"
 RESULTS = "results.jsonl"
@@ -159,32 +163,36 @@ class BackendSpec:
     Backends hold threads and cannot travel, so a worker builds its own from
     a ``factory`` (any picklable callable, e.g.
     ``functools.partial(ScriptedBackend, reply="...")``) or from ``model``
-    (a GGUF path; None is the embedded model) through ``get_backend``.
-    Each process builds one per ``key`` and keeps it (``process_backend``).
+    (a GGUF path; None is the embedded model) and ``model_options`` (e.g.
+    ``n_threads``) through ``get_backend``. Each process builds one per
+    ``key`` and keeps it (``process_backend``).
     """
 
     factory: Callable[[], Backend] | None = None
     model: str | None = None
+    model_options: tuple[tuple[str, Any], ...] = ()
     key: str = ""
 
     @classmethod
-    def of(cls, factory: Callable[[], Backend] | None, model: str | os.PathLike | None) -> "BackendSpec":
+    def of(cls, factory: Callable[[], Backend] | None, model: str | os.PathLike | None,
+           model_options: dict | None = None) -> "BackendSpec":
         if factory is not None:
             return cls(factory=factory, key="factory:" + _digest_of(factory))
         model = os.path.abspath(model) if model is not None else None
-        return cls(model=model, key=f"model:{model or ''}")
+        options = tuple(sorted((model_options or {}).items()))
+        return cls(model=model, model_options=options, key=f"model:{model or ''}:{options!r}")
 
     def build(self) -> Backend:
         if self.factory is not None:
             return self.factory()
         from .inference.lazy import LazyBackend
 
-        model = self.model
+        model, options = self.model, dict(self.model_options)
 
         def load() -> Backend:
             from .inference.models import get_backend
 
-            return get_backend(model)
+            return get_backend(model, **options)
 
         return LazyBackend(load, Path(model).stem if model else DEFAULT_MODEL_NAME)
 
@@ -290,16 +298,17 @@ def _fsync_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _read_records(path: Path) -> list[dict]:
-    """The records of a results/failures file; a torn last line is cut off."""
+def _read_records(path: Path, *, repair: bool = False) -> list[dict]:
+    """The records of a results/failures file, without a torn last line
+    (a crash mid-append); ``repair`` also cuts it off the file."""
     if not path.exists():
         return []
     data = path.read_bytes()
     cut = data.rfind(b"\n") + 1
-    if cut < len(data):  # a crash mid-append: drop the partial line, its item runs again
+    if cut < len(data) and repair:  # its item runs again
         with open(path, "r+b") as f:
             f.truncate(cut)
-        data = data[:cut]
+    data = data[:cut]
     records = []
     for number, line in enumerate(data.splitlines(), start=1):
         try:
@@ -334,8 +343,9 @@ class RunFolder:
         self._lock()
         try:
             self._ledger = self._check_ledger(manifest, wasm_sha256)
-            self.completed = {r["item"] for r in _read_records(self.results_path)}
-            failures = [r for r in _read_records(self.failures_path) if r["item"] not in self.completed]
+            self.completed = {r["item"] for r in _read_records(self.results_path, repair=True)}
+            failures = [r for r in _read_records(self.failures_path, repair=True)
+                        if r["item"] not in self.completed]
             if retry_failed and failures:
                 _fsync_write(self.failures_path, "")
                 failures = []
@@ -536,8 +546,8 @@ class MapRun:
         self.folder = folder
         self.manifest = manifest
         self.executor = executor
-        self.times = ItemTimes()
-        self.recent: collections.deque[dict] = collections.deque(maxlen=self.RECENT)
+        self._times = ItemTimes()
+        self._recent: collections.deque[dict] = collections.deque(maxlen=self.RECENT)
         self._cond = threading.Condition()
         self._subscribers: list[Callable[[dict], None]] = []
         self._cancel = threading.Event()
@@ -549,6 +559,7 @@ class MapRun:
         self._started = time.monotonic()
         self._error: str | None = None
         self._result: MapResult | None = None
+        self._finished_event: dict | None = None
         self._thread = threading.Thread(target=self._drive, name="tensorjob-map", daemon=True)
 
     # -- reading (any thread) -----------------------------------------------------------
@@ -573,6 +584,18 @@ class MapRun:
         with self._cond:
             return self._stamp(self._progress)
 
+    @property
+    def recent(self) -> list[dict]:
+        """The last items to finish (item, status, error, job_id, pid), oldest first."""
+        with self._cond:
+            return list(self._recent)
+
+    @property
+    def times(self) -> ItemTimes:
+        """Where this session's item time went (a copy)."""
+        with self._cond:
+            return replace(self._times)
+
     def _stamp(self, progress: MapProgress) -> MapProgress:
         if progress.status == "running":
             return replace(progress, elapsed_s=time.monotonic() - self._started)
@@ -592,9 +615,11 @@ class MapRun:
         on the map's thread: keep them quick (a view should throttle).
         """
         with self._cond:
-            self._subscribers.append(callback)
-        if self.done:
-            callback({"type": "map.finished", "progress": self.progress().to_json()})
+            finished = self._finished_event
+            if finished is None:
+                self._subscribers.append(callback)
+        if finished is not None:
+            callback(finished)
 
         def unsubscribe() -> None:
             with self._cond:
@@ -654,13 +679,16 @@ class MapRun:
         self._notify(event)
 
     def _account(self, outcome: dict, latency: float) -> None:
-        if "run_s" in outcome:
-            self.times.items += 1
-            self.times.setup_s += outcome["setup_s"]
-            self.times.run_s += outcome["run_s"]
-            self.times.reactor_s += outcome["usage"]["duration_ms"] / 1000
-            self.times.latency_s += latency
-        self.recent.append({k: outcome[k] for k in ("item", "status", "error", "job_id", "pid") if k in outcome})
+        with self._cond:
+            if "run_s" in outcome:
+                times = self._times
+                times.items += 1
+                times.setup_s += outcome["setup_s"]
+                times.run_s += outcome["run_s"]
+                times.reactor_s += outcome["usage"]["duration_ms"] / 1000
+                times.latency_s += latency
+            self._recent.append({k: outcome[k] for k in ("item", "status", "error", "job_id", "pid")
+                                 if k in outcome})
 
     def _update(self, change: Callable[[MapProgress], MapProgress]) -> MapProgress:
         with self._cond:
@@ -687,26 +715,31 @@ class MapRun:
         finally:
             self._finish()
 
+    def _status(self) -> str:
+        return "error" if self._error else "cancelled" if self._cancel.is_set() else "finished"
+
     def _finish(self) -> None:
-        status = "error" if self._error else "cancelled" if self._cancel.is_set() else "finished"
+        p = self.progress()
+        summary = {"completed": p.completed, "failed": p.failed, "skipped": p.skipped,
+                   "status": self._status(), "error": self._error}
+        for step in (lambda: self.folder.finish(summary), self.folder.close,
+                     getattr(self.executor, "close", lambda: None)):
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001 - the items are recorded; say what went wrong
+                self._error = self._error or f"{type(e).__name__}: {e}"
+        status = self._status()
         progress = self._update(lambda p: replace(p, status=status, running=0))
-        summary = {"completed": progress.completed, "failed": progress.failed,
-                   "skipped": progress.skipped, "status": status, "error": self._error}
-        try:
-            self.folder.finish(summary)
-        finally:
-            self.folder.close()
-            close = getattr(self.executor, "close", None)
-            if close is not None:
-                close()
         self._result = MapResult(
             run_dir=self.run_dir, total=progress.total, completed=len(self.folder.completed),
             failed=len(self.folder.failed), skipped=progress.skipped, ran=progress.completed + progress.failed,
             status=status, elapsed_s=progress.elapsed_s, throughput=progress.throughput, error=self._error)
         with self._cond:
+            self._finished_event = {"type": "map.finished", "progress": progress.to_json()}
+        self._notify(self._finished_event)  # before wait() returns: views are complete by then
+        with self._cond:
             self._done.set()
             self._cond.notify_all()
-        self._notify({"type": "map.finished", "progress": progress.to_json()})
 
 
 # --- running items in this process ---------------------------------------------------------
@@ -721,21 +754,32 @@ class LocalExecutor:
         self.concurrency = concurrency
 
     def run(self, todo: Iterable[tuple[int, Any]], sink: MapRun) -> None:
+        def cancelled() -> bool:
+            return sink.cancelled
+
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="tensorjob-map-item") as pool:
             in_flight: set = set()
-            for index, item in todo:
-                while len(in_flight) >= self.concurrency:
-                    finished, in_flight = wait(in_flight, return_when=FIRST_COMPLETED)
-                    for fut in finished:
-                        sink.finished(fut.result())
-                if sink.cancelled:
-                    break
-                sink.started(index)
-                in_flight.add(pool.submit(run_item, self.spec, self.backend, index, item, lambda: sink.cancelled))
-            while in_flight:
-                finished, in_flight = wait(in_flight, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    sink.finished(fut.result())
+            try:
+                for index, item in todo:
+                    if len(in_flight) >= self.concurrency:
+                        in_flight = _report_some(in_flight, sink)
+                    if sink.cancelled:
+                        break
+                    sink.started(index)
+                    in_flight.add(pool.submit(run_item, self.spec, self.backend, index, item, cancelled))
+                while in_flight:
+                    in_flight = _report_some(in_flight, sink)
+            except BaseException:
+                sink.cancel()  # end the running jobs before the pool waits for them
+                raise
+
+
+def _report_some(in_flight: set, sink: MapRun) -> set:
+    """Wait for at least one item to finish and report it; the rest stay in flight."""
+    finished, pending = wait(in_flight, return_when=FIRST_COMPLETED)
+    for fut in finished:
+        sink.finished(fut.result())
+    return pending
 
 
 # --- the entry points ------------------------------------------------------------------------
@@ -744,14 +788,17 @@ class LocalExecutor:
 def start_map(guest: bytes | str | os.PathLike, manifest: str | os.PathLike | Sequence[Any],
               run_dir: str | os.PathLike, *, read: Iterable[str | os.PathLike] = (),
               limits: Limits | None = None, backend: Backend | Callable[[], Backend] | None = None,
-              model: str | os.PathLike | None = None, infer: InferOptions | None = None,
-              concurrency: int | None = None, cluster: Any = None, retry_failed: bool = False,
-              retries: int = 1, fsync: bool = True) -> MapRun:
+              model: str | os.PathLike | None = None, model_options: dict | None = None,
+              infer: InferOptions | None = None, concurrency: int | None = None, cluster: Any = None,
+              retry_failed: bool = False, retries: int = 1, fsync: bool = True) -> MapRun:
     """Check everything, open the run folder and start the map on a background thread.
 
     ``backend``: a backend instance (local runs only), or a picklable factory
     returning one (built once per process, on every Dask worker); without it,
-    ``model`` (a GGUF path; None is the embedded model) loads on first infer.
+    ``model`` (a GGUF path; None is the embedded model) loads on first infer,
+    with ``model_options`` for ``get_backend`` (give each of N worker
+    processes on one machine ``{"n_threads": cores // N}``: llama.cpp threads
+    that outnumber the cores spin against each other).
     ``concurrency``: items at once locally (default 4); on Dask, items in
     flight (default twice the cluster's threads). ``cluster``: None (this
     process), a scheduler address, a ``distributed.Client`` or a Dask cluster
@@ -762,7 +809,7 @@ def start_map(guest: bytes | str | os.PathLike, manifest: str | os.PathLike | Se
     items = read_manifest(manifest)
     if concurrency is not None and concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
-    spec, instance = _item_spec(guest, read, limits, backend, model, infer, run_dir)
+    spec, instance = _item_spec(guest, read, limits, backend, model, model_options, infer, run_dir)
     folder = RunFolder(run_dir, fsync=fsync)
     executor = _executor(spec, instance, concurrency, cluster, retries)
     try:
@@ -789,7 +836,8 @@ def map(guest: bytes | str | os.PathLike, manifest: str | os.PathLike | Sequence
         return run.wait()
 
 
-def _item_spec(guest, read, limits, backend, model, infer, run_dir) -> tuple[ItemSpec, Backend | None]:
+def _item_spec(guest, read, limits, backend, model, model_options, infer,
+               run_dir) -> tuple[ItemSpec, Backend | None]:
     cwd = os.getcwd()
     grants = []
     for p in read:
@@ -804,7 +852,7 @@ def _item_spec(guest, read, limits, backend, model, infer, run_dir) -> tuple[Ite
         raise ValueError(f"backend must be a backend or a factory returning one, got {backend!r}")
     name = Path(guest).name if isinstance(guest, (str, os.PathLike)) else "guest"
     spec = ItemSpec(wasm=resolve_guest(guest), read=tuple(grants), cwd=cwd, limits=limits or Limits(),
-                    infer=infer, backend=BackendSpec.of(factory, model),
+                    infer=infer, backend=BackendSpec.of(factory, model, model_options),
                     runs_dir=str(Path(run_dir).absolute() / JOBS), name=name)
     return spec, instance
 

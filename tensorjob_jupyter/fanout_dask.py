@@ -35,6 +35,7 @@ import os
 import secrets
 import tempfile
 import threading
+import time
 from dataclasses import replace
 from typing import Any, Iterable
 
@@ -44,8 +45,12 @@ from distributed.scheduler import KilledWorker
 from .abi import JobStatus, codes
 from .fanout import WORKER_LOST, ItemSpec, failed_outcome, process_backend, run_item
 
+WINDOW_REFRESH_S = 2.0
+
 
 class DaskExecutor:
+    """Runs a map's items on a Dask cluster; the map's thread calls ``run``."""
+
     def __init__(self, spec: ItemSpec, cluster: Any, *, concurrency: int | None = None, retries: int = 1):
         self.spec = spec
         self.client, self._owns_client = _connect(cluster)
@@ -59,25 +64,34 @@ class DaskExecutor:
         self._lock = threading.Lock()
         self._in_flight: dict[str, tuple[int, Any]] = {}
         self._spec_future = None
+        self._window, self._window_at = 2, float("-inf")
 
     def window(self) -> int:
+        """Items to keep in flight: ``concurrency``, else twice the cluster's
+        threads, looked up again every few seconds as workers come and go."""
         if self.concurrency:
             return self.concurrency
-        return max(2, 2 * sum(self.client.nthreads().values()))
+        now = time.monotonic()
+        if now - self._window_at > WINDOW_REFRESH_S:
+            self._window = max(2, 2 * sum(self.client.nthreads().values()))
+            self._window_at = now
+        return self._window
 
     def run(self, todo: Iterable[tuple[int, Any]], sink) -> None:
         todo = iter(todo)
         self._spec_future = self.client.scatter(self.spec, broadcast=True, hash=False)
         finished = as_completed()
-        for _ in range(self.window()):
-            if not self._submit_next(todo, sink, finished):
-                break
+        self._top_up(todo, sink, finished)
         for future in finished:
             with self._lock:
                 index, _ = self._in_flight.pop(future.key)
             sink.finished(self._outcome(future, index, sink))
             future.release()
-            self._submit_next(todo, sink, finished)
+            self._top_up(todo, sink, finished)
+
+    def _top_up(self, todo, sink, finished) -> None:
+        while len(self._in_flight) < self.window() and self._submit_next(todo, sink, finished):
+            pass
         if self.lost and not sink.cancelled:
             raise RuntimeError(f"the cluster dropped {self.lost} item(s) without running them "
                                f"(scheduler or connection lost); run the map again to resume them")

@@ -53,6 +53,7 @@ PREVIEW_BYTES = 256
 POLL_S = 0.02
 LOOKAHEAD = 1
 PARTIAL_USAGE_WAIT_S = 0.5
+_END_OF_TOKENS = object()
 
 
 class JobEnd(Exception):
@@ -331,6 +332,9 @@ class Reactor:
             response.fail(str(e), code=codes.MODEL_LOAD_FAILED)
             raise JobEnd(codes.MODEL_LOAD_FAILED, str(e)) from None
 
+        # When generation ends, an end marker follows the last token, so the
+        # loop below finishes at once instead of on its next poll.
+        fut.add_done_callback(lambda _fut: tokens.put(_END_OF_TOKENS))
         guest_stopped = False
         try:
             while True:
@@ -349,9 +353,9 @@ class Reactor:
                 try:
                     piece = tokens.get(timeout=POLL_S)
                 except queue.Empty:
-                    if fut.done() and tokens.empty():
-                        break
                     continue
+                if piece is _END_OF_TOKENS:
+                    break
                 response.delta(piece)
                 if not guest_stopped:
                     try:
