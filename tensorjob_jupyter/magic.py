@@ -38,7 +38,7 @@ from .inference.lazy import model_backend
 from .jobs import Job, get_job, jobs
 from .limits import Limits
 from .runner import InferOptions
-from .view.summary import summary
+from .view.summary import map_summary, summary
 
 def _job_options(func):
     """The options shared by ``%%tensorjob`` and ``%tensorjob run``."""
@@ -220,8 +220,13 @@ class TensorJob(Magics):
         return self.run_and_show(self.start_job(wasm, args, name=f"cell ({args.lang or 'auto'})"), args)
 
     @magic_arguments()
-    @argument("action", choices=["run", "jobs", "cancel"], help="run PATH | jobs | cancel ID")
-    @argument("target", nargs="?", default=None, help="the guest file for run, the job id for cancel")
+    @argument("action", choices=["run", "map", "jobs", "cancel"], help="run PATH | map PATH | jobs | cancel ID")
+    @argument("target", nargs="?", default=None, help="the guest file for run and map, the job id for cancel")
+    @argument("--over", default=None, metavar="MANIFEST", help="map: the JSONL manifest, one input per line")
+    @argument("--run-dir", default=None, metavar="DIR", help="map: the run folder (results.jsonl, failures.jsonl)")
+    @argument("--concurrency", type=int, default=None, metavar="N", help="map: items at once (default 4)")
+    @argument("--cluster", default=None, metavar="ADDRESS", help="map: a Dask scheduler to run the items on")
+    @argument("--retry-failed", action="store_true", help="map: run items that failed before again")
     @_job_options
     @no_var_expand
     @line_magic("tensorjob")
@@ -229,6 +234,9 @@ class TensorJob(Magics):
         """Run a guest file, list jobs, or cancel one.
 
         %tensorjob run PATH [options]   run a .wasm, .c, .zig or .wat file as a job
+        %tensorjob map PATH --over MANIFEST --run-dir DIR [options]
+                                        run the guest once per manifest line (resumable;
+                                        --concurrency N locally, --cluster ADDRESS on Dask)
         %tensorjob jobs                 list this kernel's jobs
         %tensorjob cancel ID            cancel a running job
         """
@@ -246,7 +254,9 @@ class TensorJob(Magics):
             print(f"cancelling {job.id} ({job.name})")
             return None
         if not args.target:
-            raise UsageError("run needs a guest file: %tensorjob run PATH")
+            raise UsageError(f"{args.action} needs a guest file: %tensorjob {args.action} PATH")
+        if args.action == "map":
+            return self._map(args)
         if not os.path.isfile(args.target):
             raise UsageError(f"guest file not found: {args.target}")
         try:
@@ -257,6 +267,48 @@ class TensorJob(Magics):
         except ValueError as e:
             raise UsageError(str(e)) from None
         return self.run_and_show(self.start_job(wasm, args, name=os.path.basename(args.target)), args)
+
+    def _map(self, args):
+        from .fanout import MapError, start_map
+
+        if not args.over or not args.run_dir:
+            raise UsageError("map needs --over MANIFEST and --run-dir DIR")
+        if not os.path.isfile(args.target):
+            raise UsageError(f"guest file not found: {args.target}")
+        name = os.path.basename(args.target)
+        try:
+            run = start_map(args.target, args.over, args.run_dir, read=self._reads(args.read),
+                            limits=self._limits(args), model=args.model or self.model_path or None,
+                            infer=InferOptions(sampler=Sampler(temperature=self.temperature, seed=self.seed),
+                                               chat=args.chat or self.chat),
+                            concurrency=args.concurrency, cluster=args.cluster, retry_failed=args.retry_failed)
+        except CompileError as e:
+            print(str(e), file=sys.stderr)
+            return None
+        except (MapError, ValueError, OSError) as e:
+            raise UsageError(" ".join(str(e).split())) from None
+        view = None
+        if not args.quiet and self._use_widgets():
+            from .view.map_widget import MapView
+
+            view = MapView(run, name, refresh_hz=min(20.0, self.refresh_hz))
+            display(view)
+            view.start()
+        if args.bg:
+            return run
+        try:
+            while not run.done:
+                run.wait_for_update(timeout=0.1)
+        except KeyboardInterrupt:
+            run.cancel()
+        result = run.wait()
+        if view is not None:
+            view.join(10)
+        if not args.quiet:
+            print(map_summary(name, result))
+        if args.out:
+            self.shell.user_ns[args.out] = result
+        return result
 
     def _parse(self, func, line: str):
         try:

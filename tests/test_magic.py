@@ -140,3 +140,22 @@ def test_help_is_real(ip):
         assert option in doc
     assert "run PATH" in TensorJob.tensorjob_line.__doc__
     assert ip.find_magic("tensorjob", "cell").__doc__ == doc
+
+
+def test_map_from_the_magic_with_its_summary(ip, tmp_path, capsys):
+    guest = tmp_path / "g.wat"
+    guest.write_text(wat.script_wat([{"cmd": "done", "result": "item"}]))
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text('{"a": 1}\n\n{"a": 2}\n{"a": 3}\n')
+    result = ip.run_line_magic("tensorjob", f"map {guest} --over {manifest} --run-dir {tmp_path / 'run'}")
+    assert result.ok and result.completed == 3
+    assert capsys.readouterr().out == ("tensorjob map g.wat: finished\n"
+                                       "items: 3 (3 completed, 0 failed, 0 skipped before this run)\n")
+    again = ip.run_line_magic("tensorjob", f"map {guest} --over {manifest} --run-dir {tmp_path / 'run'} --quiet")
+    assert again.skipped == 3 and again.completed == 3
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"a": 1}\n{oops\n')
+    with pytest.raises(UsageError, match="line 2"):
+        ip.run_line_magic("tensorjob", f"map {guest} --over {bad} --run-dir {tmp_path / 'run2'}")
+    with pytest.raises(UsageError, match="--over MANIFEST and --run-dir"):
+        ip.run_line_magic("tensorjob", f"map {guest}")

@@ -157,3 +157,37 @@ def test_the_summary_is_deterministic_and_has_no_timings():
     assert text == 'tensorjob g.wat: completed\nresult: {\n  "ok": true\n}\ntokens: 2 in, 2 out'
     failed = tj.run(wat.script_guest([{"cmd": "fail", "code": "x", "message": "\x1b[2Jbad"}]))
     assert summary("g", failed) == "tensorjob g: failed\nerror: x: bad\ntokens: 0 in, 0 out"
+
+
+def test_the_map_view_shows_counts_failures_and_throughput(tmp_path):
+    from tensorjob_jupyter.fanout import start_map
+    from tensorjob_jupyter.view.map_widget import MapView
+
+    guest = wat.script_guest([{"cmd": "fail", "code": "bad_item", "message": "<script>alert(1)</script>"}])
+    run = start_map(guest, [{"i": i} for i in range(6)], tmp_path / "run", concurrency=2)
+    view = MapView(run, "g.wasm", refresh_hz=20).start()
+    result = run.wait(30)
+    view.join(10)
+    assert result.failed == 6
+    assert 'class="tj-status"' in view.header.value and ">finished<" in view.header.value
+    assert "items/s" in view.header.value
+    assert "<b>6</b> / 6" in view.counts.value and "6 failed" in view.counts.value
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in view.failures.value and "<script" not in view.failures.value
+    assert view.bar.value == 1.0 and view.cancel_button.disabled
+    assert view._repr_mimebundle_()["text/plain"].startswith("tensorjob map view")
+
+
+def test_the_map_view_cancel_button_stops_the_map(tmp_path):
+    from tensorjob_jupyter.fanout import start_map
+    from tensorjob_jupyter.view.map_widget import MapView
+
+    slow = wat.script_guest([{"cmd": "infer", "prompt": "p", "max_tokens": 50}, DONE])
+    backend = ScriptedBackend(" ".join(["w"] * 50), token_delay_s=0.02)
+    run = start_map(slow, [{"i": i} for i in range(20)], tmp_path / "run", backend=backend, concurrency=1)
+    view = MapView(run, "slow", refresh_hz=20).start()
+    time.sleep(0.3)
+    view.cancel_button.click()
+    result = run.wait(30)
+    view.join(10)
+    assert result.status == "cancelled" and result.completed < 20
+    assert ">cancelled<" in view.header.value and view.cancel_button.description == "Cancelled"

@@ -23,3 +23,13 @@ def summary(name: str, envelope: Envelope, *, with_result: bool = True) -> str:
         lines.append("result: " + json.dumps(envelope.result, indent=2, ensure_ascii=False, sort_keys=False))
     lines.append(f"tokens: {u.tokens_in} in, {u.tokens_out} out")
     return for_terminal("\n".join(lines))
+
+
+def map_summary(name: str, result) -> str:
+    """A finished map in plain, deterministic text (no times, no paths)."""
+    lines = [f"tensorjob map {name}: {result.status}",
+             f"items: {result.total} ({result.completed} completed, {result.failed} failed, "
+             f"{result.skipped} skipped before this run)"]
+    if result.error:
+        lines.append(f"error: {result.error}")
+    return for_terminal("\n".join(lines))
