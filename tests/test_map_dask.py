@@ -121,3 +121,15 @@ def test_an_item_that_keeps_killing_workers_fails_as_worker_lost():
     outcome = error_outcome(7, KilledWorker("tensorjob-item-x-7", "tcp://w", 3))
     assert outcome["item"] == 7 and outcome["error"]["code"] == fanout.WORKER_LOST
     assert "died 4 times" in outcome["error"]["message"]
+
+
+def test_the_map_view_links_the_dask_dashboard(client, guest, tmp_path):
+    from tensorjob_jupyter.view.map_widget import MapView
+
+    manifest = write_manifest(tmp_path / "m.jsonl", [done(i) for i in range(4)])
+    run = start_map(guest, manifest, tmp_path / "run", backend=FACTORY, cluster=client)
+    view = MapView(run, "puppet", refresh_hz=20).start()
+    run.wait(60)
+    view.join(10)
+    assert f'href="{client.dashboard_link}"' in view.header.value and "Dask dashboard" in view.header.value
+    assert "<b>4</b> / 4" in view.counts.value
