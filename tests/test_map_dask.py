@@ -12,7 +12,7 @@ distributed = pytest.importorskip("distributed")
 
 from tensorjob_jupyter import fanout  # noqa: E402
 from tensorjob_jupyter.fanout import map as tj_map, start_map  # noqa: E402
-from tensorjob_jupyter.fanout_dask import error_outcome  # noqa: E402
+from tensorjob_jupyter.fanout.dask import error_outcome  # noqa: E402
 from tensorjob_jupyter.inference import ScriptedBackend  # noqa: E402
 
 from test_map import MIXED, done, infer, job_dirs, puppet_guest, sorted_lines, write_manifest  # noqa: E402

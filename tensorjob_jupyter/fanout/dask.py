@@ -10,7 +10,7 @@ How the work is shaped, and why:
 - **The model loads once per worker.** Backends hold threads and cannot be
   pickled, so the spec carries a ``BackendSpec`` (a picklable factory or a
   model path) and each worker process builds one backend from it on first
-  use and keeps it (``fanout.process_backend``; for model paths the
+  use and keeps it (``items.process_backend``; for model paths the
   process-wide ``get_backend`` cache does the same).
 - **Results stream back as items finish** (``as_completed``), and at most a
   window of items is in flight (``concurrency``; default twice the cluster's
@@ -27,6 +27,9 @@ How the work is shaped, and why:
 - **Cancel reaches running items**: a named ``distributed.Event`` that each
   task polls only once its job has run for a moment, so short items pay no
   round trip; queued tasks are cancelled outright.
+- **Worker-side code lives at module level here** (``dask_item`` and
+  what it calls): Dask pickles functions by module path, so a worker
+  imports ``tensorjob_jupyter.fanout.dask`` to run them.
 """
 
 from __future__ import annotations
@@ -42,8 +45,8 @@ from typing import Any, Iterable
 from distributed import Client, Event, as_completed
 from distributed.scheduler import KilledWorker
 
-from .abi import JobStatus, codes
-from .fanout import WORKER_LOST, ItemSpec, failed_outcome, process_backend, run_item
+from ..abi import JobStatus, codes
+from .items import WORKER_LOST, ItemSpec, failed_outcome, process_backend, run_item
 
 WINDOW_REFRESH_S = 2.0
 

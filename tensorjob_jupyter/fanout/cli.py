@@ -1,0 +1,156 @@
+"""``tensorjob map``: the subcommand's parser, its run, and its progress lines.
+
+A thin shell over ``start_map``, so the command and ``tj.map`` cannot drift
+apart. Anything that keeps a map from starting (a missing file, a bad
+number, a changed manifest, an unreachable cluster) is one line on stderr
+and exit 2; live progress goes to stderr, throttled, with the first few
+failures; the summary (or ``--json``) goes to stdout. Exit codes: 0 every
+item completed, 1 some failed, 2 usage error, 130 Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import TextIO
+
+from ..limits import Limits
+from ..runner import InferOptions
+from .errors import MapError
+from .progress import MapResult
+from .run import MapRun
+from .start import DEFAULT_CONCURRENCY, start_map
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
+SHOW_FAILURES = 20
+
+
+class _Usage(Exception):
+    pass
+
+
+def add_map_parser(subparsers) -> argparse.ArgumentParser:
+    """Add ``tensorjob map`` to the ``tensorjob`` command's subparsers."""
+    p = subparsers.add_parser("map", help="run a guest once per line of a JSONL manifest",
+                              description="Run a guest once per manifest line (each line's JSON value is "
+                                          "that item's input), resumably, here or on a Dask cluster.")
+    p.add_argument("guest", help="the guest: a .wasm module, or .c / .zig / .wat source to compile")
+    p.add_argument("--over", required=True, metavar="MANIFEST", help="the items: a JSONL file, one input a line")
+    p.add_argument("--run-dir", required=True, metavar="DIR",
+                   help="where results.jsonl, failures.jsonl and the ledger go; rerun to resume")
+    p.add_argument("--read", action="append", default=[], metavar="PATH",
+                   help="grant every item read access to a file or directory (repeatable)")
+    p.add_argument("--concurrency", type=int, default=None, metavar="N",
+                   help=f"items at once (default {DEFAULT_CONCURRENCY}; on a cluster, in flight)")
+    p.add_argument("--cluster", default=None, metavar="ADDRESS", help="run items on this Dask scheduler")
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="token budget for each item")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="time limit for each item, seconds")
+    p.add_argument("--model", default=None, metavar="PATH",
+                   help="a GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--chat", action="store_true", help="apply the model's chat template to each prompt")
+    p.add_argument("--retry-failed", action="store_true", help="on resume, run the failed items again")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout, nothing else")
+    p.add_argument("--quiet", "-q", action="store_true", help="no live progress on stderr")
+    return p
+
+
+def cmd_map(args, out: TextIO, err: TextIO) -> int:
+    """``tensorjob map``: 0 every item completed, 1 some failed, 2 usage error, 130 Ctrl-C."""
+    from ..text import for_terminal
+
+    try:
+        run = _start_from_args(args)
+    except _Usage as e:
+        err.write(f"tensorjob: error: {e}\n")
+        return EXIT_USAGE
+    printer = _ProgressPrinter(err, quiet=args.quiet)
+    run.subscribe(printer)
+    try:
+        result = run.wait()
+    except KeyboardInterrupt:
+        run.cancel()
+        result = run.wait()
+    if args.json:
+        out.write(json.dumps(result.to_json(), indent=2) + "\n")
+    else:
+        out.write(for_terminal(_summary_text(result)) + "\n")
+    out.flush()
+    if result.status == "cancelled":
+        return EXIT_CANCELLED
+    return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def _start_from_args(args) -> MapRun:
+    if not Path(args.guest).is_file():
+        raise _Usage(f"guest file not found: {args.guest}")
+    for path in args.read:
+        if not Path(path).exists():
+            raise _Usage(f"--read {path}: no such file or directory")
+    if args.model is not None and not Path(args.model).is_file():
+        raise _Usage(f"model file not found: {args.model}")
+    limits = Limits()
+    try:
+        if args.max_tokens is not None:
+            limits = limits.replace(max_tokens=args.max_tokens)
+        if args.timeout is not None:
+            limits = limits.replace(job_timeout_s=args.timeout)
+    except ValueError:
+        raise _Usage("--max-tokens and --timeout must be positive numbers") from None
+    if args.concurrency is not None and args.concurrency < 1:
+        raise _Usage("--concurrency must be at least 1")
+    from ..compile import CompileError
+
+    try:
+        return start_map(args.guest, args.over, args.run_dir, read=args.read, limits=limits, model=args.model,
+                         infer=InferOptions(chat=args.chat), concurrency=args.concurrency,
+                         cluster=args.cluster, retry_failed=args.retry_failed)
+    except (MapError, CompileError, OSError) as e:
+        raise _Usage(_one_line(e)) from None
+    except Exception as e:  # noqa: BLE001 - e.g. the cluster cannot be reached
+        raise _Usage(f"{type(e).__name__}: {_one_line(e)}") from None
+
+
+def _one_line(e: object) -> str:
+    return " ".join(str(e).split())
+
+
+def _summary_text(result: MapResult) -> str:
+    lines = [f"{result.total} items: {result.completed} completed, {result.failed} failed "
+             f"({result.ran} ran, {result.skipped} skipped) in {result.elapsed_s:.1f} s "
+             f"({result.throughput:.1f} items/s) -- {result.status}",
+             f"results:  {result.results_path}", f"failures: {result.failures_path}"]
+    if result.error:
+        lines.append(f"error: {result.error}")
+    return "\n".join(lines)
+
+
+class _ProgressPrinter:
+    """Throttled progress lines on stderr, plus the first few failures."""
+
+    def __init__(self, err: TextIO, *, quiet: bool, every_s: float = 1.0):
+        self.err, self.quiet, self.every_s = err, quiet, every_s
+        self._last = 0.0
+        self._failures = 0
+
+    def __call__(self, event: dict) -> None:
+        if self.quiet:
+            return
+        from ..text import for_terminal
+
+        if event["type"] == "item.failed":
+            self._failures += 1
+            if self._failures <= SHOW_FAILURES:
+                e = event["error"]
+                self.err.write(for_terminal(f"✗ item {event['item']}: {e['code']}: {_one_line(e['message'])}") + "\n")
+            elif self._failures == SHOW_FAILURES + 1:
+                self.err.write("✗ ... more failures in failures.jsonl\n")
+        now = time.monotonic()
+        if event["type"] == "map.finished" or now - self._last >= self.every_s:
+            self._last = now
+            p = event["progress"]
+            self.err.write(f"· {p['skipped'] + p['completed'] + p['failed']}/{p['total']} "
+                           f"({p['completed']} completed, {p['failed']} failed, {p['skipped']} skipped, "
+                           f"{p['running']} running, {p['throughput']:.1f} items/s)\n")
+        self.err.flush()

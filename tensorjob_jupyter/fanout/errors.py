@@ -1,0 +1,25 @@
+"""Why a map refuses to start; every one is a ``MapError``, raised before any item runs.
+
+They live apart from what raises them (the manifest reader, the run folder,
+the entry points) so that callers -- ``%%tensorjob``, ``tensorjob map`` --
+can catch the one base class, and no module needs another just for its
+exception.
+"""
+
+from __future__ import annotations
+
+
+class MapError(Exception):
+    """A map could not start (nothing ran)."""
+
+
+class ManifestError(MapError, ValueError):
+    """The manifest is unreadable, has a bad line, or has no items."""
+
+    def __init__(self, message: str, line: int | None = None):
+        super().__init__(message)
+        self.line = line
+
+
+class ResumeRefused(MapError):
+    """The run folder belongs to another map, or another map is writing to it."""

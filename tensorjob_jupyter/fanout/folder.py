@@ -1,0 +1,168 @@
+"""The run folder: the map's ledger, its results files, and the lock that keeps it one map's.
+
+The folder is what makes a map resumable, so ``RunFolder`` guards it: the
+ledger pins the manifest's and the guest's SHA-256 (another of either is
+``ResumeRefused``, since mixing them would make the results files lie), an
+advisory lock keeps a second map out, each concluded item is appended,
+flushed and fsynced as it finishes, and a torn last line left by a crash is
+cut off on resume so that its item runs again. Only the map's own thread
+writes here (see ``run.MapRun``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from ..abi import JobStatus, dumps
+from .errors import ResumeRefused
+from .manifest import Manifest
+
+LEDGER = "ledger.json"
+RESULTS = "results.jsonl"
+FAILURES = "failures.jsonl"
+JOBS = "jobs"
+LEDGER_FORMAT = "tensorjob-map/1"
+
+
+def _fsync_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _read_records(path: Path, *, repair: bool = False) -> list[dict]:
+    """The records of a results/failures file, without a torn last line
+    (a crash mid-append); ``repair`` also cuts it off the file."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    cut = data.rfind(b"\n") + 1
+    if cut < len(data) and repair:  # its item runs again
+        with open(path, "r+b") as f:
+            f.truncate(cut)
+    data = data[:cut]
+    records = []
+    for number, line in enumerate(data.splitlines(), start=1):
+        try:
+            record = json.loads(line)
+            int(record["item"])
+        except (ValueError, KeyError, TypeError):
+            raise ResumeRefused(f"{path}: line {number} is not a record this map wrote; "
+                                f"the run folder was edited or is corrupt") from None
+        records.append(record)
+    return records
+
+
+class RunFolder:
+    """The ledger, the results files and the lock of one map's run folder."""
+
+    def __init__(self, path: str | os.PathLike, *, fsync: bool = True):
+        self.path = Path(path).absolute()
+        self.results_path = self.path / RESULTS
+        self.failures_path = self.path / FAILURES
+        self.jobs_path = self.path / JOBS
+        self.fsync = fsync
+        self.completed: set[int] = set()
+        self.failed: set[int] = set()
+        self._ledger: dict = {}
+        self._lock_file = None
+        self._results = None
+        self._failures = None
+
+    def open(self, manifest: Manifest, wasm_sha256: str, *, retry_failed: bool, where: str) -> None:
+        """Create or resume the folder; refuses a different manifest or guest."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock()
+        try:
+            self._ledger = self._check_ledger(manifest, wasm_sha256)
+            self.completed = {r["item"] for r in _read_records(self.results_path, repair=True)}
+            failures = [r for r in _read_records(self.failures_path, repair=True)
+                        if r["item"] not in self.completed]
+            if retry_failed and failures:
+                _fsync_write(self.failures_path, "")
+                failures = []
+            self.failed = {r["item"] for r in failures}
+            self._ledger["sessions"].append({"started_at": _now(), "finished_at": None, "where": where})
+            _fsync_write(self.path / LEDGER, json.dumps(self._ledger, indent=2) + "\n")
+            self.jobs_path.mkdir(exist_ok=True)
+            self._results = open(self.results_path, "a", encoding="utf-8")
+            self._failures = open(self.failures_path, "a", encoding="utf-8")
+        except BaseException:
+            self.close()
+            raise
+
+    def _lock(self) -> None:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - no advisory locks on this platform
+            return
+        self._lock_file = open(self.path / ".lock", "w")
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock_file.close()
+            self._lock_file = None
+            raise ResumeRefused(f"run folder {self.path} is in use by another map right now") from None
+
+    def _check_ledger(self, manifest: Manifest, wasm_sha256: str) -> dict:
+        path = self.path / LEDGER
+        if not path.exists():
+            if self.results_path.exists() or self.failures_path.exists():
+                raise ResumeRefused(f"run folder {self.path} has results but no {LEDGER}; "
+                                    f"it was not made by tensorjob map")
+            return {"format": LEDGER_FORMAT, "created_at": _now(),
+                    "manifest": {"source": manifest.source, "sha256": manifest.sha256, "items": len(manifest)},
+                    "guest": {"sha256": wasm_sha256}, "sessions": []}
+        try:
+            ledger = json.loads(path.read_text(encoding="utf-8"))
+            old_manifest, old_guest = ledger["manifest"]["sha256"], ledger["guest"]["sha256"]
+        except (ValueError, KeyError, TypeError):
+            raise ResumeRefused(f"{path} is not a tensorjob map ledger") from None
+        if old_manifest != manifest.sha256:
+            raise ResumeRefused(
+                f"manifest changed: run folder {self.path} was started with a manifest whose SHA-256 is "
+                f"{old_manifest[:16]}..., this one's is {manifest.sha256[:16]}...; "
+                f"use a new run folder (or restore the original manifest to resume)")
+        if old_guest != wasm_sha256:
+            raise ResumeRefused(
+                f"guest changed: run folder {self.path} was started with a guest whose SHA-256 is "
+                f"{old_guest[:16]}..., this one's is {wasm_sha256[:16]}...; use a new run folder")
+        return ledger
+
+    def record(self, outcome: dict) -> bool:
+        """Append a concluded item; False (nothing written) if it already was."""
+        index = outcome["item"]
+        if index in self.completed or index in self.failed:
+            return False
+        if outcome["status"] == JobStatus.COMPLETED.value:
+            f, line = self._results, {"item": index, "result": outcome.get("result")}
+            self.completed.add(index)
+        else:
+            f, line = self._failures, {"item": index, "error": outcome["error"]}
+            self.failed.add(index)
+        f.write(dumps(line) + "\n")
+        f.flush()
+        if self.fsync:
+            os.fsync(f.fileno())
+        return True
+
+    def finish(self, summary: dict) -> None:
+        if self._ledger.get("sessions"):
+            self._ledger["sessions"][-1].update(finished_at=_now(), **summary)
+            _fsync_write(self.path / LEDGER, json.dumps(self._ledger, indent=2) + "\n")
+
+    def close(self) -> None:
+        for f in (self._results, self._failures, self._lock_file):
+            if f is not None:
+                f.close()
+        self._results = self._failures = self._lock_file = None
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -1,0 +1,162 @@
+"""One item, and what every item shares: ``ItemSpec``, the backend per process, ``run_item``.
+
+Everything here runs on a Dask worker as well as in this process, and is
+shaped for that. The spec is small, frozen and picklable: it travels once
+per worker. Backends hold threads and cannot travel, so a ``BackendSpec``
+says how to build one and each process builds one per key and keeps it
+(``process_backend``). And ``run_item`` is pure and never raises: it writes
+only its own job transcript and returns the outcome as a plain dict, so a
+retried item cannot be recorded twice -- recording is the map's job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from ..abi import JobStatus, codes
+from ..inference.base import Backend
+from ..jobs import Job
+from ..limits import Limits
+from ..runner import InferOptions
+
+CANCEL_POLL_S = 0.25
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1"
+#: The error code of an item whose worker process died every time it was
+#: tried (Dask's ``KilledWorker``). Not one of cuttlefish's codes.
+WORKER_LOST = "worker_lost"
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """How a process gets its model backend; small and picklable.
+
+    Backends hold threads and cannot travel, so a worker builds its own from
+    a ``factory`` (any picklable callable, e.g.
+    ``functools.partial(ScriptedBackend, reply="...")``) or from ``model``
+    (a GGUF path; None is the embedded model) and ``model_options`` (e.g.
+    ``n_threads``) through ``get_backend``. Each process builds one per
+    ``key`` and keeps it (``process_backend``).
+    """
+
+    factory: Callable[[], Backend] | None = None
+    model: str | None = None
+    model_options: tuple[tuple[str, Any], ...] = ()
+    key: str = ""
+
+    @classmethod
+    def of(cls, factory: Callable[[], Backend] | None, model: str | os.PathLike | None,
+           model_options: dict | None = None) -> "BackendSpec":
+        if factory is not None:
+            return cls(factory=factory, key="factory:" + _digest_of(factory))
+        model = os.path.abspath(model) if model is not None else None
+        options = tuple(sorted((model_options or {}).items()))
+        return cls(model=model, model_options=options, key=f"model:{model or ''}:{options!r}")
+
+    def build(self) -> Backend:
+        if self.factory is not None:
+            return self.factory()
+        from ..inference.lazy import LazyBackend
+
+        model, options = self.model, dict(self.model_options)
+
+        def load() -> Backend:
+            from ..inference.models import get_backend
+
+            return get_backend(model, **options)
+
+        return LazyBackend(load, Path(model).stem if model else DEFAULT_MODEL_NAME)
+
+
+def _digest_of(obj: Any) -> str:
+    """A content key for a factory; its identity when it cannot be pickled."""
+    try:
+        import cloudpickle as pickler
+    except ImportError:  # pragma: no cover - distributed brings cloudpickle
+        import pickle as pickler
+    try:
+        return hashlib.sha256(pickler.dumps(obj)).hexdigest()
+    except Exception:  # noqa: BLE001 - unpicklable: only usable in this process
+        return f"id-{id(obj)}"
+
+
+_PROCESS_BACKENDS: dict[str, Backend] = {}
+_PROCESS_LOCK = threading.Lock()
+
+
+def process_backend(spec: BackendSpec) -> Backend:
+    """This process's backend for ``spec``: built on first use, then kept."""
+    with _PROCESS_LOCK:
+        backend = _PROCESS_BACKENDS.get(spec.key)
+        if backend is None:
+            backend = _PROCESS_BACKENDS[spec.key] = spec.build()
+        return backend
+
+
+def process_backend_count() -> int:
+    """How many backends this process has built for maps (one per model)."""
+    with _PROCESS_LOCK:
+        return len(_PROCESS_BACKENDS)
+
+
+@dataclass(frozen=True)
+class ItemSpec:
+    """Everything an item needs besides its input; travels to a worker once."""
+
+    wasm: bytes
+    read: tuple[str, ...]
+    cwd: str
+    limits: Limits
+    infer: InferOptions | None
+    backend: BackendSpec
+    runs_dir: str
+    name: str = "guest"
+
+
+# --- one item -----------------------------------------------------------------------
+
+
+def run_item(spec: ItemSpec, backend: Backend, index: int, item: Any,
+             cancelled: Callable[[], bool] = lambda: False) -> dict:
+    """Run one item as a ``Job``; its outcome as a plain dict. Never raises.
+
+    Pure in the sense Dask needs: it writes only its own job transcript and
+    returns the outcome; the run folder is written by the map alone, so a
+    retried item cannot be recorded twice.
+    """
+    started = time.perf_counter()
+    try:
+        job = Job(spec.wasm, input=item, read=spec.read, backend=backend, limits=spec.limits,
+                  infer=spec.infer, runs_dir=spec.runs_dir, cwd=spec.cwd, name=f"{spec.name}[{index}]")
+    except Exception as e:  # noqa: BLE001 - a host error fails this item only
+        return failed_outcome(index, codes.WASM_TRAP, f"internal host error: {type(e).__name__}: {e}")
+    ready = time.perf_counter()
+    job.start()
+    envelope = _await_job(job, cancelled)
+    outcome = {"item": index, "status": envelope.status.value, "job_id": job.id, "pid": os.getpid(),
+               "usage": envelope.usage.to_json(), "setup_s": ready - started,
+               "run_s": time.perf_counter() - ready}
+    if envelope.ok:
+        outcome["result"] = envelope.result
+    elif envelope.error is not None:
+        outcome["error"] = envelope.error.to_json()
+    return outcome
+
+
+def _await_job(job: Job, cancelled: Callable[[], bool]):
+    while True:
+        try:
+            return job.wait(CANCEL_POLL_S)
+        except TimeoutError:
+            if cancelled():
+                job.cancel()
+                return job.wait()
+
+
+def failed_outcome(index: int, code: str, message: str) -> dict:
+    return {"item": index, "status": JobStatus.FAILED.value, "error": {"code": code, "message": message}}

@@ -1,0 +1,232 @@
+"""``MapRun``: a map in progress -- its live counters, subscribers, ``wait()`` and ``cancel()``.
+
+It is the sink every executor reports to (``todo``, ``started``,
+``finished``), on the map's own thread, and the only writer of the run
+folder; so a local run and a Dask run leave the same files, and a retried
+task reported twice is recorded once. Everything a view reads
+(``progress()``, ``subscribe()``, ``wait_for_update()``) is safe from any
+thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from ..abi import JobStatus
+from .folder import RunFolder
+from .manifest import Manifest
+from .progress import ItemTimes, MapProgress, MapResult
+
+
+class MapRun:
+    """A map in progress: live counters, subscribers, ``wait()`` and ``cancel()``.
+
+    Built by ``start_map``. The map's own thread is the only writer of the
+    run folder; everything here is safe to read from any thread.
+    """
+
+    RECENT = 1000
+
+    def __init__(self, folder: RunFolder, manifest: Manifest, executor: Any):
+        self.folder = folder
+        self.manifest = manifest
+        self.executor = executor
+        self._times = ItemTimes()
+        self._recent: collections.deque[dict] = collections.deque(maxlen=self.RECENT)
+        self._cond = threading.Condition()
+        self._subscribers: list[Callable[[dict], None]] = []
+        self._cancel = threading.Event()
+        self._done = threading.Event()
+        self._submitted: dict[int, float] = {}
+        self._progress = MapProgress(total=len(manifest), skipped_completed=len(folder.completed),
+                                     skipped_failed=len(folder.failed),
+                                     dashboard_link=getattr(executor, "dashboard_link", None))
+        self._started = time.monotonic()
+        self._error: str | None = None
+        self._result: MapResult | None = None
+        self._finished_event: dict | None = None
+        self._thread = threading.Thread(target=self._drive, name="tensorjob-map", daemon=True)
+
+    # -- reading (any thread) -----------------------------------------------------------
+
+    @property
+    def run_dir(self) -> Path:
+        return self.folder.path
+
+    @property
+    def dashboard_link(self) -> str | None:
+        return self._progress.dashboard_link
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def progress(self) -> MapProgress:
+        with self._cond:
+            return self._stamp(self._progress)
+
+    @property
+    def recent(self) -> list[dict]:
+        """The last items to finish (item, status, error, job_id, pid), oldest first."""
+        with self._cond:
+            return list(self._recent)
+
+    @property
+    def times(self) -> ItemTimes:
+        """Where this session's item time went (a copy)."""
+        with self._cond:
+            return replace(self._times)
+
+    def _stamp(self, progress: MapProgress) -> MapProgress:
+        if progress.status == "running":
+            return replace(progress, elapsed_s=time.monotonic() - self._started)
+        return progress
+
+    def wait_for_update(self, since_version: int = -1, timeout: float | None = None) -> MapProgress:
+        """The progress once its ``version`` passes ``since_version`` (or at timeout)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._progress.version > since_version or self.done, timeout)
+            return self._stamp(self._progress)
+
+    def subscribe(self, callback: Callable[[dict], None]) -> Callable[[], None]:
+        """Call ``callback(event)`` on every item and at the end; returns an unsubscribe.
+
+        Events: ``{"type": "item.completed"|"item.failed", "item", "error"?,
+        "progress"}`` and ``{"type": "map.finished", "progress"}``. Callbacks run
+        on the map's thread: keep them quick (a view should throttle).
+        """
+        with self._cond:
+            finished = self._finished_event
+            if finished is None:
+                self._subscribers.append(callback)
+        if finished is not None:
+            callback(finished)
+
+        def unsubscribe() -> None:
+            with self._cond:
+                if callback in self._subscribers:
+                    self._subscribers.remove(callback)
+        return unsubscribe
+
+    # -- control ----------------------------------------------------------------------------
+
+    def start(self) -> "MapRun":
+        self._thread.start()
+        return self
+
+    def cancel(self) -> None:
+        """Stop starting items and cancel the running ones; the map ends ``cancelled``."""
+        self._cancel.set()
+        cancel = getattr(self.executor, "cancel", None)
+        if cancel is not None:
+            cancel()
+
+    def wait(self, timeout: float | None = None) -> MapResult:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"map into {self.run_dir} still running after {timeout} s")
+        assert self._result is not None
+        return self._result
+
+    # -- the sink the executor reports to (the map's thread) ---------------------------------
+
+    def todo(self) -> Iterator[tuple[int, Any]]:
+        concluded = self.folder.completed | self.folder.failed
+        for index, item in enumerate(self.manifest.items):
+            if index not in concluded:
+                yield index, item
+
+    def started(self, index: int) -> None:
+        self._submitted[index] = time.monotonic()
+        self._update(lambda p: replace(p, running=p.running + 1, peak_running=max(p.peak_running, p.running + 1)))
+
+    def finished(self, outcome: dict) -> None:
+        index = outcome["item"]
+        submitted = self._submitted.pop(index, None)
+        if submitted is None:
+            return  # a duplicate report (a retried task): already handled
+        self._account(outcome, time.monotonic() - submitted)
+        status = outcome["status"]
+        if status == JobStatus.CANCELLED.value:
+            self._update(lambda p: replace(p, running=p.running - 1, cancelled=p.cancelled + 1))
+            return
+        self.folder.record(outcome)
+        ok = status == JobStatus.COMPLETED.value
+        progress = self._update(lambda p: replace(p, running=p.running - 1, completed=p.completed + ok,
+                                                  failed=p.failed + (not ok)))
+        event = {"type": "item.completed" if ok else "item.failed", "item": index,
+                 "progress": progress.to_json()}
+        if not ok:
+            event["error"] = outcome["error"]
+        self._notify(event)
+
+    def _account(self, outcome: dict, latency: float) -> None:
+        with self._cond:
+            if "run_s" in outcome:
+                times = self._times
+                times.items += 1
+                times.setup_s += outcome["setup_s"]
+                times.run_s += outcome["run_s"]
+                times.reactor_s += outcome["usage"]["duration_ms"] / 1000
+                times.latency_s += latency
+            self._recent.append({k: outcome[k] for k in ("item", "status", "error", "job_id", "pid")
+                                 if k in outcome})
+
+    def _update(self, change: Callable[[MapProgress], MapProgress]) -> MapProgress:
+        with self._cond:
+            progress = change(self._progress)
+            self._progress = replace(progress, version=progress.version + 1,
+                                     elapsed_s=time.monotonic() - self._started)
+            self._cond.notify_all()
+            return self._progress
+
+    def _notify(self, event: dict) -> None:
+        with self._cond:
+            subscribers = list(self._subscribers)
+        for callback in subscribers:
+            try:
+                callback(event)
+            except Exception:  # noqa: BLE001 - a broken view must not break the map
+                pass
+
+    def _drive(self) -> None:
+        try:
+            self.executor.run(self.todo(), self)
+        except BaseException as e:  # noqa: BLE001 - reported on the result
+            self._error = f"{type(e).__name__}: {e}"
+        finally:
+            self._finish()
+
+    def _status(self) -> str:
+        return "error" if self._error else "cancelled" if self._cancel.is_set() else "finished"
+
+    def _finish(self) -> None:
+        p = self.progress()
+        summary = {"completed": p.completed, "failed": p.failed, "skipped": p.skipped,
+                   "status": self._status(), "error": self._error}
+        for step in (lambda: self.folder.finish(summary), self.folder.close,
+                     getattr(self.executor, "close", lambda: None)):
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001 - the items are recorded; say what went wrong
+                self._error = self._error or f"{type(e).__name__}: {e}"
+        status = self._status()
+        progress = self._update(lambda p: replace(p, status=status, running=0))
+        self._result = MapResult(
+            run_dir=self.run_dir, total=progress.total, completed=len(self.folder.completed),
+            failed=len(self.folder.failed), skipped=progress.skipped, ran=progress.completed + progress.failed,
+            status=status, elapsed_s=progress.elapsed_s, throughput=progress.throughput, error=self._error)
+        with self._cond:
+            self._finished_event = {"type": "map.finished", "progress": progress.to_json()}
+        self._notify(self._finished_event)  # before wait() returns: views are complete by then
+        with self._cond:
+            self._done.set()
+            self._cond.notify_all()

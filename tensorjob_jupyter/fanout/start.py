@@ -1,0 +1,112 @@
+"""The entry points, ``start_map`` and ``map``: check everything, pick the executor, start.
+
+Every argument is checked, the guest resolved, the manifest read and the
+run folder opened before any item runs, so a bad call raises
+(``ManifestError``, ``ResumeRefused``, ``ValueError``, ``FileNotFoundError``)
+with nothing started. The executor is local threads, or Dask when a cluster
+is named -- ``fanout.dask`` is imported only then, so ``distributed`` stays
+optional.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from ..inference.base import Backend
+from ..jobs import resolve_guest
+from ..limits import Limits
+from ..runner import InferOptions
+from .folder import JOBS, RunFolder
+from .items import BackendSpec, ItemSpec, process_backend
+from .local import LocalExecutor
+from .manifest import read_manifest
+from .progress import MapResult
+from .run import MapRun
+
+DEFAULT_CONCURRENCY = 4
+
+
+def start_map(guest: bytes | str | os.PathLike, manifest: str | os.PathLike | Sequence[Any],
+              run_dir: str | os.PathLike, *, read: Iterable[str | os.PathLike] = (),
+              limits: Limits | None = None, backend: Backend | Callable[[], Backend] | None = None,
+              model: str | os.PathLike | None = None, model_options: dict | None = None,
+              infer: InferOptions | None = None, concurrency: int | None = None, cluster: Any = None,
+              retry_failed: bool = False, retries: int = 1, fsync: bool = True) -> MapRun:
+    """Check everything, open the run folder and start the map on a background thread.
+
+    ``backend``: a backend instance (local runs only), or a picklable factory
+    returning one (built once per process, on every Dask worker); without it,
+    ``model`` (a GGUF path; None is the embedded model) loads on first infer,
+    with ``model_options`` for ``get_backend`` (give each of N worker
+    processes on one machine ``{"n_threads": cores // N}``: llama.cpp threads
+    that outnumber the cores spin against each other).
+    ``concurrency``: items at once locally (default 4); on Dask, items in
+    flight (default twice the cluster's threads). ``cluster``: None (this
+    process), a scheduler address, a ``distributed.Client`` or a Dask cluster
+    object. ``retries``: Dask retries of an item whose task raised (a worker
+    that dies is retried by Dask regardless, up to ``allowed-failures``).
+    Raises ``ManifestError``/``ResumeRefused``/``ValueError`` before any item runs.
+    """
+    items = read_manifest(manifest)
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+    spec, instance = _item_spec(guest, read, limits, backend, model, model_options, infer, run_dir)
+    folder = RunFolder(run_dir, fsync=fsync)
+    executor = _executor(spec, instance, concurrency, cluster, retries)
+    try:
+        from ..guest import module_digest
+
+        folder.open(items, module_digest(spec.wasm), retry_failed=retry_failed,
+                    where=getattr(executor, "where", "local"))
+    except BaseException:
+        close = getattr(executor, "close", None)
+        if close is not None:
+            close()
+        raise
+    return MapRun(folder, items, executor).start()
+
+
+def map(guest: bytes | str | os.PathLike, manifest: str | os.PathLike | Sequence[Any],
+        run_dir: str | os.PathLike, **kwargs: Any) -> MapResult:
+    """Run ``guest`` once per manifest item into ``run_dir``; see ``start_map``."""
+    run = start_map(guest, manifest, run_dir, **kwargs)
+    try:
+        return run.wait()
+    except KeyboardInterrupt:
+        run.cancel()
+        return run.wait()
+
+
+def _item_spec(guest, read, limits, backend, model, model_options, infer,
+               run_dir) -> tuple[ItemSpec, Backend | None]:
+    cwd = os.getcwd()
+    grants = []
+    for p in read:
+        path = os.path.abspath(os.path.join(cwd, os.fspath(p)))
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"read grant not found: {p}")
+        grants.append(path)
+    is_instance = not isinstance(backend, type) and hasattr(backend, "generate_stream")
+    instance = backend if backend is not None and is_instance else None
+    factory = backend if backend is not None and instance is None else None
+    if factory is not None and not callable(factory):
+        raise ValueError(f"backend must be a backend or a factory returning one, got {backend!r}")
+    name = Path(guest).name if isinstance(guest, (str, os.PathLike)) else "guest"
+    spec = ItemSpec(wasm=resolve_guest(guest), read=tuple(grants), cwd=cwd, limits=limits or Limits(),
+                    infer=infer, backend=BackendSpec.of(factory, model, model_options),
+                    runs_dir=str(Path(run_dir).absolute() / JOBS), name=name)
+    return spec, instance
+
+
+def _executor(spec: ItemSpec, instance: Backend | None, concurrency: int | None, cluster: Any, retries: int):
+    if cluster is None:
+        backend = instance if instance is not None else process_backend(spec.backend)
+        return LocalExecutor(spec, backend, concurrency or DEFAULT_CONCURRENCY)
+    if instance is not None:
+        raise ValueError("a backend object cannot be sent to Dask workers (it holds threads); pass a "
+                         "picklable factory, e.g. functools.partial(ScriptedBackend, reply=...), or model=PATH")
+    from .dask import DaskExecutor
+
+    return DaskExecutor(spec, cluster, concurrency=concurrency, retries=retries)
