@@ -382,6 +382,13 @@ def _no_constants(name: str) -> Any:
     raise AbiError(f"{name} is not valid JSON")
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise AbiError(f"number {text[:20]} is out of range")
+    return value
+
+
 def loads_strict(raw: bytes | bytearray | memoryview) -> Any:
     """Parse JSON as serde_json would: UTF-8 only, no NaN, no duplicate keys."""
     try:
@@ -389,11 +396,14 @@ def loads_strict(raw: bytes | bytearray | memoryview) -> Any:
     except UnicodeDecodeError as e:
         raise AbiError(f"command is not valid UTF-8 (byte {e.start})") from None
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants,
+                          parse_float=_finite)
     except json.JSONDecodeError as e:
         raise AbiError(f"command is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except RecursionError:
         raise AbiError("command JSON is nested too deeply") from None
+    except ValueError as e:  # e.g. an integer too long to convert
+        raise AbiError(f"command JSON has a number it cannot hold: {e}") from None
 
 
 def _expect_object(value: Any, what: str) -> dict:

@@ -119,7 +119,9 @@ class LivePrinter:
     def __init__(self, job: Job, *, out: TextIO, err: TextIO, quiet: bool, chunks_to_stdout: bool):
         self.job, self.out, self.err, self.quiet = job, out, err, quiet
         self.chunks_to_stdout = chunks_to_stdout
-        self._sub = job.subscribe(maxsize=100_000)
+        # Unbounded: streamed output must all reach stdout, in order, however slowly
+        # stdout is read; the queue holds references to events the job keeps anyway.
+        self._sub = job.subscribe(maxsize=0)
         self._chunk_decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._in_text = False
         self.thread = threading.Thread(target=self._run, name="tensorjob-printer", daemon=True)
@@ -133,7 +135,10 @@ class LivePrinter:
 
     def _run(self) -> None:
         for event in self._sub:
-            self.show(event)
+            try:
+                self.show(event)
+            except Exception:  # noqa: BLE001 - one odd event must not silence the rest
+                pass
 
     def show(self, event: dict) -> None:
         kind = event["type"]
@@ -163,7 +168,8 @@ class LivePrinter:
             usage = env["usage"]
             tail = f"{usage['tokens_in']} tokens in, {usage['tokens_out']} out, {usage['duration_ms']} ms"
             if env.get("error"):
-                self._line(f"✗ {env['status']}: {env['error']['code']}: {for_terminal(env['error']['message'])} ({tail})")
+                error = env["error"]
+                self._line(f"✗ {env['status']}: {for_terminal(error['code'])}: {for_terminal(error['message'])} ({tail})")
             else:
                 self._line(f"✓ completed ({tail})")
 
@@ -172,10 +178,13 @@ def progress_text(payload: Any) -> str:
     """How an ``emit`` payload reads in one line."""
     if isinstance(payload, dict):
         done, total, fraction = payload.get("done"), payload.get("total"), payload.get("fraction")
-        if isinstance(done, (int, float)) and isinstance(total, (int, float)) and total > 0:
-            return f"{done}/{total} ({100 * done / total:.0f}%)"
-        if isinstance(fraction, (int, float)):
-            return f"{100 * fraction:.0f}%"
+        from .view.state import progress_fraction
+
+        share = progress_fraction(payload)
+        if share is not None and "fraction" not in payload:
+            return f"{done}/{total} ({100 * share:.0f}%)"
+        if share is not None:
+            return f"{100 * share:.0f}%"
     return for_terminal(dumps(payload))
 
 
@@ -217,7 +226,7 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
     except KeyboardInterrupt:
         job.cancel()
         envelope = job.wait()
-    printer.thread.join(5)
+    printer.thread.join()  # everything streamed is written before the result
     if events_file is not None:
         with events_file:
             for event in job.events:  # the complete, ordered history

@@ -34,6 +34,10 @@ TRANSCRIPT_FLUSH_S = 0.2
 TERMINAL_TYPES = frozenset({"job.completed", "job.failed", "job.cancelled"})
 
 
+class EventBudgetExceeded(Exception):
+    """Publishing this event would pass the job's ``max_event_bytes``."""
+
+
 class Subscription:
     """One reader's bounded view of a stream. Iterate it, or ``get()``."""
 
@@ -89,8 +93,11 @@ class Subscription:
 class EventStream:
     """The ordered events of one job."""
 
-    def __init__(self, job_id: str, run_dir: str | os.PathLike | None = None, *, keep: bool = True):
+    def __init__(self, job_id: str, run_dir: str | os.PathLike | None = None, *, keep: bool = True,
+                 max_bytes: int | None = None):
         self.job_id = job_id
+        self.max_bytes = max_bytes  # the job's max_event_bytes; the terminal event is always let through
+        self.bytes = 0
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.closed = False
         self._keep = keep
@@ -114,11 +121,16 @@ class EventStream:
             if self.closed:
                 raise RuntimeError(f"event stream of {self.job_id} is closed")
             event = {"type": type, "sequence_number": self._next, "job_id": self.job_id, **fields}
+            line = dumps(event)  # first: an event that cannot be written is not published at all
+            if (self.max_bytes is not None and self.bytes + len(line) > self.max_bytes
+                    and type not in TERMINAL_TYPES):
+                raise EventBudgetExceeded(f"the job's events passed {self.max_bytes} bytes (max_event_bytes)")
+            self.bytes += len(line) + 1
             self._next += 1
             if self._keep:
                 self._history.append(event)
             if self._file is not None:
-                self._file.write(dumps(event))
+                self._file.write(line)
                 self._file.write("\n")
                 now = time.monotonic()
                 if now - self._last_flush > TRANSCRIPT_FLUSH_S or type in TERMINAL_TYPES:

@@ -8,7 +8,8 @@ guest ever holds the whole file, and offsets past 4 GiB work.
 
 ``slice`` cuts each window back to a UTF-8 character boundary and reports
 the ``next_offset`` to resume from; a window too small to hold one character
-is an error, never an empty read that would spin a guest forever. The job's
+is an error, never an empty read that would spin a guest forever (only a
+request for zero bytes, or one at the end of the file, reads nothing). The job's
 ``max_window_bytes`` caps every window: a guest asking for more gets less.
 
 Handles count from 0 in each job and are never reused; a job may hold at

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib.metadata
 import math
 import struct
 import threading
@@ -38,12 +39,15 @@ from .abi import codes
 from .limits import Limits
 
 WASM_MAGIC = b"\0asm"
-MAX_MODULE_BYTES = 64 * 1024 * 1024
+#: Compiling is the one step no deadline can interrupt (it runs before the guest
+#: does), so the module size bounds it: real guests are kilobytes to a few MiB.
+MAX_MODULE_BYTES = 8 * 1024 * 1024
 PAGE = 65536
 TICK_S = 0.02  # epoch tick: deadlines fire within one tick; interrupts are immediate
 _DESC = struct.Struct("<II")
 
 I32 = wasmtime.ValType.i32()
+WASMTIME_VERSION = importlib.metadata.version("wasmtime")
 
 
 class GuestTrap(Exception):
@@ -140,10 +144,12 @@ class ModuleCache:
     with ``Module.deserialize`` (about 40 us) instead of compiling again.
     """
 
-    def __init__(self, max_entries: int = 256) -> None:
+    def __init__(self, max_entries: int = 256, max_bytes: int = 256 * 1024 * 1024) -> None:
         self._lock = threading.Lock()
         self._entries: dict[tuple[str, tuple], bytes] = {}
         self._max = max_entries
+        self._max_bytes = max_bytes
+        self._bytes = 0
         self.stats = CacheStats()
 
     def load(self, engine: wasmtime.Engine, config_key: tuple, wasm: bytes, digest: str) -> wasmtime.Module:
@@ -155,16 +161,20 @@ class ModuleCache:
                 self.stats.hits += 1
             return wasmtime.Module.deserialize(engine, blob)
         module = wasmtime.Module(engine, wasm)
+        blob = bytes(module.serialize())
         with self._lock:
             self.stats.compiles += 1
-            if len(self._entries) >= self._max:
-                self._entries.pop(next(iter(self._entries)))
-            self._entries[key] = bytes(module.serialize())
+            while self._entries and (len(self._entries) >= self._max or self._bytes + len(blob) > self._max_bytes):
+                self._bytes -= len(self._entries.pop(next(iter(self._entries))))  # oldest first
+            if len(blob) <= self._max_bytes:
+                self._entries[key] = blob
+                self._bytes += len(blob)
         return module
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._bytes = 0
 
 
 MODULE_CACHE = ModuleCache()
@@ -177,7 +187,7 @@ def _engine_config(limits: Limits) -> tuple[wasmtime.Config, tuple]:
     cfg.max_wasm_stack = limits.stack_bytes
     cfg.wasm_memory64 = True  # so a 64-bit guest compiles and is refused by name
     cfg.wasm_threads = False
-    key = ("epoch", limits.fuel is not None, limits.stack_bytes, wasmtime.__name__)
+    key = ("epoch", limits.fuel is not None, limits.stack_bytes, WASMTIME_VERSION)
     return cfg, key
 
 

@@ -82,7 +82,7 @@ class Job:
             backend = model_backend(model)
         self.backend = backend
         self.run_dir = Path(runs_dir if runs_dir is not None else default_runs_dir()) / self.id
-        self.stream = EventStream(self.id, self.run_dir)
+        self.stream = EventStream(self.id, self.run_dir, max_bytes=self.limits.max_event_bytes)
         self._cancel = threading.Event()
         self._reactor = Reactor(job_id=self.id, wasm=self.wasm, input=self.input, grants=self.grants,
                                 backend=backend, limits=self.limits, stream=self.stream,
@@ -125,6 +125,8 @@ class Job:
         try:
             self.stream.publish(f"job.{envelope.status.value}", envelope=payload,
                                 stats=self._reactor.stats.to_json())
+        except Exception:  # noqa: BLE001 - the job still ends, its envelope still saved
+            pass
         finally:
             self.stream.close(payload)
             with self._callbacks_lock:

@@ -43,6 +43,12 @@ class Limits:
     max_tokens: int = 32_768
     #: Largest JSON command a guest may return.
     max_command_bytes: int = 16 * MiB
+    #: Total bytes of events a job may publish (its transcript, as JSON):
+    #: bounds the host's memory and disk whatever the guest emits or streams.
+    max_event_bytes: int = 256 * MiB
+    #: Texts in one ``embed`` command, and their total UTF-8 bytes.
+    max_embed_texts: int = 256
+    max_embed_bytes: int = 1 * MiB
     #: Largest single ``emit-chunk`` (wasi:tensor streaming output).
     max_chunk_bytes: int = 64 * KiB
     #: Total streamed output per job; ``emit-chunk`` past it returns -2.

@@ -7,8 +7,10 @@ token, ``response.output_text.done``, ``response.content_part.done``,
 ``response.output_item.done``, and then exactly one terminal event:
 ``response.completed``; ``response.incomplete`` with
 ``incomplete_details.reason`` = ``max_output_tokens`` when the token limit cut
-it short, or ``stopped`` when the guest said stop; or ``error`` followed by
-``response.failed`` when the model failed. Text events carry ``item_id``,
+it short, ``guest_stop`` when the guest said stop, or ``cancelled`` when the
+job was cancelled; or ``error`` followed by ``response.failed`` when the model
+(or the guest's ``cf_on_token``) failed. The spec lets the reason be any
+string; the last two are ours. Text events carry ``item_id``,
 nullable fields are present as ``null``, and usage includes
 ``input_tokens_details.cached_tokens`` -- the spec's shape, not a subset.
 

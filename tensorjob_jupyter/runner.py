@@ -39,7 +39,7 @@ from typing import Any
 from . import abi
 from .abi import Envelope, JobError, JobStatus, Usage, codes, dumps
 from .caps import AccessError, Grants
-from .events import EventStream
+from .events import EventBudgetExceeded, EventStream
 from .files import Handles
 from .guest import Guest, GuestTrap
 from .inference.base import (FINISH_LENGTH, Backend, GenerateRequest, LoraChoice, ModelError, QueueFull,
@@ -52,6 +52,7 @@ PREVIEW_CHARS = 512
 PREVIEW_BYTES = 256
 POLL_S = 0.02
 LOOKAHEAD = 1
+LOOKAHEAD_WAIT_S = 0.05
 PARTIAL_USAGE_WAIT_S = 0.5
 _END_OF_TOKENS = object()
 
@@ -63,6 +64,13 @@ class JobEnd(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class GuestFailed(JobEnd):
+    """The guest returned ``fail``: its code and message, verbatim; always ``failed``.
+
+    Only the host cancels: a guest whose code is ``"cancelled"`` still fails.
+    """
 
 
 @dataclass(frozen=True)
@@ -133,8 +141,11 @@ class Reactor:
             result = self._drive()
             envelope = Envelope(JobStatus.COMPLETED, self.usage, result=result)
         except (JobEnd, GuestTrap, AccessError) as e:
-            status = JobStatus.CANCELLED if e.code == codes.CANCELLED else JobStatus.FAILED
+            cancelled = e.code == codes.CANCELLED and not isinstance(e, GuestFailed)
+            status = JobStatus.CANCELLED if cancelled else JobStatus.FAILED
             envelope = Envelope(status, self.usage, error=JobError(e.code, e.message))
+        except EventBudgetExceeded as e:
+            envelope = Envelope(JobStatus.FAILED, self.usage, error=JobError(codes.LIMIT_EXCEEDED, str(e)))
         except Exception as e:  # a host bug must still end the job cleanly
             envelope = Envelope(JobStatus.FAILED, self.usage,
                                 error=JobError(codes.WASM_TRAP, f"internal host error: {type(e).__name__}: {e}"))
@@ -166,7 +177,7 @@ class Reactor:
             if isinstance(command, abi.Done):
                 return command.result
             if isinstance(command, abi.Fail):
-                raise JobEnd(command.code, command.message)
+                raise GuestFailed(command.code, command.message)
             event = self._execute(command)
             if self.stats.steps >= self.limits.max_steps:
                 raise JobEnd(codes.LIMIT_EXCEEDED,
@@ -243,15 +254,13 @@ class Reactor:
             raise JobEnd(codes.MODEL_LOAD_FAILED, "this job has no model, so it cannot infer or embed")
         return self.backend
 
-    def _await(self, fut: Future, on_stop=None) -> Any:
+    def _await(self, fut: Future) -> Any:
         """Wait for a model future while honouring cancel and the job deadline."""
         while True:
             try:
                 self._check_running()
             except JobEnd:
                 fut.cancel()
-                if on_stop:
-                    on_stop()
                 raise
             try:
                 return fut.result(timeout=POLL_S)
@@ -276,6 +285,12 @@ class Reactor:
         return tokens_in, tokens_out
 
     def _embed(self, cmd: abi.Embed) -> abi.Event:
+        size = sum(len(t.encode("utf-8")) for t in cmd.texts)
+        if len(cmd.texts) > self.limits.max_embed_texts or size > self.limits.max_embed_bytes:
+            raise JobEnd(codes.LIMIT_EXCEEDED,
+                         f"embed of {len(cmd.texts)} texts ({size} bytes) is over the limit of "
+                         f"{self.limits.max_embed_texts} texts and {self.limits.max_embed_bytes} bytes "
+                         f"(max_embed_texts, max_embed_bytes)")
         backend = self._backend()
         try:
             fut = backend.embed(list(cmd.texts))
@@ -311,14 +326,16 @@ class Reactor:
         stop = threading.Event()
         # The decoder may run at most LOOKAHEAD token(s) ahead of the guest, so
         # a stop verdict always lands within a token or two, however fast the
-        # model is. The guest's cf_on_token takes microseconds; a token takes
-        # milliseconds, so the window costs the model nothing.
+        # model is: cf_on_token takes microseconds, a token milliseconds. But
+        # the model is shared, so a guest slow to answer never holds it: once
+        # a credit takes longer than LOOKAHEAD_WAIT_S, this generation runs
+        # free (tokens queue up, bounded by max_tokens; the verdict lands late).
         credits = threading.Semaphore(LOOKAHEAD)
+        free_running = threading.Event()
 
         def on_token(piece: str) -> bool:  # runs on the model's worker thread
-            while not credits.acquire(timeout=POLL_S):
-                if stop.is_set() or self.cancel.is_set():
-                    return False
+            if not free_running.is_set() and not credits.acquire(timeout=LOOKAHEAD_WAIT_S):
+                free_running.set()
             tokens.put(piece)
             return not stop.is_set() and not self.cancel.is_set()
 
@@ -362,7 +379,11 @@ class Reactor:
                         keep = self.guest.on_token(piece)
                     except GuestTrap as e:
                         stop.set()
-                        self._partial_usage(fut, len(response.text_parts))
+                        in_, out = self._partial_usage(fut, len(response.text_parts))
+                        if e.code == codes.CANCELLED:
+                            response.finish("".join(response.text_parts), usage=response.usage_json(in_, out),
+                                            incomplete_reason="cancelled")
+                            raise JobEnd(codes.CANCELLED, "cancelled during inference") from None
                         response.fail(e.message, code=e.code, error_type="server_error")
                         raise
                     if not keep:

@@ -249,3 +249,60 @@ def test_a_guest_interrupted_directly_reports_cancelled():
         with pytest.raises(GuestTrap) as info:
             g.init(b"{}")
         assert info.value.code == codes.CANCELLED
+
+
+# --- limits found by review: the host's own memory and the shared model -----------------------
+
+
+def test_emitting_without_end_is_bounded_by_the_event_budget(healthy):
+    spam = wat.script_guest([{"cmd": "emit", "progress": "x" * 30_000}])  # forever
+    job = tj.Job(spam, limits=tj.Limits(max_event_bytes=2 << 20)).start()
+    msg = failed(job.wait(30), codes.LIMIT_EXCEEDED)
+    assert "max_event_bytes" in msg
+    assert job.stream.bytes <= (2 << 20) + 64 * 1024  # the terminal event is let through
+    assert job.transcript_path.stat().st_size <= (2 << 20) + 64 * 1024
+
+
+def test_an_embed_over_its_limits_is_refused(healthy):
+    many = wat.script_guest([{"cmd": "embed", "texts": ["a"] * 300}, DONE])
+    assert "max_embed_texts" in failed(tj.run(many, backend=ScriptedBackend("x")), codes.LIMIT_EXCEEDED)
+    big = wat.script_guest([{"cmd": "embed", "texts": ["y" * 5000]}, DONE])
+    msg = failed(tj.run(big, backend=ScriptedBackend("x"), limits=tj.Limits(max_embed_bytes=4096)), codes.LIMIT_EXCEEDED)
+    assert "max_embed_bytes" in msg
+
+
+def test_asking_for_zero_tokens_generates_none():
+    g = wat.script_guest([{"cmd": "infer", "prompt": "p", "max_tokens": 0}, DONE])
+    env = tj.run(g, backend=ScriptedBackend("a b c"), limits=tj.Limits(max_tokens=5))
+    assert env.ok and env.usage.tokens_out == 0
+
+
+def test_a_guest_slow_in_cf_on_token_does_not_hold_the_shared_model():
+    # ~tens of ms per token of pure guest work, on purpose (well inside the deadline)
+    slow_on_token = """(func (export "cf_on_token") (param i32 i32) (result i32)
+        (local $i i32) (local.set $i (i32.const 300000000))
+        (loop $l (local.set $i (i32.sub (local.get $i) (i32.const 1))) (br_if $l (local.get $i)))
+        (i32.const 0))"""
+    infer = {"cmd": "infer", "prompt": "p", "max_tokens": 30}
+    backend = ScriptedBackend(" ".join(["w"] * 30))
+    slow = tj.Job(wat.script_guest([infer, DONE], extra=slow_on_token), backend=backend).start()
+    time.sleep(0.05)
+    started = time.monotonic()
+    quick = tj.Job(wat.script_guest([infer, DONE]), backend=backend).start()
+    assert quick.wait(30).ok
+    quick_s = time.monotonic() - started
+    assert slow.wait(60).ok
+    slow_s = time.monotonic() - started
+    assert quick_s < slow_s / 2, (quick_s, slow_s)  # the quick job did not wait for the slow guest
+
+
+def test_a_guest_failing_with_code_cancelled_is_still_failed():
+    env = tj.run(wat.script_guest([{"cmd": "fail", "code": "cancelled", "message": "not really"}]))
+    assert env.status is JobStatus.FAILED and env.error.code == "cancelled"
+
+
+def test_out_of_range_numbers_are_refused_as_a_trap(healthy):
+    for raw in ('{"cmd":"done","result":1e999}', '{"cmd":"done","result":' + "9" * 5000 + "}"):
+        g = wat.script_guest([raw.encode()])
+        msg = failed(tj.run(g), codes.WASM_TRAP)
+        assert "invalid command" in msg

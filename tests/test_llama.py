@@ -399,3 +399,9 @@ def test_a_guest_stop_verdict_ends_generation_early(smollm, tmp_path):  # noqa: 
     envelope = job.wait(60)
     assert envelope.status.value == "completed"
     assert envelope.usage.tokens_out <= 3  # the verdict crosses threads: one token more at most
+
+
+def test_zero_max_tokens_generates_nothing(tiny):
+    tokens = []
+    result = tiny.generate(GenerateRequest("the cat sat", 0), lambda t: tokens.append(t) or True)
+    assert (result.text, result.finish_reason, result.usage.completion_tokens, tokens) == ("", FINISH_LENGTH, 0, [])

@@ -191,3 +191,32 @@ def test_the_map_view_cancel_button_stops_the_map(tmp_path):
     view.join(10)
     assert result.status == "cancelled" and result.completed < 20
     assert ">cancelled<" in view.header.value and view.cancel_button.description == "Cancelled"
+
+
+def test_hostile_progress_numbers_do_not_stop_the_view():
+    huge = {"done": int("9" * 400), "total": 3}
+    job = tj.Job(wat.script_guest([{"cmd": "emit", "progress": huge}, {"cmd": "emit", "progress": {"fraction": 0.5}},
+                                   DONE]))
+    view = JobView(job, refresh_hz=20).start()
+    job.start().wait(10)
+    view.join(10)
+    assert 'class="tj-status">completed<' in view.header.value
+    assert view.progress.value == 1.0
+
+
+def test_coverage_merging_matches_a_naive_merge_and_the_bar_stays_small():
+    import random
+
+    from tensorjob_jupyter.view.state import FileState
+
+    rng = random.Random(7)
+    f = FileState(0, "f", 10_000, "text")
+    covered = set()
+    for _ in range(3000):
+        a = rng.randrange(10_000)
+        b = min(10_000, a + rng.randrange(1, 40))
+        f.add_range(a, b)
+        covered.update(range(a, b))
+    assert f.bytes_covered == len(covered)
+    assert all(f.ranges[i][1] < f.ranges[i + 1][0] for i in range(len(f.ranges) - 1))  # sorted, disjoint
+    assert render.coverage_bar(f).count("<rect") <= 241

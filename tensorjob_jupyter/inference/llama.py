@@ -561,6 +561,9 @@ class LlamaEngine:
         """
         request = item.request
         started = time.perf_counter()
+        if request.max_tokens <= 0:  # nothing to generate: answer without touching the model
+            item.done(GenerateResult("", FINISH_LENGTH, GenerateUsage()), None)
+            return True
         if len(active) >= self.n_slots:
             return False
         try:
@@ -571,7 +574,7 @@ class LlamaEngine:
                 item.tokens = self.prompt_tokens(request)
             tokens = item.tokens
             room = self.n_ctx - len(tokens)
-            limit = room if request.max_tokens <= 0 else min(request.max_tokens, room)
+            limit = min(request.max_tokens, room)
             self._set_lora(key)
             slot, reuse = self._pick_slot(tokens, key, request.cache_prompt)
             sampler = self._sampler(request, tokens)
@@ -685,13 +688,10 @@ class LlamaEngine:
             batch.seq_id[i][0] = seq.slot.seq_id
             batch.logits[i] = True
         self._decode()
-        finished = []
-        for i, seq in enumerate(active):
+        for i, seq in enumerate(list(active)):
             seq.slot.tokens.append(seq.next_token)
             if self._accept(seq, seq.sampler.sample(self._ctx, i)):
-                finished.append(seq)
-        for seq in finished:
-            active.remove(seq)
+                active.remove(seq)  # answered: never answered twice if a later one fails
 
     def _accept(self, seq: _Sequence, token: int) -> bool:
         """Handle one sampled token; True when the sequence has finished."""

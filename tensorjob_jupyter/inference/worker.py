@@ -82,10 +82,21 @@ class InferenceWorker:
         return self._submit("embed", list(texts))
 
     def close(self, timeout: float | None = 5.0) -> None:
+        """Stop the worker: waiting requests fail, the running one finishes."""
         if self._closed:
             return
         self._closed = True
-        self._queue.put(_STOP)
+        while True:  # never block behind a full queue
+            try:
+                _kind, _payload, _on_token, fut = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(ModelError("the inference worker was closed"))
+        try:
+            self._queue.put_nowait(_STOP)
+        except queue.Full:  # a submit raced the close; the daemon thread just idles
+            return
         self._thread.join(timeout)
 
     # -- the worker thread -----------------------------------------------------------
@@ -122,6 +133,8 @@ class InferenceWorker:
 
     def _resolver(self, fut: Future) -> DoneCallback:
         def done(result: Any, error: BaseException | None) -> None:
+            if fut.done():
+                return  # answered already (an engine must not answer twice; be safe if it does)
             self.requests_served += 1
             if error is not None:
                 fut.set_exception(error if isinstance(error, (ModelError, QueueFull))

@@ -63,10 +63,15 @@ def coverage_bar(f: FileState, width: int = 240) -> str:
     """An inline SVG bar: grey is the file, blue the byte ranges read."""
     rects = []
     if f.length > 0:
+        # One rect per run of covered pixels, however many ranges were read.
+        spans: list[list[int]] = []
         for a, b in f.ranges:
-            x = width * a / f.length
-            w = max(1.0, width * (b - a) / f.length)
-            rects.append(f'<rect x="{x:.1f}" y="0" width="{w:.1f}" height="10" fill="#1f6feb"/>')
+            x0, x1 = int(width * a / f.length), max(int(width * a / f.length) + 1, int(width * b / f.length + 0.999))
+            if spans and x0 <= spans[-1][1]:
+                spans[-1][1] = max(spans[-1][1], x1)
+            else:
+                spans.append([x0, x1])
+        rects = [f'<rect x="{x0}" y="0" width="{x1 - x0}" height="10" fill="#1f6feb"/>' for x0, x1 in spans]
     pct = 100.0 * f.bytes_covered / f.length if f.length else 100.0
     return (f'<svg class="tj-coverage" data-covered="{pct:.1f}" width="{width}" height="10" '
             f'style="vertical-align:middle"><rect width="{width}" height="10" fill="#d0d7de"/>'

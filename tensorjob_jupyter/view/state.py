@@ -16,11 +16,16 @@ the stream.
 from __future__ import annotations
 
 import base64
+import bisect
 import codecs
+import logging
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+
+log = logging.getLogger("tensorjob_jupyter.view")
 
 MAX_LOG_LINES = 50
 MAX_TEXT_CHARS = 20_000  # per infer and for streamed output: the tail is kept
@@ -40,15 +45,18 @@ class FileState:
     preview_offset: int = 0
 
     def add_range(self, start: int, end: int) -> None:
+        """Merge [start, end) into the sorted, disjoint ranges (log n to find)."""
         if end <= start:
             return
-        merged: list[list[int]] = []
-        for a, b in sorted(self.ranges + [[start, end]]):
-            if merged and a <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], b)
-            else:
-                merged.append([a, b])
-        self.ranges = merged
+        ranges = self.ranges
+        i = bisect.bisect_left(ranges, [start, start])
+        if i > 0 and ranges[i - 1][1] >= start:
+            i -= 1
+        j = i
+        while j < len(ranges) and ranges[j][0] <= end:
+            start, end = min(start, ranges[j][0]), max(end, ranges[j][1])
+            j += 1
+        ranges[i:j] = [[start, end]]
 
     @property
     def bytes_covered(self) -> int:
@@ -131,10 +139,14 @@ class ViewState:
     # -- folding events ------------------------------------------------------------------
 
     def apply(self, event: dict) -> None:
+        """Fold one event in. A malformed event is logged and skipped: the view goes on."""
         self.events_seen += 1
         handler = getattr(self, "_on_" + event["type"].replace(".", "_"), None)
         if handler is not None:
-            handler(event)
+            try:
+                handler(event)
+            except Exception:  # noqa: BLE001 - hostile payloads must not stop the view
+                log.warning("could not show event %s", event.get("type"), exc_info=True)
 
     def _on_job_progress(self, event: dict) -> None:
         payload = event["progress"]
@@ -224,12 +236,20 @@ def progress_fraction(payload: Any) -> float | None:
     if not isinstance(payload, dict):
         return None
     done, total, fraction = payload.get("done"), payload.get("total"), payload.get("fraction")
-    number = (int, float)
-    if isinstance(done, number) and isinstance(total, number) and not isinstance(done, bool) and total > 0:
-        return max(0.0, min(1.0, done / total))
-    if isinstance(fraction, number) and not isinstance(fraction, bool):
-        return max(0.0, min(1.0, float(fraction)))
-    return None
+    try:
+        if _number(done) and _number(total) and total > 0:
+            value = float(done) / float(total)
+        elif _number(fraction):
+            value = float(fraction)
+        else:
+            return None
+    except (OverflowError, ValueError):  # numbers too large for a float
+        return None
+    return max(0.0, min(1.0, value)) if math.isfinite(value) else None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def progress_label(payload: dict) -> str:
