@@ -32,7 +32,7 @@ from IPython.display import display
 from traitlets import Bool, CaselessStrEnum, Float, Int, Unicode
 
 from .abi import JobStatus
-from .compile import CompileError, compile_source, load_guest
+from .compile import CompileError, compile_source, detect_language, load_guest
 from .inference.base import Sampler
 from .inference.lazy import model_backend
 from .jobs import Job, get_job, jobs
@@ -217,7 +217,8 @@ class TensorJob(Magics):
             return None
         except ValueError as e:
             raise UsageError(str(e)) from None
-        return self.run_and_show(self.start_job(wasm, args, name=f"cell ({args.lang or 'auto'})"), args)
+        lang = args.lang or detect_language(cell)
+        return self.run_and_show(self.start_job(wasm, args, name=f"cell.{lang}"), args)
 
     @magic_arguments()
     @argument("action", choices=["run", "map", "jobs", "cancel"], help="run PATH | map PATH | jobs | cancel ID")

@@ -102,7 +102,7 @@ def test_a_cell_shows_the_live_view_and_returns_the_result(kernel):
     reply, messages = run(kc, cell)
     assert reply["content"]["status"] == "ok"
     assert result_text(messages) == "{'answer': 42}"
-    assert "tensorjob cell (auto): completed" in stdout(messages)
+    assert "tensorjob cell.wat: completed" in stdout(messages)
     displays = [m for m in messages if m["msg_type"] == "display_data"]
     assert displays and "application/vnd.jupyter.widget-view+json" in displays[0]["content"]["data"]
     assert displays[0]["content"]["data"]["text/plain"].startswith("tensorjob live view")
@@ -123,7 +123,7 @@ def test_a_kernel_interrupt_cancels_the_job_cleanly(kernel):
 
     reply, messages = run(kc, spin, during=interrupt)
     assert reply["content"]["status"] == "ok"
-    assert "tensorjob cell (auto): cancelled" in stdout(messages)
+    assert "tensorjob cell.wat: cancelled" in stdout(messages)
     run(kc, "%config TensorJob.call_timeout_s = 10")
     # The kernel and the host still work.
     reply, messages = run(kc, "%%tensorjob --quiet\n" + wat.script_wat([{"cmd": "done", "result": "after"}]))
@@ -153,7 +153,7 @@ def test_the_cancel_button_works_while_the_cell_waits(kernel):
 
     reply, messages = run(kc, spin, during=click, timeout=30)
     assert reply["content"]["status"] == "ok"
-    assert "tensorjob cell (auto): cancelled" in stdout(messages)
+    assert "tensorjob cell.wat: cancelled" in stdout(messages)
     button = [s for s in widget_states(messages).values() if s.get("_model_name") == "ButtonModel"][0]
     assert button["disabled"] and button["description"] == "Cancelled"
 

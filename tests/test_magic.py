@@ -40,7 +40,7 @@ def test_a_cell_runs_and_its_value_is_the_result(ip, capsys):
     value = ip.run_cell_magic("tensorjob", '--input \'{"n": [1, 2]}\'', echo_wat())
     assert value == {"n": [1, 2]}
     out = capsys.readouterr().out
-    assert out.startswith("tensorjob cell (auto): completed\n")
+    assert out.startswith("tensorjob cell.wat: completed\n")
     assert '"n": [' in out and "tokens: 0 in, 0 out" in out
 
 
