@@ -1,4 +1,4 @@
-"""The ``tensorjob`` command: run and compile guests from a terminal.
+"""The ``tensorjob`` command: run, compile and map guests from a terminal.
 
     tensorjob run GUEST [--read PATH]... [--input JSON] [--input-file F]
                   [--max-tokens N] [--timeout S] [--events FILE] [--json]
