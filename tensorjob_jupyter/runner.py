@@ -269,6 +269,20 @@ class Reactor:
             except CancelledError:
                 raise JobEnd(codes.CANCELLED, "cancelled during inference") from None
 
+    def _end_infer_early(self, response: ResponseStream, fut: Future, code: str, message: str) -> None:
+        """Count and close an infer ended by cancel, timeout or a trap in ``cf_on_token``.
+
+        A cancel closes the response ``incomplete`` and raises the job's
+        ``cancelled``; anything else is ``error`` then ``response.failed``,
+        and the caller re-raises what ended it.
+        """
+        tokens_in, tokens_out = self._partial_usage(fut, len(response.text_parts))
+        if code == codes.CANCELLED:
+            response.finish("".join(response.text_parts), usage=response.usage_json(tokens_in, tokens_out),
+                            incomplete_reason="cancelled")
+            raise JobEnd(codes.CANCELLED, "cancelled during inference") from None
+        response.fail(message, code=code, error_type="server_error")
+
     def _partial_usage(self, fut: Future, delivered: int) -> tuple[int, int]:
         """Count an infer that ends early (cancel, timeout, trap) in the job's usage.
 
@@ -360,12 +374,7 @@ class Reactor:
                 except JobEnd as e:
                     stop.set()
                     fut.cancel()
-                    in_, out = self._partial_usage(fut, len(response.text_parts))
-                    if e.code == codes.CANCELLED:
-                        response.finish("".join(response.text_parts), usage=response.usage_json(in_, out),
-                                        incomplete_reason="cancelled")
-                        raise JobEnd(codes.CANCELLED, "cancelled during inference") from None
-                    response.fail(e.message, code=e.code, error_type="server_error")
+                    self._end_infer_early(response, fut, e.code, e.message)
                     raise
                 try:
                     piece = tokens.get(timeout=POLL_S)
@@ -379,12 +388,7 @@ class Reactor:
                         keep = self.guest.on_token(piece)
                     except GuestTrap as e:
                         stop.set()
-                        in_, out = self._partial_usage(fut, len(response.text_parts))
-                        if e.code == codes.CANCELLED:
-                            response.finish("".join(response.text_parts), usage=response.usage_json(in_, out),
-                                            incomplete_reason="cancelled")
-                            raise JobEnd(codes.CANCELLED, "cancelled during inference") from None
-                        response.fail(e.message, code=e.code, error_type="server_error")
+                        self._end_infer_early(response, fut, e.code, e.message)
                         raise
                     if not keep:
                         guest_stopped = True

@@ -12,7 +12,6 @@ jobs.
 
 from __future__ import annotations
 
-import contextvars
 import threading
 import time
 
@@ -20,7 +19,7 @@ import ipywidgets as w
 
 from ..fanout import MapProgress, MapRun
 from ..text import for_html
-from .side_channel import route_clicks_to_side_thread
+from .live import LiveView, check_refresh_hz
 
 TEXT_PLAIN = "tensorjob map view (shown by the Jupyter widget front end)"
 SHOW_FAILURES = 5
@@ -54,31 +53,25 @@ def render_failures(failures: list[dict]) -> str:
             f'line-height:1.4">{rows}</div>')
 
 
-class MapView:
+class MapView(LiveView):
+    text_plain = TEXT_PLAIN
+
     def __init__(self, run: MapRun, name: str, *, refresh_hz: float = 10.0):
-        if not 0 < refresh_hz <= 20:
-            raise ValueError("refresh_hz must be in (0, 20]")
+        self.refresh_s = check_refresh_hz(refresh_hz)
         self.run = run
         self.name = name
-        self.refresh_s = 1.0 / refresh_hz
         self.pushes = 0
         self.header = w.HTML()
         self.bar = w.FloatProgress(value=0.0, min=0.0, max=1.0, layout=w.Layout(width="60%"))
         self.counts = w.HTML()
         self.failures = w.HTML()
-        self.cancel_button = w.Button(description="Cancel", icon="stop", button_style="warning",
-                                      tooltip="Stop this map")
-        self.cancel_button.on_click(lambda _b: self.run.cancel())
-        route_clicks_to_side_thread(self.cancel_button)
-        self.widget = w.VBox([self.header, w.HBox([self.bar, self.counts, self.cancel_button]), self.failures],
-                             layout=w.Layout(border="1px solid #d0d7de", padding="4px"))
-        self.widget.add_class("tensorjob-map-view")
+        self.cancel_button = self._cancel_button("Stop this map", run.cancel)
+        self.widget = self._column([self.header, w.HBox([self.bar, self.counts, self.cancel_button]), self.failures],
+                                   "tensorjob-map-view")
         self._failed: list[dict] = []
         self._lock = threading.Lock()
         self._unsubscribe = run.subscribe(self._on_event)
-        context = contextvars.copy_context()
-        self._thread = threading.Thread(target=context.run, args=(self._loop,), name="tensorjob-map-view",
-                                        daemon=True)
+        self._thread = self._updater(self._loop, "tensorjob-map-view")
         self._render(run.progress())
 
     def _on_event(self, event: dict) -> None:
@@ -86,21 +79,6 @@ class MapView:
         if event["type"] == "item.failed":
             with self._lock:
                 self._failed = (self._failed + [{"item": event["item"], "error": event["error"]}])[-SHOW_FAILURES:]
-
-    def _repr_mimebundle_(self, **kwargs):
-        bundle = self.widget._repr_mimebundle_(**kwargs)
-        if isinstance(bundle, tuple):
-            bundle = bundle[0]
-        bundle = dict(bundle or {})
-        bundle["text/plain"] = TEXT_PLAIN
-        return bundle
-
-    def start(self) -> "MapView":
-        self._thread.start()
-        return self
-
-    def join(self, timeout: float | None = None) -> None:
-        self._thread.join(timeout)
 
     def _loop(self) -> None:
         version = -1
@@ -132,9 +110,5 @@ class MapView:
             failures = render_failures(self._failed)
         if self.failures.value != failures:
             self.failures.value = failures
-        if p.status != "running" and not self.cancel_button.disabled:
-            with self.cancel_button.hold_sync():
-                self.cancel_button.disabled = True
-                self.cancel_button.button_style = ""
-                self.cancel_button.icon = ""
-                self.cancel_button.description = p.status.capitalize()
+        if p.status != "running":
+            self._finish_button(self.cancel_button, p.status)

@@ -18,15 +18,13 @@ compares equal under nbval whatever happened live.
 
 from __future__ import annotations
 
-import contextvars
-import threading
 import time
 
 import ipywidgets as w
 
 from ..jobs import Job
 from . import render
-from .side_channel import route_clicks_to_side_thread
+from .live import LiveView, check_refresh_hz
 from .state import ViewState
 
 TEXT_PLAIN = "tensorjob live view (shown by the Jupyter widget front end)"
@@ -34,12 +32,12 @@ TEXT_PLAIN = "tensorjob live view (shown by the Jupyter widget front end)"
 MAX_MESSAGES_PER_S = 20
 
 
-class JobView:
+class JobView(LiveView):
+    text_plain = TEXT_PLAIN
+
     def __init__(self, job: Job, *, refresh_hz: float = 10.0):
-        if not 0 < refresh_hz <= 20:
-            raise ValueError("refresh_hz must be in (0, 20]")
+        self.refresh_s = check_refresh_hz(refresh_hz)
         self.job = job
-        self.refresh_s = 1.0 / refresh_hz
         self.state = ViewState(job.name)
         self.pushes = 0
         self.messages = 0
@@ -52,48 +50,25 @@ class JobView:
         self.output = w.HTML()
         self.result = w.HTML()
         self.usage = w.HTML()
-        self.cancel_button = w.Button(description="Cancel", icon="stop", button_style="warning",
-                                      tooltip="Stop this job")
-        self.cancel_button.on_click(self._on_cancel)
         self.cancel_requested = False
-        self.clicks_off_main_thread = route_clicks_to_side_thread(self.cancel_button)
-        self.widget = w.VBox([self.header, w.HBox([self.progress, self.progress_label, self.cancel_button]),
-                              self.log, self.tokens, self.files, self.output, self.result, self.usage],
-                             layout=w.Layout(border="1px solid #d0d7de", padding="4px"))
-        self.widget.add_class("tensorjob-view")
+        self.cancel_button = self._cancel_button("Stop this job", self._on_cancel)
+        self.widget = self._column([self.header, w.HBox([self.progress, self.progress_label, self.cancel_button]),
+                                    self.log, self.tokens, self.files, self.output, self.result, self.usage],
+                                   "tensorjob-view")
         self._sections = {"header": self.header, "log": self.log, "tokens": self.tokens, "files": self.files,
                           "output": self.output, "result": self.result, "usage": self.usage}
         self._subscription = job.subscribe()
-        # The updater runs in a copy of the creating cell's context, so in a
-        # kernel its messages stay attached to that cell (whatever runs later).
-        context = contextvars.copy_context()
-        self._thread = threading.Thread(target=context.run, args=(self._run,), name=f"tensorjob-view-{job.id}",
-                                        daemon=True)
+        self._thread = self._updater(self._run, f"tensorjob-view-{job.id}")
         self._push(self.state.take_dirty())
 
     # -- front-end side ------------------------------------------------------------------
 
-    def _on_cancel(self, _button=None) -> None:
+    def _on_cancel(self) -> None:
         """Runs on the kernel's main thread: only asks, never writes widgets."""
         self.cancel_requested = True
         self.job.cancel()
 
-    def _repr_mimebundle_(self, **kwargs):
-        bundle = self.widget._repr_mimebundle_(**kwargs)
-        if isinstance(bundle, tuple):
-            bundle = bundle[0]
-        bundle = dict(bundle or {})
-        bundle["text/plain"] = TEXT_PLAIN
-        return bundle
-
     # -- the updater thread ---------------------------------------------------------------
-
-    def start(self) -> "JobView":
-        self._thread.start()
-        return self
-
-    def join(self, timeout: float | None = None) -> None:
-        self._thread.join(timeout)
 
     def _run(self) -> None:
         next_push = time.monotonic()
@@ -146,12 +121,7 @@ class JobView:
             if self.progress_label.value != self.state.progress_text:
                 self.progress_label.value = self.state.progress_text
                 sent += 1
-        if self.state.done and not self.cancel_button.disabled:
-            with self.cancel_button.hold_sync():
-                self.cancel_button.disabled = True
-                self.cancel_button.button_style = ""
-                self.cancel_button.icon = ""
-                self.cancel_button.description = self.state.status.capitalize()
+        if self.state.done and self._finish_button(self.cancel_button, self.state.status):
             sent += 1
         self.pushes += 1
         self.messages += sent
