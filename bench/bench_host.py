@@ -261,7 +261,6 @@ def bare_emit_loop(wasm: bytes, n: int) -> tuple[int, float]:
     memmove, string_at, addressof, unpack = ctypes.memmove, ctypes.string_at, ctypes.addressof, _DESC.unpack
     loads = json.loads
     event = b'{"event":"emitted"}'
-    n_event = len(event)
 
     def call(func, data: bytes) -> dict:
         k = len(data)

@@ -21,7 +21,6 @@ import argparse
 import base64
 import codecs
 import json
-import os
 import sys
 import threading
 from pathlib import Path
@@ -177,12 +176,11 @@ class LivePrinter:
 def progress_text(payload: Any) -> str:
     """How an ``emit`` payload reads in one line."""
     if isinstance(payload, dict):
-        done, total, fraction = payload.get("done"), payload.get("total"), payload.get("fraction")
         from .view.state import progress_fraction
 
         share = progress_fraction(payload)
-        if share is not None and "fraction" not in payload:
-            return f"{done}/{total} ({100 * share:.0f}%)"
+        if share is not None and "done" in payload and "total" in payload:  # as the view's label reads it
+            return f"{payload['done']}/{payload['total']} ({100 * share:.0f}%)"
         if share is not None:
             return f"{100 * share:.0f}%"
     return for_terminal(dumps(payload))

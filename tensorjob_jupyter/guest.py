@@ -30,7 +30,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol
+from typing import Iterable, Protocol
 
 import wasmtime
 

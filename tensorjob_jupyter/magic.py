@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -31,7 +30,6 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 from traitlets import Bool, CaselessStrEnum, Float, Int, Unicode
 
-from .abi import JobStatus
 from .compile import CompileError, compile_source, detect_language, load_guest
 from .inference.base import Sampler
 from .inference.lazy import model_backend

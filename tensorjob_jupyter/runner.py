@@ -33,7 +33,6 @@ import time
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from . import abi

@@ -16,17 +16,16 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from ..abi import JobStatus, codes
 from ..inference.base import Backend
+from ..inference.lazy import DEFAULT_MODEL_NAME  # noqa: F401 - re-exported by the package
 from ..jobs import Job
 from ..limits import Limits
 from ..runner import InferOptions
 
 CANCEL_POLL_S = 0.25
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1"
 #: The error code of an item whose worker process died every time it was
 #: tried (Dask's ``KilledWorker``). Not one of cuttlefish's codes.
 WORKER_LOST = "worker_lost"
@@ -61,16 +60,9 @@ class BackendSpec:
     def build(self) -> Backend:
         if self.factory is not None:
             return self.factory()
-        from ..inference.lazy import LazyBackend
+        from ..inference.lazy import model_backend
 
-        model, options = self.model, dict(self.model_options)
-
-        def load() -> Backend:
-            from ..inference.models import get_backend
-
-            return get_backend(model, **options)
-
-        return LazyBackend(load, Path(model).stem if model else DEFAULT_MODEL_NAME)
+        return model_backend(self.model, **dict(self.model_options))
 
 
 def _digest_of(obj: Any) -> str:

@@ -47,14 +47,14 @@ class LazyBackend:
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1"
 
 
-def model_backend(model_path: str | os.PathLike | None = None) -> LazyBackend:
+def model_backend(model_path: str | os.PathLike | None = None, **options) -> LazyBackend:
     """The process's shared backend for ``model_path`` (default: the embedded
-    model), loaded the first time a job infers or embeds."""
+    model) and engine ``options``, loaded the first time a job infers or embeds."""
 
     def factory() -> Backend:
         from .models import get_backend
 
-        return get_backend(model_path)
+        return get_backend(model_path, **options)
 
     name = Path(model_path).stem if model_path is not None else DEFAULT_MODEL_NAME
     return LazyBackend(factory, name)

@@ -54,7 +54,6 @@ import ctypes
 import logging
 import math
 import os
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
