@@ -6,12 +6,20 @@ answers with an ``Event`` (JSON tagged by ``"event"``). Everything is
 snake_case, the tag comes first and the other fields follow in declaration
 order, so the bytes we send are the bytes cuttlefish's serde would send.
 
-Guest output is hostile input: ``parse_command`` accepts exactly the shapes
-cuttlefish's serde would accept (unknown extra keys ignored, ``images``
-defaulting to ``[]``) and rejects everything else -- invalid JSON or UTF-8,
-duplicate keys, an unknown ``cmd``, a missing or mistyped field, a float or a
-negative or out-of-range integer -- with an ``AbiError`` whose message names
-the problem. The runner turns that into ``wasm_trap``.
+Guest output is hostile input, and this is the one place it is judged.
+``parse_command`` accepts exactly what cuttlefish's serde_json would accept
+(unknown extra keys ignored, ``images`` defaulting to ``[]``) and rejects
+everything else with an ``AbiError`` naming the problem (the runner turns it
+into ``wasm_trap``): invalid JSON or UTF-8, duplicate keys, an unknown
+``cmd``, a missing or mistyped field, non-finite numbers, integers outside
+64 bits, nesting deeper than serde_json's 128 levels, more values than the
+job's ``max_command_values`` (checked on the bytes, before anything is
+parsed), and **text that is not Unicode**: JSON can spell a lone surrogate
+(``"\ud800"``), which no UTF-8 encoder accepts, so a command containing one,
+in any field, key or nested value, is refused here, as serde_json refuses it.
+Whatever passes this boundary can be encoded, written and shown anywhere
+without another check; ``checked_value`` applies the same rule to a value
+from Python (a job's input).
 
 The job result is an ``Envelope``: ``status``, ``result`` (only when
 completed), ``error`` (only when failed or cancelled) and ``usage`` (always).
@@ -22,10 +30,12 @@ from __future__ import annotations
 import enum
 import json
 import math
-
-import orjson
+import re
 from dataclasses import dataclass, field
 from typing import Any, Union
+
+import numpy as np
+import orjson
 
 U32_MAX = 2**32 - 1
 U64_MAX = 2**64 - 1
@@ -50,11 +60,18 @@ class codes:
     BUSY = "busy"
     #: Ours: a map item whose Dask worker kept dying, retries exhausted.
     WORKER_LOST = "worker_lost"
+    #: Ours: a bug in the host, not the guest; the traceback is logged.
+    INTERNAL_ERROR = "internal_error"
 
 
 ERROR_CODES = frozenset(
     v for k, v in vars(codes).items() if not k.startswith("_") and isinstance(v, str)
 )
+
+#: Codes that only the host may report: they say the host or the cluster broke.
+#: A guest's ``fail`` with one of them is reported as ``script_error`` (see
+#: ``guest_failure``), so nobody debugging it is pointed at the host.
+HOST_ONLY_CODES = frozenset({codes.INTERNAL_ERROR, codes.WORKER_LOST})
 
 
 class AbiError(ValueError):
@@ -123,7 +140,7 @@ class MediaKind:
                 pages=_u32(obj, "pages", "kind"),
                 has_text_layer=_field(obj, "has_text_layer", bool, "kind"),
             )
-        raise AbiError(f"unknown media kind {kind!r}")
+        raise AbiError(f"unknown media kind {_clip(kind)!r}")
 
 
 TEXT = MediaKind("text")
@@ -368,13 +385,26 @@ def encode_event(event: Event) -> bytes:
 
 # --- strict parsing ----------------------------------------------------------
 
+#: serde_json's recursion limit: deeper nesting is refused, as cuttlefish refuses it.
+MAX_DEPTH = 128
+#: Integers a command may hold: what serde_json's i64 and u64 can.
+INT_MIN, INT_MAX = -(2**63), U64_MAX
+# A JSON string (valid JSON assumed; anything else fails json.loads anyway):
+# strings may hold brackets, commas and colons that are not structure.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+# A \u escape of a surrogate (may be a false hit after an escaped backslash;
+# the parsed value is checked exactly).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
-    obj: dict = {}
-    for key, value in pairs:
-        if key in obj:
-            raise AbiError(f"duplicate field `{key}`")
-        obj[key] = value
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise AbiError(f"duplicate field `{_clip(key)}`")
+            seen.add(key)
     return obj
 
 
@@ -389,21 +419,115 @@ def _finite(text: str) -> float:
     return value
 
 
-def loads_strict(raw: bytes | bytearray | memoryview) -> Any:
-    """Parse JSON as serde_json would: UTF-8 only, no NaN, no duplicate keys."""
+def _int64(text: str) -> int:
+    value = int(text)
+    if not INT_MIN <= value <= INT_MAX:
+        raise AbiError(f"integer {text[:24]}{'...' if len(text) > 24 else ''} is out of range "
+                       f"(JSON integers must fit in 64 bits)")
+    return value
+
+
+def _clip(text: str, limit: int = 64) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _check_shape(data: bytes, max_values: int, what: str) -> None:
+    """Refuse too deep or too many values from the bytes alone, before parsing.
+
+    Parsing costs about 25 bytes of memory per byte of JSON like ``[{},{}]``,
+    so the count is bounded first. The fast path counts bytes: fewer opening
+    brackets than the depth limit and fewer separators than the value limit
+    settle it. Otherwise strings are blanked out (they may hold any of these
+    characters) and depth and values are counted exactly.
+    """
+    opens = data.count(b"[") + data.count(b"{")
+    separators = data.count(b",") + data.count(b":")
+    if opens <= MAX_DEPTH and opens + separators < max_values:
+        return
+    structure = np.frombuffer(_JSON_STRING.sub(b'""', data), dtype=np.uint8)
+    opening = (structure == ord("[")) | (structure == ord("{"))
+    closing = (structure == ord("]")) | (structure == ord("}"))
+    values = 1 + int(np.count_nonzero(opening)) + int(np.count_nonzero(
+        (structure == ord(",")) | (structure == ord(":"))))
+    if values > max_values:
+        raise AbiError(f"{what} holds about {values} JSON values, more than the {max_values} allowed "
+                       f"(max_command_values)")
+    if np.count_nonzero(opening) > MAX_DEPTH:
+        depth = np.cumsum(opening.astype(np.int32) - closing.astype(np.int32))
+        if depth.size and int(depth.max()) > MAX_DEPTH:
+            raise AbiError(f"{what} JSON is nested too deeply (more than {MAX_DEPTH} levels)")
+
+
+def _first_non_unicode(value: Any) -> str | None:
+    """The first string (key or value) in ``value`` holding a lone surrogate."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    return item
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
+
+
+def loads_strict(raw: bytes | bytearray | memoryview, *, max_values: int = 1_000_000,
+                 what: str = "command") -> Any:
+    """Parse JSON as serde_json would: UTF-8 text only, no NaN, no duplicate keys,
+    64-bit integers, at most ``MAX_DEPTH`` levels and ``max_values`` values."""
+    data = bytes(raw)
     try:
-        text = bytes(raw).decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise AbiError(f"command is not valid UTF-8 (byte {e.start})") from None
+        raise AbiError(f"{what} is not valid UTF-8 (byte {e.start})") from None
+    _check_shape(data, max_values, what)
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants,
-                          parse_float=_finite)
+        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants,
+                           parse_float=_finite, parse_int=_int64)
+    except AbiError:
+        raise
     except json.JSONDecodeError as e:
-        raise AbiError(f"command is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
-    except RecursionError:
-        raise AbiError("command JSON is nested too deeply") from None
-    except ValueError as e:  # e.g. an integer too long to convert
-        raise AbiError(f"command JSON has a number it cannot hold: {e}") from None
+        raise AbiError(f"{what} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:  # pragma: no cover - the shape check refuses this first
+        raise AbiError(f"{what} JSON is nested too deeply") from None
+    except ValueError as e:  # an integer with more digits than Python converts
+        raise AbiError(f"{what} JSON has a number it cannot hold: {_clip(str(e), 120)}") from None
+    if _SURROGATE_ESCAPE.search(data):
+        bad = _first_non_unicode(value)
+        if bad is not None:
+            at = next(i for i, ch in enumerate(bad) if 0xD800 <= ord(ch) <= 0xDFFF)
+            raise AbiError(f"{what} has a string that is not valid Unicode: a lone surrogate "
+                           f"\\u{ord(bad[at]):04x} at character {at}; JSON strings must be UTF-8 text")
+    return value
+
+
+def checked_value(value: Any, what: str = "value", *, max_values: int = 1_000_000) -> tuple[Any, bytes]:
+    """A value from Python, held to the rule guest output is held to; returns
+    (the value as it will be seen, its compact JSON). ``ValueError`` otherwise."""
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise ValueError(f"{what} is not JSON: {e}") from None
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} holds text that is not valid Unicode (a lone surrogate at character "
+                         f"{e.start}); strings must be UTF-8 text") from None
+    try:
+        return loads_strict(data, max_values=max_values, what=what), data
+    except AbiError as e:
+        raise ValueError(str(e)) from None
+
+
+def encode_json(value: Any) -> bytes:
+    """Compact JSON bytes of a value that passed the boundary (or the host built)."""
+    return orjson.dumps(value)
 
 
 def _expect_object(value: Any, what: str) -> dict:
@@ -507,12 +631,12 @@ def command_from_json(value: Any) -> Command:
         return Fail(_field(obj, "code", str, "fail"), _field(obj, "message", str, "fail"))
     if tag in UNSUPPORTED_COMMANDS:
         raise UnsupportedCommand(f"`{tag}` is a cuttlefish command this host does not implement")
-    raise AbiError(f"unknown command `{tag}`")
+    raise AbiError(f"unknown command `{_clip(tag)}`")
 
 
-def parse_command(raw: bytes | bytearray | memoryview) -> Command:
+def parse_command(raw: bytes | bytearray | memoryview, *, max_values: int = 1_000_000) -> Command:
     """Bytes from a guest -> a ``Command``, or ``AbiError`` naming the problem."""
-    return command_from_json(loads_strict(raw))
+    return command_from_json(loads_strict(raw, max_values=max_values))
 
 
 def event_from_json(value: Any) -> Event:

@@ -8,28 +8,41 @@ fields. Job-level events describe the reactor (``job.created``,
 ``job.cancelled``); each infer adds one Open Responses sequence
 (``response.*``, built by ``responses.py``).
 
-Publishing happens on the job's thread and never waits for a reader: each
-subscriber has a bounded queue, and a subscriber that falls behind loses
-events (counted in ``missed``) rather than slowing the model or the guest.
-The transcript is the lossless record: every event is appended to
-``events.jsonl`` under the job's run folder, and the final ``envelope.json``
-is written when the job ends, so a finished job can be reloaded and replayed
-(``load_transcript``).
+**Write, then publish.** An event is encoded once, to bytes, and appended to
+the transcript (``events.jsonl`` in the job's run folder) before anyone sees
+it; an event that cannot be encoded or written takes no sequence number, so
+the file never has a gap and no reader ever saw a number the file lacks.
+
+**Memory is bounded by constants, not by what a guest publishes.** The
+stream keeps no history of its own: the transcript is the history, and
+``history`` and late subscribers read it back. Each subscriber has a queue
+bounded in events and in bytes; one that falls behind is not fed live until
+it has caught up from the transcript (``Subscription.get`` does that on the
+reader's thread), so a slow reader never slows the model or the guest and
+still sees every event, in order. Only a stream with no run folder (tests,
+benchmarks) keeps its encoded lines in memory, bounded by ``max_bytes``.
+
+Publishing happens on the job's thread. When the job ends, ``close`` writes
+``envelope.json`` (compact JSON) next to the transcript.
 """
 
 from __future__ import annotations
 
-import json
+import collections
 import os
-import queue
 import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from .abi import dumps
+import orjson
 
 DEFAULT_SUBSCRIBER_QUEUE = 10_000
+#: Bytes of encoded events a subscriber may have waiting before it reads them
+#: back from the transcript instead.
+SUBSCRIBER_QUEUE_BYTES = 8 * 1024 * 1024
+#: Most bytes of transcript a lagging subscriber reads back at once.
+CATCH_UP_BYTES = 1024 * 1024
 TRANSCRIPT_FLUSH_S = 0.2
 TERMINAL_TYPES = frozenset({"job.completed", "job.failed", "job.cancelled"})
 
@@ -38,46 +51,166 @@ class EventBudgetExceeded(Exception):
     """Publishing this event would pass the job's ``max_event_bytes``."""
 
 
+class TranscriptError(Exception):
+    """An event could not be encoded or written; it was not published."""
+
+
+# --- where the events are kept -----------------------------------------------------------
+
+
+class _FileLog:
+    """The transcript file: appended by the job, read back at any position."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._file = open(path, "wb")
+        self.position = 0
+
+    def append(self, line: bytes) -> None:
+        self._file.write(line)
+        self.position += len(line)
+
+    def flush(self) -> None:
+        if not self._file.closed:
+            self._file.flush()
+
+    def read(self, cursor: int, count: int, max_bytes: int) -> tuple[list[bytes], int]:
+        """Up to ``count`` lines from byte ``cursor`` (at least one); the new cursor."""
+        lines = []
+        with open(self.path, "rb") as f:
+            f.seek(cursor)
+            size = 0
+            while len(lines) < count and (not lines or size < max_bytes):
+                line = f.readline()
+                if not line.endswith(b"\n"):
+                    break  # not written yet
+                lines.append(line)
+                size += len(line)
+            return lines, cursor + size
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class _MemoryLog:
+    """Encoded lines in memory, for a stream without a run folder."""
+
+    def __init__(self) -> None:
+        self.lines: list[bytes] = []
+
+    @property
+    def position(self) -> int:
+        return len(self.lines)
+
+    def append(self, line: bytes) -> None:
+        self.lines.append(line)
+
+    def flush(self) -> None:
+        pass
+
+    def read(self, cursor: int, count: int, max_bytes: int) -> tuple[list[bytes], int]:
+        lines = self.lines[cursor:cursor + count]
+        return lines, cursor + len(lines)
+
+    def close(self) -> None:
+        pass
+
+
+# --- readers -------------------------------------------------------------------------------
+
+
 class Subscription:
-    """One reader's bounded view of a stream. Iterate it, or ``get()``."""
+    """One reader's view of a stream: every event, in order. Iterate it, or ``get()``."""
 
-    def __init__(self, stream: "EventStream", maxsize: int):
+    def __init__(self, stream: "EventStream", maxsize: int, max_bytes: int):
         self._stream = stream
-        self._queue: queue.Queue = queue.Queue(maxsize=maxsize)
-        self.missed = 0
+        self._maxsize = maxsize if maxsize > 0 else DEFAULT_SUBSCRIBER_QUEUE
+        self._max_bytes = max_bytes
+        self._queue: collections.deque[tuple[dict | None, bytes]] = collections.deque()
+        self._queued_bytes = 0
+        self._ready = threading.Condition(stream._lock)
+        # While behind: the next event to read back from the transcript, and where it is.
+        self._behind_at: tuple[int, int] | None = None
+        self.read_back = 0  # events this reader got from the transcript rather than live
 
-    def _offer(self, event: dict) -> None:
-        try:
-            self._queue.put_nowait(event)
-        except queue.Full:
-            self.missed += 1
+    # -- the stream's side (under its lock) --
+
+    def _offer(self, seq: int, position: int, event: dict, line: bytes) -> None:
+        if self._behind_at is not None:
+            return
+        if len(self._queue) >= self._maxsize or self._queued_bytes + len(line) > self._max_bytes:
+            self._behind_at = (seq, position)
+            return
+        self._queue.append((event, line))
+        self._queued_bytes += len(line)
+        self._ready.notify()
+
+    # -- the reader's side --
+
+    def _catch_up(self) -> bool:
+        """Read the next batch back from the transcript; True if any was queued."""
+        stream = self._stream
+        with stream._lock:
+            if self._behind_at is None:
+                return False
+            seq, cursor = self._behind_at
+            if seq >= stream._next:  # caught up: live again
+                self._behind_at = None
+                return False
+            count = stream._next - seq
+            stream._log.flush()
+        lines, cursor = stream._log.read(cursor, min(count, self._maxsize), CATCH_UP_BYTES)
+        with stream._lock:
+            for line in lines:
+                self._queue.append((None, line))
+                self._queued_bytes += len(line)
+            self._behind_at = (seq + len(lines), cursor)
+            self.read_back += len(lines)
+        return bool(lines)
 
     def get(self, timeout: float | None = None) -> dict | None:
-        """The next event; None once the stream has ended and been drained,
+        """The next event; None once the stream has ended and every event was read,
         or when ``timeout`` passes first."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            try:
-                return self._queue.get(timeout=0.05)
-            except queue.Empty:
-                if self._stream.closed and self._queue.empty():
+            with self._stream._lock:
+                if self._queue:
+                    event, line = self._queue.popleft()
+                    self._queued_bytes -= len(line)
+                    return event if event is not None else orjson.loads(line)
+                behind = self._behind_at is not None
+                if not behind:
+                    if self._stream.closed:
+                        return None
+                    wait = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
+                    if wait <= 0:
+                        return None
+                    self._ready.wait(wait)
+                    continue
+            if self._catch_up():
+                continue
+            with self._stream._lock:
+                stuck = self._behind_at is not None  # the transcript lacks what it should hold
+                if stuck and self._stream.closed:
                     return None
-                if deadline is not None and time.monotonic() >= deadline:
-                    return None
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            if stuck:
+                time.sleep(0.01)
 
     @property
     def ended(self) -> bool:
-        """True once the stream has closed (events may still wait in the queue)."""
+        """True once the stream has closed (events may still wait to be read)."""
         return self._stream.closed
 
     def drain(self) -> list[dict]:
-        """Every event waiting now, without blocking."""
+        """Every event available now without waiting (read back from the transcript if behind)."""
         out = []
         while True:
-            try:
-                out.append(self._queue.get_nowait())
-            except queue.Empty:
+            event = self.get(timeout=0)
+            if event is None:
                 return out
+            out.append(event)
 
     def __iter__(self) -> Iterator[dict]:
         while True:
@@ -90,64 +223,76 @@ class Subscription:
         self._stream._unsubscribe(self)
 
 
+# --- the stream ----------------------------------------------------------------------------
+
+
 class EventStream:
     """The ordered events of one job."""
 
-    def __init__(self, job_id: str, run_dir: str | os.PathLike | None = None, *, keep: bool = True,
-                 max_bytes: int | None = None):
+    def __init__(self, job_id: str, run_dir: str | os.PathLike | None = None, *, max_bytes: int | None = None):
         self.job_id = job_id
         self.max_bytes = max_bytes  # the job's max_event_bytes; the terminal event is always let through
         self.bytes = 0
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.closed = False
-        self._keep = keep
-        self._history: list[dict] = []
         self._next = 0
         self._lock = threading.Lock()
         self._subscribers: list[Subscription] = []
-        self._file = None
         self._last_flush = 0.0
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.run_dir / "events.jsonl", "w", encoding="utf-8")
+            self._log: _FileLog | _MemoryLog = _FileLog(self.run_dir / "events.jsonl")
+        else:
+            self._log = _MemoryLog()
 
     @property
     def transcript_path(self) -> Path | None:
         return self.run_dir / "events.jsonl" if self.run_dir is not None else None
 
     def publish(self, type: str, **fields: Any) -> dict:
-        """Stamp, record and fan out one event; returns it."""
+        """Stamp, encode, write, then fan out one event; returns it.
+
+        Raises ``EventBudgetExceeded`` past ``max_bytes`` (never for the
+        terminal event) and ``TranscriptError`` if the event cannot be
+        encoded or written; either way it was not published.
+        """
         with self._lock:
             if self.closed:
                 raise RuntimeError(f"event stream of {self.job_id} is closed")
             event = {"type": type, "sequence_number": self._next, "job_id": self.job_id, **fields}
-            line = dumps(event)  # first: an event that cannot be written is not published at all
+            try:
+                line = orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE)
+            except (TypeError, ValueError) as e:  # orjson.JSONEncodeError is a TypeError
+                raise TranscriptError(f"event {type} cannot be encoded as JSON: {e}") from None
             if (self.max_bytes is not None and self.bytes + len(line) > self.max_bytes
                     and type not in TERMINAL_TYPES):
                 raise EventBudgetExceeded(f"the job's events passed {self.max_bytes} bytes (max_event_bytes)")
-            self.bytes += len(line) + 1
-            self._next += 1
-            if self._keep:
-                self._history.append(event)
-            if self._file is not None:
-                self._file.write(line)
-                self._file.write("\n")
+            position = self._log.position
+            try:
+                self._log.append(line)
                 now = time.monotonic()
                 if now - self._last_flush > TRANSCRIPT_FLUSH_S or type in TERMINAL_TYPES:
-                    self._file.flush()
+                    self._log.flush()
                     self._last_flush = now
+            except OSError as e:
+                raise TranscriptError(f"cannot write the transcript: {e.strerror or e}") from None
+            seq = self._next
+            self._next += 1
+            self.bytes += len(line)
             for sub in self._subscribers:
-                sub._offer(event)
+                sub._offer(seq, position, event, line)
         return event
 
-    def subscribe(self, maxsize: int = DEFAULT_SUBSCRIBER_QUEUE, *, replay: bool = True) -> Subscription:
-        """A new reader; with ``replay`` it first receives what already happened."""
-        sub = Subscription(self, maxsize)
+    def subscribe(self, maxsize: int = DEFAULT_SUBSCRIBER_QUEUE, *, replay: bool = True,
+                  max_bytes: int = SUBSCRIBER_QUEUE_BYTES) -> Subscription:
+        """A new reader; with ``replay`` it first receives what already happened
+        (read back from the transcript), then the live events."""
+        sub = Subscription(self, maxsize, max_bytes)
         with self._lock:
-            if replay:
-                for event in self._history:
-                    sub._offer(event)
-            self._subscribers.append(sub)
+            if replay and self._next > 0:
+                sub._behind_at = (0, 0)
+            if not self.closed:
+                self._subscribers.append(sub)
         return sub
 
     def _unsubscribe(self, sub: Subscription) -> None:
@@ -157,39 +302,64 @@ class EventStream:
 
     def flush(self) -> None:
         with self._lock:
-            if self._file is not None:
-                self._file.flush()
+            try:
+                self._log.flush()
+            except (OSError, ValueError):
+                pass
 
     @property
     def history(self) -> list[dict]:
+        """Every event so far, parsed from the transcript (the stream keeps none)."""
+        return list(self.iter_history())
+
+    def iter_history(self) -> Iterator[dict]:
+        """Every event so far, one at a time, parsed from the transcript."""
+        return (orjson.loads(line) for line in self.history_lines())
+
+    def history_lines(self) -> Iterator[bytes]:
+        """Every event so far as its encoded JSON line."""
         with self._lock:
-            return list(self._history)
+            end = self._next
+            self._log.flush()
+        seq, cursor = 0, 0
+        while seq < end:
+            lines, cursor = self._log.read(cursor, end - seq, CATCH_UP_BYTES)
+            if not lines:
+                return
+            seq += len(lines)
+            yield from lines
 
     def __len__(self) -> int:
         return self._next
 
-    def close(self, envelope: dict | None = None) -> None:
+    def close(self, envelope: bytes | None = None) -> None:
+        """End the stream; ``envelope`` (compact JSON bytes) goes to ``envelope.json``."""
         with self._lock:
             if self.closed:
                 return
             self.closed = True
-            if self._file is not None:
-                self._file.close()
-                self._file = None
-            if self.run_dir is not None and envelope is not None:
-                tmp = self.run_dir / "envelope.json.tmp"
-                tmp.write_text(json.dumps(envelope, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-                os.replace(tmp, self.run_dir / "envelope.json")
+            subscribers, self._subscribers = self._subscribers, []
+            for sub in subscribers:
+                sub._ready.notify_all()
+            try:
+                self._log.close()
+            finally:
+                if self.run_dir is not None and envelope is not None:
+                    tmp = self.run_dir / "envelope.json.tmp"
+                    with open(tmp, "wb") as f:
+                        f.write(envelope)
+                        f.write(b"\n")
+                    os.replace(tmp, self.run_dir / "envelope.json")
 
 
 def load_transcript(run_dir: str | os.PathLike) -> tuple[list[dict], dict | None]:
     """Read a finished (or running) job's events and envelope back from disk."""
     run_dir = Path(run_dir)
     events = []
-    with open(run_dir / "events.jsonl", encoding="utf-8") as f:
+    with open(run_dir / "events.jsonl", "rb") as f:
         for line in f:
             if line.strip():
-                events.append(json.loads(line))
+                events.append(orjson.loads(line))
     env_path = run_dir / "envelope.json"
-    envelope = json.loads(env_path.read_text(encoding="utf-8")) if env_path.exists() else None
+    envelope = orjson.loads(env_path.read_bytes()) if env_path.exists() else None
     return events, envelope

@@ -408,7 +408,7 @@ class Guest:
                                              f"{self.limits.max_command_bytes}-byte limit")
         payload = self.read(ptr, length, f"command returned by `{name}`")
         try:
-            return abi.parse_command(payload)
+            return abi.parse_command(payload, max_values=self.limits.max_command_values)
         except abi.UnsupportedCommand as e:
             raise GuestTrap(codes.UNSUPPORTED, str(e)) from None
         except abi.AbiError as e:

@@ -9,10 +9,20 @@ and runs the reactor on a background thread so that the caller stays free:
 guest spins inside a step), ``subscribe()`` to the live events.
 
 ``run(...)`` is the one-line form: start a job and return its envelope.
+
+Whatever the guest does, the job ends: ``wait()`` returns by the job's time
+limit plus a moment, with the terminal event and ``envelope.json`` written.
+And what a finished job keeps in memory is bounded by constants, not by what
+it published: its envelope as compact JSON (the result is at most
+``max_result_bytes``), its stats and its names; its events are in the
+transcript, read back on demand (``events``, ``subscribe``). This process
+remembers its newest finished jobs for ``jobs()`` up to ``KEEP_FINISHED_JOBS``
+of them and ``KEEP_FINISHED_BYTES`` of envelopes in all.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import threading
@@ -20,12 +30,17 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+import orjson
+
+from . import abi
 from .abi import Envelope, JobStatus
 from .caps import Grants
 from .events import EventStream, Subscription
 from .inference.base import Backend
 from .limits import Limits
-from .runner import InferOptions, JobStats, Reactor
+from .runner import InferOptions, JobStats, Reactor, internal_error
+
+log = logging.getLogger("tensorjob_jupyter")
 
 _JOBS_LOCK = threading.Lock()
 _JOBS: dict[str, "Job"] = {}
@@ -72,9 +87,11 @@ class Job:
                  cwd: str | os.PathLike | None = None, name: str | None = None):
         self.id = new_job_id()
         self.name = name or (Path(guest).name if isinstance(guest, (str, os.PathLike)) else "guest")
-        self.wasm = resolve_guest(guest)
-        self.input = {} if input is None else input
         self.limits = limits or Limits()
+        self.input, input_json = abi.checked_value({} if input is None else input, "the job input",
+                                                   max_values=self.limits.max_command_values)
+        wasm = resolve_guest(guest)
+        self.guest_sha256 = _digest(wasm)
         self.grants = Grants.for_paths(read, cwd)
         if backend is DEFAULT_MODEL:
             from .inference.lazy import model_backend
@@ -84,10 +101,11 @@ class Job:
         self.run_dir = Path(runs_dir if runs_dir is not None else default_runs_dir()) / self.id
         self.stream = EventStream(self.id, self.run_dir, max_bytes=self.limits.max_event_bytes)
         self._cancel = threading.Event()
-        self._reactor = Reactor(job_id=self.id, wasm=self.wasm, input=self.input, grants=self.grants,
+        self._reactor = Reactor(job_id=self.id, wasm=wasm, input_json=input_json, grants=self.grants,
                                 backend=backend, limits=self.limits, stream=self.stream,
                                 cancel=self._cancel, input_bytes=input_bytes, infer=infer)
-        self._envelope: Envelope | None = None
+        self._envelope_json: bytes | None = None
+        self._status: JobStatus | None = None
         self._done = threading.Event()
         self._callbacks: list = []
         self._callbacks_lock = threading.Lock()
@@ -96,15 +114,10 @@ class Job:
         self.started_monotonic: float | None = None
         self.finished_at: float | None = None
         self.stream.publish("job.created", name=self.name,
-                            guest={"sha256": self._reactor_digest(), "bytes": len(self.wasm)},
+                            guest={"sha256": self.guest_sha256, "bytes": len(wasm)},
                             input=self.input, grants=[str(r) for r in self.grants.roots],
                             limits=self.limits.to_json(), model=backend.model_name if backend else None)
         _register(self)
-
-    def _reactor_digest(self) -> str:
-        from .guest import module_digest
-
-        return module_digest(self.wasm)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -118,25 +131,35 @@ class Job:
         return self
 
     def _run(self) -> None:
-        envelope = self._reactor.run()
-        self._envelope = envelope
-        self.finished_at = time.time()
-        payload = envelope.to_json()
+        """The job's thread: run the reactor, then always publish the end and finish."""
         try:
-            self.stream.publish(f"job.{envelope.status.value}", envelope=payload,
-                                stats=self._reactor.stats.to_json())
-        except Exception:  # noqa: BLE001 - the job still ends, its envelope still saved
-            pass
+            try:
+                envelope = self._reactor.run()
+            except BaseException as e:  # noqa: BLE001 - the reactor ends every job itself; this is a bug
+                envelope = Envelope(JobStatus.FAILED, self._reactor.usage, error=internal_error(self.id, e))
+            envelope_json = _encode_envelope(self.id, envelope)
+            self._status = envelope.status
+            self.finished_at = time.time()
+            try:
+                self.stream.publish(f"job.{envelope.status.value}", envelope=orjson.loads(envelope_json),
+                                    stats=self._reactor.stats.to_json())
+            except Exception:  # noqa: BLE001 - the transcript broke (disk full?): the job still ends
+                log.exception("tensorjob: could not write the end of job %s", self.id)
+            self._envelope_json = envelope_json
         finally:
-            self.stream.close(payload)
+            try:
+                self.stream.close(self._envelope_json)
+            except Exception:  # noqa: BLE001
+                log.exception("tensorjob: could not write envelope.json of job %s", self.id)
             with self._callbacks_lock:
                 self._done.set()
                 callbacks = list(self._callbacks)
+            _forget_old_jobs()
             for callback in callbacks:
                 try:
                     callback(self)
                 except Exception:  # a listener's bug must not break the job
-                    pass
+                    log.exception("tensorjob: a done callback of job %s failed", self.id)
 
     def add_done_callback(self, callback) -> None:
         """Call ``callback(job)`` when the job ends (at once if it already has)."""
@@ -159,8 +182,9 @@ class Job:
             self.start()
         if not self._done.wait(timeout):
             raise TimeoutError(f"job {self.id} still running after {timeout} s")
-        assert self._envelope is not None
-        return self._envelope
+        envelope = self.envelope
+        assert envelope is not None
+        return envelope
 
     def wait_done(self, timeout: float | None = None) -> bool:
         """Block until the job ends or ``timeout`` passes; True if it ended."""
@@ -174,18 +198,27 @@ class Job:
 
     @property
     def status(self) -> JobStatus:
-        if self._envelope is not None:
-            return self._envelope.status
+        if self._status is not None and self._done.is_set():
+            return self._status
         return JobStatus.RUNNING if self._thread is not None else JobStatus.QUEUED
 
     @property
     def envelope(self) -> Envelope | None:
-        return self._envelope
+        """The envelope once the job has ended (decoded afresh on each access)."""
+        if self._envelope_json is None or not self._done.is_set():
+            return None
+        return Envelope.from_json(orjson.loads(self._envelope_json))
 
     @property
     def result(self) -> Any:
         """The result of a completed job (None until then, or if it did not complete)."""
-        return self._envelope.result if self._envelope is not None else None
+        envelope = self.envelope
+        return envelope.result if envelope is not None else None
+
+    @property
+    def retained_bytes(self) -> int:
+        """Roughly what this finished job keeps in memory beyond a fixed size: its envelope."""
+        return len(self._envelope_json or b"")
 
     @property
     def stats(self) -> JobStats:
@@ -193,6 +226,7 @@ class Job:
 
     @property
     def events(self) -> list[dict]:
+        """Every event so far, read back from the transcript (the job keeps none in memory)."""
         return self.stream.history
 
     def subscribe(self, maxsize: int = 10_000, *, replay: bool = True) -> Subscription:
@@ -210,16 +244,43 @@ class Job:
         return f"<Job {self.id} {self.name} {self.status.value}>"
 
 
-KEEP_FINISHED_JOBS = 200
+#: Finished jobs this process remembers for ``jobs()``, at most, and the most
+#: bytes of envelopes they may hold in all; the oldest finished are forgotten first.
+KEEP_FINISHED_JOBS = 100
+KEEP_FINISHED_BYTES = 16 * 1024 * 1024
 
 
 def _register(job: Job) -> None:
-    """Remember a job for ``jobs()``; forget the oldest finished ones past a bound."""
+    """Remember a job for ``jobs()``."""
     with _JOBS_LOCK:
         _JOBS[job.id] = job
+    _forget_old_jobs()
+
+
+def _forget_old_jobs() -> None:
+    """Forget the oldest finished jobs past the count and byte bounds (the newest stays)."""
+    with _JOBS_LOCK:
         finished = [j for j in _JOBS.values() if j.done]
-        for old in finished[: max(0, len(finished) - KEEP_FINISHED_JOBS)]:
+        kept = sum(j.retained_bytes for j in finished)
+        while len(finished) > 1 and (len(finished) > KEEP_FINISHED_JOBS or kept > KEEP_FINISHED_BYTES):
+            old = finished.pop(0)
+            kept -= old.retained_bytes
             del _JOBS[old.id]
+
+
+def _digest(wasm: bytes) -> str:
+    from .guest import module_digest
+
+    return module_digest(wasm)
+
+
+def _encode_envelope(job_id: str, envelope: Envelope) -> bytes:
+    """Compact JSON of the envelope; if even that fails (a host bug), an internal error's."""
+    try:
+        return abi.encode_json(envelope.to_json())
+    except Exception as e:  # noqa: BLE001
+        fallback = Envelope(JobStatus.FAILED, envelope.usage, error=internal_error(job_id, e))
+        return abi.encode_json(fallback.to_json())
 
 
 def jobs() -> list[Job]:

@@ -43,6 +43,13 @@ class Limits:
     max_tokens: int = 32_768
     #: Largest JSON command a guest may return.
     max_command_bytes: int = 16 * MiB
+    #: JSON values (array elements, object members) in one command, counted on
+    #: its bytes before it is parsed: parsing costs far more memory than bytes.
+    max_command_values: int = 1_000_000
+    #: Largest ``done`` result, in bytes of compact JSON. A finished job keeps
+    #: its result, so this bounds what it holds; big output belongs in
+    #: ``emit-chunk`` (streamed to disk).
+    max_result_bytes: int = 1 * MiB
     #: Total bytes of events a job may publish (its transcript, as JSON):
     #: bounds the host's memory and disk whatever the guest emits or streams.
     max_event_bytes: int = 256 * MiB

@@ -21,12 +21,15 @@ the token callback's return value, so generation ends within a token or two.
 
 Every exit path -- done, fail, trap, denial, limit, timeout, cancel --
 produces an ``Envelope`` with usage set and never a partial result; failures
-are values, not exceptions.
+are values, not exceptions. An exception nobody expected is a bug in the
+host, never the guest's fault: it ends the job with ``internal_error`` and
+its traceback goes to the ``tensorjob_jupyter`` logger.
 """
 
 from __future__ import annotations
 
 import base64
+import logging
 import queue
 import threading
 import time
@@ -36,9 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import abi
-from .abi import Envelope, JobError, JobStatus, Usage, codes, dumps
+from .abi import Envelope, JobError, JobStatus, Usage, codes
 from .caps import AccessError, Grants
-from .events import EventBudgetExceeded, EventStream
+from .events import EventBudgetExceeded, EventStream, TranscriptError
 from .files import Handles
 from .guest import Guest, GuestTrap
 from .inference.base import (FINISH_LENGTH, Backend, GenerateRequest, LoraChoice, ModelError, QueueFull,
@@ -53,7 +56,11 @@ POLL_S = 0.02
 LOOKAHEAD = 1
 LOOKAHEAD_WAIT_S = 0.05
 PARTIAL_USAGE_WAIT_S = 0.5
+#: Characters of a guest's ``fail`` message (and code) an envelope keeps.
+MAX_GUEST_MESSAGE_CHARS = 16_384
+MAX_GUEST_CODE_CHARS = 128
 _END_OF_TOKENS = object()
+log = logging.getLogger("tensorjob_jupyter")
 
 
 class JobEnd(Exception):
@@ -66,10 +73,23 @@ class JobEnd(Exception):
 
 
 class GuestFailed(JobEnd):
-    """The guest returned ``fail``: its code and message, verbatim; always ``failed``.
+    """The guest returned ``fail``: its code and message; always ``failed``.
 
     Only the host cancels: a guest whose code is ``"cancelled"`` still fails.
+    Codes only the host may report (``abi.HOST_ONLY_CODES``) become
+    ``script_error``, with the guest's code at the head of the message, and
+    an over-long code or message is cut, so the envelope stays small.
     """
+
+    def __init__(self, code: str, message: str):
+        message = _clip(message, MAX_GUEST_MESSAGE_CHARS)
+        if code in abi.HOST_ONLY_CODES:
+            code, message = codes.SCRIPT_ERROR, f"the guest failed with `{code}`, a code only the host reports: {message}"
+        super().__init__(_clip(code, MAX_GUEST_CODE_CHARS), message)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
 @dataclass(frozen=True)
@@ -102,12 +122,12 @@ class JobStats:
 class Reactor:
     """Runs one job to its envelope. Construct and ``run()`` on the job's thread."""
 
-    def __init__(self, *, job_id: str, wasm: bytes, input: Any, grants: Grants, backend: Backend | None,
+    def __init__(self, *, job_id: str, wasm: bytes, input_json: bytes, grants: Grants, backend: Backend | None,
                  limits: Limits, stream: EventStream, cancel: threading.Event,
                  input_bytes: bytes = b"", infer: InferOptions | None = None):
         self.job_id = job_id
         self.wasm = wasm
-        self.input = input
+        self.input_json = input_json
         self.grants = grants
         self.backend = backend
         self.limits = limits
@@ -145,16 +165,26 @@ class Reactor:
             envelope = Envelope(status, self.usage, error=JobError(e.code, e.message))
         except EventBudgetExceeded as e:
             envelope = Envelope(JobStatus.FAILED, self.usage, error=JobError(codes.LIMIT_EXCEEDED, str(e)))
+        except TranscriptError as e:
+            envelope = Envelope(JobStatus.FAILED, self.usage, error=JobError(codes.INTERNAL_ERROR, str(e)))
         except Exception as e:  # a host bug must still end the job cleanly
-            envelope = Envelope(JobStatus.FAILED, self.usage,
-                                error=JobError(codes.WASM_TRAP, f"internal host error: {type(e).__name__}: {e}"))
+            envelope = Envelope(JobStatus.FAILED, self.usage, error=internal_error(self.job_id, e))
         finally:
+            self._release()
+        self.usage.duration_ms = int((time.monotonic() - self._started) * 1000)
+        return envelope
+
+    def _release(self) -> None:
+        """Close the guest and the files; keep nothing bulky once the job has ended."""
+        try:
             if self.guest is not None:
                 self.stats.peak_memory_bytes = self.guest.peak_memory_bytes
                 self.guest.close()
+        finally:
+            self.guest = None
+            self.wasm = b""
+            self.input_bytes = b""
             self.handles.close()
-        self.usage.duration_ms = int((time.monotonic() - self._started) * 1000)
-        return envelope
 
     def _check_running(self) -> None:
         if self.cancel.is_set():
@@ -169,12 +199,12 @@ class Reactor:
         self.guest = Guest(self.wasm, self.limits, [streaming], deadline=self.deadline)
         if self.cancel.is_set():
             self.guest.interrupt()
-        command = self.guest.init(dumps(self.input).encode("utf-8"))
+        command = self.guest.init(self.input_json)
         self.stats.steps = 1
         while True:
             self._check_running()
             if isinstance(command, abi.Done):
-                return command.result
+                return self._result(command)
             if isinstance(command, abi.Fail):
                 raise GuestFailed(command.code, command.message)
             event = self._execute(command)
@@ -184,6 +214,14 @@ class Reactor:
             self._check_running()
             command = self.guest.step(event)
             self.stats.steps += 1
+
+    def _result(self, command: abi.Done) -> Any:
+        size = len(abi.encode_json(command.result))
+        if size > self.limits.max_result_bytes:
+            raise JobEnd(codes.LIMIT_EXCEEDED, f"the result is {size} bytes of JSON, over the "
+                                               f"{self.limits.max_result_bytes}-byte limit (max_result_bytes); "
+                                               f"stream large output with emit-chunk instead")
+        return command.result
 
     def _execute(self, command: abi.Command) -> abi.Event:
         if isinstance(command, abi.Emit):
@@ -203,7 +241,7 @@ class Reactor:
     # -- commands -----------------------------------------------------------------------
 
     def _emit(self, cmd: abi.Emit) -> abi.Event:
-        size = len(dumps(cmd.progress).encode("utf-8"))
+        size = len(abi.encode_json(cmd.progress))
         if size > self.limits.max_emit_bytes:
             raise JobEnd(codes.LIMIT_EXCEEDED, f"emit payload of {size} bytes is over the "
                                                f"{self.limits.max_emit_bytes}-byte limit (max_emit_bytes)")
@@ -417,3 +455,10 @@ class Reactor:
                             "time_to_first_token_s": u.time_to_first_token_s,
                             "tokens_per_second": u.tokens_per_second}})
         return abi.InferDone(result.text, u.completion_tokens)
+
+
+def internal_error(job_id: str, e: BaseException) -> JobError:
+    """The error of a job ended by a bug in the host; the traceback goes to the log."""
+    log.error("tensorjob: internal error in job %s", job_id, exc_info=(type(e), e, e.__traceback__))
+    return JobError(codes.INTERNAL_ERROR, f"internal error in the host (not the guest): {type(e).__name__}: "
+                                          f"{_clip(str(e), 1000)}; the traceback is in the tensorjob_jupyter log")

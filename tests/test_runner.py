@@ -229,9 +229,11 @@ def test_a_slow_subscriber_never_blocks_the_job():
     fast = job.subscribe()
     env = job.start().wait(10)
     assert env.ok
-    assert stuck.missed > 0
     received = list(fast)
     assert [e["sequence_number"] for e in received] == list(range(len(job.events)))
+    # The slow reader still gets every event, in order, read back from the transcript.
+    assert [e["sequence_number"] for e in stuck] == list(range(len(job.events)))
+    assert stuck.read_back >= len(job.events) - 5
 
 
 def test_a_live_subscriber_sees_events_while_the_job_runs():

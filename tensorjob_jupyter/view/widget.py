@@ -90,12 +90,6 @@ class JobView(LiveView):
                 next_push = now + max(self.refresh_s, sent / MAX_MESSAGES_PER_S)
         for event in self._subscription.drain():
             self.state.apply(event)
-        if self._subscription.missed:
-            # The queue overflowed at some point: rebuild from the full history.
-            self.state = ViewState(self.job.name)
-            for event in self.job.events:
-                self.state.apply(event)
-            self.state.started = self.job.started_monotonic or self.state.started
         self._push(self.state.take_dirty() | {"header"})
 
     def _push(self, dirty: set[str]) -> int:
