@@ -490,8 +490,8 @@ def loads_strict(raw: bytes | bytearray | memoryview, *, max_values: int = 1_000
     try:
         value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants,
                            parse_float=_finite, parse_int=_int64)
-    except AbiError:
-        raise
+    except AbiError as e:
+        raise AbiError(f"{what}: {e}") from None
     except json.JSONDecodeError as e:
         raise AbiError(f"{what} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except RecursionError:  # pragma: no cover - the shape check refuses this first

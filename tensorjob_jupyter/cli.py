@@ -27,14 +27,16 @@ from pathlib import Path
 from typing import Any, Sequence, TextIO
 
 from . import __version__
-from .abi import JobStatus, dumps
+from .abi import JobStatus, checked_value, dumps
 from .fanout import add_map_parser, cmd_map
 from .jobs import Job
 from .limits import Limits
 from .runner import InferOptions
-from .text import for_terminal
+from .text import for_terminal, json_text
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
+#: Model text is indented under the host's own lines (which start with ·, ✓ or ✗).
+INDENT = "  "
 
 
 class UsageError(Exception):
@@ -94,9 +96,13 @@ def _parse_input(text: str | None) -> Any:
     if text is None:
         return {}
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as e:
         raise UsageError(f"--input is not valid JSON: {e.msg} at column {e.colno}") from None
+    try:
+        return checked_value(value, "--input")[0]
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _limits(args) -> Limits:
@@ -132,6 +138,15 @@ class LivePrinter:
         self.err.write(text + "\n")
         self.err.flush()
 
+    def _model_text(self, text: str) -> None:
+        """Model text, indented under the host's lines so it can never pass for one."""
+        text = for_terminal(text)
+        if not self._in_text:
+            self.err.write(INDENT)
+            self._in_text = True
+        self.err.write(text.replace("\n", "\n" + INDENT))
+        self.err.flush()
+
     def _run(self) -> None:
         for event in self._sub:
             try:
@@ -152,23 +167,23 @@ class LivePrinter:
         if kind == "job.progress":
             self._line(f"· {progress_text(event['progress'])}")
         elif kind == "job.file.opened":
-            self._line(f"· open {for_terminal(event['path'])} ({event['len']} bytes, {event['kind']['kind']})")
+            self._line(f"· open {for_terminal(event['path'], one_line=True)} ({event['len']} bytes, "
+                       f"{event['kind']['kind']})")
         elif kind == "response.created":
             self._line("· infer:")
         elif kind == "response.output_text.delta":
-            self.err.write(for_terminal(event["delta"]))
-            self.err.flush()
-            self._in_text = True
+            self._model_text(event["delta"])
         elif kind in ("response.completed", "response.incomplete"):
             reason = (event["response"].get("incomplete_details") or {}).get("reason")
-            self._line(f"  [{reason}]" if reason else "")
+            self._line(f"{INDENT}[{reason}]" if reason else "")
         elif kind in ("job.completed", "job.failed", "job.cancelled"):
             env = event["envelope"]
             usage = env["usage"]
             tail = f"{usage['tokens_in']} tokens in, {usage['tokens_out']} out, {usage['duration_ms']} ms"
             if env.get("error"):
                 error = env["error"]
-                self._line(f"✗ {env['status']}: {for_terminal(error['code'])}: {for_terminal(error['message'])} ({tail})")
+                self._line(f"✗ {env['status']}: {for_terminal(error['code'], one_line=True)}: "
+                           f"{for_terminal(error['message'], one_line=True)} ({tail})")
             else:
                 self._line(f"✓ completed ({tail})")
 
@@ -183,7 +198,7 @@ def progress_text(payload: Any) -> str:
             return f"{payload['done']}/{payload['total']} ({100 * share:.0f}%)"
         if share is not None:
             return f"{100 * share:.0f}%"
-    return for_terminal(dumps(payload))
+    return for_terminal(dumps(payload), one_line=True)
 
 
 def cmd_run(args, out: TextIO, err: TextIO) -> int:
@@ -203,7 +218,7 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
     limits = _limits(args)
     backend = _backend(args.model)
     try:
-        events_file = open(args.events, "w", encoding="utf-8") if args.events else None
+        events_file = open(args.events, "wb") if args.events else None
     except OSError as e:
         raise UsageError(f"--events {args.events}: {e.strerror}") from None
     from .compile import CompileError
@@ -227,12 +242,12 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
     printer.thread.join()  # everything streamed is written before the result
     if events_file is not None:
         with events_file:
-            for event in job.events:  # the complete, ordered history
-                events_file.write(dumps(event) + "\n")
+            for line in job.stream.history_lines():  # the complete, ordered transcript
+                events_file.write(line)
     if args.json:
-        out.write(json.dumps(envelope.to_json(), indent=2, ensure_ascii=False) + "\n")
+        out.write(json_text(envelope.to_json()) + "\n")
     elif envelope.ok:
-        out.write(for_terminal(json.dumps(envelope.result, indent=2, ensure_ascii=False)) + "\n")
+        out.write(json_text(envelope.result) + "\n")
     out.flush()
     if envelope.status is JobStatus.COMPLETED:
         return EXIT_OK

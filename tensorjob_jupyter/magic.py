@@ -30,12 +30,14 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 from traitlets import Bool, CaselessStrEnum, Float, Int, Unicode
 
+from .abi import checked_value
 from .compile import CompileError, compile_source, detect_language, load_guest
 from .inference.base import Sampler
 from .inference.lazy import model_backend
 from .jobs import Job, get_job, jobs
 from .limits import Limits
 from .runner import InferOptions
+from .text import for_terminal
 from .view.summary import map_summary, summary
 
 def _job_options(func):
@@ -110,18 +112,20 @@ class TensorJob(Magics):
             name = text[1:]
             if name not in self.shell.user_ns:
                 raise UsageError(f"--input ${name}: no variable named {name!r} in the notebook")
-            value = self.shell.user_ns[name]
             try:
-                json.dumps(value)
-            except (TypeError, ValueError) as e:
-                raise UsageError(f"--input ${name}: the value is not JSON-serialisable ({e})") from None
-            return value
+                return checked_value(self.shell.user_ns[name], f"--input ${name}")[0]
+            except ValueError as e:
+                raise UsageError(str(e)) from None
         if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
             text = text[1:-1]
         try:
-            return json.loads(text)
+            value = json.loads(text)
         except json.JSONDecodeError as e:
             raise UsageError(f"--input is not valid JSON: {e.msg} at column {e.colno}") from None
+        try:
+            return checked_value(value, "--input")[0]
+        except ValueError as e:
+            raise UsageError(str(e)) from None
 
     def _reads(self, paths: list[str]) -> list[str]:
         for p in paths:
@@ -323,10 +327,9 @@ class TensorJob(Magics):
             print("no jobs yet")
             return None
         for job in rows:
-            extra = ""
-            if job.envelope is not None and job.envelope.error is not None:
-                extra = f"  {job.envelope.error.code}"
-            print(f"{job.id}  {job.status.value:<9}  {job.name}{extra}")
+            envelope = job.envelope
+            extra = f"  {envelope.error.code}" if envelope is not None and envelope.error is not None else ""
+            print(for_terminal(f"{job.id}  {job.status.value:<9}  {job.name}{extra}", one_line=True))
         return None
 
 

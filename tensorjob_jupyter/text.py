@@ -1,15 +1,29 @@
-"""Making untrusted text safe for the place it is shown.
+"""Making untrusted text and values safe for the place they are shown.
 
-Every string a guest or a model produced is hostile: in a terminal it can
+Every string a guest or a model produced is hostile. In a terminal it can
 carry escape sequences that move the cursor, rewrite earlier lines, set the
-window title or hide text; in HTML it can carry markup and script. These two
-functions are the only way such text leaves the host.
+window title or hide text, bidirectional overrides that make text read other
+than it is, and line breaks that forge a line the host would print; in HTML
+it can carry markup and script; pretty-printed, a small deeply nested value
+becomes megabytes. The functions here are the only way such text leaves the
+host:
+
+* ``for_terminal(text)``: escape sequences, C0/C1 controls (but tab and
+  newline), DEL and bidi controls removed; with ``one_line=True`` line
+  breaks become a visible ``⏎``, for fields the host prints on one line.
+* ``for_html(text)``: the same, then HTML-escaped.
+* ``json_text(value)``: JSON for a terminal or a file: indented only when the
+  value is small and shallow, compact otherwise, and with every character a
+  terminal could act on escaped as ``\\uXXXX`` (so it stays valid JSON that
+  means the same).
 """
 
 from __future__ import annotations
 
 import html
+import json
 import re
+from typing import Any
 
 # ESC-based sequences: CSI (ESC [ ...), OSC (ESC ] ... BEL/ST), DCS/SOS/PM/APC
 # strings, and two-byte escapes; then the 8-bit C1 forms of CSI and OSC.
@@ -21,15 +35,55 @@ _ESCAPES = re.compile(
     r"|\x9d.*?(?:\x07|\x9c|$)",
     re.DOTALL,
 )
-# Remaining C0 controls except tab and newline, DEL, and C1 controls.
-_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]")
+# Bidirectional formatting controls: marks, embeddings, overrides, isolates.
+_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+# Remaining C0 controls except tab and newline, DEL, C1 controls and bidi controls.
+_CONTROLS = re.compile(f"[\\x00-\\x08\\x0b-\\x1f\\x7f\\x80-\\x9f{_BIDI}]")
+# Line breaks a terminal or an editor may honour.
+_LINE_BREAKS = re.compile("\r\n|[\n\r\x0b\x0c\x85\u2028\u2029]")
+# What json.dumps(ensure_ascii=False) leaves raw that a terminal may act on.
+_JSON_UNSAFE = re.compile(f"[\\x7f-\\x9f{_BIDI}\u2028\u2029]")
+
+#: Values larger than this (compact JSON, in characters) or deeper than
+#: ``PRETTY_MAX_DEPTH`` are printed compact: indenting amplifies with depth.
+PRETTY_MAX_CHARS = 16 * 1024
+PRETTY_MAX_DEPTH = 16
 
 
-def for_terminal(text: str) -> str:
-    """``text`` with every terminal control sequence and control character removed."""
+def for_terminal(text: str, *, one_line: bool = False) -> str:
+    """``text`` with every terminal control sequence and control character removed.
+
+    ``one_line``: line breaks become ``⏎`` too, so the text cannot start a
+    line that looks like the host's own.
+    """
+    if one_line:
+        text = _LINE_BREAKS.sub("⏎", text)
+    else:
+        text = text.replace("\u2028", "\n").replace("\u2029", "\n")
     return _CONTROLS.sub("", _ESCAPES.sub("", text))
 
 
 def for_html(text: str) -> str:
     """``text`` escaped for HTML content or a quoted attribute, controls removed."""
     return html.escape(for_terminal(text), quote=True)
+
+
+def _depth_at_most(value: Any, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return False
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return True
+
+
+def json_text(value: Any, *, pretty: bool = True) -> str:
+    """JSON of ``value`` safe to print: indented only while that stays small, and
+    with controls, bidi marks and line separators escaped inside strings."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    if pretty and len(text) <= PRETTY_MAX_CHARS and _depth_at_most(value, PRETTY_MAX_DEPTH):
+        text = json.dumps(value, ensure_ascii=False, indent=2)
+    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)

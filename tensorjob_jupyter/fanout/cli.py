@@ -11,7 +11,6 @@ item completed, 1 some failed, 2 usage error, 130 Ctrl-C.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import TextIO
@@ -58,7 +57,7 @@ def add_map_parser(subparsers) -> argparse.ArgumentParser:
 
 def cmd_map(args, out: TextIO, err: TextIO) -> int:
     """``tensorjob map``: 0 every item completed, 1 some failed, 2 usage error, 130 Ctrl-C."""
-    from ..text import for_terminal
+    from ..text import for_terminal, json_text
 
     try:
         run = _start_from_args(args)
@@ -73,7 +72,7 @@ def cmd_map(args, out: TextIO, err: TextIO) -> int:
         run.cancel()
         result = run.wait()
     if args.json:
-        out.write(json.dumps(result.to_json(), indent=2) + "\n")
+        out.write(json_text(result.to_json()) + "\n")
     else:
         out.write(for_terminal(_summary_text(result)) + "\n")
     out.flush()
@@ -143,7 +142,8 @@ class _ProgressPrinter:
             self._failures += 1
             if self._failures <= SHOW_FAILURES:
                 e = event["error"]
-                self.err.write(for_terminal(f"✗ item {event['item']}: {e['code']}: {_one_line(e['message'])}") + "\n")
+                self.err.write(for_terminal(f"✗ item {event['item']}: {e['code']}: {e['message']}", one_line=True)
+                               + "\n")
             elif self._failures == SHOW_FAILURES + 1:
                 self.err.write("✗ ... more failures in failures.jsonl\n")
         now = time.monotonic()

@@ -27,9 +27,22 @@ JOBS = "jobs"
 LEDGER_FORMAT = "tensorjob-map/1"
 
 
+def _open_own(path: Path, flags: int, mode: str):
+    """Open a file of the run folder itself, never through a symbolic link
+    (which could make the map append to, or truncate, a file elsewhere)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if os.path.islink(path):
+            raise ResumeRefused(f"{path} is a symbolic link; a run folder's files must be its own") from None
+        raise ResumeRefused(f"cannot open {path}: {e.strerror}") from None
+    return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+
+
 def _fsync_write(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    tmp.unlink(missing_ok=True)  # a leftover, or a link planted there: never written through
+    with _open_own(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
@@ -39,12 +52,12 @@ def _fsync_write(path: Path, text: str) -> None:
 def _read_records(path: Path, *, repair: bool = False) -> list[dict]:
     """The records of a results/failures file, without a torn last line
     (a crash mid-append); ``repair`` also cuts it off the file."""
-    if not path.exists():
+    if not os.path.lexists(path):
         return []
-    data = path.read_bytes()
-    cut = data.rfind(b"\n") + 1
-    if cut < len(data) and repair:  # its item runs again
-        with open(path, "r+b") as f:
+    with _open_own(path, os.O_RDWR if repair else os.O_RDONLY, "r+b" if repair else "rb") as f:
+        data = f.read()
+        cut = data.rfind(b"\n") + 1
+        if cut < len(data) and repair:  # its item runs again
             f.truncate(cut)
     data = data[:cut]
     records = []
@@ -91,8 +104,9 @@ class RunFolder:
             self._ledger["sessions"].append({"started_at": _now(), "finished_at": None, "where": where})
             _fsync_write(self.path / LEDGER, json.dumps(self._ledger, indent=2) + "\n")
             self.jobs_path.mkdir(exist_ok=True)
-            self._results = open(self.results_path, "a", encoding="utf-8")
-            self._failures = open(self.failures_path, "a", encoding="utf-8")
+            append = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+            self._results = _open_own(self.results_path, append, "a")
+            self._failures = _open_own(self.failures_path, append, "a")
         except BaseException:
             self.close()
             raise
@@ -102,7 +116,7 @@ class RunFolder:
             import fcntl
         except ImportError:  # pragma: no cover - no advisory locks on this platform
             return
-        self._lock_file = open(self.path / ".lock", "w")
+        self._lock_file = _open_own(self.path / ".lock", os.O_WRONLY | os.O_CREAT, "w")
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

@@ -23,12 +23,12 @@ from ..inference.base import Backend
 from ..inference.lazy import DEFAULT_MODEL_NAME  # noqa: F401 - re-exported by the package
 from ..jobs import Job
 from ..limits import Limits
-from ..runner import InferOptions
+from ..runner import InferOptions, internal_error
 
 CANCEL_POLL_S = 0.25
 #: The error code of an item whose worker process died every time it was
 #: tried (Dask's ``KilledWorker``). Not one of cuttlefish's codes.
-WORKER_LOST = "worker_lost"
+WORKER_LOST = codes.WORKER_LOST
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,8 @@ def run_item(spec: ItemSpec, backend: Backend, index: int, item: Any,
         job = Job(spec.wasm, input=item, read=spec.read, backend=backend, limits=spec.limits,
                   infer=spec.infer, runs_dir=spec.runs_dir, cwd=spec.cwd, name=f"{spec.name}[{index}]")
     except Exception as e:  # noqa: BLE001 - a host error fails this item only
-        return failed_outcome(index, codes.WASM_TRAP, f"internal host error: {type(e).__name__}: {e}")
+        error = internal_error(f"{spec.name}[{index}]", e)
+        return failed_outcome(index, error.code, error.message)
     ready = time.perf_counter()
     job.start()
     envelope = _await_job(job, cancelled)

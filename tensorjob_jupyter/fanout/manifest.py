@@ -1,23 +1,23 @@
 """The manifest: one item per non-blank JSONL line, read and checked in full first.
 
 Items are numbered from 0 in manifest order, counting only non-blank lines.
-The whole manifest is parsed before any item runs, so a line that is not
-UTF-8, not JSON (``NaN`` included), or a manifest with no items raises
-``ManifestError`` naming its 1-based line in the file rather than failing a
-map halfway. A list of inputs is hashed as the JSONL it would be, so the
+The whole manifest is parsed before any item runs, held to the rule guest
+output is held to (``abi.loads_strict``: UTF-8, JSON without ``NaN`` or
+duplicate keys, 64-bit integers, no lone surrogates, at most 128 levels), so
+a bad line, or a manifest with no items, raises ``ManifestError`` naming its
+1-based line in the file rather than failing a map halfway. A list of inputs is hashed as the JSONL it would be, so the
 SHA-256 the ledger pins for resume means the same either way.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..abi import dumps
+from ..abi import AbiError, dumps, loads_strict
 from .errors import ManifestError
 
 
@@ -29,10 +29,6 @@ class Manifest:
 
     def __len__(self) -> int:
         return len(self.items)
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def parse_manifest(data: bytes, source: str = "<bytes>") -> Manifest:
@@ -47,12 +43,9 @@ def parse_manifest(data: bytes, source: str = "<bytes>") -> Manifest:
         if not text.strip():
             continue
         try:
-            items.append(json.loads(text, parse_constant=_reject_constant))
-        except json.JSONDecodeError as e:
-            raise ManifestError(f"{source}: line {number} is not valid JSON: {e.msg} at column {e.colno}",
-                                number) from None
-        except ValueError as e:
-            raise ManifestError(f"{source}: line {number} is not valid JSON: {e}", number) from None
+            items.append(loads_strict(raw, what=f"line {number}"))
+        except AbiError as e:
+            raise ManifestError(f"{source}: {e}", number) from None
     if not items:
         raise ManifestError(f"{source}: the manifest has no items (every line is blank)")
     return Manifest(tuple(items), hashlib.sha256(data).hexdigest(), source)

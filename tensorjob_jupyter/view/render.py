@@ -19,6 +19,11 @@ from .state import FileState, ViewState
 STATUS_COLOURS = {"running": "#1f6feb", "completed": "#1a7f37", "failed": "#cf222e", "cancelled": "#9a6700"}
 PRE = "white-space:pre-wrap;word-break:break-word;margin:0;font-size:12px;"
 MAX_HEX_BYTES = 128
+#: Bounds of the result's JSON tree: it renders in time and size independent of the value.
+TREE_MAX_DEPTH = 12
+TREE_MAX_CHILDREN = 100
+TREE_MAX_NODES = 1000
+TREE_MAX_CHARS = 2000
 
 
 def human_bytes(n: int) -> str:
@@ -73,9 +78,10 @@ def coverage_bar(f: FileState, width: int = 240) -> str:
                 spans.append([x0, x1])
         rects = [f'<rect x="{x0}" y="0" width="{x1 - x0}" height="10" fill="#1f6feb"/>' for x0, x1 in spans]
     pct = 100.0 * f.bytes_covered / f.length if f.length else 100.0
+    about = "≈" if f.approximate else ""
     return (f'<svg class="tj-coverage" data-covered="{pct:.1f}" width="{width}" height="10" '
             f'style="vertical-align:middle"><rect width="{width}" height="10" fill="#d0d7de"/>'
-            f'{"".join(rects)}</svg> <span style="font-size:11px">{pct:.0f}% read</span>')
+            f'{"".join(rects)}</svg> <span style="font-size:11px">{about}{pct:.0f}% read</span>')
 
 
 def hex_dump(data: bytes, offset: int = 0) -> str:
@@ -115,19 +121,35 @@ def output(state: ViewState) -> str:
             f'{for_html(state.output_text)}</pre>')
 
 
-def json_tree(value: Any, key: str | None = None, depth: int = 0) -> str:
-    """Collapsible JSON: objects and arrays are <details>, open near the top."""
-    label = f"<b>{for_html(key)}</b>: " if key is not None else ""
-    if isinstance(value, dict) and value:
-        inner = "".join(json_tree(v, str(k), depth + 1) for k, v in value.items())
-        return (f'<details{" open" if depth < 2 else ""} style="margin-left:{12 if depth else 0}px">'
-                f'<summary>{label}{{…}} {len(value)} keys</summary>{inner}</details>')
-    if isinstance(value, list) and value:
-        inner = "".join(json_tree(v, str(i), depth + 1) for i, v in enumerate(value))
-        return (f'<details{" open" if depth < 2 else ""} style="margin-left:{12 if depth else 0}px">'
-                f'<summary>{label}[…] {len(value)} items</summary>{inner}</details>')
-    text = json.dumps(value, ensure_ascii=False)
-    return f'<div style="margin-left:{12 if depth else 0}px">{label}<code>{for_html(text)}</code></div>'
+def json_tree(value: Any, key: str | None = None, depth: int = 0, budget: list[int] | None = None) -> str:
+    """Collapsible JSON: objects and arrays are <details>, open near the top.
+
+    Bounded whatever the value: at most ``TREE_MAX_DEPTH`` levels (deeper
+    values are shown as clipped compact JSON), ``TREE_MAX_CHILDREN`` children
+    a level and ``TREE_MAX_NODES`` nodes in all; each scalar is clipped.
+    """
+    budget = budget if budget is not None else [TREE_MAX_NODES]
+    budget[0] -= 1
+    label = f"<b>{for_html(_clip(key))}</b>: " if key is not None else ""
+    margin = f"margin-left:{12 if depth else 0}px"
+    if isinstance(value, (dict, list)) and value and depth < TREE_MAX_DEPTH and budget[0] > 0:
+        items = list(value.items()) if isinstance(value, dict) else list(enumerate(value))
+        inner = []
+        for k, v in items[:TREE_MAX_CHILDREN]:
+            if budget[0] <= 0:
+                break
+            inner.append(json_tree(v, str(k), depth + 1, budget))
+        if len(inner) < len(items):
+            inner.append(f'<div style="margin-left:12px;color:#57606a">… {len(items) - len(inner)} more</div>')
+        what = f"{{…}} {len(value)} keys" if isinstance(value, dict) else f"[…] {len(value)} items"
+        return (f'<details{" open" if depth < 2 else ""} style="{margin}">'
+                f'<summary>{label}{what}</summary>{"".join(inner)}</details>')
+    text = _clip(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+    return f'<div style="{margin}">{label}<code>{for_html(text)}</code></div>'
+
+
+def _clip(text: str, limit: int = TREE_MAX_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text) - limit} more characters)"
 
 
 def result(state: ViewState) -> str:

@@ -28,7 +28,11 @@ from typing import Any
 log = logging.getLogger("tensorjob_jupyter.view")
 
 MAX_LOG_LINES = 50
+MAX_LOG_LINE_CHARS = 1000
 MAX_TEXT_CHARS = 20_000  # per infer and for streamed output: the tail is kept
+#: Read ranges kept per file; past it, gaps narrower than length/MAX_RANGES are
+#: filled, so the coverage shown may be slightly more than was read.
+MAX_RANGES = 4096
 
 SECTIONS = ("header", "progress", "log", "tokens", "files", "output", "result", "usage")
 
@@ -43,6 +47,7 @@ class FileState:
     preview: str | None = None
     preview_bytes: bytes | None = None
     preview_offset: int = 0
+    approximate: bool = False  # narrow gaps were filled to bound the ranges kept
 
     def add_range(self, start: int, end: int) -> None:
         """Merge [start, end) into the sorted, disjoint ranges (log n to find)."""
@@ -57,6 +62,19 @@ class FileState:
             start, end = min(start, ranges[j][0]), max(end, ranges[j][1])
             j += 1
         ranges[i:j] = [[start, end]]
+        if len(ranges) > MAX_RANGES:
+            self._coarsen()
+
+    def _coarsen(self) -> None:
+        gap = max(1, self.length // MAX_RANGES)
+        merged = [self.ranges[0]]
+        for a, b in self.ranges[1:]:
+            if a - merged[-1][1] <= gap:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        self.ranges = merged
+        self.approximate = True
 
     @property
     def bytes_covered(self) -> int:
@@ -158,7 +176,10 @@ class ViewState:
         else:
             from ..abi import dumps
 
-            self.log.append(payload if isinstance(payload, str) else dumps(payload))
+            line = payload if isinstance(payload, str) else dumps(payload)
+            if len(line) > MAX_LOG_LINE_CHARS:
+                line = line[:MAX_LOG_LINE_CHARS] + f"… ({len(line) - MAX_LOG_LINE_CHARS} more characters)"
+            self.log.append(line)
             self.dirty.add("log")
 
     def _on_job_file_opened(self, event: dict) -> None:

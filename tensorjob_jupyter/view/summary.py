@@ -8,21 +8,19 @@ notebook's stored output compares equal on every run of a greedy model.
 
 from __future__ import annotations
 
-import json
-
 from ..abi import Envelope
-from ..text import for_terminal
+from ..text import for_terminal, json_text
 
 
 def summary(name: str, envelope: Envelope, *, with_result: bool = True) -> str:
     u = envelope.usage
-    lines = [f"tensorjob {name}: {envelope.status.value}"]
+    lines = [for_terminal(f"tensorjob {name}: {envelope.status.value}", one_line=True)]
     if envelope.error is not None:
-        lines.append(f"error: {envelope.error.code}: {envelope.error.message}")
+        lines.append(for_terminal(f"error: {envelope.error.code}: {envelope.error.message}", one_line=True))
     if with_result and envelope.ok:
-        lines.append("result: " + json.dumps(envelope.result, indent=2, ensure_ascii=False, sort_keys=False))
+        lines.append("result: " + json_text(envelope.result))
     lines.append(f"tokens: {u.tokens_in} in, {u.tokens_out} out")
-    return for_terminal("\n".join(lines))
+    return "\n".join(lines)
 
 
 def map_summary(name: str, result) -> str:
@@ -32,4 +30,4 @@ def map_summary(name: str, result) -> str:
              f"{result.skipped} skipped before this run)"]
     if result.error:
         lines.append(f"error: {result.error}")
-    return for_terminal("\n".join(lines))
+    return "\n".join(for_terminal(line, one_line=True) for line in lines)
