@@ -143,8 +143,10 @@ class Grants:
         """Check ``path`` and open it read-only; returns (fd, the path opened)."""
         if not isinstance(path, str) or not path or "\0" in path:
             raise _denied(path if isinstance(path, str) else repr(path))
-        if len(path) > MAX_PATH_BYTES or len(path.encode("utf-8")) > MAX_PATH_BYTES:
+        if len(path) > MAX_PATH_BYTES or len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
             raise _denied(path, f" (a path may be at most {MAX_PATH_BYTES} bytes)")
+        if not path.isascii() and any(0xD800 <= ord(ch) <= 0xDFFF for ch in path):
+            raise _denied(path.encode("utf-8", "backslashreplace").decode(), " (not valid Unicode)")
         located = self._locate(_lexical(path, str(self.cwd)))
         if located is None:
             raise _denied(path)

@@ -4,12 +4,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 import wat  # noqa: E402  (tests/wat.py)
 
 import tensorjob_jupyter as tj  # noqa: E402
+
+# Property tests: a fixed, short search in CI; `--hypothesis-profile=deep` for long local runs.
+settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("deep", max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ci")
 
 
 @pytest.fixture(autouse=True)

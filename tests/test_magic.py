@@ -4,7 +4,7 @@ import json
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
+from IPython.testing import globalipapp
 
 import tensorjob_jupyter as tj
 from tensorjob_jupyter import compile as tj_compile
@@ -15,7 +15,8 @@ import wat
 
 @pytest.fixture(scope="module")
 def ip():
-    shell = start_ipython()
+    globalipapp.start_ipython()  # once per process; later calls do nothing
+    shell = globalipapp.get_ipython()
     shell.run_line_magic("load_ext", "tensorjob_jupyter")
     yield shell
 

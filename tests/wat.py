@@ -104,3 +104,58 @@ def deep_recursion() -> bytes:
     return script_guest([{"cmd": "done", "result": 1}], init_body="(call $down (i32.const 0))",
                         extra="""(func $down (param i32) (result i32)
                                    (i32.add (call $down (i32.add (local.get 0) (i32.const 1))) (i32.const 1)))""")
+
+
+INPUT_BASE = 0x20000  # where the staged commands are read to; host writes go after them
+
+
+def pack_commands(commands: list) -> bytes:
+    """Raw commands for ``input_script_guest``: each as a u32 length, then its bytes."""
+    out = bytearray()
+    for c in commands:
+        blob = c if isinstance(c, bytes) else json.dumps(c, separators=(",", ":")).encode()
+        out += len(blob).to_bytes(4, "little") + blob
+    return bytes(out)
+
+
+def input_script_guest() -> bytes:
+    """A guest that returns, byte for byte, the commands staged as the job's input bytes
+    (``pack_commands``), one per call, repeating the last: any bytes, any size, one module."""
+    return wat(f"""(module
+  (import "wasi:tensor/host@0.1.0" "input-len" (func $input_len (result i32)))
+  (import "wasi:tensor/host@0.1.0" "read-input" (func $read_input (param i32 i32) (result i32)))
+  (memory (export "memory") 2)
+  (global $loaded (mut i32) (i32.const 0))
+  (global $cur (mut i32) (i32.const {INPUT_BASE}))
+  (global $end (mut i32) (i32.const {INPUT_BASE}))
+  (global $heap (mut i32) (i32.const {INPUT_BASE}))
+  (func $fit (param $top i32)
+    (local $need i32)
+    (local.set $need (i32.shr_u (i32.add (local.get $top) (i32.const 65535)) (i32.const 16)))
+    (if (i32.gt_u (local.get $need) (memory.size))
+      (then (drop (memory.grow (i32.sub (local.get $need) (memory.size)))))))
+  (func $load
+    (local $n i32)
+    (global.set $loaded (i32.const 1))
+    (local.set $n (call $input_len))
+    (call $fit (i32.add (i32.const {INPUT_BASE}) (local.get $n)))
+    (drop (call $read_input (i32.const {INPUT_BASE}) (local.get $n)))
+    (global.set $end (i32.add (i32.const {INPUT_BASE}) (local.get $n)))
+    (global.set $heap (i32.and (i32.add (global.get $end) (i32.const 15)) (i32.const -16))))
+  (func (export "cf_alloc") (param $n i32) (result i32)
+    (if (i32.eqz (global.get $loaded)) (then (call $load)))
+    (call $fit (i32.add (global.get $heap) (local.get $n)))
+    (global.get $heap))
+  (func $next (result i32)
+    (local $len i32)
+    (if (i32.lt_u (global.get $cur) (global.get $end))
+      (then
+        (local.set $len (i32.load (global.get $cur)))
+        (i32.store (i32.const 0x100) (i32.add (global.get $cur) (i32.const 4)))
+        (i32.store (i32.const 0x104) (local.get $len))
+        (global.set $cur (i32.add (global.get $cur) (i32.add (i32.const 4) (local.get $len))))))
+    (i32.const 0x100))
+  (func (export "cf_init") (param i32 i32) (result i32) (call $next))
+  (func (export "cf_step") (param i32 i32) (result i32) (call $next))
+  (func (export "cf_on_token") (param i32 i32) (result i32) (i32.const 0))
+)""")
