@@ -1,18 +1,20 @@
-"""The ``tensorjob`` command: run, compile and map guests from a terminal.
+"""The ``tensorjob`` command: run, map and compile guests from a terminal.
 
-    tensorjob run GUEST [--read PATH]... [--input JSON] [--input-file F]
-                  [--max-tokens N] [--timeout S] [--events FILE] [--json]
-    tensorjob compile FILE [-o OUT]
-    tensorjob map GUEST --over manifest.jsonl --run-dir DIR [--concurrency N] [--cluster ADDRESS]
+    tensorjob run GUEST [job options] [--events FILE] [--json] [--quiet]
+    tensorjob map GUEST --over manifest.jsonl --run-dir DIR [job options] [--concurrency N] [--cluster ADDRESS]
+    tensorjob compile FILE [-o OUT] [--cflags FLAGS] [--zigflags FLAGS] [--force]
+    tensorjob cache [--clear]
 
+The job options (``--read``, ``--input``, ``--model``, every limit, ...) are
+the table in ``options.py``, shared with the magics and the Python API.
 ``run`` prints the job's progress, file reads and streamed tokens live on
-stderr as they happen (terminal control sequences from the guest or the
-model are stripped first), the guest's streamed output (``emit-chunk``) on
-stdout, and at the end the result as JSON on stdout -- or, with ``--json``,
-the whole envelope instead and nothing else on stdout. The exit status is 0
-only when the job completed (1 failed or did not compile, 130 cancelled by
-Ctrl-C, 2 usage error). A usage error is one line naming the problem, never
-a traceback.
+stderr as they happen (text from the guest or the model made inert first,
+model text indented under the host's lines), the guest's streamed output
+(``emit-chunk``) on stdout, and at the end the result as JSON on stdout -- or,
+with ``--json``, the whole envelope instead and nothing else on stdout. The
+exit status is 0 only when the job completed (1 failed or did not compile,
+130 cancelled by Ctrl-C, 2 usage error). A usage error is one line naming
+the problem, never a traceback.
 """
 
 from __future__ import annotations
@@ -20,32 +22,26 @@ from __future__ import annotations
 import argparse
 import base64
 import codecs
-import json
 import sys
 import threading
 from pathlib import Path
 from typing import Any, Sequence, TextIO
 
 from . import __version__
-from .abi import JobStatus, checked_value, dumps
+from .abi import JobStatus, dumps
 from .fanout import add_map_parser, cmd_map
 from .jobs import Job
-from .limits import Limits
-from .runner import InferOptions
+from .options import (BY_NAME, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobOptions, OptionError,
+                      add_job_arguments)
 from .text import for_terminal, json_text
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
 #: Model text is indented under the host's own lines (which start with ·, ✓ or ✗).
 INDENT = "  "
 
 
-class UsageError(Exception):
-    pass
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, no usage dump
-        raise UsageError(f"{message} (see `{self.prog} --help`)")
+        raise OptionError(f"{message} (see `{self.prog} --help`)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,66 +52,29 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a guest (.wasm, .c, .zig or .wat)",
                          description="Run a guest to the end, showing its progress live.")
     run.add_argument("guest", help="the guest: a .wasm module, or .c / .zig / .wat source to compile")
-    run.add_argument("--read", action="append", default=[], metavar="PATH",
-                     help="grant read access to a file or directory (repeatable)")
-    run.add_argument("--input", default=None, metavar="JSON", help="the job input, a JSON value (default {})")
-    run.add_argument("--input-file", default=None, metavar="F",
-                     help="stage F's bytes for the guest's wasi:tensor read-input")
-    run.add_argument("--max-tokens", type=int, default=None, metavar="N", help="token budget for the whole job")
-    run.add_argument("--timeout", type=float, default=None, metavar="S", help="time limit for the whole job, seconds")
+    add_job_arguments(run)
     run.add_argument("--events", default=None, metavar="FILE", help="write every event as one JSON line to FILE")
     run.add_argument("--json", action="store_true", help="print the envelope as JSON on stdout, nothing else")
-    run.add_argument("--model", default=None, metavar="PATH",
-                     help="a GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
-    run.add_argument("--chat", action="store_true", help="apply the model's chat template to each prompt")
     run.add_argument("--quiet", "-q", action="store_true", help="no live progress on stderr")
-    run.add_argument("--runs", default=None, metavar="DIR", help="where transcripts go (default ~/.tensorjob/runs)")
 
     add_map_parser(sub)
 
     comp = sub.add_parser("compile", help="compile a .c, .zig or .wat guest to .wasm",
-                          description="Compile a guest source file to a .wasm module.")
+                          description="Compile a guest source file to a .wasm module (cached by content).")
     comp.add_argument("file")
     comp.add_argument("-o", "--output", default=None, help="output path (default: FILE with .wasm)")
+    for name in ("cflags", "zigflags", "force"):
+        opt = BY_NAME[name]
+        if opt.kind == "switch":
+            comp.add_argument(opt.flag, dest=name, action="store_true", default=None, help=opt.help)
+        else:
+            comp.add_argument(opt.flag, dest=name, default=None, metavar=opt.metavar, help=opt.help)
+
+    cache = sub.add_parser("cache", help="show or clear the compile cache",
+                           description="Where compiled guests are cached, and how much; --clear empties it "
+                                       "(always safe: guests compile again on next use).")
+    cache.add_argument("--clear", action="store_true", help="delete every cached module")
     return parser
-
-
-# --- run -----------------------------------------------------------------------------
-
-
-def _backend(model: str | None):
-    """The shared backend for ``model`` (default: the embedded one), loaded on first use."""
-    from .inference.lazy import model_backend
-
-    if model is not None and not Path(model).is_file():
-        raise UsageError(f"model file not found: {model}")
-    return model_backend(model)
-
-
-def _parse_input(text: str | None) -> Any:
-    if text is None:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"--input is not valid JSON: {e.msg} at column {e.colno}") from None
-    try:
-        return checked_value(value, "--input")[0]
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-
-
-def _limits(args) -> Limits:
-    changes = {}
-    if args.max_tokens is not None:
-        if args.max_tokens <= 0:
-            raise UsageError("--max-tokens must be a positive number")
-        changes["max_tokens"] = args.max_tokens
-    if args.timeout is not None:
-        if args.timeout <= 0:
-            raise UsageError("--timeout must be a positive number of seconds")
-        changes["job_timeout_s"] = args.timeout
-    return Limits().replace(**changes)
 
 
 class LivePrinter:
@@ -202,35 +161,26 @@ def progress_text(payload: Any) -> str:
 
 
 def cmd_run(args, out: TextIO, err: TextIO) -> int:
-    guest_path = Path(args.guest)
-    if not guest_path.is_file():
-        raise UsageError(f"guest file not found: {args.guest}")
-    for path in args.read:
-        if not Path(path).exists():
-            raise UsageError(f"--read {path}: no such file or directory")
-    job_input = _parse_input(args.input)
-    input_bytes = b""
-    if args.input_file is not None:
-        try:
-            input_bytes = Path(args.input_file).read_bytes()
-        except OSError as e:
-            raise UsageError(f"--input-file {args.input_file}: {e.strerror}") from None
-    limits = _limits(args)
-    backend = _backend(args.model)
-    try:
-        events_file = open(args.events, "wb") if args.events else None
-    except OSError as e:
-        raise UsageError(f"--events {args.events}: {e.strerror}") from None
+    options = JobOptions.from_args(args)
     from .compile import CompileError
 
     try:
-        job = Job(guest_path, input=job_input, read=args.read, backend=backend, limits=limits,
-                  input_bytes=input_bytes, infer=InferOptions(chat=args.chat), runs_dir=args.runs)
+        guest = options.guest(args.guest)
+    except FileNotFoundError as e:
+        raise OptionError(str(e)) from None
     except CompileError as e:
-        if events_file is not None:
-            events_file.close()
         err.write(f"tensorjob: the guest does not compile:\n{e}\n")
         return EXIT_FAILED
+    except ValueError as e:
+        raise OptionError(str(e)) from None
+    if guest.warnings:
+        err.write(f"{guest.warnings}\n")
+    kwargs = options.job_kwargs()
+    try:
+        events_file = open(args.events, "wb") if args.events else None
+    except OSError as e:
+        raise OptionError(f"--events {args.events}: {e.strerror}") from None
+    job = Job(guest, backend=_backend(kwargs.pop("model")), **kwargs)
     printer = LivePrinter(job, out=out, err=err, quiet=args.quiet, chunks_to_stdout=not args.json)
     printer.thread.start()
     job.start()
@@ -254,41 +204,60 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
     return EXIT_CANCELLED if envelope.status is JobStatus.CANCELLED else EXIT_FAILED
 
 
-# --- compile ---------------------------------------------------------------------------
+def _backend(model: str | None):
+    """The shared backend for ``model`` (default: the embedded one), loaded on first use."""
+    from .inference.lazy import model_backend
+
+    return model_backend(model)
+
+
+# --- compile and cache -------------------------------------------------------------------
 
 
 def cmd_compile(args, out: TextIO, err: TextIO) -> int:
-    from .compile import CompileError, compile_file
+    from .compile import CompileError
 
-    src = Path(args.file)
-    if not src.is_file():
-        raise UsageError(f"source file not found: {args.file}")
+    options = JobOptions.from_args(args)
     try:
-        wasm = compile_file(src)
+        guest = options.guest(args.file)
+    except FileNotFoundError:
+        raise OptionError(f"source file not found: {args.file}") from None
     except CompileError as e:
         err.write(f"{e}\n")
         return EXIT_FAILED
     except ValueError as e:
-        raise UsageError(str(e)) from None
-    target = Path(args.output) if args.output else src.with_suffix(".wasm")
-    target.write_bytes(wasm)
-    out.write(f"{target} ({len(wasm)} bytes)\n")
+        raise OptionError(str(e)) from None
+    if guest.warnings:
+        err.write(f"{guest.warnings}\n")
+    target = Path(args.output) if args.output else Path(args.file).with_suffix(".wasm")
+    target.write_bytes(guest.wasm)
+    out.write(f"{target} ({len(guest.wasm)} bytes)\n")
     return EXIT_OK
+
+
+def cmd_cache(args, out: TextIO, err: TextIO) -> int:
+    from .compile import cache_dir, cache_usage, clear_cache
+
+    if args.clear:
+        files, size = clear_cache()
+        out.write(f"removed {files} cached modules ({size} bytes) from {cache_dir()}\n")
+    else:
+        files, size = cache_usage()
+        out.write(f"{cache_dir()}: {files} cached modules, {size} bytes (tensorjob cache --clear empties it)\n")
+    return EXIT_OK
+
+
+COMMANDS = {"run": cmd_run, "map": cmd_map, "compile": cmd_compile, "cache": cmd_cache}
 
 
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
-    parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-        if args.command == "run":
-            return cmd_run(args, out, err)
-        if args.command == "map":
-            return cmd_map(args, out, err)
-        return cmd_compile(args, out, err)
-    except UsageError as e:
-        err.write(f"tensorjob: error: {e}\n")
+        args = build_parser().parse_args(argv)
+        return COMMANDS[args.command](args, out, err)
+    except OptionError as e:
+        err.write(f"tensorjob: error: {for_terminal(str(e), one_line=True)}\n")
         return EXIT_USAGE
 
 

@@ -1,10 +1,12 @@
 """Guest sources (C, Zig, WAT) to WebAssembly, with a content-hash cache.
 
-A ``%%tensorjob`` cell, ``tensorjob run guest.c`` and ``tensorjob_jupyter.run``
-all funnel through :func:`load_guest`: a ``.wasm`` is used as it is, a source
-file is compiled. C and Zig go through the ``ziglang`` wheel (``zig cc`` and
-``zig build-exe`` for ``wasm32-freestanding``), so nothing but pip is needed;
-WAT goes through ``wasmtime.wat2wasm`` in-process.
+Every guest reaches the host as a :class:`GuestSource` -- its name, its
+language (detected once), its wasm bytes and where it came from -- made by
+``GuestSource.from_file`` (a ``.wasm`` as it is, a ``.c``/``.zig``/``.wat``
+compiled), ``from_text`` (a notebook cell) or ``from_wasm`` (bytes). A string
+is always a path, never source code. C and Zig go through the ``ziglang``
+wheel (``zig cc`` and ``zig build-exe`` for ``wasm32-freestanding``), so
+nothing but pip is needed; WAT goes through ``wasmtime.wat2wasm`` in-process.
 
 Why it is shaped so:
 
@@ -17,17 +19,21 @@ Why it is shaped so:
   exports linker globals such as ``__stack_pointer``; we drop those from the
   export section afterwards so a guest never exposes its stack pointer.
 * Compiling is slow (a first Zig build takes seconds), and notebooks re-run
-  cells, so results are cached by a hash of everything that determines the
-  bytes: language, source, flags, compiler version and the SDK files. Cache
-  files are written to a temporary name and renamed, so concurrent compiles
-  of the same source never see a torn file.
+  cells, so results are cached, as ``%%cython`` caches, by a hash of
+  everything that determines the bytes: language, source, flags, compiler
+  version and the SDK files. ``force=True`` (``--force``) compiles again and
+  replaces the cached module. The cache lives in ``cache_dir()``
+  (``$TENSORJOB_CACHE``, else ``~/.cache/tensorjob/wasm``); deleting it is
+  always safe (``tensorjob cache --clear``). Cache files are written to a
+  temporary name and renamed, so concurrent compiles never see a torn file.
+* The compiler's warnings are kept even when it succeeds
+  (``GuestSource.warnings``), and shown by the CLI and the magic.
 * Diagnostics keep the compiler's ``file:line:col`` but name the file as the
   user knows it (``cell.c``), never the temporary directory it was built in.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib.metadata
 import json
@@ -43,22 +49,23 @@ from typing import Iterable, Sequence
 
 import wasmtime
 
+from .guest import WASM_MAGIC
+
 __all__ = [
     "CompileError",
     "CompileStats",
     "C_FLAGS",
+    "GuestSource",
     "ZIG_FLAGS",
     "cache_dir",
+    "clear_cache",
     "compile_file",
     "compile_source",
     "compiler_version",
     "detect_language",
-    "load_guest",
     "sdk_dir",
     "stats",
 ]
-
-WASM_MAGIC = b"\0asm"
 LANGS = ("c", "zig", "wat")
 EXTENSIONS = {"c": ".c", "zig": ".zig", "wat": ".wat"}
 _SUFFIX_LANG = {".c": "c", ".h": "c", ".zig": "zig", ".wat": "wat", ".wast": "wat"}
@@ -321,7 +328,7 @@ def _clean_diagnostics(text: str, replacements: Iterable[tuple[str, str]]) -> st
     return text.strip()
 
 
-def _run_compiler(cmd: list[str], cwd: Path, lang: str, filename: str, replacements: list[tuple[str, str]]) -> None:
+def _run_compiler(cmd: list[str], cwd: Path, lang: str, filename: str, replacements: list[tuple[str, str]]) -> str:
     with _stats_lock:
         stats.compiler_runs += 1
     try:
@@ -332,26 +339,26 @@ def _run_compiler(cmd: list[str], cwd: Path, lang: str, filename: str, replaceme
                            filename=filename) from None
     except OSError as e:
         raise CompileError(f"{filename}: could not run the compiler ({e})", lang=lang, filename=filename) from None
+    text = _clean_diagnostics((proc.stderr or "") + (proc.stdout or ""), replacements)
     if proc.returncode != 0:
-        text = _clean_diagnostics((proc.stderr or "") + (proc.stdout or ""), replacements)
-        if not text:
-            text = f"{filename}: the compiler failed (exit status {proc.returncode})"
-        raise CompileError(text, lang=lang, filename=filename)
+        raise CompileError(text or f"{filename}: the compiler failed (exit status {proc.returncode})", lang=lang,
+                           filename=filename)
+    return text  # warnings, if any
 
 
 def _compile_c(src: Path, out: Path, flags: Sequence[str], cwd: Path, filename: str,
-               replacements: list[tuple[str, str]]) -> None:
+               replacements: list[tuple[str, str]]) -> str:
     cmd = [sys.executable, "-m", "ziglang", "cc", *C_FLAGS, f"-I{sdk_dir()}", f"-I{src.parent}", *flags,
            "-o", str(out), os.path.relpath(src, cwd)]
-    _run_compiler(cmd, cwd, "c", filename, replacements)
+    return _run_compiler(cmd, cwd, "c", filename, replacements)
 
 
 def _compile_zig(src: Path, out: Path, flags: Sequence[str], cwd: Path, filename: str,
-                 replacements: list[tuple[str, str]]) -> None:
+                 replacements: list[tuple[str, str]]) -> str:
     sdk = sdk_dir() / "tensorjob.zig"
     cmd = [sys.executable, "-m", "ziglang", "build-exe", *ZIG_FLAGS, *flags, "--name", "guest",
            f"-femit-bin={out}", "--dep", "tensorjob", f"-Mroot={os.path.relpath(src, cwd)}", f"-Mtensorjob={sdk}"]
-    _run_compiler(cmd, cwd, "zig", filename, replacements)
+    return _run_compiler(cmd, cwd, "zig", filename, replacements)
 
 
 _WAT_LOCATION = re.compile(r"-->\s*<anon>:(\d+):(\d+)")
@@ -373,25 +380,35 @@ def _compile_wat(source: str, filename: str) -> bytes:
 
 
 def compile_source(source: str, lang: str | None = None, *, filename: str = "guest",
-                   flags: Sequence[str] = (), cache: bool = True, _base: Path | None = None) -> bytes:
+                   flags: Sequence[str] = (), cache: bool = True, force: bool = False,
+                   _base: Path | None = None) -> bytes:
     """Compile guest source text to wasm bytes.
 
     ``lang`` is ``"c"``, ``"zig"`` or ``"wat"`` (detected when ``None``).
     ``filename`` names the file in diagnostics (``cell`` -> ``cell.c``).
     ``flags`` are extra compiler flags (e.g. ``["-DWINDOW=4096"]``).
+    ``cache=False`` neither reads nor writes the cache; ``force=True``
+    compiles again and replaces the cached module.
     Raises :class:`CompileError` with the compiler's diagnostics.
     """
+    return _compile(source, lang, filename, flags, cache, force, _base)[0]
+
+
+def _compile(source: str, lang: str | None, filename: str, flags: Sequence[str], cache: bool, force: bool,
+             base: Path | None) -> tuple[bytes, str, str]:
+    """(wasm, warnings, language); warnings are empty on a cache hit."""
     lang = _normalise_lang(lang) if lang else detect_language(source)
     name = _source_name(filename, lang)
-    deps = _local_dependencies(source, _base)
+    deps = _local_dependencies(source, base)
     key = _cache_key(lang, source, flags, name, deps)
-    if cache:
+    if cache and not force:
         hit = _cache_get(key)
         if hit is not None:
             with _stats_lock:
                 stats.cache_hits += 1
-            return hit
+            return hit, "", lang
 
+    warnings = ""
     if lang == "wat":
         wasm = _compile_wat(source, name)
     else:
@@ -399,71 +416,132 @@ def compile_source(source: str, lang: str | None = None, *, filename: str = "gue
             tmpdir = Path(tmp)
             out = tmpdir / "guest.wasm"
             replacements = [(str(tmpdir.resolve()), ""), (str(tmpdir), "")]
-            if _base is None:
+            if base is None:
                 src = tmpdir / name
                 src.write_text(source, encoding="utf-8")
                 cwd = tmpdir
             else:
-                src = _base / name
-                cwd = _base
-            if lang == "c":
-                _compile_c(src, out, flags, cwd, name, replacements)
-            else:
-                _compile_zig(src, out, flags, cwd, name, replacements)
+                src = base / name
+                cwd = base
+            build = _compile_c if lang == "c" else _compile_zig
+            warnings = build(src, out, flags, cwd, name, replacements)
             wasm = out.read_bytes()
         wasm = strip_linker_exports(wasm)
     if cache:
         _cache_put(key, wasm)
-    return wasm
+    return wasm, warnings, lang
+
+
+def _file_language(p: Path, source: str, lang: str | None) -> str:
+    return _normalise_lang(lang or _SUFFIX_LANG.get(p.suffix.lower()) or detect_language(source))
+
+
+def _compile_path(p: Path, lang: str | None, flags: Sequence[str], cache: bool,
+                  force: bool) -> tuple[bytes, str, str]:
+    source = p.read_text(encoding="utf-8")
+    lang = _file_language(p, source, lang)
+    # Local includes resolve next to the file, unless the compiler needs a copy named with the right suffix.
+    base = p.resolve().parent if lang != "wat" and _source_name(p.name, lang) == p.name else None
+    return _compile(source, lang, p.name, flags, cache, force, base)
 
 
 def compile_file(path: str | os.PathLike, lang: str | None = None, *, flags: Sequence[str] = (),
-                 cache: bool = True) -> bytes:
+                 cache: bool = True, force: bool = False) -> bytes:
     """Compile a guest source file; the language comes from the suffix or content.
 
     Local ``#include "x.h"`` / ``@import("x.zig")`` resolve next to the file,
     and their contents are part of the cache key.
     """
-    p = Path(path)
-    source = p.read_text(encoding="utf-8")
-    if lang is None:
-        lang = _SUFFIX_LANG.get(p.suffix.lower()) or detect_language(source)
-    lang = _normalise_lang(lang)
-    if lang == "wat":
-        return compile_source(source, lang, filename=p.name, flags=flags, cache=cache)
-    if _source_name(p.name, lang) != p.name:
-        # The compilers want the right suffix; build from a copy named so.
-        return compile_source(source, lang, filename=p.name, flags=flags, cache=cache)
-    return compile_source(source, lang, filename=p.name, flags=flags, cache=cache, _base=p.resolve().parent)
+    return _compile_path(Path(path), lang, flags, cache, force)[0]
 
 
-def load_guest(guest: str | os.PathLike | bytes | bytearray | memoryview) -> bytes:
-    """Wasm bytes for a guest given as bytes, a path, or source text.
+@dataclass(frozen=True)
+class GuestSource:
+    """A guest as the host takes it: a name, a language, wasm bytes and an origin.
 
-    * bytes starting with ``\\0asm``: returned as they are; other bytes are
-      taken as UTF-8 source text.
-    * a ``.wasm`` path: the file's bytes as they are.
-    * a ``.c``/``.zig``/``.wat`` path (or another suffix whose content is
-      recognisable): compiled (cached).
-    * a ``str`` that is not an existing file but contains a newline or starts
-      with ``(module``: compiled as source text.
+    ``language`` is ``"c"``, ``"zig"``, ``"wat"`` or ``"wasm"`` (given as a
+    module); ``origin`` is the file's path, ``"cell"`` or ``"bytes"``;
+    ``warnings`` holds what a successful compile printed (empty when the
+    module came from the cache or needed no compiling).
     """
-    if isinstance(guest, (bytes, bytearray, memoryview)):
-        data = bytes(guest)
-        if data.startswith(WASM_MAGIC):
-            return data
-        return compile_source(data.decode("utf-8"), None, filename="guest")
-    if isinstance(guest, str) and not os.path.exists(guest) and ("\n" in guest or guest.lstrip().startswith("(module")):
-        return compile_source(guest, None, filename="guest")
-    p = Path(guest)
-    if p.suffix.lower() == ".wasm":
-        return p.read_bytes()
-    if p.suffix.lower() in _SUFFIX_LANG:
-        return compile_file(p)
-    data = p.read_bytes()
-    if data.startswith(WASM_MAGIC):
-        return data
-    return compile_file(p, detect_language(data.decode("utf-8")))
+
+    name: str
+    language: str
+    wasm: bytes
+    origin: str
+    warnings: str = ""
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.wasm).hexdigest()
+
+    @classmethod
+    def from_wasm(cls, data: bytes | bytearray | memoryview, *, name: str = "guest.wasm",
+                  origin: str = "bytes") -> "GuestSource":
+        data = bytes(data)
+        if not data.startswith(WASM_MAGIC):
+            raise ValueError(f"{name} is not a WebAssembly module (no \\0asm header); for source code use "
+                             f"GuestSource.from_text or a .c/.zig/.wat file")
+        return cls(name, "wasm", data, origin)
+
+    @classmethod
+    def from_text(cls, source: str, *, lang: str | None = None, name: str = "cell", cflags: Sequence[str] = (),
+                  zigflags: Sequence[str] = (), force: bool = False) -> "GuestSource":
+        """Compile source text (a cell): C, Zig or WAT, named or detected."""
+        lang = _normalise_lang(lang) if lang else detect_language(source)
+        wasm, warnings, lang = _compile(source, lang, name, _flags_for(lang, cflags, zigflags), True, force, None)
+        return cls(_source_name(name, lang), lang, wasm, "cell", warnings)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike, *, lang: str | None = None, cflags: Sequence[str] = (),
+                  zigflags: Sequence[str] = (), force: bool = False) -> "GuestSource":
+        """A ``.wasm`` as it is; a ``.c``/``.zig``/``.wat`` (or recognisable) file compiled."""
+        p = Path(path)
+        if not os.path.isfile(p):  # False, not an error, for a name too long to be a path
+            shown = str(path) if len(str(path)) <= 200 else str(path)[:200] + "..."
+            raise FileNotFoundError(f"guest file not found: {shown}")
+        data = p.read_bytes()
+        if p.suffix.lower() == ".wasm" or data.startswith(WASM_MAGIC):
+            return cls.from_wasm(data, name=p.name, origin=str(p))
+        try:
+            source = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{path} is neither a WebAssembly module nor UTF-8 source text") from None
+        lang = _file_language(p, source, lang)
+        wasm, warnings, lang = _compile_path(p, lang, _flags_for(lang, cflags, zigflags), True, force)
+        return cls(p.name, lang, wasm, str(p), warnings)
+
+    @classmethod
+    def of(cls, guest: "GuestSource | bytes | bytearray | memoryview | str | os.PathLike") -> "GuestSource":
+        """A ``GuestSource`` as it is, wasm bytes, or a path (a ``str`` is always a path)."""
+        if isinstance(guest, GuestSource):
+            return guest
+        if isinstance(guest, (bytes, bytearray, memoryview)):
+            return cls.from_wasm(guest)
+        return cls.from_file(guest)
+
+
+def _flags_for(lang: str, cflags: Sequence[str], zigflags: Sequence[str]) -> tuple[str, ...]:
+    return tuple(cflags) if lang == "c" else tuple(zigflags) if lang == "zig" else ()
+
+
+def clear_cache() -> tuple[int, int]:
+    """Delete every cached module; returns (files, bytes) removed."""
+    import shutil
+
+    root = cache_dir()
+    files = [p for p in root.rglob("*.wasm")] if root.is_dir() else []
+    size = sum(p.stat().st_size for p in files)
+    if root.is_dir():
+        shutil.rmtree(root, ignore_errors=True)
+    return len(files), size
+
+
+def cache_usage() -> tuple[int, int]:
+    """(files, bytes) in the compile cache."""
+    root = cache_dir()
+    files = [p for p in root.rglob("*.wasm")] if root.is_dir() else []
+    return len(files), sum(p.stat().st_size for p in files)
 
 
 # --- post-processing --------------------------------------------------------------------
@@ -531,29 +609,3 @@ def strip_linker_exports(wasm: bytes) -> bytes:
         return bytes(out) if changed else wasm
     except (IndexError, ValueError):
         return wasm
-
-
-# --- command line ------------------------------------------------------------------------
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tensorjob_jupyter.compile guest.c [-o guest.wasm]``"""
-    ap = argparse.ArgumentParser(prog="python -m tensorjob_jupyter.compile", description=main.__doc__)
-    ap.add_argument("source")
-    ap.add_argument("-o", "--output")
-    ap.add_argument("--lang", choices=LANGS)
-    ap.add_argument("--no-cache", action="store_true")
-    args = ap.parse_args(argv)
-    try:
-        wasm = compile_file(args.source, args.lang, cache=not args.no_cache)
-    except CompileError as e:
-        print(e, file=sys.stderr)
-        return 1
-    out = Path(args.output) if args.output else Path(args.source).with_suffix(".wasm")
-    out.write_bytes(wasm)
-    print(f"{out} ({len(wasm)} bytes)")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

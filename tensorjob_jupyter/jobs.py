@@ -22,13 +22,14 @@ of them and ``KEEP_FINISHED_BYTES`` of envelopes in all.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import secrets
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import orjson
 
@@ -38,7 +39,11 @@ from .caps import Grants
 from .events import EventStream, Subscription
 from .inference.base import Backend
 from .limits import Limits
+from .options import limit_keywords as limit_keywords_applied
 from .runner import InferOptions, JobStats, Reactor, internal_error
+
+if TYPE_CHECKING:
+    from .compile import GuestSource
 
 log = logging.getLogger("tensorjob_jupyter")
 
@@ -56,13 +61,12 @@ def new_job_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
 
 
-def resolve_guest(guest: bytes | bytearray | str | os.PathLike) -> bytes:
-    """Wasm bytes for ``guest``: bytes pass through, files load or compile."""
-    if isinstance(guest, (bytes, bytearray, memoryview)):
-        return bytes(guest)
-    from .compile import load_guest  # the compiler is only needed for sources
+def resolve_guest(guest: "GuestSource | bytes | bytearray | str | os.PathLike") -> "GuestSource":
+    """The guest as a ``GuestSource``: given as one, as wasm bytes, or as a path
+    (a ``.wasm``, or a ``.c``/``.zig``/``.wat`` file compiled on the way)."""
+    from .compile import GuestSource  # the compiler is only needed for sources
 
-    return load_guest(guest)
+    return GuestSource.of(guest)
 
 
 class _DefaultModel:
@@ -79,19 +83,20 @@ DEFAULT_MODEL = _DefaultModel()
 class Job:
     """A tensor job. Construct, ``start()``, then ``wait()`` or ``cancel()``."""
 
-    def __init__(self, guest: bytes | str | os.PathLike, *, input: Any = None,
+    def __init__(self, guest: "GuestSource | bytes | str | os.PathLike", *, input: Any = None,
                  read: Iterable[str | os.PathLike] = (), backend: Backend | None | _DefaultModel = DEFAULT_MODEL,
                  model: str | os.PathLike | None = None,
                  limits: Limits | None = None, input_bytes: bytes = b"",
                  infer: InferOptions | None = None, runs_dir: str | os.PathLike | None = None,
-                 cwd: str | os.PathLike | None = None, name: str | None = None):
+                 cwd: str | os.PathLike | None = None, name: str | None = None, **limit_keywords: Any):
         self.id = new_job_id()
-        self.name = name or (Path(guest).name if isinstance(guest, (str, os.PathLike)) else "guest")
-        self.limits = limits or Limits()
+        self.limits = limit_keywords_applied(limits, limit_keywords, "Job")
         self.input, input_json = abi.checked_value({} if input is None else input, "the job input",
                                                    max_values=self.limits.max_command_values)
-        wasm = resolve_guest(guest)
-        self.guest_sha256 = _digest(wasm)
+        source = resolve_guest(guest)
+        self.name = name or source.name
+        wasm = source.wasm
+        self.guest_sha256 = source.sha256
         self.grants = Grants.for_paths(read, cwd)
         if backend is DEFAULT_MODEL:
             from .inference.lazy import model_backend
@@ -114,9 +119,12 @@ class Job:
         self.started_monotonic: float | None = None
         self.finished_at: float | None = None
         self.stream.publish("job.created", name=self.name,
-                            guest={"sha256": self.guest_sha256, "bytes": len(wasm)},
+                            guest={"name": source.name, "language": source.language, "origin": source.origin,
+                                   "sha256": self.guest_sha256, "bytes": len(wasm)},
                             input=self.input, grants=[str(r) for r in self.grants.roots],
-                            limits=self.limits.to_json(), model=backend.model_name if backend else None)
+                            input_bytes={"bytes": len(input_bytes), "sha256": hashlib.sha256(input_bytes).hexdigest()},
+                            limits=self.limits.to_json(), model=backend.model_name if backend else None,
+                            infer=self._reactor.infer_options.to_json())
         _register(self)
 
     # -- lifecycle -----------------------------------------------------------------
@@ -266,12 +274,6 @@ def _forget_old_jobs() -> None:
             old = finished.pop(0)
             kept -= old.retained_bytes
             del _JOBS[old.id]
-
-
-def _digest(wasm: bytes) -> str:
-    from .guest import module_digest
-
-    return module_digest(wasm)
 
 
 def _encode_envelope(job_id: str, envelope: Envelope) -> bytes:

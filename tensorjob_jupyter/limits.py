@@ -3,74 +3,89 @@
 A guest is hostile until proven otherwise, so nothing it can ask for is
 unbounded: the time of each call into it and of the whole job, its CPU work
 (optional fuel), its linear memory and native stack, the number of steps and
-open handles, the size of an ``emit`` payload and of a ``slice`` window, its
-streamed output, and the tokens the job may generate. ``Limits`` is a frozen
-value; derive variants with ``limits.replace(...)``.
+open handles, the size of an ``emit`` payload, a ``slice`` window, a command
+and the result, its streamed output, and the tokens the job may generate.
+
+``Limits`` is a frozen value; derive variants with ``limits.replace(...)``.
+It is also the one table the entry points are built from: each field's
+metadata gives its help text and its unit (seconds, bytes or a count), and
+``options.py`` turns every field into a command-line flag, a ``TensorJob``
+traitlet and a Python keyword, so no limit is described twice.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 KiB = 1024
 MiB = 1024 * KiB
 
+SECONDS, BYTES, COUNT = "seconds", "bytes", "count"
+#: Limits that may be None: no job deadline, no fuel metering.
+OPTIONAL = frozenset({"job_timeout_s", "fuel"})
+
+
+def _limit(default, unit: str, help: str, *, flag: str | None = None):
+    return field(default=default, metadata={"unit": unit, "help": help, "flag": flag})
+
 
 @dataclass(frozen=True)
 class Limits:
-    #: Wall-clock deadline for each call into the guest (cf_init, cf_step,
-    #: cf_on_token, cf_alloc). A guest spinning past it ends with ``timeout``.
-    call_timeout_s: float = 10.0
-    #: Wall-clock budget for the whole job, inference included.
-    job_timeout_s: float | None = 600.0
-    #: Optional instruction budget for the whole job (wasmtime fuel units);
-    #: ``None`` disables fuel metering. Exhausting it is ``timeout``.
-    fuel: int | None = None
-    #: The most linear memory the guest may have; ``memory.grow`` past it fails.
-    memory_bytes: int = 256 * MiB
-    #: Native stack for wasm frames; deeper recursion traps (``wasm_trap``).
-    stack_bytes: int = 1 * MiB
-    #: Commands the guest may return before the job fails with ``limit_exceeded``.
-    max_steps: int = 1_000_000
-    #: Largest ``emit`` payload, in bytes of compact JSON.
-    max_emit_bytes: int = 64 * KiB
-    #: Largest window one ``slice``/``slice_bytes`` returns; larger asks get less.
-    max_window_bytes: int = 4 * MiB
-    #: Files a job may hold open at once.
-    max_handles: int = 64
-    #: Tokens the whole job may generate; each infer's max_tokens is clamped.
-    max_tokens: int = 32_768
-    #: Largest JSON command a guest may return.
-    max_command_bytes: int = 16 * MiB
-    #: JSON values (array elements, object members) in one command, counted on
-    #: its bytes before it is parsed: parsing costs far more memory than bytes.
-    max_command_values: int = 1_000_000
-    #: Largest ``done`` result, in bytes of compact JSON. A finished job keeps
-    #: its result, so this bounds what it holds; big output belongs in
-    #: ``emit-chunk`` (streamed to disk).
-    max_result_bytes: int = 1 * MiB
-    #: Total bytes of events a job may publish (its transcript, as JSON):
-    #: bounds the host's memory and disk whatever the guest emits or streams.
-    max_event_bytes: int = 256 * MiB
-    #: Texts in one ``embed`` command, and their total UTF-8 bytes.
-    max_embed_texts: int = 256
-    max_embed_bytes: int = 1 * MiB
-    #: Largest single ``emit-chunk`` (wasi:tensor streaming output).
-    max_chunk_bytes: int = 64 * KiB
-    #: Total streamed output per job; ``emit-chunk`` past it returns -2.
-    max_stream_bytes: int = 64 * MiB
+    call_timeout_s: float = _limit(10.0, SECONDS, "wall-clock deadline of each call into the guest "
+                                   "(cf_init, cf_step, cf_on_token, cf_alloc); past it: timeout",
+                                   flag="--call-timeout")
+    job_timeout_s: float | None = _limit(600.0, SECONDS, "wall-clock budget of the whole job, inference "
+                                         "included; past it: timeout", flag="--timeout")
+    fuel: int | None = _limit(None, COUNT, "instruction budget of the whole job (wasmtime fuel); "
+                              "off unless set; exhausted: timeout")
+    memory_bytes: int = _limit(256 * MiB, BYTES, "the most linear memory the guest may have; "
+                               "memory.grow past it returns -1")
+    stack_bytes: int = _limit(1 * MiB, BYTES, "native stack for wasm frames; deeper recursion traps")
+    max_steps: int = _limit(1_000_000, COUNT, "commands the guest may return before the job fails")
+    max_emit_bytes: int = _limit(64 * KiB, BYTES, "largest emit payload, as compact JSON")
+    max_window_bytes: int = _limit(4 * MiB, BYTES, "largest window one slice returns; larger asks get less")
+    max_handles: int = _limit(64, COUNT, "files a job may hold open at once")
+    max_tokens: int = _limit(32_768, COUNT, "tokens the whole job may generate; each infer is clamped to "
+                             "what is left")
+    max_command_bytes: int = _limit(16 * MiB, BYTES, "largest JSON command a guest may return")
+    max_command_values: int = _limit(1_000_000, COUNT, "JSON values (array elements, object members) in one "
+                                     "command, counted on its bytes before it is parsed")
+    max_result_bytes: int = _limit(1 * MiB, BYTES, "largest done result, as compact JSON (a finished job "
+                                   "keeps its result; stream big output with emit-chunk)")
+    max_event_bytes: int = _limit(256 * MiB, BYTES, "everything the job may publish (its transcript, as JSON)")
+    max_embed_texts: int = _limit(256, COUNT, "texts in one embed command")
+    max_embed_bytes: int = _limit(1 * MiB, BYTES, "UTF-8 bytes of the texts of one embed command")
+    max_chunk_bytes: int = _limit(64 * KiB, BYTES, "largest single emit-chunk of streamed output")
+    max_stream_bytes: int = _limit(64 * MiB, BYTES, "streamed output of the whole job; emit-chunk past it "
+                                   "returns -2")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if value is None and f.name in ("job_timeout_s", "fuel"):
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"limit {f.name} must be a positive number, got {value!r}")
+            try:
+                check(f.name, getattr(self, f.name))
+            except ValueError as e:
+                raise ValueError(f"limit {f.name} {e}") from None
 
     def replace(self, **changes) -> "Limits":
         return dataclasses.replace(self, **changes)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
+
+
+FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Limits)}
+
+
+def check(name: str, value) -> None:
+    """Raise ``ValueError`` if ``value`` is not a valid ``name`` limit (the message
+    says what is wrong, not where it came from: callers name their own flag)."""
+    if name not in FIELDS:
+        raise ValueError(f"there is no limit called {name!r}")
+    if value is None and name in OPTIONAL:
+        return
+    unit = FIELDS[name].metadata["unit"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"must be a positive number, got {value!r}")
+    if unit != SECONDS and not float(value).is_integer():
+        raise ValueError(f"must be a whole number, got {value!r}")

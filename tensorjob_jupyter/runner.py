@@ -101,6 +101,10 @@ class InferOptions:
     lora: tuple[LoraChoice, ...] = ()
     chat: bool = False
 
+    def to_json(self) -> dict:
+        return {"sampler": self.sampler.to_json(), "cache_prompt": self.cache_prompt,
+                "lora": [{"name": c.name, "scale": c.scale} for c in self.lora], "chat": self.chat}
+
 
 @dataclass
 class JobStats:

@@ -102,7 +102,7 @@ def test_terminal_control_sequences_from_a_guest_are_stripped(tmp_path):
     (["run", "missing.wasm"], "guest file not found: missing.wasm"),
     (["run", "{guest}", "--input", "{not json"], "--input is not valid JSON"),
     (["run", "{guest}", "--read", "/no/such/dir"], "--read /no/such/dir: no such file or directory"),
-    (["run", "{guest}", "--max-tokens", "many"], "invalid int value"),
+    (["run", "{guest}", "--max-tokens", "many"], "--max-tokens: 'many' is not a whole number"),
     (["run", "{guest}", "--timeout", "-3"], "--timeout must be a positive number"),
     (["run", "{guest}", "--model", "/no/model.gguf"], "model file not found"),
     (["frobnicate"], "invalid choice"),

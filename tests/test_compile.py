@@ -199,22 +199,27 @@ def test_detect_language_refuses_prose():
         tjc.detect_language("just some words\n")
 
 
-def test_load_guest_accepts_bytes_paths_and_sources(tmp_path):
+def test_a_guest_source_from_bytes_paths_and_text(tmp_path):
     wasm = tjc.compile_source(WAT_SRC, "wat")
-    assert tjc.load_guest(wasm) == wasm
-    assert tjc.load_guest(bytearray(wasm)) == wasm
+    assert tjc.GuestSource.of(wasm).wasm == wasm and tjc.GuestSource.of(bytearray(wasm)).language == "wasm"
     (tmp_path / "g.wasm").write_bytes(b"\0asm-not-checked")
-    assert tjc.load_guest(tmp_path / "g.wasm") == b"\0asm-not-checked"  # as it is
+    g = tjc.GuestSource.of(tmp_path / "g.wasm")
+    assert (g.wasm, g.name, g.language, g.origin) == (b"\0asm-not-checked", "g.wasm", "wasm", str(tmp_path / "g.wasm"))
     (tmp_path / "g.wat").write_text(WAT_SRC)
-    assert tjc.load_guest(str(tmp_path / "g.wat")) == wasm
+    g = tjc.GuestSource.of(str(tmp_path / "g.wat"))
+    assert (g.wasm, g.language) == (wasm, "wat")
     (tmp_path / "g.c").write_text(C_SRC)
-    assert ABI <= {e.name for e in _module(tjc.load_guest(tmp_path / "g.c")).exports}
+    g = tjc.GuestSource.of(tmp_path / "g.c")
+    assert g.language == "c" and ABI <= {e.name for e in _module(g.wasm).exports}
     (tmp_path / "noext").write_bytes(wasm)
-    assert tjc.load_guest(tmp_path / "noext") == wasm
-    assert tjc.load_guest(WAT_SRC) == wasm  # source text
-    assert tjc.load_guest(WAT_SRC.encode()) == wasm
+    assert tjc.GuestSource.of(tmp_path / "noext").wasm == wasm
+    cell = tjc.GuestSource.from_text(WAT_SRC)
+    assert (cell.wasm, cell.language, cell.name, cell.origin) == (wasm, "wat", "cell.wat", "cell")
+    # A string is always a path, never source text; bytes are always a module.
     with pytest.raises(FileNotFoundError):
-        tjc.load_guest(tmp_path / "missing.c")
+        tjc.GuestSource.of(WAT_SRC)
+    with pytest.raises(ValueError, match="not a WebAssembly module"):
+        tjc.GuestSource.of(WAT_SRC.encode())
 
 
 def test_local_includes_are_part_of_the_cache_key(tmp_path):
@@ -249,11 +254,74 @@ def test_strip_linker_exports_drops_only_linker_globals():
     assert tjc.strip_linker_exports(b"not wasm") == b"not wasm"
 
 
-def test_command_line(tmp_path, capsys):
+def test_command_line(tmp_path):
+    from tensorjob_jupyter.cli import main
+    import io
+
     src = tmp_path / "cli.c"
     src.write_text(C_SRC)
-    assert tjc.main([str(src), "-o", str(tmp_path / "out.wasm")]) == 0
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["compile", str(src), "-o", str(tmp_path / "out.wasm")], out=out, err=err) == 0
     assert (tmp_path / "out.wasm").read_bytes().startswith(b"\0asm")
     src.write_text("int broken(\n")
-    assert tjc.main([str(src)]) == 1
-    assert "cli.c:" in capsys.readouterr().err
+    assert main(["compile", str(src)], out=out, err=err) == 1
+    assert "cli.c:" in err.getvalue()
+
+# --- compiling like %%cython: --force, flags, warnings, the cache ------------------------------
+
+WARNS = """#include "tensorjob.h"
+tj_cmd guest_init(tj_json input) { int unused_here = 3; return tj_done(input); }
+tj_cmd guest_step(tj_event ev) { return tj_fail("unsupported", ev.name); }
+"""
+
+
+def test_warnings_are_kept_when_the_compile_succeeds_and_force_compiles_again():
+    tjc.stats.reset()
+    first = tjc.GuestSource.from_text(WARNS, name="cell", cflags=["-Wall"])
+    assert "unused_here" in first.warnings and "cell.c:" in first.warnings
+    again = tjc.GuestSource.from_text(WARNS, name="cell", cflags=["-Wall"])
+    assert again.wasm == first.wasm and again.warnings == "" and tjc.stats.compiler_runs == 1  # from the cache
+    forced = tjc.GuestSource.from_text(WARNS, name="cell", cflags=["-Wall"], force=True)
+    assert tjc.stats.compiler_runs == 2 and "unused_here" in forced.warnings
+    plain = tjc.GuestSource.from_text(WARNS, name="cell")  # other flags: another cache entry, no -Wall
+    assert tjc.stats.compiler_runs == 3 and "unused_here" not in plain.warnings
+
+
+def test_flags_reach_the_compiler_of_their_language(tmp_path):
+    src = '#include "tensorjob.h"\ntj_cmd guest_init(tj_json i) { return tj_done(tj_jsonf("%d", N)); }\n' \
+          'tj_cmd guest_step(tj_event ev) { return tj_done(i_am_not_defined); }\n'
+    with pytest.raises(tjc.CompileError):
+        tjc.GuestSource.from_text(src, cflags=["-DN=4"])  # the step's error stays
+    good = src.replace("i_am_not_defined", "tj_jsonf(\"0\")")
+    assert tjc.GuestSource.from_text(good, cflags=["-DN=4"], zigflags=["-nonsense"]).language == "c"
+    with pytest.raises(tjc.CompileError, match="N"):
+        tjc.GuestSource.from_text(good, zigflags=["-DN=4"])  # zig flags do not reach the C compiler
+
+
+def test_the_cache_command_shows_and_clears(own_cache):
+    from tensorjob_jupyter.cli import main
+    import io
+
+    tjc.GuestSource.from_text(WAT_SRC)
+    out = io.StringIO()
+    assert main(["cache"], out=out, err=io.StringIO()) == 0
+    assert str(own_cache) in out.getvalue() and "1 cached modules" in out.getvalue()
+    out = io.StringIO()
+    assert main(["cache", "--clear"], out=out, err=io.StringIO()) == 0
+    assert "removed 1 cached modules" in out.getvalue() and tjc.cache_usage() == (0, 0)
+
+
+def test_the_cell_magic_shows_warnings_and_the_cache(own_cache, capsys):
+    from IPython.testing import globalipapp
+
+    globalipapp.start_ipython()
+    ip = globalipapp.get_ipython()
+    ip.run_line_magic("load_ext", "tensorjob_jupyter")
+    value = ip.run_cell_magic("tensorjob", "--cflags=-Wall --quiet", WARNS.replace("tj_done(input)", "tj_done(tj_jsonf(\"7\"))"))
+    assert value == 7
+    assert "unused_here" in capsys.readouterr().err
+    ip.run_line_magic("tensorjob", "cache")
+    assert str(own_cache) in capsys.readouterr().out
+    ip.run_line_magic("tensorjob", "cache clear")
+    assert "removed" in capsys.readouterr().out and tjc.cache_usage() == (0, 0)
+    assert "compile cache" in ip.magics_manager.magics["line"]["tensorjob"].__doc__

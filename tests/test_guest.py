@@ -27,7 +27,10 @@ def failed(env, code):
 
 
 def test_bytes_that_are_not_wasm_fail_as_a_trap(healthy):
-    assert "not a WebAssembly module" in failed(tj.run(b"hello, I am text"), codes.WASM_TRAP)
+    with pytest.raises(ValueError, match="not a WebAssembly module"):
+        tj.Job(b"hello, I am text")  # bytes are a module, never source text
+    with pytest.raises(GuestTrap, match="not a WebAssembly module"):
+        Guest(b"hello, I am text")
     assert "invalid WebAssembly module" in failed(tj.run(b"\0asm\x01\0\0\0garbage"), codes.WASM_TRAP)
 
 

@@ -318,7 +318,7 @@ def test_jobs_listing_is_inert(capsys):
     tj.run(wat.script_guest([{"cmd": "fail", "code": "\x1b[31mred\u202e\n", "message": "m"}]), backend=None)
     TensorJob(shell=globalipapp.get_ipython())._list_jobs()
     out = capsys.readouterr().out
-    assert "\x1b" not in out and "\u202e" not in out and "failed     guest  red⏎" in out
+    assert "\x1b" not in out and "\u202e" not in out and "failed     guest.wasm  red⏎" in out
 
 
 def test_a_deep_result_never_kills_the_view():

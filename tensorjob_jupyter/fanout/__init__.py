@@ -66,7 +66,8 @@ from .run import MapRun
 from .start import map, start_map
 
 # Importable from here, as when the package was one module, but not in __all__.
-from .cli import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, SHOW_FAILURES  # noqa: F401
+from ..options import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, EXIT_USAGE  # noqa: F401
+from .cli import SHOW_FAILURES  # noqa: F401
 from .folder import FAILURES, JOBS, LEDGER, LEDGER_FORMAT, RESULTS  # noqa: F401
 from .items import CANCEL_POLL_S, DEFAULT_MODEL_NAME, failed_outcome, process_backend_count  # noqa: F401
 from .local import LocalExecutor  # noqa: F401

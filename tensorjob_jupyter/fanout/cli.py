@@ -15,19 +15,14 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from ..limits import Limits
-from ..runner import InferOptions
+from ..options import (EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobOptions, OptionError,
+                       add_job_arguments)
 from .errors import MapError
 from .progress import MapResult
 from .run import MapRun
 from .start import DEFAULT_CONCURRENCY, start_map
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
 SHOW_FAILURES = 20
-
-
-class _Usage(Exception):
-    pass
 
 
 def add_map_parser(subparsers) -> argparse.ArgumentParser:
@@ -39,30 +34,30 @@ def add_map_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--over", required=True, metavar="MANIFEST", help="the items: a JSONL file, one input a line")
     p.add_argument("--run-dir", required=True, metavar="DIR",
                    help="where results.jsonl, failures.jsonl and the ledger go; rerun to resume")
-    p.add_argument("--read", action="append", default=[], metavar="PATH",
-                   help="grant every item read access to a file or directory (repeatable)")
     p.add_argument("--concurrency", type=int, default=None, metavar="N",
                    help=f"items at once (default {DEFAULT_CONCURRENCY}; on a cluster, in flight)")
     p.add_argument("--cluster", default=None, metavar="ADDRESS", help="run items on this Dask scheduler")
-    p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="token budget for each item")
-    p.add_argument("--timeout", type=float, default=None, metavar="S", help="time limit for each item, seconds")
-    p.add_argument("--model", default=None, metavar="PATH",
-                   help="a GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--chat", action="store_true", help="apply the model's chat template to each prompt")
     p.add_argument("--retry-failed", action="store_true", help="on resume, run the failed items again")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout, nothing else")
     p.add_argument("--quiet", "-q", action="store_true", help="no live progress on stderr")
+    add_job_arguments(p, one_job=False)
     return p
 
 
 def cmd_map(args, out: TextIO, err: TextIO) -> int:
-    """``tensorjob map``: 0 every item completed, 1 some failed, 2 usage error, 130 Ctrl-C."""
+    """``tensorjob map``: 0 every item completed, 1 some failed or the guest did not compile,
+    2 usage error (anything that keeps the map from starting, one line), 130 Ctrl-C."""
     from ..text import for_terminal, json_text
 
+    from ..compile import CompileError
+
     try:
-        run = _start_from_args(args)
-    except _Usage as e:
-        err.write(f"tensorjob: error: {e}\n")
+        run = _start_from_args(args, err)
+    except CompileError as e:
+        err.write(f"tensorjob: the guest does not compile:\n{e}\n")
+        return EXIT_FAILED
+    except OptionError as e:
+        err.write(f"tensorjob: error: {for_terminal(str(e), one_line=True)}\n")
         return EXIT_USAGE
     printer = _ProgressPrinter(err, quiet=args.quiet)
     run.subscribe(printer)
@@ -81,34 +76,23 @@ def cmd_map(args, out: TextIO, err: TextIO) -> int:
     return EXIT_OK if result.ok else EXIT_FAILED
 
 
-def _start_from_args(args) -> MapRun:
-    if not Path(args.guest).is_file():
-        raise _Usage(f"guest file not found: {args.guest}")
-    for path in args.read:
-        if not Path(path).exists():
-            raise _Usage(f"--read {path}: no such file or directory")
-    if args.model is not None and not Path(args.model).is_file():
-        raise _Usage(f"model file not found: {args.model}")
-    limits = Limits()
-    try:
-        if args.max_tokens is not None:
-            limits = limits.replace(max_tokens=args.max_tokens)
-        if args.timeout is not None:
-            limits = limits.replace(job_timeout_s=args.timeout)
-    except ValueError:
-        raise _Usage("--max-tokens and --timeout must be positive numbers") from None
+def _start_from_args(args, err: TextIO) -> MapRun:
+    options = JobOptions.from_args(args)
     if args.concurrency is not None and args.concurrency < 1:
-        raise _Usage("--concurrency must be at least 1")
-    from ..compile import CompileError
-
+        raise OptionError("--concurrency must be at least 1")
     try:
-        return start_map(args.guest, args.over, args.run_dir, read=args.read, limits=limits, model=args.model,
-                         infer=InferOptions(chat=args.chat), concurrency=args.concurrency,
-                         cluster=args.cluster, retry_failed=args.retry_failed)
-    except (MapError, CompileError, OSError) as e:
-        raise _Usage(_one_line(e)) from None
+        guest = options.guest(args.guest)
+    except FileNotFoundError as e:
+        raise OptionError(str(e)) from None
+    if guest.warnings:
+        err.write(f"{guest.warnings}\n")
+    try:
+        return start_map(guest, args.over, args.run_dir, concurrency=args.concurrency, cluster=args.cluster,
+                         retry_failed=args.retry_failed, **options.map_kwargs())
+    except (MapError, OSError, ValueError) as e:
+        raise OptionError(_one_line(e)) from None
     except Exception as e:  # noqa: BLE001 - e.g. the cluster cannot be reached
-        raise _Usage(f"{type(e).__name__}: {_one_line(e)}") from None
+        raise OptionError(f"{type(e).__name__}: {_one_line(e)}") from None
 
 
 def _one_line(e: object) -> str:

@@ -108,6 +108,11 @@ class ItemSpec:
     backend: BackendSpec
     runs_dir: str
     name: str = "guest"
+    input_bytes: bytes = b""
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.wasm).hexdigest()
 
 
 # --- one item -----------------------------------------------------------------------
@@ -124,7 +129,8 @@ def run_item(spec: ItemSpec, backend: Backend, index: int, item: Any,
     started = time.perf_counter()
     try:
         job = Job(spec.wasm, input=item, read=spec.read, backend=backend, limits=spec.limits,
-                  infer=spec.infer, runs_dir=spec.runs_dir, cwd=spec.cwd, name=f"{spec.name}[{index}]")
+                  infer=spec.infer, runs_dir=spec.runs_dir, cwd=spec.cwd, name=f"{spec.name}[{index}]",
+                  input_bytes=spec.input_bytes)
     except Exception as e:  # noqa: BLE001 - a host error fails this item only
         error = internal_error(f"{spec.name}[{index}]", e)
         return failed_outcome(index, error.code, error.message)

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from ..inference.base import Backend
 from ..jobs import resolve_guest
 from ..limits import Limits
+from ..options import limit_keywords as limit_keywords_applied
 from ..runner import InferOptions
 from .folder import JOBS, RunFolder
 from .items import BackendSpec, ItemSpec, process_backend
@@ -25,15 +26,19 @@ from .manifest import read_manifest
 from .progress import MapResult
 from .run import MapRun
 
+if TYPE_CHECKING:
+    from ..compile import GuestSource
+
 DEFAULT_CONCURRENCY = 4
 
 
-def start_map(guest: bytes | str | os.PathLike, manifest: str | os.PathLike | Sequence[Any],
+def start_map(guest: "GuestSource | bytes | str | os.PathLike", manifest: str | os.PathLike | Sequence[Any],
               run_dir: str | os.PathLike, *, read: Iterable[str | os.PathLike] = (),
               limits: Limits | None = None, backend: Backend | Callable[[], Backend] | None = None,
               model: str | os.PathLike | None = None, model_options: dict | None = None,
-              infer: InferOptions | None = None, concurrency: int | None = None, cluster: Any = None,
-              retry_failed: bool = False, retries: int = 1, fsync: bool = True) -> MapRun:
+              infer: InferOptions | None = None, input_bytes: bytes = b"", runs_dir: str | os.PathLike | None = None,
+              concurrency: int | None = None, cluster: Any = None, retry_failed: bool = False, retries: int = 1,
+              fsync: bool = True, **limit_keywords: Any) -> MapRun:
     """Check everything, open the run folder and start the map on a background thread.
 
     ``backend``: a backend instance (local runs only), or a picklable factory
@@ -47,18 +52,21 @@ def start_map(guest: bytes | str | os.PathLike, manifest: str | os.PathLike | Se
     process), a scheduler address, a ``distributed.Client`` or a Dask cluster
     object. ``retries``: Dask retries of an item whose task raised (a worker
     that dies is retried by Dask regardless, up to ``allowed-failures``).
+    ``input_bytes`` are staged for every item's ``read-input``; item
+    transcripts go under ``run_dir/jobs`` unless ``runs_dir`` says where.
+    Limit keywords (``max_tokens=...``) apply to every item, as in ``Job``.
     Raises ``ManifestError``/``ResumeRefused``/``ValueError`` before any item runs.
     """
     items = read_manifest(manifest)
     if concurrency is not None and concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
-    spec, instance = _item_spec(guest, read, limits, backend, model, model_options, infer, run_dir)
+    limits = limit_keywords_applied(limits, limit_keywords, "start_map")
+    spec, instance = _item_spec(guest, read, limits, backend, model, model_options, infer, input_bytes,
+                                runs_dir if runs_dir is not None else Path(run_dir).absolute() / JOBS)
     folder = RunFolder(run_dir, fsync=fsync)
     executor = _executor(spec, instance, concurrency, cluster, retries)
     try:
-        from ..guest import module_digest
-
-        folder.open(items, module_digest(spec.wasm), retry_failed=retry_failed,
+        folder.open(items, spec.sha256, retry_failed=retry_failed,
                     where=getattr(executor, "where", "local"))
     except BaseException:
         close = getattr(executor, "close", None)
@@ -79,8 +87,8 @@ def map(guest: bytes | str | os.PathLike, manifest: str | os.PathLike | Sequence
         return run.wait()
 
 
-def _item_spec(guest, read, limits, backend, model, model_options, infer,
-               run_dir) -> tuple[ItemSpec, Backend | None]:
+def _item_spec(guest, read, limits, backend, model, model_options, infer, input_bytes,
+               runs_dir) -> tuple[ItemSpec, Backend | None]:
     cwd = os.getcwd()
     grants = []
     for p in read:
@@ -93,10 +101,10 @@ def _item_spec(guest, read, limits, backend, model, model_options, infer,
     factory = backend if backend is not None and instance is None else None
     if factory is not None and not callable(factory):
         raise ValueError(f"backend must be a backend or a factory returning one, got {backend!r}")
-    name = Path(guest).name if isinstance(guest, (str, os.PathLike)) else "guest"
-    spec = ItemSpec(wasm=resolve_guest(guest), read=tuple(grants), cwd=cwd, limits=limits or Limits(),
+    source = resolve_guest(guest)
+    spec = ItemSpec(wasm=source.wasm, read=tuple(grants), cwd=cwd, limits=limits or Limits(),
                     infer=infer, backend=BackendSpec.of(factory, model, model_options),
-                    runs_dir=str(Path(run_dir).absolute() / JOBS), name=name)
+                    runs_dir=str(Path(runs_dir).absolute()), name=source.name, input_bytes=bytes(input_bytes))
     return spec, instance
 
 

@@ -1,0 +1,346 @@
+"""Job options, written once: one table, one value, one way onto a parser.
+
+Every way to start a job -- ``%%tensorjob``, ``%tensorjob run``, ``%tensorjob
+map``, ``tensorjob run``, ``tensorjob map``, and ``tj.Job``/``tj.run``/
+``tj.map`` -- takes the same options under the same names, checked the same
+way:
+
+* ``OPTIONS`` is the table: each row is one option -- its keyword (the Python
+  name, and the ``TensorJob`` traitlet where it has one), its flag, how its
+  text is read, its help. The limits are rows too, made from ``Limits``
+  itself (``limits.FIELDS``), so a new limit is a flag, a traitlet and a
+  keyword with no other line written.
+* ``add_job_arguments(parser)`` puts the table on any argparse parser: the
+  command's subcommands, and the magics' (``magic_arguments`` is argparse
+  underneath; see ``job_arguments``).
+* ``JobOptions`` is the value: ``from_args`` reads a parsed namespace over
+  defaults (the traitlets in a notebook, the built-in ones elsewhere) and
+  checks everything -- files exist, the input is JSON (or ``$name``, a
+  notebook variable) held to the guest rule, each limit is valid -- or raises
+  one ``OptionError`` naming the flag. ``job_kwargs`` and ``map_kwargs`` are
+  what ``Job`` and ``start_map`` take.
+* ``EXIT_*`` are the exit codes of both commands.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from . import limits as limits_table
+from .abi import checked_value
+from .limits import BYTES, COUNT, SECONDS, Limits
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
+
+
+class OptionError(ValueError):
+    """An option that cannot be used: one line, naming the flag (exit 2, or a ``UsageError``)."""
+
+
+# --- reading an option's text ---------------------------------------------------------
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]i?[bB]?|[bB])?\s*$")
+_SCALE = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def parse_bytes(text: str) -> int:
+    """``4096``, ``64KiB``, ``1.5MiB``, ``2G``: a size in bytes (binary units)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a size (e.g. 4096, 64KiB, 16MiB)")
+    value = float(m.group(1)) * _SCALE[(m.group(2) or "")[:1].lower()]
+    if not value.is_integer():
+        raise ValueError(f"{text!r} is not a whole number of bytes")
+    return int(value)
+
+
+def _parse_limit(unit: str, text: str) -> Any:
+    if text.strip().lower() in ("none", "off"):
+        return None
+    try:
+        if unit == SECONDS:
+            return float(text)
+        if unit == BYTES:
+            return parse_bytes(text)
+        return int(text)
+    except ValueError:
+        what = {SECONDS: "a number of seconds", BYTES: "a size (e.g. 4096, 64KiB, 16MiB)"}.get(unit, "a whole number")
+        raise OptionError(f"{text!r} is not {what}") from None
+
+
+# --- the table --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Option:
+    """One row of the table."""
+
+    name: str  # the Python keyword and the JobOptions field
+    flag: str
+    help: str
+    metavar: str | None = None
+    kind: str = "text"  # text, path, paths, json, switch, float, int, flags, or a limit unit
+    trait: str | None = None  # the TensorJob traitlet that gives its default, if any
+    one_job: bool = False  # only where one job runs (a map's inputs come from its manifest)
+
+    @property
+    def is_limit(self) -> bool:
+        return self.name in limits_table.FIELDS
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("read", "--read", "grant read access to a file or directory (repeatable)", "PATH", "paths"),
+    Option("input", "--input", "the job input: a JSON value (in a notebook also $name, a variable)", "JSON",
+           "json", one_job=True),
+    Option("input_file", "--input-file", "stage F's bytes for the guest's wasi:tensor read-input", "F", "path"),
+    Option("model", "--model", "a GGUF model file (default: the embedded SmolLM2-135M-Instruct)", "PATH", "path",
+           trait="model_path"),
+    Option("chat", "--chat", "apply the model's chat template to each prompt", kind="switch", trait="chat"),
+    Option("temperature", "--temperature", "sampling temperature (0: greedy)", "T", "float", trait="temperature"),
+    Option("seed", "--seed", "sampling seed", "N", "int", trait="seed"),
+    Option("runs", "--runs", "where job transcripts go (default $TENSORJOB_RUNS or ~/.tensorjob/runs; a map's "
+           "go under its run folder)", "DIR", trait="runs_dir"),
+    Option("cflags", "--cflags", "extra flags for the C compiler (zig cc), as one argument: "
+           "--cflags='-DN=4 -O2'", "FLAGS", "flags", trait="cflags"),
+    Option("zigflags", "--zigflags", "extra flags for zig build-exe, as one argument: --zigflags='-O ReleaseFast'",
+           "FLAGS", "flags", trait="zigflags"),
+    Option("force", "--force", "compile again even if the guest is in the compile cache", kind="switch"),
+) + tuple(
+    Option(name, f.metadata["flag"] or "--" + name.replace("_", "-"), f.metadata["help"],
+           {SECONDS: "S", BYTES: "BYTES", COUNT: "N"}[f.metadata["unit"]], f.metadata["unit"], trait=name)
+    for name, f in limits_table.FIELDS.items()
+)
+BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+
+
+def add_job_arguments(parser, *, one_job: bool = True) -> None:
+    """Add every job option to an argparse parser (or group). ``one_job=False``
+    leaves out what a map takes from its manifest (``--input``)."""
+    groups = {False: parser, True: parser}
+    if hasattr(parser, "add_argument_group"):
+        groups[True] = parser.add_argument_group("limits", "bounds of the job (Limits fields; sizes take KiB, MiB, GiB)")
+    for opt in OPTIONS:
+        if opt.one_job and not one_job:
+            continue
+        target = groups[opt.is_limit]
+        if opt.kind == "switch":
+            target.add_argument(opt.flag, dest=opt.name, action="store_true", default=None, help=opt.help)
+        elif opt.kind == "paths":
+            target.add_argument(opt.flag, dest=opt.name, action="append", default=None, metavar=opt.metavar,
+                                help=opt.help)
+        else:
+            target.add_argument(opt.flag, dest=opt.name, default=None, metavar=opt.metavar, help=opt.help)
+
+
+def job_arguments(one_job: bool = True):
+    """A ``magic_arguments`` decorator adding every job option to a magic."""
+    from IPython.core.magic_arguments import ArgDecorator
+
+    class _JobArguments(ArgDecorator):
+        def add_to_parser(self, parser, group):
+            add_job_arguments(group if group is not None else parser, one_job=one_job)
+
+    return _JobArguments()
+
+
+def traitlets() -> dict[str, Any]:
+    """A configurable traitlet for every option that has one, named by ``Option.trait``."""
+    from traitlets import Bool, Float, Int, Unicode
+
+    defaults = JobOptions()
+    out: dict[str, Any] = {}
+    for opt in OPTIONS:
+        if opt.trait is None:
+            continue
+        if opt.is_limit:
+            default = getattr(defaults.limits, opt.name)
+            optional = opt.name in limits_table.OPTIONAL
+            trait = (Float if opt.kind == SECONDS else Int)(default, allow_none=optional, help=opt.help)
+        elif opt.kind == "switch":
+            trait = Bool(False, help=opt.help)
+        elif opt.kind == "float":
+            trait = Float(getattr(defaults, opt.name), help=opt.help)
+        elif opt.kind == "int":
+            trait = Int(getattr(defaults, opt.name), help=opt.help)
+        else:
+            trait = Unicode("", help=opt.help + " (empty: the default)")
+        out[opt.trait] = trait.tag(config=True)
+    return out
+
+
+# --- the value ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """Everything that shapes a job besides its guest, checked."""
+
+    read: tuple[str, ...] = ()
+    input: Any = None
+    input_file: str | None = None
+    model: str | None = None
+    chat: bool = False
+    temperature: float = 0.0
+    seed: int = 0
+    runs: str | None = None
+    cflags: tuple[str, ...] = ()
+    zigflags: tuple[str, ...] = ()
+    force: bool = False
+    limits: Limits = field(default_factory=Limits)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> "JobOptions":
+        """Defaults from an object carrying the traitlets (``TensorJob``)."""
+        values: dict[str, Any] = {}
+        limit_values: dict[str, Any] = {}
+        for opt in OPTIONS:
+            if opt.trait is None or not hasattr(settings, opt.trait):
+                continue
+            value = getattr(settings, opt.trait)
+            if opt.is_limit:
+                limit_values[opt.name] = None if value == 0 and opt.name in limits_table.OPTIONAL else value
+            elif opt.kind == "flags":
+                values[opt.name] = tuple(shlex.split(value))
+            elif value != "" or opt.kind not in ("text", "path"):
+                values[opt.name] = value
+        try:
+            return cls(limits=Limits(**limit_values), **values)
+        except ValueError as e:
+            raise OptionError(f"TensorJob settings: {e}") from None
+
+    @classmethod
+    def from_args(cls, args: Any, *, defaults: "JobOptions | None" = None,
+                  variables: Mapping[str, Any] | None = None) -> "JobOptions":
+        """The options given in a parsed namespace, over ``defaults``; checked."""
+        base = defaults or cls()
+        changes: dict[str, Any] = {}
+        limit_changes: dict[str, Any] = {}
+        for opt in OPTIONS:
+            text = getattr(args, opt.name, None)
+            if text is None:
+                continue
+            value = _read(opt, text, variables)
+            (limit_changes if opt.is_limit else changes)[opt.name] = value
+        return dataclasses.replace(base, limits=base.limits.replace(**limit_changes), **changes).checked()
+
+    def checked(self) -> "JobOptions":
+        """Raise ``OptionError`` if a file an option names does not exist."""
+        for path in self.read:
+            if not os.path.exists(path):
+                raise OptionError(f"--read {path}: no such file or directory")
+        if self.input_file is not None and not os.path.isfile(self.input_file):
+            raise OptionError(f"--input-file {self.input_file}: no such file")
+        if self.model is not None and not os.path.isfile(self.model):
+            raise OptionError(f"--model {self.model}: model file not found")
+        return self
+
+    def input_bytes(self) -> bytes:
+        if self.input_file is None:
+            return b""
+        try:
+            with open(self.input_file, "rb") as f:
+                return f.read()
+        except OSError as e:
+            raise OptionError(f"--input-file {self.input_file}: {e.strerror}") from None
+
+    def infer_options(self):
+        from .inference.base import Sampler
+        from .runner import InferOptions
+
+        return InferOptions(sampler=Sampler(temperature=self.temperature, seed=self.seed), chat=self.chat)
+
+    def guest(self, path: str | os.PathLike):
+        """The guest file, loaded or compiled with these options' flags."""
+        from .compile import GuestSource
+
+        return GuestSource.from_file(path, cflags=self.cflags, zigflags=self.zigflags, force=self.force)
+
+    def job_kwargs(self) -> dict[str, Any]:
+        """Keywords for ``Job`` (and ``run``)."""
+        return {"input": self.input, "read": list(self.read), "model": self.model, "limits": self.limits,
+                "input_bytes": self.input_bytes(), "infer": self.infer_options(), "runs_dir": self.runs}
+
+    def map_kwargs(self) -> dict[str, Any]:
+        """Keywords for ``start_map`` (and ``map``)."""
+        return {"read": list(self.read), "model": self.model, "limits": self.limits,
+                "input_bytes": self.input_bytes(), "infer": self.infer_options(), "runs_dir": self.runs}
+
+
+def _unquote(text: str) -> str:
+    """One layer of matching quotes off: the magics' argument splitter keeps them."""
+    text = text.strip()
+    return text[1:-1] if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" else text
+
+
+def _read(opt: Option, text: Any, variables: Mapping[str, Any] | None) -> Any:
+    """One option's text -> its value; ``OptionError`` names the flag."""
+    if isinstance(text, list):
+        text = [_unquote(t) for t in text]
+    elif isinstance(text, str) and opt.kind != "json":  # JSON may itself be a quoted string: _read_input decides
+        text = _unquote(text)
+    try:
+        if opt.is_limit:
+            try:
+                value = _parse_limit(opt.kind, text)
+            except OptionError as e:
+                raise OptionError(f"{opt.flag}: {e}") from None
+            limits_table.check(opt.name, value)
+            return value
+        if opt.kind == "paths":
+            return tuple(text)
+        if opt.kind == "switch":
+            return bool(text)
+        if opt.kind == "float":
+            return float(text)
+        if opt.kind == "int":
+            return int(text)
+        if opt.kind == "flags":
+            return tuple(shlex.split(text))
+        if opt.kind == "json":
+            return _read_input(text, variables)
+        return text
+    except OptionError:
+        raise
+    except ValueError as e:
+        raise OptionError(f"{opt.flag} {e}" if opt.is_limit else f"{opt.flag}: {e}") from None
+
+
+def _read_input(text: str, variables: Mapping[str, Any] | None) -> Any:
+    text = text.strip()
+    if _unquote(text) != text:
+        try:
+            json.loads(text)  # a JSON string, e.g. "hello": keep its quotes
+        except json.JSONDecodeError:
+            text = _unquote(text)  # '{"a": 1}' as the magic passes it
+    if text.startswith("$") and text[1:].isidentifier():
+        name = text[1:]
+        if variables is None:
+            raise OptionError(f"--input ${name}: variables can be named only in a notebook")
+        if name not in variables:
+            raise OptionError(f"--input ${name}: no variable named {name!r} in the notebook")
+        value = variables[name]
+    else:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise OptionError(f"--input is not valid JSON: {e.msg} at column {e.colno}") from None
+    try:
+        return checked_value(value, "--input")[0]
+    except ValueError as e:
+        raise OptionError(str(e)) from None
+
+
+def limit_keywords(limits: Limits | None, keywords: Mapping[str, Any], where: str) -> Limits:
+    """``limits`` with limit keywords applied (``max_tokens=...``); unknown keywords are a ``TypeError``."""
+    unknown = sorted(set(keywords) - set(limits_table.FIELDS))
+    if unknown:
+        raise TypeError(f"{where}() got unexpected keyword argument(s) {', '.join(unknown)}; limits are "
+                        f"{', '.join(limits_table.FIELDS)}")
+    return (limits or Limits()).replace(**keywords)
+
