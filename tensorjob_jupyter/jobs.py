@@ -26,6 +26,7 @@ from .events import EventStream, Subscription
 from .inference.base import Backend
 from .limits import Limits
 from .runner import InferOptions, JobStats, Reactor
+from .web import FetchGrants
 
 _JOBS_LOCK = threading.Lock()
 _JOBS: dict[str, "Job"] = {}
@@ -69,13 +70,14 @@ class Job:
                  model: str | os.PathLike | None = None,
                  limits: Limits | None = None, input_bytes: bytes = b"",
                  infer: InferOptions | None = None, runs_dir: str | os.PathLike | None = None,
-                 cwd: str | os.PathLike | None = None, name: str | None = None):
+                 cwd: str | os.PathLike | None = None, name: str | None = None, fetch: Iterable[str] = ()):
         self.id = new_job_id()
         self.name = name or (Path(guest).name if isinstance(guest, (str, os.PathLike)) else "guest")
         self.wasm = resolve_guest(guest)
         self.input = {} if input is None else input
         self.limits = limits or Limits()
         self.grants = Grants.for_paths(read, cwd)
+        self.fetch_grants = FetchGrants.parse(fetch)  # ValueError names a prefix that is not an http(s) URL
         if backend is DEFAULT_MODEL:
             from .inference.lazy import model_backend
 
@@ -86,7 +88,8 @@ class Job:
         self._cancel = threading.Event()
         self._reactor = Reactor(job_id=self.id, wasm=self.wasm, input=self.input, grants=self.grants,
                                 backend=backend, limits=self.limits, stream=self.stream,
-                                cancel=self._cancel, input_bytes=input_bytes, infer=infer)
+                                cancel=self._cancel, input_bytes=input_bytes, infer=infer,
+                                fetch=self.fetch_grants)
         self._envelope: Envelope | None = None
         self._done = threading.Event()
         self._callbacks: list = []
@@ -98,6 +101,7 @@ class Job:
         self.stream.publish("job.created", name=self.name,
                             guest={"sha256": self._reactor_digest(), "bytes": len(self.wasm)},
                             input=self.input, grants=[str(r) for r in self.grants.roots],
+                            fetch=self.fetch_grants.prefixes,
                             limits=self.limits.to_json(), model=backend.model_name if backend else None)
         _register(self)
 

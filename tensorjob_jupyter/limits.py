@@ -4,7 +4,8 @@ A guest is hostile until proven otherwise, so nothing it can ask for is
 unbounded: the time of each call into it and of the whole job, its CPU work
 (optional fuel), its linear memory and native stack, the number of steps and
 open handles, the size of an ``emit`` payload and of a ``slice`` window, its
-streamed output, and the tokens the job may generate. ``Limits`` is a frozen
+streamed output, the tokens the job may generate, and the document, image
+and fetch work done for it (pages, text, pixels, time, bytes). ``Limits`` is a frozen
 value; derive variants with ``limits.replace(...)``.
 """
 
@@ -53,6 +54,29 @@ class Limits:
     max_chunk_bytes: int = 64 * KiB
     #: Total streamed output per job; ``emit-chunk`` past it returns -2.
     max_stream_bytes: int = 64 * MiB
+    #: Pages a document may have: ``open`` or ``fetch`` of a longer PDF fails
+    #: with ``limit_exceeded`` (pdfium's own page count, not the file's claim).
+    max_document_pages: int = 10_000
+    #: Largest text one ``page_text`` / ``document_text`` answer carries, in
+    #: UTF-8 bytes (``limit_exceeded``; ``page_text_opt`` answers an error).
+    max_text_bytes: int = 4 * MiB
+    #: Largest page ``page_image`` renders, in pixels (pages are rendered 1024
+    #: wide), computed from the page size before anything is drawn.
+    max_render_pixels: int = 16 * MiB
+    #: Largest image ``image_op`` decodes, in pixels, read from the image's
+    #: header before decoding: a decompression bomb is refused unread.
+    max_image_pixels: int = 64 * MiB
+    #: Wall clock of each call into the document engine (the separate process
+    #: running pdfium and Pillow); past it the engine is killed: ``timeout``.
+    document_timeout_s: float = 30.0
+    #: Address space of the document engine process (``RLIMIT_AS``).
+    document_memory_bytes: int = 2048 * MiB
+    #: Largest body one ``fetch`` downloads (after any gzip decoding).
+    max_fetch_bytes: int = 64 * MiB
+    #: Wall clock of one ``fetch``, redirects included: ``timeout``.
+    fetch_timeout_s: float = 60.0
+    #: Redirects one ``fetch`` follows, each checked against the grants again.
+    max_fetch_redirects: int = 5
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
