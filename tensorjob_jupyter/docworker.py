@@ -156,6 +156,10 @@ def _clean(text: str) -> str:
     return _SURROGATE.sub("\ufffd", text)
 
 
+def _pt(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 else f"{value:.3g}"
+
+
 def _has_text(text: str) -> bool:
     return not text.isspace() and text != ""
 
@@ -267,12 +271,17 @@ class Engine:
         max_bytes = req["max_bytes"]
         parts, size = [], 0
         for index in range(len(doc)):
-            text = self._page_text(doc, index, max_bytes)
-            size += len(text.encode("utf-8")) + (1 if index else 0)
-            if size > max_bytes:
+            try:
+                text = self._page_text(doc, index, max_bytes - size)
+                size += len(text.encode("utf-8")) + (1 if index else 0)
+                if size > max_bytes:
+                    raise Refusal("limit_exceeded", "")
+            except Refusal as e:
+                if e.code != "limit_exceeded":
+                    raise
                 raise Refusal("limit_exceeded", f"the document's text passes the {max_bytes}-byte limit "
                                                 f"(max_text_bytes) at page {index}; read it page by page with "
-                                                f"page_text")
+                                                f"page_text") from None
             parts.append(text)
         text = "\f".join(parts)
         if not _has_text(text):
@@ -291,7 +300,7 @@ class Engine:
             scale = width / w_pt
             pw, ph = math.ceil(w_pt * scale), math.ceil(h_pt * scale)
             if pw * ph > max_pixels:
-                raise Refusal("limit_exceeded", f"page {index} is {w_pt:g} x {h_pt:g} pt: rendered {width} pixels "
+                raise Refusal("limit_exceeded", f"page {index} is {_pt(w_pt)} x {_pt(h_pt)} pt: rendered {width} pixels "
                                                 f"wide it would be {pw} x {ph} = {pw * ph} pixels, over the limit "
                                                 f"of {max_pixels} (max_render_pixels)")
             image = page.render(scale=scale).to_pil()
@@ -305,13 +314,14 @@ class Engine:
         from PIL import Image
 
         max_pixels = req["max_pixels"]
-        # Pillow's bomb check is process-wide; this process is ours alone.
-        Image.MAX_IMAGE_PIXELS = max_pixels
+        # Pillow's own bomb check is process-wide and warns below twice its
+        # limit; this process is ours alone, and the check below is exact.
+        Image.MAX_IMAGE_PIXELS = None
         source = io.BufferedReader(_PreadFile(fds[0]), 1 << 16)
         try:
             image = Image.open(source, formats=IMAGE_FORMATS)  # reads the header only
-        except Image.DecompressionBombError as e:
-            raise Refusal("limit_exceeded", f"the image is too large to decode: {e} (max_image_pixels)") from None
+        except MemoryError:
+            raise
         except Exception as e:
             raise Refusal("unsupported", f"the image cannot be decoded: {e}") from None
         width, height = image.size
@@ -322,13 +332,15 @@ class Engine:
         try:
             image.seek(0)
             image.load()
+        except MemoryError:
+            raise
         except Exception as e:
             raise Refusal("unsupported", f"the image cannot be decoded: {type(e).__name__}: {e}") from None
-        if image.mode not in ("1", "L", "LA", "RGB", "RGBA", "P", "I", "I;16"):
+        if image.mode not in ("1", "L", "LA", "RGB", "RGBA", "P"):
             image = image.convert("RGBA" if "A" in image.getbands() else "RGB")
         if kind == "resize" and args != (width, height):
-            if image.mode == "P":
-                image = image.convert("RGBA")
+            if image.mode in ("1", "P"):
+                image = image.convert("RGBA" if "transparency" in image.info else "RGB")
             image = image.resize(args, Image.Resampling.LANCZOS)
         elif kind == "crop":
             x, y, w, h = args
