@@ -1,6 +1,6 @@
 """The ``tensorjob`` command: run, compile and map guests from a terminal.
 
-    tensorjob run GUEST [--read PATH]... [--input JSON] [--input-file F]
+    tensorjob run GUEST [--read PATH]... [--fetch PREFIX]... [--input JSON] [--input-file F]
                   [--max-tokens N] [--timeout S] [--events FILE] [--json]
     tensorjob compile FILE [-o OUT]
     tensorjob map GUEST --over manifest.jsonl --run-dir DIR [--concurrency N] [--cluster ADDRESS]
@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("guest", help="the guest: a .wasm module, or .c / .zig / .wat source to compile")
     run.add_argument("--read", action="append", default=[], metavar="PATH",
                      help="grant read access to a file or directory (repeatable)")
+    run.add_argument("--fetch", action="append", default=[], metavar="PREFIX",
+                     help="let the guest fetch URLs under this http(s) prefix (repeatable)")
     run.add_argument("--input", default=None, metavar="JSON", help="the job input, a JSON value (default {})")
     run.add_argument("--input-file", default=None, metavar="F",
                      help="stage F's bytes for the guest's wasi:tensor read-input")
@@ -97,6 +99,15 @@ def _parse_input(text: str | None) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise UsageError(f"--input is not valid JSON: {e.msg} at column {e.colno}") from None
+
+
+def _check_fetch(prefixes: list[str]) -> None:
+    from .web import FetchGrants
+
+    try:
+        FetchGrants.parse(prefixes)
+    except ValueError as e:
+        raise UsageError(f"--fetch: {e}") from None
 
 
 def _limits(args) -> Limits:
@@ -153,6 +164,8 @@ class LivePrinter:
             self._line(f"· {progress_text(event['progress'])}")
         elif kind == "job.file.opened":
             self._line(f"· open {for_terminal(event['path'])} ({event['len']} bytes, {event['kind']['kind']})")
+        elif kind in ("job.document.page", "job.image.created", "job.fetch"):
+            self._line(document_line(event))
         elif kind == "response.created":
             self._line("· infer:")
         elif kind == "response.output_text.delta":
@@ -171,6 +184,23 @@ class LivePrinter:
                 self._line(f"✗ {env['status']}: {for_terminal(error['code'])}: {for_terminal(error['message'])} ({tail})")
             else:
                 self._line(f"✓ completed ({tail})")
+
+
+def document_line(event: dict) -> str:
+    """One line for a page read, an image made or a URL fetched (guest text stripped of controls)."""
+    kind = event["type"]
+    if kind == "job.document.page":
+        where = "every page" if event["page"] is None else f"page {event['page']}"
+        total = f" of {event['pages']}" if event.get("pages") is not None and event["page"] is not None else ""
+        if event.get("error"):
+            return f"· {event['command']} #{event['handle']} {where}{total}: {for_terminal(event['error'])}"
+        size = f" ({event['chars']} chars)" if event["command"] != "page_image" else ""
+        return f"· {event['command']} #{event['handle']} {where}{total}{size}"
+    if kind == "job.image.created":
+        return (f"· image #{event['handle']} = {for_terminal(event['label'])}: "
+                f"{event['width']}x{event['height']} PNG, {event['len']} bytes")
+    return (f"· fetch {for_terminal(event['url'])} -> #{event['handle']} ({event['status']}, {event['len']} bytes, "
+            f"{event['kind']['kind']}" + (f", {event['redirects']} redirects" if event["redirects"] else "") + ")")
 
 
 def progress_text(payload: Any) -> str:
@@ -201,6 +231,7 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
         except OSError as e:
             raise UsageError(f"--input-file {args.input_file}: {e.strerror}") from None
     limits = _limits(args)
+    _check_fetch(args.fetch)
     backend = _backend(args.model)
     try:
         events_file = open(args.events, "w", encoding="utf-8") if args.events else None
@@ -210,7 +241,8 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
 
     try:
         job = Job(guest_path, input=job_input, read=args.read, backend=backend, limits=limits,
-                  input_bytes=input_bytes, infer=InferOptions(chat=args.chat), runs_dir=args.runs)
+                  input_bytes=input_bytes, infer=InferOptions(chat=args.chat), runs_dir=args.runs,
+                  fetch=args.fetch)
     except CompileError as e:
         if events_file is not None:
             events_file.close()

@@ -43,6 +43,8 @@ def _job_options(func):
     for arg in reversed([
         argument("--read", action="append", default=[], metavar="PATH",
                  help="grant read access to a file or directory (repeatable)"),
+        argument("--fetch", action="append", default=[], metavar="PREFIX",
+                 help="let the guest fetch URLs under this http(s) prefix (repeatable)"),
         argument("--input", default=None, metavar="JSON",
                  help="the job input: a JSON value, or $name for a variable of the notebook"),
         argument("--input-file", default=None, metavar="F", help="stage F's bytes for the guest's read-input"),
@@ -132,9 +134,19 @@ class TensorJob(Magics):
     def start_job(self, guest: bytes | str, args, name: str) -> Job:
         sampler = Sampler(temperature=self.temperature, seed=self.seed)
         runs_dir = self.runs_dir or None
+        fetch = self._fetch_grants(args.fetch)
         return Job(guest, input=self._input(args.input), read=self._reads(args.read), backend=self._backend(args.model),
                    limits=self._limits(args), infer=InferOptions(sampler=sampler, chat=args.chat or self.chat),
-                   input_bytes=self._input_bytes(args.input_file), runs_dir=runs_dir, name=name)
+                   input_bytes=self._input_bytes(args.input_file), runs_dir=runs_dir, name=name, fetch=fetch)
+
+    def _fetch_grants(self, prefixes: list[str]) -> list[str]:
+        from .web import FetchGrants
+
+        try:
+            FetchGrants.parse(prefixes)
+        except ValueError as e:
+            raise UsageError(f"--fetch: {e}") from None
+        return prefixes
 
     def _input_bytes(self, path: str | None) -> bytes:
         if path is None:
@@ -272,6 +284,8 @@ class TensorJob(Magics):
 
         if not args.over or not args.run_dir:
             raise UsageError("map needs --over MANIFEST and --run-dir DIR")
+        if args.fetch:
+            raise UsageError("--fetch is not available for map yet; run the guest with %tensorjob run")
         if not os.path.isfile(args.target):
             raise UsageError(f"guest file not found: {args.target}")
         name = os.path.basename(args.target)
