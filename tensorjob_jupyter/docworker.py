@@ -353,12 +353,16 @@ class Engine:
         png = out.getvalue()
         small = b""
         if thumb:
-            copy = image.copy()
-            copy.thumbnail((THUMB_SIDE, THUMB_SIDE))
-            if copy.mode not in ("1", "L", "LA", "RGB", "RGBA", "P"):
-                copy = copy.convert("RGB")
+            from PIL import Image
+
+            w, h = image.size
+            scale = min(THUMB_SIDE / w, THUMB_SIDE / h, 1.0)
+            size = (max(1, round(w * scale)), max(1, round(h * scale)))
+            # resize (not copy + thumbnail): no full-size copy, and reducing_gap makes it fast.
+            small_image = image if size == image.size else image.resize(size, Image.Resampling.BICUBIC,
+                                                                        reducing_gap=2.0)
             buf = io.BytesIO()
-            copy.save(buf, format="PNG", optimize=True)
+            small_image.save(buf, format="PNG")
             small = buf.getvalue() if buf.tell() <= THUMB_MAX_BYTES else b""
         return ({"width": image.size[0], "height": image.size[1], "png_len": len(png), "thumb_len": len(small)},
                 png + small)
