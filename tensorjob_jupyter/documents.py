@@ -23,22 +23,28 @@ touches a document or an image gets its own engine process
 * every call has a deadline (``document_timeout_s``, and never past the job's
   own); at the deadline the engine is killed and the job ends with
   ``timeout``. Cancelling the job kills it at once.
-* an engine that dies (a segfault, an abort, the memory limit
-  ``document_memory_bytes`` enforced with ``RLIMIT_AS``) ends its job with
+* an engine that dies (a segfault, an abort) ends its job with
   ``unsupported`` and a message naming the signal; nothing else notices.
+  Its memory is capped (``document_memory_bytes``, with ``RLIMIT_AS``): a
+  Python ``MemoryError`` there is ``limit_exceeded``, native code dying of
+  it is the crash above.
 * the engine never sees a path: the host opens every file after checking the
   grants and passes the descriptor (``SCM_RIGHTS``). Its replies are checked
   like guest output: types, sizes, PNG signatures, known error codes.
 * jobs read documents in parallel, one process each.
 
-The cost, measured by ``bench/bench_documents.py`` (see its numbers in
-bench/README.md): starting an engine (a Python interpreter importing
-pypdfium2) takes a few tenths of a second, once per job that needs one; after
-that each call adds one socket round trip (tens of microseconds) to pdfium's
-own work, which for a page of text is of the same order -- so ``page_text``
-through a job runs at roughly half the pages per second of pypdfium2 called
-directly, and ``page_image`` (dominated by rendering and PNG encoding) at
-nearly the same rate.
+The cost, measured by ``bench/bench_documents.py`` (figures in
+bench/README.md, on a shared 2-core machine): starting an engine -- a Python
+interpreter importing pypdfium2 -- takes about 70 ms, once per job that
+needs one (a job that never touches a document or an image starts none).
+After that each call adds a socket round trip (about 30 us for an empty
+request) and, for real work, process wake-ups that cost a few hundred
+microseconds on a busy machine, to pdfium's own work, and the text then travels on through the guest and the
+event stream: ``page_text`` through a job ran at about half the pages per
+second of pypdfium2 called directly in-process (0.4 of it counting the
+start-up, over 200 pages), ``page_image`` -- dominated by drawing and PNG
+encoding -- at about two thirds. For isolation from crashes and hangs that
+cannot be had any other way, and parallel jobs, that is the price.
 
 Limits, each checked before the work it bounds: pages per document
 (``max_document_pages``, at open), text per answer (``max_text_bytes``),
