@@ -112,7 +112,7 @@ class Engine:
         self.stderr = tempfile.TemporaryFile()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-s", str(WORKER), str(child.fileno()), str(self.memory_bytes)],
+                [sys.executable, str(WORKER), str(child.fileno()), str(self.memory_bytes)],
                 pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=self.stderr, start_new_session=True)
         finally:

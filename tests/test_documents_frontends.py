@@ -219,3 +219,13 @@ def test_magic_fetch_option(ip):
     assert env.error.code == "capability_denied" and job.events[0]["fetch"] == ["https://example.org/"]
     with pytest.raises(UsageError, match="--fetch: fetch grant 'ftp://x/'"):
         ip.run_cell_magic("tensorjob", "--fetch ftp://x/", cell)
+
+
+def test_an_opened_document_shows_its_pages_before_any_is_read():
+    s = ViewState()
+    opened_doc(s, pages=7)
+    assert s.files[0].pages == 7 and "0 of 7 pages read" in render.files(s)
+    s.apply(ev("job.fetch", handle=1, url="http://h/a.pdf", final_url="http://h/a.pdf", status=200,
+               content_type="application/pdf", redirects=0, len=10,
+               kind={"kind": "document", "pages": 2, "has_text_layer": False}))
+    assert s.files[1].pages == 2 and "0 of 2 pages read" in render.files(s)

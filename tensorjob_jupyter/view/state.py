@@ -176,6 +176,7 @@ class ViewState:
 
     def _on_job_file_opened(self, event: dict) -> None:
         self.files[event["handle"]] = FileState(event["handle"], event["path"], event["len"], event["kind"]["kind"])
+        self._document_pages(event)
         self.dirty.add("files")
 
     def _on_job_file_sliced(self, event: dict) -> None:
@@ -192,7 +193,14 @@ class ViewState:
 
     def _on_job_fetch(self, event: dict) -> None:
         self.files[event["handle"]] = FileState(event["handle"], event["url"], event["len"], event["kind"]["kind"])
+        self._document_pages(event)
         self.dirty.add("files")
+
+    def _document_pages(self, event: dict) -> None:
+        """A document's page count, from ``opened``'s kind, so the view shows its pages at once."""
+        kind = event["kind"]
+        if kind.get("kind") == "document" and _count(kind.get("pages")):
+            self.files[event["handle"]].pages = kind["pages"]
 
     def _on_job_document_page(self, event: dict) -> None:
         f = self.files.get(event["handle"])
