@@ -1,4 +1,4 @@
-"""Documents, images and fetch in the front ends: the view's Files panel, the CLI's lines, the options."""
+"""Documents, images and fetch in the front ends: the view's Files panel and the CLI (the magic's --fetch: test_magic.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import io
 import json
 
 import pytest
-from IPython.core.error import UsageError
 from PIL import Image
 
 import pdfgen
@@ -198,27 +197,6 @@ def test_cli_fetch_grants_reach_the_job(tmp_path):
     assert code == 1 and json.loads(out.getvalue())["error"]["code"] == "capability_denied"
     created = json.loads(events.read_text().splitlines()[0])
     assert created["fetch"] == ["https://example.org/", "http://127.0.0.1:1/"]
-
-
-# --- the magic -----------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def ip():
-    from IPython.testing.globalipapp import start_ipython
-
-    shell = start_ipython()
-    shell.run_line_magic("load_ext", "tensorjob_jupyter")
-    yield shell
-
-
-def test_magic_fetch_option(ip):
-    cell = wat.script_wat([{"cmd": "fetch", "url": "https://example.org.evil/"}, DONE])
-    job = ip.run_cell_magic("tensorjob", "--fetch https://example.org/ --bg --quiet", cell)
-    env = job.wait(30)
-    assert env.error.code == "capability_denied" and job.events[0]["fetch"] == ["https://example.org/"]
-    with pytest.raises(UsageError, match="--fetch: fetch grant 'ftp://x/'"):
-        ip.run_cell_magic("tensorjob", "--fetch ftp://x/", cell)
 
 
 def test_an_opened_document_shows_its_pages_before_any_is_read():
