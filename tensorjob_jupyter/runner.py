@@ -377,7 +377,9 @@ class Reactor:
     def _infer(self, cmd: abi.Infer) -> abi.Event:
         if cmd.images:
             raise JobEnd(codes.UNSUPPORTED, "infer with images needs a vision-capable model; "
-                                            "this host serves text models only")
+                                            "this host serves text models only (vision models are not yet "
+                                            "supported), so page images can be made and read but not shown "
+                                            "to the model")
         backend = self._backend()
         remaining = self.limits.max_tokens - self.usage.tokens_out
         if remaining <= 0:

@@ -388,7 +388,7 @@ def test_infer_with_a_page_image_is_unsupported_on_a_text_model(tmp_path):
                    {"cmd": "infer", "prompt": "what is this?", "max_tokens": 5, "images": [1]}, DONE], tmp_path,
                   backend=ScriptedBackend("x"))
     err = job.envelope.error
-    assert err.code == codes.UNSUPPORTED and "vision-capable" in err.message
+    assert err.code == codes.UNSUPPORTED and "vision-capable" in err.message and "not yet supported" in err.message
 
 
 # --- the engine: isolation, time, memory, crashes -------------------------------------------------------
