@@ -35,15 +35,15 @@ touches a document or an image gets its own engine process
 
 The cost, measured by ``bench/bench_documents.py`` (figures in
 bench/README.md, on a shared 2-core machine): starting an engine -- a Python
-interpreter importing pypdfium2 -- takes about 70 ms, once per job that
-needs one (a job that never touches a document or an image starts none).
+interpreter importing pypdfium2 -- takes 70 to 160 ms (with the machine's
+load), once per job that needs one (a job that never touches a document or an image starts none).
 After that each call adds a socket round trip (about 30 us for an empty
 request) and, for real work, process wake-ups that cost a few hundred
 microseconds on a busy machine, to pdfium's own work, and the text then travels on through the guest and the
 event stream: ``page_text`` through a job ran at about half the pages per
-second of pypdfium2 called directly in-process (0.4 of it counting the
-start-up, over 200 pages), ``page_image`` -- dominated by drawing and PNG
-encoding -- at about two thirds. For isolation from crashes and hangs that
+second of pypdfium2 called directly in-process (0.35 to 0.4 of it counting
+the start-up, over 200 pages), ``page_image`` -- dominated by drawing and
+PNG encoding -- at about 0.8. For isolation from crashes and hangs that
 cannot be had any other way, and parallel jobs, that is the price.
 
 Limits, each checked before the work it bounds: pages per document
