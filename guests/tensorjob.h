@@ -69,6 +69,18 @@
  *   tj_slice_bytes(h, off, len)   tj_embed(texts, n)
  *   tj_emit(json)                 tj_progress(done, total) -> {"done":d,"total":t}
  *   tj_done(json)                 tj_fail(code, message)  tj_failf(code, fmt, ...)
+ *   documents (pages count from 0; check ev.kind == "document" and
+ *   ev.has_text_layer after opening):
+ *   tj_page_text(h, page)         -> TJ_EV_PAGE_TEXTED; a page without text fails the job
+ *   tj_page_text_opt(h, page)     -> TJ_EV_PAGE_TEXT_ATTEMPTED: ev.text, or ev.error
+ *                                    (ev.error.ptr != NULL) and the job goes on
+ *   tj_document_text(h)           -> TJ_EV_PAGE_TEXTED: every page, separated by '\f'
+ *   tj_page_image(h, page)        -> TJ_EV_PAGE_IMAGED: ev.handle, a new PNG handle
+ *   tj_image_resize(h, max_w, max_h)  (fit within, keep the aspect, never enlarge)
+ *   tj_image_crop(h, x, y, w, hgt)    (refused if outside the image, not clamped)
+ *                                 -> TJ_EV_PAGE_IMAGED: a new PNG handle
+ *   tj_fetch(url)                 -> TJ_EV_OPENED, exactly like tj_open (needs a
+ *                                    --fetch grant covering the URL)
  *
  * BUILDING TEXT AND JSON
  *   tj_jsonf(fmt, ...) -> tj_json   printf-like; %s (C string) and %S (tj_str)
@@ -125,7 +137,10 @@ typedef enum {
     TJ_EV_SLICED,       /* text, next_offset: resume from next_offset */
     TJ_EV_SLICED_BYTES, /* bytes_base64 (tj_base64_decode), next_offset */
     TJ_EV_EMBEDDED,     /* vectors: JSON array of arrays of numbers */
-    TJ_EV_EMITTED       /* no fields */
+    TJ_EV_EMITTED,      /* no fields */
+    TJ_EV_PAGE_TEXTED,  /* text: one page (page_text) or every page (document_text) */
+    TJ_EV_PAGE_TEXT_ATTEMPTED, /* text, or error (error.ptr != NULL when the page could not be read) */
+    TJ_EV_PAGE_IMAGED   /* handle (a new PNG), len */
 } tj_event_type;
 
 typedef struct {
@@ -134,10 +149,13 @@ typedef struct {
     tj_json json;         /* the whole event object */
     tj_str text;          /* infer_done, sliced (unescaped) */
     uint32_t tokens_out;  /* infer_done */
-    uint32_t handle;      /* opened */
-    uint64_t len;         /* opened: file size in bytes */
+    uint32_t handle;      /* opened, page_imaged */
+    uint64_t len;         /* opened, page_imaged: size in bytes */
     tj_str kind;          /* opened: kind.kind */
     tj_str format;        /* opened: kind.format (images) */
+    uint32_t pages;       /* opened: kind.pages (documents) */
+    int has_text_layer;   /* opened: kind.has_text_layer (documents) */
+    tj_str error;         /* page_text_attempted: why the page could not be read; ptr NULL if it was */
     uint64_t next_offset; /* sliced, sliced_bytes */
     tj_str bytes_base64;  /* sliced_bytes */
     tj_json vectors;      /* embedded */
@@ -836,6 +854,8 @@ static tj_event tj__parse_event(tj_json ev) {
         tj_json kind = tj_get(ev, "kind");
         e.kind = kind.ptr ? tj_get_str(kind, "kind") : TJ_STR("text");
         e.format = tj_get_str(kind, "format");
+        e.pages = (uint32_t)tj_get_u64(kind, "pages", 0);
+        e.has_text_layer = tj_get_bool(kind, "has_text_layer", 0);
     } else if (tj_eq(e.name, "sliced")) {
         e.type = TJ_EV_SLICED;
         e.text = tj_get_str(ev, "text");
@@ -849,6 +869,17 @@ static tj_event tj__parse_event(tj_json ev) {
         e.vectors = tj_get(ev, "vectors");
     } else if (tj_eq(e.name, "emitted")) {
         e.type = TJ_EV_EMITTED;
+    } else if (tj_eq(e.name, "page_texted")) {
+        e.type = TJ_EV_PAGE_TEXTED;
+        e.text = tj_get_str(ev, "text");
+    } else if (tj_eq(e.name, "page_text_attempted")) {
+        e.type = TJ_EV_PAGE_TEXT_ATTEMPTED;
+        e.text = tj_get_str(ev, "text");
+        e.error = tj_get_str(ev, "error");
+    } else if (tj_eq(e.name, "page_imaged")) {
+        e.type = TJ_EV_PAGE_IMAGED;
+        e.handle = (uint32_t)tj_get_u64(ev, "handle", 0);
+        e.len = tj_get_u64(ev, "len", 0);
     }
     if (!e.text.ptr) e.text = (tj_str){"", 0};
     return e;
@@ -915,6 +946,65 @@ TJ_API tj_cmd tj_embed(const tj_str *texts, size_t n) {
         tj_buf_json_str(&b, texts[i]);
     }
     tj_buf_puts(&b, "]}");
+    return tj__finish(&b);
+}
+
+static tj_cmd tj__page(const char *tag, uint32_t handle, int with_page, uint32_t page) {
+    tj_buf b = tj__cmd_start(tag);
+    tj_buf_puts(&b, ",\"handle\":");
+    tj_buf_u64(&b, handle);
+    if (with_page) {
+        tj_buf_puts(&b, ",\"page\":");
+        tj_buf_u64(&b, page);
+    }
+    tj_buf_putc(&b, '}');
+    return tj__finish(&b);
+}
+/* The text of one page (from 0); answered by TJ_EV_PAGE_TEXTED. A page
+   without text fails the job: use tj_page_text_opt to go on without it. */
+TJ_API tj_cmd tj_page_text(uint32_t handle, uint32_t page) { return tj__page("page_text", handle, 1, page); }
+/* The text of one page, or an error as data: TJ_EV_PAGE_TEXT_ATTEMPTED. */
+TJ_API tj_cmd tj_page_text_opt(uint32_t handle, uint32_t page) { return tj__page("page_text_opt", handle, 1, page); }
+/* Render one page to a PNG under a new handle: TJ_EV_PAGE_IMAGED. */
+TJ_API tj_cmd tj_page_image(uint32_t handle, uint32_t page) { return tj__page("page_image", handle, 1, page); }
+/* Every page's text in one answer, pages separated by a form feed: TJ_EV_PAGE_TEXTED. */
+TJ_API tj_cmd tj_document_text(uint32_t handle) { return tj__page("document_text", handle, 0, 0); }
+
+static tj_cmd tj__image_op(uint32_t handle, const char *op, const char *const *names, const uint32_t *values,
+                           int n) {
+    tj_buf b = tj__cmd_start("image_op");
+    tj_buf_puts(&b, ",\"handle\":");
+    tj_buf_u64(&b, handle);
+    tj_buf_puts(&b, ",\"op\":{\"op\":\"");
+    tj_buf_puts(&b, op);
+    tj_buf_putc(&b, '"');
+    for (int i = 0; i < n; i++) {
+        tj_buf_puts(&b, ",\"");
+        tj_buf_puts(&b, names[i]);
+        tj_buf_puts(&b, "\":");
+        tj_buf_u64(&b, values[i]);
+    }
+    tj_buf_puts(&b, "}}");
+    return tj__finish(&b);
+}
+/* Scale an image to fit max_width x max_height (aspect kept, never enlarged): TJ_EV_PAGE_IMAGED. */
+TJ_API tj_cmd tj_image_resize(uint32_t handle, uint32_t max_width, uint32_t max_height) {
+    static const char *const names[] = {"max_width", "max_height"};
+    uint32_t values[] = {max_width, max_height};
+    return tj__image_op(handle, "resize", names, values, 2);
+}
+/* A region of an image (refused, not clamped, if it reaches outside): TJ_EV_PAGE_IMAGED. */
+TJ_API tj_cmd tj_image_crop(uint32_t handle, uint32_t x, uint32_t y, uint32_t width, uint32_t height) {
+    static const char *const names[] = {"x", "y", "width", "height"};
+    uint32_t values[] = {x, y, width, height};
+    return tj__image_op(handle, "crop", names, values, 4);
+}
+/* Download a URL the job grants (--fetch PREFIX); answered by TJ_EV_OPENED like tj_open. */
+TJ_API tj_cmd tj_fetch(tj_str url) {
+    tj_buf b = tj__cmd_start("fetch");
+    tj_buf_puts(&b, ",\"url\":");
+    tj_buf_json_str(&b, url);
+    tj_buf_putc(&b, '}');
     return tj__finish(&b);
 }
 

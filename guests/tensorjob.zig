@@ -40,14 +40,26 @@
 //! `wasm_trap` and the error's name.
 //!
 //! Events (`tj.Event`, a tagged union): `.infer_done{text, tokens_out}`,
-//! `.opened{handle, len, kind}` (`kind.is("text")`, `.kind.format`),
+//! `.opened{handle, len, kind}` (`kind.is("text")`, `.kind.format`, and for
+//! a document `.kind.pages`, `.kind.has_text_layer`),
 //! `.sliced{text, next_offset}`, `.sliced_bytes` (`.bytes()` decodes),
-//! `.embedded{vectors}`, `.emitted`, `.unknown` (the tag of anything newer).
+//! `.embedded{vectors}`, `.emitted`, `.page_texted{text}`,
+//! `.page_text_attempted{text, err}` (one of the two is null),
+//! `.page_imaged{handle, len}` (a new PNG handle), `.unknown` (the tag of
+//! anything newer).
 //! Commands (`tj.Command`): `infer(prompt, max_tokens)`, `inferImages`,
 //! `open(path)`, `slice(handle, offset, len)` (resume from `next_offset`),
 //! `sliceBytes`, `embed(texts)`, `emit(value)`, `progress(done, total)`,
 //! `done(value)`, `fail(code, message)`, `failf(code, fmt, args)`; `emit` and
 //! `done` stringify any value now (structs, slices, `std.json.Value`, `tj.Json`).
+//! Documents (pages count from 0): `pageText(handle, page)` (a page without
+//! text fails the job), `pageTextOpt(handle, page)` (answers `.page_text_attempted`
+//! and the job goes on), `documentText(handle)` (pages separated by '\x0c'),
+//! `pageImage(handle, page)`, `imageResize(handle, max_width, max_height)` (fit,
+//! keep the aspect, never enlarge), `imageCrop(handle, x, y, width, height)`
+//! (refused outside the image, not clamped) -- the last three answer
+//! `.page_imaged` with a new PNG handle -- and `fetch(url)`, answered by
+//! `.opened` like `open` (the job must grant the URL with `--fetch PREFIX`).
 //! Strings are escaped exactly; invalid UTF-8 becomes U+FFFD.
 //! Helpers: `tj.print(fmt, args)`, `tj.json(value)`, `tj.keep(bytes)`,
 //! `tj.scratch()`, `tj.persistent`. Streaming (imported only if called):
@@ -193,6 +205,12 @@ pub const Event = union(enum) {
     sliced_bytes: SlicedBytes,
     embedded: struct { vectors: []const []const f32 },
     emitted,
+    /// The text of a page (`page_text`) or of every page (`document_text`).
+    page_texted: struct { text: []const u8 },
+    /// The answer to `page_text_opt`: the page's text, or why it could not be read.
+    page_text_attempted: struct { text: ?[]const u8, err: ?[]const u8 },
+    /// A new handle holding a PNG (`page_image`, `image_op`), and its size.
+    page_imaged: struct { handle: u32, len: u64 },
     /// An event this SDK does not know; the name is its "event" tag.
     unknown: []const u8,
 
@@ -214,7 +232,8 @@ pub const Event = union(enum) {
 /// The wire shape of every event at once; `parseEvent` narrows it.
 const WireEvent = struct {
     event: []const u8,
-    text: []const u8 = "",
+    text: ?[]const u8 = null,
+    @"error": ?[]const u8 = null,
     tokens_out: u32 = 0,
     handle: u32 = 0,
     len: u64 = 0,
@@ -230,9 +249,13 @@ const parse_options: std.json.ParseOptions = .{ .ignore_unknown_fields = true, .
 pub fn parseEvent(bytes: []const u8) !Event {
     const w = try std.json.parseFromSliceLeaky(WireEvent, scratch(), bytes, parse_options);
     const eq = std.mem.eql;
-    if (eq(u8, w.event, "infer_done")) return .{ .infer_done = .{ .text = w.text, .tokens_out = w.tokens_out } };
+    const text = w.text orelse "";
+    if (eq(u8, w.event, "infer_done")) return .{ .infer_done = .{ .text = text, .tokens_out = w.tokens_out } };
     if (eq(u8, w.event, "opened")) return .{ .opened = .{ .handle = w.handle, .len = w.len, .kind = w.kind } };
-    if (eq(u8, w.event, "sliced")) return .{ .sliced = .{ .text = w.text, .next_offset = w.next_offset } };
+    if (eq(u8, w.event, "sliced")) return .{ .sliced = .{ .text = text, .next_offset = w.next_offset } };
+    if (eq(u8, w.event, "page_texted")) return .{ .page_texted = .{ .text = text } };
+    if (eq(u8, w.event, "page_text_attempted")) return .{ .page_text_attempted = .{ .text = w.text, .err = w.@"error" } };
+    if (eq(u8, w.event, "page_imaged")) return .{ .page_imaged = .{ .handle = w.handle, .len = w.len } };
     if (eq(u8, w.event, "sliced_bytes"))
         return .{ .sliced_bytes = .{ .bytes_base64 = w.bytes_base64, .next_offset = w.next_offset } };
     if (eq(u8, w.event, "embedded")) return .{ .embedded = .{ .vectors = w.vectors } };
@@ -267,6 +290,31 @@ pub const Embed = struct { texts: []const []const u8 };
 pub const Emit = struct { progress: Json };
 pub const Done = struct { result: Json };
 pub const Fail = struct { code: []const u8, message: []const u8 };
+pub const Page = struct { handle: u32, page: u32 };
+pub const DocumentText = struct { handle: u32 };
+pub const ImageOp = struct { handle: u32, op: ImageOperation };
+pub const Fetch = struct { url: []const u8 };
+
+/// What `image_op` does; serialised with its `"op"` tag first, as cuttlefish's serde does.
+pub const ImageOperation = union(enum) {
+    resize: struct { max_width: u32, max_height: u32 },
+    crop: struct { x: u32, y: u32, width: u32, height: u32 },
+
+    pub fn jsonStringify(self: ImageOperation, jw: anytype) !void {
+        try jw.beginObject();
+        try jw.objectField("op");
+        try jw.write(@tagName(self));
+        switch (self) {
+            inline else => |payload| {
+                inline for (@typeInfo(@TypeOf(payload)).@"struct".field_names) |name| {
+                    try jw.objectField(name);
+                    try jw.write(@field(payload, name));
+                }
+            },
+        }
+        try jw.endObject();
+    }
+};
 
 /// What a guest asks the host to do. Serialises as cuttlefish's serde does:
 /// `{"cmd":"<tag>", <fields in declaration order>}`.
@@ -279,6 +327,12 @@ pub const Command = union(enum) {
     emit: Emit,
     done: Done,
     fail: Fail,
+    page_text: Page,
+    page_text_opt: Page,
+    page_image: Page,
+    document_text: DocumentText,
+    image_op: ImageOp,
+    fetch: Fetch,
 
     pub fn jsonStringify(self: Command, jw: anytype) !void {
         try jw.beginObject();
@@ -426,6 +480,35 @@ pub fn fail(code: []const u8, message: []const u8) Command {
 /// `fail` with a formatted message.
 pub fn failf(code: []const u8, comptime fmt: []const u8, args: anytype) Command {
     return fail(code, print(fmt, args));
+}
+/// The text of one page (from 0); answered by `.page_texted`. A page without
+/// text fails the job: `pageTextOpt` goes on without it.
+pub fn pageText(handle: u32, page: u32) Command {
+    return .{ .page_text = .{ .handle = handle, .page = page } };
+}
+/// The text of one page or an error, as data: `.page_text_attempted`.
+pub fn pageTextOpt(handle: u32, page: u32) Command {
+    return .{ .page_text_opt = .{ .handle = handle, .page = page } };
+}
+/// Render one page to a PNG under a new handle: `.page_imaged`.
+pub fn pageImage(handle: u32, page: u32) Command {
+    return .{ .page_image = .{ .handle = handle, .page = page } };
+}
+/// Every page's text, separated by form feeds: `.page_texted`.
+pub fn documentText(handle: u32) Command {
+    return .{ .document_text = .{ .handle = handle } };
+}
+/// Scale an image to fit the bounds (aspect kept, never enlarged): `.page_imaged`.
+pub fn imageResize(handle: u32, max_width: u32, max_height: u32) Command {
+    return .{ .image_op = .{ .handle = handle, .op = .{ .resize = .{ .max_width = max_width, .max_height = max_height } } } };
+}
+/// A region of an image (refused if it reaches outside, not clamped): `.page_imaged`.
+pub fn imageCrop(handle: u32, x: u32, y: u32, width: u32, height: u32) Command {
+    return .{ .image_op = .{ .handle = handle, .op = .{ .crop = .{ .x = x, .y = y, .width = width, .height = height } } } };
+}
+/// Download a URL the job grants; answered by `.opened`, exactly like `open`.
+pub fn fetch(url: []const u8) Command {
+    return .{ .fetch = .{ .url = copy(url) } };
 }
 
 // ----------------------------------------------------------------- streaming

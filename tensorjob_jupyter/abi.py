@@ -230,13 +230,112 @@ class Fail:
         return {"cmd": "fail", "code": self.code, "message": self.message}
 
 
-Command = Union[Infer, Open, Slice, SliceBytes, Embed, Emit, Done, Fail]
+@dataclass(frozen=True)
+class PageText:
+    """The text of one page (zero-based); fails on a page without text."""
+
+    handle: int
+    page: int
+    cmd = "page_text"
+
+    def to_json(self) -> dict:
+        return {"cmd": "page_text", "handle": self.handle, "page": self.page}
+
+
+@dataclass(frozen=True)
+class PageTextOpt:
+    """The text of one page, or an error as data (``page_text_attempted``)."""
+
+    handle: int
+    page: int
+    cmd = "page_text_opt"
+
+    def to_json(self) -> dict:
+        return {"cmd": "page_text_opt", "handle": self.handle, "page": self.page}
+
+
+@dataclass(frozen=True)
+class PageImage:
+    """Render one page (zero-based) to a PNG under a new handle."""
+
+    handle: int
+    page: int
+    cmd = "page_image"
+
+    def to_json(self) -> dict:
+        return {"cmd": "page_image", "handle": self.handle, "page": self.page}
+
+
+@dataclass(frozen=True)
+class DocumentText:
+    """All the text of a document in one answer (pages separated by form feeds)."""
+
+    handle: int
+    cmd = "document_text"
+
+    def to_json(self) -> dict:
+        return {"cmd": "document_text", "handle": self.handle}
+
+
+@dataclass(frozen=True)
+class Resize:
+    """Scale to fit within the bounds, keeping the aspect ratio, never enlarging."""
+
+    max_width: int
+    max_height: int
+    op = "resize"
+
+    def to_json(self) -> dict:
+        return {"op": "resize", "max_width": self.max_width, "max_height": self.max_height}
+
+
+@dataclass(frozen=True)
+class Crop:
+    """A region of the image; one reaching outside it is refused, not clamped."""
+
+    x: int
+    y: int
+    width: int
+    height: int
+    op = "crop"
+
+    def to_json(self) -> dict:
+        return {"op": "crop", "x": self.x, "y": self.y, "width": self.width, "height": self.height}
+
+
+ImageOperation = Union[Resize, Crop]
+
+
+@dataclass(frozen=True)
+class ImageOp:
+    """Transform an image handle into a new handle holding a PNG."""
+
+    handle: int
+    op: ImageOperation
+    cmd = "image_op"
+
+    def to_json(self) -> dict:
+        return {"cmd": "image_op", "handle": self.handle, "op": self.op.to_json()}
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """Download a granted URL; answered by ``opened``, exactly like ``open``."""
+
+    url: str
+    cmd = "fetch"
+
+    def to_json(self) -> dict:
+        return {"cmd": "fetch", "url": self.url}
+
+
+Command = Union[Infer, Open, Slice, SliceBytes, Embed, Emit, Done, Fail, PageText, PageTextOpt, PageImage,
+                DocumentText, ImageOp, Fetch]
 
 #: Cuttlefish commands this host knows by name but does not implement. A guest
 #: that sends one fails with ``unsupported`` rather than an opaque parse error.
-UNSUPPORTED_COMMANDS = frozenset(
-    {"page_text", "page_text_opt", "page_image", "document_text", "image_op", "fetch"}
-)
+#: (Empty: every command of cuttlefish 0.9.0 is implemented.)
+UNSUPPORTED_COMMANDS: frozenset[str] = frozenset()
 
 # --- events ------------------------------------------------------------------
 
@@ -294,7 +393,39 @@ class Emitted:
         return {"event": "emitted"}
 
 
-Event = Union[InferDone, Opened, Sliced, SlicedBytes, Embedded, Emitted]
+@dataclass(frozen=True)
+class PageTexted:
+    """The answer to ``page_text`` and ``document_text``."""
+
+    text: str
+
+    def to_json(self) -> dict:
+        return {"event": "page_texted", "text": self.text}
+
+
+@dataclass(frozen=True)
+class PageTextAttempted:
+    """The answer to ``page_text_opt``: ``text`` or ``error``, the other null."""
+
+    text: str | None
+    error: str | None
+
+    def to_json(self) -> dict:
+        return {"event": "page_text_attempted", "text": self.text, "error": self.error}
+
+
+@dataclass(frozen=True)
+class PageImaged:
+    """A new handle holding a PNG (``page_image``, ``image_op``), with its size in bytes."""
+
+    handle: int
+    len: int
+
+    def to_json(self) -> dict:
+        return {"event": "page_imaged", "handle": self.handle, "len": self.len}
+
+
+Event = Union[InferDone, Opened, Sliced, SlicedBytes, Embedded, Emitted, PageTexted, PageTextAttempted, PageImaged]
 
 # --- usage and the envelope --------------------------------------------------
 
@@ -378,7 +509,7 @@ def encode_event(event: Event) -> bytes:
     with orjson, which writes the same bytes as ``dumps`` about fifteen times
     faster; the JSON string escaper is most of the cost of a large window.
     """
-    if isinstance(event, (Sliced, SlicedBytes, InferDone)):
+    if isinstance(event, (Sliced, SlicedBytes, InferDone, PageTexted, PageTextAttempted)):
         return orjson.dumps(event.to_json())
     return dumps(event.to_json()).encode("utf-8")
 
@@ -629,9 +760,33 @@ def command_from_json(value: Any) -> Command:
         return Done(_any(obj, "result", "done"))
     if tag == "fail":
         return Fail(_field(obj, "code", str, "fail"), _field(obj, "message", str, "fail"))
+    if tag in ("page_text", "page_text_opt", "page_image"):
+        cls = {"page_text": PageText, "page_text_opt": PageTextOpt, "page_image": PageImage}[tag]
+        return cls(_u32(obj, "handle", tag), _u32(obj, "page", tag))
+    if tag == "document_text":
+        return DocumentText(_u32(obj, "handle", tag))
+    if tag == "image_op":
+        return ImageOp(_u32(obj, "handle", tag), _image_operation(_any(obj, "op", tag)))
+    if tag == "fetch":
+        return Fetch(_field(obj, "url", str, tag))
     if tag in UNSUPPORTED_COMMANDS:
         raise UnsupportedCommand(f"`{tag}` is a cuttlefish command this host does not implement")
     raise AbiError(f"unknown command `{_clip(tag)}`")
+
+
+def _image_operation(value: Any) -> ImageOperation:
+    obj = _expect_object(value, "`image_op.op`")
+    if "op" not in obj:
+        raise AbiError("`image_op.op` has no `op` tag")
+    tag = obj["op"]
+    if tag == "resize":
+        return Resize(_u32(obj, "max_width", "image_op.op"), _u32(obj, "max_height", "image_op.op"))
+    if tag == "crop":
+        return Crop(_u32(obj, "x", "image_op.op"), _u32(obj, "y", "image_op.op"),
+                    _u32(obj, "width", "image_op.op"), _u32(obj, "height", "image_op.op"))
+    if not isinstance(tag, str):
+        raise AbiError(f"`image_op.op.op` must be a string, got {_type_name(tag)}")
+    raise AbiError(f"unknown image operation `{_clip(tag)}` (resize or crop)")
 
 
 def parse_command(raw: bytes | bytearray | memoryview, *, max_values: int = 1_000_000) -> Command:
@@ -657,4 +812,13 @@ def event_from_json(value: Any) -> Event:
         return Embedded(_any(obj, "vectors", "embedded"))
     if tag == "emitted":
         return Emitted()
+    if tag == "page_texted":
+        return PageTexted(_field(obj, "text", str, "page_texted"))
+    if tag == "page_text_attempted":
+        text, error = obj.get("text"), obj.get("error")
+        if not (text is None or isinstance(text, str)) or not (error is None or isinstance(error, str)):
+            raise AbiError("`page_text_attempted.text` and `.error` must be strings or null")
+        return PageTextAttempted(text, error)
+    if tag == "page_imaged":
+        return PageImaged(_u32(obj, "handle", "page_imaged"), _u64(obj, "len", "page_imaged"))
     raise AbiError(f"unknown event `{tag}`")

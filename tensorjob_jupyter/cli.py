@@ -128,6 +128,8 @@ class LivePrinter:
         elif kind == "job.file.opened":
             self._line(f"· open {for_terminal(event['path'], one_line=True)} ({event['len']} bytes, "
                        f"{event['kind']['kind']})")
+        elif kind in ("job.document.page", "job.image.created", "job.fetch"):
+            self._line(document_line(event))
         elif kind == "response.created":
             self._line("· infer:")
         elif kind == "response.output_text.delta":
@@ -145,6 +147,23 @@ class LivePrinter:
                            f"{for_terminal(error['message'], one_line=True)} ({tail})")
             else:
                 self._line(f"✓ completed ({tail})")
+
+
+def document_line(event: dict) -> str:
+    """One line for a page read, an image made or a URL fetched (guest text stripped of controls)."""
+    kind = event["type"]
+    if kind == "job.document.page":
+        where = "every page" if event["page"] is None else f"page {event['page']}"
+        total = f" of {event['pages']}" if event.get("pages") is not None and event["page"] is not None else ""
+        if event.get("error"):
+            return f"· {event['command']} #{event['handle']} {where}{total}: {for_terminal(event['error'], one_line=True)}"
+        size = f" ({event['chars']} chars)" if event["command"] != "page_image" else ""
+        return f"· {event['command']} #{event['handle']} {where}{total}{size}"
+    if kind == "job.image.created":
+        return (f"· image #{event['handle']} = {for_terminal(event['label'], one_line=True)}: "
+                f"{event['width']}x{event['height']} PNG, {event['len']} bytes")
+    return (f"· fetch {for_terminal(event['url'], one_line=True)} -> #{event['handle']} ({event['status']}, {event['len']} bytes, "
+            f"{event['kind']['kind']}" + (f", {event['redirects']} redirects" if event["redirects"] else "") + ")")
 
 
 def progress_text(payload: Any) -> str:

@@ -32,11 +32,12 @@ SNIFF_BYTES = 4096
 def sniff(head: bytes, length: int) -> MediaKind:
     """The media kind of a file from its first bytes (cuttlefish's order).
 
-    PDFs are reported as ``binary``: this host extracts no pages, so the
-    byte commands are the only ones that apply to them.
+    A PDF is a ``document`` with ``pages=0, has_text_layer=False`` here; the
+    reactor has ``documents.JobDocuments.inspect`` fill in the real values
+    (or make it ``binary`` when the PDF engine cannot read it).
     """
     if head.startswith(b"%PDF-"):
-        return MediaKind("binary")
+        return MediaKind("document", pages=0, has_text_layer=False)
     if head.startswith(b"\x89PNG"):
         return MediaKind("image", format="png")
     if head.startswith(b"\xff\xd8\xff"):
@@ -115,6 +116,19 @@ class Handles:
         self._next += 1
         return f
 
+    def add_bytes(self, data: bytes, label: str) -> OpenFile:
+        """A new handle holding host-made bytes (a rendered page, an image-op result).
+
+        The bytes live in an anonymous in-memory file, so they are read with
+        ``slice_bytes`` exactly like a file on disk; ``label`` names the
+        handle in messages and events.
+        """
+        if len(self._files) >= self.max_handles:
+            raise AccessError(codes.LIMIT_EXCEEDED,
+                              f"the job already holds {self.max_handles} open files (max_handles)")
+        fd = anonymous_file(data)
+        return self.add(fd, label)  # type: ignore[arg-type]
+
     def get(self, handle: int) -> OpenFile:
         f = self._files.get(handle)
         if f is None:
@@ -159,6 +173,25 @@ class Handles:
             except OSError:
                 pass
         self._files.clear()
+
+
+def anonymous_file(data: bytes = b"") -> int:
+    """A read-write descriptor of a file with no name holding ``data`` (memfd, else an unlinked temp file)."""
+    try:
+        fd = os.memfd_create("tensorjob", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        import tempfile
+
+        fd, name = tempfile.mkstemp(prefix="tensorjob-")
+        os.unlink(name)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _incomplete_lead(data: bytes) -> bool:

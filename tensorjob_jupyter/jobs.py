@@ -41,6 +41,7 @@ from .inference.base import Backend
 from .limits import Limits
 from .options import limit_keywords as limit_keywords_applied
 from .runner import InferOptions, JobStats, Reactor, internal_error
+from .web import FetchGrants
 
 if TYPE_CHECKING:
     from .compile import GuestSource
@@ -88,7 +89,8 @@ class Job:
                  model: str | os.PathLike | None = None,
                  limits: Limits | None = None, input_bytes: bytes = b"",
                  infer: InferOptions | None = None, runs_dir: str | os.PathLike | None = None,
-                 cwd: str | os.PathLike | None = None, name: str | None = None, **limit_keywords: Any):
+                 cwd: str | os.PathLike | None = None, name: str | None = None, fetch: Iterable[str] = (),
+                 **limit_keywords: Any):
         self.id = new_job_id()
         self.limits = limit_keywords_applied(limits, limit_keywords, "Job")
         self.input, input_json = abi.checked_value({} if input is None else input, "the job input",
@@ -98,6 +100,7 @@ class Job:
         wasm = source.wasm
         self.guest_sha256 = source.sha256
         self.grants = Grants.for_paths(read, cwd)
+        self.fetch_grants = FetchGrants.parse(fetch)  # ValueError names a prefix that is not an http(s) URL
         if backend is DEFAULT_MODEL:
             from .inference.lazy import model_backend
 
@@ -108,7 +111,8 @@ class Job:
         self._cancel = threading.Event()
         self._reactor = Reactor(job_id=self.id, wasm=wasm, input_json=input_json, grants=self.grants,
                                 backend=backend, limits=self.limits, stream=self.stream,
-                                cancel=self._cancel, input_bytes=input_bytes, infer=infer)
+                                cancel=self._cancel, input_bytes=input_bytes, infer=infer,
+                                fetch=self.fetch_grants)
         self._envelope_json: bytes | None = None
         self._status: JobStatus | None = None
         self._done = threading.Event()
@@ -124,7 +128,7 @@ class Job:
                             input=self.input, grants=[str(r) for r in self.grants.roots],
                             input_bytes={"bytes": len(input_bytes), "sha256": hashlib.sha256(input_bytes).hexdigest()},
                             limits=self.limits.to_json(), model=backend.model_name if backend else None,
-                            infer=self._reactor.infer_options.to_json())
+                            infer=self._reactor.infer_options.to_json(), fetch=self.fetch_grants.prefixes)
         _register(self)
 
     # -- lifecycle -----------------------------------------------------------------

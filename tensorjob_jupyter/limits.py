@@ -4,7 +4,9 @@ A guest is hostile until proven otherwise, so nothing it can ask for is
 unbounded: the time of each call into it and of the whole job, its CPU work
 (optional fuel), its linear memory and native stack, the number of steps and
 open handles, the size of an ``emit`` payload, a ``slice`` window, a command
-and the result, its streamed output, and the tokens the job may generate.
+and the result, its streamed output, the tokens the job may generate, and
+the document, image and fetch work done for it (pages, text, pixels, time,
+bytes).
 
 ``Limits`` is a frozen value; derive variants with ``limits.replace(...)``.
 It is also the one table the entry points are built from: each field's
@@ -59,6 +61,23 @@ class Limits:
     max_chunk_bytes: int = _limit(64 * KiB, BYTES, "largest single emit-chunk of streamed output")
     max_stream_bytes: int = _limit(64 * MiB, BYTES, "streamed output of the whole job; emit-chunk past it "
                                    "returns -2")
+    max_document_pages: int = _limit(10_000, COUNT, "pages a document may have; a PDF with more is refused at "
+                                     "open")
+    max_text_bytes: int = _limit(4 * MiB, BYTES, "largest text one page_text / document_text answer carries "
+                                 "(page_text_opt answers an error)")
+    max_render_pixels: int = _limit(16 * MiB, COUNT, "largest page page_image renders, in "
+                                    "pixels (pages are rendered 1024 wide), computed before anything is drawn")
+    max_image_pixels: int = _limit(64 * MiB, COUNT, "largest image image_op decodes, in pixels, read from the "
+                                   "image's header first: a decompression bomb is refused unread")
+    document_timeout_s: float = _limit(30.0, SECONDS, "wall clock of each call into the document engine (the "
+                                       "separate process running pdfium and Pillow); past it the engine is "
+                                       "killed: timeout")
+    document_memory_bytes: int = _limit(2048 * MiB, BYTES, "address space of the document engine process "
+                                        "(RLIMIT_AS)")
+    max_fetch_bytes: int = _limit(64 * MiB, BYTES, "largest body one fetch downloads (after any gzip decoding)")
+    fetch_timeout_s: float = _limit(60.0, SECONDS, "wall clock of one fetch, redirects included: timeout")
+    max_fetch_redirects: int = _limit(5, COUNT, "redirects one fetch follows, each checked against the grants "
+                                      "again")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -96,6 +96,8 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("read", "--read", "grant read access to a file or directory (repeatable)", "PATH", "paths"),
+    Option("fetch", "--fetch", "let the guest fetch URLs under this http(s) prefix (repeatable)", "PREFIX",
+           "paths"),
     Option("input", "--input", "the job input: a JSON value (in a notebook also $name, a variable)", "JSON",
            "json", one_job=True),
     Option("input_file", "--input-file", "stage F's bytes for the guest's wasi:tensor read-input", "F", "path"),
@@ -182,6 +184,7 @@ class JobOptions:
     """Everything that shapes a job besides its guest, checked."""
 
     read: tuple[str, ...] = ()
+    fetch: tuple[str, ...] = ()
     input: Any = None
     input_file: str | None = None
     model: str | None = None
@@ -238,6 +241,12 @@ class JobOptions:
             raise OptionError(f"--input-file {self.input_file}: no such file")
         if self.model is not None and not os.path.isfile(self.model):
             raise OptionError(f"--model {self.model}: model file not found")
+        from .web import FetchGrants
+
+        try:
+            FetchGrants.parse(self.fetch)
+        except ValueError as e:
+            raise OptionError(f"--fetch: {e}") from None
         return self
 
     def input_bytes(self) -> bytes:
@@ -263,12 +272,13 @@ class JobOptions:
 
     def job_kwargs(self) -> dict[str, Any]:
         """Keywords for ``Job`` (and ``run``)."""
-        return {"input": self.input, "read": list(self.read), "model": self.model, "limits": self.limits,
-                "input_bytes": self.input_bytes(), "infer": self.infer_options(), "runs_dir": self.runs}
+        return {"input": self.input, "read": list(self.read), "fetch": list(self.fetch), "model": self.model,
+                "limits": self.limits, "input_bytes": self.input_bytes(), "infer": self.infer_options(),
+                "runs_dir": self.runs}
 
     def map_kwargs(self) -> dict[str, Any]:
         """Keywords for ``start_map`` (and ``map``)."""
-        return {"read": list(self.read), "model": self.model, "limits": self.limits,
+        return {"read": list(self.read), "fetch": list(self.fetch), "model": self.model, "limits": self.limits,
                 "input_bytes": self.input_bytes(), "infer": self.infer_options(), "runs_dir": self.runs}
 
 

@@ -41,6 +41,7 @@ from typing import Any
 from . import abi
 from .abi import Envelope, JobError, JobStatus, Usage, codes
 from .caps import AccessError, Grants
+from .documents import DocumentError, JobDocuments
 from .events import EventBudgetExceeded, EventStream, TranscriptError
 from .files import Handles
 from .guest import Guest, GuestTrap
@@ -49,6 +50,7 @@ from .inference.base import (FINISH_LENGTH, Backend, GenerateRequest, LoraChoice
 from .limits import Limits
 from .responses import ResponseStream
 from .streaming import StreamingHost
+from .web import FetchError, FetchGrants, fetch_url
 
 PREVIEW_CHARS = 512
 PREVIEW_BYTES = 256
@@ -128,7 +130,7 @@ class Reactor:
 
     def __init__(self, *, job_id: str, wasm: bytes, input_json: bytes, grants: Grants, backend: Backend | None,
                  limits: Limits, stream: EventStream, cancel: threading.Event,
-                 input_bytes: bytes = b"", infer: InferOptions | None = None):
+                 input_bytes: bytes = b"", infer: InferOptions | None = None, fetch: FetchGrants | None = None):
         self.job_id = job_id
         self.wasm = wasm
         self.input_json = input_json
@@ -142,6 +144,8 @@ class Reactor:
         self.stats = JobStats()
         self.usage = Usage(model=backend.model_name if backend is not None else "")
         self.handles = Handles(limits.max_handles, limits.max_window_bytes)
+        self.fetch_grants = fetch or FetchGrants(())
+        self.documents: JobDocuments | None = None  # started on the first document or image command
         self.guest: Guest | None = None
         self._started = 0.0
         self.deadline: float | None = None
@@ -188,7 +192,11 @@ class Reactor:
             self.guest = None
             self.wasm = b""
             self.input_bytes = b""
-            self.handles.close()
+            try:
+                if self.documents is not None:
+                    self.documents.close()
+            finally:
+                self.handles.close()
 
     def _check_running(self) -> None:
         if self.cancel.is_set():
@@ -240,6 +248,10 @@ class Reactor:
             return self._infer(command)
         if isinstance(command, abi.Embed):
             return self._embed(command)
+        if isinstance(command, (abi.PageText, abi.PageTextOpt, abi.DocumentText, abi.PageImage, abi.ImageOp)):
+            return self._document_command(command)
+        if isinstance(command, abi.Fetch):
+            return self._fetch(command)
         raise JobEnd(codes.UNSUPPORTED, f"unexpected command {command!r}")  # pragma: no cover
 
     # -- commands -----------------------------------------------------------------------
@@ -258,6 +270,8 @@ class Reactor:
                          f"the job already holds {self.limits.max_handles} open files (max_handles)")
         fd, canonical = self.grants.open_checked(cmd.path)
         f = self.handles.add(fd, canonical)
+        if f.kind.kind == "document":
+            f.kind = self._doc_call(self._documents().inspect, f, cmd.path)
         self.stats.files_opened += 1
         self.stream.publish("job.file.opened", handle=f.handle, path=cmd.path, resolved=str(canonical),
                             len=f.len, kind=f.kind.to_json())
@@ -279,6 +293,49 @@ class Reactor:
                             length=len(window.data), next_offset=window.next_offset, binary=True,
                             preview_base64=base64.b64encode(window.data[:PREVIEW_BYTES]).decode("ascii"))
         return abi.SlicedBytes(base64.b64encode(window.data).decode("ascii"), window.next_offset)
+
+    # -- documents, images and fetch (documents.py, web.py) -----------------------------
+
+    def _documents(self) -> JobDocuments:
+        if self.documents is None:
+            self.documents = JobDocuments(self.handles, self.limits, check=self._check_running,
+                                          publish=self.stream.publish)
+        return self.documents
+
+    @staticmethod
+    def _doc_call(fn, *args):
+        try:
+            return fn(*args)
+        except (DocumentError, FetchError) as e:
+            raise JobEnd(e.code, e.message) from None
+
+    def _document_command(self, cmd) -> abi.Event:
+        docs = self._documents()
+        if isinstance(cmd, abi.PageText):
+            return abi.PageTexted(self._doc_call(docs.page_text, cmd.handle, cmd.page))
+        if isinstance(cmd, abi.PageTextOpt):
+            return abi.PageTextAttempted(*self._doc_call(docs.page_text_opt, cmd.handle, cmd.page))
+        if isinstance(cmd, abi.DocumentText):
+            return abi.PageTexted(self._doc_call(docs.document_text, cmd.handle))
+        if isinstance(cmd, abi.PageImage):
+            f = self._doc_call(docs.page_image, cmd.handle, cmd.page)
+        else:
+            f = self._doc_call(docs.image_op, cmd.handle, cmd.op.to_json())
+        return abi.PageImaged(f.handle, f.len)
+
+    def _fetch(self, cmd: abi.Fetch) -> abi.Event:
+        if len(self.handles) >= self.limits.max_handles:
+            raise JobEnd(codes.LIMIT_EXCEEDED,
+                         f"the job already holds {self.limits.max_handles} open files (max_handles)")
+        fetched = self._doc_call(fetch_url, cmd.url, self.fetch_grants, self.limits, self._check_running)
+        f = self.handles.add(fetched.fd, cmd.url)
+        if f.kind.kind == "document":
+            f.kind = self._doc_call(self._documents().inspect, f, cmd.url)
+        self.stats.files_opened += 1
+        self.stream.publish("job.fetch", handle=f.handle, url=cmd.url, final_url=fetched.final_url,
+                            status=fetched.status, content_type=fetched.content_type, redirects=fetched.redirects,
+                            len=f.len, kind=f.kind.to_json())
+        return abi.Opened(f.handle, f.len, f.kind)
 
     def _on_chunk(self, data: bytes) -> None:
         self.stats.chunks += 1
@@ -364,7 +421,9 @@ class Reactor:
     def _infer(self, cmd: abi.Infer) -> abi.Event:
         if cmd.images:
             raise JobEnd(codes.UNSUPPORTED, "infer with images needs a vision-capable model; "
-                                            "this host serves text models only")
+                                            "this host serves text models only (vision models are not yet "
+                                            "supported), so page images can be made and read but not shown "
+                                            "to the model")
         backend = self._backend()
         remaining = self.limits.max_tokens - self.usage.tokens_out
         if remaining <= 0:

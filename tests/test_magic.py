@@ -160,3 +160,12 @@ def test_map_from_the_magic_with_its_summary(ip, tmp_path, capsys):
         ip.run_line_magic("tensorjob", f"map {guest} --over {bad} --run-dir {tmp_path / 'run2'}")
     with pytest.raises(UsageError, match="--over MANIFEST and --run-dir"):
         ip.run_line_magic("tensorjob", f"map {guest}")
+
+
+def test_fetch_grants_from_the_magic(ip):
+    cell = wat.script_wat([{"cmd": "fetch", "url": "https://example.org.evil/"}, {"cmd": "done", "result": 1}])
+    job = ip.run_cell_magic("tensorjob", "--fetch https://example.org/ --bg --quiet", cell)
+    env = job.wait(30)
+    assert env.error.code == "capability_denied" and job.events[0]["fetch"] == ["https://example.org/"]
+    with pytest.raises(UsageError, match="--fetch: fetch grant 'ftp://x/'"):
+        ip.run_cell_magic("tensorjob", "--fetch ftp://x/", cell)

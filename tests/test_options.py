@@ -60,7 +60,7 @@ def world(tmp_path):
 
 def flags(world, *, one_job: bool = True) -> list[str]:
     """Every option, as flags, each with a value other than its default."""
-    argv = ["--read", str(world / "docs"), "--input-file", str(world / "staged.bin"),
+    argv = ["--read", str(world / "docs"), "--fetch", "http://127.0.0.1:9/docs", "--input-file", str(world / "staged.bin"),
             "--model", str(world / "other.gguf"), "--chat", "--temperature", "0.25", "--seed", "7",
             "--runs", str(world / "runs"), "--cflags=-DANSWER=42", "--zigflags=-fno-strip", "--force"]
     if one_job:
@@ -83,6 +83,7 @@ def check_created(created: dict, world, *, one_job: bool = True) -> None:
     """The job's record shows every option's value."""
     assert created["limits"] == {**tj.Limits().to_json(), **LIMITS}
     assert created["grants"] == [str((world / "docs").resolve())]
+    assert created["fetch"] == ["http://127.0.0.1:9/docs"]
     assert created["input_bytes"] == {"bytes": 12, "sha256": hashlib.sha256(b"staged bytes").hexdigest()}
     assert created["model"] == "other"
     assert created["infer"]["chat"] is True
@@ -163,7 +164,7 @@ def test_traitlets_give_the_defaults_and_flags_override_them(ip, world, monkeypa
 
 def test_every_option_as_a_python_keyword(world, monkeypatch):
     monkeypatch.chdir(world)
-    options = JobOptions(read=(str(world / "docs"),), input={"x": [1, "two"]}, input_file=str(world / "staged.bin"),
+    options = JobOptions(read=(str(world / "docs"),), fetch=("http://127.0.0.1:9/docs",), input={"x": [1, "two"]}, input_file=str(world / "staged.bin"),
                          model=str(world / "other.gguf"), chat=True, temperature=0.25, seed=7,
                          runs=str(world / "runs"), cflags=("-DANSWER=42",), limits=tj.Limits(**LIMITS))
     envelope = tj.run(options.guest(world / "guest.c"), **options.job_kwargs())

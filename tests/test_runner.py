@@ -198,9 +198,9 @@ def test_embed_answers_embedded():
     assert (ev["count"], ev["dimensions"]) == (3, 8)
 
 
-def test_an_unsupported_cuttlefish_command_fails_clearly():
+def test_a_document_command_on_a_handle_the_job_does_not_hold_is_denied():
     job = run_job([{"cmd": "page_text", "handle": 0, "page": 0}])
-    assert job.envelope.error.code == codes.UNSUPPORTED and "page_text" in job.envelope.error.message
+    assert job.envelope.error.code == codes.CAPABILITY_DENIED and "no such handle: 0" in job.envelope.error.message
 
 
 # --- the stream and the transcript ----------------------------------------------------------------

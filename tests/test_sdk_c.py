@@ -207,6 +207,14 @@ EXACT = [
     ({"cmd": "fail", "s": "no such file"}, b'{"cmd":"fail","code":"not_found","message":"no such file"}'),
     ({"cmd": "failf", "s": "y"}, b'{"cmd":"fail","code":"unsupported","message":"x=-42 y"}'),
     ({"cmd": "none"}, b'{"cmd":"fail","code":"wasm_trap","message":"the guest returned no command"}'),
+    ({"cmd": "page_text"}, b'{"cmd":"page_text","handle":3,"page":4294967295}'),
+    ({"cmd": "page_text_opt"}, b'{"cmd":"page_text_opt","handle":0,"page":7}'),
+    ({"cmd": "page_image"}, b'{"cmd":"page_image","handle":1,"page":0}'),
+    ({"cmd": "document_text"}, b'{"cmd":"document_text","handle":9}'),
+    ({"cmd": "resize"}, b'{"cmd":"image_op","handle":2,"op":{"op":"resize","max_width":512,"max_height":384}}'),
+    ({"cmd": "crop"}, b'{"cmd":"image_op","handle":2,"op":{"op":"crop","x":1,"y":2,"width":3,"height":4294967295}}'),
+    ({"cmd": "fetch", "s": 'https://example.org/a "b"'},
+     b'{"cmd":"fetch","url":"https://example.org/a \\"b\\""}'),
 ]
 
 
@@ -264,9 +272,27 @@ def test_events_are_parsed_whatever_the_key_order_and_whitespace(guest):
     ev = emitted(guest.step({"event": "emitted"}))
     assert (ev["type"], ev["name"], ev["text"]) == (6, "emitted", "")
 
-    ev = emitted(guest.step({"event": "page_texted", "text": "later"}))
-    assert (ev["type"], ev["name"]) == (0, "page_texted")
+    ev = emitted(guest.step({"event": "a_later_event", "text": "later"}))
+    assert (ev["type"], ev["name"]) == (0, "a_later_event")
     assert ev["kept"] == "kept across steps"
+
+
+def test_document_events_are_parsed(guest):
+    guest.init({})
+    ev = emitted(guest.step({"event": "opened", "handle": 2, "len": 3674,
+                             "kind": {"kind": "document", "pages": 4, "has_text_layer": True}}))
+    assert (ev["type"], ev["kind"], ev["pages"], ev["has_text_layer"], ev["error"]) == (2, "document", 4, True, None)
+    ev = emitted(guest.step({"event": "opened", "handle": 2, "len": 3, "kind": {"kind": "document", "pages": 1,
+                                                                                 "has_text_layer": False}}))
+    assert (ev["pages"], ev["has_text_layer"]) == (1, False)
+    ev = emitted(guest.step({"event": "page_texted", "text": "page\ftwo " + TRICKY}))
+    assert (ev["type"], ev["name"], ev["text"]) == (7, "page_texted", "page\ftwo " + TRICKY)
+    ev = emitted(guest.step({"event": "page_text_attempted", "text": "words", "error": None}))
+    assert (ev["type"], ev["text"], ev["error"]) == (8, "words", None)
+    ev = emitted(guest.step({"event": "page_text_attempted", "text": None, "error": "page 2 has no text layer"}))
+    assert (ev["type"], ev["text"], ev["error"]) == (8, "", "page 2 has no text layer")
+    ev = emitted(guest.step({"event": "page_imaged", "handle": 4294967295, "len": 2**40}))
+    assert (ev["type"], ev["handle"], ev["len"]) == (9, 2**32 - 1, 2**40)
 
 
 def test_on_token_gets_raw_bytes_and_its_answer_is_the_verdict(guest):

@@ -72,6 +72,13 @@ EXACT = [
     ({"cmd": "failf", "s": "y"}, b'{"cmd":"fail","code":"unsupported","message":"x=-42 y"}'),
     ({"cmd": "error"}, b'{"cmd":"fail","code":"wasm_trap","message":"guest error in init: Deliberate"}'),
     ([1, 2], b'{"cmd":"fail","code":"schema_validation_failed","message":"the input must be an object"}'),
+    ({"cmd": "page_text"}, b'{"cmd":"page_text","handle":3,"page":4294967295}'),
+    ({"cmd": "page_text_opt"}, b'{"cmd":"page_text_opt","handle":0,"page":7}'),
+    ({"cmd": "page_image"}, b'{"cmd":"page_image","handle":1,"page":0}'),
+    ({"cmd": "document_text"}, b'{"cmd":"document_text","handle":9}'),
+    ({"cmd": "resize"}, b'{"cmd":"image_op","handle":2,"op":{"op":"resize","max_width":512,"max_height":384}}'),
+    ({"cmd": "crop"}, b'{"cmd":"image_op","handle":2,"op":{"op":"crop","x":1,"y":2,"width":3,"height":4294967295}}'),
+    ({"cmd": "fetch", "s": "https://example.org/é"}, '{"cmd":"fetch","url":"https://example.org/é"}'.encode()),
 ]
 
 
@@ -87,7 +94,7 @@ def test_events_are_parsed_into_the_tagged_union(guest):
     ev = emitted(guest.step(b' { "kind" : { "format":"png", "kind" : "image" }, "len": 4294967296,'
                             b' "extra": {"handle": 9}, "handle": 3, "event": "opened" } '))
     assert ev == {"event": "opened", "handle": 3, "len": 2**32, "kind": "image", "format": "png",
-                  "kept": "kept across steps"}
+                  "pages": None, "has_text_layer": None, "kept": "kept across steps"}
     ev = emitted(guest.step({"event": "opened", "handle": 0, "len": 5}))
     assert (ev["kind"], ev["format"]) == ("text", None)
 
@@ -106,8 +113,25 @@ def test_events_are_parsed_into_the_tagged_union(guest):
     assert (ev["vectors"], ev["dims"]) == (2, 6)
     assert ev["sum"] == pytest.approx(15.251, abs=1e-5)
 
-    ev = emitted(guest.step({"event": "page_texted", "text": "later"}))
-    assert ev == {"event": "unknown", "name": "page_texted", "kept": "kept across steps"}
+    ev = emitted(guest.step({"event": "a_later_event", "text": "later"}))
+    assert ev == {"event": "unknown", "name": "a_later_event", "kept": "kept across steps"}
+
+
+def test_document_events_are_parsed(guest):
+    guest.init({"s": "k"})
+    ev = emitted(guest.step({"event": "opened", "handle": 2, "len": 3674,
+                             "kind": {"kind": "document", "pages": 4, "has_text_layer": True}}))
+    assert (ev["kind"], ev["pages"], ev["has_text_layer"], ev["format"]) == ("document", 4, True, None)
+    ev = emitted(guest.step({"event": "opened", "handle": 0, "len": 5}))
+    assert (ev["pages"], ev["has_text_layer"]) == (None, None)
+    ev = emitted(guest.step({"event": "page_texted", "text": "a\fb " + TRICKY}))
+    assert ev == {"event": "page_texted", "text": "a\fb " + TRICKY}
+    ev = emitted(guest.step({"event": "page_text_attempted", "text": "words", "error": None}))
+    assert ev == {"event": "page_text_attempted", "text": "words", "error": None}
+    ev = emitted(guest.step({"event": "page_text_attempted", "text": None, "error": "page 2 has no text layer"}))
+    assert ev == {"event": "page_text_attempted", "text": None, "error": "page 2 has no text layer"}
+    ev = emitted(guest.step({"event": "page_imaged", "handle": 4294967295, "len": 2**40}))
+    assert ev == {"event": "page_imaged", "handle": 2**32 - 1, "len": 2**40}
 
 
 def test_on_token_verdicts(guest):

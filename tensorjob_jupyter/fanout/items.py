@@ -109,6 +109,7 @@ class ItemSpec:
     runs_dir: str
     name: str = "guest"
     input_bytes: bytes = b""
+    fetch: tuple[str, ...] = ()
 
     @property
     def sha256(self) -> str:
@@ -130,7 +131,7 @@ def run_item(spec: ItemSpec, backend: Backend, index: int, item: Any,
     try:
         job = Job(spec.wasm, input=item, read=spec.read, backend=backend, limits=spec.limits,
                   infer=spec.infer, runs_dir=spec.runs_dir, cwd=spec.cwd, name=f"{spec.name}[{index}]",
-                  input_bytes=spec.input_bytes)
+                  input_bytes=spec.input_bytes, fetch=spec.fetch)
     except Exception as e:  # noqa: BLE001 - a host error fails this item only
         error = internal_error(f"{spec.name}[{index}]", e)
         return failed_outcome(index, error.code, error.message)

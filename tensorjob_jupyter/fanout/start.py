@@ -19,6 +19,7 @@ from ..jobs import resolve_guest
 from ..limits import Limits
 from ..options import limit_keywords as limit_keywords_applied
 from ..runner import InferOptions
+from ..web import FetchGrants
 from .folder import JOBS, RunFolder
 from .items import BackendSpec, ItemSpec, process_backend
 from .local import LocalExecutor
@@ -34,7 +35,7 @@ DEFAULT_CONCURRENCY = 4
 
 def start_map(guest: "GuestSource | bytes | str | os.PathLike", manifest: str | os.PathLike | Sequence[Any],
               run_dir: str | os.PathLike, *, read: Iterable[str | os.PathLike] = (),
-              limits: Limits | None = None, backend: Backend | Callable[[], Backend] | None = None,
+              fetch: Iterable[str] = (), limits: Limits | None = None, backend: Backend | Callable[[], Backend] | None = None,
               model: str | os.PathLike | None = None, model_options: dict | None = None,
               infer: InferOptions | None = None, input_bytes: bytes = b"", runs_dir: str | os.PathLike | None = None,
               concurrency: int | None = None, cluster: Any = None, retry_failed: bool = False, retries: int = 1,
@@ -52,6 +53,7 @@ def start_map(guest: "GuestSource | bytes | str | os.PathLike", manifest: str | 
     process), a scheduler address, a ``distributed.Client`` or a Dask cluster
     object. ``retries``: Dask retries of an item whose task raised (a worker
     that dies is retried by Dask regardless, up to ``allowed-failures``).
+    ``fetch``: URL prefixes every item may fetch (as ``read`` grants paths).
     ``input_bytes`` are staged for every item's ``read-input``; item
     transcripts go under ``run_dir/jobs`` unless ``runs_dir`` says where.
     Limit keywords (``max_tokens=...``) apply to every item, as in ``Job``.
@@ -61,7 +63,7 @@ def start_map(guest: "GuestSource | bytes | str | os.PathLike", manifest: str | 
     if concurrency is not None and concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     limits = limit_keywords_applied(limits, limit_keywords, "start_map")
-    spec, instance = _item_spec(guest, read, limits, backend, model, model_options, infer, input_bytes,
+    spec, instance = _item_spec(guest, read, fetch, limits, backend, model, model_options, infer, input_bytes,
                                 runs_dir if runs_dir is not None else Path(run_dir).absolute() / JOBS)
     folder = RunFolder(run_dir, fsync=fsync)
     executor = _executor(spec, instance, concurrency, cluster, retries)
@@ -87,7 +89,7 @@ def map(guest: bytes | str | os.PathLike, manifest: str | os.PathLike | Sequence
         return run.wait()
 
 
-def _item_spec(guest, read, limits, backend, model, model_options, infer, input_bytes,
+def _item_spec(guest, read, fetch, limits, backend, model, model_options, infer, input_bytes,
                runs_dir) -> tuple[ItemSpec, Backend | None]:
     cwd = os.getcwd()
     grants = []
@@ -104,7 +106,8 @@ def _item_spec(guest, read, limits, backend, model, model_options, infer, input_
     source = resolve_guest(guest)
     spec = ItemSpec(wasm=source.wasm, read=tuple(grants), cwd=cwd, limits=limits or Limits(),
                     infer=infer, backend=BackendSpec.of(factory, model, model_options),
-                    runs_dir=str(Path(runs_dir).absolute()), name=source.name, input_bytes=bytes(input_bytes))
+                    runs_dir=str(Path(runs_dir).absolute()), name=source.name, input_bytes=bytes(input_bytes),
+                    fetch=tuple(FetchGrants.parse(fetch).prefixes))
     return spec, instance
 
 

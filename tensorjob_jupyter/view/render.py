@@ -1,15 +1,19 @@
 """HTML for each section of the job view, built from a ``ViewState``.
 
 Every string that came from a guest or a model -- tokens, paths, previews,
-emitted payloads, streamed output, the result, error messages -- passes
-through ``text.for_html`` before it is placed in markup, so a guest that
-emits ``<script>`` shows the characters ``<script>``. Markup built here uses
+page text, emitted payloads, streamed output, the result, error messages --
+passes through ``text.for_html`` before it is placed in markup, so a guest
+that emits ``<script>`` shows the characters ``<script>``. Thumbnails of the
+images a guest made are PNG bytes (checked by signature and size when the
+event is folded in) re-encoded as base64 here, so only base64 reaches the
+``src`` attribute. Markup built here uses
 inline styles only (no script, no external resources), so it renders the
 same in JupyterLab, Notebook, VS Code and nbconvert's HTML.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -98,11 +102,16 @@ def files(state: ViewState) -> str:
     if not state.files:
         return ""
     rows = []
+    thumbs = {f.handle for f in list(state.files.values()) if f.thumbnail}
+    thumbs = set(sorted(thumbs)[-MAX_THUMBNAILS:])
     for f in state.files.values():
         if f.preview_bytes is not None:
             preview = hex_dump(f.preview_bytes, f.preview_offset)
         else:
             preview = f.preview or ""
+        if f.pages is not None or f.thumbnail is not None or f.size_px is not None:
+            rows.append(document_row(f, f.handle in thumbs))
+            continue
         rows.append(
             f'<div class="tj-file" style="margin:4px 0;font-family:sans-serif;font-size:12px">'
             f'<b>#{f.handle}</b> <code>{for_html(f.path)}</code> · {human_bytes(f.length)} · {for_html(f.kind)}<br>'
@@ -111,6 +120,59 @@ def files(state: ViewState) -> str:
             f'{for_html(preview)}</pre></div>')
     return ("<div style='line-height:1.4'><b style='font-family:sans-serif;font-size:12px'>Files</b>"
             + "".join(rows) + "</div>")
+
+
+#: Thumbnails shown at once (the latest images): every update resends the panel.
+MAX_THUMBNAILS = 6
+
+
+def page_bar(f: FileState, width: int = 240) -> str:
+    """An inline SVG bar of a document's pages: blue where pages were read (text or image)."""
+    pages = f.pages or 0
+    read = range(pages) if f.all_pages_read else sorted(p for p in f.pages_read if 0 <= p < pages)
+    spans: list[list[int]] = []
+    for p in read:  # one rect per run of covered pixels, however many pages
+        x0, x1 = int(width * p / pages), max(int(width * p / pages) + 1, int(width * (p + 1) / pages))
+        if spans and x0 <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], x1)
+        else:
+            spans.append([x0, x1])
+    gap = 1 if pages and width / pages > 3 else 0  # separate the cells of a short document
+    rects = "".join(f'<rect x="{a}" y="0" width="{max(1, b - a - gap)}" height="10" fill="#1f6feb"/>' for a, b in spans)
+    return (f'<svg class="tj-pages" data-pages-read="{len(read)}" width="{width}" height="10" '
+            f'style="vertical-align:middle"><rect width="{width}" height="10" fill="#d0d7de"/>{rects}</svg>'
+            f' <span style="font-size:11px">{len(read)} of {pages} pages read</span>')
+
+
+def thumbnail(data: bytes | None, alt: str) -> str:
+    """A PNG the host made, as an <img> data URI: the bytes re-encoded here, so nothing but base64 reaches the tag."""
+    if not data or not data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return ""
+    b64 = base64.b64encode(data).decode("ascii")
+    return (f'<img class="tj-thumb" alt="{for_html(alt)}" src="data:image/png;base64,{b64}" '
+            f'style="max-width:160px;max-height:160px;border:1px solid #d0d7de;display:block;margin:2px 0"/>')
+
+
+def document_row(f: FileState, show_thumbnail: bool = True) -> str:
+    """A Files-panel row for a document (pages read, latest page text) or a host-made image (thumbnail)."""
+    head = (f'<b>#{f.handle}</b> <code>{for_html(f.path)}</code> · {human_bytes(f.length)} · {for_html(f.kind)}')
+    if f.size_px is not None:
+        head += f" · {f.size_px[0]}×{f.size_px[1]} px"
+    body = ""
+    if f.pages is not None:
+        body += page_bar(f)
+        if f.page_text is not None:
+            label = "all pages" if f.page_no is None else f"page {f.page_no}"
+            colour = "#cf222e" if f.page_error else "inherit"
+            body += (f'<div style="font-size:11px;color:#57606a">{label}</div>'
+                     f'<pre class="tj-page-text" style="{PRE}max-height:8em;overflow:auto;background:#f6f8fa;'
+                     f'padding:2px;color:{colour}">{for_html(f.page_text)}</pre>')
+    if show_thumbnail:
+        body += thumbnail(f.thumbnail, f.path)
+    if f.ranges:
+        body += coverage_bar(f)
+    return (f'<div class="tj-file tj-document" style="margin:4px 0;font-family:sans-serif;font-size:12px">'
+            f'{head}<br>{body}</div>')
 
 
 def output(state: ViewState) -> str:

@@ -4,8 +4,9 @@
 a person watches: status and timing, progress from ``emit`` payloads of the
 form ``{"done": n, "total": m}`` or ``{"fraction": x}`` (anything else is a
 log line), the streamed text of each infer, every open file with the byte
-ranges read from it and a preview of the latest window, the guest's
-streamed output, the result and the usage. Each section records whether it
+ranges read from it and a preview of the latest window (for a document, the
+pages read and the latest page's text; for an image the host made, a small
+thumbnail), the guest's streamed output, the result and the usage. Each section records whether it
 changed since the last render, so a view resends only what moved.
 
 Keeping this pure makes the view testable without a front end and lets the
@@ -34,6 +35,9 @@ MAX_TEXT_CHARS = 20_000  # per infer and for streamed output: the tail is kept
 #: filled, so the coverage shown may be slightly more than was read.
 MAX_RANGES = 4096
 
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+MAX_THUMBNAIL_BYTES = 64 * 1024  # a thumbnail bigger than this is not shown
+
 SECTIONS = ("header", "progress", "log", "tokens", "files", "output", "result", "usage")
 
 
@@ -48,6 +52,15 @@ class FileState:
     preview_bytes: bytes | None = None
     preview_offset: int = 0
     approximate: bool = False  # narrow gaps were filled to bound the ranges kept
+    # Documents (job.document.page), images made by the host (job.image.created):
+    pages: int | None = None
+    pages_read: set[int] = field(default_factory=set)
+    all_pages_read: bool = False
+    page_text: str | None = None  # the latest page's text preview (or error)
+    page_no: int | None = None
+    page_error: bool = False
+    thumbnail: bytes | None = None  # a small PNG the host made of the guest's image
+    size_px: tuple[int, int] | None = None
 
     def add_range(self, start: int, end: int) -> None:
         """Merge [start, end) into the sorted, disjoint ranges (log n to find)."""
@@ -184,6 +197,7 @@ class ViewState:
 
     def _on_job_file_opened(self, event: dict) -> None:
         self.files[event["handle"]] = FileState(event["handle"], event["path"], event["len"], event["kind"]["kind"])
+        self._document_pages(event)
         self.dirty.add("files")
 
     def _on_job_file_sliced(self, event: dict) -> None:
@@ -196,6 +210,49 @@ class ViewState:
             f.preview, f.preview_bytes = None, base64.b64decode(event.get("preview_base64", ""))
         else:
             f.preview, f.preview_bytes = event.get("preview", ""), None
+        self.dirty.add("files")
+
+    def _on_job_fetch(self, event: dict) -> None:
+        self.files[event["handle"]] = FileState(event["handle"], event["url"], event["len"], event["kind"]["kind"])
+        self._document_pages(event)
+        self.dirty.add("files")
+
+    def _document_pages(self, event: dict) -> None:
+        """A document's page count, from ``opened``'s kind, so the view shows its pages at once."""
+        kind = event["kind"]
+        if kind.get("kind") == "document" and _count(kind.get("pages")):
+            self.files[event["handle"]].pages = kind["pages"]
+
+    def _on_job_document_page(self, event: dict) -> None:
+        f = self.files.get(event["handle"])
+        if f is None:
+            return
+        command, pages, page = event["command"], event.get("pages"), event.get("page")
+        if _count(pages):
+            f.pages = pages
+        if not _count(page) or (f.pages is not None and page >= f.pages):
+            page = None
+        ok = event.get("error") is None
+        if command == "document_text":
+            f.all_pages_read = f.all_pages_read or (ok and f.pages is not None)
+        elif page is not None and ok:
+            f.pages_read.add(page)
+        if command != "page_image" and (page is not None or command == "document_text"):
+            f.page_no = page
+            f.page_error = not ok
+            f.page_text = str(event.get("error") or event.get("preview") or "")
+        self.dirty.add("files")
+
+    def _on_job_image_created(self, event: dict) -> None:
+        f = FileState(event["handle"], str(event["label"]), event["len"], "image")
+        f.size_px = (int(event["width"]), int(event["height"]))
+        encoded = event.get("thumbnail_base64") or ""
+        try:
+            thumb = base64.b64decode(encoded, validate=True) if len(encoded) <= 2 * MAX_THUMBNAIL_BYTES else b""
+        except ValueError:
+            thumb = b""
+        f.thumbnail = thumb if thumb.startswith(PNG_MAGIC) and len(thumb) <= MAX_THUMBNAIL_BYTES else None
+        self.files[f.handle] = f
         self.dirty.add("files")
 
     def _on_job_chunk(self, event: dict) -> None:
@@ -267,6 +324,10 @@ def progress_fraction(payload: Any) -> float | None:
     except (OverflowError, ValueError):  # numbers too large for a float
         return None
     return max(0.0, min(1.0, value)) if math.isfinite(value) else None
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _number(value: Any) -> bool:

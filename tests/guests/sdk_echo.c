@@ -82,6 +82,13 @@ tj_cmd guest_init(tj_json input) {
         return tj_done(tj_jsonf("{\"keys\":%S,\"kinds\":%S,\"items\":%llu,\"sum\":%llu}", tj_buf_str(&keys),
                                 tj_buf_str(&kinds), items, sum));
     }
+    if (tj_eq(cmd, "page_text")) return tj_page_text(3, 4294967295u);
+    if (tj_eq(cmd, "page_text_opt")) return tj_page_text_opt(0, 7);
+    if (tj_eq(cmd, "page_image")) return tj_page_image(1, 0);
+    if (tj_eq(cmd, "document_text")) return tj_document_text(9);
+    if (tj_eq(cmd, "resize")) return tj_image_resize(2, 512, 384);
+    if (tj_eq(cmd, "crop")) return tj_image_crop(2, 1, 2, 3, 4294967295u);
+    if (tj_eq(cmd, "fetch")) return tj_fetch(s);
     if (tj_eq(cmd, "none")) return (tj_cmd){0, 0};
     return tj_failf("unsupported", "unknown cmd %S", cmd);
 }
@@ -99,8 +106,9 @@ tj_cmd guest_step(tj_event ev) {
     return tj_emit(tj_jsonf(
         "{\"type\":%d,\"name\":%S,\"text\":%S,\"text_hex\":%S,\"tokens_out\":%u,\"handle\":%u,\"len\":%llu,"
         "\"kind\":%S,\"format\":%S,\"next_offset\":%llu,\"bytes_hex\":%S,\"vectors\":%llu,\"dims\":%llu,"
-        "\"sum\":%f,\"kept\":%S,\"tokens\":%llu}",
+        "\"sum\":%f,\"kept\":%S,\"tokens\":%llu,\"pages\":%u,\"has_text_layer\":%b,\"error\":%S}",
         (int)ev.type, ev.name, ev.text, hex(ev.text), ev.tokens_out, ev.handle, (unsigned long long)ev.len, ev.kind,
         ev.format, (unsigned long long)ev.next_offset, hex(tj_base64_decode(ev.bytes_base64)),
-        (unsigned long long)vectors, (unsigned long long)dims, sum, kept, (unsigned long long)tokens));
+        (unsigned long long)vectors, (unsigned long long)dims, sum, kept, (unsigned long long)tokens, ev.pages,
+        ev.has_text_layer, ev.error));
 }

@@ -61,6 +61,13 @@ pub fn init(input: std.json.Value) !tj.Command {
     if (eql(cmd, "failf")) return tj.failf("unsupported", "{s}={d} {s}", .{ "x", -42, text });
     if (eql(cmd, "bad_utf8")) return tj.done(.{ .bad = @as([]const u8, "a\xffb\xc3(\xed\xa0\x80c\xf0\x9f\x98"), .list = @as([]const []const u8, &.{"\xff"}) });
     if (eql(cmd, "error")) return error.Deliberate;
+    if (eql(cmd, "page_text")) return tj.pageText(3, 4294967295);
+    if (eql(cmd, "page_text_opt")) return tj.pageTextOpt(0, 7);
+    if (eql(cmd, "page_image")) return tj.pageImage(1, 0);
+    if (eql(cmd, "document_text")) return tj.documentText(9);
+    if (eql(cmd, "resize")) return tj.imageResize(2, 512, 384);
+    if (eql(cmd, "crop")) return tj.imageCrop(2, 1, 2, 3, 4294967295);
+    if (eql(cmd, "fetch")) return tj.fetch(text);
     return tj.failf("unsupported", "unknown cmd {s}", .{cmd});
 }
 
@@ -72,7 +79,10 @@ pub fn onToken(token: []const u8) tj.TokenAction {
 pub fn step(ev: tj.Event) !tj.Command {
     return switch (ev) {
         .infer_done => |e| tj.emit(.{ .event = "infer_done", .text = e.text, .text_hex = hex(e.text), .tokens_out = e.tokens_out, .kept = kept }),
-        .opened => |e| tj.emit(.{ .event = "opened", .handle = e.handle, .len = e.len, .kind = e.kind.kind, .format = e.kind.format, .kept = kept }),
+        .opened => |e| tj.emit(.{ .event = "opened", .handle = e.handle, .len = e.len, .kind = e.kind.kind, .format = e.kind.format, .pages = e.kind.pages, .has_text_layer = e.kind.has_text_layer, .kept = kept }),
+        .page_texted => |e| tj.emit(.{ .event = "page_texted", .text = e.text }),
+        .page_text_attempted => |e| tj.emit(.{ .event = "page_text_attempted", .text = e.text, .@"error" = e.err }),
+        .page_imaged => |e| tj.emit(.{ .event = "page_imaged", .handle = e.handle, .len = e.len }),
         .sliced => |e| tj.emit(.{ .event = "sliced", .text = e.text, .text_hex = hex(e.text), .next_offset = e.next_offset, .kept = kept }),
         .sliced_bytes => |e| tj.emit(.{ .event = "sliced_bytes", .bytes_hex = hex(e.bytes()), .next_offset = e.next_offset }),
         .embedded => |e| blk: {
