@@ -81,6 +81,12 @@ commands = st.one_of(
               st.integers(-1, 3), st.integers(-1, 50), st.integers(0, 50)),
     st.builds(lambda p, n: {"cmd": "infer", "prompt": p, "max_tokens": n}, any_text, st.integers(-1, 8)),
     st.builds(lambda t: {"cmd": "embed", "texts": t}, st.lists(any_text, max_size=3)),
+    st.builds(lambda c, h, p: {"cmd": c, "handle": h, "page": p},
+              st.sampled_from(["page_text", "page_text_opt", "page_image"]), st.integers(-1, 3), st.integers(-1, 2**33)),
+    st.builds(lambda h: {"cmd": "document_text", "handle": h}, st.integers(-1, 3)),
+    st.builds(lambda h, op: {"cmd": "image_op", "handle": h, "op": op}, st.integers(-1, 3), json_values),
+    st.builds(lambda u: {"cmd": "fetch", "url": u}, any_text | st.sampled_from(
+        ["http://127.0.0.1:9/x", "file:///etc/passwd", "https://example.org.evil/", "http://[::1]:0/"])),
     st.builds(lambda v: {"cmd": v}, any_text),
     json_values,
 )
