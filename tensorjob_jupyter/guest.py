@@ -37,6 +37,7 @@ import wasmtime
 from . import abi
 from .abi import codes
 from .limits import Limits
+from .wasmcall import HotCall, set_deadline
 
 WASM_MAGIC = b"\0asm"
 #: Compiling is the one step no deadline can interrupt (it runs before the guest
@@ -304,10 +305,13 @@ class Guest:
             raise GuestTrap(codes.WASM_TRAP, f"could not instantiate the guest: {_first_line(e)}") from None
         ex = instance.exports(self._store)
         self._memory: wasmtime.Memory = ex["memory"]
-        self._alloc = ex["cf_alloc"]
-        self._init = ex["cf_init"]
-        self._step = ex["cf_step"]
-        self._on_token = ex.get("cf_on_token")
+        # The ABI's exports, called through prepared C calls (wasmcall.py): their
+        # signatures were checked above, and they are the host's hottest path.
+        self._alloc = HotCall(self._store, ex["cf_alloc"], 1)
+        self._init = HotCall(self._store, ex["cf_init"], 2)
+        self._step = HotCall(self._store, ex["cf_step"], 2)
+        on_token = ex.get("cf_on_token")
+        self._on_token = HotCall(self._store, on_token, 2) if on_token is not None else None
         self.has_on_token = self._on_token is not None
         self._note_memory()
 
@@ -333,7 +337,7 @@ class Guest:
                 raise GuestTrap(codes.TIMEOUT, f"the job ran past its time limit of {self.limits.job_timeout_s} s")
             if remaining < budget:
                 budget, self._cause = remaining, "job"
-        self._store.set_epoch_deadline(max(1, math.ceil(budget / TICK_S)) + 1)
+        set_deadline(self._store, max(1, math.ceil(budget / TICK_S)) + 1)
 
     def _trap(self, e: wasmtime.Trap) -> GuestTrap:
         code = e.trap_code
@@ -352,11 +356,11 @@ class Guest:
                                               f"{self.limits.stack_bytes}-byte wasm stack)")
         return GuestTrap(codes.WASM_TRAP, f"guest trapped in `{where}`: {_first_line(e)}")
 
-    def _call(self, name: str, func: wasmtime.Func, *args: int) -> int:
+    def _call(self, name: str, func: HotCall, *args: int) -> int:
         self._export = name
         self._arm()
         try:
-            return func(self._store, *args)
+            return func(*args)
         except wasmtime.Trap as e:
             raise self._trap(e) from None
         except wasmtime.WasmtimeError as e:

@@ -55,7 +55,6 @@ from .web import FetchError, FetchGrants, fetch_url
 PREVIEW_CHARS = 512
 PREVIEW_BYTES = 256
 POLL_S = 0.02
-LOOKAHEAD = 1
 LOOKAHEAD_WAIT_S = 0.05
 PARTIAL_USAGE_WAIT_S = 0.5
 #: Characters of a guest's ``fail`` message (and code) an envelope keeps.
@@ -438,19 +437,22 @@ class Reactor:
         response.start()
         tokens: queue.SimpleQueue = queue.SimpleQueue()
         stop = threading.Event()
-        # The decoder may run at most LOOKAHEAD token(s) ahead of the guest, so
+        # The decoder may run at most one token ahead of the guest, so
         # a stop verdict always lands within a token or two, however fast the
         # model is: cf_on_token takes microseconds, a token milliseconds. But
         # the model is shared, so a guest slow to answer never holds it: once
         # a credit takes longer than LOOKAHEAD_WAIT_S, this generation runs
         # free (tokens queue up, bounded by max_tokens; the verdict lands late).
-        credits = threading.Semaphore(LOOKAHEAD)
-        free_running = threading.Event()
+        # The one credit is a plain lock, held while the decoder is a token
+        # ahead: both sides wait in C, so a token costs two thread wake-ups.
+        credit = threading.Lock()
+        free_running = False
 
         def on_token(piece: str) -> bool:  # runs on the model's worker thread
-            if not free_running.is_set() and not credits.acquire(timeout=LOOKAHEAD_WAIT_S):
-                free_running.set()
-            tokens.put(piece)
+            nonlocal free_running
+            took = not free_running and credit.acquire(timeout=LOOKAHEAD_WAIT_S)
+            free_running = not took
+            tokens.put((piece, took))
             return not stop.is_set() and not self.cancel.is_set()
 
         request = GenerateRequest(cmd.prompt, max_tokens, opts.sampler, opts.cache_prompt, opts.lora, opts.chat)
@@ -477,11 +479,12 @@ class Reactor:
                     self._end_infer_early(response, fut, e.code, e.message)
                     raise
                 try:
-                    piece = tokens.get(timeout=POLL_S)
+                    item = tokens.get(timeout=POLL_S)
                 except queue.Empty:
                     continue
-                if piece is _END_OF_TOKENS:
+                if item is _END_OF_TOKENS:
                     break
+                piece, took_credit = item
                 response.delta(piece)
                 if not guest_stopped:
                     try:
@@ -493,7 +496,8 @@ class Reactor:
                     if not keep:
                         guest_stopped = True
                         stop.set()
-                credits.release()
+                if took_credit:
+                    credit.release()
         finally:
             if not fut.done():
                 stop.set()
