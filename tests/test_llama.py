@@ -18,7 +18,9 @@ import tensorjob_jupyter
 from tensorjob_jupyter.inference.worker import InferenceWorker
 from tensorjob_jupyter.inference.base import (FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, GenerateRequest,
                                               LoraChoice, ModelError, QueueFull, Sampler)
-from tensorjob_jupyter.inference.llama import LlamaEngine, TextStream, physical_cores
+from tensorjob_jupyter.inference.llama import LlamaEngine
+from tensorjob_jupyter.inference.text_stream import TextStream
+from tensorjob_jupyter.inference.topology import physical_cores
 from tensorjob_jupyter.inference.models import get_backend
 
 from llama_support import Collector, run_request, smollm, tiny_files  # noqa: F401 - fixtures
@@ -35,6 +37,64 @@ def gen(engine, prompt, max_tokens=12, **kwargs):
     collector = Collector(kwargs.pop("stop_after", None))
     result = engine.generate(GenerateRequest(prompt, max_tokens, **kwargs), collector)
     return result, collector
+
+
+# -- llama-cpp-python: the tested range, and a clear refusal outside what we use -----------------
+
+
+def test_the_installed_llama_cpp_python_is_the_tested_one_and_pyproject_pins_that_range():
+    import importlib.metadata
+    import tomllib
+    from pathlib import Path
+
+    from tensorjob_jupyter.inference import llama
+
+    pins = tomllib.loads((Path(llama.__file__).parents[2] / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert "llama-cpp-python" + llama.TESTED_LLAMA_CPP in [p.replace(" ", "") for p in pins]
+    version = importlib.metadata.version("llama-cpp-python")
+    assert llama.in_tested_range(version), f"llama-cpp-python {version} is outside {llama.TESTED_LLAMA_CPP}"
+    assert not llama.in_tested_range("0.3.37") and not llama.in_tested_range("0.3.35")
+    import llama_cpp
+    from llama_cpp import _internals
+
+    assert llama.missing_llama_cpp_api(llama_cpp, _internals) == []
+
+
+def test_a_llama_cpp_python_without_what_we_use_is_refused_by_name_with_the_tested_range(monkeypatch):
+    import types
+
+    import llama_cpp
+    from llama_cpp import _internals
+
+    from tensorjob_jupyter.inference import llama
+
+    class Sampler(_internals.LlamaSampler):
+        add_penalties = None  # gone
+
+    class OldSampler(_internals.LlamaSampler):
+        def add_penalties(self, penalty_last_n, penalty_repeat, penalty_freq, penalty_present):  # pragma: no cover
+            pass
+
+    internals = types.SimpleNamespace(**{name: getattr(_internals, name) for name in llama.INTERNALS_USED})
+    internals.LlamaSampler = Sampler
+    del internals.LlamaBatch
+    lib = types.SimpleNamespace(**{name: getattr(llama_cpp, name) for name in llama.LIBRARY_USED
+                                   if name != "llama_set_adapters_lora"})
+    missing = llama.missing_llama_cpp_api(lib, internals)
+    assert missing == ["_internals.LlamaBatch", "_internals.LlamaSampler.add_penalties",
+                       "llama_cpp.llama_set_adapters_lora"]
+    internals.LlamaSampler = OldSampler
+    internals.LlamaBatch = _internals.LlamaBatch
+    assert llama.missing_llama_cpp_api(llama_cpp, internals) == [
+        "_internals.LlamaSampler.add_penalties(n_vocab, penalty_last_n, penalty_repeat, penalty_freq, "
+        "penalty_present) (it takes (penalty_last_n, penalty_repeat, penalty_freq, penalty_present))"]
+    # the first engine of the process fails with that list and the tested range, before touching the model
+    monkeypatch.setattr(llama, "_library", None)
+    monkeypatch.setattr(llama, "missing_llama_cpp_api", lambda *_: ["_internals.LlamaBatch"])
+    with pytest.raises(ModelError) as err:
+        llama.llama_cpp_library()
+    assert "lacks what tensorjob-jupyter uses from it: _internals.LlamaBatch" in str(err.value)
+    assert f"tested with llama-cpp-python {llama.TESTED_LLAMA_CPP}" in str(err.value)
 
 
 # -- text: whole characters, stop strings ------------------------------------------------------
@@ -158,7 +218,7 @@ def test_generation_stops_at_the_end_of_the_context(tiny):
 
 
 def test_batched_serving_runs_every_request(tiny):
-    from tensorjob_jupyter.inference.llama import Pending
+    from tensorjob_jupyter.inference.base import Pending
 
     done = {}
     items = [Pending(GenerateRequest(f"the cat {i}", 8 + i), lambda _t: True,

@@ -68,8 +68,7 @@ def test_a_model_that_fails_to_load_is_retried_and_others_keep_serving(tiny_file
     assert str(path) in str(err.value) and "corrupted or incomplete" in str(err.value)
     with pytest.raises(ModelError, match="could not load model"):  # the same worker keeps answering
         broken.embed(["x"]).result(30)
-    assert broken not in models.loaded_backends()
-    path.write_bytes(data)  # repaired: the next get_backend loads it
+    path.write_bytes(data)  # repaired: the next get_backend builds a fresh worker that loads it
     fixed = models.get_backend(path)
     assert fixed is not broken
     assert run_request(fixed, GenerateRequest("the cat", 3))[0].usage.completion_tokens == 3
@@ -93,7 +92,6 @@ def test_shutdown_closes_every_worker_and_a_later_call_starts_afresh(tiny_files)
     worker = models.get_backend(tiny_files["model"], n_ctx=64)
     run_request(worker, GenerateRequest("the cat", 2))
     models.shutdown()
-    assert models.loaded_backends() == []
     with pytest.raises(ModelError, match="closed"):
         worker.generate_stream(GenerateRequest("the cat", 2), Collector())
     again = models.get_backend(tiny_files["model"], n_ctx=64)

@@ -44,11 +44,6 @@ class Sampler:
     seed: int = 0
     stop: tuple[str, ...] = ()
 
-    def to_json(self) -> dict:
-        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-                "min_p": self.min_p, "repeat_penalty": self.repeat_penalty, "seed": self.seed,
-                "stop": list(self.stop)}
-
 
 @dataclass(frozen=True)
 class LoraChoice:
@@ -75,9 +70,6 @@ class GenerateUsage:
     cached_tokens: int = 0
     time_to_first_token_s: float | None = None
     tokens_per_second: float | None = None
-
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
 
 
 @dataclass
