@@ -13,7 +13,7 @@ from tensorjob_jupyter.inference.base import GenerateRequest, ModelError
 from tensorjob_jupyter.inference.llama import LlamaEngine
 from tensorjob_jupyter.inference.worker import InferenceWorker
 
-from llama_support import Collector, run_request, smollm, tiny_files  # noqa: F401 - fixtures
+from llama_support import Collector, assert_ended_within, run_request, smollm, tiny_files  # noqa: F401 - fixtures
 
 def test_default_model_is_found_without_importing_its_package():
     code = ("import sys; from tensorjob_jupyter.inference.models import default_model_path as d; "
@@ -72,7 +72,7 @@ def test_a_model_that_fails_to_load_is_retried_and_others_keep_serving(tiny_file
     fixed = models.get_backend(path)
     assert fixed is not broken
     assert run_request(fixed, GenerateRequest("the cat", 3))[0].usage.completion_tokens == 3
-    assert run_request(smollm, GenerateRequest("Hello", 2))[0].usage.completion_tokens == 2
+    assert_ended_within(run_request(smollm, GenerateRequest("Hello", 2))[0], 2)
 
 
 def test_loras_are_configured_by_name(tiny_files):  # noqa: F811
