@@ -11,7 +11,6 @@ import pytest
 from tensorjob_jupyter.inference import models
 from tensorjob_jupyter.inference.base import GenerateRequest, ModelError
 from tensorjob_jupyter.inference.llama import LlamaEngine
-from tensorjob_jupyter.inference.worker import InferenceWorker
 
 from llama_support import Collector, assert_ended_within, run_request, smollm, tiny_files  # noqa: F401 - fixtures
 
