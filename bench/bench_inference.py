@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import tensorjob_jupyter as tj  # noqa: E402
 from tensorjob_jupyter.inference.base import GenerateRequest  # noqa: E402
-from tensorjob_jupyter.inference.llama import physical_cores  # noqa: E402
+from tensorjob_jupyter.inference.topology import physical_cores  # noqa: E402
 from tensorjob_jupyter.inference.models import get_backend, resolve_model_path  # noqa: E402
 from wat import script_guest  # noqa: E402  (tests/wat.py: scripted WAT guests)
 

@@ -1,4 +1,13 @@
-"""Shared fixtures: an isolated runs folder, the WAT guest builders, a healthy job check."""
+"""Shared fixtures: an isolated runs folder, the WAT guest builders, a healthy job check,
+and the guard that keeps the real model out of the fast loop.
+
+``pytest -m "not slow"`` must run in well under a minute, so a test that
+loads the real model (the embedded SmolLM2) must be marked ``slow``: every
+test not so marked runs with a guard that fails it if the default model is
+loaded in this process during it, whether by the test or by a job it runs.
+(The tiny random-weight GGUFs of tests/llama_support.py load in
+milliseconds and are allowed.)
+"""
 
 import sys
 from pathlib import Path
@@ -17,6 +26,41 @@ settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("deep", max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci")
+
+
+_real_model_loads: list[str] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _watch_real_model_loads():
+    """Record every engine built on the default model, by the test that was running."""
+    from tensorjob_jupyter.inference import llama, models
+
+    try:
+        default = models.default_model_path()
+    except Exception:  # noqa: BLE001 - no default model installed: nothing to watch
+        yield
+        return
+    original = llama.LlamaEngine.__init__
+
+    def watched(self, model_path, *args, **kwargs):
+        if Path(model_path).expanduser().resolve() == default:
+            _real_model_loads.append(str(model_path))
+        original(self, model_path, *args, **kwargs)
+
+    llama.LlamaEngine.__init__ = watched
+    yield
+    llama.LlamaEngine.__init__ = original
+
+
+@pytest.fixture(autouse=True)
+def _real_model_only_in_slow_tests(request):
+    """A test that loads the real model must be marked slow, so the fast loop never pays for it."""
+    before = len(_real_model_loads)
+    yield
+    if request.node.get_closest_marker("slow") is None and len(_real_model_loads) > before:
+        pytest.fail(f"{request.node.nodeid} loaded the real model ({_real_model_loads[-1]}) "
+                    "but is not marked @pytest.mark.slow", pytrace=False)
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,13 @@
 """Helpers for the model-backend tests: tiny GGUF files, shared fixtures, a collector.
 
 Tests that need a real model use the default SmolLM2 through
-``get_backend()``, which loads it once per process. Tests that need exact,
+``get_backend()``, which loads it once per process per set of options:
+``smollm`` with the default options, ``smollm_threads`` once with one
+llama.cpp thread and once with two. Greedy text is deterministic on one
+machine, build and thread count only, so real-model tests assert what must
+hold on any of them (counts within their bounds, the stream equal to the
+result, a repeat equal to the first run) and never the model's exact words;
+running the key ones under two thread counts keeps them honest. Tests that need exact,
 fast answers use a tiny random-weight llama GGUF written here with the
 ``gguf`` package (272 tokens: three specials, 256 byte tokens, two words;
 two layers of width 64), and a LoRA adapter for it in llama.cpp's adapter
@@ -120,6 +126,31 @@ def smollm():
     from tensorjob_jupyter.inference.models import get_backend
 
     return get_backend()
+
+
+#: The llama.cpp thread counts ``smollm_threads`` runs each test under.
+THREAD_COUNTS = (1, 2)
+
+
+@pytest.fixture(params=THREAD_COUNTS, ids=[f"threads={n}" for n in THREAD_COUNTS])
+def smollm_threads(request):
+    """The shared SmolLM2 worker with ``n_threads = n_threads_batch = n`` for each of ``THREAD_COUNTS``.
+
+    Each thread count loads the model once for the whole process (``get_backend`` keeps it).
+    """
+    from tensorjob_jupyter.inference.models import get_backend
+
+    return get_backend(n_threads=request.param, n_threads_batch=request.param)
+
+
+def assert_ended_within(result, max_tokens: int) -> None:
+    """What holds of any generation, whatever the words: at the limit it ended for length, before it at
+    end-of-text (the model may end earlier on another machine), and never past it."""
+    from tensorjob_jupyter.inference.base import FINISH_LENGTH, FINISH_STOP
+
+    n = result.usage.completion_tokens
+    assert 0 <= n <= max_tokens, (n, max_tokens)
+    assert result.finish_reason == (FINISH_LENGTH if n == max_tokens else FINISH_STOP), (result.finish_reason, n)
 
 
 class Collector:

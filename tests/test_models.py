@@ -11,9 +11,8 @@ import pytest
 from tensorjob_jupyter.inference import models
 from tensorjob_jupyter.inference.base import GenerateRequest, ModelError
 from tensorjob_jupyter.inference.llama import LlamaEngine
-from tensorjob_jupyter.inference.worker import InferenceWorker
 
-from llama_support import Collector, run_request, smollm, tiny_files  # noqa: F401 - fixtures
+from llama_support import Collector, assert_ended_within, run_request, smollm, tiny_files  # noqa: F401 - fixtures
 
 def test_default_model_is_found_without_importing_its_package():
     code = ("import sys; from tensorjob_jupyter.inference.models import default_model_path as d; "
@@ -68,12 +67,11 @@ def test_a_model_that_fails_to_load_is_retried_and_others_keep_serving(tiny_file
     assert str(path) in str(err.value) and "corrupted or incomplete" in str(err.value)
     with pytest.raises(ModelError, match="could not load model"):  # the same worker keeps answering
         broken.embed(["x"]).result(30)
-    assert broken not in models.loaded_backends()
-    path.write_bytes(data)  # repaired: the next get_backend loads it
+    path.write_bytes(data)  # repaired: the next get_backend builds a fresh worker that loads it
     fixed = models.get_backend(path)
     assert fixed is not broken
     assert run_request(fixed, GenerateRequest("the cat", 3))[0].usage.completion_tokens == 3
-    assert run_request(smollm, GenerateRequest("Hello", 2))[0].usage.completion_tokens == 2
+    assert_ended_within(run_request(smollm, GenerateRequest("Hello", 2))[0], 2)
 
 
 def test_loras_are_configured_by_name(tiny_files):  # noqa: F811
@@ -93,7 +91,6 @@ def test_shutdown_closes_every_worker_and_a_later_call_starts_afresh(tiny_files)
     worker = models.get_backend(tiny_files["model"], n_ctx=64)
     run_request(worker, GenerateRequest("the cat", 2))
     models.shutdown()
-    assert models.loaded_backends() == []
     with pytest.raises(ModelError, match="closed"):
         worker.generate_stream(GenerateRequest("the cat", 2), Collector())
     again = models.get_backend(tiny_files["model"], n_ctx=64)

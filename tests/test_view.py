@@ -10,7 +10,7 @@ from tensorjob_jupyter.inference import ScriptedBackend
 from tensorjob_jupyter.view import render
 from tensorjob_jupyter.view.state import ViewState, progress_fraction
 from tensorjob_jupyter.view.summary import summary
-from tensorjob_jupyter.view.widget import TEXT_PLAIN, JobView
+from tensorjob_jupyter.view.widget import JobView
 
 import wat
 
@@ -115,7 +115,7 @@ def test_the_view_after_a_job_shows_everything(tmp_path):
 def test_the_text_form_of_the_view_is_fixed():
     job = tj.Job(wat.script_guest([DONE]))
     view = JobView(job)
-    assert view._repr_mimebundle_()["text/plain"] == TEXT_PLAIN
+    assert view._repr_mimebundle_()["text/plain"] == "tensorjob live view (shown by the Jupyter widget front end)"
     assert "application/vnd.jupyter.widget-view+json" in view._repr_mimebundle_()
 
 
@@ -220,3 +220,16 @@ def test_coverage_merging_matches_a_naive_merge_and_the_bar_stays_small():
     assert f.bytes_covered == len(covered)
     assert all(f.ranges[i][1] < f.ranges[i + 1][0] for i in range(len(f.ranges) - 1))  # sorted, disjoint
     assert render.coverage_bar(f).count("<rect") <= 241
+
+
+def test_every_job_and_map_status_has_its_one_colour():
+    from tensorjob_jupyter.abi import JobStatus
+    from tensorjob_jupyter.view import render
+
+    job_statuses = {s.value for s in JobStatus if s.is_terminal} | {"running"}
+    map_statuses = {"running", "finished", "cancelled", "error"}  # fanout.progress.MapProgress.status
+    assert job_statuses | map_statuses == set(render.STATUS_COLOURS)
+    for status in job_statuses | map_statuses:
+        assert f'background:{render.STATUS_COLOURS[status]};' in render.status_badge(status)
+    assert render.STATUS_COLOURS["completed"] == render.STATUS_COLOURS["finished"]  # success looks the same
+    assert render.STATUS_COLOURS["failed"] == render.STATUS_COLOURS["error"]

@@ -7,6 +7,14 @@ the code it shows, run this to store fresh outputs:
     python tools/run_notebooks.py [notebooks/01-quick-start.ipynb ...]
 
 Cells run in a kernel started in notebooks/, exactly as nbval runs them.
+
+The model's exact words differ between machines, llama.cpp builds and thread
+counts, so nbval must never compare them: a cell whose output shows the
+model's text (or counts that depend on it) carries the cell tag
+``nbval-ignore-output`` and is followed by a compared cell that shows what
+holds anywhere (statuses, counts within their bounds, token counts of the
+prompts). tests/test_notebooks.py checks that pairing and runs nbval again
+under another thread count (``TENSORJOB_THREADS``).
 Output that nbval cannot see (native writes to the process's stderr, which
 ipykernel does not capture under pytest) would make the comparison fail, so
 every stderr stream is listed: check that each one is meant (a compile

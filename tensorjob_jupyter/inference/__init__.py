@@ -1,4 +1,17 @@
-"""Model backends: the request shapes, the worker thread, and the engines."""
+"""Model backends: the request shapes, the worker thread, and the engines.
+
+One room per reason to change:
+
+* ``base``: the request and answer shapes every backend speaks;
+* ``worker``: one thread per model, a bounded queue, continuous batching;
+* ``models``: where models come from (the embedded SmolLM2, GGUF checks) and
+  one loaded model per process and options; ``lazy``: load on first use;
+* ``llama``: the llama.cpp engine, the only module that touches
+  llama-cpp-python (and its private ``_internals``, on a pinned, checked range);
+* ``text_stream``: token bytes to whole characters, stop strings cut;
+* ``topology``: CPUs, cores, ``TENSORJOB_THREADS``, GPU offload;
+* ``scripted``: the deterministic stand-in for a model, public for guest tests.
+"""
 
 from .base import (Backend, Engine, GenerateRequest, GenerateResult, GenerateUsage, LoraChoice,
                    ModelError, QueueFull, Sampler)

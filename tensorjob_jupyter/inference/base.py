@@ -45,6 +45,7 @@ class Sampler:
     stop: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
+        """As a job's record shows it (``job.created``, the response object)."""
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
                 "min_p": self.min_p, "repeat_penalty": self.repeat_penalty, "seed": self.seed,
                 "stop": list(self.stop)}
@@ -75,9 +76,6 @@ class GenerateUsage:
     cached_tokens: int = 0
     time_to_first_token_s: float | None = None
     tokens_per_second: float | None = None
-
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
 
 
 @dataclass

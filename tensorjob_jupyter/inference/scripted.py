@@ -8,6 +8,16 @@ whose callback returns False is counted and kept, so with the host's
 one-token lookahead the text may hold one token the guest never judged --
 and can be told to pause between tokens or to fail, so every path of the
 host can be tested without a model. Embeddings are stable pseudo-random unit vectors.
+
+Why a test double ships in the installed package: it is public API.
+README names ``ScriptedBackend`` as the backend to run a guest without a
+model, so a guest author's own tests import it from the installed package
+(never from our ``tests/``); and a map on a Dask cluster hands worker
+*processes* a pickled ``functools.partial(ScriptedBackend, ...)``: pickle
+stores it by module path, so every worker must be able to import it from
+``tensorjob_jupyter``. It is small, pure Python, and imports no model
+library. Its attributes (``scripted.prompts``, ``requests_served``) are what
+such tests read.
 """
 
 from __future__ import annotations

@@ -75,9 +75,6 @@ class InferenceWorker:
     def generate_stream(self, request: GenerateRequest, on_token: TokenCallback) -> "Future[GenerateResult]":
         return self._submit("generate", request, on_token)
 
-    def generate(self, request: GenerateRequest) -> "Future[GenerateResult]":
-        return self._submit("generate", request, lambda _t: True)
-
     def embed(self, texts: Sequence[str]) -> "Future[list[list[float]]]":
         return self._submit("embed", list(texts))
 

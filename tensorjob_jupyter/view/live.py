@@ -17,6 +17,7 @@ from typing import Callable
 
 import ipywidgets as w
 
+from .render import LIGHT_GREY
 from .side_channel import route_clicks_to_side_thread
 
 
@@ -28,6 +29,7 @@ def check_refresh_hz(refresh_hz: float) -> float:
 
 
 class LiveView:
+    #: What a notebook stores for the view where no widget front end renders it (nbval compares it).
     text_plain = "tensorjob live view (shown by the Jupyter widget front end)"
 
     def _cancel_button(self, tooltip: str, on_cancel: Callable[[], None]) -> w.Button:
@@ -38,7 +40,7 @@ class LiveView:
         return button
 
     def _column(self, children: list, css_class: str) -> w.VBox:
-        column = w.VBox(children, layout=w.Layout(border="1px solid #d0d7de", padding="4px"))
+        column = w.VBox(children, layout=w.Layout(border=f"1px solid {LIGHT_GREY}", padding="4px"))
         column.add_class(css_class)
         return column
 

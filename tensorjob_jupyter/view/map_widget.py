@@ -20,21 +20,18 @@ import ipywidgets as w
 from ..fanout import MapProgress, MapRun
 from ..text import for_html
 from .live import LiveView, check_refresh_hz
+from .render import GREY, RED, status_badge
 
-TEXT_PLAIN = "tensorjob map view (shown by the Jupyter widget front end)"
 SHOW_FAILURES = 5
-STATUS_COLOURS = {"running": "#1f6feb", "finished": "#1a7f37", "cancelled": "#9a6700", "error": "#cf222e"}
 
 
 def render_header(name: str, p: MapProgress) -> str:
-    colour = STATUS_COLOURS.get(p.status, "#57606a")
     link = ""
     if p.dashboard_link:
         href = for_html(p.dashboard_link)
         link = f' · <a href="{href}" target="_blank" rel="noopener" class="tj-dashboard">Dask dashboard</a>'
     return (f'<div style="font-family:sans-serif"><b>tensorjob map</b> {for_html(name)} '
-            f'<span class="tj-status" style="background:{colour};color:white;border-radius:4px;padding:1px 6px">'
-            f'{for_html(p.status)}</span> <span style="color:#57606a">{p.elapsed_s:.1f} s · '
+            f'{status_badge(p.status)} <span style="color:{GREY}">{p.elapsed_s:.1f} s · '
             f'{p.throughput:.1f} items/s{link}</span></div>')
 
 
@@ -49,12 +46,12 @@ def render_failures(failures: list[dict]) -> str:
         return ""
     rows = "".join(f"<div>item {f['item']}: <b>{for_html(f['error'].get('code', ''))}</b> "
                    f"{for_html(f['error'].get('message', ''))}</div>" for f in failures)
-    return (f'<div class="tj-map-failures" style="font-family:monospace;font-size:11px;color:#cf222e;'
+    return (f'<div class="tj-map-failures" style="font-family:monospace;font-size:11px;color:{RED};'
             f'line-height:1.4">{rows}</div>')
 
 
 class MapView(LiveView):
-    text_plain = TEXT_PLAIN
+    text_plain = "tensorjob map view (shown by the Jupyter widget front end)"
 
     def __init__(self, run: MapRun, name: str, *, refresh_hz: float = 10.0):
         self.refresh_s = check_refresh_hz(refresh_hz)

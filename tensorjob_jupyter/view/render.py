@@ -20,7 +20,17 @@ from typing import Any
 from ..text import for_html
 from .state import FileState, ViewState
 
-STATUS_COLOURS = {"running": "#1f6feb", "completed": "#1a7f37", "failed": "#cf222e", "cancelled": "#9a6700"}
+# The palette: every colour of the job and map views, defined once.
+BLUE = "#1f6feb"
+GREEN = "#1a7f37"
+RED = "#cf222e"
+AMBER = "#9a6700"
+GREY = "#57606a"
+LIGHT_GREY = "#d0d7de"
+PALE = "#f6f8fa"
+#: A job's statuses (running, completed, failed, cancelled) and a map's (finished, error).
+STATUS_COLOURS = {"running": BLUE, "completed": GREEN, "finished": GREEN, "failed": RED, "error": RED,
+                  "cancelled": AMBER}
 PRE = "white-space:pre-wrap;word-break:break-word;margin:0;font-size:12px;"
 MAX_HEX_BYTES = 128
 #: Bounds of the result's JSON tree: it renders in time and size independent of the value.
@@ -38,8 +48,14 @@ def human_bytes(n: int) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def status_badge(status: str) -> str:
+    """The status as a coloured pill (``class="tj-status"``), for job and map headers alike."""
+    colour = STATUS_COLOURS.get(status, GREY)
+    return (f'<span style="background:{colour};color:white;border-radius:4px;padding:1px 6px" '
+            f'class="tj-status">{for_html(status)}</span>')
+
+
 def header(state: ViewState) -> str:
-    colour = STATUS_COLOURS.get(state.status, "#57606a")
     rate = state.tokens_per_second
     bits = [f"{state.elapsed_s:.1f} s"]
     if state.tokens:
@@ -47,23 +63,22 @@ def header(state: ViewState) -> str:
     if rate is not None:
         bits.append(f"{rate:.1f} tok/s")
     return (f'<div style="font-family:sans-serif"><b>tensorjob</b> {for_html(state.name)} '
-            f'<span style="background:{colour};color:white;border-radius:4px;padding:1px 6px" '
-            f'class="tj-status">{for_html(state.status)}</span> '
-            f'<span class="tj-elapsed" style="color:#57606a">{" · ".join(bits)}</span></div>')
+            f'{status_badge(state.status)} '
+            f'<span class="tj-elapsed" style="color:{GREY}">{" · ".join(bits)}</span></div>')
 
 
 def log(state: ViewState) -> str:
     if not state.log:
         return ""
     lines = "\n".join(for_html(line) for line in state.log)
-    return f'<pre class="tj-log" style="{PRE}color:#57606a">{lines}</pre>'
+    return f'<pre class="tj-log" style="{PRE}color:{GREY}">{lines}</pre>'
 
 
 def tokens(state: ViewState) -> str:
     blocks = []
     for infer in state.infers:
         note = infer.status if infer.reason is None else f"{infer.status}: {infer.reason}"
-        blocks.append(f'<div style="color:#57606a;font-size:11px">infer {infer.index + 1} · {infer.tokens} tokens · '
+        blocks.append(f'<div style="color:{GREY};font-size:11px">infer {infer.index + 1} · {infer.tokens} tokens · '
                       f'{for_html(note)}</div><pre class="tj-tokens" style="{PRE}">{for_html(infer.text)}</pre>')
     return "".join(blocks)
 
@@ -80,11 +95,11 @@ def coverage_bar(f: FileState, width: int = 240) -> str:
                 spans[-1][1] = max(spans[-1][1], x1)
             else:
                 spans.append([x0, x1])
-        rects = [f'<rect x="{x0}" y="0" width="{x1 - x0}" height="10" fill="#1f6feb"/>' for x0, x1 in spans]
+        rects = [f'<rect x="{x0}" y="0" width="{x1 - x0}" height="10" fill="{BLUE}"/>' for x0, x1 in spans]
     pct = 100.0 * f.bytes_covered / f.length if f.length else 100.0
     about = "≈" if f.approximate else ""
     return (f'<svg class="tj-coverage" data-covered="{pct:.1f}" width="{width}" height="10" '
-            f'style="vertical-align:middle"><rect width="{width}" height="10" fill="#d0d7de"/>'
+            f'style="vertical-align:middle"><rect width="{width}" height="10" fill="{LIGHT_GREY}"/>'
             f'{"".join(rects)}</svg> <span style="font-size:11px">{about}{pct:.0f}% read</span>')
 
 
@@ -116,7 +131,7 @@ def files(state: ViewState) -> str:
             f'<div class="tj-file" style="margin:4px 0;font-family:sans-serif;font-size:12px">'
             f'<b>#{f.handle}</b> <code>{for_html(f.path)}</code> · {human_bytes(f.length)} · {for_html(f.kind)}<br>'
             f'{coverage_bar(f)}'
-            f'<pre class="tj-preview" style="{PRE}max-height:8em;overflow:auto;background:#f6f8fa;padding:2px">'
+            f'<pre class="tj-preview" style="{PRE}max-height:8em;overflow:auto;background:{PALE};padding:2px">'
             f'{for_html(preview)}</pre></div>')
     return ("<div style='line-height:1.4'><b style='font-family:sans-serif;font-size:12px'>Files</b>"
             + "".join(rows) + "</div>")
@@ -178,7 +193,7 @@ def document_row(f: FileState, show_thumbnail: bool = True) -> str:
 def output(state: ViewState) -> str:
     if not state.chunks:
         return ""
-    return (f'<div style="font-family:sans-serif;font-size:11px;color:#57606a">output · {state.chunks} chunks · '
+    return (f'<div style="font-family:sans-serif;font-size:11px;color:{GREY}">output · {state.chunks} chunks · '
             f'{human_bytes(state.output_bytes)}</div><pre class="tj-output" style="{PRE}">'
             f'{for_html(state.output_text)}</pre>')
 
@@ -202,7 +217,7 @@ def json_tree(value: Any, key: str | None = None, depth: int = 0, budget: list[i
                 break
             inner.append(json_tree(v, str(k), depth + 1, budget))
         if len(inner) < len(items):
-            inner.append(f'<div style="margin-left:12px;color:#57606a">… {len(items) - len(inner)} more</div>')
+            inner.append(f'<div style="margin-left:12px;color:{GREY}">… {len(items) - len(inner)} more</div>')
         what = f"{{…}} {len(value)} keys" if isinstance(value, dict) else f"[…] {len(value)} items"
         return (f'<details{" open" if depth < 2 else ""} style="{margin}">'
                 f'<summary>{label}{what}</summary>{"".join(inner)}</details>')
@@ -216,7 +231,7 @@ def _clip(text: str, limit: int = TREE_MAX_CHARS) -> str:
 
 def result(state: ViewState) -> str:
     if state.error:
-        return (f'<div class="tj-error" style="color:#cf222e;font-family:sans-serif">'
+        return (f'<div class="tj-error" style="color:{RED};font-family:sans-serif">'
                 f'<b>{for_html(state.error["code"])}</b>: {for_html(state.error["message"])}</div>')
     if not state.has_result:
         return ""
@@ -228,7 +243,7 @@ def usage(state: ViewState) -> str:
     if not state.usage:
         return ""
     u = state.usage
-    return (f'<div class="tj-usage" style="font-family:sans-serif;font-size:11px;color:#57606a">'
+    return (f'<div class="tj-usage" style="font-family:sans-serif;font-size:11px;color:{GREY}">'
             f'{u["tokens_in"]} tokens in · {u["tokens_out"]} out · {u["duration_ms"]} ms · '
             f'model {for_html(u["model"] or "none")}</div>')
 

@@ -3,25 +3,38 @@
 A ``%%tensorjob`` cell waits for its job by default, and while a cell runs
 the kernel's main thread handles no other shell message -- so a click on the
 view's Cancel button would wait for the job it means to cancel. ipykernel 7
-can run shell messages on *subshells*, threads of their own, and routes the
-front end's replies for a comm to the subshell named by the comm's
-``_reply_subshell_id``. We create one such subshell per kernel and point the
-Cancel button's comm at it, so its click handler (which only sets a flag and
-interrupts the guest) runs at once on that thread.
+can run shell messages on *subshells*, threads of their own, and ipykernel
+7.4 routes the front end's messages for a comm to the subshell named by the
+comm's ``_reply_subshell_id``. We create one such subshell per kernel and
+point the Cancel button's comm at it, so its click handler (which only sets
+a flag and interrupts the guest) runs at once on that thread.
 
-This leans on ipykernel internals; every step is guarded, and where it does
-not apply (an older or newer kernel, no kernel at all) the button still
-works whenever the cell is not waiting (``--bg``), and interrupting the
-kernel always cancels a waiting job.
+This leans on ipykernel internals (``_supports_kernel_subshells``,
+``shell_channel_thread.manager._create_subshell``, the comm's
+``_reply_subshell_for``), present in 7.4 and absent from 7.1 to 7.3; it is
+tested on ``TESTED_IPYKERNEL``, the range ``pyproject.toml`` pins, and
+``tests/test_browser.py`` (a real click in JupyterLab while the cell waits)
+and ``tests/test_kernel.py`` guard it. Where routing cannot apply (another
+ipykernel, or a step fails) it says so once, as a logged warning, and the
+button still works whenever the cell is not waiting (``--bg``), and
+interrupting the kernel always cancels a waiting job. Outside a kernel
+(plain Python, a terminal) there is no front end and nothing to route.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from concurrent.futures import Future
 
+log = logging.getLogger("tensorjob_jupyter.view")
+
+#: The ipykernel versions whose internals this module is tested on; pyproject.toml pins the same.
+TESTED_IPYKERNEL = ">=7.4,<7.5"
+
 _lock = threading.Lock()
 _subshell_ids: dict[int, str] = {}
+_warned = False
 
 
 def _kernel():
@@ -33,14 +46,12 @@ def _kernel():
     return getattr(shell, "kernel", None)
 
 
-def _side_subshell(kernel) -> str | None:
+def _side_subshell(kernel) -> str:
     """One subshell of ``kernel`` for widget clicks, created on first use."""
     with _lock:
         existing = _subshell_ids.get(id(kernel))
         if existing is not None:
             return existing
-        if not getattr(kernel, "_supports_kernel_subshells", False):
-            return None
         thread = kernel.shell_channel_thread
         manager = thread.manager
         created: Future = Future()
@@ -57,17 +68,39 @@ def _side_subshell(kernel) -> str | None:
         return subshell_id
 
 
+def _cannot_route(reason: str) -> bool:
+    """Warn once per process that clicks wait for the cell; always False."""
+    global _warned
+    with _lock:
+        first, _warned = not _warned, True
+    if first:
+        log.warning("the Cancel button of a live view cannot act while its cell waits (%s); "
+                    "run the job with --bg, or interrupt the kernel to cancel it. "
+                    "tensorjob-jupyter is tested with ipykernel%s", reason, TESTED_IPYKERNEL)
+    return False
+
+
+def _ipykernel_version() -> str:
+    try:
+        import ipykernel
+
+        return ipykernel.__version__
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
 def route_clicks_to_side_thread(widget) -> bool:
     """Make ``widget``'s front-end messages run off the main thread; True if done."""
     try:
         kernel = _kernel()
         if kernel is None:
-            return False
-        subshell_id = _side_subshell(kernel)
+            return False  # no kernel, no front end: nothing to route, nothing to say
         comm = getattr(widget, "comm", None)
-        if subshell_id is None or comm is None or not hasattr(comm, "_reply_subshell_for"):
-            return False
-        comm._reply_subshell_id = subshell_id
+        if comm is None:
+            return _cannot_route("the widget has no comm")
+        if not getattr(kernel, "_supports_kernel_subshells", False) or not hasattr(comm, "_reply_subshell_for"):
+            return _cannot_route(f"ipykernel {_ipykernel_version()} has no comm reply routing to subshells")
+        comm._reply_subshell_id = _side_subshell(kernel)
         return True
-    except Exception:  # noqa: BLE001 - best effort; the fallbacks are documented above
-        return False
+    except Exception as e:  # noqa: BLE001 - best effort; the fallbacks are documented above
+        return _cannot_route(f"routing failed: {type(e).__name__}: {e}")

@@ -12,8 +12,8 @@ widget resends its whole value, so the rate is bounded whatever the token
 rate; the updater is the only thread that writes widget state (traitlets
 take no locks). The Cancel button only asks the job to stop.
 
-The view's ``text/plain`` form is a fixed line, so a notebook that shows it
-compares equal under nbval whatever happened live.
+The view's ``text/plain`` form is ``LiveView.text_plain``, a fixed line, so a
+notebook that shows it compares equal under nbval whatever happened live.
 """
 
 from __future__ import annotations
@@ -27,14 +27,11 @@ from . import render
 from .live import LiveView, check_refresh_hz
 from .state import ViewState
 
-TEXT_PLAIN = "tensorjob live view (shown by the Jupyter widget front end)"
 #: Widget messages per second the view never exceeds, whatever the refresh rate.
 MAX_MESSAGES_PER_S = 20
 
 
 class JobView(LiveView):
-    text_plain = TEXT_PLAIN
-
     def __init__(self, job: Job, *, refresh_hz: float = 10.0):
         self.refresh_s = check_refresh_hz(refresh_hz)
         self.job = job

@@ -1,0 +1,17 @@
+"""Markers for the whole suite, tests/ and the notebooks nbval collects alike.
+
+``pytest -m "not slow"`` is the contributors' fast loop: no real model, no
+notebook, no browser. The notebooks are collected by nbval from notebooks/,
+where no test module can mark them, so this root conftest marks each of
+their cells slow (they load the model and start kernels); the browser test
+is slow too. Tests that load the real model carry ``@pytest.mark.slow``
+themselves, and tests/conftest.py fails any unmarked test that loads it.
+"""
+
+import pytest
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.suffix == ".ipynb" or item.get_closest_marker("browser") is not None:
+            item.add_marker(pytest.mark.slow)
