@@ -1,4 +1,11 @@
-"""Maps on a Dask cluster: worker processes on this machine (one LocalCluster per module)."""
+"""Maps on a Dask cluster, in process: worker processes on this machine (one LocalCluster per module).
+
+The test process holds a client for the cluster, but never a *default* one:
+a default client would hide every place where the map forgot to pass its
+own (the original bug of ``--cluster ADDRESS`` from a terminal). Each test
+checks that none exists. The black-box tests -- a scheduler and workers as
+separate processes, the CLI, the magic in a kernel -- are in test_map_cluster.py.
+"""
 
 import functools
 import json
@@ -24,10 +31,23 @@ FACTORY = functools.partial(ScriptedBackend, "a b c")
 def client():
     cluster = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
                                        dashboard_address=":0", silence_logs=40)
-    client = distributed.Client(cluster)
+    client = distributed.Client(cluster, set_as_default=False)
     yield client
     client.close()
     cluster.close()
+
+
+@pytest.fixture(autouse=True)
+def no_default_client():
+    """No test here may run with a default client: it would hide a forgotten ``client=``."""
+    assert_no_default_client()
+    yield
+    assert_no_default_client()
+
+
+def assert_no_default_client():
+    with pytest.raises(ValueError, match="No clients found"):
+        distributed.default_client()
 
 
 @pytest.fixture(scope="module")

@@ -88,8 +88,8 @@ def _start_from_args(args) -> MapRun:
     for path in args.read:
         if not Path(path).exists():
             raise _Usage(f"--read {path}: no such file or directory")
-    if args.model is not None and not Path(args.model).is_file():
-        raise _Usage(f"model file not found: {args.model}")
+    if args.model is not None and args.cluster is None and not Path(args.model).is_file():
+        raise _Usage(f"model file not found: {args.model}")  # on a cluster: checked on every worker
     limits = Limits()
     try:
         if args.max_tokens is not None:
