@@ -1,23 +1,37 @@
-"""How fast a map runs, here and on Dask, and where each item's time goes.
+"""How fast a map runs, here and on a Dask cluster, and where each item's time goes.
 
-    python bench/bench_map.py [--quick] [--items N] [--token-delay S] [--model PATH|default]
+    python bench/bench_map.py [--quick] [--items N] [--token-delay S] [--model PATH|default] [--no-dask]
+    python bench/bench_map.py --documents [--items 12] [--max-tokens 48]
 
-Every scenario maps the same guest -- one short ``infer`` (4 tokens), then
-``done`` -- over the same manifest, against a scripted model (or a real GGUF
-with ``--model``). Baselines are measured in the same run:
+**Overhead** (the default): every scenario maps the same guest -- one short
+``infer`` (4 tokens), then ``done`` -- over the same manifest, against a
+scripted model (or a real GGUF with ``--model``). Baselines are measured in
+the same run:
 
 - ``jobs in a loop``: ``Job(...).start().wait()`` per item, no map at all
   (and the same with a guest that does not infer: the cost of a bare job);
 - ``local, concurrency 1`` and ``4``: ``tensorjob_jupyter.fanout.map`` in this process;
 - ``local, no fsync``: the same without fsync per recorded item;
-- ``dask, 1 worker`` and ``2 workers``: a ``LocalCluster`` of worker processes
-  (one thread each) on this machine, started and warmed up first (not timed).
+- ``dask, 1 worker`` and ``2 workers``: ``dask scheduler`` and ``dask worker
+  ADDRESS --nthreads 1`` as separate processes (tests/dask_procs.py), the map
+  given only the address -- this process holds no Dask client -- started and
+  warmed up first (not timed).
+
+**Documents** (``--documents``): the map users run -- the summariser
+(guests/examples/summarise.c) over N short documents (default 12), one
+``--max-tokens`` summary each (default 48) on the embedded model -- for
+``local, concurrency 1`` (the baseline), ``local, concurrency 4`` (one model,
+requests batched) and a two-worker cluster started as separate processes,
+each worker with one llama.cpp thread so that threads do not outnumber the
+cores (``cores // 2``). Models are loaded before the timed runs (reported).
 
 For each it prints items/s, ratios, and per item: job setup (building the
 Job), run (start to envelope), reactor (of which the guest and inference),
 latency (submitted to recorded), and *overhead per item*: the time each slot
 was not running a job, ``(wall x slots - sum(setup + run)) / items`` -- for
-Dask that is scheduler round trips, transfers and recording.
+Dask that is scheduler round trips, transfers and recording. ``--documents``
+adds tokens in and out per item (from the job envelopes) and tokens out per
+second of wall time.
 """
 
 from __future__ import annotations
@@ -37,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import wat  # noqa: E402  (tests/wat.py)
+from dask_procs import ProcessCluster  # noqa: E402  (tests/dask_procs.py)
 
 from tensorjob_jupyter import Job, Limits  # noqa: E402
 from tensorjob_jupyter.fanout import BackendSpec, process_backend, start_map  # noqa: E402
@@ -91,27 +106,33 @@ def one_map(name: str, wasm: bytes, manifest: Path, folder: Path, slots: int, **
     return {"name": name, "wall_s": wall, "items_s": n / wall, "slots": slots, "overhead_ms": overhead_ms, **times}
 
 
-def dask_maps(wasm: bytes, manifest: Path, folder: Path, kwargs: dict, workers: int) -> list[dict]:
-    from distributed import Client, LocalCluster
-
+def dask_maps(wasm: bytes, manifest: Path, folder: Path, kwargs: dict, workers: int, *,
+              name: str | None = None, warm_items: int | None = None, **map_kwargs) -> list[dict]:
+    """A map on ``workers`` worker processes (``dask worker ADDRESS --nthreads 1``), by address only."""
     started = time.perf_counter()
-    cluster = LocalCluster(n_workers=workers, processes=True, threads_per_worker=1, dashboard_address=":0",
-                           silence_logs=40)
-    client = Client(cluster)
+    cluster = ProcessCluster(folder / f"cluster{workers}", workers=workers, nthreads=1)
     up = time.perf_counter() - started
     try:
-        (folder / f"warm{workers}").mkdir()
-        warm = write_manifest(folder / f"warm{workers}", 4 * workers)
+        warm_dir = folder / f"warm{workers}"
+        warm_dir.mkdir()
+        warm = warm_manifest(manifest, warm_dir, warm_items or 4 * workers)
         started = time.perf_counter()
-        start_map(wasm, warm, folder / f"warm-run{workers}", cluster=client, **kwargs).wait()
+        start_map(wasm, warm, folder / f"warm-run{workers}", cluster=cluster.address, **kwargs, **map_kwargs).wait()
         warmup = time.perf_counter() - started
-        row = one_map(f"dask, {workers} worker{'s' if workers > 1 else ''}", wasm, manifest, folder, workers,
-                      cluster=client, **kwargs)
+        row = one_map(name or f"dask, {workers} worker{'s' if workers > 1 else ''}", wasm, manifest, folder, workers,
+                      cluster=cluster.address, **kwargs, **map_kwargs)
         row.update(cluster_start_s=up, warmup_s=warmup)
         return [row]
     finally:
-        client.close()
         cluster.close()
+
+
+def warm_manifest(manifest: Path, folder: Path, n: int) -> Path:
+    """The first ``n`` items of ``manifest`` (cycled), as a manifest of its own."""
+    lines = [line for line in manifest.read_text(encoding="utf-8").splitlines() if line.strip()]
+    path = folder / "warm.jsonl"
+    path.write_text("".join(lines[i % len(lines)] + "\n" for i in range(n)), encoding="utf-8")
+    return path
 
 
 def show(rows: list[dict], baseline: dict, n: int) -> None:
@@ -132,6 +153,88 @@ def show(rows: list[dict], baseline: dict, n: int) -> None:
           f"(wall x slots - sum(setup+run)) / items.")
 
 
+# --- documents on the real model ------------------------------------------------------------
+
+
+def documents(folder: Path, n: int, max_tokens: int) -> tuple[Path, Path]:
+    """``n`` short documents (the examples, each under its own heading) and a manifest over them."""
+    sources = sorted((ROOT / "examples" / "data").glob("*.txt"))
+    texts = [src.read_text(encoding="utf-8")[:700] for src in sources]
+    docs = folder / "docs"
+    docs.mkdir()
+    lines = []
+    for i in range(n):
+        path = docs / f"doc{i:03d}.txt"
+        path.write_text(f"Report {i + 1} of {n}.\n\n{texts[i % len(texts)]}", encoding="utf-8")
+        lines.append(json.dumps({"path": str(path), "max_tokens": max_tokens}))
+    return docs, write_lines(folder / "documents.jsonl", lines)
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def tokens(row: dict, run_dir: Path) -> dict:
+    """Tokens in and out per item, and out per second of wall time, from the job envelopes."""
+    envelopes = [json.loads(p.read_text()) for p in run_dir.glob("jobs/*/envelope.json")]
+    done = [e["usage"] for e in envelopes if e["status"] == "completed"]
+    n = len(done) or 1
+    tokens_out = sum(u["tokens_out"] for u in done)
+    return {"tokens_in": sum(u["tokens_in"] for u in done) / n, "tokens_out": tokens_out / n,
+            "out_tok_s": tokens_out / row["wall_s"]}
+
+
+def documents_bench(args) -> int:
+    from tensorjob_jupyter.compile import load_guest
+    from tensorjob_jupyter.inference.llama import physical_cores
+
+    n = args.items or 12
+    wasm = load_guest(str(ROOT / "guests" / "examples" / "summarise.c"))
+    folder = Path(tempfile.mkdtemp(prefix="bench-map-docs-"))
+    cores = physical_cores()
+    try:
+        docs, manifest = documents(folder, n, args.max_tokens)
+        common = {"read": [docs]}
+        started = time.perf_counter()  # load the model in this process before timing (not in the numbers)
+        start_map(wasm, warm_manifest(manifest, folder, 1), folder / "warm-local", **common).wait()
+        local_warmup = time.perf_counter() - started
+        rows = []
+        for name, concurrency in (("local, concurrency 1", 1), ("local, concurrency 4", 4)):
+            rows.append(one_map(name, wasm, manifest, folder, concurrency, concurrency=concurrency, **common))
+            rows[-1].update(tokens(rows[-1], folder / name.replace(" ", "-").replace(",", "")))
+        if not args.no_dask:
+            per_worker = max(1, cores // 2)
+            options = {"model_options": {"n_threads": per_worker, "n_threads_batch": per_worker}}
+            row = dask_maps(wasm, manifest, folder, options, 2, name="dask, 2 workers", warm_items=4, **common)[0]
+            row.update(tokens(row, folder / "dask-2-workers"))
+            rows.append(row)
+        print(f"\n{n} documents ({min(len(p.read_text()) for p in docs.iterdir())}-"
+              f"{max(len(p.read_text()) for p in docs.iterdir())} bytes), one summary of at most "
+              f"{args.max_tokens} tokens each, on the embedded model (SmolLM2-135M-Instruct Q4_1).\n")
+        print(f"{'scenario':<24}{'items/s':>9}{'x local-1':>10}{'setup':>8}{'run':>9}{'reactor':>9}{'latency':>9}"
+              f"{'overhead':>10}{'tok in':>8}{'tok out':>8}{'out tok/s':>10}")
+        for r in rows:
+            print(f"{r['name']:<24}{r['items_s']:>9.2f}{r['items_s'] / rows[0]['items_s']:>10.2f}{r['setup_ms']:>8.1f}"
+                  f"{r['run_ms']:>9.0f}{r['reactor_ms']:>9.0f}{r['latency_ms']:>9.0f}{r['overhead_ms']:>10.0f}"
+                  f"{r['tokens_in']:>8.0f}{r['tokens_out']:>8.1f}{r['out_tok_s']:>10.1f}")
+        print("  (setup .. overhead: ms per item; tok in/out: per item)")
+        print(f"  local: model loaded in {local_warmup:.1f} s before timing; llama.cpp threads {cores} "
+              f"(the default: the process's cores)")
+        for r in rows:
+            if "cluster_start_s" in r:
+                print(f"  {r['name']}: processes started in {r['cluster_start_s']:.1f} s, warm-up map (worker imports, "
+                      f"one model per worker, {max(1, cores // 2)} llama.cpp thread(s) each) {r['warmup_s']:.1f} s "
+                      f"-- not in the numbers above")
+        print(f"\nmachine: {os.cpu_count()} CPUs ({cores} physical cores), load average "
+              f"{open('/proc/loadavg').read().split()[0]} at the end.")
+        if args.json:
+            print(json.dumps(rows, indent=2))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="60 items instead of 200")
@@ -140,8 +243,13 @@ def main(argv=None) -> int:
                         help="scripted model: seconds per token (default 0: pure overhead)")
     parser.add_argument("--model", default=None, metavar="PATH|default", help="use a real GGUF model instead")
     parser.add_argument("--no-dask", action="store_true")
+    parser.add_argument("--documents", action="store_true",
+                        help="summarise short documents on the embedded model: local 1, local 4, two dask workers")
+    parser.add_argument("--max-tokens", type=int, default=48, help="--documents: tokens per summary (default 48)")
     parser.add_argument("--json", action="store_true", help="also print the rows as JSON")
     args = parser.parse_args(argv)
+    if args.documents:
+        return documents_bench(args)
     n = args.items or (60 if args.quick else 200)
     wasm = guest()
     kwargs = backend_kwargs(args)
