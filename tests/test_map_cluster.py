@@ -223,7 +223,8 @@ def test_python_map_from_a_fresh_process_with_a_scripted_model(cluster, guest, t
     summary = json.loads(out)
     assert (summary["status"], summary["completed"], summary["failed"]) == ("finished", 9, 2)
     assert summary["default_client"] is False  # the map used its own client and left none behind
-    results = {json.loads(line)["item"]: json.loads(line)["result"] for line in sorted_lines(tmp_path / "run" / "results.jsonl")}
+    records = [json.loads(line) for line in sorted_lines(tmp_path / "run" / "results.jsonl")]
+    results = {r["item"]: r["result"] for r in records}
     assert results[4] == {"event": "infer_done", "text": "a b", "tokens_out": 2}  # the factory reached the workers
 
 
@@ -286,7 +287,8 @@ def test_ctrl_c_stops_a_cluster_map_and_it_finishes_locally(cluster, guest, tmp_
     proc = py_map(guest, manifest, run_dir, "local", 0.0)
     out, err = proc.communicate(timeout=60)
     second = json.loads(out)
-    assert (second["status"], second["ran"], second["skipped"]) == ("finished", n - first["completed"], first["completed"])
+    k = first["completed"]
+    assert (second["status"], second["ran"], second["skipped"]) == ("finished", n - k, k)
     assert items_in(run_dir / "results.jsonl") == list(range(n))
 
 

@@ -186,3 +186,12 @@ def test_a_blank_cluster_address_is_a_cluster_error(guest, tmp_path):
     with pytest.raises(fanout.ClusterError, match="needs a scheduler address"):
         start_map(guest, [done(1)], tmp_path / "run", backend=FACTORY, cluster=" ")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_cluster_without_workers_is_refused_after_a_wait():
+    from tensorjob_jupyter.fanout.dask import check_workers
+
+    with distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=":0", silence_logs=40) as cluster, \
+            distributed.Client(cluster, set_as_default=False) as empty:
+        with pytest.raises(fanout.ClusterError, match="no workers are connected .* add one with `dask worker "):
+            check_workers(empty, fanout.BackendSpec.of(FACTORY, None), cluster.scheduler_address, timeout=0.5)

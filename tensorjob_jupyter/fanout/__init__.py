@@ -73,6 +73,6 @@ from .local import LocalExecutor  # noqa: F401
 from .progress import ItemTimes  # noqa: F401
 from .start import DEFAULT_CONCURRENCY  # noqa: F401
 
-__all__ = ["BackendSpec", "ClusterError", "ItemSpec", "Manifest", "ManifestError", "MapError", "MapProgress", "MapResult",
-           "MapRun", "ResumeRefused", "RunFolder", "WORKER_LOST", "add_map_parser", "cmd_map", "map",
+__all__ = ["BackendSpec", "ClusterError", "ItemSpec", "Manifest", "ManifestError", "MapError", "MapProgress",
+           "MapResult", "MapRun", "ResumeRefused", "RunFolder", "WORKER_LOST", "add_map_parser", "cmd_map", "map",
            "parse_manifest", "process_backend", "read_manifest", "run_item", "start_map"]
