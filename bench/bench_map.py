@@ -103,7 +103,8 @@ def one_map(name: str, wasm: bytes, manifest: Path, folder: Path, slots: int, **
     times = run.times.to_json()
     n = result.ran
     overhead_ms = 1000 * (wall * slots - (run.times.setup_s + run.times.run_s)) / n
-    return {"name": name, "wall_s": wall, "items_s": n / wall, "slots": slots, "overhead_ms": overhead_ms, **times}
+    return {"name": name, "wall_s": wall, "items_s": n / wall, "slots": slots, "overhead_ms": overhead_ms,
+            "run_dir": run_dir, **times}
 
 
 def dask_maps(wasm: bytes, manifest: Path, folder: Path, kwargs: dict, workers: int, *,
@@ -186,6 +187,8 @@ def tokens(row: dict, run_dir: Path) -> dict:
 
 
 def documents_bench(args) -> int:
+    """Local concurrency 1 (the baseline), local 4 and two dask workers, interleaved ``--rounds`` times:
+    the machines are shared, so each scenario meets the same load; each row is its median round."""
     from tensorjob_jupyter.compile import load_guest
     from tensorjob_jupyter.inference.llama import physical_cores
 
@@ -193,44 +196,60 @@ def documents_bench(args) -> int:
     wasm = load_guest(str(ROOT / "guests" / "examples" / "summarise.c"))
     folder = Path(tempfile.mkdtemp(prefix="bench-map-docs-"))
     cores = physical_cores()
+    per_worker = max(1, cores // 2)
+    cluster = None
     try:
         docs, manifest = documents(folder, n, args.max_tokens)
         common = {"read": [docs]}
         started = time.perf_counter()  # load the model in this process before timing (not in the numbers)
         start_map(wasm, warm_manifest(manifest, folder, 1), folder / "warm-local", **common).wait()
         local_warmup = time.perf_counter() - started
-        rows = []
-        for name, concurrency in (("local, concurrency 1", 1), ("local, concurrency 4", 4)):
-            rows.append(one_map(name, wasm, manifest, folder, concurrency, concurrency=concurrency, **common))
-            rows[-1].update(tokens(rows[-1], folder / name.replace(" ", "-").replace(",", "")))
+        scenarios = [("local, concurrency 1", 1, {"concurrency": 1}), ("local, concurrency 4", 4, {"concurrency": 4})]
         if not args.no_dask:
-            per_worker = max(1, cores // 2)
-            options = {"model_options": {"n_threads": per_worker, "n_threads_batch": per_worker}}
-            row = dask_maps(wasm, manifest, folder, options, 2, name="dask, 2 workers", warm_items=4, **common)[0]
-            row.update(tokens(row, folder / "dask-2-workers"))
-            rows.append(row)
+            started = time.perf_counter()
+            cluster = ProcessCluster(folder / "cluster", workers=2, nthreads=1)
+            cluster_start = time.perf_counter() - started
+            remote = {"cluster": cluster.address,
+                      "model_options": {"n_threads": per_worker, "n_threads_batch": per_worker}}
+            started = time.perf_counter()  # worker imports, one model per worker
+            start_map(wasm, warm_manifest(manifest, folder, 4), folder / "warm-dask", **common, **remote).wait()
+            cluster_warmup = time.perf_counter() - started
+            scenarios.append(("dask, 2 workers", 2, remote))
+        rounds: dict[str, list[dict]] = {name: [] for name, _, _ in scenarios}
+        loads = []
+        for r in range(args.rounds):
+            for name, slots, kwargs in scenarios:
+                label = f"{name} #{r}"
+                row = one_map(label, wasm, manifest, folder, slots, **common, **kwargs)
+                row.update(tokens(row, row["run_dir"]), name=name, load=os.getloadavg()[0])
+                rounds[name].append(row)
+                loads.append(row["load"])
+        rows = [sorted(runs, key=lambda row: row["items_s"])[(len(runs) - 1) // 2] for runs in rounds.values()]
         print(f"\n{n} documents ({min(len(p.read_text()) for p in docs.iterdir())}-"
               f"{max(len(p.read_text()) for p in docs.iterdir())} bytes), one summary of at most "
-              f"{args.max_tokens} tokens each, on the embedded model (SmolLM2-135M-Instruct Q4_1).\n")
-        print(f"{'scenario':<24}{'items/s':>9}{'x local-1':>10}{'setup':>8}{'run':>9}{'reactor':>9}{'latency':>9}"
-              f"{'overhead':>10}{'tok in':>8}{'tok out':>8}{'out tok/s':>10}")
+              f"{args.max_tokens} tokens each, on the embedded model (SmolLM2-135M-Instruct Q4_1); "
+              f"median of {args.rounds} interleaved round(s).\n")
+        print(f"{'scenario':<22}{'items/s':>8}{'x local-1':>10}{'setup':>7}{'run':>8}{'reactor':>8}{'latency':>8}"
+              f"{'overhead':>9}{'tok in':>7}{'tok out':>8}{'out tok/s':>10}   all rounds (items/s)")
         for r in rows:
-            print(f"{r['name']:<24}{r['items_s']:>9.2f}{r['items_s'] / rows[0]['items_s']:>10.2f}{r['setup_ms']:>8.1f}"
-                  f"{r['run_ms']:>9.0f}{r['reactor_ms']:>9.0f}{r['latency_ms']:>9.0f}{r['overhead_ms']:>10.0f}"
-                  f"{r['tokens_in']:>8.0f}{r['tokens_out']:>8.1f}{r['out_tok_s']:>10.1f}")
+            every = " ".join(f"{x['items_s']:.2f}" for x in rounds[r["name"]])
+            print(f"{r['name']:<22}{r['items_s']:>8.2f}{r['items_s'] / rows[0]['items_s']:>10.2f}{r['setup_ms']:>7.1f}"
+                  f"{r['run_ms']:>8.0f}{r['reactor_ms']:>8.0f}{r['latency_ms']:>8.0f}{r['overhead_ms']:>9.0f}"
+                  f"{r['tokens_in']:>7.0f}{r['tokens_out']:>8.1f}{r['out_tok_s']:>10.1f}   {every}")
         print("  (setup .. overhead: ms per item; tok in/out: per item)")
         print(f"  local: model loaded in {local_warmup:.1f} s before timing; llama.cpp threads {cores} "
               f"(the default: the process's cores)")
-        for r in rows:
-            if "cluster_start_s" in r:
-                print(f"  {r['name']}: processes started in {r['cluster_start_s']:.1f} s, warm-up map (worker imports, "
-                      f"one model per worker, {max(1, cores // 2)} llama.cpp thread(s) each) {r['warmup_s']:.1f} s "
-                      f"-- not in the numbers above")
-        print(f"\nmachine: {os.cpu_count()} CPUs ({cores} physical cores), load average "
-              f"{open('/proc/loadavg').read().split()[0]} at the end.")
+        if cluster is not None:
+            print(f"  dask, 2 workers (dask scheduler + 2 x dask worker --nthreads 1, {per_worker} llama.cpp thread(s) "
+                  f"each): processes up in {cluster_start:.1f} s, warm-up map (worker imports, one model per worker) "
+                  f"{cluster_warmup:.1f} s -- not in the numbers above")
+        print(f"\nmachine: {os.cpu_count()} CPUs ({cores} physical cores); 1-min load average during the runs "
+              f"{min(loads):.1f}-{max(loads):.1f}.")
         if args.json:
-            print(json.dumps(rows, indent=2))
+            print(json.dumps(rows, indent=2, default=str))
     finally:
+        if cluster is not None:
+            cluster.close()
         shutil.rmtree(folder, ignore_errors=True)
     return 0
 
@@ -246,6 +265,7 @@ def main(argv=None) -> int:
     parser.add_argument("--documents", action="store_true",
                         help="summarise short documents on the embedded model: local 1, local 4, two dask workers")
     parser.add_argument("--max-tokens", type=int, default=48, help="--documents: tokens per summary (default 48)")
+    parser.add_argument("--rounds", type=int, default=2, help="--documents: interleaved rounds (default 2)")
     parser.add_argument("--json", action="store_true", help="also print the rows as JSON")
     args = parser.parse_args(argv)
     if args.documents:
@@ -267,7 +287,7 @@ def main(argv=None) -> int:
             rows += dask_maps(wasm, manifest, folder, backend_kwargs(args, 2), 2)
         show(rows + [no_infer], rows[1], n)
         if args.json:
-            print(json.dumps(rows, indent=2))
+            print(json.dumps(rows, indent=2, default=str))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return 0
