@@ -21,9 +21,12 @@ the same run:
 (guests/examples/summarise.c) over N short documents (default 12), one
 ``--max-tokens`` summary each (default 48) on the embedded model -- for
 ``local, concurrency 1`` (the baseline), ``local, concurrency 4`` (one model,
-requests batched) and a two-worker cluster started as separate processes,
-each worker with one llama.cpp thread so that threads do not outnumber the
-cores (``cores // 2``). Models are loaded before the timed runs (reported).
+requests batched), a two-worker cluster started as separate processes, each
+worker with ``cores // 2`` llama.cpp threads so that threads do not
+outnumber the cores, and, to tell the two effects apart, one item at a time
+here on a model with one worker's share of threads. Models are loaded before
+the timed runs (reported), and the scenarios are interleaved over
+``--rounds`` (each row is its median round; every round is printed).
 
 For each it prints items/s, ratios, and per item: job setup (building the
 Job), run (start to envelope), reactor (of which the guest and inference),
@@ -157,18 +160,20 @@ def show(rows: list[dict], baseline: dict, n: int) -> None:
 # --- documents on the real model ------------------------------------------------------------
 
 
-def documents(folder: Path, n: int, max_tokens: int) -> tuple[Path, Path]:
-    """``n`` short documents (the examples, each under its own heading) and a manifest over them."""
+def documents(folder: Path, n: int, max_tokens: int, tag: str) -> Path:
+    """``n`` short documents under ``folder/tag`` (the examples, each under its own heading) and a
+    manifest over them. Every map gets its own (``tag``), so no prompt repeats and no run is helped by
+    the model's prefix cache warmed by an earlier one."""
     sources = sorted((ROOT / "examples" / "data").glob("*.txt"))
     texts = [src.read_text(encoding="utf-8")[:700] for src in sources]
-    docs = folder / "docs"
-    docs.mkdir()
+    docs = folder / tag
+    docs.mkdir(parents=True)
     lines = []
     for i in range(n):
         path = docs / f"doc{i:03d}.txt"
-        path.write_text(f"Report {i + 1} of {n}.\n\n{texts[i % len(texts)]}", encoding="utf-8")
+        path.write_text(f"Report {i + 1} of {n} ({tag}).\n\n{texts[i % len(texts)]}", encoding="utf-8")
         lines.append(json.dumps({"path": str(path), "max_tokens": max_tokens}))
-    return docs, write_lines(folder / "documents.jsonl", lines)
+    return write_lines(folder / f"{tag}.jsonl", lines)
 
 
 def write_lines(path: Path, lines: list[str]) -> Path:
@@ -199,20 +204,24 @@ def documents_bench(args) -> int:
     per_worker = max(1, cores // 2)
     cluster = None
     try:
-        docs, manifest = documents(folder, n, args.max_tokens)
+        docs = folder / "docs"
         common = {"read": [docs]}
-        started = time.perf_counter()  # load the model in this process before timing (not in the numbers)
-        start_map(wasm, warm_manifest(manifest, folder, 1), folder / "warm-local", **common).wait()
+        one_thread = {"model_options": {"n_threads": per_worker, "n_threads_batch": per_worker}}
+        started = time.perf_counter()  # load the models in this process before timing (not in the numbers)
+        start_map(wasm, documents(docs, 1, args.max_tokens, "warm-local"), folder / "warm-local", **common).wait()
+        start_map(wasm, documents(docs, 1, args.max_tokens, "warm-local-1"), folder / "warm-local-1", **common,
+                  **one_thread).wait()
         local_warmup = time.perf_counter() - started
-        scenarios = [("local, concurrency 1", 1, {"concurrency": 1}), ("local, concurrency 4", 4, {"concurrency": 4})]
+        scenarios = [("local, concurrency 1", 1, {"concurrency": 1}), ("local, concurrency 4", 4, {"concurrency": 4}),
+                     (f"local, 1, {per_worker} thread", 1, {"concurrency": 1, **one_thread})]
         if not args.no_dask:
             started = time.perf_counter()
             cluster = ProcessCluster(folder / "cluster", workers=2, nthreads=1)
             cluster_start = time.perf_counter() - started
-            remote = {"cluster": cluster.address,
-                      "model_options": {"n_threads": per_worker, "n_threads_batch": per_worker}}
+            remote = {"cluster": cluster.address, **one_thread}
             started = time.perf_counter()  # worker imports, one model per worker
-            start_map(wasm, warm_manifest(manifest, folder, 4), folder / "warm-dask", **common, **remote).wait()
+            start_map(wasm, documents(docs, 4, args.max_tokens, "warm-dask"), folder / "warm-dask", **common,
+                      **remote).wait()
             cluster_warmup = time.perf_counter() - started
             scenarios.append(("dask, 2 workers", 2, remote))
         rounds: dict[str, list[dict]] = {name: [] for name, _, _ in scenarios}
@@ -220,13 +229,15 @@ def documents_bench(args) -> int:
         for r in range(args.rounds):
             for name, slots, kwargs in scenarios:
                 label = f"{name} #{r}"
+                tag = label.replace(" ", "-").replace(",", "").replace("#", "")
+                manifest = documents(docs, n, args.max_tokens, tag)
                 row = one_map(label, wasm, manifest, folder, slots, **common, **kwargs)
                 row.update(tokens(row, row["run_dir"]), name=name, load=os.getloadavg()[0])
                 rounds[name].append(row)
                 loads.append(row["load"])
         rows = [sorted(runs, key=lambda row: row["items_s"])[(len(runs) - 1) // 2] for runs in rounds.values()]
-        print(f"\n{n} documents ({min(len(p.read_text()) for p in docs.iterdir())}-"
-              f"{max(len(p.read_text()) for p in docs.iterdir())} bytes), one summary of at most "
+        sizes = [p.stat().st_size for p in docs.glob("*/*.txt")]
+        print(f"\n{n} documents ({min(sizes)}-{max(sizes)} bytes), one summary of at most "
               f"{args.max_tokens} tokens each, on the embedded model (SmolLM2-135M-Instruct Q4_1); "
               f"median of {args.rounds} interleaved round(s).\n")
         print(f"{'scenario':<22}{'items/s':>8}{'x local-1':>10}{'setup':>7}{'run':>8}{'reactor':>8}{'latency':>8}"
@@ -237,8 +248,9 @@ def documents_bench(args) -> int:
                   f"{r['run_ms']:>8.0f}{r['reactor_ms']:>8.0f}{r['latency_ms']:>8.0f}{r['overhead_ms']:>9.0f}"
                   f"{r['tokens_in']:>7.0f}{r['tokens_out']:>8.1f}{r['out_tok_s']:>10.1f}   {every}")
         print("  (setup .. overhead: ms per item; tok in/out: per item)")
-        print(f"  local: model loaded in {local_warmup:.1f} s before timing; llama.cpp threads {cores} "
-              f"(the default: the process's cores)")
+        print(f"  local: models loaded in {local_warmup:.1f} s before timing; llama.cpp threads {cores} "
+              f"(the default: the process's cores), or {per_worker} in 'local, 1, {per_worker} thread' "
+              f"(one worker's share, alone)")
         if cluster is not None:
             print(f"  dask, 2 workers (dask scheduler + 2 x dask worker --nthreads 1, {per_worker} llama.cpp thread(s) "
                   f"each): processes up in {cluster_start:.1f} s, warm-up map (worker imports, one model per worker) "
