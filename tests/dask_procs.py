@@ -22,7 +22,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DASK = Path(sys.executable).with_name("dask")
+DASK = Path(sys.executable).with_name("dask")  # the `dask` command of this environment
+
+
+def dask_command(what: str) -> list[str]:
+    """``dask scheduler`` / ``dask worker`` of this Python's environment."""
+    if DASK.exists():
+        return [str(DASK), what]
+    return [sys.executable, "-m", f"distributed.cli.dask_{what}"]
 
 
 def worker_env(**extra: str) -> dict:
@@ -69,7 +76,7 @@ class ProcessCluster:
 
     def _start_scheduler(self) -> None:
         scheduler_file = self.folder / "scheduler.json"
-        self.scheduler = self._popen([str(DASK), "scheduler", "--host", "127.0.0.1", "--port", "0",
+        self.scheduler = self._popen([*dask_command("scheduler"), "--host", "127.0.0.1", "--port", "0",
                                       "--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(scheduler_file)],
                                      "scheduler", self.env)
         deadline = time.monotonic() + self.timeout
@@ -86,7 +93,7 @@ class ProcessCluster:
     def add_worker(self, *, nthreads: int = 1, nanny: bool = True, env: dict | None = None,
                    argv: list[str] | None = None, cwd: str | os.PathLike | None = None) -> subprocess.Popen:
         """Start one more worker; ``argv`` replaces ``dask worker`` (e.g. another Python)."""
-        command = (argv or [str(DASK), "worker"]) + [self.address, "--nthreads", str(nthreads), "--no-dashboard",
+        command = (argv or dask_command("worker")) + [self.address, "--nthreads", str(nthreads), "--no-dashboard",
                                                      "--nanny" if nanny else "--no-nanny"]
         proc = self._popen(command, f"worker-{len(self.workers)}", env if env is not None else self.env, cwd)
         self.workers.append(proc)

@@ -157,13 +157,17 @@ def test_a_model_path_missing_on_the_workers_is_named_before_anything_runs(clust
 
 
 def test_workers_without_the_package_are_refused_with_a_message_saying_so(guest, tmp_path, tmp_path_factory):
-    """A worker in a Python environment that has Dask but not tensorjob-jupyter (``-S``: no .pth files,
-    so no editable install; cwd an empty folder), as on a machine where only dask was installed."""
-    site_packages = sysconfig.get_paths()["purelib"]
-    bare = tmp_path / "bare"
+    """A worker in a Python environment that has Dask but not tensorjob-jupyter, as on a machine where
+    only dask was installed: this environment's packages less this one (links to every entry of
+    site-packages but ours), with ``-S`` so no .pth file (an editable install) runs; cwd an empty folder."""
+    bare, site = tmp_path / "bare", tmp_path / "bare-site-packages"
     bare.mkdir()
+    site.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if "tensorjob_jupyter" not in entry.name and not entry.name.startswith("tensorjob-jupyter"):
+            (site / entry.name).symlink_to(entry)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = site_packages
+    env["PYTHONPATH"] = str(site)
     probe = subprocess.run([sys.executable, "-S", "-c", "import distributed, tensorjob_jupyter.fanout"],
                            env=env, cwd=bare, capture_output=True, text=True)
     assert probe.returncode != 0 and "No module named 'tensorjob_jupyter" in probe.stderr
