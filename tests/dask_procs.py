@@ -45,7 +45,7 @@ class ProcessCluster:
 
     def __init__(self, folder: str | os.PathLike, *, workers: int = 2, nthreads: int = 1, nanny: bool = True,
                  env: dict | None = None, timeout: float = 60.0):
-        self.folder = Path(folder)
+        self.folder = Path(folder).absolute()
         self.folder.mkdir(parents=True, exist_ok=True)
         self.env = env if env is not None else worker_env()
         self.timeout = timeout
