@@ -58,10 +58,11 @@ class TensorJob(Magics, JobSettings):
 
     # -- building a job ---------------------------------------------------------------
 
-    def _options(self, args) -> JobOptions:
+    def _options(self, args, *, local_model: bool = True) -> JobOptions:
         """The options given, over the traitlets' defaults; any mistake is one UsageError line."""
         try:
-            return JobOptions.from_args(args, defaults=JobOptions.from_settings(self), variables=self.shell.user_ns)
+            return JobOptions.from_args(args, defaults=JobOptions.from_settings(self), variables=self.shell.user_ns,
+                                        local_model=local_model)
         except OptionError as e:
             raise UsageError(str(e)) from None
 
@@ -195,7 +196,7 @@ class TensorJob(Magics, JobSettings):
             return None
         if not args.target:
             raise UsageError(f"{args.action} needs a guest file: %tensorjob {args.action} PATH")
-        options = self._options(args)
+        options = self._options(args, local_model=not (args.action == "map" and args.cluster))
         try:
             guest = options.guest(args.target)
         except CompileError as e:

@@ -219,8 +219,10 @@ class JobOptions:
 
     @classmethod
     def from_args(cls, args: Any, *, defaults: "JobOptions | None" = None,
-                  variables: Mapping[str, Any] | None = None) -> "JobOptions":
-        """The options given in a parsed namespace, over ``defaults``; checked."""
+                  variables: Mapping[str, Any] | None = None, local_model: bool = True) -> "JobOptions":
+        """The options given in a parsed namespace, over ``defaults``; checked.
+        ``local_model=False``: the model need not exist here (a map on a cluster:
+        its workers check it)."""
         base = defaults or cls()
         changes: dict[str, Any] = {}
         limit_changes: dict[str, Any] = {}
@@ -230,16 +232,17 @@ class JobOptions:
                 continue
             value = _read(opt, text, variables)
             (limit_changes if opt.is_limit else changes)[opt.name] = value
-        return dataclasses.replace(base, limits=base.limits.replace(**limit_changes), **changes).checked()
+        options = dataclasses.replace(base, limits=base.limits.replace(**limit_changes), **changes)
+        return options.checked(local_model=local_model)
 
-    def checked(self) -> "JobOptions":
+    def checked(self, *, local_model: bool = True) -> "JobOptions":
         """Raise ``OptionError`` if a file an option names does not exist."""
         for path in self.read:
             if not os.path.exists(path):
                 raise OptionError(f"--read {path}: no such file or directory")
         if self.input_file is not None and not os.path.isfile(self.input_file):
             raise OptionError(f"--input-file {self.input_file}: no such file")
-        if self.model is not None and not os.path.isfile(self.model):
+        if local_model and self.model is not None and not os.path.isfile(self.model):
             raise OptionError(f"--model {self.model}: model file not found")
         from .web import FetchGrants
 

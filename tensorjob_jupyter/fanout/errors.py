@@ -23,3 +23,8 @@ class ManifestError(MapError, ValueError):
 
 class ResumeRefused(MapError):
     """The run folder belongs to another map, or another map is writing to it."""
+
+
+class ClusterError(MapError):
+    """The Dask cluster cannot run this map: unreachable, no workers, or a
+    worker that lacks the package, the same version of it, or the model."""

