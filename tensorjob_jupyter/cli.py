@@ -135,8 +135,8 @@ class LivePrinter:
         elif kind == "response.output_text.delta":
             self._model_text(event["delta"])
         elif kind in ("response.completed", "response.incomplete"):
-            reason = (event["response"].get("incomplete_details") or {}).get("reason")
-            self._line(f"{INDENT}[{reason}]" if reason else "")
+            reason = event.get("finish_reason")
+            self._line(f"{INDENT}[{reason}]" if reason not in (None, "stop") else "")
         elif kind in ("job.completed", "job.failed", "job.cancelled"):
             env = event["envelope"]
             usage = env["usage"]

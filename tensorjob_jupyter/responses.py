@@ -5,14 +5,21 @@ An infer publishes, in order: ``response.created`` (status ``queued``),
 ``response.content_part.added``, one ``response.output_text.delta`` per
 token, ``response.output_text.done``, ``response.content_part.done``,
 ``response.output_item.done``, and then exactly one terminal event:
-``response.completed``; ``response.incomplete`` with
+``response.completed`` (the model ended, or the guest said stop, as a stop
+sequence ends a response); ``response.incomplete`` with
 ``incomplete_details.reason`` = ``max_output_tokens`` when the token limit cut
-it short, ``guest_stop`` when the guest said stop, or ``cancelled`` when the
-job was cancelled; or ``error`` followed by ``response.failed`` when the model
-(or the guest's ``cf_on_token``) failed. The spec lets the reason be any
-string; the last two are ours. Text events carry ``item_id``,
-nullable fields are present as ``null``, and usage includes
-``input_tokens_details.cached_tokens`` -- the spec's shape, not a subset.
+it short, or with the response's status ``cancelled`` when the job was
+cancelled; or ``error`` followed by ``response.failed`` when the model (or the
+guest's ``cf_on_token``) failed. Every terminal event also carries this
+project's ``finish_reason`` -- ``stop``, ``length``, ``guest_stop`` or
+``cancelled`` -- beside the spec's fields.
+
+The schema of record is the openai SDK's (``ResponseStreamEvent``): the
+tests validate every event against it, so the spec's closed vocabularies are
+kept -- ``response.failed`` says ``server_error`` or ``rate_limit_exceeded``,
+and the ``error`` event before it carries this project's own code. Text
+events carry ``item_id``, nullable fields are present as ``null``, usage
+includes ``input_tokens_details`` -- the spec's shape, not a subset.
 
 The events are published on the job's stream, so their ``sequence_number``
 counts across the whole job rather than restarting per response.
@@ -77,8 +84,10 @@ class ResponseStream:
 
     @staticmethod
     def usage_json(input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict:
+        """Usage in the spec's shape; the prompt tokens not read from the KV cache were written to it."""
         return {"input_tokens": input_tokens,
-                "input_tokens_details": {"cached_tokens": cached_tokens},
+                "input_tokens_details": {"cached_tokens": cached_tokens,
+                                         "cache_write_tokens": max(0, input_tokens - cached_tokens)},
                 "output_tokens": output_tokens,
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": input_tokens + output_tokens}
@@ -115,21 +124,27 @@ class ResponseStream:
         self.stream.publish("response.output_item.done", output_index=0, item=item)
         return item
 
-    def finish(self, text: str, *, usage: dict, incomplete_reason: str | None = None,
-               extra: dict[str, Any] | None = None) -> None:
-        """Close the response: completed, or incomplete with ``incomplete_reason``."""
-        status = "incomplete" if incomplete_reason else "completed"
-        item = self._close_item(text, status)
+    def finish(self, text: str, *, usage: dict, reason: str, extra: dict[str, Any] | None = None) -> None:
+        """Close the response. ``reason``: ``stop`` or ``guest_stop`` (completed),
+        ``length`` (incomplete: max_output_tokens) or ``cancelled``."""
+        if reason == "length":
+            status, item_status, incomplete = "incomplete", "incomplete", {"reason": "max_output_tokens"}
+        elif reason == "cancelled":
+            status, item_status, incomplete = "cancelled", "incomplete", None
+        else:
+            status, item_status, incomplete = "completed", "completed", None
+        item = self._close_item(text, item_status)
         resource = self._resource(status, output=[item], usage=usage, completed_at=int(time.time()),
-                                  incomplete={"reason": incomplete_reason} if incomplete_reason else None)
+                                  incomplete=incomplete)
         resource["output_text"] = text
-        self.stream.publish(f"response.{status}", response=resource, **(extra or {}))
+        kind = "completed" if status == "completed" else "incomplete"
+        self.stream.publish(f"response.{kind}", response=resource, finish_reason=reason, **(extra or {}))
 
     def fail(self, message: str, *, code: str | None = None, error_type: str = "model_error") -> None:
-        """The model failed: an ``error`` event, then ``response.failed``."""
-        error = {"type": error_type, "code": code, "message": message, "param": None}
-        self.stream.publish("error", error=error)
+        """The model failed: an ``error`` event (with this project's code), then ``response.failed``."""
+        self.stream.publish("error", code=code, message=message, param=None, error_type=error_type)
         output = [self._item("incomplete", "".join(self.text_parts))] if self._opened else []
-        self.stream.publish("response.failed",
-                            response=self._resource("failed", output=output, error={"code": code or error_type,
-                                                                                    "message": message}))
+        spec_code = "rate_limit_exceeded" if error_type == "too_many_requests" else "server_error"
+        self.stream.publish("response.failed", finish_reason="error",
+                            response=self._resource("failed", output=output,
+                                                    error={"code": spec_code, "message": message}))

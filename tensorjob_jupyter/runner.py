@@ -376,7 +376,7 @@ class Reactor:
         tokens_in, tokens_out = self._partial_usage(fut, len(response.text_parts))
         if code == codes.CANCELLED:
             response.finish("".join(response.text_parts), usage=response.usage_json(tokens_in, tokens_out),
-                            incomplete_reason="cancelled")
+                            reason="cancelled")
             raise JobEnd(codes.CANCELLED, "cancelled during inference") from None
         response.fail(message, code=code, error_type="server_error")
 
@@ -513,14 +513,11 @@ class Reactor:
         u = result.usage
         self.usage.tokens_in += u.prompt_tokens
         self.usage.tokens_out += u.completion_tokens
-        reason = "guest_stop" if guest_stopped else ("max_output_tokens" if result.finish_reason == FINISH_LENGTH
-                                                     else None)
+        reason = "guest_stop" if guest_stopped else ("length" if result.finish_reason == FINISH_LENGTH else "stop")
         response.finish(result.text, usage=response.usage_json(u.prompt_tokens, u.completion_tokens,
                                                                u.cached_tokens),
-                        incomplete_reason=reason,
-                        extra={"finish_reason": result.finish_reason, "timing": {
-                            "time_to_first_token_s": u.time_to_first_token_s,
-                            "tokens_per_second": u.tokens_per_second}})
+                        reason=reason, extra={"timing": {"time_to_first_token_s": u.time_to_first_token_s,
+                                                         "tokens_per_second": u.tokens_per_second}})
         return abi.InferDone(result.text, u.completion_tokens)
 
 

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import openresponses  # noqa: E402  (tests/openresponses.py)
 import wat  # noqa: E402  (tests/wat.py)
 
 import tensorjob_jupyter as tj  # noqa: E402
@@ -61,6 +62,28 @@ def _real_model_only_in_slow_tests(request):
     if request.node.get_closest_marker("slow") is None and len(_real_model_loads) > before:
         pytest.fail(f"{request.node.nodeid} loaded the real model ({_real_model_loads[-1]}) "
                     "but is not marked @pytest.mark.slow", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _open_responses_schema(monkeypatch):
+    """Every response.* and error event any test publishes must validate against the openai SDK's models."""
+    from tensorjob_jupyter.events import EventStream
+
+    publish = EventStream.publish
+    invalid: list[str] = []
+
+    def checked(self, type, **fields):
+        event = publish(self, type, **fields)
+        if openresponses.is_open_responses(type):
+            try:
+                openresponses.validate(event)
+            except Exception as e:  # noqa: BLE001 - reported by the test, not by the job it ran in
+                invalid.append(f"{type}: {e}")
+        return event
+
+    monkeypatch.setattr(EventStream, "publish", checked)
+    yield
+    assert not invalid, "events that do not validate against the openai SDK:\n" + "\n".join(invalid[:5])
 
 
 @pytest.fixture(autouse=True)

@@ -111,7 +111,8 @@ def test_infer_streams_tokens_as_one_open_responses_sequence():
     done = next(e for e in job.events if e["type"] == "response.completed")["response"]
     assert done["status"] == "completed" and done["output_text"] == "alpha beta gamma"
     assert done["incomplete_details"] is None and done["error"] is None
-    assert done["usage"]["output_tokens"] == 3 and done["usage"]["input_tokens_details"] == {"cached_tokens": 0}
+    assert done["usage"]["output_tokens"] == 3
+    assert done["usage"]["input_tokens_details"] == {"cached_tokens": 0, "cache_write_tokens": 2}
     assert job.envelope.usage.tokens_out == 3 and job.envelope.usage.tokens_in == 2
     assert job.envelope.usage.model == "scripted"
 
@@ -128,8 +129,9 @@ def test_a_stop_verdict_truncates_generation_and_is_not_an_error():
     job = run_job([INFER | {"max_tokens": 50}, DONE], backend=backend, stop_after_tokens=1)
     assert job.envelope.ok
     assert job.envelope.usage.tokens_out <= 2
-    inc = next(e for e in job.events if e["type"] == "response.incomplete")["response"]
-    assert inc["incomplete_details"] == {"reason": "guest_stop"}
+    # The guest's stop ends the response as a stop sequence would: completed, with our finish_reason.
+    done = next(e for e in job.events if e["type"] == "response.completed")
+    assert done["finish_reason"] == "guest_stop" and done["response"]["incomplete_details"] is None
 
 
 def test_each_token_reaches_subscribers_before_cf_on_token():
@@ -146,8 +148,9 @@ def test_a_model_error_is_model_load_failed_with_error_then_response_failed(heal
     assert job.envelope.error.code == codes.MODEL_LOAD_FAILED
     assert "weights are corrupt" in job.envelope.error.message
     assert types(job)[-3:] == ["error", "response.failed", "job.failed"]
-    err = next(e for e in job.events if e["type"] == "error")["error"]
-    assert err["type"] == "model_error" and err["param"] is None
+    err = next(e for e in job.events if e["type"] == "error")
+    assert (err["code"], err["error_type"], err["param"]) == ("model_load_failed", "model_error", None)
+    assert "weights are corrupt" in err["message"]
 
 
 def test_a_job_without_a_model_cannot_infer():
@@ -187,8 +190,8 @@ def test_cancel_during_inference_reaches_the_decoder(healthy):
     produced = len([e for e in job.events if e["type"] == "response.output_text.delta"])
     assert produced < 100
     assert produced <= env.usage.tokens_out <= produced + 2  # usage counts the cancelled infer
-    assert next(e for e in job.events if e["type"] == "response.incomplete")["response"]["incomplete_details"] == {
-        "reason": "cancelled"}
+    ended = next(e for e in job.events if e["type"] == "response.incomplete")
+    assert ended["finish_reason"] == "cancelled" and ended["response"]["status"] == "cancelled"
 
 
 def test_embed_answers_embedded():

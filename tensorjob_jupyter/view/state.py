@@ -285,10 +285,11 @@ class ViewState:
             self.dirty.add("tokens")
 
     def _on_response_completed(self, event: dict) -> None:
-        self._finish_infer("completed")
+        reason = event.get("finish_reason")
+        self._finish_infer("completed", reason if reason not in (None, "stop") else None)
 
     def _on_response_incomplete(self, event: dict) -> None:
-        self._finish_infer("incomplete", (event["response"].get("incomplete_details") or {}).get("reason"))
+        self._finish_infer(event["response"].get("status") or "incomplete", event.get("finish_reason"))
 
     def _on_response_failed(self, event: dict) -> None:
         self._finish_infer("failed")
