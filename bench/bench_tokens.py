@@ -24,6 +24,12 @@ delta event, the transcript, the subscribers' queues.
    one; reported with the machine's core count.
 3. With ``--breakdown``, one instrumented job: the share of each part of a
    token's way through the host.
+4. With ``--real``, the real model (the embedded one, or ``--model PATH``):
+   four jobs at once, batched by the inference worker (four sequences per
+   ``llama_decode``), against llama.cpp's own four-sequence batched decode
+   driven through llama-cpp-python's C API in the same process (greedy,
+   argmax of each sequence's logits, the same prompts, lengths and thread
+   counts). Goal: at least 0.9.
 
 Runs are interleaved and the medians reported; ratios are against baselines
 measured in the same process. The last line is a one-line JSON summary.
@@ -148,11 +154,106 @@ def breakdown(tokens: int, runs_dir: str) -> dict:
     return {"tokens_per_s": rate, "us_per_token": per_token}
 
 
+PROMPTS = ["Write a long story about a dragon who learns to cook.\n\nOnce upon a time",
+           "The history of the printing press begins", "Here is a detailed recipe for bread. First,",
+           "Dear diary, today I walked to the harbour and"]
+
+
+def raw_batched_decode(model_path: str, n_tokens: int, threads: tuple[int, int]) -> float:
+    """Tokens per second of llama.cpp decoding the four prompts as four sequences of one batch."""
+    import llama_cpp as ll
+    import numpy as np
+
+    ll.llama_backend_init()
+    mparams = ll.llama_model_default_params()
+    model = ll.llama_model_load_from_file(model_path.encode(), mparams)
+    cparams = ll.llama_context_default_params()
+    cparams.n_ctx, cparams.n_batch, cparams.n_seq_max = 2048, 512, len(PROMPTS)
+    cparams.n_threads, cparams.n_threads_batch = threads
+    ctx = ll.llama_init_from_model(model, cparams)
+    vocab = ll.llama_model_get_vocab(model)
+    n_vocab = ll.llama_vocab_n_tokens(vocab)
+    batch = ll.llama_batch_init(512, 0, len(PROMPTS))
+
+    def add(token: int, pos: int, seq: int, logits: bool) -> None:
+        i = batch.n_tokens
+        batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, pos, 1
+        batch.seq_id[i][0], batch.logits[i] = seq, logits
+        batch.n_tokens += 1
+
+    try:
+        prompts = []
+        for text in PROMPTS:
+            buf = (ll.llama_token * 256)()
+            n = ll.llama_tokenize(vocab, text.encode(), len(text.encode()), buf, 256, True, False)
+            prompts.append(list(buf[:n]))
+        started = time.perf_counter()
+        last = {}
+        for seq, tokens in enumerate(prompts):  # each prompt on its own (as the engine prefills)
+            batch.n_tokens = 0
+            for pos, token in enumerate(tokens):
+                add(token, pos, seq, pos == len(tokens) - 1)
+            assert ll.llama_decode(ctx, batch) == 0
+            logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, batch.n_tokens - 1), shape=(n_vocab,))
+            last[seq] = (int(logits.argmax()), len(tokens))
+        generated = len(PROMPTS)
+        for _ in range(n_tokens - 1):
+            batch.n_tokens = 0
+            for seq, (token, pos) in last.items():
+                add(token, pos, seq, True)
+            assert ll.llama_decode(ctx, batch) == 0
+            for i, seq in enumerate(list(last)):
+                logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, i), shape=(n_vocab,))
+                last[seq] = (int(logits.argmax()), last[seq][1] + 1)
+            generated += len(last)
+        return generated / (time.perf_counter() - started)
+    finally:
+        ll.llama_batch_free(batch)
+        ll.llama_free(ctx)
+        ll.llama_model_free(model)
+
+
+def real_jobs(backend, n_tokens: int, runs_dir: str) -> float:
+    """Tokens per second, in all, of four jobs at once on the batching worker."""
+    guests = [wat.script_guest([{"cmd": "infer", "prompt": p, "max_tokens": n_tokens},
+                                {"cmd": "done", "result": "ok"}], stop_after_tokens=2**31 - 1) for p in PROMPTS]
+    jobs = [tj.Job(g, backend=backend, runs_dir=runs_dir, infer=tj.InferOptions(cache_prompt=False))
+            for g in guests]
+    started = time.perf_counter()
+    for job in jobs:
+        job.start()
+    tokens = 0
+    for job in jobs:
+        envelope = job.wait()
+        assert envelope.ok, envelope
+        tokens += envelope.usage.tokens_out
+    return tokens / (time.perf_counter() - started)
+
+
+def real_model(model: str | None, n_tokens: int, runs: int, runs_dir: str) -> dict:
+    from tensorjob_jupyter.inference.models import get_backend, resolve_model_path
+
+    path = str(resolve_model_path(model))
+    backend = get_backend(path)
+    real_jobs(backend, 8, runs_dir)  # load the model and warm up
+    threads = (backend.engine.n_threads, backend.engine.n_threads_batch)
+    raw, ours, ratios = median_pairs(lambda: raw_batched_decode(path, n_tokens, threads),
+                                     lambda: real_jobs(backend, n_tokens, runs_dir), runs)
+    print(f"[4] real model, {len(PROMPTS)} jobs at once {ours:,.1f} tokens/s in all against llama.cpp's own "
+          f"{len(PROMPTS)}-sequence batched decode {raw:,.1f}: ratio {ours / raw:.2f} "
+          f"(pairs {min(ratios):.2f}..{max(ratios):.2f}; threads {threads}); goal >= 0.9: "
+          f"{'met' if ours >= 0.9 * raw else 'NOT met'}")
+    return {"tokens_per_s": ours, "raw_batched_tokens_per_s": raw, "ratio": ours / raw, "threads": threads}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--breakdown", action="store_true")
     parser.add_argument("--runs", type=int, default=None)
+    parser.add_argument("--real", action="store_true", help="also: the real model, 4 jobs vs llama.cpp batched")
+    parser.add_argument("--real-only", action="store_true", help="only the real-model comparison")
+    parser.add_argument("--model", default=None, help="GGUF for --real (default: the embedded model)")
     args = parser.parse_args()
     tokens = 5_000 if args.quick else 20_000
     runs = args.runs or (3 if args.quick else 5)
@@ -160,6 +261,11 @@ def main() -> None:
     print(f"cores: {cores}, load: {open('/proc/loadavg').read().split()[:3]}, tokens a job: {tokens}")
     summary: dict = {"cores": cores, "tokens": tokens}
     with tempfile.TemporaryDirectory() as runs_dir:
+        if args.real or args.real_only:
+            summary["real"] = real_model(args.model, 64 if args.quick else 128, runs, runs_dir)
+            if args.real_only:
+                print(json.dumps(summary))
+                return
         bare, one, ratios = median_pairs(lambda: bare_loop(tokens), lambda: run_jobs(1, tokens, runs_dir), runs)
         goal = min(20_000, 0.8 * bare)
         print(f"[1] one job {one:,.0f} tokens/s against the bare cf_on_token loop {bare:,.0f} calls/s: "

@@ -264,6 +264,7 @@ class Guest:
         self.deadline = deadline  # monotonic time the whole job must end by
         self.digest = module_digest(wasm)
         self.peak_memory_bytes = 0
+        self._size = 0  # the memory's size after the last guest call
         self._interrupted = False
         self._closed = False
         wasm = bytes(wasm)
@@ -368,10 +369,13 @@ class Guest:
         finally:
             self._note_memory()
 
-    def _note_memory(self) -> None:
+    def _note_memory(self) -> int:
+        """The memory's size now (it only changes inside a guest call); kept as the peak too."""
         size = self._memory.data_len(self._store) if hasattr(self, "_memory") else 0
+        self._size = size
         if size > self.peak_memory_bytes:
             self.peak_memory_bytes = size
+        return size
 
     # -- memory ---------------------------------------------------------------------
 
@@ -395,7 +399,7 @@ class Guest:
         """Allocate with ``cf_alloc`` and copy ``data`` in; returns (ptr, len)."""
         n = len(data)
         ptr = self._call("cf_alloc", self._alloc, n) & 0xFFFFFFFF
-        size = self._memory.data_len(self._store)
+        size = self._size  # noted as the call returned
         if ptr + n > size:
             raise GuestTrap(codes.WASM_TRAP, f"cf_alloc({n}) returned {ptr:#x}, which leaves no room for "
                                              f"{n} bytes in guest memory ({size} bytes)")
@@ -434,7 +438,7 @@ class Guest:
         if self._on_token is None:
             return True
         ptr, n = self.write(token.encode("utf-8"))
-        return abi.TokenAction.from_i32(self._call("cf_on_token", self._on_token, ptr, n)) is abi.TokenAction.CONTINUE
+        return self._call("cf_on_token", self._on_token, ptr, n) == abi.TokenAction.CONTINUE  # anything else stops
 
     @property
     def fuel_left(self) -> int | None:
