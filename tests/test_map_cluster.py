@@ -25,6 +25,8 @@ pytest.importorskip("distributed")
 psutil = pytest.importorskip("psutil")
 
 from dask_procs import ProcessCluster, worker_env  # noqa: E402
+
+pytestmark = pytest.mark.slow  # schedulers and workers as processes: seconds each
 from test_map import MIXED, done, fail, infer, job_dirs, puppet_guest, sorted_lines, write_manifest  # noqa: E402
 
 #: A script run as its own process: ``tj.map`` on a cluster, a scripted model; prints the summary.
