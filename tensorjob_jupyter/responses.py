@@ -85,8 +85,11 @@ class ResponseStream:
 
     # -- the sequence ---------------------------------------------------------------
 
-    def start(self) -> None:
-        self.stream.publish("response.created", response=self._resource("queued"), infer_index=self.index)
+    def start(self, **extra: Any) -> None:
+        """``response.created`` (with ``extra`` fields beside the spec's, e.g. the guest's
+        ``command``, which replay relies on) and ``response.in_progress``."""
+        self.stream.publish("response.created", response=self._resource("queued"), infer_index=self.index,
+                            **extra)
         self.stream.publish("response.in_progress", response=self._resource("in_progress"),
                             infer_index=self.index)
 
