@@ -240,7 +240,7 @@ def _remove_run(run_dir: Path) -> tuple[int, str | None]:
     if stat.S_ISLNK(mode) or not stat.S_ISDIR(mode):
         return 0, "not a folder (a symlink is never followed)"
     if not _is_own_transcript(run_dir):
-        return 0, "not a tensorjob run folder"
+        return 0, f"its {EVENTS_FILE} is not this folder's own transcript"
     if is_running(run_dir):
         return 0, "its job is still running"
     try:

@@ -190,6 +190,33 @@ def _sampling(options: InferOptions) -> dict:
             "lora": [{"name": c.name, "scale": c.scale} for c in options.lora]}
 
 
+def options_for(recording: Recording, args: Any, *, defaults: Any = None,
+                variables: Any = None) -> tuple[dict, Any]:
+    """``ReplayJob`` keywords (and the ``JobOptions`` they came from) from parsed job options (``options.add_job_arguments``): the run's own
+    setup, with each option given on the command line (or in the magic) in its place."""
+    from .options import OPTIONS, JobOptions
+
+    given = {o.name for o in OPTIONS if getattr(args, o.name, None) is not None}
+    defaults = defaults or JobOptions()
+    read: list[str] = []
+    if "read" not in given:
+        missing = [g for g in recording.created.get("grants") or [] if not os.path.exists(g)]
+        if missing:
+            raise ReplayError(f"the run was granted {for_terminal(missing[0], one_line=True)}, which does not exist "
+                              f"here; files are read live, so give the grants again with --read")
+        read = [r for r in recorded_read(recording) if os.path.exists(r)]
+    infer = recorded_infer_options(recording)
+    base = JobOptions(read=tuple(read), fetch=tuple(recording.created.get("fetch") or ()),
+                      input=recording.created.get("input"), limits=recorded_limits(recording),
+                      chat=infer.chat, temperature=infer.sampler.temperature, seed=infer.sampler.seed,
+                      runs=defaults.runs, model=defaults.model, cflags=defaults.cflags, zigflags=defaults.zigflags)
+    options = JobOptions.from_args(args, defaults=base, variables=variables)
+    return {"input": options.input, "read": list(options.read), "fetch": list(options.fetch),
+            "limits": options.limits, "runs_dir": options.runs, "model": options.model,
+            "infer": options.infer_options() if given & {"temperature", "seed", "chat"} else RECORDED,
+            "input_bytes": options.input_bytes() if options.input_file is not None else None}, options
+
+
 # --- the reactor ------------------------------------------------------------------------------------
 
 
@@ -676,6 +703,8 @@ class ReplayReport:
 
     def lines(self) -> list[str]:
         """The replay in a few plain lines, with no ids, paths or timings (deterministic)."""
+        if self.stopped and self.divergence is not None:
+            return [f"replay: stopped at step {self.divergence.step}, the first command the recording cannot answer"]
         out = []
         if self.recorded is None:
             out.append("replay: the recorded run never ended, so there is no result to compare")

@@ -146,7 +146,7 @@ class ViewState:
 
     @property
     def done(self) -> bool:
-        return self.status in ("completed", "failed", "cancelled")
+        return self.status in ("completed", "failed", "cancelled", "interrupted")
 
     @property
     def elapsed_s(self) -> float:
@@ -310,7 +310,8 @@ class ViewState:
             self.fraction = 1.0
         self.dirty.update(SECTIONS)
 
-    _on_job_completed = _on_job_failed = _on_job_cancelled = _end
+    #: ``job.interrupted`` is made by ``show.Playback`` for a transcript that stops before the job's end.
+    _on_job_completed = _on_job_failed = _on_job_cancelled = _on_job_interrupted = _end
 
     def _on_job_replay_diverged(self, event: dict) -> None:
         """A replay met a command its recording lacks (``replay.py``): one log line."""
