@@ -656,3 +656,33 @@ def test_the_magics_list_show_and_replay(ip, tmp_path, capsys):
         ip.run_line_magic("tensorjob", "replay --from x")
     print(ip.run_line_magic("tensorjob", "runs --prune 0"))
     assert "removed" in capsys.readouterr().out
+
+
+# --- the real model --------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # the real model records the run; the replay runs with none
+def test_a_real_model_run_replays_to_the_same_result_with_no_model_loaded(tmp_path):
+    from tensorjob_jupyter.inference.models import get_backend
+
+    data = ROOT / "examples" / "data"
+    job = record(EXAMPLES / "summarise.c", backend=get_backend(), read=[data],
+                 input={"path": str(data / "lighthouse.txt"), "max_tokens": 24})
+    assert job.envelope.ok and job.envelope.usage.tokens_out > 0
+    script = ("import json, sys\n"
+              "from tensorjob_jupyter.cli import main\n"
+              "import io\n"
+              "out = io.StringIO()\n"
+              f"code = main(['replay', {str(EXAMPLES / 'summarise.c')!r}, '--from', {str(job.run_dir)!r}, '--json'],"
+              " out=out, err=io.StringIO())\n"
+              "print(json.dumps({'code': code, 'report': json.loads(out.getvalue()),"
+              " 'llama_cpp_loaded': 'llama_cpp' in sys.modules}))\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout.splitlines()[-1])
+    assert answer["code"] == 0 and not answer["llama_cpp_loaded"]
+    report = answer["report"]
+    assert report["same_result"] and report["divergence"] is None
+    assert report["envelope"]["result"] == job.result
+    assert report["envelope"]["usage"]["tokens_out"] == job.envelope.usage.tokens_out
