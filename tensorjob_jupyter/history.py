@@ -205,7 +205,7 @@ class PruneReport:
     bytes_freed: int = 0
 
     def lines(self) -> list[str]:
-        out = [f"removed {len(self.removed)} runs ({self.bytes_freed} bytes), kept {self.kept}"]
+        out = [f"removed {len(self.removed)} runs, kept {self.kept}"]
         for name, why in self.skipped:
             out.append(for_terminal(f"skipped {name}: {why}", one_line=True))
         return out
