@@ -149,11 +149,14 @@ class EventPrinter:
             from .replay import divergence_line
 
             self._line(f"· {divergence_line(event)}")
-        elif kind in ("job.completed", "job.failed", "job.cancelled", "job.interrupted"):
+        elif kind == "job.interrupted":  # made by show.Playback: the transcript has no end (yet)
             env = event["envelope"]
-            usage = env.get("usage")
-            tail = (f"{usage['tokens_in']} tokens in, {usage['tokens_out']} out, {usage['duration_ms']} ms"
-                    if usage else "no usage recorded")
+            mark = "…" if env["status"] == "running" else "✗"
+            self._line(f"{mark} {env['status']}: {for_terminal(env['error']['message'], one_line=True)}")
+        elif kind in ("job.completed", "job.failed", "job.cancelled"):
+            env = event["envelope"]
+            usage = env["usage"]
+            tail = f"{usage['tokens_in']} tokens in, {usage['tokens_out']} out, {usage['duration_ms']} ms"
             if env.get("error"):
                 error = env["error"]
                 self._line(f"✗ {env['status']}: {for_terminal(error['code'], one_line=True)}: "

@@ -15,7 +15,11 @@ nullable fields are present as ``null``, and usage includes
 ``input_tokens_details.cached_tokens`` -- the spec's shape, not a subset.
 
 The events are published on the job's stream, so their ``sequence_number``
-counts across the whole job rather than restarting per response.
+counts across the whole job rather than restarting per response. Beside the
+spec's fields, ``response.created`` carries ``infer_index`` and the guest's
+``command`` (its prompt and token limit, so a transcript can be replayed),
+and the terminal event the reactor's ``finish_reason``, ``timing`` and
+``guest_stopped_after``.
 """
 
 from __future__ import annotations

@@ -13,10 +13,11 @@ token rate. ``cancel()`` (the view's Cancel button, or Ctrl-C) skips to the
 end. For the terminal, ``Playback.events()`` feeds the same printer
 ``tensorjob run`` uses (``cli.EventPrinter``).
 
-A transcript that stops before the job's end (its process died) ends with a
-``job.interrupted`` event made here, marked ``"synthetic": true`` and never
-written anywhere, so a view shows the run as interrupted instead of running
-for ever. Transcripts older than format version 1 have no times and play
+A transcript that stops before the job's end ends with a ``job.interrupted``
+event made here, marked ``"synthetic": true`` and never written anywhere:
+its envelope's status is ``interrupted`` (the process died), or ``running``
+when a job still holds the transcript (shown as far as it has got), so a
+view never waits for an end that is not coming. Transcripts older than format version 1 have no times and play
 at once.
 """
 
@@ -70,13 +71,16 @@ class Playback:
             last = event
             yield event
         if self.reader.terminal is None:
-            torn = " (its last line was torn)" if self.reader.torn else ""
+            from .history import is_running
+
+            if is_running(self.run_dir):
+                status, message = "running", "the job is still running: shown as far as it has got"
+            else:
+                torn = " (its last line was torn)" if self.reader.torn else ""
+                status, message = "interrupted", f"the transcript stops before the job's end: its process stopped{torn}"
             yield {"type": "job.interrupted", "sequence_number": self.reader.count, "job_id": self.id,
                    "t_ms": (last or {}).get("t_ms", 0), "synthetic": True, "stats": None,
-                   "envelope": {"status": "interrupted",
-                                "error": {"code": "interrupted", "message": "the transcript stops before the "
-                                                                           f"job's end: its process was stopped{torn}"},
-                                "usage": None}}
+                   "envelope": {"status": status, "error": {"code": status, "message": message}, "usage": None}}
 
     def _due(self, event: dict) -> float:
         """Seconds to wait before ``event`` is due (0 when it is, or when not pacing)."""

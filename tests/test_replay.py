@@ -484,6 +484,8 @@ def test_prune_never_removes_a_running_job_of_this_process():
         report = prune(0)
         assert report.removed == [] and report.skipped == [(job.id, "its job is still running")]
         assert [r.status for r in list_runs()] == ["running"]
+        code, _, err = run_cli("show", job.id)
+        assert code == 0 and "… running: the job is still running" in err
     finally:
         job.cancel()
         job.wait(10)
@@ -686,3 +688,36 @@ def test_a_real_model_run_replays_to_the_same_result_with_no_model_loaded(tmp_pa
     assert report["same_result"] and report["divergence"] is None
     assert report["envelope"]["result"] == job.result
     assert report["envelope"]["usage"]["tokens_out"] == job.envelope.usage.tokens_out
+
+
+# --- the live view, from a transcript -------------------------------------------------------------------
+
+
+def test_the_widget_shows_a_past_run_as_it_showed_it_live(text_file):
+    from tensorjob_jupyter.view.widget import JobView
+
+    job = tj.Job(wat.script_guest([{"cmd": "open", "path": str(text_file)},
+                                   {"cmd": "slice", "handle": 0, "offset": 0, "len": 64},
+                                   {"cmd": "emit", "progress": {"done": 1, "total": 2}},
+                                   {"cmd": "infer", "prompt": "p", "max_tokens": 8},
+                                   {"cmd": "done", "result": {"ok": True}}]),
+                 read=[text_file.parent], backend=ScriptedBackend("summary words here", token_delay_s=0.02))
+    live = JobView(job, refresh_hz=20).start()
+    job.start().wait(30)
+    live.join(10)
+    shown = JobView(Playback(job.run_dir), refresh_hz=20).start()
+    shown.join(10)
+    for name in ("log", "tokens", "files", "output", "result", "usage"):
+        assert getattr(shown, name).value == getattr(live, name).value, name
+    assert (shown.progress.value, shown.progress.bar_style) == (live.progress.value, live.progress.bar_style)
+    assert 'class="tj-status">completed<' in shown.header.value
+    recorded_s = job.events[-1]["t_ms"] / 1000
+    assert f"{recorded_s:.1f} s" in shown.header.value and "3 tokens" in shown.header.value
+    assert shown.cancel_button.disabled and shown.cancel_button.description == "Completed"
+    # At recorded speed, the view's Cancel button skips to the end.
+    paced = Playback(job.run_dir, speed=0.05)
+    view = JobView(paced, refresh_hz=20).start()
+    time.sleep(0.2)
+    view.cancel_button.click()
+    view.join(5)
+    assert not view._thread.is_alive() and view.state.status == "completed"
