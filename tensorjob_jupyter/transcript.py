@@ -47,6 +47,9 @@ ENVELOPE_FILE = "envelope.json"
 HEADER_MAX_BYTES = 1024 * 1024
 #: Bytes of ``envelope.json`` read at most (the result is at most 1 MiB by default).
 ENVELOPE_MAX_BYTES = 64 * 1024 * 1024
+#: A listing parses envelopes up to this size whole; of a larger one (a large
+#: result) it reads only the head (the status) and the tail (the usage, last).
+ENVELOPE_SUMMARY_BYTES = 64 * 1024
 
 #: Commands the host carries out itself (read live in a replay), and those the model answers.
 LIVE_COMMANDS = frozenset({"emit", "open", "slice", "slice_bytes", "page_text", "page_text_opt", "document_text",
@@ -91,7 +94,8 @@ def _created(line: bytes, run_dir: Path) -> dict:
 
 @dataclass
 class Header:
-    """A run as a listing sees it: ``job.created`` (None when it is too large to read cheaply) and the envelope."""
+    """A run as a listing sees it: ``job.created`` (None when it is too large to read cheaply) and the
+    envelope's status, error and usage."""
 
     path: Path
     created: dict | None
@@ -157,8 +161,39 @@ def read_envelope(run_dir: Path) -> dict | None:
     return envelope
 
 
+def read_envelope_summary(run_dir: Path) -> dict | None:
+    """The envelope's status, error and usage, without reading a large result: compact envelopes
+    are written ``{"status":..,"result":..,"error":..,"usage":{..}}``, usage last."""
+    path = run_dir / ENVELOPE_FILE
+    try:
+        with _open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size <= ENVELOPE_SUMMARY_BYTES:
+                data = None
+            else:
+                head = f.read(256)
+                f.seek(size - 4096)
+                tail = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise TranscriptError(f"{_where(run_dir)}: cannot read {ENVELOPE_FILE}: {e.strerror}") from None
+    if size <= ENVELOPE_SUMMARY_BYTES:
+        envelope = read_envelope(run_dir)
+        return None if envelope is None else {k: v for k, v in envelope.items() if k != "result"}
+    try:
+        status = orjson.loads(head[head.index(b":") + 1:head.index(b",")])
+        usage = orjson.loads(tail[tail.rindex(b'"usage":') + 8:].rstrip()[:-1])
+    except (ValueError, orjson.JSONDecodeError):
+        raise TranscriptError(f"{_where(run_dir)}: {ENVELOPE_FILE} is damaged") from None
+    if not head.startswith(b'{"status":') or not isinstance(status, str) or not isinstance(usage, dict):
+        raise TranscriptError(f"{_where(run_dir)}: {ENVELOPE_FILE} is damaged")
+    return {"status": status, "usage": usage}
+
+
 def read_header(run_dir: str | os.PathLike) -> Header:
-    """``job.created`` and the envelope of a run; ``TranscriptError`` if it is not a readable transcript."""
+    """``job.created`` and the envelope of a run (its status, error and usage: not its result);
+    ``TranscriptError`` if it is not a readable transcript."""
     run_dir = Path(run_dir)
     try:
         line = read_first_line(run_dir / EVENTS_FILE, HEADER_MAX_BYTES)
@@ -168,7 +203,7 @@ def read_header(run_dir: str | os.PathLike) -> Header:
         raise TranscriptError(f"{_where(run_dir)}: cannot read {EVENTS_FILE}: {e.strerror}") from None
     created = _created(line, run_dir) if line is not None else None
     version = check_version(created, run_dir) if created is not None else TRANSCRIPT_VERSION
-    return Header(run_dir, created, read_envelope(run_dir), version)
+    return Header(run_dir, created, read_envelope_summary(run_dir), version)
 
 
 # --- every event -------------------------------------------------------------------------------

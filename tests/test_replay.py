@@ -721,3 +721,27 @@ def test_the_widget_shows_a_past_run_as_it_showed_it_live(text_file):
     view.cancel_button.click()
     view.join(5)
     assert not view._thread.is_alive() and view.state.status == "completed"
+
+
+def test_a_listing_reads_a_large_result_s_envelope_only_at_its_ends():
+    from tensorjob_jupyter.transcript import read_envelope_summary
+
+    job = record(wat.script_guest([{"cmd": "done", "result": 1}]))
+    big = tj.Envelope(tj.JobStatus.COMPLETED, job.envelope.usage, result={"text": "x" * 200_000})
+    (Path(job.run_dir) / "envelope.json").write_bytes(abi.encode_json(big.to_json()) + b"\n")
+    summary = read_envelope_summary(Path(job.run_dir))
+    assert summary == {"status": "completed", "usage": job.envelope.usage.to_json()}
+    (info,) = list_runs()
+    assert (info.status, info.tokens_out, info.duration_ms) == ("completed", 0, job.envelope.usage.duration_ms)
+
+
+def test_relative_paths_resolve_against_the_run_s_directory(tmp_path, text_file, monkeypatch):
+    monkeypatch.chdir(text_file.parent.parent)
+    guest = wat.script_guest([{"cmd": "open", "path": "data/doc.txt"}, {"cmd": "done", "result": 1}])
+    job = record(guest, read=["data"])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert replay(guest, job.id).same_result
+    code, out, err = run_cli("replay", _wasm(tmp_path, guest), "--from", job.id)
+    assert code == 0 and "the same result" in err
