@@ -154,6 +154,18 @@ def load_recording(run: Any, runs: str | os.PathLike | None = None) -> Recording
     if recording.version < 1:
         raise ReplayError(f"{for_terminal(recording.id, one_line=True)}: its transcript predates format version 1 "
                           f"and records no prompts, so it cannot be replayed (tensorjob show still shows it)")
+    try:  # a transcript is a file from anywhere: check the setup replay reads from it, once
+        recorded_limits(recording)
+        recorded_infer_options(recording)
+        created = recording.created
+        for key in ("read", "grants", "fetch"):
+            if not all(isinstance(x, str) for x in created.get(key) or []):
+                raise ValueError(f"{key} is not a list of strings")
+        if not isinstance(created.get("input_bytes") or {}, dict):
+            raise ValueError("input_bytes is not an object")
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ReplayError(f"{for_terminal(recording.id, one_line=True)}: its job.created cannot be replayed: "
+                          f"{for_terminal(str(e), one_line=True)[:200]}") from None
     return recording
 
 
@@ -333,9 +345,11 @@ class ReplayReactor(Reactor):
         """End the replay as the recorded run ended here (its error and its usage)."""
         self.reproduced_end = True
         error = end.error or {"code": codes.CANCELLED, "message": "job cancelled"}
-        usage = end.envelope.get("usage") or {}
-        self.usage.tokens_in = int(usage.get("tokens_in") or self.usage.tokens_in)
-        self.usage.tokens_out = int(usage.get("tokens_out") or self.usage.tokens_out)
+        usage = end.envelope.get("usage") if isinstance(end.envelope.get("usage"), dict) else {}
+        for key in ("tokens_in", "tokens_out"):
+            value = usage.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                setattr(self.usage, key, value)
         raise JobEnd(str(error.get("code")), f"{error.get('message')} (as recorded)")
 
     # -- infer from the recording ---------------------------------------------------------------

@@ -290,17 +290,24 @@ class InferAnswer:
     guest_stopped_after: int | None = None
     error: dict | None = None
 
+    def _usage(self, key: str, within: str | None = None) -> int:
+        usage = self.usage if isinstance(self.usage, dict) else {}
+        if within is not None:
+            usage = usage.get(within) if isinstance(usage.get(within), dict) else {}
+        value = usage.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
     @property
     def tokens_in(self) -> int:
-        return int((self.usage or {}).get("input_tokens") or 0)
+        return self._usage("input_tokens")
 
     @property
     def tokens_out(self) -> int:
-        return int((self.usage or {}).get("output_tokens") or 0)
+        return self._usage("output_tokens")
 
     @property
     def cached_tokens(self) -> int:
-        return int(((self.usage or {}).get("input_tokens_details") or {}).get("cached_tokens") or 0)
+        return self._usage("cached_tokens", "input_tokens_details")
 
 
 @dataclass
@@ -395,31 +402,12 @@ class Recording:
         chunks = chunk_bytes = 0
         answer: InferAnswer | None = None
         for event in reader:
-            kind = event["type"]
-            if kind == "job.created":
-                continue
-            if kind in TERMINAL_TYPES:
-                envelope = event.get("envelope") if isinstance(event.get("envelope"), dict) else {}
-                end = End(kind.split(".", 1)[1], envelope, event.get("ended_during"), event.get("stats"))
-            elif kind == "job.chunk":
-                chunks += 1
-                chunk_bytes += len(event.get("bytes_base64") or "") * 3 // 4
-            elif kind == "response.created":
-                response = event.get("response") or {}
-                answer = InferAnswer(max_output_tokens=response.get("max_output_tokens"),
-                                     model=str(response.get("model") or ""))
-                command = event.get("command") if isinstance(event.get("command"), dict) else {"cmd": "infer"}
-                steps.append(Step(len(steps) + 1, normalise(command), {}, answer))
-            elif kind.startswith("response.") or kind == "error":
-                if answer is not None:
-                    _fold_answer(answer, event)
-            elif (kind == "job.image.created" and "op" not in event and steps
-                  and steps[-1].command.get("cmd") == "page_image" and "handle" not in steps[-1].outcome):
-                steps[-1].outcome["handle"] = event.get("handle")
-            else:
-                found = _step_of(event)
-                if found is not None:
-                    steps.append(Step(len(steps) + 1, normalise(found[0]), found[1]))
+            try:
+                answer, end, chunks, chunk_bytes = _fold(event, steps, answer, end, chunks, chunk_bytes)
+            except (AttributeError, KeyError, TypeError, ValueError):
+                raise TranscriptError(f"{_where(reader.run_dir)}: event {event.get('sequence_number')} "
+                                      f"({for_terminal(str(event.get('type')), one_line=True)[:60]}) is malformed; "
+                                      f"the transcript is damaged") from None
         assert reader.created is not None
         if end is None:
             envelope = read_envelope(reader.run_dir)  # a run that ended without its terminal event (rare)
@@ -454,6 +442,37 @@ class Recording:
         return self.end.envelope if self.end is not None else None
 
 
+def _fold(event: dict, steps: list[Step], answer: "InferAnswer | None", end: "End | None", chunks: int,
+          chunk_bytes: int):
+    """Fold one event into the steps being built; returns the new (answer, end, chunks, chunk_bytes)."""
+    kind = event["type"]
+    if kind == "job.created":
+        return answer, end, chunks, chunk_bytes
+    if kind in TERMINAL_TYPES:
+        envelope = event.get("envelope") if isinstance(event.get("envelope"), dict) else {}
+        end = End(kind.split(".", 1)[1], envelope, event.get("ended_during"), event.get("stats"))
+    elif kind == "job.chunk":
+        chunks += 1
+        chunk_bytes += len(event.get("bytes_base64") or "") * 3 // 4
+    elif kind == "response.created":
+        response = event.get("response") or {}
+        answer = InferAnswer(max_output_tokens=response.get("max_output_tokens"),
+                             model=str(response.get("model") or ""))
+        command = event.get("command") if isinstance(event.get("command"), dict) else {"cmd": "infer"}
+        steps.append(Step(len(steps) + 1, normalise(command), {}, answer))
+    elif kind.startswith("response.") or kind == "error":
+        if answer is not None:
+            _fold_answer(answer, event)
+    elif (kind == "job.image.created" and "op" not in event and steps
+          and steps[-1].command.get("cmd") == "page_image" and "handle" not in steps[-1].outcome):
+        steps[-1].outcome["handle"] = event.get("handle")
+    else:
+        found = _step_of(event)
+        if found is not None:
+            steps.append(Step(len(steps) + 1, normalise(found[0]), found[1]))
+    return answer, end, chunks, chunk_bytes
+
+
 def _fold_answer(answer: InferAnswer, event: dict) -> None:
     kind = event["type"]
     if kind == "response.output_text.delta":
@@ -462,13 +481,13 @@ def _fold_answer(answer: InferAnswer, event: dict) -> None:
         response = event.get("response") or {}
         answer.status = kind.split(".", 1)[1]
         answer.reason = (response.get("incomplete_details") or {}).get("reason")
-        answer.text = response.get("output_text")
-        if answer.text is None:
-            answer.text = "".join(answer.pieces)
+        text = response.get("output_text")
+        answer.text = text if isinstance(text, str) else "".join(answer.pieces)
         answer.usage = response.get("usage")
         answer.finish_reason = event.get("finish_reason")
         answer.timing = event.get("timing")
-        answer.guest_stopped_after = event.get("guest_stopped_after")
+        stopped = event.get("guest_stopped_after")
+        answer.guest_stopped_after = stopped if isinstance(stopped, int) and not isinstance(stopped, bool) else None
     elif kind == "error":
         answer.error = event.get("error")
     elif kind == "response.failed":

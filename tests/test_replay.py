@@ -745,3 +745,16 @@ def test_relative_paths_resolve_against_the_run_s_directory(tmp_path, text_file,
     assert replay(guest, job.id).same_result
     code, out, err = run_cli("replay", _wasm(tmp_path, guest), "--from", job.id)
     assert code == 0 and "the same result" in err
+
+
+def test_a_malformed_setup_in_a_transcript_is_one_error(tmp_path):
+    guest = wat.script_guest([{"cmd": "done", "result": 1}])
+    job = record(guest)
+    path = Path(job.run_dir) / "events.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    created = orjson.loads(lines[0])
+    created["limits"] = {"max_steps": "many"}
+    created["infer"] = {"lora": [{"nope": 1}]}
+    path.write_bytes(orjson.dumps(created) + b"\n" + b"".join(lines[1:]))
+    code, _, err = run_cli("replay", _wasm(tmp_path, guest), "--from", job.id)
+    assert code == 2 and "its job.created cannot be replayed" in err and err.count("\n") == 1
