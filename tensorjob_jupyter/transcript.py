@@ -331,7 +331,8 @@ class End:
 
     @property
     def error(self) -> dict | None:
-        return self.envelope.get("error")
+        error = self.envelope.get("error")
+        return error if isinstance(error, dict) else None
 
 
 def _sha256_texts(texts) -> list[str]:
