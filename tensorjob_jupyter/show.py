@@ -6,7 +6,7 @@ reads the transcript (``transcript.EventReader``: checked, torn tail
 dropped) and hands its events out one at a time -- ``subscribe().get(timeout)``,
 ``ended``, ``drain()``, as ``events.Subscription`` does -- each when its
 recorded time (``t_ms``) comes, scaled by ``speed`` (0: all at once; 1: as
-fast as it happened; 2: twice as fast). Its ``clock`` reads the recorded
+fast as it happened, pauses included; 2: twice as fast). Its ``clock`` reads the recorded
 time, so a ``ViewState`` folding the events (the widget, ``view.widget.JobView``,
 takes the playback in place of a job) shows the run's own elapsed time and
 token rate. ``cancel()`` (the view's Cancel button, or Ctrl-C) skips to the
@@ -29,10 +29,6 @@ import time
 from typing import Any, Iterator
 
 from .transcript import EventReader, read_header
-
-#: Longest pause between two events at any speed (a run that waited an hour shows it in a few seconds).
-MAX_GAP_S = 2.0
-
 
 class Playback:
     """A recorded run, handed out as a live job's events would be (see the module doc)."""
@@ -90,11 +86,7 @@ class Playback:
         if self._started is None:
             self._started, self._offset_s = time.monotonic(), t
         due = self._started + (t - self._offset_s) / self.speed
-        wait = due - time.monotonic()
-        if wait > MAX_GAP_S:  # shift the schedule: a long idle gap plays as MAX_GAP_S
-            self._started -= wait - MAX_GAP_S
-            wait = MAX_GAP_S
-        return max(0.0, wait)
+        return max(0.0, due - time.monotonic())
 
     def _hand_out(self, event: dict) -> dict:
         self._recorded_s = max(self._recorded_s, _seconds(event))
