@@ -87,7 +87,7 @@ def test_the_transcript_records_what_replay_needs(tmp_path):
     assert isinstance(created["created_at"], float) and abs(created["created_at"] - time.time()) < 60
     assert created["cwd"] == os.getcwd() and created["read"] == []
     times = [e["t_ms"] for e in events]
-    assert all(isinstance(t, int) for t in times) and times == sorted(times) and times[0] == 0
+    assert all(isinstance(t, int) for t in times) and times == sorted(times) and 0 <= times[0] < 1000
     started = next(e for e in events if e["type"] == "response.created")
     assert started["command"] == {"cmd": "infer", "prompt": "say it", "max_tokens": 4, "images": []}
     assert started["response"]["object"] == "response"  # the Open Responses fields are intact
