@@ -6,6 +6,7 @@ steps the guest again, publishing every move as an ordered event stream.
 
     import tensorjob_jupyter as tj
     envelope = tj.run("guests/examples/wordcount.c", input={"path": "book.txt"}, read=["book.txt"])
+    report = tj.replay("guests/examples/wordcount.c", run_id)   # again, against the recorded run
 """
 
 from .abi import Envelope, JobError, JobStatus, TokenAction, Usage, codes
@@ -13,12 +14,15 @@ from .fanout import ManifestError, MapResult, MapRun, ResumeRefused, map, start_
 from .jobs import Job, get_job, jobs, run
 from .limits import Limits
 from .runner import InferOptions, JobStats
+from .history import list_runs
+from .replay import ReplayJob, ReplayReport, replay
+from .diff import diff_runs
 
 __version__ = "0.1.0"
 
 __all__ = ["Envelope", "InferOptions", "Job", "JobError", "JobStats", "JobStatus", "Limits", "ManifestError",
            "MapResult", "MapRun", "ResumeRefused", "TokenAction", "Usage", "codes", "get_job", "jobs", "map", "run",
-           "start_map", "__version__"]
+           "start_map", "list_runs", "replay", "ReplayJob", "ReplayReport", "diff_runs", "__version__"]
 
 
 def load_ipython_extension(ipython):

@@ -62,16 +62,21 @@ class codes:
     WORKER_LOST = "worker_lost"
     #: Ours: a bug in the host, not the guest; the traceback is logged.
     INTERNAL_ERROR = "internal_error"
+    #: Ours: a replay (``tensorjob replay``) met a command its recording lacks --
+    #: another prompt, another window, past the recording's end -- and stopped
+    #: there; the message names the step, what was recorded and what was asked.
+    REPLAY_DIVERGENCE = "replay_divergence"
 
 
 ERROR_CODES = frozenset(
     v for k, v in vars(codes).items() if not k.startswith("_") and isinstance(v, str)
 )
 
-#: Codes that only the host may report: they say the host or the cluster broke.
+#: Codes that only the host may report: they say the host or the cluster broke,
+#: or that a replay left its recording.
 #: A guest's ``fail`` with one of them is reported as ``script_error`` (see
 #: ``guest_failure``), so nobody debugging it is pointed at the host.
-HOST_ONLY_CODES = frozenset({codes.INTERNAL_ERROR, codes.WORKER_LOST})
+HOST_ONLY_CODES = frozenset({codes.INTERNAL_ERROR, codes.WORKER_LOST, codes.REPLAY_DIVERGENCE})
 
 
 class AbiError(ValueError):

@@ -4,6 +4,7 @@
     tensorjob map GUEST --over manifest.jsonl --run-dir DIR [job options] [--concurrency N] [--cluster ADDRESS]
     tensorjob compile FILE [-o OUT] [--cflags FLAGS] [--zigflags FLAGS] [--force]
     tensorjob cache [--clear]
+    tensorjob runs | show RUN | replay GUEST --from RUN | diff RUN_A RUN_B   (history_cli.py)
 
 The job options (``--read``, ``--input``, ``--model``, every limit, ...) are
 the table in ``options.py``, shared with the magics and the Python API.
@@ -14,7 +15,8 @@ model text indented under the host's lines), the guest's streamed output
 with ``--json``, the whole envelope instead and nothing else on stdout. The
 exit status is 0 only when the job completed (1 failed or did not compile,
 130 cancelled by Ctrl-C, 2 usage error). A usage error is one line naming
-the problem, never a traceback.
+the problem, never a traceback. Events are printed by ``EventPrinter``, the
+same for a live job and for a transcript shown again (``tensorjob show``).
 """
 
 from __future__ import annotations
@@ -30,10 +32,15 @@ from typing import Any, Sequence, TextIO
 from . import __version__
 from .abi import JobStatus, dumps
 from .fanout import add_map_parser, cmd_map
+from .history import RunError
+from .history_cli import COMMANDS as HISTORY_COMMANDS
+from .history_cli import add_history_parsers
 from .jobs import Job
 from .options import (BY_NAME, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobOptions, OptionError,
                       add_job_arguments)
+from .replay import ReplayError
 from .text import for_terminal, json_text
+from .transcript import TranscriptError
 
 #: Model text is indented under the host's own lines (which start with ·, ✓ or ✗).
 INDENT = "  "
@@ -74,21 +81,23 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Where compiled guests are cached, and how much; --clear empties it "
                                        "(always safe: guests compile again on next use).")
     cache.add_argument("--clear", action="store_true", help="delete every cached module")
+
+    add_history_parsers(sub)
     return parser
 
 
-class LivePrinter:
-    """Prints a job's events as they arrive; runs on its own thread."""
+class EventPrinter:
+    """Prints a job's events in a terminal: host lines on ``err``, streamed output on ``out``.
 
-    def __init__(self, job: Job, *, out: TextIO, err: TextIO, quiet: bool, chunks_to_stdout: bool):
-        self.job, self.out, self.err, self.quiet = job, out, err, quiet
+    The one way events are printed, whether they arrive live (``LivePrinter``)
+    or from a transcript (``tensorjob show``, ``show.Playback``).
+    """
+
+    def __init__(self, *, out: TextIO, err: TextIO, quiet: bool, chunks_to_stdout: bool):
+        self.out, self.err, self.quiet = out, err, quiet
         self.chunks_to_stdout = chunks_to_stdout
-        # Unbounded: streamed output must all reach stdout, in order, however slowly
-        # stdout is read; the queue holds references to events the job keeps anyway.
-        self._sub = job.subscribe(maxsize=0)
         self._chunk_decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._in_text = False
-        self.thread = threading.Thread(target=self._run, name="tensorjob-printer", daemon=True)
 
     def _line(self, text: str) -> None:
         if self._in_text:
@@ -106,12 +115,11 @@ class LivePrinter:
         self.err.write(text.replace("\n", "\n" + INDENT))
         self.err.flush()
 
-    def _run(self) -> None:
-        for event in self._sub:
-            try:
-                self.show(event)
-            except Exception:  # noqa: BLE001 - one odd event must not silence the rest
-                pass
+    def show_safely(self, event: dict) -> None:
+        try:
+            self.show(event)
+        except Exception:  # noqa: BLE001 - one odd event must not silence the rest
+            pass
 
     def show(self, event: dict) -> None:
         kind = event["type"]
@@ -137,6 +145,14 @@ class LivePrinter:
         elif kind in ("response.completed", "response.incomplete"):
             reason = event.get("finish_reason")
             self._line(f"{INDENT}[{reason}]" if reason not in (None, "stop") else "")
+        elif kind == "job.replay.diverged" and event.get("then") != "stopped":  # a stop is the job's error
+            from .replay import divergence_line
+
+            self._line(f"· {divergence_line(event)}")
+        elif kind == "job.interrupted":  # made by show.Playback: the transcript has no end (yet)
+            env = event["envelope"]
+            mark = "…" if env["status"] == "running" else "✗"
+            self._line(f"{mark} {env['status']}: {for_terminal(env['error']['message'], one_line=True)}")
         elif kind in ("job.completed", "job.failed", "job.cancelled"):
             env = event["envelope"]
             usage = env["usage"]
@@ -147,6 +163,22 @@ class LivePrinter:
                            f"{for_terminal(error['message'], one_line=True)} ({tail})")
             else:
                 self._line(f"✓ completed ({tail})")
+
+
+class LivePrinter(EventPrinter):
+    """Prints a job's events as they arrive; runs on its own thread."""
+
+    def __init__(self, job: Job, *, out: TextIO, err: TextIO, quiet: bool, chunks_to_stdout: bool):
+        super().__init__(out=out, err=err, quiet=quiet, chunks_to_stdout=chunks_to_stdout)
+        self.job = job
+        # Unbounded: streamed output must all reach stdout, in order, however slowly
+        # stdout is read; the queue holds references to events the job keeps anyway.
+        self._sub = job.subscribe(maxsize=0)
+        self.thread = threading.Thread(target=self._run, name="tensorjob-printer", daemon=True)
+
+    def _run(self) -> None:
+        for event in self._sub:
+            self.show_safely(event)
 
 
 def document_line(event: dict) -> str:
@@ -266,7 +298,7 @@ def cmd_cache(args, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"run": cmd_run, "map": cmd_map, "compile": cmd_compile, "cache": cmd_cache}
+COMMANDS = {"run": cmd_run, "map": cmd_map, "compile": cmd_compile, "cache": cmd_cache, **HISTORY_COMMANDS}
 
 
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -275,7 +307,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
     try:
         args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args, out, err)
-    except OptionError as e:
+    except (OptionError, RunError, TranscriptError, ReplayError) as e:
         err.write(f"tensorjob: error: {for_terminal(str(e), one_line=True)}\n")
         return EXIT_USAGE
 

@@ -22,6 +22,20 @@ reader's thread), so a slow reader never slows the model or the guest and
 still sees every event, in order. Only a stream with no run folder (tests,
 benchmarks) keeps its encoded lines in memory, bounded by ``max_bytes``.
 
+**Time.** Every event carries ``t_ms``: whole milliseconds since the stream
+was opened (a monotonic clock), so a transcript can be shown again at the
+speed it happened (``show.py``). It costs one clock read and a small integer
+per event.
+
+**The format is versioned.** ``job.created`` (sequence 0) carries
+``transcript_version`` (``TRANSCRIPT_VERSION``); readers refuse a version
+they do not know (``transcript.py``). README's "Transcripts" section lists
+the events and the fields replay relies on.
+
+While the job runs, its transcript file holds an exclusive ``flock``, so
+another process can tell a running job's folder from an interrupted one's
+(``history.py`` never prunes a locked folder); the lock goes with the file.
+
 Publishing happens on the job's thread. When the job ends, ``close`` writes
 ``envelope.json`` (compact JSON) next to the transcript.
 """
@@ -37,6 +51,16 @@ from typing import Any, Iterator
 
 import orjson
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on Windows
+    fcntl = None
+
+#: The transcript format this host writes (``job.created``'s ``transcript_version``).
+#: 0: before versioning (no prompts, no times); 1: adds ``t_ms`` on every event,
+#: ``created_at``, the infer command on ``response.created``, ``guest_stopped_after``,
+#: the embed's texts' hashes and vectors, and ``ended_during`` on the terminal event.
+TRANSCRIPT_VERSION = 1
 DEFAULT_SUBSCRIBER_QUEUE = 10_000
 #: Bytes of encoded events a subscriber may have waiting before it reads them
 #: back from the transcript instead.
@@ -65,6 +89,11 @@ class _FileLog:
         self.path = path
         self._file = open(path, "wb")
         self.position = 0
+        if fcntl is not None:  # released when the file closes, or the process dies
+            try:
+                fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                pass
 
     def append(self, line: bytes) -> None:
         self._file.write(line)
@@ -239,6 +268,7 @@ class EventStream:
         self._lock = threading.Lock()
         self._subscribers: list[Subscription] = []
         self._last_flush = 0.0
+        self._t0 = time.monotonic()
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._log: _FileLog | _MemoryLog = _FileLog(self.run_dir / "events.jsonl")
@@ -259,7 +289,8 @@ class EventStream:
         with self._lock:
             if self.closed:
                 raise RuntimeError(f"event stream of {self.job_id} is closed")
-            event = {"type": type, "sequence_number": self._next, "job_id": self.job_id, **fields}
+            event = {"type": type, "sequence_number": self._next, "job_id": self.job_id,
+                     "t_ms": int((time.monotonic() - self._t0) * 1000), **fields}
             try:
                 line = orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE)
             except (TypeError, ValueError) as e:  # orjson.JSONEncodeError is a TypeError

@@ -36,7 +36,7 @@ import orjson
 from . import abi
 from .abi import Envelope, JobStatus
 from .caps import Grants
-from .events import EventStream, Subscription
+from .events import TRANSCRIPT_VERSION, EventStream, Subscription
 from .inference.base import Backend
 from .limits import Limits
 from .options import limit_keywords as limit_keywords_applied
@@ -109,10 +109,10 @@ class Job:
         self.run_dir = Path(runs_dir if runs_dir is not None else default_runs_dir()) / self.id
         self.stream = EventStream(self.id, self.run_dir, max_bytes=self.limits.max_event_bytes)
         self._cancel = threading.Event()
-        self._reactor = Reactor(job_id=self.id, wasm=wasm, input_json=input_json, grants=self.grants,
-                                backend=backend, limits=self.limits, stream=self.stream,
-                                cancel=self._cancel, input_bytes=input_bytes, infer=infer,
-                                fetch=self.fetch_grants)
+        self._reactor = self._make_reactor(job_id=self.id, wasm=wasm, input_json=input_json, grants=self.grants,
+                                           backend=backend, limits=self.limits, stream=self.stream,
+                                           cancel=self._cancel, input_bytes=input_bytes, infer=infer,
+                                           fetch=self.fetch_grants)
         self._envelope_json: bytes | None = None
         self._status: JobStatus | None = None
         self._done = threading.Event()
@@ -122,14 +122,26 @@ class Job:
         self.started_at: float | None = None
         self.started_monotonic: float | None = None
         self.finished_at: float | None = None
-        self.stream.publish("job.created", name=self.name,
+        self.stream.publish("job.created", transcript_version=TRANSCRIPT_VERSION, created_at=round(time.time(), 3),
+                            name=self.name,
                             guest={"name": source.name, "language": source.language, "origin": source.origin,
                                    "sha256": self.guest_sha256, "bytes": len(wasm)},
                             input=self.input, grants=[str(r) for r in self.grants.roots],
+                            read=sorted({name for root in self.grants.grants for name in root.names}),
+                            cwd=str(self.grants.cwd),
                             input_bytes={"bytes": len(input_bytes), "sha256": hashlib.sha256(input_bytes).hexdigest()},
                             limits=self.limits.to_json(), model=backend.model_name if backend else None,
-                            infer=self._reactor.infer_options.to_json(), fetch=self.fetch_grants.prefixes)
+                            infer=self._reactor.infer_options.to_json(), fetch=self.fetch_grants.prefixes,
+                            **self._created_fields())
         _register(self)
+
+    def _make_reactor(self, **kwargs: Any) -> Reactor:
+        """The reactor that will run this job (a replay brings its own: ``replay.ReplayJob``)."""
+        return Reactor(**kwargs)
+
+    def _created_fields(self) -> dict:
+        """Fields ``job.created`` carries beyond every job's (a replay names the run it replays)."""
+        return {}
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -154,7 +166,8 @@ class Job:
             self.finished_at = time.time()
             try:
                 self.stream.publish(f"job.{envelope.status.value}", envelope=orjson.loads(envelope_json),
-                                    stats=self._reactor.stats.to_json())
+                                    stats=self._reactor.stats.to_json(),
+                                    ended_during=self._reactor.pending_command)
             except Exception:  # noqa: BLE001 - the transcript broke (disk full?): the job still ends
                 log.exception("tensorjob: could not write the end of job %s", self.id)
             self._envelope_json = envelope_json

@@ -11,7 +11,12 @@ and nbval sees finished output; ``--bg`` returns the ``Job`` at once instead.
 ``%tensorjob run PATH`` does the same for a ``.wasm`` or source file,
 ``%tensorjob map`` runs a guest over a manifest, ``%tensorjob jobs`` lists
 jobs, ``%tensorjob cancel ID`` stops one and ``%tensorjob cache [clear]``
-shows or empties the compile cache.
+shows or empties the compile cache. Past runs: ``%tensorjob runs`` lists the
+runs folder (an HTML table in a notebook; ``--prune KEEP``), ``%tensorjob show
+RUN`` plays a transcript through the live view (``--speed 1``: as fast as it
+happened), and ``%tensorjob replay PATH --from RUN`` runs a guest against a
+recorded run with no model (``replay.py``); its value is the ``ReplayReport``.
+A RUN may be ``$name``: a notebook variable holding an id, a path or a Job.
 
 The job options are ``options.py``'s table, shared with the command line and
 the Python API; their defaults are traitlets on the ``TensorJob``
@@ -38,7 +43,11 @@ from traitlets.config import Configurable
 from . import options as job_options
 from .compile import CompileError, GuestSource, cache_dir, cache_usage, clear_cache
 from .inference.lazy import model_backend
+from .abi import Envelope
+from .history import RunError
 from .jobs import Job, get_job, jobs
+from .replay import ReplayError
+from .transcript import TranscriptError
 from .options import JobOptions, OptionError, job_arguments
 from .text import for_terminal
 from .view.summary import map_summary, summary
@@ -152,10 +161,18 @@ class TensorJob(Magics, JobSettings):
         return self.run_and_show(self.start_job(guest, options), args)
 
     @magic_arguments()
-    @argument("action", choices=["run", "map", "jobs", "cancel", "cache"],
-              help="run PATH | map PATH | jobs | cancel ID | cache [clear]")
+    @argument("action", choices=["run", "map", "jobs", "cancel", "cache", "runs", "show", "replay"],
+              help="run PATH | map PATH | jobs | cancel ID | cache [clear] | runs | show RUN | replay PATH --from RUN")
     @argument("target", nargs="?", default=None,
-              help="the guest file for run and map, the job id for cancel, clear for cache")
+              help="the guest file for run, map and replay, the job id for cancel, clear for cache, the run for show")
+    @argument("--from", dest="from_run", default=None, metavar="RUN",
+              help="replay: the recorded run (an id, a run folder, or $name)")
+    @argument("--live", action="store_true", help="replay: from the first divergence on, run the model")
+    @argument("--speed", type=float, default=0.0, metavar="S",
+              help="show: 0 at once (default), 1 at the recorded speed, 2 twice as fast")
+    @argument("--limit", type=int, default=None, metavar="N", help="runs: the newest N runs")
+    @argument("--status", default=None, metavar="S", help="runs: only runs with this status")
+    @argument("--prune", type=int, default=None, metavar="KEEP", help="runs: delete all but the newest KEEP runs")
     @argument("--over", default=None, metavar="MANIFEST", help="map: the JSONL manifest, one input per line")
     @argument("--run-dir", default=None, metavar="DIR", help="map: the run folder (results.jsonl, failures.jsonl)")
     @argument("--concurrency", type=int, default=None, metavar="N", help="map: items at once (default 4)")
@@ -178,8 +195,19 @@ class TensorJob(Magics, JobSettings):
         %tensorjob cancel ID            cancel a running job
         %tensorjob cache [clear]        where compiled guests are cached ($TENSORJOB_CACHE, else
                                         ~/.cache/tensorjob/wasm), and how much; clear empties it
+        %tensorjob runs [--limit N] [--status S] [--prune KEEP]
+                                        past runs in the runs folder, newest first
+        %tensorjob show RUN [--speed S] show a past run again in the live view
+        %tensorjob replay PATH --from RUN [--live] [options]
+                                        run a guest against a recorded run, with no model; the
+                                        value is the ReplayReport (same_result, divergence, ...)
         """
         args = self._parse(self.tensorjob_line, line)
+        if args.action in ("runs", "show", "replay"):
+            try:
+                return getattr(self, "_" + args.action)(args)
+            except (RunError, TranscriptError, ReplayError) as e:
+                raise UsageError(" ".join(str(e).split())) from None
         if args.action == "jobs":
             return self._list_jobs()
         if args.action == "cache":
@@ -207,6 +235,108 @@ class TensorJob(Magics, JobSettings):
         if args.action == "map":
             return self._map(guest, options, args)
         return self.run_and_show(self.start_job(guest, options), args)
+
+    # -- past runs ---------------------------------------------------------------------------
+
+    def _runs_dir(self, args) -> str | None:
+        return self._options(args).runs
+
+    def _run_arg(self, text: str | None, what: str):
+        """A RUN argument: an id, a path, or ``$name`` (a variable holding one, or a Job)."""
+        if not text:
+            raise UsageError(f"{what} needs a run: an id (see %tensorjob runs), a run folder, or $name")
+        text = text.strip().strip("'\"")
+        if text.startswith("$") and text[1:].isidentifier():
+            if text[1:] not in self.shell.user_ns:
+                raise UsageError(f"no variable named {text[1:]!r} in the notebook")
+            value = self.shell.user_ns[text[1:]]
+            job = getattr(value, "job", None)  # a ReplayReport
+            return job if job is not None and hasattr(job, "run_dir") else value
+        return text
+
+    def _runs(self, args):
+        from .history import list_runs, prune
+
+        runs = self._runs_dir(args)
+        if args.prune is not None:
+            print(prune(args.prune, runs, status=args.status))
+            return None
+        return list_runs(runs, status=args.status, limit=args.limit)
+
+    def _show(self, args):
+        from .history import resolve_run
+        from .show import Playback
+
+        if not args.speed >= 0:
+            raise UsageError("--speed must be 0 (at once) or more")
+        path = resolve_run(self._run_arg(args.target, "show"), self._runs_dir(args))
+        widgets = not args.quiet and self._use_widgets()
+        playback = Playback(path, speed=args.speed if widgets else 0.0)  # no one watches a pause in text
+        if not widgets:
+            last: dict = {}
+            for last in playback.events():
+                pass
+            envelope = last.get("envelope") or {"status": "interrupted"}
+        else:
+            from .view.widget import JobView
+
+            for _ in playback.reader:  # a damaged transcript is one UsageError, before anything is shown
+                pass
+            view = JobView(playback, refresh_hz=min(20.0, self.refresh_hz))
+            display(view)
+            view.start()
+            try:
+                view.join()
+            except KeyboardInterrupt:
+                playback.cancel()
+                view.join(10)
+            state = view.state
+            envelope = {"status": state.status, "usage": state.usage}
+            if state.error:
+                envelope["error"] = state.error
+            if state.has_result:
+                envelope["result"] = state.result
+        env = Envelope.from_json({**envelope, "usage": envelope.get("usage") or {}})
+        if not args.quiet:
+            print(summary(playback.name, env, with_result=not widgets))
+        if args.out and env.ok:
+            self.shell.user_ns[args.out] = env.result
+        return env.result if env.ok else None
+
+    def _replay(self, args):
+        from .replay import ReplayJob, load_recording, options_for
+
+        if not args.target:
+            raise UsageError("replay needs a guest file: %tensorjob replay PATH --from RUN")
+        defaults = JobOptions.from_settings(self)
+        recording = load_recording(self._run_arg(args.from_run, "replay --from"), self._runs_dir(args))
+        try:
+            kwargs, options = options_for(recording, args, defaults=defaults, variables=self.shell.user_ns)
+        except OptionError as e:
+            raise UsageError(str(e)) from None
+        try:
+            guest = options.guest(args.target)
+        except CompileError as e:
+            print(str(e), file=sys.stderr)
+            return None
+        except (FileNotFoundError, ValueError) as e:
+            raise UsageError(str(e)) from None
+        if guest.warnings:
+            print(guest.warnings, file=sys.stderr)
+        job = ReplayJob(guest, recording, live=args.live, **kwargs)
+        value_args = type(args)(**{**vars(args), "out": None})  # --out stores the result, below
+        self.run_and_show(job, value_args)
+        if args.bg:
+            if args.out:
+                job.add_done_callback(lambda j: self.shell.user_ns.__setitem__(args.out, j.result))
+            return job
+        report = job.report
+        if not args.quiet:
+            for line in report.lines():
+                print(for_terminal(line, one_line=True))
+        if args.out and report.envelope.ok:
+            self.shell.user_ns[args.out] = report.result
+        return report
 
     def _cache(self, what: str | None) -> None:
         if what not in (None, "clear"):

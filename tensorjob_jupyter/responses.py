@@ -22,7 +22,11 @@ events carry ``item_id``, nullable fields are present as ``null``, usage
 includes ``input_tokens_details`` -- the spec's shape, not a subset.
 
 The events are published on the job's stream, so their ``sequence_number``
-counts across the whole job rather than restarting per response.
+counts across the whole job rather than restarting per response. Beside the
+spec's fields, ``response.created`` carries ``infer_index`` and the guest's
+``command`` (its prompt and token limit, so a transcript can be replayed),
+and the terminal event the reactor's ``finish_reason``, ``timing`` and
+``guest_stopped_after``.
 """
 
 from __future__ import annotations
@@ -94,8 +98,11 @@ class ResponseStream:
 
     # -- the sequence ---------------------------------------------------------------
 
-    def start(self) -> None:
-        self.stream.publish("response.created", response=self._resource("queued"), infer_index=self.index)
+    def start(self, **extra: Any) -> None:
+        """``response.created`` (with ``extra`` fields beside the spec's, e.g. the guest's
+        ``command``, which replay relies on) and ``response.in_progress``."""
+        self.stream.publish("response.created", response=self._resource("queued"), infer_index=self.index,
+                            **extra)
         self.stream.publish("response.in_progress", response=self._resource("in_progress"),
                             infer_index=self.index)
 

@@ -29,6 +29,7 @@ its traceback goes to the ``tensorjob_jupyter`` logger.
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
 import queue
 import threading
@@ -146,6 +147,9 @@ class Reactor:
         self.fetch_grants = fetch or FetchGrants(())
         self.documents: JobDocuments | None = None  # started on the first document or image command
         self.guest: Guest | None = None
+        #: The command the guest returned and the host has not yet answered (its ``cmd``),
+        #: None while the guest runs: where the job was when it ended (``ended_during``).
+        self.pending_command: str | None = None
         self._started = 0.0
         self.deadline: float | None = None
 
@@ -213,6 +217,7 @@ class Reactor:
         command = self.guest.init(self.input_json)
         self.stats.steps = 1
         while True:
+            self.pending_command = command.cmd
             self._check_running()
             if isinstance(command, abi.Done):
                 return self._result(command)
@@ -223,6 +228,7 @@ class Reactor:
                 raise JobEnd(codes.LIMIT_EXCEEDED,
                              f"the guest returned {self.stats.steps} commands without finishing (max_steps)")
             self._check_running()
+            self.pending_command = None
             command = self.guest.step(event)
             self.stats.steps += 1
 
@@ -414,7 +420,10 @@ class Reactor:
         except ModelError as e:
             raise JobEnd(codes.MODEL_LOAD_FAILED, str(e)) from None
         self.stats.embeds += 1
-        self.stream.publish("job.embedded", count=len(vectors), dimensions=len(vectors[0]) if vectors else 0)
+        # The texts' hashes and the vectors, so a replay can answer this embed (replay.py).
+        self.stream.publish("job.embedded", count=len(vectors), dimensions=len(vectors[0]) if vectors else 0,
+                            text_sha256=[hashlib.sha256(t.encode("utf-8")).hexdigest() for t in cmd.texts],
+                            vectors=vectors)
         return abi.Embedded(vectors)
 
     def _infer(self, cmd: abi.Infer) -> abi.Event:
@@ -434,7 +443,7 @@ class Reactor:
                                   temperature=opts.sampler.temperature, top_p=opts.sampler.top_p,
                                   index=self.stats.infers)
         self.stats.infers += 1
-        response.start()
+        response.start(command=cmd.to_json())  # the request as the guest sent it, for replay
         tokens: queue.SimpleQueue = queue.SimpleQueue()
         stop = threading.Event()
         # The decoder may run at most one token ahead of the guest, so
@@ -469,6 +478,7 @@ class Reactor:
         # loop below finishes at once instead of on its next poll.
         fut.add_done_callback(lambda _fut: tokens.put(_END_OF_TOKENS))
         guest_stopped = False
+        stopped_after = None  # tokens the guest had judged when it said stop
         try:
             while True:
                 try:
@@ -495,6 +505,7 @@ class Reactor:
                         raise
                     if not keep:
                         guest_stopped = True
+                        stopped_after = len(response.text_parts)
                         stop.set()
                 if took_credit:
                     credit.release()
@@ -517,7 +528,8 @@ class Reactor:
         response.finish(result.text, usage=response.usage_json(u.prompt_tokens, u.completion_tokens,
                                                                u.cached_tokens),
                         reason=reason, extra={"timing": {"time_to_first_token_s": u.time_to_first_token_s,
-                                                         "tokens_per_second": u.tokens_per_second}})
+                                                         "tokens_per_second": u.tokens_per_second},
+                                              "guest_stopped_after": stopped_after})
         return abi.InferDone(result.text, u.completion_tokens)
 
 

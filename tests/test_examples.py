@@ -245,3 +245,49 @@ def test_stream_with_nothing_to_say(tmp_path):
     job, env = _run("stream.c", tmp_path, input={})
     assert env.result == {"bytes": 0, "chunks": 0, "input_bytes": 0}
     assert not [e for e in job.events if e["type"] == "job.chunk"]
+
+
+# --- replayed runs: the examples again, against their own recordings, with no model ------------------
+
+
+def test_summarise_replays_to_the_same_summary_without_a_model(tmp_path):
+    p = tmp_path / "doc.txt"
+    p.write_text("".join(f"section{i} " + "text " * 150 for i in range(4)))
+    backend = ScriptedBackend(reply=lambda prompt: "saw " + prompt.split("<document>\n", 1)[1].split()[0])
+    job, env = _run("summarise.c", tmp_path, input={"path": str(p), "window": 1000}, backend=backend)
+    asked = len(backend.scripted.prompts)
+    report = tj.replay(EXAMPLES / "summarise.c", job.id, runs_dir=tmp_path / "runs")
+    assert report.same_result and report.result == env.result and report.divergence is None
+    assert len(backend.scripted.prompts) == asked
+    # A change to the guest's window shows where it first leaves the recording: its first slice.
+    changed = tj.replay(EXAMPLES / "summarise.c", job.id, runs_dir=tmp_path / "runs",
+                        input={"path": str(p), "window": 800})
+    assert changed.stopped and (changed.divergence.step, changed.divergence.why) == (2, "another window")
+
+
+def test_stop_early_replays_its_stop_verdict_token_by_token(tmp_path):
+    job, env = _run("stop_early.c", tmp_path, input={"prompt": "Say hello", "max_tokens": 40},
+                    backend=ScriptedBackend(reply=LONG_REPLY))
+    report = tj.replay(EXAMPLES / "stop_early.c", job.id, runs_dir=tmp_path / "runs")
+    assert report.same_result and report.result == env.result
+    assert report.result["streamed"] == "Hello there friend."
+
+
+@pytest.mark.parametrize("guest", WORDCOUNTERS)
+def test_wordcount_replays_reading_its_file_live(guest, tmp_path):
+    p = tmp_path / "small.txt"
+    p.write_bytes(LOREM.encode() * 50)
+    job, env = _run(guest, tmp_path, input={"path": str(p), "window": 512})
+    report = tj.replay(EXAMPLES / guest, job.id, runs_dir=tmp_path / "runs")
+    assert report.same_result and report.result == env.result
+    p.write_bytes(LOREM.encode() * 49)  # the file changed since the run: seen where it is read
+    assert tj.replay(EXAMPLES / guest, job.id, runs_dir=tmp_path / "runs").divergence.why == "the world changed"
+
+
+def test_stream_replays_with_its_staged_bytes(tmp_path):
+    staged = b"staged input\n" * 10
+    job, env = _run("stream.c", tmp_path, input={"lines": 20, "chunk": 64}, input_bytes=staged)
+    report = tj.replay(EXAMPLES / "stream.c", job.id, runs_dir=tmp_path / "runs", input_bytes=staged)
+    assert report.same_result
+    chunks = lambda j: [e["bytes_base64"] for e in j.events if e["type"] == "job.chunk"]  # noqa: E731
+    assert chunks(report.job) == chunks(job)

@@ -11,7 +11,10 @@ changed since the last render, so a view resends only what moved.
 
 Keeping this pure makes the view testable without a front end and lets the
 widget, the plain-text summary and any future renderer share one reading of
-the stream.
+the stream. Times come from ``clock`` (default: the monotonic clock, for a
+live job); a recorded run shown again (``show.py``) passes the playback's
+clock, which reads each event's recorded ``t_ms``, so the elapsed time and
+the token rate are the run's own.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 log = logging.getLogger("tensorjob_jupyter.view")
 
@@ -113,10 +116,11 @@ class InferState:
 
 
 class ViewState:
-    def __init__(self, name: str = "guest") -> None:
+    def __init__(self, name: str = "guest", *, clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
+        self.clock = clock
         self.status = "running"
-        self.started = time.monotonic()
+        self.started = clock()
         self.finished: float | None = None
         self.error: dict | None = None
         self.result: Any = None
@@ -142,11 +146,11 @@ class ViewState:
 
     @property
     def done(self) -> bool:
-        return self.status in ("completed", "failed", "cancelled")
+        return self.status in ("completed", "failed", "cancelled", "interrupted")
 
     @property
     def elapsed_s(self) -> float:
-        return (self.finished or time.monotonic()) - self.started
+        return (self.finished if self.finished is not None else self.clock()) - self.started
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -270,12 +274,12 @@ class ViewState:
     def _on_response_output_text_delta(self, event: dict) -> None:
         if not self.infers:
             self.infers.append(InferState(0))
-        now = time.monotonic()
+        now = self.clock()
         infer = self.infers[-1]
         infer.parts.append(event["delta"])
         infer.tokens += 1
         self.tokens += 1
-        self.first_token_at = self.first_token_at or now
+        self.first_token_at = self.first_token_at if self.first_token_at is not None else now
         self.last_token_at = now
         self.dirty.update(("tokens", "header"))
 
@@ -297,7 +301,7 @@ class ViewState:
     def _end(self, event: dict) -> None:
         env = event["envelope"]
         self.status = env["status"]
-        self.finished = time.monotonic()
+        self.finished = self.clock()
         self.error = env.get("error")
         self.usage = env.get("usage")
         self.stats = event.get("stats")
@@ -307,7 +311,15 @@ class ViewState:
             self.fraction = 1.0
         self.dirty.update(SECTIONS)
 
-    _on_job_completed = _on_job_failed = _on_job_cancelled = _end
+    #: ``job.interrupted`` is made by ``show.Playback`` for a transcript that stops before the job's end.
+    _on_job_completed = _on_job_failed = _on_job_cancelled = _on_job_interrupted = _end
+
+    def _on_job_replay_diverged(self, event: dict) -> None:
+        """A replay met a command its recording lacks (``replay.py``): one log line."""
+        from ..replay import divergence_line
+
+        self.log.append(divergence_line(event))
+        self.dirty.add("log")
 
 
 def progress_fraction(payload: Any) -> float | None:

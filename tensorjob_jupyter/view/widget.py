@@ -12,6 +12,10 @@ widget resends its whole value, so the rate is bounded whatever the token
 rate; the updater is the only thread that writes widget state (traitlets
 take no locks). The Cancel button only asks the job to stop.
 
+The job may also be a recorded run played back (``show.Playback``): it
+subscribes, cancels (skips to the end) and names itself the same way, and
+brings the clock its ViewState reads.
+
 The view's ``text/plain`` form is ``LiveView.text_plain``, a fixed line, so a
 notebook that shows it compares equal under nbval whatever happened live.
 """
@@ -23,6 +27,7 @@ import time
 import ipywidgets as w
 
 from ..jobs import Job
+from ..show import Playback
 from . import render
 from .live import LiveView, check_refresh_hz
 from .state import ViewState
@@ -32,10 +37,11 @@ MAX_MESSAGES_PER_S = 20
 
 
 class JobView(LiveView):
-    def __init__(self, job: Job, *, refresh_hz: float = 10.0):
+    def __init__(self, job: "Job | Playback", *, refresh_hz: float = 10.0):
         self.refresh_s = check_refresh_hz(refresh_hz)
         self.job = job
-        self.state = ViewState(job.name)
+        # A recorded run played back (show.Playback) brings the clock of its recording.
+        self.state = ViewState(job.name, clock=getattr(job, "clock", time.monotonic))
         self.pushes = 0
         self.messages = 0
         self.header = w.HTML()
