@@ -398,6 +398,7 @@ def _engine(job):
     return job._reactor.documents.engine
 
 
+@pytest.mark.slow
 def test_a_content_stream_that_takes_minutes_times_out_within_the_limit(tmp_path, healthy):
     path = write(tmp_path, "bomb.pdf", pdfgen.render_bomb_pdf())
     assert (tmp_path / "bomb.pdf").stat().st_size < 200_000

@@ -280,6 +280,7 @@ def test_asking_for_zero_tokens_generates_none():
     assert env.ok and env.usage.tokens_out == 0
 
 
+@pytest.mark.slow
 def test_a_guest_slow_in_cf_on_token_does_not_hold_the_shared_model():
     # ~tens of ms per token of pure guest work, on purpose (well inside the deadline)
     slow_on_token = """(func (export "cf_on_token") (param i32 i32) (result i32)

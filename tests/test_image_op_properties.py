@@ -50,6 +50,7 @@ op_objects = st.fixed_dictionaries({"op": st.sampled_from(["resize", "crop", "ro
                                              ("max_width", "max_height", "x", "y", "width", "height")})
 
 
+@pytest.mark.slow
 @given(op=op_objects | json_values)
 @settings(max_examples=400)
 def test_any_op_parses_to_a_valid_operation_or_an_abi_error(op):
@@ -77,6 +78,7 @@ def test_the_wire_form_is_cuttlefishs():
 # --- the geometry -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @given(width=sizes, height=sizes, mw=u32s, mh=u32s)
 @settings(max_examples=2000)
 def test_resize_fits_never_enlarges_and_keeps_the_aspect(width, height, mw, mh):
@@ -97,6 +99,7 @@ def test_resize_fits_never_enlarges_and_keeps_the_aspect(width, height, mw, mh):
         assert abs(w / h - width / height) <= (width / height) * (1 / min(w, h) + 1 / max(w, h)) * 1.01 + 1e-9
 
 
+@pytest.mark.slow
 @given(width=sizes, height=sizes, x=u32s, y=u32s, w=u32s, h=u32s)
 @settings(max_examples=2000)
 def test_crop_is_exact_or_refused_never_clamped(width, height, x, y, w, h):

@@ -26,6 +26,8 @@ from test_map import MIXED, done, infer, job_dirs, puppet_guest, sorted_lines, w
 
 FACTORY = functools.partial(ScriptedBackend, "a b c")
 
+pytestmark = pytest.mark.slow  # a Dask cluster in this process: seconds each
+
 
 @pytest.fixture(scope="module")
 def client():

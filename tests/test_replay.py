@@ -589,6 +589,7 @@ def test_diff_names_the_first_divergence_answer_and_result():
 # --- the command line as a subprocess ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_commands_from_a_terminal(tmp_path, text_file):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TENSORJOB_RUNS": str(tmp_path / "cli-runs")}
 

@@ -168,6 +168,7 @@ def oracle_admits(grant: str, url: str) -> bool:
     return u_segments[:len(g_segments)] == g_segments
 
 
+@pytest.mark.slow
 @given(grant=grants_st, url=urls_st)
 @settings(max_examples=3000)
 def test_an_allowed_url_always_lies_under_its_grant(grant, url):
@@ -392,6 +393,7 @@ def test_a_slow_server_times_out(server, healthy):
     assert err.code == codes.TIMEOUT and "fetch_timeout_s" in err.message
 
 
+@pytest.mark.slow
 def test_a_trickling_server_cannot_stretch_the_time_limit(server):
     t0 = time.monotonic()
     job = fetch_job(server, ["/data/trickle"], limits=tj.Limits(fetch_timeout_s=1.0))
