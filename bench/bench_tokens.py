@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import wasmtime  # noqa: E402
 
 import tensorjob_jupyter as tj  # noqa: E402
-from tensorjob_jupyter.guest import I32, _engine_config  # noqa: E402
+from tensorjob_jupyter.guest import _engine_config  # noqa: E402
 from tensorjob_jupyter.inference import ScriptedBackend  # noqa: E402
 
 import wat  # noqa: E402

@@ -29,7 +29,6 @@ is the ``%%tensorjob`` line).
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 

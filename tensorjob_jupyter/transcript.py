@@ -168,9 +168,7 @@ def read_envelope_summary(run_dir: Path) -> dict | None:
     try:
         with _open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
-            if size <= ENVELOPE_SUMMARY_BYTES:
-                data = None
-            else:
+            if size > ENVELOPE_SUMMARY_BYTES:
                 head = f.read(256)
                 f.seek(size - 4096)
                 tail = f.read()

@@ -2,7 +2,6 @@
 
 import io
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -7,7 +7,6 @@ messages back (a click on the Cancel button) and interrupt the kernel.
 
 import os
 import queue
-import sys
 import time
 from pathlib import Path
 

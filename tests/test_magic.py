@@ -1,6 +1,5 @@
 """The magics in a real (terminal) IPython shell: options, values, summaries, compile errors."""
 
-import json
 
 import pytest
 from IPython.core.error import UsageError

@@ -333,7 +333,7 @@ def test_the_magic_in_a_fresh_kernel_maps_on_the_cluster(cluster, guest, data, k
     from test_kernel import run, stdout, widget_states
 
     items = [done(i) for i in range(5)] + [{"cmd": "open", "path": str(data / "absent.txt")}]
-    manifest = write_manifest(tmp_path / "m.jsonl", items)
+    write_manifest(tmp_path / "m.jsonl", items)
     run(kernel, "%load_ext tensorjob_jupyter")
     reply, messages = run(kernel, f"r = %tensorjob map {guest.name} --over m.jsonl --read docs --run-dir remote "
                                   f"--cluster {cluster.address}", timeout=120)

@@ -25,7 +25,7 @@ import time
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tensorjob_jupyter as tj

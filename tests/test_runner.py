@@ -3,7 +3,6 @@
 import json
 import time
 
-import pytest
 
 import tensorjob_jupyter as tj
 from tensorjob_jupyter.abi import JobStatus, codes

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 from typing import TextIO
 
 from ..options import (EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobOptions, OptionError,

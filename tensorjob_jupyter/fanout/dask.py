@@ -60,7 +60,8 @@ from typing import Any, Iterable
 from distributed import Client, as_completed
 from distributed.scheduler import KilledWorker
 
-from ..abi import JobStatus, codes
+from ..abi import JobStatus
+from ..runner import internal_error
 from .errors import ClusterError
 from .items import WORKER_LOST, BackendSpec, ItemSpec, failed_outcome, process_backend, run_item
 
@@ -179,7 +180,8 @@ def error_outcome(index: int, exc: BaseException) -> dict:
     if isinstance(exc, KilledWorker):
         return failed_outcome(index, WORKER_LOST, f"the worker running this item died "
                                                   f"{exc.allowed_failures + 1} times; giving up on it")
-    return failed_outcome(index, codes.WASM_TRAP, f"internal host error: {type(exc).__name__}: {exc}")
+    error = internal_error(f"map item {index}", exc)  # a task that raised is a host bug, never the guest's
+    return failed_outcome(index, error.code, error.message)
 
 
 # --- connecting and checking ------------------------------------------------------------
