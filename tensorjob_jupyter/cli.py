@@ -211,27 +211,31 @@ def progress_text(payload: Any) -> str:
     return for_terminal(dumps(payload), one_line=True)
 
 
-def cmd_run(args, out: TextIO, err: TextIO) -> int:
-    options = JobOptions.from_args(args)
+def load_guest(options: JobOptions, path: str, err: TextIO):
+    """The guest file compiled or loaded with ``options``' flags; None (reported) if it does not compile."""
     from .compile import CompileError
 
     try:
-        guest = options.guest(args.guest)
-    except FileNotFoundError as e:
-        raise OptionError(str(e)) from None
+        guest = options.guest(path)
     except CompileError as e:
         err.write(f"tensorjob: the guest does not compile:\n{e}\n")
-        return EXIT_FAILED
-    except ValueError as e:
+        return None
+    except (FileNotFoundError, ValueError) as e:
         raise OptionError(str(e)) from None
     if guest.warnings:
         err.write(f"{guest.warnings}\n")
-    kwargs = options.job_kwargs()
+    return guest
+
+
+def run_live(job, args, out: TextIO, err: TextIO):
+    """Run ``job`` with its events printed live (and written to ``--events``); its envelope.
+
+    Ctrl-C cancels the job; everything streamed is written before this returns.
+    """
     try:
         events_file = open(args.events, "wb") if args.events else None
     except OSError as e:
         raise OptionError(f"--events {args.events}: {e.strerror}") from None
-    job = Job(guest, backend=_backend(kwargs.pop("model")), **kwargs)
     printer = LivePrinter(job, out=out, err=err, quiet=args.quiet, chunks_to_stdout=not args.json)
     printer.thread.start()
     job.start()
@@ -240,19 +244,33 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
     except KeyboardInterrupt:
         job.cancel()
         envelope = job.wait()
-    printer.thread.join()  # everything streamed is written before the result
+    printer.thread.join()
     if events_file is not None:
         with events_file:
             for line in job.stream.history_lines():  # the complete, ordered transcript
                 events_file.write(line)
+    return envelope
+
+
+def exit_status(envelope) -> int:
+    if envelope.status is JobStatus.COMPLETED:
+        return EXIT_OK
+    return EXIT_CANCELLED if envelope.status is JobStatus.CANCELLED else EXIT_FAILED
+
+
+def cmd_run(args, out: TextIO, err: TextIO) -> int:
+    options = JobOptions.from_args(args)
+    guest = load_guest(options, args.guest, err)
+    if guest is None:
+        return EXIT_FAILED
+    kwargs = options.job_kwargs()
+    envelope = run_live(Job(guest, backend=_backend(kwargs.pop("model")), **kwargs), args, out, err)
     if args.json:
         out.write(json_text(envelope.to_json()) + "\n")
     elif envelope.ok:
         out.write(json_text(envelope.result) + "\n")
     out.flush()
-    if envelope.status is JobStatus.COMPLETED:
-        return EXIT_OK
-    return EXIT_CANCELLED if envelope.status is JobStatus.CANCELLED else EXIT_FAILED
+    return exit_status(envelope)
 
 
 def _backend(model: str | None):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from .abi import JobStatus
 from .options import BY_NAME, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, OptionError, add_job_arguments
 from .text import for_terminal, json_text
 
@@ -153,39 +152,16 @@ def cmd_show(args, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_replay(args, out: TextIO, err: TextIO) -> int:
-    from .cli import LivePrinter
-    from .compile import CompileError
+    from .cli import exit_status, load_guest, run_live
     from .replay import ReplayJob, load_recording, options_for
 
     recording = load_recording(args.from_run, args.runs)
     kwargs, options = options_for(recording, args)
-    try:
-        guest = options.guest(args.guest)
-    except FileNotFoundError as e:
-        raise OptionError(str(e)) from None
-    except CompileError as e:
-        err.write(f"tensorjob: the guest does not compile:\n{e}\n")
+    guest = load_guest(options, args.guest, err)
+    if guest is None:
         return EXIT_FAILED
-    if guest.warnings:
-        err.write(f"{guest.warnings}\n")
-    try:
-        events_file = open(args.events, "wb") if args.events else None
-    except OSError as e:
-        raise OptionError(f"--events {args.events}: {e.strerror}") from None
     job = ReplayJob(guest, recording, live=args.live, **kwargs)
-    printer = LivePrinter(job, out=out, err=err, quiet=args.quiet, chunks_to_stdout=not args.json)
-    printer.thread.start()
-    job.start()
-    try:
-        envelope = job.wait()
-    except KeyboardInterrupt:
-        job.cancel()
-        envelope = job.wait()
-    printer.thread.join()
-    if events_file is not None:
-        with events_file:
-            for line in job.stream.history_lines():
-                events_file.write(line)
+    envelope = run_live(job, args, out, err)
     report = job.report
     assert report is not None
     if args.json:
@@ -196,9 +172,7 @@ def cmd_replay(args, out: TextIO, err: TextIO) -> int:
         if envelope.ok:
             out.write(json_text(envelope.result) + "\n")
     out.flush()
-    if envelope.status is JobStatus.COMPLETED:
-        return EXIT_OK
-    return EXIT_CANCELLED if envelope.status is JobStatus.CANCELLED else EXIT_FAILED
+    return exit_status(envelope)
 
 
 # --- diff ------------------------------------------------------------------------------------------
