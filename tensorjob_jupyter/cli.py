@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import base64
 import codecs
+import json
 import sys
 import threading
 from pathlib import Path
@@ -30,6 +31,7 @@ from typing import Any, Sequence, TextIO
 from . import __version__
 from .abi import JobStatus, dumps
 from .fanout import add_map_parser, cmd_map
+from .inference.base import ModelError
 from .jobs import Job
 from .options import (BY_NAME, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobOptions, OptionError,
                       add_job_arguments)
@@ -88,6 +90,7 @@ class LivePrinter:
         self._sub = job.subscribe(maxsize=0)
         self._chunk_decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._in_text = False
+        self._json_format = False
         self.thread = threading.Thread(target=self._run, name="tensorjob-printer", daemon=True)
 
     def _line(self, text: str) -> None:
@@ -96,6 +99,15 @@ class LivePrinter:
             self._in_text = False
         self.err.write(text + "\n")
         self.err.flush()
+
+    def _json_tree(self, text: str) -> None:
+        """A finished structured answer, pretty-printed (made inert) under the streamed text."""
+        try:
+            value = json.loads(text) if len(text) <= MAX_TREE_CHARS else None
+        except ValueError:
+            return
+        if isinstance(value, (dict, list)):
+            self._line(f"{INDENT}= " + json_text(value).replace("\n", "\n" + INDENT + "  "))
 
     def _model_text(self, text: str) -> None:
         """Model text, indented under the host's lines so it can never pass for one."""
@@ -132,11 +144,18 @@ class LivePrinter:
             self._line(document_line(event))
         elif kind == "response.created":
             self._line("· infer:")
+            self._json_format = structured_format(event)
         elif kind == "response.output_text.delta":
+            self._model_text(event["delta"])
+        elif kind == "response.output_item.added" and event["item"].get("type") == "function_call":
+            self._model_text(f"call {event['item']['name']} ")  # then the arguments, as they grow
+        elif kind == "response.function_call_arguments.delta":
             self._model_text(event["delta"])
         elif kind in ("response.completed", "response.incomplete"):
             reason = event.get("finish_reason")
             self._line(f"{INDENT}[{reason}]" if reason not in (None, "stop") else "")
+            if self._json_format and kind == "response.completed" and reason == "stop":
+                self._json_tree(event["response"].get("output_text") or "")
         elif kind in ("job.completed", "job.failed", "job.cancelled"):
             env = event["envelope"]
             usage = env["usage"]
@@ -147,6 +166,16 @@ class LivePrinter:
                            f"{for_terminal(error['message'], one_line=True)} ({tail})")
             else:
                 self._line(f"✓ completed ({tail})")
+
+
+#: A structured answer longer than this is not pretty-printed again at its end.
+MAX_TREE_CHARS = 64 * 1024
+
+
+def structured_format(event: dict) -> bool:
+    """Whether a ``response.created`` event's infer asked for a JSON format."""
+    fmt = ((event.get("response") or {}).get("text") or {}).get("format") or {}
+    return isinstance(fmt, dict) and fmt.get("type") in ("json_schema", "json_object")
 
 
 def document_line(event: dict) -> str:
@@ -199,7 +228,10 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
         events_file = open(args.events, "wb") if args.events else None
     except OSError as e:
         raise OptionError(f"--events {args.events}: {e.strerror}") from None
-    job = Job(guest, backend=_backend(kwargs.pop("model")), **kwargs)
+    try:
+        job = Job(guest, backend=_backend(kwargs.pop("model"), kwargs.pop("model_options")), **kwargs)
+    except ModelError as e:  # a hf: model that cannot be found or fetched
+        raise OptionError(f"--model {options.model}: {e}") from None
     printer = LivePrinter(job, out=out, err=err, quiet=args.quiet, chunks_to_stdout=not args.json)
     printer.thread.start()
     job.start()
@@ -223,11 +255,11 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
     return EXIT_CANCELLED if envelope.status is JobStatus.CANCELLED else EXIT_FAILED
 
 
-def _backend(model: str | None):
+def _backend(model: str | None, model_options: dict | None = None):
     """The shared backend for ``model`` (default: the embedded one), loaded on first use."""
     from .inference.lazy import model_backend
 
-    return model_backend(model)
+    return model_backend(model, **(model_options or {}))
 
 
 # --- compile and cache -------------------------------------------------------------------

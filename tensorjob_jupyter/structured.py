@@ -500,7 +500,7 @@ class OutputSpec:
         structured = fmt is not None and fmt.get("type") != "text"
         if not structured and (not tools or choice == "none"):
             return cls(tools=[_tool_report(t) for t in tools], tool_choice=choice)
-        return _compile(json.dumps({"format": fmt, "tools": tools, "tool_choice": choice}, sort_keys=True))
+        return _compile(json.dumps({"format": fmt, "tools": tools, "tool_choice": choice}))  # key order is meaning: properties come out in it
 
     # -- the finished output ------------------------------------------------------------------
 

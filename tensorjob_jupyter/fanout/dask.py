@@ -270,6 +270,8 @@ def _problem(worker: str, report: Any, version: str, backend: BackendSpec) -> st
     if report.get("factory_error"):
         return f"worker {worker} cannot load the backend factory ({report['factory_error']})"
     if report.get("model_error"):
+        if backend.model is not None and backend.model.startswith("hf:"):
+            return f"worker {worker} cannot get the model {backend.model}: {report['model_error']}"
         if backend.model is not None:
             return (f"model file {backend.model} not found on worker {worker} "
                     f"(a --model path must exist on every worker)")
@@ -308,7 +310,14 @@ def _worker_probe():
             except Exception as e:  # noqa: BLE001
                 report["factory_error"] = f"{type(e).__name__}: {e}"
         if needs_model:
-            if model is not None:
+            if model is not None and model.startswith("hf:"):  # from the worker's Hugging Face cache, or fetched
+                try:
+                    from tensorjob_jupyter.inference.models import resolve_model_path
+
+                    report["model"] = str(resolve_model_path(model, progress=False))
+                except Exception as e:  # noqa: BLE001
+                    report["model_error"] = " ".join(str(e).split())
+            elif model is not None:
                 if not os.path.isfile(model):
                     report["model_error"] = f"no such file: {model}"
             else:
