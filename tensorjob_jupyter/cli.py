@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
 class LivePrinter:
     """Prints a job's events as they arrive; runs on its own thread."""
 
+    _json_format = False  # the current infer asked for a JSON format: its answer is shown as a tree too
+
     def __init__(self, job: Job, *, out: TextIO, err: TextIO, quiet: bool, chunks_to_stdout: bool):
         self.job, self.out, self.err, self.quiet = job, out, err, quiet
         self.chunks_to_stdout = chunks_to_stdout
@@ -90,7 +92,6 @@ class LivePrinter:
         self._sub = job.subscribe(maxsize=0)
         self._chunk_decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._in_text = False
-        self._json_format = False
         self.thread = threading.Thread(target=self._run, name="tensorjob-printer", daemon=True)
 
     def _line(self, text: str) -> None:

@@ -599,6 +599,8 @@ def _compile_cached(key: str) -> "OutputSpec":
         schema = output
         spec.kind = "json"
     if norm.defs:
+        if "$ref" in schema:  # the converter does not look beside a $ref: the $defs must sit beside something else
+            schema = {"anyOf": [schema]}
         schema = {**schema, "$defs": norm.defs}
     spec.constraint = Constraint(json.dumps(schema, separators=(",", ":"), ensure_ascii=False),
                                  free_text=spec.kind == "auto")

@@ -156,7 +156,7 @@ def resolve(model: str, *, progress: bool = True) -> Path:
         except ModelError:
             parts = []
         if parts and all((snapshot / p).is_file() for p in parts):
-            return (snapshot / parts[0]).resolve()
+            return (snapshot / parts[0]).absolute()  # the snapshot's name, not its blob's (a symlink)
     if offline():
         raise ModelError(f"{ref} is not in the Hugging Face cache ({cache_dir()}) and HF_HUB_OFFLINE is set, "
                          f"so it cannot be downloaded")
@@ -184,4 +184,4 @@ def _download(ref: HfRef, progress: bool) -> Path:  # pragma: no cover - needs t
     except Exception as e:  # noqa: BLE001 - network, authorisation, a missing repository
         raise ModelError(f"could not fetch {ref} from Hugging Face: {type(e).__name__}: "
                          f"{' '.join(str(e).split())[:300]}") from None
-    return Path(paths[0]).resolve()
+    return Path(paths[0]).absolute()

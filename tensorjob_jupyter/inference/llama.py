@@ -388,6 +388,7 @@ class LlamaEngine:
             self._chat_formatter = None
             self._embed_ctx = None
             self._embed_batch = None
+            self._utf8: _Utf8Table | None = None
         except BaseException:
             self._model.close()
             raise
@@ -719,6 +720,12 @@ class LlamaEngine:
                 raise
         return sampler
 
+    def utf8_table(self) -> "_Utf8Table":
+        """What each token's bytes do to UTF-8 text (computed once, on the first constrained request)."""
+        if self._utf8 is None:
+            self._utf8 = _Utf8Table([self.piece(t) for t in range(self.n_vocab)])
+        return self._utf8
+
     def grammar(self, constraint: Constraint) -> str:
         """The GBNF grammar of a constraint (cached by its text); ``ConstraintError`` if it has none."""
         return constraint_grammar(constraint.schema, constraint.free_text)
@@ -871,6 +878,9 @@ class LlamaEngine:
 #: Free text, for ``Constraint.free_text``: it may not begin with whitespace or ``{`` (a tool call does).
 FREE_TEXT_RULES = ('tj-free-text ::= [^{ \\t\\r\\n] tj-any-char*\n'
                    'tj-any-char ::= [\\x01-\\U0010FFFF]')
+#: A character of a JSON string: no quote, backslash or control character unless escaped.
+JSON_CHAR_RULE = (r'char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] '
+                  r'[0-9a-fA-F])')
 #: The largest grammar accepted: llama.cpp's parser and sampler work in time and memory that grow with it.
 MAX_GRAMMAR_CHARS = 256 * 1024
 
@@ -894,6 +904,9 @@ def constraint_grammar(schema: str, free_text: bool = False) -> str:
     except Exception as e:  # noqa: BLE001 - the converter asserts and raises all sorts
         detail = " ".join(str(e).split())[:300] or type(e).__name__
         raise ConstraintError(f"the JSON schema cannot be turned into a grammar: {detail}") from None
+    # llama-cpp-python's converter lets a JSON string hold raw control characters, which JSON forbids
+    # (llama.cpp's own converter does not): hold string characters to what JSON allows.
+    rules = "\n".join(JSON_CHAR_RULE if line.startswith("char ::= ") else line for line in rules.split("\n"))
     root = f"root ::= {top} | tj-free-text\n{FREE_TEXT_RULES}" if free_text else f"root ::= {top}"
     grammar = f"{rules}\n{root}\n"
     if len(grammar) > MAX_GRAMMAR_CHARS:
@@ -901,6 +914,81 @@ def constraint_grammar(schema: str, free_text: bool = False) -> str:
                               f"{MAX_GRAMMAR_CHARS} this host accepts; simplify it (fewer alternatives, smaller "
                               f"maxItems and maxLength)")
     return grammar
+
+
+#: The bytes a UTF-8 lead byte may be followed by first (the rest: 80-BF); others, 80-BF.
+_SECOND_BYTE = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
+_CONTINUATION = (0x80, 0xBF)
+_COMPLETE = (0, 0, 0)  # no character in progress
+
+
+class _Utf8Table:
+    """Which tokens keep a byte stream valid UTF-8, whatever character is in progress.
+
+    llama.cpp's grammar decodes UTF-8 leniently across tokens (a lead byte
+    followed by an ASCII byte passes as one odd character), so text it
+    accepts could still hold invalid UTF-8 -- which the text stream turns into
+    U+FFFD and a JSON string's length or a pattern then no longer holds. The
+    grammar sampler also masks every token that would break UTF-8. A state is
+    ``(bytes still needed, lowest, highest allowed next byte)``; a mask per
+    state is computed from per-token arrays on first use.
+    """
+
+    def __init__(self, pieces: list[bytes]):
+        n = len(pieces)
+        self.length = np.zeros(n, np.int32)
+        self.first = np.zeros(n, np.int32)
+        self.lead_cont = np.zeros(n, np.int32)  # leading continuation bytes
+        self.rest_valid = np.zeros(n, bool)  # the bytes after them decode (maybe ending mid-character)
+        self.tail: list[tuple[int, int, int]] = [_COMPLETE] * n  # the state a token leaves when it starts afresh
+        import codecs
+
+        decoder_class = codecs.getincrementaldecoder("utf-8")
+        for t, data in enumerate(pieces):
+            self.length[t] = len(data)
+            self.first[t] = data[0] if data else -1
+            k = 0
+            while k < len(data) and 0x80 <= data[k] <= 0xBF:
+                k += 1
+            self.lead_cont[t] = k
+            decoder = decoder_class("strict")
+            try:
+                decoder.decode(data[k:], final=False)
+            except UnicodeDecodeError:
+                continue
+            self.rest_valid[t] = True
+            pending = decoder.getstate()[0]
+            if pending:
+                lead = pending[0]
+                size = 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+                low, high = _SECOND_BYTE.get(lead, _CONTINUATION) if len(pending) == 1 else _CONTINUATION
+                self.tail[t] = (size - len(pending), low, high)
+        self._masks: dict[tuple[int, int, int], np.ndarray] = {}
+
+    def mask(self, state: tuple[int, int, int]) -> np.ndarray:
+        """The tokens allowed in ``state`` (a boolean array over the vocabulary)."""
+        m = self._masks.get(state)
+        if m is None:
+            need, low, high = state
+            if need == 0:
+                m = (self.lead_cont == 0) & self.rest_valid
+            else:
+                fits = (self.length >= 1) & (self.first >= low) & (self.first <= high)
+                short = (self.length <= need) & (self.lead_cont == self.length)
+                long = (self.length > need) & (self.lead_cont == need) & self.rest_valid
+                m = fits & (short | long)
+            self._masks[state] = m
+        return m
+
+    def allowed(self, state: tuple[int, int, int], token: int) -> bool:
+        return bool(self.mask(state)[token])
+
+    def after(self, state: tuple[int, int, int], token: int) -> tuple[int, int, int]:
+        need = state[0]
+        length = int(self.length[token])
+        if need and length <= need:
+            return (need - length, *_CONTINUATION) if need > length else _COMPLETE
+        return self.tail[token]
 
 
 class _GrammarSampler:
@@ -919,6 +1007,9 @@ class _GrammarSampler:
     With ``free_text`` the grammar binds only an output whose first token
     begins with ``{``; any other first token releases it.
     """
+
+    #: Check the free choice first (False: always grammar first, as llama.cpp's own sampler does; for tests).
+    check_first = True
 
     def __init__(self, engine: "LlamaEngine", chain, constraint: Constraint):
         self._lc = lc = engine._lc
@@ -939,6 +1030,8 @@ class _GrammarSampler:
             raise ConstraintError(f"llama.cpp refused the grammar made from the JSON schema: "
                                   f"{_reason(lines) or 'it does not parse'}")
         self._grammar = ptr
+        self._utf8 = engine.utf8_table()
+        self._utf8_state = _COMPLETE
         n = engine.n_vocab
         self._n = n
         self._ids = np.arange(n, dtype=np.int32)
@@ -983,18 +1076,23 @@ class _GrammarSampler:
     def sample(self, ctx, idx: int) -> int:
         lc = self._lc
         logits = np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx.ctx, idx), shape=(self._n,))
-        self._fill(logits)
-        token, _ = self._choose(None)
+        token = None
+        if self._grammar is None or self.check_first:
+            self._fill(logits)
+            token, _ = self._choose(None)
         if self._grammar is not None:
             self.grammar_checks += 1
-            if not self._allowed(token):
+            utf8 = self._utf8.mask(self._utf8_state)
+            if token is None or not utf8[token] or not self._allowed(token):
                 self.grammar_full += 1
                 self._fill(logits)
+                self._buf["logit"][~utf8] = -np.inf  # nothing that would break UTF-8
                 token, logit = self._choose(self._grammar)
                 if not np.isfinite(logit):
                     raise ConstraintError("the grammar allows no token here (the model cannot go on)")
             if not self._engine.is_eog(token):  # the sequence ends at an end token: nothing to accept
                 lc.llama_sampler_accept(self._grammar, token)
+                self._utf8_state = self._utf8.after(self._utf8_state, token)
             if self._first and self._free_text and not self._engine.piece(token).startswith(b"{"):
                 self._release_grammar()  # free text: the grammar has done its work
         self._first = False

@@ -119,7 +119,8 @@ def get_backend(model_path: str | os.PathLike | None = None, *, queue_size: int 
     """
     from .llama import LlamaEngine
 
-    path = check_gguf(resolve_model_path(model_path))
+    named = resolve_model_path(model_path)  # a hf: snapshot's file is a symlink: name the model by it
+    path = check_gguf(named)
     threads = threads_setting()
     if threads is not None:
         engine_options.setdefault("n_threads", threads)
@@ -141,8 +142,8 @@ def get_backend(model_path: str | os.PathLike | None = None, *, queue_size: int 
                 _forget(key, holder[0] if holder else None)
                 raise
 
-        worker = InferenceWorker(build, model_name=path.stem, queue_size=queue_size, batching=batching,
-                                 name=f"tensorjob-llama-{path.stem}")
+        worker = InferenceWorker(build, model_name=named.stem, queue_size=queue_size, batching=batching,
+                                 name=f"tensorjob-llama-{named.stem}")
         holder.append(worker)
         _workers[key] = worker
         return worker
