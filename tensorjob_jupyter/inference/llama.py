@@ -714,7 +714,7 @@ class LlamaEngine:
                 sampler.accept(tok)
         if request.constraint is not None:
             try:
-                return _GrammarSampler(self, sampler, request.constraint)
+                return _GrammarSampler(self, sampler, request.constraint, greedy=s.temperature <= 0.0)
             except BaseException:
                 sampler.close()
                 raise
@@ -991,6 +991,11 @@ class _Utf8Table:
         return self.tail[token]
 
 
+#: With greedy decoding, how many of the likeliest tokens are checked one by one before the grammar
+#: is applied to the whole vocabulary.
+TOP_CANDIDATES = 32
+
+
 class _GrammarSampler:
     """A request's sampler chain, with its output held to a grammar.
 
@@ -999,9 +1004,10 @@ class _GrammarSampler:
     a structured answer are ones the grammar allows anyway, so each token is
     first chosen by the chain alone and then checked alone; only when the
     grammar rejects it is the choice made again over the whole vocabulary,
-    grammar first (as llama.cpp's own ``common_sampler`` does). Greedy
-    decoding picks the same token either way: the best one the grammar
-    allows. A token the grammar rejected is never accepted into it (that
+    grammar first (as llama.cpp's own ``common_sampler`` does). With greedy
+    decoding the next few likeliest tokens are checked alone first, which
+    nearly always finds the answer. Greedy decoding picks the same token
+    either way: the best one the grammar allows. A token the grammar rejected is never accepted into it (that
     aborts in C++), and a grammar that allows no token at all is an error.
 
     With ``free_text`` the grammar binds only an output whose first token
@@ -1011,7 +1017,7 @@ class _GrammarSampler:
     #: Check the free choice first (False: always grammar first, as llama.cpp's own sampler does; for tests).
     check_first = True
 
-    def __init__(self, engine: "LlamaEngine", chain, constraint: Constraint):
+    def __init__(self, engine: "LlamaEngine", chain, constraint: Constraint, greedy: bool = False):
         self._lc = lc = engine._lc
         self._engine = engine
         self._chain = chain
@@ -1020,6 +1026,7 @@ class _GrammarSampler:
             raise ModelError("llama-cpp-python's LlamaSampler has no `sampler` pointer; constrained decoding "
                              f"is tested with llama-cpp-python {TESTED_LLAMA_CPP}")
         self._free_text = constraint.free_text
+        self._greedy = greedy
         self._first = True
         self.grammar_checks = 0  # tokens checked alone
         self.grammar_full = 0  # tokens chosen again over the whole vocabulary
@@ -1065,6 +1072,19 @@ class _GrammarSampler:
         chosen = arr.data[arr.selected]
         return int(chosen.id), float(chosen.logit)
 
+    def _best_allowed(self, utf8: np.ndarray) -> int | None:
+        """Greedy decoding: the likeliest of the ``TOP_CANDIDATES`` likeliest tokens (after the chain's
+        penalties) that the grammar and UTF-8 allow, checked one by one; None if none is."""
+        logits = self._buf["logit"]  # penalised in place by the chain, still in token order
+        k = min(TOP_CANDIDATES, self._n - 1)
+        top = np.argpartition(-logits, k)[:k]
+        for t in top[np.lexsort((top, -logits[top]))]:  # best first; the lower id first on a tie, as greedy does
+            if not np.isfinite(logits[t]):
+                break
+            if utf8[t] and self._allowed(int(t)):
+                return int(t)
+        return None
+
     def _allowed(self, token: int) -> bool:
         one = self._one
         one[0] = (token, 0.0, 0.0)
@@ -1083,7 +1103,9 @@ class _GrammarSampler:
         if self._grammar is not None:
             self.grammar_checks += 1
             utf8 = self._utf8.mask(self._utf8_state)
-            if token is None or not utf8[token] or not self._allowed(token):
+            if token is not None and not (utf8[token] and self._allowed(token)):
+                token = self._best_allowed(utf8) if self._greedy else None
+            if token is None:
                 self.grammar_full += 1
                 self._fill(logits)
                 self._buf["logit"][~utf8] = -np.inf  # nothing that would break UTF-8
