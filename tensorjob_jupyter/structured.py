@@ -455,7 +455,8 @@ def _first_error(validator, value: Any) -> str | None:
 
 
 TOOLS_SYSTEM = ("You can call functions. To call one, reply with only a JSON object: "
-                '{"name": <the function\'s name>, "arguments": <an object of its parameters>}.')
+                '{"name": <the function\'s name>, "arguments": <an object of its parameters>}. '
+                "Take the arguments' values from the user's message.")
 
 
 @dataclass

@@ -54,8 +54,10 @@ def echo():
 
 
 def run_echo(echo, backend, options, prompt="hi", max_tokens=64, **kwargs):
-    job = tj.Job(echo, input={"prompt": prompt, "max_tokens": max_tokens, "options": options}, backend=backend,
-                 **kwargs).start()
+    """``backend=None``: the embedded model."""
+    if backend is not None:
+        kwargs["backend"] = backend
+    job = tj.Job(echo, input={"prompt": prompt, "max_tokens": max_tokens, "options": options}, **kwargs).start()
     job.wait(120)
     return job
 

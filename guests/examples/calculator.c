@@ -1,7 +1,7 @@
 /*
  * calculator.c -- a tool call: the model picks a function and its arguments, the guest runs it.
  *
- * Input:  {"question": "What is 12 times 7?", "max_tokens": 64}
+ * Input:  {"question": "What is 12 times 7?", "max_tokens": 128}
  * Result: {"question": ..., "call": {"name": "add"|"multiply", "arguments": {"a": x, "b": y}},
  *          "value": <the function's result>, "answer": <the model's sentence about it>}
  *
@@ -29,7 +29,7 @@ tj_cmd guest_init(tj_json input) {
     tj_str q = tj_get_str(input, "question");
     if (!q.ptr) return tj_fail("schema_validation_failed", TJ_STR("input needs a \"question\" string"));
     question = tj_keep(q);
-    return tj_infer_with(question, (uint32_t)tj_get_u64(input, "max_tokens", 64),
+    return tj_infer_with(question, (uint32_t)tj_get_u64(input, "max_tokens", 128),
                          tj_jsonf("{\"tools\":%j,\"tool_choice\":\"required\"}",
                                   (tj_json){TOOLS, sizeof TOOLS - 1}));
 }
@@ -48,8 +48,8 @@ tj_cmd guest_step(tj_event ev) {
         double a = tj_get_f64(args, "a", 0), b = tj_get_f64(args, "b", 0);
         value = tj_eq(name, "add") ? a + b : a * b;
         call = tj_keep_json(tj_jsonf("{\"name\":%S,\"arguments\":%j}", name, args));
-        return tj_infer(tj_strf("%S The %S function gives %f. Say the answer in one short sentence.", question,
-                                name, value),
+        return tj_infer(tj_strf("Question: %S\nThe %S function returned %f. Answer the question in one short sentence.",
+                                question, name, value),
                         48);
     }
     return tj_done(tj_jsonf("{\"question\":%S,\"call\":%j,\"value\":%f,\"answer\":%S}", question, call, value,

@@ -1,7 +1,7 @@
 /*
  * extract.c -- structured extraction: facts from a document, as JSON that validates.
  *
- * Input:  {"path": "report.txt", "schema": {...JSON Schema...}, "window": 4096, "max_tokens": 256}
+ * Input:  {"path": "report.txt", "schema": {...JSON Schema...}, "window": 4096, "max_tokens": 384}
  *         (schema, window and max_tokens are optional; the default schema asks for a
  *         title, a year and a few keywords)
  * Result: {"path": ..., "facts": <the model's answer, parsed: valid against the schema>}
@@ -30,7 +30,7 @@ tj_cmd guest_init(tj_json input) {
     path = tj_keep(p);
     tj_json s = tj_get(input, "schema");
     schema = s.ptr ? tj_keep_json(s) : (tj_json){DEFAULT_SCHEMA, sizeof DEFAULT_SCHEMA - 1};
-    max_tokens = (uint32_t)tj_get_u64(input, "max_tokens", 256);
+    max_tokens = (uint32_t)tj_get_u64(input, "max_tokens", 384);
     window = tj_get_u64(input, "window", 4096);
     return tj_open(path);
 }
