@@ -620,3 +620,21 @@ def test_the_embedded_model_by_name_from_a_hf_cache(tmp_path):
     assert envelope["usage"]["model"] == "smollm2-135m-instruct-q4_1"
     facts = envelope["result"]["facts"]
     assert set(facts) == {"title", "year", "keywords"} and isinstance(facts["year"], int)
+
+
+def test_lora_and_no_prompt_cache_reach_the_engine_from_the_options(tiny_files, echo):  # noqa: F811
+    from tensorjob_jupyter.options import JobOptions
+
+    def run(**options):
+        kwargs = JobOptions(model=str(tiny_files["model"]), **options).checked().job_kwargs()
+        job = tj.Job(echo, **{**kwargs, "input": {"prompt": "the cat the cat", "max_tokens": 8}}).start()
+        assert job.wait(60).ok, job.envelope
+        done = [e for e in job.events if e["type"] in ("response.completed", "response.incomplete")]
+        return job.result["event"]["text"], done[-1]["response"]["usage"]["input_tokens_details"]["cached_tokens"]
+
+    plain, _ = run()
+    adapted, _ = run(lora=(f"a={tiny_files['lora_a']}:1.0",))
+    assert adapted != plain  # the adapter changes every prediction of the tiny model
+    assert run(lora=(f"a={tiny_files['lora_a']}:0",))[0] == plain  # at scale 0 it does nothing
+    assert run()[1] > 0  # the same prompt again reuses its KV cache...
+    assert run(no_prompt_cache=True)[1] == 0  # ...unless told not to
