@@ -55,7 +55,7 @@ MAX_SCHEMA_NODES = 2000
 MAX_ALTERNATIVES = 64
 MAX_ENUM_VALUES = 1024
 MAX_REPEAT = 256  # minItems / maxItems
-MAX_LENGTH = 4096  # minLength / maxLength
+MAX_LENGTH = 512  # minLength / maxLength (the converter nests a level per character; llama.cpp parses ~1000)
 MAX_INT_RANGE = 256  # integer minimum..maximum becomes an enum of at most this many values
 MAX_TOOLS = 64
 
@@ -385,6 +385,8 @@ def _checked_pattern(pattern: Any, fail: Callable[[str], SchemaError]) -> str:
         if token.startswith("[") and not _safe_class(token[1:-1]):
             raise fail(f"pattern {pattern[:60]!r}: the class {token!r} could put a quote, a backslash or a "
                        f"control character inside the JSON string")
+        if token.startswith("{") and max(int(x) for x in token[1:-1].split(",") if x) > MAX_REPEAT:
+            raise fail(f"pattern {pattern[:60]!r}: the repetition {token} is over {MAX_REPEAT}")
         if token.isprintable() is False:
             raise fail(f"pattern {pattern[:60]!r} holds a control character")
         at = m.end()

@@ -151,6 +151,8 @@ def test_infer_done_carries_tool_calls_only_when_there_are_some():
     ({"$ref": "https://example.org/s.json"}, "only local references"),
     ({"$ref": "#/$defs/nope"}, "points at nothing"),
     ({"type": "array", "maxItems": 100000}, "maxItems over 256"),
+    ({"type": "string", "maxLength": 4096}, "maxLength over 512"),
+    ({"type": "string", "pattern": "^a{2,1000}$"}, "the repetition {2,1000} is over 256"),
     ({"type": "strange"}, "is not a valid JSON Schema"),
     ({"enum": ["a", 1], "type": "string"}, "of enum/const does not match"),
     ({"type": "object", "minProperties": 1}, "`minProperties` is not supported"),
@@ -638,3 +640,18 @@ def test_lora_and_no_prompt_cache_reach_the_engine_from_the_options(tiny_files, 
     assert run(lora=(f"a={tiny_files['lora_a']}:0",))[0] == plain  # at scale 0 it does nothing
     assert run()[1] > 0  # the same prompt again reuses its KV cache...
     assert run(no_prompt_cache=True)[1] == 0  # ...unless told not to
+
+
+def test_the_largest_schemas_the_checks_allow_are_grammars_llama_cpp_parses(tiny_engine):
+    from tensorjob_jupyter import structured
+
+    largest = {"type": "object", "properties": {
+        "s": {"type": "string", "minLength": 1, "maxLength": structured.MAX_LENGTH},
+        "a": {"type": "array", "items": {"type": "boolean"}, "maxItems": structured.MAX_REPEAT},
+        "i": {"type": "integer", "minimum": 0, "maximum": structured.MAX_INT_RANGE - 1},
+        "p": {"type": "string", "pattern": f"^[a-z]{{1,{structured.MAX_REPEAT}}}$"},
+        "e": {"enum": [f"v{i}" for i in range(structured.MAX_ENUM_VALUES)]},
+        "any": {"anyOf": [{"const": i} for i in range(structured.MAX_ALTERNATIVES)]}},
+        "required": ["s", "a", "i", "p", "e", "any"]}
+    result, _ = constrained(tiny_engine, largest, max_tokens=4)
+    assert result.finish_reason == "length" and result.text.startswith("{")
