@@ -62,9 +62,23 @@
  *   tj_iter it = tj_iter_of(arr_or_obj); while (tj_next(&it, &key, &val)) ...
  *   strings: tj_eq(s, "lit"), tj_str_eq, tj_find(hay, needle), tj_index_of(s, c),
  *   tj_trim(s), tj_base64_decode(b64)
+ *   tj_parse(text) -> tj_json    JSON held in a string (an infer's structured
+ *                                 text, a tool call's arguments), for tj_get
  *
  * COMMANDS (each returns tj_cmd)
  *   tj_infer(prompt, max_tokens)  tj_infer_images(prompt, max, handles, n)
+ *   tj_infer_with(prompt, max_tokens, options): options is a JSON object whose
+ *                                 members join the command: "format" (structured
+ *                                 output), "tools", "tool_choice", and sampling
+ *                                 ("temperature", "top_p", "top_k", "min_p",
+ *                                 "repeat_penalty", "seed", "stop"), e.g.
+ *     tj_infer_with(p, 128, tj_jsonf("{\"format\":{\"type\":\"json_schema\","
+ *                   "\"name\":\"facts\",\"schema\":%j}}", schema))
+ *                                 -> TJ_EV_INFER_DONE: ev.text is JSON valid
+ *                                 against the schema (tj_parse(ev.text) reads
+ *                                 it); after a tool call ev.tool_calls is
+ *                                 [{"call_id","name","arguments"}], arguments
+ *                                 being JSON text (tj_parse it too).
  *   tj_open(path)                 tj_slice(handle, offset, len)
  *   tj_slice_bytes(h, off, len)   tj_embed(texts, n)
  *   tj_emit(json)                 tj_progress(done, total) -> {"done":d,"total":t}
@@ -159,6 +173,7 @@ typedef struct {
     uint64_t next_offset; /* sliced, sliced_bytes */
     tj_str bytes_base64;  /* sliced_bytes */
     tj_json vectors;      /* embedded */
+    tj_json tool_calls;   /* infer_done: [{"call_id","name","arguments"}] when the model called a tool; ptr NULL otherwise */
 } tj_event;
 
 typedef struct tj__chunk {
@@ -847,6 +862,8 @@ static tj_event tj__parse_event(tj_json ev) {
         e.type = TJ_EV_INFER_DONE;
         e.text = tj_get_str(ev, "text");
         e.tokens_out = (uint32_t)tj_get_u64(ev, "tokens_out", 0);
+        e.tool_calls = tj_get(ev, "tool_calls");
+        if (tj_kind(e.tool_calls) != '[') e.tool_calls = (tj_json){0, 0};
     } else if (tj_eq(e.name, "opened")) {
         e.type = TJ_EV_OPENED;
         e.handle = (uint32_t)tj_get_u64(ev, "handle", 0);
@@ -912,6 +929,27 @@ TJ_API tj_cmd tj_infer_images(tj_str prompt, uint32_t max_tokens, const uint32_t
     return tj__finish(&b);
 }
 TJ_API tj_cmd tj_infer(tj_str prompt, uint32_t max_tokens) { return tj_infer_images(prompt, max_tokens, 0, 0); }
+
+/* JSON text held in a string (an infer's structured output, a tool call's arguments) as a tj_json. */
+TJ_API tj_json tj_parse(tj_str text) {
+    tj_str t = tj_trim(text);
+    return (tj_json){t.len ? t.ptr : 0, t.len};
+}
+
+/* infer with this project's options: the members of the JSON object `options` join the command. */
+TJ_API tj_cmd tj_infer_with(tj_str prompt, uint32_t max_tokens, tj_json options) {
+    tj_cmd base = tj_infer(prompt, max_tokens);
+    tj_str o = tj_trim((tj_str){options.ptr, options.ptr ? options.len : 0});
+    if (o.len < 2 || o.ptr[0] != '{' || o.ptr[o.len - 1] != '}') return base;
+    tj_str inner = tj_trim((tj_str){o.ptr + 1, o.len - 2});
+    if (!inner.len) return base;
+    tj_buf b = tj_buf_new();
+    tj_buf_put(&b, (tj_str){base.json, base.len - 1}); /* without its closing brace */
+    tj_buf_putc(&b, ',');
+    tj_buf_put(&b, inner);
+    tj_buf_putc(&b, '}');
+    return tj__finish(&b);
+}
 
 TJ_API tj_cmd tj_open(tj_str path) {
     tj_buf b = tj__cmd_start("open");

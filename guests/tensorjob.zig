@@ -39,7 +39,9 @@
 //! `init`/`step` return `Command` or `!Command`; an error fails the job with
 //! `wasm_trap` and the error's name.
 //!
-//! Events (`tj.Event`, a tagged union): `.infer_done{text, tokens_out}`,
+//! Events (`tj.Event`, a tagged union): `.infer_done{text, tokens_out, tool_calls}`
+//! (`tool_calls`: `[]const tj.ToolCall{call_id, name, arguments}`, empty unless the
+//! model called a tool; `arguments` is JSON text),
 //! `.opened{handle, len, kind}` (`kind.is("text")`, `.kind.format`, and for
 //! a document `.kind.pages`, `.kind.has_text_layer`),
 //! `.sliced{text, next_offset}`, `.sliced_bytes` (`.bytes()` decodes),
@@ -48,6 +50,10 @@
 //! `.page_imaged{handle, len}` (a new PNG handle), `.unknown` (the tag of
 //! anything newer).
 //! Commands (`tj.Command`): `infer(prompt, max_tokens)`, `inferImages`,
+//! `inferWith(prompt, max_tokens, tj.InferOptions{...})` (this project's extension:
+//! `.format = tj.json(.{ .type = "json_schema", .name = "facts", .schema = ... })`,
+//! `.tools`, `.tool_choice`, and sampling `.temperature`, `.top_p`, `.top_k`, `.min_p`,
+//! `.repeat_penalty`, `.seed`, `.stop`; fields left null are not sent),
 //! `open(path)`, `slice(handle, offset, len)` (resume from `next_offset`),
 //! `sliceBytes`, `embed(texts)`, `emit(value)`, `progress(done, total)`,
 //! `done(value)`, `fail(code, message)`, `failf(code, fmt, args)`; `emit` and
@@ -198,7 +204,7 @@ pub const Kind = struct {
 
 /// One event from the host, as a tagged union. Strings point into scratch.
 pub const Event = union(enum) {
-    infer_done: struct { text: []const u8, tokens_out: u32 },
+    infer_done: struct { text: []const u8, tokens_out: u32, tool_calls: []const ToolCall = &.{} },
     opened: struct { handle: u32, len: u64, kind: Kind },
     /// A text window; resume from `next_offset` (windows end on a UTF-8 boundary).
     sliced: struct { text: []const u8, next_offset: u64 },
@@ -229,9 +235,13 @@ pub const Event = union(enum) {
     };
 };
 
+/// A tool call the model made (`infer` with `tools`); `arguments` is JSON text.
+pub const ToolCall = struct { call_id: []const u8 = "", name: []const u8 = "", arguments: []const u8 = "{}" };
+
 /// The wire shape of every event at once; `parseEvent` narrows it.
 const WireEvent = struct {
     event: []const u8,
+    tool_calls: []const ToolCall = &.{},
     text: ?[]const u8 = null,
     @"error": ?[]const u8 = null,
     tokens_out: u32 = 0,
@@ -250,7 +260,8 @@ pub fn parseEvent(bytes: []const u8) !Event {
     const w = try std.json.parseFromSliceLeaky(WireEvent, scratch(), bytes, parse_options);
     const eq = std.mem.eql;
     const text = w.text orelse "";
-    if (eq(u8, w.event, "infer_done")) return .{ .infer_done = .{ .text = text, .tokens_out = w.tokens_out } };
+    if (eq(u8, w.event, "infer_done"))
+        return .{ .infer_done = .{ .text = text, .tokens_out = w.tokens_out, .tool_calls = w.tool_calls } };
     if (eq(u8, w.event, "opened")) return .{ .opened = .{ .handle = w.handle, .len = w.len, .kind = w.kind } };
     if (eq(u8, w.event, "sliced")) return .{ .sliced = .{ .text = text, .next_offset = w.next_offset } };
     if (eq(u8, w.event, "page_texted")) return .{ .page_texted = .{ .text = text } };
@@ -283,7 +294,36 @@ pub fn json(value: anytype) Json {
     return .{ .raw = out.written() };
 }
 
-pub const Infer = struct { prompt: []const u8, max_tokens: u32, images: []const u32 = &.{} };
+pub const Infer = struct {
+    prompt: []const u8,
+    max_tokens: u32,
+    images: []const u32 = &.{},
+    // this project's extension; a null field is not written, so `infer` stays cuttlefish's bytes
+    format: ?Json = null,
+    tools: ?Json = null,
+    tool_choice: ?Json = null,
+    temperature: ?f64 = null,
+    top_p: ?f64 = null,
+    top_k: ?u32 = null,
+    min_p: ?f64 = null,
+    repeat_penalty: ?f64 = null,
+    seed: ?u32 = null,
+    stop: ?[]const []const u8 = null,
+};
+
+/// `infer`'s optional fields (see `inferWith`).
+pub const InferOptions = struct {
+    format: ?Json = null,
+    tools: ?Json = null,
+    tool_choice: ?Json = null,
+    temperature: ?f64 = null,
+    top_p: ?f64 = null,
+    top_k: ?u32 = null,
+    min_p: ?f64 = null,
+    repeat_penalty: ?f64 = null,
+    seed: ?u32 = null,
+    stop: ?[]const []const u8 = null,
+};
 pub const Open = struct { path: []const u8 };
 pub const Slice = struct { handle: u32, offset: u64, len: u64 };
 pub const Embed = struct { texts: []const []const u8 };
@@ -341,9 +381,13 @@ pub const Command = union(enum) {
         switch (self) {
             inline else => |payload| {
                 const info = @typeInfo(@TypeOf(payload)).@"struct";
-                inline for (info.field_names) |name| {
-                    try jw.objectField(name);
-                    try writeValue(jw, @field(payload, name));
+                inline for (info.field_names, info.field_types) |name, FT| {
+                    // optional fields (infer's extension) are written only when set
+                    const skip = @typeInfo(FT) == .optional and @field(payload, name) == null;
+                    if (!skip) {
+                        try jw.objectField(name);
+                        try writeValue(jw, @field(payload, name));
+                    }
                 }
             },
         }
@@ -442,6 +486,17 @@ pub fn infer(prompt: []const u8, max_tokens: u32) Command {
 pub fn inferImages(prompt: []const u8, max_tokens: u32, images: []const u32) Command {
     const handles = scratch().dupe(u32, images) catch oom();
     return .{ .infer = .{ .prompt = copy(prompt), .max_tokens = max_tokens, .images = handles } };
+}
+/// `infer` with this project's options: structured output (`format`), `tools`, sampling.
+pub fn inferWith(prompt: []const u8, max_tokens: u32, options: InferOptions) Command {
+    var cmd: Infer = .{ .prompt = copy(prompt), .max_tokens = max_tokens };
+    inline for (@typeInfo(InferOptions).@"struct".field_names) |name| @field(cmd, name) = @field(options, name);
+    if (options.stop) |stops| {
+        const list = scratch().alloc([]const u8, stops.len) catch oom();
+        for (stops, list) |t, *slot| slot.* = copy(t);
+        cmd.stop = list;
+    }
+    return .{ .infer = cmd };
 }
 /// Open a file the job may read; answered by `.opened`.
 pub fn open(path: []const u8) Command {

@@ -154,16 +154,46 @@ BINARY = MediaKind("binary")
 # --- commands ----------------------------------------------------------------
 
 
+#: ``infer``'s optional fields, this project's extension of cuttlefish's ``infer``: written
+#: only when set, after cuttlefish's own, so a cuttlefish guest's command is byte-identical.
+INFER_EXTENSIONS = ("format", "tools", "tool_choice", "temperature", "top_p", "top_k", "min_p", "repeat_penalty",
+                    "seed", "stop")
+#: The sampling fields of ``infer`` (each overrides the job's setting for that infer).
+INFER_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed", "stop")
+
+
 @dataclass(frozen=True)
 class Infer:
     prompt: str
     max_tokens: int
     images: tuple[int, ...] = ()
+    #: Structured output: ``{"type": "json_schema", "name", "schema", "strict"?, "description"?}``,
+    #: ``{"type": "json_object"}`` or ``{"type": "text"}``, as Open Responses' ``text.format``.
+    format: dict | None = None
+    #: Function tools: ``{"type": "function", "name", "description"?, "parameters"?, "strict"?}``.
+    tools: tuple[dict, ...] | None = None
+    #: ``"auto"``, ``"required"``, ``"none"`` or ``{"type": "function", "name": ...}``.
+    tool_choice: str | dict | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] | None = None
     cmd = "infer"
 
     def to_json(self) -> dict:
-        return {"cmd": "infer", "prompt": self.prompt, "max_tokens": self.max_tokens,
-                "images": list(self.images)}
+        out = {"cmd": "infer", "prompt": self.prompt, "max_tokens": self.max_tokens, "images": list(self.images)}
+        for name in INFER_EXTENSIONS:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def sampling(self) -> dict:
+        """The sampling fields this infer sets (names as ``Sampler``'s)."""
+        return {name: getattr(self, name) for name in INFER_SAMPLING if getattr(self, name) is not None}
 
 
 @dataclass(frozen=True)
@@ -349,9 +379,15 @@ UNSUPPORTED_COMMANDS: frozenset[str] = frozenset()
 class InferDone:
     text: str
     tokens_out: int
+    #: The model's tool calls, ``[{"call_id", "name", "arguments"}]`` (``arguments`` is JSON text);
+    #: present only when it called one (this project's extension, like ``infer``'s ``tools``).
+    tool_calls: tuple[dict, ...] | None = None
 
     def to_json(self) -> dict:
-        return {"event": "infer_done", "text": self.text, "tokens_out": self.tokens_out}
+        out = {"event": "infer_done", "text": self.text, "tokens_out": self.tokens_out}
+        if self.tool_calls is not None:
+            out["tool_calls"] = list(self.tool_calls)
+        return out
 
 
 @dataclass(frozen=True)
@@ -746,6 +782,7 @@ def command_from_json(value: Any) -> Command:
             prompt=_field(obj, "prompt", str, "infer"),
             max_tokens=_u32(obj, "max_tokens", "infer"),
             images=tuple(_int_in(h, U32_MAX, "infer.images[]") for h in images),
+            **_infer_extensions(obj),
         )
     if tag == "open":
         return Open(path=_field(obj, "path", str, "open"))
@@ -779,6 +816,138 @@ def command_from_json(value: Any) -> Command:
     raise AbiError(f"unknown command `{_clip(tag)}`")
 
 
+#: A function's or a format's name: what Open Responses allows.
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_TOOLS = 64
+MAX_STOPS = 16
+MAX_STOP_CHARS = 256
+
+
+def _name(obj: dict, where: str) -> str:
+    name = _field(obj, "name", str, where)
+    if not _NAME.match(name):
+        raise AbiError(f"`{where}.name` must be 1 to 64 letters, digits, _ or -, got {_clip(name)!r}")
+    return name
+
+
+def _optional(obj: dict, name: str, typ: type, where: str) -> Any:
+    if name not in obj or obj[name] is None:
+        return None
+    return _field(obj, name, typ, where)
+
+
+def _known(obj: dict, names: tuple[str, ...]) -> dict:
+    return {k: obj[k] for k in names if k in obj and obj[k] is not None}
+
+
+def _infer_format(value: Any) -> dict:
+    obj = _expect_object(value, "`infer.format`")
+    kind = _field(obj, "type", str, "infer.format")
+    if kind in ("text", "json_object"):
+        return {"type": kind}
+    if kind != "json_schema":
+        raise AbiError(f"`infer.format.type` must be text, json_schema or json_object, got {_clip(kind)!r}")
+    _name(obj, "infer.format")
+    _expect_object(_any(obj, "schema", "infer.format"), "`infer.format.schema`")
+    _optional(obj, "strict", bool, "infer.format")
+    _optional(obj, "description", str, "infer.format")
+    return _known(obj, ("type", "name", "schema", "description", "strict"))
+
+
+def _infer_tools(value: Any) -> tuple[dict, ...]:
+    if not isinstance(value, list):
+        raise AbiError(f"`infer.tools` must be an array, got {_type_name(value)}")
+    if len(value) > MAX_TOOLS:
+        raise AbiError(f"`infer.tools` has {len(value)} tools, more than the {MAX_TOOLS} allowed")
+    tools, names = [], set()
+    for i, item in enumerate(value):
+        where = f"infer.tools[{i}]"
+        obj = _expect_object(item, f"`{where}`")
+        kind = obj.get("type", "function")
+        if kind != "function":
+            raise AbiError(f"`{where}.type` must be \"function\" (function tools only), got "
+                           f"{_clip(str(kind))!r}")
+        name = _name(obj, where)
+        if name in names:
+            raise AbiError(f"`{where}.name`: two tools are named {name!r}")
+        names.add(name)
+        _optional(obj, "description", str, where)
+        _optional(obj, "strict", bool, where)
+        if obj.get("parameters") is not None:
+            _expect_object(obj["parameters"], f"`{where}.parameters`")
+        tools.append({"type": "function", **_known(obj, ("name", "description", "parameters", "strict"))})
+    return tuple(tools)
+
+
+def _tool_choice(value: Any, tools: tuple[dict, ...] | None) -> str | dict:
+    names = {t["name"] for t in tools or ()}
+    if isinstance(value, str):
+        if value not in ("auto", "required", "none"):
+            raise AbiError(f"`infer.tool_choice` must be auto, required, none or "
+                           f"{{\"type\":\"function\",\"name\":...}}, got {_clip(value)!r}")
+        if value != "none" and not names:
+            raise AbiError(f"`infer.tool_choice` is {value!r} but the infer gives no `tools`")
+        return value
+    obj = _expect_object(value, "`infer.tool_choice`")
+    if obj.get("type") != "function":
+        raise AbiError("`infer.tool_choice` as an object must be {\"type\":\"function\",\"name\":...}")
+    name = _name(obj, "infer.tool_choice")
+    if name not in names:
+        raise AbiError(f"`infer.tool_choice` names {name!r}, which is not one of the infer's tools")
+    return {"type": "function", "name": name}
+
+
+def _number_in(obj: dict, name: str, low: float, high: float, *, low_open: bool = False) -> float:
+    value = obj[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise AbiError(f"`infer.{name}` must be a number, got {_type_name(value)}")
+    if value < low or value > high or (low_open and value == low):
+        bound = f"{'over' if low_open else 'at least'} {low} and at most {high}"
+        raise AbiError(f"`infer.{name}` = {value} is out of range ({bound})")
+    return float(value)
+
+
+def _infer_extensions(obj: dict) -> dict:
+    """``infer``'s optional fields (absent or null: not set), each checked; ``AbiError`` names a bad one."""
+    out: dict[str, Any] = {}
+    present = {k for k in INFER_EXTENSIONS if obj.get(k) is not None}
+    if not present:
+        return out
+    if "format" in present:
+        out["format"] = _infer_format(obj["format"])
+    if "tools" in present:
+        out["tools"] = _infer_tools(obj["tools"])
+    if "tool_choice" in present:
+        out["tool_choice"] = _tool_choice(obj["tool_choice"], out.get("tools"))
+    if "temperature" in present:
+        out["temperature"] = _number_in(obj, "temperature", 0.0, 10.0)
+    if "top_p" in present:
+        out["top_p"] = _number_in(obj, "top_p", 0.0, 1.0, low_open=True)
+    if "min_p" in present:
+        out["min_p"] = _number_in(obj, "min_p", 0.0, 1.0)
+    if "repeat_penalty" in present:
+        out["repeat_penalty"] = _number_in(obj, "repeat_penalty", 0.0, 10.0, low_open=True)
+    if "top_k" in present:
+        out["top_k"] = _int_in(obj["top_k"], U32_MAX, "infer.top_k")
+    if "seed" in present:
+        out["seed"] = _int_in(obj["seed"], U32_MAX, "infer.seed")
+    if "stop" in present:
+        stop = obj["stop"]
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+            raise AbiError("`infer.stop` must be a non-empty string or an array of them")
+        if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise AbiError(f"`infer.stop` takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} "
+                           f"characters")
+        constrained = out.get("format", {}).get("type", "text") != "text" or (
+            out.get("tools") and out.get("tool_choice", "auto") != "none")
+        if constrained:
+            raise AbiError("`infer.stop` cannot be given with a JSON format or tools: a stop string could cut "
+                           "the JSON short")
+        out["stop"] = tuple(stops)
+    return out
+
+
 def _image_operation(value: Any) -> ImageOperation:
     obj = _expect_object(value, "`image_op.op`")
     if "op" not in obj:
@@ -804,7 +973,13 @@ def event_from_json(value: Any) -> Event:
     obj = _expect_object(value, "an event")
     tag = obj.get("event")
     if tag == "infer_done":
-        return InferDone(_field(obj, "text", str, "infer_done"), _u32(obj, "tokens_out", "infer_done"))
+        calls = obj.get("tool_calls")
+        if calls is not None and not (isinstance(calls, list) and all(
+                isinstance(c, dict) and all(isinstance(c.get(k), str) for k in ("call_id", "name", "arguments"))
+                for c in calls)):
+            raise AbiError("`infer_done.tool_calls` must be an array of {call_id, name, arguments} strings")
+        return InferDone(_field(obj, "text", str, "infer_done"), _u32(obj, "tokens_out", "infer_done"),
+                         tuple(calls) if calls is not None else None)
     if tag == "opened":
         kind = MediaKind.from_json(obj["kind"]) if "kind" in obj else TEXT
         return Opened(_u32(obj, "handle", "opened"), _u64(obj, "len", "opened"), kind)

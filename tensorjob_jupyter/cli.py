@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import base64
 import codecs
+import json
 import sys
 import threading
 from pathlib import Path
@@ -35,6 +36,7 @@ from .fanout import add_map_parser, cmd_map
 from .history import RunError
 from .history_cli import COMMANDS as HISTORY_COMMANDS
 from .history_cli import add_history_parsers
+from .inference.base import ModelError
 from .jobs import Job
 from .options import (BY_NAME, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobOptions, OptionError,
                       add_job_arguments)
@@ -93,6 +95,8 @@ class EventPrinter:
     or from a transcript (``tensorjob show``, ``show.Playback``).
     """
 
+    _json_format = False  # the current infer asked for a JSON format: its answer is shown as a tree too
+
     def __init__(self, *, out: TextIO, err: TextIO, quiet: bool, chunks_to_stdout: bool):
         self.out, self.err, self.quiet = out, err, quiet
         self.chunks_to_stdout = chunks_to_stdout
@@ -105,6 +109,15 @@ class EventPrinter:
             self._in_text = False
         self.err.write(text + "\n")
         self.err.flush()
+
+    def _json_tree(self, text: str) -> None:
+        """A finished structured answer, pretty-printed (made inert) under the streamed text."""
+        try:
+            value = json.loads(text) if len(text) <= MAX_TREE_CHARS else None
+        except ValueError:
+            return
+        if isinstance(value, (dict, list)):
+            self._line(f"{INDENT}= " + json_text(value).replace("\n", "\n" + INDENT + "  "))
 
     def _model_text(self, text: str) -> None:
         """Model text, indented under the host's lines so it can never pass for one."""
@@ -140,11 +153,18 @@ class EventPrinter:
             self._line(document_line(event))
         elif kind == "response.created":
             self._line("· infer:")
+            self._json_format = structured_format(event)
         elif kind == "response.output_text.delta":
+            self._model_text(event["delta"])
+        elif kind == "response.output_item.added" and event["item"].get("type") == "function_call":
+            self._model_text(f"call {event['item']['name']} ")  # then the arguments, as they grow
+        elif kind == "response.function_call_arguments.delta":
             self._model_text(event["delta"])
         elif kind in ("response.completed", "response.incomplete"):
             reason = event.get("finish_reason")
             self._line(f"{INDENT}[{reason}]" if reason not in (None, "stop") else "")
+            if self._json_format and kind == "response.completed" and reason == "stop":
+                self._json_tree(event["response"].get("output_text") or "")
         elif kind == "job.replay.diverged" and event.get("then") != "stopped":  # a stop is the job's error
             from .replay import divergence_line
 
@@ -179,6 +199,16 @@ class LivePrinter(EventPrinter):
     def _run(self) -> None:
         for event in self._sub:
             self.show_safely(event)
+
+
+#: A structured answer longer than this is not pretty-printed again at its end.
+MAX_TREE_CHARS = 64 * 1024
+
+
+def structured_format(event: dict) -> bool:
+    """Whether a ``response.created`` event's infer asked for a JSON format."""
+    fmt = ((event.get("response") or {}).get("text") or {}).get("format") or {}
+    return isinstance(fmt, dict) and fmt.get("type") in ("json_schema", "json_object")
 
 
 def document_line(event: dict) -> str:
@@ -264,7 +294,11 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
     if guest is None:
         return EXIT_FAILED
     kwargs = options.job_kwargs()
-    envelope = run_live(Job(guest, backend=_backend(kwargs.pop("model")), **kwargs), args, out, err)
+    try:
+        job = Job(guest, backend=_backend(kwargs.pop("model"), kwargs.pop("model_options")), **kwargs)
+    except ModelError as e:  # a hf: model that cannot be found or fetched
+        raise OptionError(f"--model {options.model}: {e}") from None
+    envelope = run_live(job, args, out, err)
     if args.json:
         out.write(json_text(envelope.to_json()) + "\n")
     elif envelope.ok:
@@ -273,11 +307,11 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
     return exit_status(envelope)
 
 
-def _backend(model: str | None):
+def _backend(model: str | None, model_options: dict | None = None):
     """The shared backend for ``model`` (default: the embedded one), loaded on first use."""
     from .inference.lazy import model_backend
 
-    return model_backend(model)
+    return model_backend(model, **(model_options or {}))
 
 
 # --- compile and cache -------------------------------------------------------------------

@@ -76,7 +76,9 @@ class _DefaultModel:
 
 
 #: ``backend=DEFAULT_MODEL`` (the default): the process's shared backend for
-#: ``model`` (a GGUF path; None means the embedded model), loaded on first use.
+#: ``model`` (a GGUF path, or ``hf:ORG/REPO[:FILE_OR_QUANT]`` from the Hugging
+#: Face cache; None means the embedded model) with ``model_options`` for the
+#: engine (``{"loras": {"name": "adapter.gguf"}}``), loaded on first use.
 #: Pass ``backend=None`` for a job with no model at all.
 DEFAULT_MODEL = _DefaultModel()
 
@@ -86,7 +88,7 @@ class Job:
 
     def __init__(self, guest: "GuestSource | bytes | str | os.PathLike", *, input: Any = None,
                  read: Iterable[str | os.PathLike] = (), backend: Backend | None | _DefaultModel = DEFAULT_MODEL,
-                 model: str | os.PathLike | None = None,
+                 model: str | os.PathLike | None = None, model_options: dict | None = None,
                  limits: Limits | None = None, input_bytes: bytes = b"",
                  infer: InferOptions | None = None, runs_dir: str | os.PathLike | None = None,
                  cwd: str | os.PathLike | None = None, name: str | None = None, fetch: Iterable[str] = (),
@@ -104,7 +106,7 @@ class Job:
         if backend is DEFAULT_MODEL:
             from .inference.lazy import model_backend
 
-            backend = model_backend(model)
+            backend = model_backend(model, **(model_options or {}))
         self.backend = backend
         self.run_dir = Path(runs_dir if runs_dir is not None else default_runs_dir()) / self.id
         self.stream = EventStream(self.id, self.run_dir, max_bytes=self.limits.max_event_bytes)

@@ -41,6 +41,7 @@ from traitlets.config import Configurable
 
 from . import options as job_options
 from .compile import CompileError, GuestSource, cache_dir, cache_usage, clear_cache
+from .inference.base import ModelError
 from .inference.lazy import model_backend
 from .abi import Envelope
 from .history import RunError
@@ -78,7 +79,10 @@ class TensorJob(Magics, JobSettings):
         if guest.warnings:
             print(guest.warnings, file=sys.stderr)
         kwargs = options.job_kwargs()
-        return Job(guest, backend=model_backend(kwargs.pop("model")), **kwargs)
+        try:
+            return Job(guest, backend=model_backend(kwargs.pop("model"), **kwargs.pop("model_options")), **kwargs)
+        except ModelError as e:  # a hf: model that cannot be found or fetched
+            raise UsageError(f"--model {options.model}: {e}") from None
 
     # -- running and showing --------------------------------------------------------------
 

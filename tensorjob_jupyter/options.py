@@ -24,6 +24,7 @@ way:
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -34,6 +35,7 @@ from typing import Any, Mapping
 
 from . import limits as limits_table
 from .abi import checked_value
+from .inference.base import DEFAULT_REPEAT_PENALTY
 from .limits import BYTES, COUNT, SECONDS, Limits
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
@@ -85,7 +87,7 @@ class Option:
     flag: str
     help: str
     metavar: str | None = None
-    kind: str = "text"  # text, path, paths, json, switch, float, int, flags, or a limit unit
+    kind: str = "text"  # text, path, paths, loras, json, switch, onoff, float, int, flags, or a limit unit
     trait: str | None = None  # the TensorJob traitlet that gives its default, if any
     one_job: bool = False  # only where one job runs (a map's inputs come from its manifest)
 
@@ -101,11 +103,20 @@ OPTIONS: tuple[Option, ...] = (
     Option("input", "--input", "the job input: a JSON value (in a notebook also $name, a variable)", "JSON",
            "json", one_job=True),
     Option("input_file", "--input-file", "stage F's bytes for the guest's wasi:tensor read-input", "F", "path"),
-    Option("model", "--model", "a GGUF model file (default: the embedded SmolLM2-135M-Instruct)", "PATH", "path",
-           trait="model_path"),
-    Option("chat", "--chat", "apply the model's chat template to each prompt", kind="switch", trait="chat"),
+    Option("model", "--model", "a GGUF model file, or a Hugging Face model hf:ORG/REPO[:FILE_OR_QUANT] (from its "
+           "cache, else downloaded; default: the embedded SmolLM2-135M-Instruct)", "PATH", "path", trait="model_path"),
+    Option("chat", "--chat", "apply the model's chat template to each prompt (--no-chat: send raw text; default: "
+           "the template when the model has one)", kind="onoff", trait="chat"),
     Option("temperature", "--temperature", "sampling temperature (0: greedy)", "T", "float", trait="temperature"),
+    Option("top_p", "--top-p", "sample among the likeliest tokens whose probabilities add up to P (1: all of them)",
+           "P", "float", trait="top_p"),
+    Option("repeat_penalty", "--repeat-penalty", "penalise tokens repeated from the last 64 (1: off)", "R", "float",
+           trait="repeat_penalty"),
     Option("seed", "--seed", "sampling seed", "N", "int", trait="seed"),
+    Option("lora", "--lora", "load a LoRA adapter (GGUF) and apply it to every infer at SCALE (default 1); "
+           "repeatable", "NAME=PATH[:SCALE]", "loras", trait="lora"),
+    Option("no_prompt_cache", "--no-prompt-cache", "evaluate every prompt afresh instead of reusing the KV cache of "
+           "an earlier prompt with the same beginning", kind="switch", trait="no_prompt_cache"),
     Option("runs", "--runs", "where job transcripts go (default $TENSORJOB_RUNS or ~/.tensorjob/runs; a map's "
            "go under its run folder)", "DIR", trait="runs_dir"),
     Option("cflags", "--cflags", "extra flags for the C compiler (zig cc), as one argument: "
@@ -133,7 +144,10 @@ def add_job_arguments(parser, *, one_job: bool = True) -> None:
         target = groups[opt.is_limit]
         if opt.kind == "switch":
             target.add_argument(opt.flag, dest=opt.name, action="store_true", default=None, help=opt.help)
-        elif opt.kind == "paths":
+        elif opt.kind == "onoff":
+            target.add_argument(opt.flag, dest=opt.name, action=argparse.BooleanOptionalAction, default=None,
+                                help=opt.help)
+        elif opt.kind in ("paths", "loras"):
             target.add_argument(opt.flag, dest=opt.name, action="append", default=None, metavar=opt.metavar,
                                 help=opt.help)
         else:
@@ -153,7 +167,7 @@ def job_arguments(one_job: bool = True):
 
 def traitlets() -> dict[str, Any]:
     """A configurable traitlet for every option that has one, named by ``Option.trait``."""
-    from traitlets import Bool, Float, Int, Unicode
+    from traitlets import Bool, Float, Int, List, Unicode
 
     defaults = JobOptions()
     out: dict[str, Any] = {}
@@ -166,6 +180,10 @@ def traitlets() -> dict[str, Any]:
             trait = (Float if opt.kind == SECONDS else Int)(default, allow_none=optional, help=opt.help)
         elif opt.kind == "switch":
             trait = Bool(False, help=opt.help)
+        elif opt.kind == "onoff":
+            trait = Bool(None, allow_none=True, help=opt.help + " (None: the default)")
+        elif opt.kind == "loras":
+            trait = List(Unicode(), help=opt.help)
         elif opt.kind == "float":
             trait = Float(getattr(defaults, opt.name), help=opt.help)
         elif opt.kind == "int":
@@ -188,9 +206,13 @@ class JobOptions:
     input: Any = None
     input_file: str | None = None
     model: str | None = None
-    chat: bool = False
+    chat: bool | None = None  # None: the model's chat template when it has one
     temperature: float = 0.0
+    top_p: float = 1.0
+    repeat_penalty: float = DEFAULT_REPEAT_PENALTY
     seed: int = 0
+    lora: tuple[str, ...] = ()  # NAME=PATH[:SCALE], as given
+    no_prompt_cache: bool = False
     runs: str | None = None
     cflags: tuple[str, ...] = ()
     zigflags: tuple[str, ...] = ()
@@ -210,6 +232,8 @@ class JobOptions:
                 limit_values[opt.name] = None if value == 0 and opt.name in limits_table.OPTIONAL else value
             elif opt.kind == "flags":
                 values[opt.name] = tuple(shlex.split(value))
+            elif opt.kind == "loras":
+                values[opt.name] = tuple(value)
             elif value != "" or opt.kind not in ("text", "path"):
                 values[opt.name] = value
         try:
@@ -242,8 +266,25 @@ class JobOptions:
                 raise OptionError(f"--read {path}: no such file or directory")
         if self.input_file is not None and not os.path.isfile(self.input_file):
             raise OptionError(f"--input-file {self.input_file}: no such file")
-        if local_model and self.model is not None and not os.path.isfile(self.model):
+        from .inference import hub
+
+        if self.model is not None and hub.is_hf_ref(self.model):
+            try:
+                hub.parse_ref(self.model)
+            except ValueError as e:
+                raise OptionError(f"--model: {e}") from None
+        elif local_model and self.model is not None and not os.path.isfile(self.model):
             raise OptionError(f"--model {self.model}: model file not found")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.repeat_penalty <= 0:
+            flag, value = (("--temperature", self.temperature) if self.temperature < 0 else
+                           ("--top-p", self.top_p) if not 0 < self.top_p <= 1 else
+                           ("--repeat-penalty", self.repeat_penalty))
+            rule = {"--temperature": "at least 0", "--top-p": "over 0 and at most 1",
+                    "--repeat-penalty": "over 0"}[flag]
+            raise OptionError(f"{flag} {value}: must be {rule}")
+        if not 0 <= self.seed < 2**32:
+            raise OptionError(f"--seed {self.seed}: must be 0 to 4294967295")
+        self.loras(local_model=local_model)
         from .web import FetchGrants
 
         try:
@@ -261,11 +302,40 @@ class JobOptions:
         except OSError as e:
             raise OptionError(f"--input-file {self.input_file}: {e.strerror}") from None
 
+    def loras(self, *, local_model: bool = True) -> dict[str, tuple[str, float]]:
+        """``--lora`` as {name: (absolute path, scale)}; ``OptionError`` names a bad one."""
+        out: dict[str, tuple[str, float]] = {}
+        for spec in self.lora:
+            name, eq, rest = spec.partition("=")
+            path, scale = rest, 1.0
+            head, colon, tail = rest.rpartition(":")
+            if colon and head:
+                try:
+                    path, scale = head, float(tail)
+                except ValueError:
+                    path, scale = rest, 1.0
+            if not eq or not name.strip() or not path:
+                raise OptionError(f"--lora {spec}: expected NAME=PATH or NAME=PATH:SCALE")
+            if name in out:
+                raise OptionError(f"--lora {spec}: two adapters are named {name!r}")
+            if local_model and not os.path.isfile(path):
+                raise OptionError(f"--lora {spec}: adapter file not found")
+            out[name.strip()] = (os.path.abspath(path), scale)
+        return out
+
     def infer_options(self):
-        from .inference.base import Sampler
+        from .inference.base import LoraChoice, Sampler
         from .runner import InferOptions
 
-        return InferOptions(sampler=Sampler(temperature=self.temperature, seed=self.seed), chat=self.chat)
+        sampler = Sampler(temperature=self.temperature, top_p=self.top_p, repeat_penalty=self.repeat_penalty,
+                          seed=self.seed)
+        lora = tuple(LoraChoice(name, scale) for name, (_path, scale) in self.loras(local_model=False).items())
+        return InferOptions(sampler=sampler, chat=self.chat, cache_prompt=not self.no_prompt_cache, lora=lora)
+
+    def model_options(self) -> dict[str, Any]:
+        """Engine options for the model (``get_backend``): the adapters ``--lora`` loads."""
+        loras = self.loras(local_model=False)
+        return {"loras": {name: path for name, (path, _scale) in loras.items()}} if loras else {}
 
     def guest(self, path: str | os.PathLike):
         """The guest file, loaded or compiled with these options' flags."""
@@ -276,13 +346,14 @@ class JobOptions:
     def job_kwargs(self) -> dict[str, Any]:
         """Keywords for ``Job`` (and ``run``)."""
         return {"input": self.input, "read": list(self.read), "fetch": list(self.fetch), "model": self.model,
-                "limits": self.limits, "input_bytes": self.input_bytes(), "infer": self.infer_options(),
-                "runs_dir": self.runs}
+                "model_options": self.model_options(), "limits": self.limits, "input_bytes": self.input_bytes(),
+                "infer": self.infer_options(), "runs_dir": self.runs}
 
     def map_kwargs(self) -> dict[str, Any]:
         """Keywords for ``start_map`` (and ``map``)."""
-        return {"read": list(self.read), "fetch": list(self.fetch), "model": self.model, "limits": self.limits,
-                "input_bytes": self.input_bytes(), "infer": self.infer_options(), "runs_dir": self.runs}
+        return {"read": list(self.read), "fetch": list(self.fetch), "model": self.model,
+                "model_options": self.model_options(), "limits": self.limits, "input_bytes": self.input_bytes(),
+                "infer": self.infer_options(), "runs_dir": self.runs}
 
 
 def _unquote(text: str) -> str:
@@ -305,9 +376,9 @@ def _read(opt: Option, text: Any, variables: Mapping[str, Any] | None) -> Any:
                 raise OptionError(f"{opt.flag}: {e}") from None
             limits_table.check(opt.name, value)
             return value
-        if opt.kind == "paths":
+        if opt.kind in ("paths", "loras"):
             return tuple(text)
-        if opt.kind == "switch":
+        if opt.kind in ("switch", "onoff"):
             return bool(text)
         if opt.kind == "float":
             return float(text)

@@ -182,7 +182,7 @@ def recorded_infer_options(recording: Recording) -> InferOptions:
     return InferOptions(sampler=Sampler(**known), cache_prompt=bool(obj.get("cache_prompt", True)),
                         lora=tuple(LoraChoice(str(c["name"]), float(c.get("scale", 1.0)))
                                    for c in obj.get("lora") or ()),
-                        chat=bool(obj.get("chat", False)))
+                        chat=obj.get("chat") if isinstance(obj.get("chat"), bool) else None)
 
 
 def recorded_read(recording: Recording) -> list[str]:
@@ -200,6 +200,10 @@ def recorded_cwd(recording: Recording) -> str | None:
 def _sampling(options: InferOptions) -> dict:
     return {"sampler": options.sampler.to_json(), "chat": options.chat,
             "lora": [{"name": c.name, "scale": c.scale} for c in options.lora]}
+
+
+#: The job options that change how the model is asked (given anew, they replace the run's own).
+SAMPLING_OPTIONS = frozenset({"temperature", "top_p", "repeat_penalty", "seed", "chat", "lora", "no_prompt_cache"})
 
 
 def options_for(recording: Recording, args: Any, *, defaults: Any = None,
@@ -220,12 +224,14 @@ def options_for(recording: Recording, args: Any, *, defaults: Any = None,
     infer = recorded_infer_options(recording)
     base = JobOptions(read=tuple(read), fetch=tuple(recording.created.get("fetch") or ()),
                       input=recording.created.get("input"), limits=recorded_limits(recording),
-                      chat=infer.chat, temperature=infer.sampler.temperature, seed=infer.sampler.seed,
+                      chat=infer.chat, temperature=infer.sampler.temperature, top_p=infer.sampler.top_p,
+                      repeat_penalty=infer.sampler.repeat_penalty, seed=infer.sampler.seed,
+                      no_prompt_cache=not infer.cache_prompt,
                       runs=defaults.runs, model=defaults.model, cflags=defaults.cflags, zigflags=defaults.zigflags)
     options = JobOptions.from_args(args, defaults=base, variables=variables)
     return {"input": options.input, "read": list(options.read), "fetch": list(options.fetch),
             "limits": options.limits, "runs_dir": options.runs, "model": options.model,
-            "infer": options.infer_options() if given & {"temperature", "seed", "chat"} else RECORDED,
+            "infer": options.infer_options() if given & SAMPLING_OPTIONS else RECORDED,
             "input_bytes": options.input_bytes() if options.input_file is not None else None}, options
 
 

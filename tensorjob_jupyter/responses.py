@@ -21,6 +21,16 @@ and the ``error`` event before it carries this project's own code. Text
 events carry ``item_id``, nullable fields are present as ``null``, usage
 includes ``input_tokens_details`` -- the spec's shape, not a subset.
 
+When the model calls a tool (``tools`` in the infer), the output item is a
+``function_call`` instead of a message: ``response.output_item.added`` (with
+its ``name`` and ``call_id``, as soon as the model has written the name),
+``response.function_call_arguments.delta`` as the arguments grow,
+``response.function_call_arguments.done``, ``response.output_item.done``.
+The response object reports what the infer asked for and ran with: ``text``
+(its format), ``tools``, ``tool_choice``, ``temperature``, ``top_p``, and
+this project's ``sampler`` (every sampling setting, seed and stop strings
+included).
+
 The events are published on the job's stream, so their ``sequence_number``
 counts across the whole job rather than restarting per response. Beside the
 spec's fields, ``response.created`` carries ``infer_index`` and the guest's
@@ -46,7 +56,8 @@ class ResponseStream:
     """Publishes one infer's Open Responses events on a job's stream."""
 
     def __init__(self, stream: EventStream, *, model: str, max_output_tokens: int,
-                 temperature: float | None = None, top_p: float | None = None, index: int = 0):
+                 temperature: float | None = None, top_p: float | None = None, index: int = 0,
+                 output: dict | None = None, sampler: dict | None = None):
         self.stream = stream
         self.id = _id("resp")
         self.item_id = _id("msg")
@@ -55,9 +66,21 @@ class ResponseStream:
         self.max_output_tokens = max_output_tokens
         self.temperature = temperature
         self.top_p = top_p
+        #: ``text``, ``tools`` and ``tool_choice`` as the response object reports them.
+        self.output = output or {"text": {"format": {"type": "text"}}, "tools": [], "tool_choice": "none"}
+        self.sampler = sampler
         self.created_at = int(time.time())
         self.text_parts: list[str] = []
         self._opened = False
+        # a function_call item, once the model has named the function
+        self.call_name: str | None = None
+        self.call_id: str | None = None
+        self.call_item_id: str | None = None
+        self.call_parts: list[str] = []
+
+    @property
+    def call_open(self) -> bool:
+        return self.call_name is not None
 
     # -- snapshots ------------------------------------------------------------------
 
@@ -76,15 +99,20 @@ class ResponseStream:
             "id": self.id, "object": "response", "created_at": self.created_at,
             "completed_at": completed_at, "status": status, "incomplete_details": incomplete,
             "model": self.model, "previous_response_id": None, "instructions": None,
-            "output": output or [], "error": error, "tools": [], "tool_choice": "none",
-            "truncation": "disabled", "parallel_tool_calls": False,
-            "text": {"format": {"type": "text"}}, "top_p": self.top_p,
+            "output": output or [], "error": error, "tools": self.output["tools"],
+            "tool_choice": self.output["tool_choice"], "truncation": "disabled", "parallel_tool_calls": False,
+            "text": self.output["text"], "top_p": self.top_p,
             "presence_penalty": 0.0, "frequency_penalty": 0.0, "top_logprobs": 0,
             "temperature": self.temperature, "reasoning": None, "usage": usage,
             "max_output_tokens": self.max_output_tokens, "max_tool_calls": None,
             "store": False, "background": False, "service_tier": "default", "metadata": {},
             "safety_identifier": None, "prompt_cache_key": None,
+            **({"sampler": self.sampler} if self.sampler is not None else {}),
         }
+
+    def _call_item(self, status: str, arguments: str) -> dict:
+        return {"type": "function_call", "id": self.call_item_id, "call_id": self.call_id, "name": self.call_name,
+                "arguments": arguments, "status": status}
 
     @staticmethod
     def usage_json(input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict:
@@ -121,7 +149,32 @@ class ResponseStream:
         self.stream.publish("response.output_text.delta", item_id=self.item_id, output_index=0,
                             content_index=0, delta=text, logprobs=[])
 
+    # -- a function call ------------------------------------------------------------
+
+    def open_call(self, name: str, call_id: str | None = None) -> None:
+        """The model has named the function it calls: the ``function_call`` item begins."""
+        if self.call_open:
+            return
+        self.call_name = name
+        self.call_id = call_id or f"call_{uuid.uuid4().hex[:24]}"
+        self.call_item_id = _id("fc")
+        self.stream.publish("response.output_item.added", output_index=0, item=self._call_item("in_progress", ""))
+
+    def call_delta(self, delta: str) -> None:
+        self.call_parts.append(delta)
+        self.stream.publish("response.function_call_arguments.delta", item_id=self.call_item_id, output_index=0,
+                            delta=delta)
+
+    def _close_call(self, arguments: str, status: str) -> dict:
+        self.stream.publish("response.function_call_arguments.done", item_id=self.call_item_id, output_index=0,
+                            arguments=arguments)
+        item = self._call_item(status, arguments)
+        self.stream.publish("response.output_item.done", output_index=0, item=item)
+        return item
+
     def _close_item(self, text: str, status: str) -> dict:
+        if self.call_open:
+            return self._close_call("".join(self.call_parts), status)
         self._open()
         self.stream.publish("response.output_text.done", item_id=self.item_id, output_index=0,
                             content_index=0, text=text, logprobs=[])
@@ -143,14 +196,17 @@ class ResponseStream:
         item = self._close_item(text, item_status)
         resource = self._resource(status, output=[item], usage=usage, completed_at=int(time.time()),
                                   incomplete=incomplete)
-        resource["output_text"] = text
+        resource["output_text"] = "" if self.call_open else text
         kind = "completed" if status == "completed" else "incomplete"
         self.stream.publish(f"response.{kind}", response=resource, finish_reason=reason, **(extra or {}))
 
     def fail(self, message: str, *, code: str | None = None, error_type: str = "model_error") -> None:
         """The model failed: an ``error`` event (with this project's code), then ``response.failed``."""
         self.stream.publish("error", code=code, message=message, param=None, error_type=error_type)
-        output = [self._item("incomplete", "".join(self.text_parts))] if self._opened else []
+        if self.call_open:
+            output = [self._call_item("incomplete", "".join(self.call_parts))]
+        else:
+            output = [self._item("incomplete", "".join(self.text_parts))] if self._opened else []
         spec_code = "rate_limit_exceeded" if error_type == "too_many_requests" else "server_error"
         self.stream.publish("response.failed", finish_reason="error",
                             response=self._resource("failed", output=output,

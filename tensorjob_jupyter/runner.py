@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import dataclasses
 import logging
 import queue
 import threading
@@ -46,11 +47,12 @@ from .documents import DocumentError, JobDocuments
 from .events import EventBudgetExceeded, EventStream, TranscriptError
 from .files import Handles
 from .guest import Guest, GuestTrap
-from .inference.base import (FINISH_LENGTH, Backend, GenerateRequest, LoraChoice, ModelError, QueueFull,
-                             Sampler)
+from .inference.base import (DEFAULT_REPEAT_PENALTY, FINISH_LENGTH, Backend, ConstraintError, GenerateRequest,
+                             LoraChoice, ModelError, QueueFull, Sampler)
 from .limits import Limits
 from .responses import ResponseStream
 from .streaming import StreamingHost
+from .structured import OutputRouter, OutputSpec, SchemaError
 from .web import FetchError, FetchGrants, fetch_url
 
 PREVIEW_CHARS = 512
@@ -96,12 +98,19 @@ def _clip(text: str, limit: int) -> str:
 
 @dataclass(frozen=True)
 class InferOptions:
-    """How this job's ``infer`` commands are sent to the model."""
+    """How this job's ``infer`` commands are sent to the model.
 
-    sampler: Sampler = field(default_factory=Sampler)
+    The defaults: greedy decoding (temperature 0, seed 0) with a mild
+    repetition penalty (``DEFAULT_REPEAT_PENALTY``), the prompt cache on, no
+    adapter, and ``chat=None``: the model's chat template when it has one
+    (instruct models do), raw text otherwise. An ``infer`` may set its own
+    sampling (``temperature``, ``top_p``, ... ``stop``) over these.
+    """
+
+    sampler: Sampler = field(default_factory=lambda: Sampler(repeat_penalty=DEFAULT_REPEAT_PENALTY))
     cache_prompt: bool = True
     lora: tuple[LoraChoice, ...] = ()
-    chat: bool = False
+    chat: bool | None = None
 
     def to_json(self) -> dict:
         return {"sampler": self.sampler.to_json(), "cache_prompt": self.cache_prompt,
@@ -439,11 +448,18 @@ class Reactor:
                          f"the job's token budget of {self.limits.max_tokens} tokens is spent (max_tokens)")
         max_tokens = min(cmd.max_tokens, remaining)
         opts = self.infer_options
+        try:
+            spec = OutputSpec.of(cmd)  # a schema the grammar cannot enforce ends here, before any token
+        except SchemaError as e:
+            raise JobEnd(codes.SCHEMA_VALIDATION_FAILED, f"infer: {e}") from None
+        sampler = dataclasses.replace(opts.sampler, **cmd.sampling())
         response = ResponseStream(self.stream, model=backend.model_name, max_output_tokens=max_tokens,
-                                  temperature=opts.sampler.temperature, top_p=opts.sampler.top_p,
-                                  index=self.stats.infers)
+                                  temperature=sampler.temperature, top_p=sampler.top_p,
+                                  index=self.stats.infers, output=spec.response_fields(),
+                                  sampler=sampler.to_json())
         self.stats.infers += 1
         response.start(command=cmd.to_json())  # the request as the guest sent it, for replay
+        router = OutputRouter(spec, response)
         tokens: queue.SimpleQueue = queue.SimpleQueue()
         stop = threading.Event()
         # The decoder may run at most one token ahead of the guest, so
@@ -464,7 +480,8 @@ class Reactor:
             tokens.put((piece, took))
             return not stop.is_set() and not self.cancel.is_set()
 
-        request = GenerateRequest(cmd.prompt, max_tokens, opts.sampler, opts.cache_prompt, opts.lora, opts.chat)
+        request = GenerateRequest(cmd.prompt, max_tokens, sampler, opts.cache_prompt, opts.lora, opts.chat,
+                                  constraint=spec.constraint, system=spec.system)
         try:
             fut = backend.generate_stream(request, on_token)
         except QueueFull as e:
@@ -495,7 +512,7 @@ class Reactor:
                 if item is _END_OF_TOKENS:
                     break
                 piece, took_credit = item
-                response.delta(piece)
+                router.delta(piece)
                 if not guest_stopped:
                     try:
                         keep = self.guest.on_token(piece)
@@ -517,6 +534,9 @@ class Reactor:
             result = fut.result()
         except CancelledError:
             raise JobEnd(codes.CANCELLED, "cancelled during inference") from None
+        except ConstraintError as e:  # llama.cpp refused the grammar: before any token
+            response.fail(str(e), code=codes.SCHEMA_VALIDATION_FAILED, error_type="invalid_request")
+            raise JobEnd(codes.SCHEMA_VALIDATION_FAILED, f"infer: {e}") from None
         except Exception as e:  # ModelError, or anything the engine raised
             response.fail(str(e), code=codes.MODEL_LOAD_FAILED)
             raise JobEnd(codes.MODEL_LOAD_FAILED, str(e)) from None
@@ -525,12 +545,27 @@ class Reactor:
         self.usage.tokens_in += u.prompt_tokens
         self.usage.tokens_out += u.completion_tokens
         reason = "guest_stop" if guest_stopped else ("length" if result.finish_reason == FINISH_LENGTH else "stop")
-        response.finish(result.text, usage=response.usage_json(u.prompt_tokens, u.completion_tokens,
-                                                               u.cached_tokens),
-                        reason=reason, extra={"timing": {"time_to_first_token_s": u.time_to_first_token_s,
-                                                         "tokens_per_second": u.tokens_per_second},
-                                              "guest_stopped_after": stopped_after})
-        return abi.InferDone(result.text, u.completion_tokens)
+        usage = response.usage_json(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
+        extra = {"timing": {"time_to_first_token_s": u.time_to_first_token_s,
+                            "tokens_per_second": u.tokens_per_second}, "guest_stopped_after": stopped_after}
+        text, tool_calls = result.text, None
+        if reason == "stop" or (reason == "length" and not spec.constrained and not router.is_call):
+            try:
+                text, calls = spec.check(result.text, call_id=response.call_id)
+            except SchemaError as e:
+                response.fail(str(e), code=codes.SCHEMA_VALIDATION_FAILED)
+                raise JobEnd(codes.SCHEMA_VALIDATION_FAILED, f"infer: {e}") from None
+            tool_calls = tuple(c.to_json() for c in calls) if calls else None
+        elif router.is_call:
+            text = ""  # a call cut short (guest stop): no message, and no call to report
+        response.finish(text, usage=usage, reason=reason, extra=extra)
+        if reason == "length" and (spec.constrained or router.is_call):
+            what = "tool call" if router.is_call else "JSON"
+            raise JobEnd(codes.LIMIT_EXCEEDED,
+                         f"infer: the output reached its token limit ({max_tokens} tokens: the infer's max_tokens or "
+                         f"what is left of the job's max_tokens) before the {what} was complete, so it would not "
+                         f"parse; raise max_tokens, or bound the schema (maxLength, maxItems)")
+        return abi.InferDone(text, u.completion_tokens, tool_calls)
 
 
 def internal_error(job_id: str, e: BaseException) -> JobError:

@@ -44,6 +44,9 @@ def test_the_package_carries_the_model_and_the_notebook_machinery():
 
 def test_the_notebooks_import_only_what_binder_installs():
     allowed = set(sys.stdlib_module_names) | {"tensorjob_jupyter"}
+    # the package's own dependencies come with it (postBuild installs it); those notebooks may import
+    deps = requirement_names(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+    allowed |= {name.replace("-", "_") for name in deps}  # (import names where they match the distribution)
     if re.search(r"pip install .*-e \"?\.\[[^]]*dask", (BINDER / "postBuild").read_text()):
         allowed |= {"dask", "distributed"}  # the package's dask extra
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):

@@ -53,6 +53,7 @@ def world(tmp_path):
     (tmp_path / "docs" / "a.txt").write_text("hello")
     (tmp_path / "staged.bin").write_bytes(b"staged bytes")
     (tmp_path / "other.gguf").write_bytes(b"GGUF not loaded unless a job infers")
+    (tmp_path / "style.gguf").write_bytes(b"GGUF an adapter, not loaded unless a job infers")
     (tmp_path / "guest.c").write_text(GUEST_C)
     (tmp_path / "m.jsonl").write_text('{"i": 0}\n')
     return tmp_path
@@ -62,6 +63,8 @@ def flags(world, *, one_job: bool = True) -> list[str]:
     """Every option, as flags, each with a value other than its default."""
     argv = ["--read", str(world / "docs"), "--fetch", "http://127.0.0.1:9/docs", "--input-file", str(world / "staged.bin"),
             "--model", str(world / "other.gguf"), "--chat", "--temperature", "0.25", "--seed", "7",
+            "--top-p", "0.5", "--repeat-penalty", "1.3", "--lora", f"style={world / 'style.gguf'}:0.5",
+            "--no-prompt-cache",
             "--runs", str(world / "runs"), "--cflags=-DANSWER=42", "--zigflags=-fno-strip", "--force"]
     if one_job:
         argv += ["--input", '{"x": [1, "two"]}']
@@ -87,7 +90,11 @@ def check_created(created: dict, world, *, one_job: bool = True) -> None:
     assert created["input_bytes"] == {"bytes": 12, "sha256": hashlib.sha256(b"staged bytes").hexdigest()}
     assert created["model"] == "other"
     assert created["infer"]["chat"] is True
-    assert created["infer"]["sampler"]["temperature"] == 0.25 and created["infer"]["sampler"]["seed"] == 7
+    sampler = created["infer"]["sampler"]
+    assert sampler["temperature"] == 0.25 and sampler["seed"] == 7
+    assert sampler["top_p"] == 0.5 and sampler["repeat_penalty"] == 1.3
+    assert created["infer"]["lora"] == [{"name": "style", "scale": 0.5}]
+    assert created["infer"]["cache_prompt"] is False
     if one_job:
         assert created["input"] == {"x": [1, "two"]}
 
@@ -165,7 +172,8 @@ def test_traitlets_give_the_defaults_and_flags_override_them(ip, world, monkeypa
 def test_every_option_as_a_python_keyword(world, monkeypatch):
     monkeypatch.chdir(world)
     options = JobOptions(read=(str(world / "docs"),), fetch=("http://127.0.0.1:9/docs",), input={"x": [1, "two"]}, input_file=str(world / "staged.bin"),
-                         model=str(world / "other.gguf"), chat=True, temperature=0.25, seed=7,
+                         model=str(world / "other.gguf"), chat=True, temperature=0.25, seed=7, top_p=0.5,
+                         repeat_penalty=1.3, lora=(f"style={world / 'style.gguf'}:0.5",), no_prompt_cache=True,
                          runs=str(world / "runs"), cflags=("-DANSWER=42",), limits=tj.Limits(**LIMITS))
     envelope = tj.run(options.guest(world / "guest.c"), **options.job_kwargs())
     assert envelope.result == {"answer": 42}
@@ -195,6 +203,11 @@ def test_an_unknown_keyword_names_the_limits():
     ("--input", '"\\ud800"', "not valid Unicode"),
     ("--read", "/no/such", "--read /no/such: no such file or directory"),
     ("--model", "/no/model.gguf", "--model /no/model.gguf: model file not found"),
+    ("--model", "hf:nope", "--model: 'hf:nope': the repository must be ORG/REPO"),
+    ("--top-p", "0", "--top-p 0.0: must be over 0 and at most 1"),
+    ("--temperature", "-1", "--temperature -1.0: must be at least 0"),
+    ("--lora", "nonsense", "--lora nonsense: expected NAME=PATH or NAME=PATH:SCALE"),
+    ("--lora", "a=/no/adapter.gguf", "--lora a=/no/adapter.gguf: adapter file not found"),
 ])
 def test_a_bad_option_is_the_same_one_line_everywhere(ip, world, monkeypatch, flag, value, message):
     monkeypatch.chdir(world)

@@ -498,7 +498,7 @@ def test_prune_never_removes_a_running_job_of_this_process():
 def test_show_prints_exactly_what_run_printed(monkeypatch, guest_with_everything):
     import tensorjob_jupyter.cli as cli
 
-    monkeypatch.setattr(cli, "_backend", lambda model: ScriptedBackend(WORDS))
+    monkeypatch.setattr(cli, "_backend", lambda model, model_options=None: ScriptedBackend(WORDS))
     code, out, err = run_cli("run", guest_with_everything)
     run_id = list_runs()[0].id
     shown = run_cli("show", run_id)

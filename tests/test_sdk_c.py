@@ -194,6 +194,10 @@ def test_iteration_over_objects_and_arrays(guest):
 
 EXACT = [
     ({"cmd": "infer", "s": "hi"}, b'{"cmd":"infer","prompt":"hi","max_tokens":32,"images":[]}'),
+    ({"cmd": "infer_with", "s": "hi", "options": {"format": {"type": "json_object"}, "temperature": 0.5}},
+     b'{"cmd":"infer","prompt":"hi","max_tokens":16,"images":[],"format":{"type":"json_object"},"temperature":0.5}'),
+    ({"cmd": "infer_with", "s": "hi", "options": {}}, b'{"cmd":"infer","prompt":"hi","max_tokens":16,"images":[]}'),
+    ({"cmd": "infer_with", "s": "hi"}, b'{"cmd":"infer","prompt":"hi","max_tokens":16,"images":[]}'),
     ({"cmd": "infer_images", "s": 'a "q"'},
      b'{"cmd":"infer","prompt":"a \\"q\\"","max_tokens":0,"images":[1,4294967295]}'),
     ({"cmd": "open", "s": "dir/ä.txt"}, '{"cmd":"open","path":"dir/ä.txt"}'.encode()),
@@ -263,7 +267,10 @@ def test_events_are_parsed_whatever_the_key_order_and_whitespace(guest):
     assert (ev["type"], ev["bytes_hex"], ev["next_offset"]) == (4, data.hex(), 256)
 
     ev = emitted(guest.step({"event": "infer_done", "text": "a \"b\"\n", "tokens_out": 4294967295}))
-    assert (ev["type"], ev["text"], ev["tokens_out"]) == (1, 'a "b"\n', 2**32 - 1)
+    assert (ev["type"], ev["text"], ev["tokens_out"], ev["tool_calls"]) == (1, 'a "b"\n', 2**32 - 1, None)
+    calls = [{"call_id": "call_1", "name": "add", "arguments": '{"a": 1}'}]
+    ev = emitted(guest.step({"event": "infer_done", "text": "", "tokens_out": 3, "tool_calls": calls}))
+    assert (ev["type"], ev["text"], ev["tool_calls"]) == (1, "", calls)
 
     ev = emitted(guest.step({"event": "embedded", "vectors": [[0.5, -0.25, 1e-3], [2.5e1, 0, -1E+1]]}))
     assert (ev["type"], ev["vectors"], ev["dims"]) == (5, 2, 6)

@@ -58,6 +58,9 @@ def test_invalid_utf8_is_replaced_wherever_it_sits(guest):
 
 EXACT = [
     ({"cmd": "infer", "s": "hi"}, b'{"cmd":"infer","prompt":"hi","max_tokens":32,"images":[]}'),
+    ({"cmd": "infer_with", "s": "hi"},
+     b'{"cmd":"infer","prompt":"hi","max_tokens":16,"images":[],"format":{"type":"text"},'
+     b'"tool_choice":"none","temperature":0.5,"seed":3,"stop":["x","y"]}'),
     ({"cmd": "infer_images", "s": 'a "q"'},
      b'{"cmd":"infer","prompt":"a \\"q\\"","max_tokens":0,"images":[1,4294967295]}'),
     ({"cmd": "open", "s": "dir/ä.txt"}, '{"cmd":"open","path":"dir/ä.txt"}'.encode()),
@@ -107,7 +110,10 @@ def test_events_are_parsed_into_the_tagged_union(guest):
     assert (ev["bytes_hex"], ev["next_offset"]) == (data.hex(), 256)
 
     ev = emitted(guest.step({"event": "infer_done", "text": 'a "b"\n', "tokens_out": 2**32 - 1}))
-    assert (ev["text"], ev["tokens_out"]) == ('a "b"\n', 2**32 - 1)
+    assert (ev["text"], ev["tokens_out"], ev["tool_calls"]) == ('a "b"\n', 2**32 - 1, [])
+    calls = [{"call_id": "call_1", "name": "add", "arguments": '{"a": 1}'}]
+    ev = emitted(guest.step({"event": "infer_done", "text": "", "tokens_out": 3, "tool_calls": calls}))
+    assert (ev["text"], ev["tool_calls"]) == ("", calls)
 
     ev = emitted(guest.step({"event": "embedded", "vectors": [[0.5, -0.25, 1e-3], [2.5e1, 0, -1e1]]}))
     assert (ev["vectors"], ev["dims"]) == (2, 6)

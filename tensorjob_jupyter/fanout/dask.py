@@ -36,7 +36,10 @@ no client at all on the workers. How the work is shaped, and why:
   mid-item the scheduler simply runs the item again elsewhere (up to
   ``distributed.scheduler.allowed-failures`` times; past that the item fails
   with ``worker_lost``), and anything already recorded stays recorded.
-  ``retries`` covers tasks that raised (a host bug).
+  If the dead worker held the last copy of the scattered spec, the items
+  that needed it come back cancelled: the spec is scattered again and they
+  are sent again (``RESUBMITS`` times at most). ``retries`` covers tasks
+  that raised (a host bug).
 - **Cancel reaches running items** without a scheduler round trip per poll:
   ``cancel`` marks the map cancelled in every worker process (``client.run``)
   and each running item checks that mark between waits; queued tasks are
@@ -66,6 +69,8 @@ from .errors import ClusterError
 from .items import WORKER_LOST, BackendSpec, ItemSpec, failed_outcome, process_backend, run_item
 
 WINDOW_REFRESH_S = 2.0
+#: Times an item is sent again after the cluster lost what it needed (not its own failures).
+RESUBMITS = 3
 #: How long to try to reach the scheduler before giving up with a ``ClusterError``.
 CONNECT_TIMEOUT_S = 5.0
 #: How long to wait for a first worker when the scheduler has none.
@@ -92,7 +97,8 @@ class DaskExecutor:
         self.where = f"dask {self.address}"
         self.lost = 0
         self._lock = threading.Lock()
-        self._in_flight: dict[str, tuple[int, Any]] = {}
+        self._in_flight: dict[str, tuple[int, Any, Any]] = {}
+        self._resubmits: dict[int, int] = {}
         self._spec_future = None
         self._window, self._window_at = 2, float("-inf")
         try:
@@ -120,10 +126,20 @@ class DaskExecutor:
         self._top_up(todo, sink, finished)
         for future in finished:
             with self._lock:
-                index, _ = self._in_flight.pop(future.key)
+                index, _, item = self._in_flight.pop(future.key)
+            if self._dropped(future, sink) and self._resubmits.get(index, 0) < RESUBMITS:
+                # The cluster lost what the task needed (a worker died holding the only copy
+                # of the scattered spec): send the spec again and run the item again.
+                future.release()
+                self._resubmits[index] = self._resubmits.get(index, 0) + 1
+                self._submit(index, item, finished)
+                continue
             sink.finished(self._outcome(future, index, sink))
             future.release()
             self._top_up(todo, sink, finished)
+
+    def _dropped(self, future, sink) -> bool:
+        return future.status == "cancelled" and not sink.cancelled
 
     def _top_up(self, todo, sink, finished) -> None:
         while len(self._in_flight) < self.window() and self._submit_next(todo, sink, finished):
@@ -139,14 +155,21 @@ class DaskExecutor:
         if step is None:
             return False
         index, item = step
+        sink.started(index)
+        self._submit(index, item, finished)
+        return True
+
+    def _submit(self, index: int, item: Any, finished) -> None:
+        if self._spec_future.status != "finished":  # lost with the workers that held it
+            self._spec_future.release()
+            self._spec_future = self.client.scatter(self.spec, broadcast=True, hash=False)
+        attempt = self._resubmits.get(index, 0)
         future = self.client.submit(dask_item, self._spec_future, index, item, self.token,
-                                    key=f"tensorjob-item-{self.token}-{index}", pure=False,
+                                    key=f"tensorjob-item-{self.token}-{index}-{attempt}", pure=False,
                                     retries=self.retries)
         with self._lock:
-            self._in_flight[future.key] = (index, future)
-        sink.started(index)
+            self._in_flight[future.key] = (index, future, item)
         finished.add(future)
-        return True
 
     def _outcome(self, future, index: int, sink) -> dict:
         if future.status == "finished":
@@ -164,7 +187,7 @@ class DaskExecutor:
             pass
         finally:
             with self._lock:
-                futures = [f for _, f in self._in_flight.values()]
+                futures = [f for _, f, _item in self._in_flight.values()]
             self.client.cancel(futures)
 
     def close(self) -> None:
@@ -272,6 +295,8 @@ def _problem(worker: str, report: Any, version: str, backend: BackendSpec) -> st
     if report.get("factory_error"):
         return f"worker {worker} cannot load the backend factory ({report['factory_error']})"
     if report.get("model_error"):
+        if backend.model is not None and backend.model.startswith("hf:"):
+            return f"worker {worker} cannot get the model {backend.model}: {report['model_error']}"
         if backend.model is not None:
             return (f"model file {backend.model} not found on worker {worker} "
                     f"(a --model path must exist on every worker)")
@@ -310,7 +335,14 @@ def _worker_probe():
             except Exception as e:  # noqa: BLE001
                 report["factory_error"] = f"{type(e).__name__}: {e}"
         if needs_model:
-            if model is not None:
+            if model is not None and model.startswith("hf:"):  # from the worker's Hugging Face cache, or fetched
+                try:
+                    from tensorjob_jupyter.inference.models import resolve_model_path
+
+                    report["model"] = str(resolve_model_path(model, progress=False))
+                except Exception as e:  # noqa: BLE001
+                    report["model_error"] = " ".join(str(e).split())
+            elif model is not None:
                 if not os.path.isfile(model):
                     report["model_error"] = f"no such file: {model}"
             else:

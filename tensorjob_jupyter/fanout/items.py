@@ -53,8 +53,12 @@ class BackendSpec:
            model_options: dict | None = None) -> "BackendSpec":
         if factory is not None:
             return cls(factory=factory, key="factory:" + _digest_of(factory))
-        model = os.path.abspath(model) if model is not None else None
-        options = tuple(sorted((model_options or {}).items()))
+        from ..inference.hub import is_hf_ref
+
+        model = os.path.abspath(model) if model is not None and not is_hf_ref(model) else model
+        # hashable: a dict option (loras={name: path}) as its sorted pairs, which get_backend reads alike
+        options = tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, dict) else v)
+                               for k, v in (model_options or {}).items()))
         return cls(model=model, model_options=options, key=f"model:{model or ''}:{options!r}")
 
     def build(self) -> Backend:

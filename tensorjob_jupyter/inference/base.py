@@ -32,6 +32,17 @@ class QueueFull(RuntimeError):
     """The worker's request queue is full; the request was not accepted."""
 
 
+class ConstraintError(ModelError):
+    """The engine cannot constrain decoding as asked (a grammar it refuses): ``schema_validation_failed``.
+
+    Raised before any token of the request is generated."""
+
+
+#: The repetition penalty a job uses unless told otherwise: mild, so a small
+#: model does not loop on its own sentences (``Sampler``'s own default is 1.0, off).
+DEFAULT_REPEAT_PENALTY = 1.1
+
+
 @dataclass(frozen=True)
 class Sampler:
     """Sampling settings; temperature 0 means greedy decoding."""
@@ -60,13 +71,36 @@ class LoraChoice:
 
 
 @dataclass(frozen=True)
+class Constraint:
+    """What the output must be, for an engine that can constrain decoding.
+
+    ``schema``: the canonical JSON text of a JSON Schema the whole output must
+    match (checked and normalised by the host: ``structured.py``). With
+    ``free_text`` the output may instead be plain text: the first token
+    decides -- one that begins with ``{`` binds the rest of the output to the
+    schema, any other first character frees it (text cannot begin with
+    whitespace or ``{``). That is how a model chooses between a tool call and
+    an answer (``tool_choice: "auto"``).
+    """
+
+    schema: str
+    free_text: bool = False
+
+
+@dataclass(frozen=True)
 class GenerateRequest:
     prompt: str
     max_tokens: int
     sampler: Sampler = field(default_factory=Sampler)
     cache_prompt: bool = True
     lora: tuple[LoraChoice, ...] = ()
-    chat: bool = False  # apply the model's chat template to the prompt
+    #: Apply the model's chat template to the prompt; None: when the model has one.
+    chat: bool | None = False
+    #: Constrained decoding (structured output, tool calls); None: free text.
+    constraint: Constraint | None = None
+    #: Instructions before the prompt (the tools a model may call): a system turn
+    #: in chat form, a paragraph before the prompt in raw form.
+    system: str | None = None
 
 
 @dataclass

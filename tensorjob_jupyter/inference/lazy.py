@@ -45,7 +45,16 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1"
 
 def model_backend(model_path: str | os.PathLike | None = None, **options) -> LazyBackend:
     """The process's shared backend for ``model_path`` (default: the embedded
-    model) and engine ``options``, loaded the first time a job infers or embeds."""
+    model) and engine ``options``, loaded the first time a job infers or embeds.
+
+    A Hugging Face reference (``hf:ORG/REPO[:FILE_OR_QUANT]``) is resolved now,
+    on the caller's thread -- from the cache, or downloaded with a progress bar
+    -- so the job names its file; a reference that cannot be resolved raises
+    ``ModelError`` here."""
+    from . import hub
+
+    if hub.is_hf_ref(model_path):
+        model_path = hub.resolve(str(model_path))
 
     def factory() -> Backend:
         from .models import get_backend

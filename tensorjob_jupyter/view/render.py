@@ -78,8 +78,18 @@ def tokens(state: ViewState) -> str:
     blocks = []
     for infer in state.infers:
         note = infer.status if infer.reason is None else f"{infer.status}: {infer.reason}"
-        blocks.append(f'<div style="color:{GREY};font-size:11px">infer {infer.index + 1} · {infer.tokens} tokens · '
-                      f'{for_html(note)}</div><pre class="tj-tokens" style="{PRE}">{for_html(infer.text)}</pre>')
+        kind = {"json": " · JSON", "call": " · tool call"}.get(infer.kind, "")
+        head = (f'<div style="color:{GREY};font-size:11px">infer {infer.index + 1}{kind} · {infer.tokens} tokens · '
+                f'{for_html(note)}</div>')
+        if infer.kind == "call":
+            head += (f'<div class="tj-call" style="font-family:monospace;font-size:12px">call '
+                     f'<b>{for_html(infer.call_name or "")}</b></div>')
+        if infer.has_value:  # a finished structured answer or call: its JSON as a tree
+            body = (f'<div class="tj-json" style="font-family:monospace;font-size:12px;line-height:1.4">'
+                    f'{json_tree(infer.value)}</div>')
+        else:
+            body = f'<pre class="tj-tokens" style="{PRE}">{for_html(infer.text)}</pre>'
+        blocks.append(head + body)
     return "".join(blocks)
 
 

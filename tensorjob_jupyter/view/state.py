@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import bisect
 import codecs
+import json
 import logging
 import math
 import time
@@ -97,6 +98,10 @@ class FileState:
         return sum(b - a for a, b in self.ranges)
 
 
+#: Structured output (a JSON format, a tool call's arguments) longer than this is not parsed for the tree.
+MAX_TREE_TEXT_CHARS = 64 * 1024
+
+
 @dataclass
 class InferState:
     index: int
@@ -105,6 +110,12 @@ class InferState:
     tokens: int = 0
     status: str = "running"
     reason: str | None = None
+    #: ``text``, ``json`` (the infer asked for a JSON format) or ``call`` (the model calls a tool)
+    kind: str = "text"
+    call_name: str | None = None
+    #: the parsed JSON of a finished structured answer or tool call, for the tree
+    value: Any = None
+    has_value: bool = False
 
     @property
     def text(self) -> str:
@@ -113,6 +124,15 @@ class InferState:
             self.parts = [text[-MAX_TEXT_CHARS:]]
             return "…" + self.parts[0]
         return text
+
+    def parse_value(self, text: str) -> None:
+        """Keep the JSON of a finished structured answer (or call's arguments), if it is small and parses."""
+        if self.kind == "text" or len(text) > MAX_TREE_TEXT_CHARS:
+            return
+        try:
+            self.value, self.has_value = json.loads(text), True
+        except ValueError:
+            pass
 
 
 class ViewState:
@@ -268,8 +288,28 @@ class ViewState:
         self.dirty.add("output")
 
     def _on_response_created(self, event: dict) -> None:
-        self.infers.append(InferState(len(self.infers)))
+        infer = InferState(len(self.infers))
+        text = (event.get("response") or {}).get("text") or {}
+        if isinstance(text, dict) and isinstance(text.get("format"), dict) and \
+                text["format"].get("type") in ("json_schema", "json_object"):
+            infer.kind = "json"
+        self.infers.append(infer)
         self.dirty.add("tokens")
+
+    def _on_response_output_item_added(self, event: dict) -> None:
+        item = event.get("item") or {}
+        if item.get("type") == "function_call" and self.infers:
+            infer = self.infers[-1]
+            infer.kind, infer.call_name, infer.parts = "call", str(item.get("name", "")), []
+            self.dirty.add("tokens")
+
+    def _on_response_function_call_arguments_delta(self, event: dict) -> None:
+        self._on_response_output_text_delta(event)
+
+    def _on_response_function_call_arguments_done(self, event: dict) -> None:
+        if self.infers and self.infers[-1].kind == "call":
+            self.infers[-1].parse_value(str(event.get("arguments", "")))
+            self.dirty.add("tokens")
 
     def _on_response_output_text_delta(self, event: dict) -> None:
         if not self.infers:
@@ -291,6 +331,8 @@ class ViewState:
     def _on_response_completed(self, event: dict) -> None:
         reason = event.get("finish_reason")
         self._finish_infer("completed", reason if reason not in (None, "stop") else None)
+        if self.infers and self.infers[-1].kind == "json" and reason != "guest_stop":
+            self.infers[-1].parse_value(str((event.get("response") or {}).get("output_text", "")))
 
     def _on_response_incomplete(self, event: dict) -> None:
         self._finish_infer(event["response"].get("status") or "incomplete", event.get("finish_reason"))

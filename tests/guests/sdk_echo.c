@@ -43,6 +43,7 @@ tj_cmd guest_init(tj_json input) {
             tj_kind(tj_get(input, "nested"))));
     }
     if (tj_eq(cmd, "infer")) return tj_infer(s, 32);
+    if (tj_eq(cmd, "infer_with")) return tj_infer_with(s, 16, tj_get(input, "options"));
     if (tj_eq(cmd, "infer_images")) {
         static const uint32_t images[] = {1, 4294967295u};
         return tj_infer_images(s, 0, images, 2);
@@ -106,9 +107,10 @@ tj_cmd guest_step(tj_event ev) {
     return tj_emit(tj_jsonf(
         "{\"type\":%d,\"name\":%S,\"text\":%S,\"text_hex\":%S,\"tokens_out\":%u,\"handle\":%u,\"len\":%llu,"
         "\"kind\":%S,\"format\":%S,\"next_offset\":%llu,\"bytes_hex\":%S,\"vectors\":%llu,\"dims\":%llu,"
-        "\"sum\":%f,\"kept\":%S,\"tokens\":%llu,\"pages\":%u,\"has_text_layer\":%b,\"error\":%S}",
+        "\"sum\":%f,\"kept\":%S,\"tokens\":%llu,\"pages\":%u,\"has_text_layer\":%b,\"error\":%S,"
+        "\"tool_calls\":%j}",
         (int)ev.type, ev.name, ev.text, hex(ev.text), ev.tokens_out, ev.handle, (unsigned long long)ev.len, ev.kind,
         ev.format, (unsigned long long)ev.next_offset, hex(tj_base64_decode(ev.bytes_base64)),
         (unsigned long long)vectors, (unsigned long long)dims, sum, kept, (unsigned long long)tokens, ev.pages,
-        ev.has_text_layer, ev.error));
+        ev.has_text_layer, ev.error, ev.tool_calls));
 }

@@ -49,6 +49,13 @@ pub fn init(input: std.json.Value) !tj.Command {
         .missing = obj.get("nope"),
     });
     if (eql(cmd, "infer")) return tj.infer(text, 32);
+    if (eql(cmd, "infer_with")) return tj.inferWith(text, 16, .{
+        .format = tj.json(.{ .type = "text" }),
+        .tool_choice = tj.json("none"),
+        .temperature = 0.5,
+        .seed = 3,
+        .stop = &.{ "x", "y" },
+    });
     if (eql(cmd, "infer_images")) return tj.inferImages(text, 0, &.{ 1, 4294967295 });
     if (eql(cmd, "open")) return tj.open(text);
     if (eql(cmd, "slice")) return tj.slice(7, 4294967296, 65536);
@@ -78,7 +85,7 @@ pub fn onToken(token: []const u8) tj.TokenAction {
 
 pub fn step(ev: tj.Event) !tj.Command {
     return switch (ev) {
-        .infer_done => |e| tj.emit(.{ .event = "infer_done", .text = e.text, .text_hex = hex(e.text), .tokens_out = e.tokens_out, .kept = kept }),
+        .infer_done => |e| tj.emit(.{ .event = "infer_done", .text = e.text, .text_hex = hex(e.text), .tokens_out = e.tokens_out, .tool_calls = e.tool_calls, .kept = kept }),
         .opened => |e| tj.emit(.{ .event = "opened", .handle = e.handle, .len = e.len, .kind = e.kind.kind, .format = e.kind.format, .pages = e.kind.pages, .has_text_layer = e.kind.has_text_layer, .kept = kept }),
         .page_texted => |e| tj.emit(.{ .event = "page_texted", .text = e.text }),
         .page_text_attempted => |e| tj.emit(.{ .event = "page_text_attempted", .text = e.text, .@"error" = e.err }),
