@@ -47,6 +47,11 @@ class Playback:
         self._started: float | None = None
         self._offset_s = 0.0  # the recorded time the pacing started from
 
+    @property
+    def transcript_path(self):
+        """The recorded run's ``events.jsonl`` (what a finished view scrubs over, ``view/scrub.py``)."""
+        return self.reader.path
+
     # -- the clock a ViewState reads ------------------------------------------------------
 
     def clock(self) -> float:
