@@ -39,6 +39,13 @@ once (``wake``).
 
 A job without a debugger pays nothing for any of this: the reactor checks
 one local variable per command.
+
+Where no widget shows the debug bar -- ``tensorjob run --debug``, a cell in
+a terminal IPython or with ``TensorJob.view = "text"`` -- ``prompt`` drives
+the job from a line prompt instead (``s``tep, step to the next ``i``nfer,
+``u KIND``, ``c``ontinue, ``q``uit); with no input to read (a closed stdin,
+a front end without stdin, nbval) it says so and lets the job run on
+without pausing again.
 """
 
 from __future__ import annotations
@@ -49,7 +56,8 @@ import threading
 import time
 from typing import Any, Iterable
 
-from .abi import codes
+from .abi import codes, dumps
+from .text import for_terminal
 from .transcript import COMMANDS
 
 log = logging.getLogger("tensorjob_jupyter")
@@ -329,6 +337,10 @@ class Debugger:
                 raise TimeoutError("the job did not pause in time")
             self._lock.wait(WAKE_S if remaining is None else min(remaining, WAKE_S))
 
+    def next_pause(self, after: int, timeout: float | None = None) -> dict | None:
+        """Block until pause number ``after + 1`` or later holds, or the job ends; its state, or None."""
+        return self._next_pause(after, None if timeout is None else time.monotonic() + timeout)
+
     def _next_pause(self, after: int, deadline: float | None) -> dict | None:
         with self._lock:
             self._wait_for(lambda: self._ended or (self._paused and self._pauses > after), deadline)
@@ -390,3 +402,97 @@ class Debugger:
             self.break_on = frozenset()
             if not self._ended:
                 self._release("continue", RUN)
+
+
+# --- a terminal prompt -------------------------------------------------------------------------------
+
+PROMPT_HELP = ("s (or Enter) step one command · i step to the next infer · u KIND step to the next KIND "
+               "command · c continue · q quit (cancel the job) · ? this help")
+#: Characters of one value a terminal line shows.
+MAX_LINE_CHARS = 1000
+
+
+def _one_line(value: Any) -> str:
+    try:
+        text = dumps(bounded(value))
+    except Exception:  # noqa: BLE001 - bounded values always encode; be safe anyway
+        text = repr(value)
+    return _clip(for_terminal(text, one_line=True), MAX_LINE_CHARS)
+
+
+def pause_lines(state: dict) -> list[str]:
+    """A pause (``debug_state``, or a ``job.paused`` event) as terminal lines; guest-made text made inert."""
+    step, reason = state.get("step"), state.get("reason")
+    command = state.get("command") if isinstance(state.get("command"), dict) else None
+    cmd = command.get("cmd") if command is not None else None
+    where = "before cf_init" if step == 0 and reason != "failure" else f"before step {step}"
+    if isinstance(cmd, str):
+        where += f" ({for_terminal(cmd, one_line=True)[:40]})"
+    why = {"start": "started paused (--debug)", "pause": "paused on request", "step": "stepped",
+           "until": f"stepped to the next {for_terminal(str(state.get('until')), one_line=True)[:40]}",
+           "break": f"breakpoint on {for_terminal(str(cmd), one_line=True)[:40]}",
+           "failure": "before the failure is final (--break-on fail)"}.get(reason, for_terminal(str(reason))[:40])
+    lines = [f"⏸ paused {where}: {why}"]
+    error = state.get("error")
+    if isinstance(error, dict):
+        lines.append(f"  error:        {for_terminal(str(error.get('code')), one_line=True)[:200]}: "
+                     f"{_clip(for_terminal(str(error.get('message')), one_line=True), MAX_LINE_CHARS)}")
+    if command is not None:
+        lines.append(f"  next command: {_one_line(command)}")
+    if state.get("last_command") is not None:
+        lines.append(f"  last command: {_one_line(state['last_command'])}")
+    if state.get("last_event") is not None:
+        lines.append(f"  answered by:  {_one_line(state['last_event'])}")
+    handles = state.get("handles") if isinstance(state.get("handles"), list) else []
+    shown = ", ".join(f"#{h.get('handle')} {for_terminal(str(h.get('path')), one_line=True)[:MAX_PATH_CHARS]} "
+                      f"({h.get('len')} bytes, {for_terminal(str(h.get('kind')), one_line=True)[:40]})"
+                      for h in handles[:8] if isinstance(h, dict))
+    count = state.get("open_handles") if isinstance(state.get("open_handles"), int) else len(handles)
+    more = f", … {count - min(len(handles), 8)} more" if count > min(len(handles), 8) else ""
+    lines.append(f"  step {step} · {count} open handles{': ' + shown + more if shown else ''} · guest memory "
+                 f"{state.get('memory_bytes')} bytes (peak {state.get('peak_memory_bytes')})")
+    return lines
+
+
+def prompt(job: Any, *, read_line, write, before=None) -> None:
+    """Drive a job being debugged from a line prompt until it ends (see the module doc).
+
+    ``read_line()`` returns a line, or None when there is no input to read;
+    ``write(text)`` shows text; ``before(state)``, if given, runs before a
+    pause is shown (to let a printer catch up). A ``KeyboardInterrupt``
+    goes to the caller, which cancels the job.
+    """
+    debugger: Debugger = job.debugger
+    seen = 0
+    while True:
+        state = debugger.next_pause(seen)
+        if state is None:
+            return
+        seen = state["pause"]
+        if before is not None:
+            before(state)
+        write("\n".join(pause_lines(state)) + "\n")
+        while True:
+            write("debug> ")
+            line = read_line()
+            if line is None:
+                write("\n(no input to read: the job runs on without pausing again)\n")
+                debugger.detach()
+                return
+            words = line.strip().lower().split()
+            word = words[0] if words else "s"
+            if word in ("s", "step", "n", "next"):
+                debugger.step(wait=False)
+            elif word in ("i", "infer"):
+                debugger.step("infer", wait=False)
+            elif word in ("u", "until") and len(words) == 2 and words[1] in BREAKABLE:
+                debugger.step(words[1], wait=False)
+            elif word in ("c", "continue", "cont"):
+                debugger.resume()
+            elif word in ("q", "quit", "cancel"):
+                job.cancel()
+                return
+            else:
+                write(PROMPT_HELP + "\n")
+                continue
+            break

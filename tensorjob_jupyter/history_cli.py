@@ -153,7 +153,7 @@ def cmd_show(args, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_replay(args, out: TextIO, err: TextIO) -> int:
-    from .cli import LivePrinter
+    from .cli import LivePrinter, wait_for_job
     from .compile import CompileError
     from .replay import ReplayJob, load_recording, options_for
 
@@ -176,11 +176,7 @@ def cmd_replay(args, out: TextIO, err: TextIO) -> int:
     printer = LivePrinter(job, out=out, err=err, quiet=args.quiet, chunks_to_stdout=not args.json)
     printer.thread.start()
     job.start()
-    try:
-        envelope = job.wait()
-    except KeyboardInterrupt:
-        job.cancel()
-        envelope = job.wait()
+    envelope = wait_for_job(job, printer, err)
     printer.thread.join()
     if events_file is not None:
         with events_file:
