@@ -170,8 +170,7 @@ class Debugger:
         self._paused = False
         self._pauses = 0
         self._ended = False
-        #: The snapshot of the pause the job is in now (None while it runs).
-        self.state: dict | None = None
+        self._state: dict | None = None  # the snapshot of the current pause
         self.current: Any = None  # the command at the latest stop point
         self.last_command: Any = None  # the command carried out last ...
         self.last_event: Any = None  # ... and the event that answered it
@@ -183,10 +182,20 @@ class Debugger:
 
     # -- state, for anyone --------------------------------------------------------------
 
+    def _holding(self) -> bool:
+        """Paused now, and not yet told to go on (the job's thread may take a moment to notice)."""
+        return self._paused and self._mode == HOLD
+
     @property
     def paused(self) -> bool:
-        """True while the job waits at a stop point."""
-        return self._paused
+        """True while the job waits at a stop point (False as soon as a control lets it go on)."""
+        return self._holding()
+
+    @property
+    def state(self) -> dict | None:
+        """The snapshot of the pause the job waits at now; None while it runs."""
+        with self._lock:
+            return self._state if self._holding() else None
 
     @property
     def ended(self) -> bool:
@@ -245,7 +254,7 @@ class Debugger:
         with self._lock:
             self._ended = True
             self._paused = False
-            self.state = None
+            self._state = None
             self.current = self.last_command = self.last_event = None
             self._lock.notify_all()
 
@@ -283,7 +292,7 @@ class Debugger:
         expired = False
         with self._lock:
             self._pauses = number
-            self.state = snapshot
+            self._state = snapshot
             self._mode, self._how = HOLD, None
             self._paused = True
             self._lock.notify_all()
@@ -299,7 +308,7 @@ class Debugger:
                 self._mode = RUN
             how, until = self._how, self._until
             self._paused = False
-            self.state = None
+            self._state = None
             self._lock.notify_all()
         seconds = time.monotonic() - started
         self.paused_s += seconds
@@ -343,22 +352,22 @@ class Debugger:
 
     def _next_pause(self, after: int, deadline: float | None) -> dict | None:
         with self._lock:
-            self._wait_for(lambda: self._ended or (self._paused and self._pauses > after), deadline)
-            return self.state if self._paused else None
+            self._wait_for(lambda: self._ended or (self._holding() and self._pauses > after), deadline)
+            return self._state if self._holding() else None
 
     def wait_paused(self, timeout: float | None = None) -> dict | None:
         """Block until the job is paused or has ended; the pause's state, or None."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            self._wait_for(lambda: self._paused or self._ended, deadline)
-            return self.state if self._paused else None
+            self._wait_for(lambda: self._holding() or self._ended, deadline)
+            return self._state if self._holding() else None
 
     def pause(self, *, wait: bool = True, timeout: float | None = None) -> dict | None:
         """Stop at the next stop point (a guest call or an infer under way finishes first)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            if self._paused or self._ended:
-                return self.state
+            if self._holding() or self._ended:
+                return self._state if self._holding() else None
             before = self._pauses
             if self._mode != STOP:
                 self._mode, self._reason = STOP, "pause"
@@ -375,14 +384,14 @@ class Debugger:
             (until,) = parse_break_on([until]) or (None,)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            if wait and self._mode == STOP and not self._paused:
-                self._wait_for(lambda: self._paused or self._ended, deadline)
+            if wait and self._mode == STOP and not self._holding():
+                self._wait_for(lambda: self._holding() or self._ended, deadline)
             if self._ended:
                 return None
             before = self._pauses
             mode = UNTIL if until is not None else STOP
             how = "until" if until is not None else "step"
-            if self._paused:
+            if self._holding():
                 self._release(how, mode, until)
             elif self._mode != STOP:
                 self._mode, self._until = mode, until

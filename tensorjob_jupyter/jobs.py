@@ -238,7 +238,8 @@ class Job:
     def pause(self, *, wait: bool = True, timeout: float | None = None) -> dict | None:
         """Stop at the next stop point (a guest call or an infer under way finishes first); with ``wait``,
         return that pause's ``debug_state`` (None if the job ended first)."""
-        return self._debug().pause(wait=wait and self._thread is not None, timeout=timeout)
+        wait = wait and self._thread is not None
+        return self._ended_if_none(self._debug().pause(wait=wait, timeout=timeout), wait)
 
     def step(self, until: str | None = None, *, wait: bool = True, timeout: float | None = None) -> dict | None:
         """From a pause, carry out one command and pause again (``until="infer"``: run to the guest's next
@@ -248,7 +249,7 @@ class Job:
         debugger = self._debug()
         if self._thread is None:
             raise RuntimeError(f"job {self.id} has not been started: start() it first")
-        return debugger.step(until, wait=wait, timeout=timeout)
+        return self._ended_if_none(debugger.step(until, wait=wait, timeout=timeout), wait)
 
     def resume(self) -> None:
         """Run on from a pause (the view's Continue), stopping only at breakpoints."""
@@ -257,8 +258,13 @@ class Job:
     def wait_paused(self, timeout: float | None = None) -> dict | None:
         """Block until the job is paused (a breakpoint, a step, a pause) or has ended; the pause's
         ``debug_state``, or None if the job ended. ``TimeoutError`` if ``timeout`` passes first."""
-        debugger = self._debug()
-        return debugger.wait_paused(timeout)
+        return self._ended_if_none(self._debug().wait_paused(timeout), True)
+
+    def _ended_if_none(self, state: dict | None, waited: bool) -> dict | None:
+        """No pause came because the job ended: return once it has wholly ended (envelope written)."""
+        if state is None and waited:
+            self._done.wait(10)
+        return state
 
     def wait(self, timeout: float | None = None) -> Envelope:
         """Block until the job ends; returns its envelope.

@@ -247,7 +247,7 @@ class JobView(LiveView):
 
     def _on_scrub(self, change) -> None:
         """The slider moved (front end; on the side channel): remember where to, wake the scrub thread."""
-        if not self._scrub_ready:
+        if not self._scrub_ready or int(change["new"]) == self.scrubbed_to:
             return
         self._scrub_target = int(change["new"])
         self._scrub_wanted.set()
@@ -271,13 +271,16 @@ class JobView(LiveView):
         return self._timeline
 
     def scrub_to(self, index: int) -> ViewState:
-        """Show the view as it was just after event ``index``; returns that state."""
+        """Show the view as it was just after event ``index`` (and move the slider there); returns that state.
+        The slider calls it on the scrub thread; call it yourself only while nobody drags."""
         timeline = self.timeline()
         state = timeline.state_at(index)
         index = max(0, min(index, len(timeline) - 1))
         self._push(set(SECTIONS), state)
         self.scrub_label.value = self._scrub_text(index, state.last_type)
         self.scrubbed_to = index
+        if self.scrub.value != index:
+            self.scrub.value = index  # the observer sees scrubbed_to and does nothing
         return state
 
     def _scrub_loop(self) -> None:
