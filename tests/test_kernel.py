@@ -230,6 +230,24 @@ def click(kc, states, label):
                     {"comm_id": cid, "data": {"method": "custom", "content": {"event": "click"}}})
 
 
+def cancel_on_failure(kc, drive):
+    """If driving the view fails, click Cancel before failing, so the next test finds the kernel idle."""
+    def driven(messages):
+        try:
+            drive(messages)
+        except BaseException:
+            try:
+                click(kc, widget_states(messages), "Cancel")
+            except Exception:  # noqa: BLE001
+                pass
+            raise
+    return driven
+
+
+def progress_value(states) -> float:
+    return next((s.get("value", 0) for s in states.values() if s.get("_model_name") == "FloatProgressModel"), 0)
+
+
 def test_the_debug_bar_steps_a_waiting_cell_through_comm_messages(kernel):
     _, kc = kernel
     cell = "%%tensorjob --debug\n" + wat.script_wat([EMIT, {"cmd": "emit", "progress": "two"},
@@ -254,7 +272,7 @@ def test_the_debug_bar_steps_a_waiting_cell_through_comm_messages(kernel):
         seen.append(panel_of(widget_states(messages)))
         click(kc, widget_states(messages), "Cancel")
 
-    reply, messages = run(kc, cell, during=drive, timeout=60)
+    reply, messages = run(kc, cell, during=cancel_on_failure(kc, drive), timeout=60)
     assert reply["content"]["status"] == "ok"
     assert "tensorjob cell.wat: cancelled" in stdout(messages)
     start, step1, step2, step3 = seen
@@ -272,7 +290,7 @@ def test_breakpoints_and_pause_through_comm_messages(kernel):
     endless = "%%tensorjob --break-on done --max-steps 1000000\n" + wat.script_wat([EMIT], **SLOW_STEP)
 
     def drive(messages):
-        read_until(kc, messages, lambda s: enabled(s, "Pause"), "the Pause button")
+        read_until(kc, messages, lambda s: enabled(s, "Pause") and progress_value(s) > 0, "the job running")
         click(kc, widget_states(messages), "Pause")
         read_until(kc, messages, lambda s: "paused</b> before step" in panel_of(s) and enabled(s, "Continue"),
                    "the pause")
@@ -281,7 +299,7 @@ def test_breakpoints_and_pause_through_comm_messages(kernel):
         read_until(kc, messages, lambda s: enabled(s, "Pause"), "running again")
         click(kc, widget_states(messages), "Cancel")
 
-    reply, messages = run(kc, endless, during=drive, timeout=60)
+    reply, messages = run(kc, endless, during=cancel_on_failure(kc, drive), timeout=60)
     assert reply["content"]["status"] == "ok" and "tensorjob cell.wat: cancelled" in stdout(messages)
 
     breaks = "%%tensorjob --break-on emit\n" + wat.script_wat([EMIT, {"cmd": "emit", "progress": "b"},
@@ -294,7 +312,7 @@ def test_breakpoints_and_pause_through_comm_messages(kernel):
             assert "breakpoint on <code>emit</code>" in debug_panel(messages)
             click(kc, widget_states(messages), "Continue")
 
-    reply, messages = run(kc, breaks, during=go_on, timeout=60)
+    reply, messages = run(kc, breaks, during=cancel_on_failure(kc, go_on), timeout=60)
     assert result_text(messages) == "'through'"
 
 
