@@ -277,7 +277,7 @@ def test_the_finished_view_scrubs_through_its_events():
     view = JobView(job, refresh_hz=20).start()
     job.start().wait(10)
     view.join(10)
-    assert view.scrub_row.layout.display == "" and view.scrub.max == len(job.events) - 1
+    assert view.scrub_row.layout.display == "flex" and view.scrub.max == len(job.events) - 1
     early = view.scrub_to(3)
     assert early.status == "running" and view.progress.value == pytest.approx(1 / 3)
     assert "event 3 of" in view.scrub_label.value and 'class="tj-status">running<' in view.header.value

@@ -238,7 +238,7 @@ class JobView(LiveView):
             self.scrub.value = count - 1
         self.scrub_label.value = self._scrub_text(count - 1, self.state.last_type)
         self._scrub_ready = True
-        self.scrub_row.layout.display = ""
+        self.scrub_row.layout.display = "flex"
 
     def _scrub_text(self, index: int, kind: str | None) -> str:
         total = max(0, self.state.events_seen - 1)
