@@ -41,6 +41,8 @@ class Playback:
         header = read_header(self.run_dir)  # checks the version before anything is shown
         self.id = self.run_dir.name
         self.name = header.name
+        #: The run was debugged (``--debug``, ``--break-on``): a view shows its pauses in the debugger's panel.
+        self.debugging = isinstance((header.created or {}).get("debug"), dict)
         self.speed = speed
         self._skip = threading.Event()
         self._recorded_s = 0.0  # the recorded time of the latest event handed out

@@ -450,3 +450,21 @@ def test_a_guest_spinning_while_a_pause_is_asked_for_is_stopped_by_its_own_deadl
 
 def test_every_section_is_rendered_for_a_debug_state():
     assert "debug" in SECTIONS and "debug" in render.RENDERERS
+
+
+def test_a_debug_run_shown_again_has_the_panel_and_scrubs_through_its_pauses():
+    from tensorjob_jupyter.show import Playback
+
+    job = job_of(break_on="infer", backend=ScriptedBackend("a b c d"))
+    job.start()
+    job.wait_paused(10)
+    job.resume()
+    job.wait(10)
+    playback = Playback(job.run_dir)
+    view = JobView(playback, refresh_hz=20).start()
+    view.join(10)
+    assert playback.debugging and view.debug_panel is not None and not view.debug_buttons
+    assert "ended" in view.debug_panel.value and "breakpoint" in view.debug_panel.value
+    paused_at = next(e["sequence_number"] for e in job.events if e["type"] == "job.paused")
+    view.scrub_to(paused_at)
+    assert 'class="tj-status">paused<' in view.header.value and "<b>paused</b> before step 3" in view.debug_panel.value

@@ -285,7 +285,7 @@ def debug(state: ViewState) -> str:
     if state.paused and not state.done:
         head = f'<b>paused</b> {where} · {why}'
     else:
-        head = f'<b>{"ended" if state.done else "running"}</b> · last paused {where}'
+        head = f'<b>{"ended" if state.done else "running"}</b> · last paused {where} · {why}'
     parts = [f'{box}<div class="tj-debug-where">{head}</div>']
     if d["error"]:
         parts.append(f'<div class="tj-debug-error" style="color:{RED}"><b>{for_html(d["error"]["code"])}</b>: '
