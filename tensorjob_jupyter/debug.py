@@ -287,14 +287,22 @@ class Debugger:
             return  # the reactor ends the job at once
         number = self._pauses + 1  # only this thread counts pauses
         snapshot = self._snapshot(reactor, number, reason, command, error)
-        reactor.stream.publish("job.paused", **snapshot)
-        started = time.monotonic()
-        expired = False
+        # Hold first, then say so: a control that acts on the event always finds the job holding.
         with self._lock:
             self._pauses = number
             self._state = snapshot
             self._mode, self._how = HOLD, None
             self._paused = True
+        try:
+            reactor.stream.publish("job.paused", **snapshot)
+        except BaseException:
+            with self._lock:
+                self._paused, self._state, self._mode = False, None, RUN
+                self._lock.notify_all()
+            raise
+        started = time.monotonic()
+        expired = False
+        with self._lock:
             self._lock.notify_all()
             while self._mode == HOLD:
                 if reactor.cancel.is_set() or self._ended:
