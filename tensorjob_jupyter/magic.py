@@ -20,7 +20,7 @@ A RUN may be ``$name``: a notebook variable holding an id, a path or a Job.
 
 ``--debug`` starts the job paused before ``cf_init`` and ``--break-on
 infer,open,...`` pauses it before such commands (``debug.py``): the live view
-gains a debug bar (Continue, Step, Step to infer, Pause) whose clicks act
+gains a debug bar (Continue, Step, Step to next infer, Pause) whose clicks act
 while the cell waits, and a panel with the pause; with ``--bg`` the ``Job``
 is stepped from later cells (``job.step()``, ``job.resume()``). Where no
 widget view is shown (``--quiet``, ``TensorJob.view = "text"``, terminal
@@ -114,7 +114,9 @@ class TensorJob(Magics, JobSettings):
             if not args.quiet and view is None:
                 job.add_done_callback(lambda j: print(summary(j.name, j.envelope)))
             return job
-        envelope = self._wait(job, prompt=view is None and job.debugging)
+        # A job being debugged with no view to click -- or whose clicks cannot act while the cell waits
+        # (ipykernel without comm routing: side_channel) -- is driven from a line prompt instead.
+        envelope = self._wait(job, prompt=job.debugging and (view is None or not view.clicks_off_main_thread))
         if view is not None:
             view.join(10)
         if not args.quiet:
@@ -163,7 +165,7 @@ class TensorJob(Magics, JobSettings):
 
         --debug starts the job paused before cf_init, and --break-on infer,open,...
         pauses it before the guest's commands of those kinds: the live view's
-        debug bar (Continue, Step, Step to infer, Pause) steps it while the cell
+        debug bar (Continue, Step, Step to next infer, Pause) steps it while the cell
         waits, its panel shows the command about to be carried out, the last
         one and the event that answered it, open handles and guest memory.
         With --bg, step from later cells: job.step(), job.step("infer"),
@@ -228,7 +230,7 @@ class TensorJob(Magics, JobSettings):
 
         Debugging: run (or a cell) with --debug starts paused before cf_init, --break-on
         infer,open,... pauses before those commands (fail: also before any failure is final);
-        the view's debug bar steps it (Continue, Step, Step to infer, Pause) even while the cell
+        the view's debug bar steps it (Continue, Step, Step to next infer, Pause) even while the cell
         waits, and with --bg later cells call job.step(), job.step("infer"), job.resume(),
         job.pause(), job.paused, job.debug_state. --max-paused-s S bounds one pause (paused time
         does not count against --timeout). A finished view has a slider over its events:

@@ -423,7 +423,7 @@ def test_the_live_view_in_jupyterlab(jupyterlab):
                 pytest.fail(f"the debug view never showed {what}: {views[2] if len(views) >= 3 else views}; "
                             f"cell text:\n{_cell(page, dbg).inner_text()[-2000:]}", pytrace=False)
 
-            def step_button():  # by its text ("Step to infer" also starts with Step)
+            def step_button():  # by its text ("Step to next infer" also starts with Step)
                 return debug_view.locator("button", has_text=re.compile(r"^\s*Step\s*$"))
 
             first = debug_snapshot(lambda v: v["where"] and "before cf_init" in v["where"], "its first pause")

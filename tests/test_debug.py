@@ -304,7 +304,7 @@ def test_the_debug_bar_steps_the_job_and_its_buttons_follow_the_pauses():
     job = job_of(debug=True)
     view = JobView(job, refresh_hz=20).start()
     buttons = view.debug_buttons
-    assert [b.description for b in buttons.values()] == ["Continue", "Step", "Step to infer", "Pause"]
+    assert [b.description for b in buttons.values()] == ["Continue", "Step", "Step to next infer", "Pause"]
     job.start()
     wait_for(lambda: not buttons["step"].disabled)
     assert buttons["pause"].disabled and "before cf_init" in view.debug_panel.value

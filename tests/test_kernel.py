@@ -259,7 +259,7 @@ def test_the_debug_bar_steps_a_waiting_cell_through_comm_messages(kernel):
         read_until(kc, messages, lambda s: "before cf_init" in panel_of(s) and enabled(s, "Step")
                    and not enabled(s, "Pause"), "the first pause")
         states = widget_states(messages)
-        assert not enabled(states, "Pause") and enabled(states, "Continue") and enabled(states, "Step to infer")
+        assert not enabled(states, "Pause") and enabled(states, "Continue") and enabled(states, "Step to next infer")
         seen.append(panel_of(states))
         click(kc, states, "Step")
         read_until(kc, messages, lambda s: "before step 1" in panel_of(s) and enabled(s, "Step"), "step 1")
@@ -267,7 +267,7 @@ def test_the_debug_bar_steps_a_waiting_cell_through_comm_messages(kernel):
         click(kc, widget_states(messages), "Step")
         read_until(kc, messages, lambda s: "before step 2" in panel_of(s) and enabled(s, "Step"), "step 2")
         seen.append(panel_of(widget_states(messages)))
-        click(kc, widget_states(messages), "Step to infer")
+        click(kc, widget_states(messages), "Step to next infer")
         read_until(kc, messages, lambda s: "before step 3" in panel_of(s) and enabled(s, "Step"), "step 3")
         seen.append(panel_of(widget_states(messages)))
         click(kc, widget_states(messages), "Cancel")
@@ -281,7 +281,7 @@ def test_the_debug_bar_steps_a_waiting_cell_through_comm_messages(kernel):
     assert "last command" in step2 and "emitted" in step2 and "&quot;two&quot;" in step2
     assert "<code>infer</code>" in step3 and "never run" in step3 and "step to" in step3
     states = widget_states(messages)
-    assert all(states[button(states, b)]["disabled"] for b in ("Continue", "Step", "Step to infer", "Pause"))
+    assert all(states[button(states, b)]["disabled"] for b in ("Continue", "Step", "Step to next infer", "Pause"))
     assert "tokens" not in stdout(messages) or "0 out" in stdout(messages)  # the infer never ran: no model
 
 

@@ -17,7 +17,7 @@ subscribes, cancels (skips to the end) and names itself the same way, and
 brings the clock its ViewState reads.
 
 **Debugging** (a job started with ``debug`` or ``break_on``): a debug bar --
-Continue, Step (one command), Step to infer, Pause -- and a panel with the
+Continue, Step (one command), Step to next infer, Pause -- and a panel with the
 latest pause (``render.debug``). The buttons' clicks go through the same
 side channel as Cancel (``side_channel``), so they act while the cell
 waits; their handlers only call the job's non-blocking controls
@@ -94,7 +94,7 @@ class JobView(LiveView):
                                                lambda: job.resume()),
                 "step": self._debug_button("Step", "step-forward", "Carry out this command and pause before the next",
                                            lambda: job.step(wait=False)),
-                "until": self._debug_button("Step to infer", "forward",
+                "until": self._debug_button("Step to next infer", "forward",
                                             "Run on to the guest's next infer and pause before it",
                                             lambda: job.step("infer", wait=False)),
                 "pause": self._debug_button("Pause", "pause", "Pause before the guest's next command",
