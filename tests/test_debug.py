@@ -468,3 +468,32 @@ def test_a_debug_run_shown_again_has_the_panel_and_scrubs_through_its_pauses():
     paused_at = next(e["sequence_number"] for e in job.events if e["type"] == "job.paused")
     view.scrub_to(paused_at)
     assert 'class="tj-status">paused<' in view.header.value and "<b>paused</b> before step 3" in view.debug_panel.value
+
+
+def test_dragging_the_slider_shows_the_latest_position_without_flooding_the_front_end():
+    job = job_of([EMIT1] * 40 + [DONE])
+    view = JobView(job, refresh_hz=10).start()
+    job.start().wait(10)
+    view.join(10)
+    import ipywidgets
+
+    sends = []
+    original = ipywidgets.Widget._send
+
+    def counting(widget, msg, buffers=None):
+        if widget is not view.scrub:  # the slider's own moves are the front end's
+            sends.append(time.monotonic())
+        return original(widget, msg, buffers)
+
+    ipywidgets.Widget._send = counting
+    try:
+        started = time.monotonic()
+        for k in range(1, view.scrub.max + 1):  # a fast drag: one move a millisecond
+            view.scrub.value = k
+            time.sleep(0.001)
+        wait_for(lambda: view.scrubbed_to == view.scrub.max)
+        elapsed = time.monotonic() - started
+    finally:
+        ipywidgets.Widget._send = original
+    assert 'class="tj-status">completed<' in view.header.value
+    assert 0 < len(sends) <= 20 * (elapsed + 1), (len(sends), elapsed)  # not one show per move

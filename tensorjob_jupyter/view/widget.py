@@ -127,6 +127,7 @@ class JobView(LiveView):
         self._timeline = None
         self._last_event: dict | None = None
         self.scrubbed_to: int | None = None  # the event the view shows, once scrubbed
+        self._scrub_sent = 0
         self._subscription = job.subscribe()
         self._thread = self._updater(self._run, f"tensorjob-view-{job.id}")
         self._push(self.state.take_dirty())
@@ -276,7 +277,7 @@ class JobView(LiveView):
         timeline = self.timeline()
         state = timeline.state_at(index)
         index = max(0, min(index, len(timeline) - 1))
-        self._push(set(SECTIONS), state)
+        self._scrub_sent = self._push(set(SECTIONS), state) + 1
         self.scrub_label.value = self._scrub_text(index, state.last_type)
         self.scrubbed_to = index
         if self.scrub.value != index:
@@ -284,6 +285,9 @@ class JobView(LiveView):
         return state
 
     def _scrub_loop(self) -> None:
+        """Show the latest position asked for; moves in between are skipped, and shows are spaced as the
+        updater spaces its pushes (``refresh_hz``, ``MAX_MESSAGES_PER_S``), however fast the slider moves."""
+        next_show = 0.0
         while True:
             if not self._scrub_wanted.wait(SCRUB_IDLE_S):
                 with self._scrub_lock:
@@ -291,8 +295,11 @@ class JobView(LiveView):
                         self._scrub_thread = None
                         return
                 continue
+            time.sleep(max(0.0, next_show - time.monotonic()))
             self._scrub_wanted.clear()
+            self._scrub_sent = 0
             try:
                 self.scrub_to(self._scrub_target)
             except Exception:  # noqa: BLE001 - a transcript gone or damaged: the view stays as it is
                 log.warning("tensorjob: could not scrub to event %s", self._scrub_target, exc_info=True)
+            next_show = time.monotonic() + max(self.refresh_s, self._scrub_sent / MAX_MESSAGES_PER_S)
