@@ -15,7 +15,7 @@ Run from the repository root::
    Goal: debug >= 0.95 x plain (at most 5% overhead).
 2. **Re-folding the view to an arbitrary event of a 10,000-event job.** A
    job that opens a file, reads it in 3,500 windows, emits 3,500 progress
-   payloads and streams one 3,000-token infer (10,012 events). The
+   payloads and streams one 3,000-token infer (10,011 events). The
    ``Timeline`` (``view/scrub.py``) is built once (one pass over the
    transcript, checkpoints every 256 events); then ``state_at(k)`` and the
    rendering of every panel for 200 random events, against re-folding from
@@ -113,7 +113,7 @@ def interleaved(plain, debug, runs: int) -> tuple[float, float, list[float]]:
 
 
 def long_job(runs_dir: str, data_dir: Path) -> tj.Job:
-    """A finished job of 10,012 events: open, 3,500 windows, 3,500 progress payloads, a 3,000-token infer."""
+    """A finished job of 10,011 events: open, 3,500 windows, 3,500 progress payloads, a 3,000-token infer."""
     doc = data_dir / "doc.txt"
     doc.write_bytes(b"tensor jobs read files in windows.\n" * 8000)  # 280 KB
     windows, emits, tokens = 3500, 3500, 3000
