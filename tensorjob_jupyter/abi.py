@@ -66,6 +66,10 @@ class codes:
     #: another prompt, another window, past the recording's end -- and stopped
     #: there; the message names the step, what was recorded and what was asked.
     REPLAY_DIVERGENCE = "replay_divergence"
+    #: Ours: a job being debugged (``--debug``, ``--break-on``) stayed paused
+    #: longer than its ``max_paused_s`` and the host cancelled it (status
+    #: ``cancelled``), so a forgotten debug cell cannot hold the kernel.
+    PAUSED_TOO_LONG = "paused_too_long"
 
 
 ERROR_CODES = frozenset(
@@ -73,10 +77,11 @@ ERROR_CODES = frozenset(
 )
 
 #: Codes that only the host may report: they say the host or the cluster broke,
-#: or that a replay left its recording.
+#: that a replay left its recording, or that a debugger's pause ran out.
 #: A guest's ``fail`` with one of them is reported as ``script_error`` (see
 #: ``guest_failure``), so nobody debugging it is pointed at the host.
-HOST_ONLY_CODES = frozenset({codes.INTERNAL_ERROR, codes.WORKER_LOST, codes.REPLAY_DIVERGENCE})
+HOST_ONLY_CODES = frozenset({codes.INTERNAL_ERROR, codes.WORKER_LOST, codes.REPLAY_DIVERGENCE,
+                             codes.PAUSED_TOO_LONG})
 
 
 class AbiError(ValueError):

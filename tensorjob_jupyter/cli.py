@@ -17,6 +17,10 @@ exit status is 0 only when the job completed (1 failed or did not compile,
 130 cancelled by Ctrl-C, 2 usage error). A usage error is one line naming
 the problem, never a traceback. Events are printed by ``EventPrinter``, the
 same for a live job and for a transcript shown again (``tensorjob show``).
+
+``run --debug`` (and ``--break-on``) drives the job from a line prompt on
+stdin/stderr at each pause (``debug.prompt``: step, step to the next infer,
+continue, quit); with stdin closed the job runs on without pausing again.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import codecs
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Sequence, TextIO
 
@@ -102,6 +107,9 @@ class EventPrinter:
         self.chunks_to_stdout = chunks_to_stdout
         self._chunk_decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._in_text = False
+        #: A debug prompt shows the pauses itself (``debug.prompt``); the printer then only counts them.
+        self.prompting = False
+        self.last_pause = 0
 
     def _line(self, text: str) -> None:
         if self._in_text:
@@ -136,6 +144,15 @@ class EventPrinter:
 
     def show(self, event: dict) -> None:
         kind = event["type"]
+        if kind == "job.paused":
+            pause = event.get("pause")
+            self.last_pause = pause if isinstance(pause, int) else self.last_pause + 1
+            if not self.quiet and not self.prompting:
+                from .debug import pause_lines
+
+                for line in pause_lines(event):
+                    self._line(line)
+            return
         if kind == "job.chunk":
             text = self._chunk_decoder.decode(base64.b64decode(event["bytes_base64"]))
             stream = self.out if self.chunks_to_stdout else self.err
@@ -199,6 +216,40 @@ class LivePrinter(EventPrinter):
     def _run(self) -> None:
         for event in self._sub:
             self.show_safely(event)
+
+    def caught_up(self, state: dict, timeout: float = 2.0) -> None:
+        """Wait (briefly) until this printer has handled the pause ``state`` and everything before it."""
+        deadline = time.monotonic() + timeout
+        while self.last_pause < state.get("pause", 0) and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+
+def _stdin_line() -> str | None:
+    """One line from stdin; None at its end or when it cannot be read."""
+    try:
+        line = sys.stdin.readline()
+    except (OSError, ValueError):
+        return None
+    return line if line else None
+
+
+def wait_for_job(job: Job, printer: LivePrinter, err: TextIO):
+    """Wait for the job (a debug job: through the prompt on stdin/stderr); Ctrl-C cancels it."""
+    try:
+        if job.debugging:
+            from .debug import prompt
+
+            printer.prompting = True
+
+            def write(text: str) -> None:
+                err.write(text)
+                err.flush()
+
+            prompt(job, read_line=_stdin_line, write=write, before=printer.caught_up)
+        return job.wait()
+    except KeyboardInterrupt:
+        job.cancel()
+        return job.wait()
 
 
 #: A structured answer longer than this is not pretty-printed again at its end.
@@ -269,12 +320,8 @@ def run_live(job, args, out: TextIO, err: TextIO):
     printer = LivePrinter(job, out=out, err=err, quiet=args.quiet, chunks_to_stdout=not args.json)
     printer.thread.start()
     job.start()
-    try:
-        envelope = job.wait()
-    except KeyboardInterrupt:
-        job.cancel()
-        envelope = job.wait()
-    printer.thread.join()
+    envelope = wait_for_job(job, printer, err)
+    printer.thread.join()  # everything streamed is written before the result
     if events_file is not None:
         with events_file:
             for line in job.stream.history_lines():  # the complete, ordered transcript

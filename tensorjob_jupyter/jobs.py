@@ -8,6 +8,12 @@ and runs the reactor on a background thread so that the caller stays free:
 ``wait()`` for the envelope, ``cancel()`` at any moment (even while the
 guest spins inside a step), ``subscribe()`` to the live events.
 
+``Job(..., debug=True)`` starts paused before ``cf_init`` and ``break_on=
+["infer", ...]`` pauses before the host carries out such a command
+(``debug.py``): ``pause()``, ``step()``, ``step(until="infer")``,
+``resume()``, ``paused`` and ``debug_state`` drive and inspect it from any
+thread.
+
 ``run(...)`` is the one-line form: start a job and return its envelope.
 
 Whatever the guest does, the job ends: ``wait()`` returns by the job's time
@@ -36,6 +42,7 @@ import orjson
 from . import abi
 from .abi import Envelope, JobStatus
 from .caps import Grants
+from .debug import Debugger, parse_break_on
 from .events import TRANSCRIPT_VERSION, EventStream, Subscription
 from .inference.base import Backend
 from .limits import Limits
@@ -92,9 +99,13 @@ class Job:
                  limits: Limits | None = None, input_bytes: bytes = b"",
                  infer: InferOptions | None = None, runs_dir: str | os.PathLike | None = None,
                  cwd: str | os.PathLike | None = None, name: str | None = None, fetch: Iterable[str] = (),
-                 **limit_keywords: Any):
+                 debug: bool = False, break_on: str | Iterable[str] = (), **limit_keywords: Any):
         self.id = new_job_id()
         self.limits = limit_keywords_applied(limits, limit_keywords, "Job")
+        break_on = parse_break_on(break_on)  # ValueError names a kind that is not a command
+        #: The job's ``debug.Debugger`` when it is being debugged (``debug``, ``break_on``), else None.
+        self.debugger = (Debugger(start_paused=bool(debug), break_on=break_on, max_paused_s=self.limits.max_paused_s)
+                         if debug or break_on else None)
         self.input, input_json = abi.checked_value({} if input is None else input, "the job input",
                                                    max_values=self.limits.max_command_values)
         source = resolve_guest(guest)
@@ -114,7 +125,7 @@ class Job:
         self._reactor = self._make_reactor(job_id=self.id, wasm=wasm, input_json=input_json, grants=self.grants,
                                            backend=backend, limits=self.limits, stream=self.stream,
                                            cancel=self._cancel, input_bytes=input_bytes, infer=infer,
-                                           fetch=self.fetch_grants)
+                                           fetch=self.fetch_grants, debugger=self.debugger)
         self._envelope_json: bytes | None = None
         self._status: JobStatus | None = None
         self._done = threading.Event()
@@ -134,6 +145,7 @@ class Job:
                             input_bytes={"bytes": len(input_bytes), "sha256": hashlib.sha256(input_bytes).hexdigest()},
                             limits=self.limits.to_json(), model=backend.model_name if backend else None,
                             infer=self._reactor.infer_options.to_json(), fetch=self.fetch_grants.prefixes,
+                            **({"debug": self.debugger.to_json()} if self.debugger is not None else {}),
                             **self._created_fields())
         _register(self)
 
@@ -199,6 +211,62 @@ class Job:
     def cancel(self) -> None:
         """Ask the job to stop; it ends ``cancelled`` within moments."""
         self._reactor.request_cancel()
+
+    # -- debugging (debug.py) ----------------------------------------------------------
+
+    def _debug(self) -> Debugger:
+        if self.debugger is None:
+            raise RuntimeError(f"job {self.id} is not being debugged: start it with debug=True (--debug) or "
+                               f"break_on=[...] (--break-on)")
+        return self.debugger
+
+    @property
+    def debugging(self) -> bool:
+        """True for a job started with ``debug`` or ``break_on``."""
+        return self.debugger is not None
+
+    @property
+    def paused(self) -> bool:
+        """True while the job waits at a stop point (see ``debug.py``)."""
+        return self.debugger is not None and self.debugger.paused
+
+    @property
+    def debug_state(self) -> dict | None:
+        """What the current pause shows -- ``step``, ``reason``, ``command`` (about to be carried out),
+        ``last_command`` and ``last_event`` (the event that answered it), ``handles``, ``memory_bytes``, ... --
+        every guest-made value bounded; None while the job is not paused."""
+        return self.debugger.state if self.debugger is not None else None
+
+    def pause(self, *, wait: bool = True, timeout: float | None = None) -> dict | None:
+        """Stop at the next stop point (a guest call or an infer under way finishes first); with ``wait``,
+        return that pause's ``debug_state`` (None if the job ended first)."""
+        wait = wait and self._thread is not None
+        return self._ended_if_none(self._debug().pause(wait=wait, timeout=timeout), wait)
+
+    def step(self, until: str | None = None, *, wait: bool = True, timeout: float | None = None) -> dict | None:
+        """From a pause, carry out one command and pause again (``until="infer"``: run to the guest's next
+        ``infer``, or any other command kind); with ``wait``, return the new pause's ``debug_state`` (None if
+        the job ended first). A job not yet at its first pause gets there first; a job running free pauses
+        at its next stop point. ``TimeoutError`` if ``timeout`` passes first."""
+        debugger = self._debug()
+        if self._thread is None:
+            raise RuntimeError(f"job {self.id} has not been started: start() it first")
+        return self._ended_if_none(debugger.step(until, wait=wait, timeout=timeout), wait)
+
+    def resume(self) -> None:
+        """Run on from a pause (the view's Continue), stopping only at breakpoints."""
+        self._debug().resume()
+
+    def wait_paused(self, timeout: float | None = None) -> dict | None:
+        """Block until the job is paused (a breakpoint, a step, a pause) or has ended; the pause's
+        ``debug_state``, or None if the job ended. ``TimeoutError`` if ``timeout`` passes first."""
+        return self._ended_if_none(self._debug().wait_paused(timeout), True)
+
+    def _ended_if_none(self, state: dict | None, waited: bool) -> dict | None:
+        """No pause came because the job ended: return once it has wholly ended (envelope written)."""
+        if state is None and waited:
+            self._done.wait(10)
+        return state
 
     def wait(self, timeout: float | None = None) -> Envelope:
         """Block until the job ends; returns its envelope.

@@ -6,7 +6,7 @@ unbounded: the time of each call into it and of the whole job, its CPU work
 open handles, the size of an ``emit`` payload, a ``slice`` window, a command
 and the result, its streamed output, the tokens the job may generate, and
 the document, image and fetch work done for it (pages, text, pixels, time,
-bytes).
+bytes), and how long a debugger may hold it paused.
 
 ``Limits`` is a frozen value; derive variants with ``limits.replace(...)``.
 It is also the one table the entry points are built from: each field's
@@ -78,6 +78,9 @@ class Limits:
     fetch_timeout_s: float = _limit(60.0, SECONDS, "wall clock of one fetch, redirects included: timeout")
     max_fetch_redirects: int = _limit(5, COUNT, "redirects one fetch follows, each checked against the grants "
                                       "again")
+    max_paused_s: float = _limit(600.0, SECONDS, "longest one debugger pause may last (--debug, --break-on); "
+                                 "paused time does not count against job_timeout_s; past it: paused_too_long "
+                                 "(the job is cancelled)")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -18,6 +18,16 @@ happened), and ``%tensorjob replay PATH --from RUN`` runs a guest against a
 recorded run with no model (``replay.py``); its value is the ``ReplayReport``.
 A RUN may be ``$name``: a notebook variable holding an id, a path or a Job.
 
+``--debug`` starts the job paused before ``cf_init`` and ``--break-on
+infer,open,...`` pauses it before such commands (``debug.py``): the live view
+gains a debug bar (Continue, Step, Step to next infer, Pause) whose clicks act
+while the cell waits, and a panel with the pause; with ``--bg`` the ``Job``
+is stepped from later cells (``job.step()``, ``job.resume()``). Where no
+widget view is shown (``--quiet``, ``TensorJob.view = "text"``, terminal
+IPython) the cell asks at each pause on a line prompt instead. A finished
+job's view has a slider that re-folds it to any of its events (scrubbing),
+and so has a run shown again with ``%tensorjob show``.
+
 The job options are ``options.py``'s table, shared with the command line and
 the Python API; their defaults are traitlets on the ``TensorJob``
 configurable, so they can be set in ``ipython_config.py``
@@ -107,7 +117,9 @@ class TensorJob(Magics, JobSettings):
             if not args.quiet and view is None:
                 job.add_done_callback(lambda j: print(summary(j.name, j.envelope)))
             return job
-        envelope = self._wait(job)
+        # A job being debugged with no view to click -- or whose clicks cannot act while the cell waits
+        # (ipykernel without comm routing: side_channel) -- is driven from a line prompt instead.
+        envelope = self._wait(job, prompt=job.debugging and (view is None or not view.clicks_off_main_thread))
         if view is not None:
             view.join(10)
         if not args.quiet:
@@ -116,13 +128,19 @@ class TensorJob(Magics, JobSettings):
             self.shell.user_ns[args.out] = envelope.result
         return envelope.result if envelope.ok else None
 
-    def _wait(self, job: Job):
+    def _wait(self, job: Job, *, prompt: bool = False):
         """Wait for the job; a kernel interrupt (KeyboardInterrupt) cancels it.
 
-        The view's Cancel button keeps working meanwhile: its clicks are
-        handled on a side thread (see ``view.side_channel``).
+        The view's Cancel and debug buttons keep working meanwhile: their
+        clicks are handled on a side thread (see ``view.side_channel``).
+        ``prompt``: a job being debugged with no view to click is driven from
+        a line prompt (``debug.prompt``; no input: it runs on).
         """
         try:
+            if prompt:
+                from .debug import prompt as debug_prompt
+
+                debug_prompt(job, read_line=_input_line, write=lambda text: print(text, end="", flush=True))
             while not job.done:
                 job.wait_done(0.1)
         except KeyboardInterrupt:
@@ -147,6 +165,14 @@ class TensorJob(Magics, JobSettings):
         kernel to cancel. With --bg the value is the running Job. Compiles are
         cached by content in the compile cache (see %tensorjob cache); --force
         compiles again.
+
+        --debug starts the job paused before cf_init, and --break-on infer,open,...
+        pauses it before the guest's commands of those kinds: the live view's
+        debug bar (Continue, Step, Step to next infer, Pause) steps it while the cell
+        waits, its panel shows the command about to be carried out, the last
+        one and the event that answered it, open handles and guest memory.
+        With --bg, step from later cells: job.step(), job.step("infer"),
+        job.resume(), job.pause(), job.paused, job.debug_state.
         """
         args = self._parse(self.tensorjob_cell, line)
         if not cell.strip():
@@ -204,6 +230,14 @@ class TensorJob(Magics, JobSettings):
         %tensorjob replay PATH --from RUN [--live] [options]
                                         run a guest against a recorded run, with no model; the
                                         value is the ReplayReport (same_result, divergence, ...)
+
+        Debugging: run (or a cell) with --debug starts paused before cf_init, --break-on
+        infer,open,... pauses before those commands (fail: also before any failure is final);
+        the view's debug bar steps it (Continue, Step, Step to next infer, Pause) even while the cell
+        waits, and with --bg later cells call job.step(), job.step("infer"), job.resume(),
+        job.pause(), job.paused, job.debug_state. --max-paused-s S bounds one pause (paused time
+        does not count against --timeout). A finished view has a slider over its events:
+        drag it to see the job as it was at any event.
         """
         args = self._parse(self.tensorjob_line, line)
         if args.action in ("runs", "show", "replay"):
@@ -356,6 +390,9 @@ class TensorJob(Magics, JobSettings):
 
         if "input" in vars(args) and args.input is not None:
             raise UsageError("map takes each item's input from its manifest, not --input")
+        if getattr(args, "debug", None) or getattr(args, "break_on", None):
+            raise UsageError("map does not debug its items: debug one item's input with "
+                             "%tensorjob run PATH --debug --input '...'")
         if not args.over or not args.run_dir:
             raise UsageError("map needs --over MANIFEST and --run-dir DIR")
         if guest.warnings:
@@ -405,7 +442,18 @@ class TensorJob(Magics, JobSettings):
         for job in rows:
             envelope = job.envelope
             extra = f"  {envelope.error.code}" if envelope is not None and envelope.error is not None else ""
-            print(for_terminal(f"{job.id}  {job.status.value:<9}  {job.name}{extra}", one_line=True))
+            status = "paused" if job.paused else job.status.value
+            print(for_terminal(f"{job.id}  {status:<9}  {job.name}{extra}", one_line=True))
+        return None
+
+
+def _input_line() -> str | None:
+    """A line typed in answer to the debug prompt; None when the front end cannot ask (nbval, no stdin)."""
+    try:
+        return input()
+    except KeyboardInterrupt:
+        raise
+    except Exception:  # noqa: BLE001 - EOFError, StdinNotImplementedError, pytest's captured stdin
         return None
 
 

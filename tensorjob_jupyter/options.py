@@ -87,7 +87,7 @@ class Option:
     flag: str
     help: str
     metavar: str | None = None
-    kind: str = "text"  # text, path, paths, loras, json, switch, onoff, float, int, flags, or a limit unit
+    kind: str = "text"  # text, path, paths, loras, names, json, switch, onoff, float, int, flags, or a limit unit
     trait: str | None = None  # the TensorJob traitlet that gives its default, if any
     one_job: bool = False  # only where one job runs (a map's inputs come from its manifest)
 
@@ -124,6 +124,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("zigflags", "--zigflags", "extra flags for zig build-exe, as one argument: --zigflags='-O ReleaseFast'",
            "FLAGS", "flags", trait="zigflags"),
     Option("force", "--force", "compile again even if the guest is in the compile cache", kind="switch"),
+    Option("debug", "--debug", "debug the guest: start paused before cf_init, then step one command at a time, "
+           "to the next infer, or continue (the view's debug bar; Job.step(), .resume(), .pause())", kind="switch",
+           one_job=True),
+    Option("break_on", "--break-on", "pause when the guest returns one of these commands, before the host "
+           "carries it out: comma-separated, e.g. infer,open,emit (fail: also before any other failure is final)",
+           "CMDS", "names", one_job=True),
 ) + tuple(
     Option(name, f.metadata["flag"] or "--" + name.replace("_", "-"), f.metadata["help"],
            {SECONDS: "S", BYTES: "BYTES", COUNT: "N"}[f.metadata["unit"]], f.metadata["unit"], trait=name)
@@ -147,7 +153,7 @@ def add_job_arguments(parser, *, one_job: bool = True) -> None:
         elif opt.kind == "onoff":
             target.add_argument(opt.flag, dest=opt.name, action=argparse.BooleanOptionalAction, default=None,
                                 help=opt.help)
-        elif opt.kind in ("paths", "loras"):
+        elif opt.kind in ("paths", "loras", "names"):
             target.add_argument(opt.flag, dest=opt.name, action="append", default=None, metavar=opt.metavar,
                                 help=opt.help)
         else:
@@ -217,6 +223,8 @@ class JobOptions:
     cflags: tuple[str, ...] = ()
     zigflags: tuple[str, ...] = ()
     force: bool = False
+    debug: bool = False
+    break_on: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
 
     @classmethod
@@ -347,7 +355,8 @@ class JobOptions:
         """Keywords for ``Job`` (and ``run``)."""
         return {"input": self.input, "read": list(self.read), "fetch": list(self.fetch), "model": self.model,
                 "model_options": self.model_options(), "limits": self.limits, "input_bytes": self.input_bytes(),
-                "infer": self.infer_options(), "runs_dir": self.runs}
+                "infer": self.infer_options(), "runs_dir": self.runs,
+                "debug": self.debug, "break_on": self.break_on}
 
     def map_kwargs(self) -> dict[str, Any]:
         """Keywords for ``start_map`` (and ``map``)."""
@@ -378,6 +387,10 @@ def _read(opt: Option, text: Any, variables: Mapping[str, Any] | None) -> Any:
             return value
         if opt.kind in ("paths", "loras"):
             return tuple(text)
+        if opt.kind == "names":
+            from .debug import parse_break_on
+
+            return parse_break_on(text if isinstance(text, list) else [text])
         if opt.kind in ("switch", "onoff"):
             return bool(text)
         if opt.kind == "float":

@@ -232,6 +232,7 @@ def options_for(recording: Recording, args: Any, *, defaults: Any = None,
     return {"input": options.input, "read": list(options.read), "fetch": list(options.fetch),
             "limits": options.limits, "runs_dir": options.runs, "model": options.model,
             "infer": options.infer_options() if given & SAMPLING_OPTIONS else RECORDED,
+            "debug": options.debug, "break_on": options.break_on,
             "input_bytes": options.input_bytes() if options.input_file is not None else None}, options
 
 
@@ -627,7 +628,8 @@ class ReplayJob(Job):
                  infer: InferOptions | Any = RECORDED, limits: Limits | Any = RECORDED,
                  input_bytes: bytes | None = None, model: str | os.PathLike | None = None,
                  backend: Backend | None = None, runs_dir: str | os.PathLike | None = None,
-                 cwd: str | os.PathLike | Any = RECORDED, name: str | None = None, **limit_keywords: Any):
+                 cwd: str | os.PathLike | Any = RECORDED, name: str | None = None, debug: bool = False,
+                 break_on: Any = (), **limit_keywords: Any):
         recording = load_recording(run, runs_dir)
         self.recording = recording
         self.live = live
@@ -659,7 +661,7 @@ class ReplayJob(Job):
                          fetch=list(recording.created.get("fetch") or []) if fetch is RECORDED else fetch,
                          infer=recorded_infer_options(recording) if infer is RECORDED else infer,
                          backend=backend, limits=limits, input_bytes=given, runs_dir=runs_dir, cwd=cwd, name=name,
-                         **limit_keywords)
+                         debug=debug, break_on=break_on, **limit_keywords)
 
     def _make_reactor(self, **kwargs: Any) -> Reactor:
         return ReplayReactor(recording=self.recording, live=self.live, **kwargs)

@@ -14,6 +14,12 @@ tokens are counted against their budgets, and cancellation needs no
 cooperation from the guest -- between steps the reactor simply stops, and
 inside a step ``Guest.interrupt`` ends the call.
 
+A job being debugged (``debug.Debugger``) may pause at the loop's stop
+points: before ``cf_init``, and after the guest returned a command, before
+it is carried out -- between commands, never on the per-token path. Paused
+time moves the job's deadline on (``paused_for``); a job without a debugger
+checks one local variable per command.
+
 ``infer`` runs on the model's worker thread while this thread forwards each
 token first to the event stream (as an Open Responses delta) and then to the
 guest's ``cf_on_token``; a stop verdict travels back to the decoder through
@@ -129,6 +135,7 @@ class JobStats:
     embeds: int = 0
     chunks: int = 0
     stream_bytes: int = 0
+    paused_ms: int = 0  # time a debugger held the job paused (not counted against job_timeout_s)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -139,7 +146,8 @@ class Reactor:
 
     def __init__(self, *, job_id: str, wasm: bytes, input_json: bytes, grants: Grants, backend: Backend | None,
                  limits: Limits, stream: EventStream, cancel: threading.Event,
-                 input_bytes: bytes = b"", infer: InferOptions | None = None, fetch: FetchGrants | None = None):
+                 input_bytes: bytes = b"", infer: InferOptions | None = None, fetch: FetchGrants | None = None,
+                 debugger: Any = None):
         self.job_id = job_id
         self.wasm = wasm
         self.input_json = input_json
@@ -161,6 +169,8 @@ class Reactor:
         self.pending_command: str | None = None
         self._started = 0.0
         self.deadline: float | None = None
+        #: A ``debug.Debugger`` when the job is being debugged, else None.
+        self.debugger = debugger
 
     # -- cancellation (any thread) ----------------------------------------------------
 
@@ -169,6 +179,16 @@ class Reactor:
         guest = self.guest
         if guest is not None:
             guest.interrupt()
+        if self.debugger is not None:
+            self.debugger.wake()
+
+    def paused_for(self, seconds: float) -> None:
+        """A debugger held the job for ``seconds``: that time does not count against ``job_timeout_s``."""
+        self.stats.paused_ms += int(seconds * 1000)
+        if self.deadline is not None:
+            self.deadline += seconds
+            if self.guest is not None:
+                self.guest.deadline = self.deadline
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -180,7 +200,9 @@ class Reactor:
             result = self._drive()
             envelope = Envelope(JobStatus.COMPLETED, self.usage, result=result)
         except (JobEnd, GuestTrap, AccessError) as e:
-            cancelled = e.code == codes.CANCELLED and not isinstance(e, GuestFailed)
+            if self.debugger is not None and not isinstance(e, GuestFailed):
+                self.debugger.at_failure(self, e)  # --break-on fail: see the state before the failure is final
+            cancelled = e.code in (codes.CANCELLED, codes.PAUSED_TOO_LONG) and not isinstance(e, GuestFailed)
             status = JobStatus.CANCELLED if cancelled else JobStatus.FAILED
             envelope = Envelope(status, self.usage, error=JobError(e.code, e.message))
         except EventBudgetExceeded as e:
@@ -190,7 +212,11 @@ class Reactor:
         except Exception as e:  # a host bug must still end the job cleanly
             envelope = Envelope(JobStatus.FAILED, self.usage, error=internal_error(self.job_id, e))
         finally:
-            self._release()
+            try:
+                self._release()
+            finally:
+                if self.debugger is not None:
+                    self.debugger.end()
         self.usage.duration_ms = int((time.monotonic() - self._started) * 1000)
         return envelope
 
@@ -223,16 +249,24 @@ class Reactor:
         self.guest = Guest(self.wasm, self.limits, [streaming], deadline=self.deadline)
         if self.cancel.is_set():
             self.guest.interrupt()
+        debugger = self.debugger
+        if debugger is not None:
+            debugger.stop_point(self, None)  # --debug: paused before cf_init
+            self._check_running()
         command = self.guest.init(self.input_json)
         self.stats.steps = 1
         while True:
             self.pending_command = command.cmd
+            if debugger is not None:
+                debugger.stop_point(self, command)  # before the host carries it out
             self._check_running()
             if isinstance(command, abi.Done):
                 return self._result(command)
             if isinstance(command, abi.Fail):
                 raise GuestFailed(command.code, command.message)
             event = self._execute(command)
+            if debugger is not None:
+                debugger.answered(command, event)
             if self.stats.steps >= self.limits.max_steps:
                 raise JobEnd(codes.LIMIT_EXCEEDED,
                              f"the guest returned {self.stats.steps} commands without finishing (max_steps)")

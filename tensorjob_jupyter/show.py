@@ -41,11 +41,18 @@ class Playback:
         header = read_header(self.run_dir)  # checks the version before anything is shown
         self.id = self.run_dir.name
         self.name = header.name
+        #: The run was debugged (``--debug``, ``--break-on``): a view shows its pauses in the debugger's panel.
+        self.debugging = isinstance((header.created or {}).get("debug"), dict)
         self.speed = speed
         self._skip = threading.Event()
         self._recorded_s = 0.0  # the recorded time of the latest event handed out
         self._started: float | None = None
         self._offset_s = 0.0  # the recorded time the pacing started from
+
+    @property
+    def transcript_path(self):
+        """The recorded run's ``events.jsonl`` (what a finished view scrubs over, ``view/scrub.py``)."""
+        return self.reader.path
 
     # -- the clock a ViewState reads ------------------------------------------------------
 

@@ -8,12 +8,15 @@ and reads the rendered widgets from the page: the view appears, the streamed
 tokens grow, the progress bar and the file coverage move and end full, the
 status reads ``completed`` and the result is shown. Then it adds a cell with
 a longer job, clicks that view's Cancel button while the cell is still
-waiting, and checks the view ends ``cancelled``.
+waiting, and checks the view ends ``cancelled``. Last, a cell runs a small
+guest with ``--debug``: the view's debug bar appears, clicking Step changes
+the command panel (while the cell waits), Continue runs it to the end, and
+the slider over the finished job's events appears.
 
 Screenshots of the running and the finished view are kept as test artifacts
 in ``test-artifacts/browser/``; with ``TENSORJOB_UPDATE_SCREENSHOTS=1`` a
 passing run also copies them to ``docs/``, the pictures README.md and
-notebook 01 show.
+notebook 01 show (and README's debug bar).
 
 The test is marked ``browser``. It skips only when ``/usr/bin/chromium`` or
 the ``playwright`` package is absent -- and not even then when
@@ -88,6 +91,11 @@ def _fresh_notebooks(root: Path) -> None:
         if name == "docs" and not (ROOT / name).is_dir():
             continue
         shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    import wat  # tests/wat.py: the guest the debugging part steps through
+
+    (root / "notebooks" / DEBUG_GUEST).write_text(wat.script_wat(
+        [{"cmd": "emit", "progress": "first step"}, {"cmd": "emit", "progress": "second step"},
+         {"cmd": "done", "result": "debugged"}]))
     for path in (root / "notebooks").glob("*.ipynb"):
         nb = json.loads(path.read_text())
         for cell in nb["cells"]:
@@ -164,8 +172,14 @@ SNAPSHOT_JS = """() => [...document.querySelectorAll('.tensorjob-view')].map(v =
     result: (v.querySelector('.tj-result') || {}).textContent || null,
     error: (v.querySelector('.tj-error') || {}).textContent || null,
     button: button ? {text: button.textContent.trim(), disabled: button.disabled} : null,
+    where: (v.querySelector('.tj-debug-where') || {}).textContent || null,
+    command: (v.querySelector('.tj-debug-command') || {}).textContent || null,
+    scrub: !!v.querySelector('.tj-scrub input, .tj-scrub .slider') && v.querySelector('.tj-scrub').offsetParent !== null,
   };
 })"""
+#: A guest for the debugging part: two commands, then done.
+DEBUG_GUEST = "debug-guest.wat"
+DEBUG_JOB = f"%tensorjob run {DEBUG_GUEST} --debug"
 
 
 # The notebook's kernel is connected and idle: the toolbar names it and the status bar says "| Idle".
@@ -385,6 +399,49 @@ def test_the_live_view_in_jupyterlab(jupyterlab):
             assert "tensorjob summarise.c: cancelled" in output2, f"the cell's summary line is missing:\n{output2}"
             page.wait_for_timeout(300)
             long_view.screenshot(path=str(shots / "live-view-cancelled.png"))
+
+            # A guest stepped with the debug bar while its cell waits.
+            page.keyboard.press("Escape")
+            _cell(page, new).locator(".jp-InputPrompt").click()
+            page.keyboard.press("b")
+            dbg = new + 1
+            page.wait_for_function(
+                "n => document.querySelectorAll('.jp-NotebookPanel .jp-Notebook .jp-Cell').length > n", arg=dbg + 1)
+            page.keyboard.press("Enter")
+            page.keyboard.insert_text(DEBUG_JOB)
+            page.keyboard.press("Shift+Enter")
+            debug_view = _cell(page, dbg).locator(".tensorjob-view")
+
+            def debug_snapshot(predicate, what, timeout_s=30):
+                deadline = time.monotonic() + timeout_s
+                while time.monotonic() < deadline:
+                    views = _views(page)
+                    if len(views) >= 3 and predicate(views[2]):
+                        return views[2]
+                    time.sleep(0.05)
+                views = _views(page)
+                pytest.fail(f"the debug view never showed {what}: {views[2] if len(views) >= 3 else views}; "
+                            f"cell text:\n{_cell(page, dbg).inner_text()[-2000:]}", pytrace=False)
+
+            def step_button():  # by its text ("Step to next infer" also starts with Step)
+                return debug_view.locator("button", has_text=re.compile(r"^\s*Step\s*$"))
+
+            first = debug_snapshot(lambda v: v["where"] and "before cf_init" in v["where"], "its first pause")
+            assert first["command"] is None and first["status"] == "paused", first
+            page.wait_for_function("b => !b.disabled", arg=step_button().element_handle())
+            step_button().click()
+            one = debug_snapshot(lambda v: v["command"] and "first step" in v["command"], "step 1's command")
+            assert _prompt(page, dbg) == "[*]:", "the debug cell is not waiting while it is stepped"
+            page.wait_for_function("b => !b.disabled", arg=step_button().element_handle())
+            step_button().click()
+            two = debug_snapshot(lambda v: v["command"] and "second step" in v["command"], "step 2's command")
+            assert one["command"] != two["command"] and "before step 2" in two["where"], (one, two)
+            debug_view.screenshot(path=str(shots / "debug-view.png"))
+            debug_view.locator("button", has_text=re.compile(r"^\s*Continue\s*$")).click()
+            done = debug_snapshot(lambda v: v["status"] == "completed" and v["scrub"], "the end and its slider")
+            assert "debugged" in (done["result"] or ""), done
+            output3 = _wait_executed(page, dbg, 30, "the debug cell")
+            assert "tensorjob debug-guest.wat: completed" in output3, output3
         except BaseException:
             with contextlib.suppress(Exception):  # the whole page, for whoever reads the failure
                 page.screenshot(path=str(shots / "failure.png"))
@@ -392,12 +449,12 @@ def test_the_live_view_in_jupyterlab(jupyterlab):
         finally:
             context.close()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    for name in ("live-view-running.png", "live-view.png", "live-view-cancelled.png"):
+    for name in ("live-view-running.png", "live-view.png", "live-view-cancelled.png", "debug-view.png"):
         shutil.copyfile(shots / name, ARTIFACTS / name)
     if os.environ.get("TENSORJOB_UPDATE_SCREENSHOTS", "") not in ("", "0"):
         # Only a passing run updates the pictures README.md and notebook 01 show.
         DOCS.mkdir(exist_ok=True)
-        for name in ("live-view-running.png", "live-view.png"):
+        for name in ("live-view-running.png", "live-view.png", "debug-view.png"):
             shutil.copyfile(shots / name, DOCS / name)
     print(f"\njob view: {len(seen)} polls, {job_s:.1f} s, token lengths {len(lengths)} distinct, progress {progress}, "
           f"coverage {coverage}; cancel took effect {cancel_s:.2f} s after the click; screenshots in {shots}")

@@ -181,3 +181,156 @@ def test_defaults_come_from_ipython_config_and_config_changes_them(kernel):
     _, messages = run(kc, "print(tensorjob_jupyter_last := __import__('tensorjob_jupyter').jobs()[-1].envelope.error.message)")
     assert "99 commands" in stdout(messages) and "max_steps" in stdout(messages)
     run(kc, "%config TensorJob.max_steps = 1000000")
+
+
+# --- debugging: the debug bar's clicks while the cell waits, and --bg jobs stepped from later cells -------------
+
+EMIT = {"cmd": "emit", "progress": {"done": 1, "total": 3}}
+#: A cf_step that takes a fraction of a millisecond, so an endless guest does not flood the kernel.
+SLOW_STEP = dict(step_prelude="(global.set $n (i32.const 0)) (block $b (loop $l (global.set $n (i32.add "
+                              "(global.get $n) (i32.const 1))) (br_if $b (i32.ge_u (global.get $n) "
+                              "(i32.const 300000))) (br $l)))",
+                 extra="(global $n (mut i32) (i32.const 0))")
+
+
+def read_until(kc, messages, predicate, what, timeout=20):
+    """Read IOPub into ``messages`` until ``predicate(widget states)`` holds."""
+    deadline = time.monotonic() + timeout
+    while not predicate(widget_states(messages)):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}; debug panel: {debug_panel(messages)!r}"
+        try:
+            messages.append(kc.get_iopub_msg(timeout=0.2))
+        except queue.Empty:
+            pass
+
+
+def button(states, label):
+    ids = [cid for cid, s in states.items() if s.get("_model_name") == "ButtonModel" and s.get("description") == label]
+    return ids[0] if ids else None
+
+
+def enabled(states, label):
+    cid = button(states, label)
+    return cid is not None and not states[cid].get("disabled", False)
+
+
+def panel_of(states) -> str:
+    return next((s["value"] for s in states.values() if 'class="tj-debug"' in str(s.get("value", ""))), "")
+
+
+def debug_panel(messages) -> str:
+    return panel_of(widget_states(messages))
+
+
+def click(kc, states, label):
+    cid = button(states, label)
+    assert cid is not None, f"no {label} button"
+    kc.session.send(kc.shell_channel.socket, "comm_msg",
+                    {"comm_id": cid, "data": {"method": "custom", "content": {"event": "click"}}})
+
+
+def cancel_on_failure(kc, drive):
+    """If driving the view fails, click Cancel before failing, so the next test finds the kernel idle."""
+    def driven(messages):
+        try:
+            drive(messages)
+        except BaseException:
+            try:
+                click(kc, widget_states(messages), "Cancel")
+            except Exception:  # noqa: BLE001
+                pass
+            raise
+    return driven
+
+
+def progress_value(states) -> float:
+    return next((s.get("value", 0) for s in states.values() if s.get("_model_name") == "FloatProgressModel"), 0)
+
+
+def test_the_debug_bar_steps_a_waiting_cell_through_comm_messages(kernel):
+    _, kc = kernel
+    cell = "%%tensorjob --debug\n" + wat.script_wat([EMIT, {"cmd": "emit", "progress": "two"},
+                                                     {"cmd": "infer", "prompt": "never run", "max_tokens": 4},
+                                                     {"cmd": "done", "result": 1}])
+    seen = []
+
+    def drive(messages):
+        read_until(kc, messages, lambda s: "before cf_init" in panel_of(s) and enabled(s, "Step")
+                   and not enabled(s, "Pause"), "the first pause")
+        states = widget_states(messages)
+        assert not enabled(states, "Pause") and enabled(states, "Continue") and enabled(states, "Step to next infer")
+        seen.append(panel_of(states))
+        click(kc, states, "Step")
+        read_until(kc, messages, lambda s: "before step 1" in panel_of(s) and enabled(s, "Step"), "step 1")
+        seen.append(panel_of(widget_states(messages)))
+        click(kc, widget_states(messages), "Step")
+        read_until(kc, messages, lambda s: "before step 2" in panel_of(s) and enabled(s, "Step"), "step 2")
+        seen.append(panel_of(widget_states(messages)))
+        click(kc, widget_states(messages), "Step to next infer")
+        read_until(kc, messages, lambda s: "before step 3" in panel_of(s) and enabled(s, "Step"), "step 3")
+        seen.append(panel_of(widget_states(messages)))
+        click(kc, widget_states(messages), "Cancel")
+
+    reply, messages = run(kc, cell, during=cancel_on_failure(kc, drive), timeout=60)
+    assert reply["content"]["status"] == "ok"
+    assert "tensorjob cell.wat: cancelled" in stdout(messages)
+    start, step1, step2, step3 = seen
+    assert "tj-debug-command" not in start and "started paused" in start
+    assert "next command" in step1 and "&quot;emit&quot;" in step1 and "answered by" not in step1
+    assert "last command" in step2 and "emitted" in step2 and "&quot;two&quot;" in step2
+    assert "<code>infer</code>" in step3 and "never run" in step3 and "step to" in step3
+    states = widget_states(messages)
+    assert all(states[button(states, b)]["disabled"] for b in ("Continue", "Step", "Step to next infer", "Pause"))
+    assert "tokens" not in stdout(messages) or "0 out" in stdout(messages)  # the infer never ran: no model
+
+
+def test_breakpoints_and_pause_through_comm_messages(kernel):
+    _, kc = kernel
+    endless = "%%tensorjob --break-on done --max-steps 1000000\n" + wat.script_wat([EMIT], **SLOW_STEP)
+
+    def drive(messages):
+        read_until(kc, messages, lambda s: enabled(s, "Pause") and progress_value(s) > 0, "the job running")
+        click(kc, widget_states(messages), "Pause")
+        read_until(kc, messages, lambda s: "paused</b> before step" in panel_of(s) and enabled(s, "Continue"),
+                   "the pause")
+        assert "· Pause" in debug_panel(messages)
+        click(kc, widget_states(messages), "Continue")
+        read_until(kc, messages, lambda s: enabled(s, "Pause"), "running again")
+        click(kc, widget_states(messages), "Cancel")
+
+    reply, messages = run(kc, endless, during=cancel_on_failure(kc, drive), timeout=60)
+    assert reply["content"]["status"] == "ok" and "tensorjob cell.wat: cancelled" in stdout(messages)
+
+    breaks = "%%tensorjob --break-on emit\n" + wat.script_wat([EMIT, {"cmd": "emit", "progress": "b"},
+                                                               {"cmd": "done", "result": "through"}])
+
+    def go_on(messages):
+        for step in (1, 2):
+            read_until(kc, messages, lambda s: f"before step {step}" in panel_of(s) and enabled(s, "Continue"),
+                       f"the breakpoint at step {step}")
+            assert "breakpoint on <code>emit</code>" in debug_panel(messages)
+            click(kc, widget_states(messages), "Continue")
+
+    reply, messages = run(kc, breaks, during=cancel_on_failure(kc, go_on), timeout=60)
+    assert result_text(messages) == "'through'"
+
+
+def test_a_bg_job_is_stepped_from_later_cells_and_an_interrupt_ends_a_paused_cell(kernel, tmp_path):
+    km, kc = kernel
+    guest = tmp_path / "debugged.wat"
+    guest.write_text(wat.script_wat([EMIT, {"cmd": "done", "result": "stepped"}]))
+    reply, _ = run(kc, f"j = %tensorjob run {guest} --debug --bg")
+    assert reply["content"]["status"] == "ok"
+    _, messages = run(kc, "s = j.step(timeout=10)\nprint(s['step'], s['command']['cmd'], j.paused)")
+    assert stdout(messages) == "1 emit True\n"
+    _, messages = run(kc, "%tensorjob jobs")
+    assert "paused" in stdout(messages)
+    _, messages = run(kc, "j.resume()\nprint(j.wait(10).result, j.paused)")
+    assert stdout(messages) == "stepped False\n"
+
+    def interrupt(messages):
+        read_until(kc, messages, lambda s: "before cf_init" in panel_of(s), "the first pause")
+        km.interrupt_kernel()
+
+    reply, messages = run(kc, f"%tensorjob run {guest} --debug", during=interrupt, timeout=30)
+    assert reply["content"]["status"] == "ok" and "debugged.wat: cancelled" in stdout(messages)

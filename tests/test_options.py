@@ -6,9 +6,14 @@ shell), and ``tj.Job``/``tj.map`` (Python keywords) -- is given every option
 of ``options.OPTIONS`` at once, each with a value other than its default, and
 the job's own record of what it ran under (the ``job.created`` event of its
 transcript) must show every one of them. ``--cflags`` is seen in the result:
-the guest returns a number the flag defines.
+the guest returns a number the flag defines. ``--debug`` and ``--break-on``
+are seen in ``job.created``'s ``debug``; the job starts paused, so each entry
+point is driven past the pause: a terminal's stdin is closed (the prompt then
+lets the job run on), a magic's prompt is answered ``c`` (continue), and
+Python calls ``job.resume()``.
 """
 
+import dataclasses
 import hashlib
 import json
 import subprocess
@@ -67,7 +72,7 @@ def flags(world, *, one_job: bool = True) -> list[str]:
             "--no-prompt-cache",
             "--runs", str(world / "runs"), "--cflags=-DANSWER=42", "--zigflags=-fno-strip", "--force"]
     if one_job:
-        argv += ["--input", '{"x": [1, "two"]}']
+        argv += ["--input", '{"x": [1, "two"]}', "--debug", "--break-on", "infer,open", "--break-on", "fail"]
     for name, value in LIMITS.items():
         argv += [BY_NAME[name].flag, str(value)]
     return argv
@@ -97,6 +102,10 @@ def check_created(created: dict, world, *, one_job: bool = True) -> None:
     assert created["infer"]["cache_prompt"] is False
     if one_job:
         assert created["input"] == {"x": [1, "two"]}
+        assert created["debug"] == {"start_paused": True, "break_on": ["fail", "infer", "open"],
+                                    "max_paused_s": LIMITS["max_paused_s"]}
+    else:
+        assert "debug" not in created  # a map does not debug its items
 
 
 def transcripts(runs: Path) -> list[dict]:
@@ -106,7 +115,7 @@ def transcripts(runs: Path) -> list[dict]:
 
 def cli(*argv, cwd):
     return subprocess.run([sys.executable, "-m", "tensorjob_jupyter.cli", *argv], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
+                          cwd=cwd, timeout=300, stdin=subprocess.DEVNULL)
 
 
 @pytest.mark.slow
@@ -140,15 +149,26 @@ def magic_line(world, *, one_job=True) -> str:
     return " ".join(f"'{a}'" if " " in a or "{" in a else a for a in flags(world, one_job=one_job))
 
 
-def test_every_option_through_the_cell_magic(ip, world, monkeypatch):
+@pytest.fixture
+def answer_continue(monkeypatch):
+    """The magics' debug prompt (no widgets here) is answered ``c``: continue."""
+    from tensorjob_jupyter import magic
+
+    answers = []
+    monkeypatch.setattr(magic, "_input_line", lambda: answers.append("c") or "c")
+    return answers
+
+
+def test_every_option_through_the_cell_magic(ip, world, monkeypatch, answer_continue):
     monkeypatch.chdir(world)
     value = ip.run_cell_magic("tensorjob", magic_line(world) + " --quiet", GUEST_C)
     assert value == {"answer": 42}
     [created] = transcripts(world / "runs")
     check_created(created, world)
+    assert answer_continue == ["c"]  # paused once, before cf_init
 
 
-def test_every_option_through_the_line_magics(ip, world, monkeypatch):
+def test_every_option_through_the_line_magics(ip, world, monkeypatch, answer_continue):
     monkeypatch.chdir(world)
     assert ip.run_line_magic("tensorjob", f"run guest.c {magic_line(world)} --quiet") == {"answer": 42}
     result = ip.run_line_magic("tensorjob", f"map guest.c --over m.jsonl --run-dir run "
@@ -175,7 +195,12 @@ def test_every_option_as_a_python_keyword(world, monkeypatch):
                          model=str(world / "other.gguf"), chat=True, temperature=0.25, seed=7, top_p=0.5,
                          repeat_penalty=1.3, lora=(f"style={world / 'style.gguf'}:0.5",), no_prompt_cache=True,
                          runs=str(world / "runs"), cflags=("-DANSWER=42",), limits=tj.Limits(**LIMITS))
-    envelope = tj.run(options.guest(world / "guest.c"), **options.job_kwargs())
+    assert options.job_kwargs()["debug"] is False
+    options = dataclasses.replace(options, debug=True, break_on=("infer", "open", "fail"))
+    job = tj.Job(options.guest(world / "guest.c"), **options.job_kwargs()).start()
+    assert job.wait_paused(30)["step"] == 0
+    job.resume()
+    envelope = job.wait(30)
     assert envelope.result == {"answer": 42}
     # ...and limits as plain keywords, without building a Limits.
     job = tj.Job(options.guest(world / "guest.c"), runs_dir=world / "runs", **LIMITS)
@@ -200,6 +225,7 @@ def test_an_unknown_keyword_names_the_limits():
     ("--memory-bytes", "lots", "--memory-bytes: 'lots' is not a size"),
     ("--call-timeout", "0", "--call-timeout must be a positive number"),
     ("--input", "{nope", "--input is not valid JSON"),
+    ("--break-on", "infer,inferr", "--break-on: 'inferr' is not a command"),
     ("--input", '"\\ud800"', "not valid Unicode"),
     ("--read", "/no/such", "--read /no/such: no such file or directory"),
     ("--model", "/no/model.gguf", "--model /no/model.gguf: model file not found"),

@@ -125,3 +125,21 @@ def test_the_installed_ipykernel_is_the_tested_one_and_has_the_internals_used():
     assert callable(getattr(BaseComm, "_reply_subshell_for", None))
     assert isinstance(getattr(Kernel, "_supports_kernel_subshells", None), property)
     assert callable(getattr(SubshellManager, "_create_subshell", None))
+
+
+def test_a_routed_comm_stays_routed_when_the_kernel_sends_on_it(kernel):
+    """ipykernel 7.4's publish_msg points a comm at the sender's subshell (None: the main thread) on every
+    send; the debug buttons' state is written while the job runs, so their routing must survive that."""
+    kernel["kernel"] = FakeKernel()
+
+    class PublishingComm(RoutingComm):
+        def publish_msg(self):  # what BaseComm.publish_msg does on the updater thread
+            self._reply_subshell_id = None
+
+    comm = PublishingComm()
+    assert side_channel.route_clicks_to_side_thread(FakeWidget(comm)) is True
+    comm.publish_msg()
+    assert comm._reply_subshell_for({}, "main") == "subshell-1"
+    other = PublishingComm()
+    assert side_channel.route_clicks_to_side_thread(FakeWidget(other)) is True
+    assert type(other) is type(comm) and isinstance(other, PublishingComm)

@@ -226,7 +226,7 @@ def test_every_job_and_map_status_has_its_one_colour():
     from tensorjob_jupyter.abi import JobStatus
     from tensorjob_jupyter.view import render
 
-    job_statuses = {s.value for s in JobStatus if s.is_terminal} | {"running"}
+    job_statuses = {s.value for s in JobStatus if s.is_terminal} | {"running", "paused"}  # paused: a debugger holds it
     map_statuses = {"running", "finished", "cancelled", "error"}  # fanout.progress.MapProgress.status
     assert job_statuses | map_statuses == set(render.STATUS_COLOURS)
     for status in job_statuses | map_statuses:

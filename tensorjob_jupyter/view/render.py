@@ -6,7 +6,9 @@ passes through ``text.for_html`` before it is placed in markup, so a guest
 that emits ``<script>`` shows the characters ``<script>``. Thumbnails of the
 images a guest made are PNG bytes (checked by signature and size when the
 event is folded in) re-encoded as base64 here, so only base64 reaches the
-``src`` attribute. Markup built here uses
+``src`` attribute. The debug panel (a paused job's command, the event that
+answered the last one, handles, memory) shows guest-made values only through
+the same bounded, escaped ``json_tree``. Markup built here uses
 inline styles only (no script, no external resources), so it renders the
 same in JupyterLab, Notebook, VS Code and nbconvert's HTML.
 """
@@ -29,8 +31,9 @@ GREY = "#57606a"
 LIGHT_GREY = "#d0d7de"
 PALE = "#f6f8fa"
 #: A job's statuses (running, completed, failed, cancelled) and a map's (finished, error).
+PURPLE = "#8250df"
 STATUS_COLOURS = {"running": BLUE, "completed": GREEN, "finished": GREEN, "failed": RED, "error": RED,
-                  "cancelled": AMBER}
+                  "cancelled": AMBER, "paused": PURPLE}
 PRE = "white-space:pre-wrap;word-break:break-word;margin:0;font-size:12px;"
 MAX_HEX_BYTES = 128
 #: Bounds of the result's JSON tree: it renders in time and size independent of the value.
@@ -62,8 +65,9 @@ def header(state: ViewState) -> str:
         bits.append(f"{state.tokens} tokens")
     if rate is not None:
         bits.append(f"{rate:.1f} tok/s")
+    status = "paused" if state.paused and not state.done else state.status
     return (f'<div style="font-family:sans-serif"><b>tensorjob</b> {for_html(state.name)} '
-            f'{status_badge(state.status)} '
+            f'{status_badge(status)} '
             f'<span class="tj-elapsed" style="color:{GREY}">{" · ".join(bits)}</span></div>')
 
 
@@ -258,5 +262,71 @@ def usage(state: ViewState) -> str:
             f'model {for_html(u["model"] or "none")}</div>')
 
 
+#: Why a job paused, as the debug panel says it.
+PAUSE_REASONS = {"start": "started paused (--debug)", "pause": "Pause", "step": "Step", "until": "step to",
+                 "break": "breakpoint", "failure": "before the failure is final (--break-on fail)"}
+
+
+def debug(state: ViewState) -> str:
+    """The debugger's panel: where the job is paused and why, the command about to be carried out, the last
+    command and the event that answered it, open handles, guest memory."""
+    if not state.debugging:
+        return ""
+    d = state.debug
+    box = f'<div class="tj-debug" style="font-family:sans-serif;font-size:12px;border-left:3px solid {PURPLE};' \
+          f'padding-left:6px;margin:4px 0">'
+    if d is None:
+        what = "ended before it paused" if state.done else "running (paused at the next command when asked)"
+        return f'{box}<b>debugger</b> <span class="tj-debug-where">{what}</span></div>'
+    step = d["step"]
+    command = d["command"] if isinstance(d["command"], dict) else {}
+    cmd = command.get("cmd")
+    if step == 0 and d["reason"] != "failure":
+        where = "before cf_init"
+    else:
+        where = f"before step {step}" if step is not None else "at a step"
+        if isinstance(cmd, str):
+            where += f" (<code>{for_html(cmd)}</code>)"
+    why = for_html(PAUSE_REASONS.get(d["reason"], d["reason"]))
+    if d["reason"] == "until" and d["until"]:
+        why += f" <code>{for_html(d['until'])}</code>"
+    elif d["reason"] == "break" and isinstance(cmd, str):
+        why += f" on <code>{for_html(cmd)}</code>"
+    if state.paused and not state.done:
+        head = f'<b>paused</b> {where} · {why}'
+    else:
+        head = f'<b>{"ended" if state.done else "running"}</b> · last paused {where} · {why}'
+    parts = [f'{box}<div class="tj-debug-where">{head}</div>']
+    if d["error"]:
+        parts.append(f'<div class="tj-debug-error" style="color:{RED}"><b>{for_html(d["error"]["code"])}</b>: '
+                     f'{for_html(d["error"]["message"])}</div>')
+    tree = 'style="font-family:monospace;font-size:12px;line-height:1.4"'
+    if d["command"] is not None:
+        parts.append(f'<div class="tj-debug-command" {tree}><b style="font-family:sans-serif">next command</b> '
+                     f'<span style="color:{GREY}">(returned by the guest, not yet carried out)</span>'
+                     f'{json_tree(d["command"])}</div>')
+    if d["last_command"] is not None:
+        parts.append(f'<div class="tj-debug-last" {tree}><b style="font-family:sans-serif">last command</b>'
+                     f'{json_tree(d["last_command"])}</div>')
+    if d["last_event"] is not None:
+        parts.append(f'<div class="tj-debug-event" {tree}><b style="font-family:sans-serif">answered by</b>'
+                     f'{json_tree(d["last_event"])}</div>')
+    bits = []
+    if d["step"] is not None:
+        bits.append(f'<span class="tj-debug-step">step {d["step"]}</span>')
+    if d["memory_bytes"] is not None:
+        peak = f" (peak {human_bytes(d['peak_memory_bytes'])})" if d["peak_memory_bytes"] is not None else ""
+        bits.append(f'guest memory {human_bytes(d["memory_bytes"])}{peak}')
+    open_count = d["open_handles"] if d["open_handles"] is not None else len(d["handles"])
+    handles = ", ".join(f'#{h} <code>{for_html(path)}</code> ({human_bytes(n)}, {for_html(kind)})'
+                        for h, path, n, kind in d["handles"])
+    more = open_count - len(d["handles"])
+    handles += f" … {more} more" if more > 0 else ""
+    bits.append(f'<span class="tj-debug-handles">{open_count} open handle{"" if open_count == 1 else "s"}'
+                f'{": " + handles if handles else ""}</span>')
+    parts.append(f'<div style="color:{GREY};font-size:11px">{" · ".join(bits)}</div></div>')
+    return "".join(parts)
+
+
 RENDERERS = {"header": header, "log": log, "tokens": tokens, "files": files, "output": output,
-             "result": result, "usage": usage}
+             "result": result, "usage": usage, "debug": debug}

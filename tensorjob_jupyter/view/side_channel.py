@@ -7,7 +7,16 @@ can run shell messages on *subshells*, threads of their own, and ipykernel
 7.4 routes the front end's messages for a comm to the subshell named by the
 comm's ``_reply_subshell_id``. We create one such subshell per kernel and
 point the Cancel button's comm at it, so its click handler (which only sets
-a flag and interrupts the guest) runs at once on that thread.
+a flag and interrupts the guest) runs at once on that thread. The debugger's
+buttons and the scrub slider go the same way.
+
+ipykernel also re-points a comm at the subshell of whoever last *sent* on it
+(``BaseComm.publish_msg``), so a widget whose state the view's updater
+thread writes -- a debug button enabled and disabled as the job pauses and
+runs -- would fall back to the main thread at its first update. A routed
+comm is therefore *pinned*: its class is swapped for a subclass whose
+``_reply_subshell_id`` always names the side subshell (writes to it are
+ignored).
 
 This leans on ipykernel internals (``_supports_kernel_subshells``,
 ``shell_channel_thread.manager._create_subshell``, the comm's
@@ -34,7 +43,34 @@ TESTED_IPYKERNEL = ">=7.4,<7.5"
 
 _lock = threading.Lock()
 _subshell_ids: dict[int, str] = {}
+_pinned_classes: dict[type, type] = {}
 _warned = False
+
+
+def _pinned_id(comm) -> str | None:
+    return comm.__dict__.get("_tensorjob_side_subshell")
+
+
+def _ignore(comm, value) -> None:
+    """ipykernel points the comm at the sender's subshell on each send: the pin stays."""
+
+
+def _pin(comm, subshell_id: str) -> None:
+    """Route ``comm``'s front-end messages to ``subshell_id`` for good (see the module doc)."""
+    cls = type(comm)
+    if getattr(cls, "_tensorjob_pinned", False):
+        comm.__dict__["_tensorjob_side_subshell"] = subshell_id
+        return
+    with _lock:
+        pinned = _pinned_classes.get(cls)
+        if pinned is None:
+            pinned = type(cls)(f"SideChannel{cls.__name__}", (cls,),
+                               {"_reply_subshell_id": property(_pinned_id, _ignore), "_tensorjob_pinned": True,
+                                "__module__": __name__})
+            _pinned_classes[cls] = pinned
+    comm.__dict__["_tensorjob_side_subshell"] = subshell_id
+    comm.__dict__.pop("_reply_subshell_id", None)
+    comm.__class__ = pinned
 
 
 def _kernel():
@@ -100,7 +136,7 @@ def route_clicks_to_side_thread(widget) -> bool:
             return _cannot_route("the widget has no comm")
         if not getattr(kernel, "_supports_kernel_subshells", False) or not hasattr(comm, "_reply_subshell_for"):
             return _cannot_route(f"ipykernel {_ipykernel_version()} has no comm reply routing to subshells")
-        comm._reply_subshell_id = _side_subshell(kernel)
+        _pin(comm, _side_subshell(kernel))
         return True
     except Exception as e:  # noqa: BLE001 - best effort; the fallbacks are documented above
         return _cannot_route(f"routing failed: {type(e).__name__}: {e}")

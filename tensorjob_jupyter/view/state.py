@@ -6,8 +6,15 @@ form ``{"done": n, "total": m}`` or ``{"fraction": x}`` (anything else is a
 log line), the streamed text of each infer, every open file with the byte
 ranges read from it and a preview of the latest window (for a document, the
 pages read and the latest page's text; for an image the host made, a small
-thumbnail), the guest's streamed output, the result and the usage. Each section records whether it
+thumbnail), the guest's streamed output, the result and the usage, and for a job being
+debugged (``debug.py``) whether it is paused and what its latest pause showed
+(``job.paused``: the step, the command about to be carried out, the last
+command and the event that answered it, handles, memory). Each section records whether it
 changed since the last render, so a view resends only what moved.
+
+``copy()`` is cheap (the bulky parts are joined or shared, never deep-copied
+value by value), so a finished job can be re-folded to any event from
+checkpoints (``view/scrub.py``): the same folding, from a nearer start.
 
 Keeping this pure makes the view testable without a front end and lets the
 widget, the plain-text summary and any future renderer share one reading of
@@ -23,6 +30,7 @@ import base64
 import bisect
 import codecs
 import json
+import copy as _copy
 import logging
 import math
 import time
@@ -42,7 +50,9 @@ MAX_RANGES = 4096
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MAX_THUMBNAIL_BYTES = 64 * 1024  # a thumbnail bigger than this is not shown
 
-SECTIONS = ("header", "progress", "log", "tokens", "files", "output", "result", "usage")
+SECTIONS = ("header", "progress", "log", "tokens", "files", "output", "result", "usage", "debug")
+#: Open handles a pause's panel lists at most.
+MAX_DEBUG_HANDLES = 64
 
 
 @dataclass
@@ -97,6 +107,12 @@ class FileState:
     def bytes_covered(self) -> int:
         return sum(b - a for a, b in self.ranges)
 
+    def copy(self) -> "FileState":
+        new = _copy.copy(self)
+        new.ranges = [r[:] for r in self.ranges]
+        new.pages_read = set(self.pages_read)
+        return new
+
 
 #: Structured output (a JSON format, a tool call's arguments) longer than this is not parsed for the tree.
 MAX_TREE_TEXT_CHARS = 64 * 1024
@@ -134,6 +150,13 @@ class InferState:
         except ValueError:
             pass
 
+    def copy(self) -> "InferState":
+        if len(self.parts) > 1:
+            self.parts = ["".join(self.parts)]  # the same text, one string: copies stay cheap
+        new = _copy.copy(self)
+        new.parts = list(self.parts)
+        return new
+
 
 class ViewState:
     def __init__(self, name: str = "guest", *, clock: Callable[[], float] = time.monotonic) -> None:
@@ -160,6 +183,11 @@ class ViewState:
         self.output_bytes = 0
         self.chunks = 0
         self.events_seen = 0
+        # A job being debugged: whether it is paused now, and its latest pause (a job.paused event, checked).
+        self.debugging = False
+        self.paused = False
+        self.debug: dict | None = None
+        self.last_type: str | None = None  # the type of the latest event folded in
         self.dirty: set[str] = set(SECTIONS)
 
     # -- derived -------------------------------------------------------------------
@@ -191,11 +219,26 @@ class ViewState:
         dirty, self.dirty = self.dirty, set()
         return dirty
 
+    def copy(self) -> "ViewState":
+        """An independent copy: folding more events into it leaves this one as it is."""
+        new = _copy.copy(self)
+        new.log = deque(self.log, maxlen=MAX_LOG_LINES)
+        new.infers = [i.copy() for i in self.infers]
+        new.files = {h: f.copy() for h, f in self.files.items()}
+        if len(self.output_parts) > 1:
+            self.output_parts = ["".join(self.output_parts)]
+        new.output_parts = list(self.output_parts)
+        new._output_decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        new._output_decoder.setstate(self._output_decoder.getstate())
+        new.dirty = set(self.dirty)
+        return new
+
     # -- folding events ------------------------------------------------------------------
 
     def apply(self, event: dict) -> None:
         """Fold one event in. A malformed event is logged and skipped: the view goes on."""
         self.events_seen += 1
+        self.last_type = event.get("type")
         handler = getattr(self, "_on_" + event["type"].replace(".", "_"), None)
         if handler is not None:
             try:
@@ -351,10 +394,47 @@ class ViewState:
             self.result, self.has_result = env["result"], True
         if self.status == "completed" and self.fraction is not None:
             self.fraction = 1.0
+        self.paused = False
         self.dirty.update(SECTIONS)
 
     #: ``job.interrupted`` is made by ``show.Playback`` for a transcript that stops before the job's end.
     _on_job_completed = _on_job_failed = _on_job_cancelled = _on_job_interrupted = _end
+
+    def _on_job_created(self, event: dict) -> None:
+        if isinstance(event.get("debug"), dict):
+            self.debugging = True
+            self.dirty.add("debug")
+
+    def _on_job_paused(self, event: dict) -> None:
+        """A debugger paused the job (``debug.py``). Every field is checked and bounded again here: a
+        transcript shown later is a file anyone may have written."""
+        from ..debug import bounded
+
+        def count(key: str) -> int | None:
+            value = event.get(key)
+            return value if _count(value) else None
+
+        handles = event.get("handles") if isinstance(event.get("handles"), list) else []
+        error = event.get("error") if isinstance(event.get("error"), dict) else None
+        self.debugging = self.paused = True
+        self.debug = {
+            "pause": count("pause"), "step": count("step"),
+            "reason": str(event.get("reason"))[:40], "until": str(event["until"])[:40] if event.get("until") else None,
+            "command": bounded(event.get("command")), "last_command": bounded(event.get("last_command")),
+            "last_event": bounded(event.get("last_event")),
+            "error": {"code": str(error.get("code"))[:200], "message": str(error.get("message"))[:2000]} if error
+            else None,
+            "handles": [(h.get("handle"), str(h.get("path"))[:512], h.get("len"), str(h.get("kind"))[:40])
+                        for h in handles[:MAX_DEBUG_HANDLES] if isinstance(h, dict) and _count(h.get("handle"))
+                        and _count(h.get("len"))],
+            "open_handles": count("open_handles"),
+            "memory_bytes": count("memory_bytes"), "peak_memory_bytes": count("peak_memory_bytes"),
+        }
+        self.dirty.update(("debug", "header"))
+
+    def _on_job_resumed(self, event: dict) -> None:
+        self.paused = False
+        self.dirty.update(("debug", "header"))
 
     def _on_job_replay_diverged(self, event: dict) -> None:
         """A replay met a command its recording lacks (``replay.py``): one log line."""
