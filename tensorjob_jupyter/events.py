@@ -148,7 +148,31 @@ class _MemoryLog:
 # --- readers -------------------------------------------------------------------------------
 
 
-class Subscription:
+class ReadsEvents:
+    """What every reader of events offers on top of its ``get(timeout)``:
+    ``drain()`` and iteration. (``Subscription`` here; ``show.PlaybackSubscription``.)"""
+
+    def get(self, timeout: float | None = None) -> dict | None:  # pragma: no cover - each reader has its own
+        raise NotImplementedError
+
+    def drain(self) -> list[dict]:
+        """Every event available now, without waiting."""
+        out = []
+        while True:
+            event = self.get(timeout=0)
+            if event is None:
+                return out
+            out.append(event)
+
+    def __iter__(self) -> Iterator[dict]:
+        while True:
+            event = self.get()
+            if event is None:
+                return
+            yield event
+
+
+class Subscription(ReadsEvents):
     """One reader's view of a stream: every event, in order. Iterate it, or ``get()``."""
 
     def __init__(self, stream: "EventStream", maxsize: int, max_bytes: int):
@@ -231,22 +255,6 @@ class Subscription:
     def ended(self) -> bool:
         """True once the stream has closed (events may still wait to be read)."""
         return self._stream.closed
-
-    def drain(self) -> list[dict]:
-        """Every event available now without waiting (read back from the transcript if behind)."""
-        out = []
-        while True:
-            event = self.get(timeout=0)
-            if event is None:
-                return out
-            out.append(event)
-
-    def __iter__(self) -> Iterator[dict]:
-        while True:
-            event = self.get()
-            if event is None:
-                return
-            yield event
 
     def close(self) -> None:
         self._stream._unsubscribe(self)

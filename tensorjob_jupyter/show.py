@@ -28,6 +28,7 @@ import threading
 import time
 from typing import Any, Iterator
 
+from .events import ReadsEvents
 from .transcript import EventReader, read_header
 
 class Playback:
@@ -111,7 +112,7 @@ class Playback:
         return PlaybackSubscription(self)
 
 
-class PlaybackSubscription:
+class PlaybackSubscription(ReadsEvents):
     """``events.Subscription``'s reading side, over a playback."""
 
     def __init__(self, playback: Playback):
@@ -150,21 +151,6 @@ class PlaybackSubscription:
                 self.playback._skip.wait(wait)
         self._next = None
         return self.playback._hand_out(event)
-
-    def drain(self) -> list[dict]:
-        out = []
-        while True:
-            event = self.get(timeout=0)
-            if event is None:
-                return out
-            out.append(event)
-
-    def __iter__(self) -> Iterator[dict]:
-        while True:
-            event = self.get()
-            if event is None:
-                return
-            yield event
 
     def close(self) -> None:
         pass
