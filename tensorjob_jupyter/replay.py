@@ -455,9 +455,19 @@ class ReplayReactor(Reactor):
 
     def _more_than_recorded(self, cmd: abi.Infer, response: ResponseStream, answer: InferAnswer, max_tokens: int,
                             divergence: Divergence) -> abi.Event:
-        """The guest wants more of an answer than the recording holds: stop, or (live) let the model go on."""
+        """The guest wants more of an answer than the recording holds: stop, or (live) let the model go on.
+
+        The model goes on from the middle of an answer only for a plain infer: a constrained one
+        (``format``, ``tools``) or one with its own sampling cannot be continued faithfully, so it stops.
+        """
         self.divergence = divergence
-        if not self.live:
+        extended = [name for name in abi.INFER_EXTENSIONS if getattr(cmd, name) is not None]
+        if self.live and extended:
+            divergence = Divergence(divergence.step, divergence.why, divergence.recorded,
+                                    f"{divergence.asked}; --live cannot continue an answer with "
+                                    f"{', '.join(extended)} from its middle", divergence.kind)
+            self.divergence = divergence
+        if not self.live or extended:
             self._count(answer.tokens_in, len(response.text_parts))
             response.fail(divergence.message(), code=codes.REPLAY_DIVERGENCE, error_type="server_error")
             self._publish("stopped")

@@ -760,3 +760,19 @@ def test_a_malformed_setup_in_a_transcript_is_one_error(tmp_path):
     path.write_bytes(orjson.dumps(created) + b"\n" + b"".join(lines[1:]))
     code, _, err = run_cli("replay", _wasm(tmp_path, guest), "--from", job.id)
     assert code == 2 and "its job.created cannot be replayed" in err and err.count("\n") == 1
+
+
+def test_live_never_continues_a_constrained_answer_from_its_middle(tmp_path):
+    # Recorded: the guest stopped a JSON answer after 2 tokens. Replayed: it wants more. A plain infer
+    # would go on live; a constrained one cannot be continued faithfully, so the replay stops.
+    stop_after_two = wat.script_guest([{"cmd": "infer", "prompt": "p", "max_tokens": 8,
+                                        "format": {"type": "json_object"}}, {"cmd": "done", "result": 1}],
+                                      stop_after_tokens=2)
+    job = tj.Job(stop_after_two, backend=ScriptedBackend('{"a": 1}'), runs_dir=tmp_path / "runs")
+    job.start().wait(30)
+    wants_more = wat.script_guest([{"cmd": "infer", "prompt": "p", "max_tokens": 8,
+                                    "format": {"type": "json_object"}}, {"cmd": "done", "result": 1}],
+                                  stop_after_tokens=5)
+    report = replay(wants_more, job.run_dir, live=True, backend=ScriptedBackend('{"a": 1}'))
+    assert report.stopped and "cannot continue an answer with format" in report.divergence.asked
+    assert report.envelope.error.code == "replay_divergence"
