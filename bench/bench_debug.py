@@ -174,6 +174,18 @@ def refold(job: tj.Job, samples: int, seed: int = 16) -> dict:
             "goal_ms": GOAL_REFOLD_S * 1000, "goal_met": max(total_s) < GOAL_REFOLD_S}
 
 
+def overhead(label: str, unit: str, count: int, run, runs_dir: str, runs: int) -> dict:
+    """``--debug`` with no breakpoints against plain, ``run(count, runs_dir, debug)`` interleaved; printed and returned."""
+    plain, debug, ratios = interleaved(lambda: run(count, runs_dir, False), lambda: run(count, runs_dir, True), runs)
+    ratio = statistics.median(ratios)
+    print(f"{label}: --debug (no breakpoints) {debug:,.0f} {unit}/s against plain {plain:,.0f}: median pair ratio "
+          f"{ratio:.3f} (pairs {min(ratios):.3f}..{max(ratios):.3f}); goal >= {GOAL_OVERHEAD}: "
+          f"{'met' if ratio >= GOAL_OVERHEAD else 'NOT met'}")
+    return {unit: count, f"plain_{unit}_per_s": round(plain), f"debug_{unit}_per_s": round(debug),
+            "ratio": round(ratio, 4), "ratio_min": round(min(ratios), 4), "ratio_max": round(max(ratios), 4),
+            "goal": GOAL_OVERHEAD, "goal_met": ratio >= GOAL_OVERHEAD}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
@@ -189,26 +201,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         runs_dir = str(Path(tmp) / "runs")
         run_emits(500, runs_dir, True)  # warm up: module cache, imports
-        plain, debug, ratios = interleaved(lambda: run_emits(steps, runs_dir, False),
-                                           lambda: run_emits(steps, runs_dir, True), runs)
-        ratio = statistics.median(ratios)
-        print(f"[1a] emit steps: --debug (no breakpoints) {debug:,.0f} steps/s against plain {plain:,.0f}: median pair ratio "
-              f"{ratio:.3f} (pairs {min(ratios):.3f}..{max(ratios):.3f}); goal >= {GOAL_OVERHEAD}: "
-              f"{'met' if ratio >= GOAL_OVERHEAD else 'NOT met'}")
-        summary["emit"] = {"steps": steps, "plain_steps_per_s": round(plain), "debug_steps_per_s": round(debug),
-                           "ratio": round(ratio, 4), "ratio_min": round(min(ratios), 4),
-                           "ratio_max": round(max(ratios), 4), "goal": GOAL_OVERHEAD,
-                           "goal_met": ratio >= GOAL_OVERHEAD}
-        plain, debug, ratios = interleaved(lambda: run_tokens(tokens, runs_dir, False),
-                                           lambda: run_tokens(tokens, runs_dir, True), runs)
-        ratio = statistics.median(ratios)
-        print(f"[1b] tokens: --debug (no breakpoints) {debug:,.0f} tokens/s against plain {plain:,.0f}: median pair ratio "
-              f"{ratio:.3f} (pairs {min(ratios):.3f}..{max(ratios):.3f}); goal >= {GOAL_OVERHEAD}: "
-              f"{'met' if ratio >= GOAL_OVERHEAD else 'NOT met'}")
-        summary["tokens"] = {"tokens": tokens, "plain_tokens_per_s": round(plain), "debug_tokens_per_s": round(debug),
-                             "ratio": round(ratio, 4), "ratio_min": round(min(ratios), 4),
-                             "ratio_max": round(max(ratios), 4), "goal": GOAL_OVERHEAD,
-                             "goal_met": ratio >= GOAL_OVERHEAD}
+        summary["emit"] = overhead("[1a] emit steps", "steps", steps, run_emits, runs_dir, runs)
+        summary["tokens"] = overhead("[1b] tokens", "tokens", tokens, run_tokens, runs_dir, runs)
         data = Path(tmp) / "data"
         data.mkdir()
         job = long_job(runs_dir, data)
