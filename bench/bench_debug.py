@@ -43,10 +43,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import tensorjob_jupyter as tj  # noqa: E402
-from tensorjob_jupyter.inference import ScriptedBackend  # noqa: E402
-from tensorjob_jupyter.view import render  # noqa: E402
-from tensorjob_jupyter.view.scrub import Timeline  # noqa: E402
+import tensorjob_jupyter as tj
+from tensorjob_jupyter.inference import ScriptedBackend
+from tensorjob_jupyter.frontends.view import render
+from tensorjob_jupyter.frontends.view.scrub import Timeline
 
 import wat  # noqa: E402
 

@@ -46,10 +46,10 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 import pypdfium2  # noqa: E402
 
-import tensorjob_jupyter as tj  # noqa: E402
+import tensorjob_jupyter as tj
 from make_sample_pdf import build_pdf  # noqa: E402
-from tensorjob_jupyter.compile import compile_source  # noqa: E402
-from tensorjob_jupyter.documents import RENDER_WIDTH  # noqa: E402
+from tensorjob_jupyter.sandbox.compile import compile_source
+from tensorjob_jupyter.world.documents import RENDER_WIDTH
 
 GUEST = r"""
 #include "tensorjob.h"

@@ -59,8 +59,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import wasmtime  # noqa: E402
 
-import tensorjob_jupyter as tj  # noqa: E402
-from tensorjob_jupyter import abi, events, files, guest as guest_mod, runner  # noqa: E402
+import tensorjob_jupyter as tj
+from tensorjob_jupyter import abi
+from tensorjob_jupyter.record import events
+from tensorjob_jupyter.world import files
+from tensorjob_jupyter.sandbox import guest as guest_mod
+from tensorjob_jupyter.host import reactor as runner
 
 KiB = 1024
 MiB = 1024 * KiB

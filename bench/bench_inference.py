@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-import tensorjob_jupyter as tj  # noqa: E402
-from tensorjob_jupyter.inference.base import GenerateRequest  # noqa: E402
-from tensorjob_jupyter.inference.topology import physical_cores  # noqa: E402
-from tensorjob_jupyter.inference.models import get_backend, resolve_model_path  # noqa: E402
+import tensorjob_jupyter as tj
+from tensorjob_jupyter.inference.base import GenerateRequest
+from tensorjob_jupyter.inference.topology import physical_cores
+from tensorjob_jupyter.inference.models import get_backend, resolve_model_path
 from wat import script_guest  # noqa: E402  (tests/wat.py: scripted WAT guests)
 
 STORY = "Write a long story about a dragon who learns to cook.\n\nOnce upon a time"

@@ -41,8 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import psutil  # noqa: E402
 
-import tensorjob_jupyter as tj  # noqa: E402
-from tensorjob_jupyter.caps import AccessError, Grants  # noqa: E402
+import tensorjob_jupyter as tj
+from tensorjob_jupyter.world.grants import AccessError, Grants
 
 import wat  # noqa: E402  (tests/wat.py: the input-script guest)
 

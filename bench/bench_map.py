@@ -56,9 +56,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 import wat  # noqa: E402  (tests/wat.py)
 from dask_procs import ProcessCluster  # noqa: E402  (tests/dask_procs.py)
 
-from tensorjob_jupyter import Job, Limits  # noqa: E402
-from tensorjob_jupyter.fanout import BackendSpec, process_backend, start_map  # noqa: E402
-from tensorjob_jupyter.inference import ScriptedBackend  # noqa: E402
+from tensorjob_jupyter import Job, Limits
+from tensorjob_jupyter.fanout import BackendSpec, process_backend, start_map
+from tensorjob_jupyter.inference import ScriptedBackend
 
 REPLY = "one two three four five six"
 
@@ -194,7 +194,7 @@ def tokens(row: dict, run_dir: Path) -> dict:
 def documents_bench(args) -> int:
     """Local concurrency 1 (the baseline), local 4 and two dask workers, interleaved ``--rounds`` times:
     the machines are shared, so each scenario meets the same load; each row is its median round."""
-    from tensorjob_jupyter.compile import load_guest
+    from tensorjob_jupyter.sandbox.compile import load_guest
     from tensorjob_jupyter.inference.llama import physical_cores
 
     n = args.items or 12

@@ -43,11 +43,11 @@ sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
 
-import tensorjob_jupyter as tj  # noqa: E402
-from tensorjob_jupyter.compile import GuestSource  # noqa: E402
-from tensorjob_jupyter.inference.base import GenerateRequest  # noqa: E402
-from tensorjob_jupyter.inference.models import get_backend  # noqa: E402
-from tensorjob_jupyter.replay import ReplayJob  # noqa: E402
+import tensorjob_jupyter as tj
+from tensorjob_jupyter.sandbox.compile import GuestSource
+from tensorjob_jupyter.inference.base import GenerateRequest
+from tensorjob_jupyter.inference.models import get_backend
+from tensorjob_jupyter.history.replay import ReplayJob
 
 DATA = ROOT / "examples" / "data"
 

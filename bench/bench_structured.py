@@ -42,11 +42,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jsonschema  # noqa: E402
 
-from tensorjob_jupyter import abi  # noqa: E402
-from tensorjob_jupyter.inference import llama  # noqa: E402
-from tensorjob_jupyter.inference.base import GenerateRequest, Sampler  # noqa: E402
-from tensorjob_jupyter.inference.models import get_backend  # noqa: E402
-from tensorjob_jupyter.structured import OutputSpec  # noqa: E402
+from tensorjob_jupyter import abi
+from tensorjob_jupyter.inference import grammar
+from tensorjob_jupyter.inference.base import GenerateRequest, Sampler
+from tensorjob_jupyter.inference.models import get_backend
+from tensorjob_jupyter.host.structured import OutputSpec
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 40},
@@ -70,7 +70,7 @@ class GrammarStats:
     def __init__(self):
         self.checks = self.full = 0
         self.paused = False
-        self._close = llama._GrammarSampler.close
+        self._close = grammar.GrammarSampler.close
         stats = self
 
         def close(sampler):
@@ -79,10 +79,10 @@ class GrammarStats:
                 stats.full += sampler.grammar_full
             stats._close(sampler)
 
-        llama._GrammarSampler.close = close
+        grammar.GrammarSampler.close = close
 
     def restore(self):
-        llama._GrammarSampler.close = self._close
+        grammar.GrammarSampler.close = self._close
 
 
 def generate(backend, prompt: str, max_tokens: int, constraint=None):
@@ -99,11 +99,11 @@ def speed(backend, constraint, prompts: list[str]) -> dict:
             c = generate(backend, prompt, 256, constraint)
             n = c.usage.completion_tokens
             u = generate(backend, prompt, n)
-            llama._GrammarSampler.check_first = False
+            grammar.GrammarSampler.check_first = False
             stats.paused = True
             g = generate(backend, prompt, 256, constraint)
             stats.paused = False
-            llama._GrammarSampler.check_first = True
+            grammar.GrammarSampler.check_first = True
             if not (c.usage.tokens_per_second and u.usage.tokens_per_second and g.usage.tokens_per_second):
                 continue
             constrained.append(c.usage.tokens_per_second)
@@ -111,7 +111,7 @@ def speed(backend, constraint, prompts: list[str]) -> dict:
             grammar_first.append(g.usage.tokens_per_second)
             lengths.append((n, u.usage.completion_tokens))
     finally:
-        llama._GrammarSampler.check_first = True
+        grammar.GrammarSampler.check_first = True
         stats.restore()
     ratios = [c / f for c, f in zip(constrained, free)]
     return {"constrained_tps": statistics.median(constrained), "unconstrained_tps": statistics.median(free),

@@ -56,13 +56,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import wasmtime  # noqa: E402
 
-import tensorjob_jupyter as tj  # noqa: E402
-from tensorjob_jupyter.guest import _engine_config  # noqa: E402
-from tensorjob_jupyter.inference import ScriptedBackend  # noqa: E402
-from tensorjob_jupyter.inference.base import (FINISH_LENGTH, FINISH_STOP, GenerateResult,  # noqa: E402
-                                              GenerateUsage, Pending)
-from tensorjob_jupyter.inference.scripted import ScriptedEngine  # noqa: E402
-from tensorjob_jupyter.inference.worker import InferenceWorker  # noqa: E402
+import tensorjob_jupyter as tj
+from tensorjob_jupyter.sandbox.guest import _engine_config
+from tensorjob_jupyter.inference import ScriptedBackend
+from tensorjob_jupyter.inference.base import FINISH_LENGTH, FINISH_STOP, GenerateResult, GenerateUsage, Pending
+from tensorjob_jupyter.inference.scripted import ScriptedEngine
+from tensorjob_jupyter.inference.worker import InferenceWorker
 
 import wat  # noqa: E402
 
@@ -160,8 +159,8 @@ def median_pairs(measure_a, measure_b, runs: int) -> tuple[float, float, list[fl
 
 def breakdown(tokens: int, runs_dir: str) -> dict:
     """One job with timers around each part of the per-token path (patched in for this run only)."""
-    from tensorjob_jupyter import guest as guest_module
-    from tensorjob_jupyter import responses
+    from tensorjob_jupyter.sandbox import guest as guest_module
+    from tensorjob_jupyter.record import responses
 
     totals: dict[str, float] = {}
 
@@ -197,23 +196,24 @@ def breakdown(tokens: int, runs_dir: str) -> dict:
 PROMPTS = ["Write a long story about a dragon who learns to cook.\n\nOnce upon a time",
            "The history of the printing press begins", "Here is a detailed recipe for bread. First,",
            "Dear diary, today I walked to the harbour and"]
+WARM_PROMPT = "A short note:"
 
 
-def raw_batched_decode(model_path: str, n_tokens: int, threads: tuple[int, int]) -> float:
-    """Tokens per second of llama.cpp decoding the four prompts as four sequences of one batch."""
-    import llama_cpp as ll
+def native_decode(llama_cpp, model, prompts: list[str], n_tokens: int, threads: tuple[int, int]) -> dict:
+    """llama.cpp's own batched decode through its C API: every prompt prefilled on its own, then one
+    ``llama_decode`` per step for every running sequence, greedy (argmax), a sequence ending at an
+    end-of-generation token or after ``n_tokens`` tokens, as the engine does."""
     import numpy as np
 
-    ll.llama_backend_init()
-    mparams = ll.llama_model_default_params()
-    model = ll.llama_model_load_from_file(model_path.encode(), mparams)
+    ll = llama_cpp
     cparams = ll.llama_context_default_params()
-    cparams.n_ctx, cparams.n_batch, cparams.n_seq_max = 2048, 512, len(PROMPTS)
+    cparams.n_ctx, cparams.n_batch, cparams.n_seq_max = 2048, 512, len(prompts)
     cparams.n_threads, cparams.n_threads_batch = threads
+    cparams.no_perf = True
     ctx = ll.llama_init_from_model(model, cparams)
     vocab = ll.llama_model_get_vocab(model)
     n_vocab = ll.llama_vocab_n_tokens(vocab)
-    batch = ll.llama_batch_init(512, 0, len(PROMPTS))
+    batch = ll.llama_batch_init(512, 0, len(prompts))
 
     def add(token: int, pos: int, seq: int, logits: bool) -> None:
         i = batch.n_tokens
@@ -221,69 +221,183 @@ def raw_batched_decode(model_path: str, n_tokens: int, threads: tuple[int, int])
         batch.seq_id[i][0], batch.logits[i] = seq, logits
         batch.n_tokens += 1
 
+    def argmax(i: int) -> int:
+        return int(np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).argmax())
+
     try:
-        prompts = []
-        for text in PROMPTS:
-            buf = (ll.llama_token * 256)()
-            n = ll.llama_tokenize(vocab, text.encode(), len(text.encode()), buf, 256, True, False)
-            prompts.append(list(buf[:n]))
+        tokenized = []
+        for text in prompts:
+            data = text.encode()
+            buf = (ll.llama_token * 512)()
+            n = ll.llama_tokenize(vocab, data, len(data), buf, 512, True, False)
+            tokenized.append(list(buf[:n]))
+        counts = [0] * len(prompts)
+        running: dict[int, tuple[int, int]] = {}  # seq -> (token to decode next, its position)
+
+        def took(seq: int, token: int, pos: int) -> None:
+            if ll.llama_vocab_is_eog(vocab, token):
+                return
+            counts[seq] += 1
+            if counts[seq] < n_tokens:
+                running[seq] = (token, pos)
+
         started = time.perf_counter()
-        last = {}
-        for seq, tokens in enumerate(prompts):  # each prompt on its own (as the engine prefills)
+        steps = 0
+        for seq, tokens in enumerate(tokenized):
             batch.n_tokens = 0
             for pos, token in enumerate(tokens):
                 add(token, pos, seq, pos == len(tokens) - 1)
             assert ll.llama_decode(ctx, batch) == 0
-            logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, batch.n_tokens - 1), shape=(n_vocab,))
-            last[seq] = (int(logits.argmax()), len(tokens))
-        generated = len(PROMPTS)
-        for _ in range(n_tokens - 1):
+            took(seq, argmax(batch.n_tokens - 1), len(tokens))
+        while running:
             batch.n_tokens = 0
-            for seq, (token, pos) in last.items():
+            order = list(running)
+            for seq in order:
+                token, pos = running[seq]
                 add(token, pos, seq, True)
             assert ll.llama_decode(ctx, batch) == 0
-            for i, seq in enumerate(list(last)):
-                logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, i), shape=(n_vocab,))
-                last[seq] = (int(logits.argmax()), last[seq][1] + 1)
-            generated += len(last)
-        return generated / (time.perf_counter() - started)
+            steps += 1
+            for i, seq in enumerate(order):
+                _token, pos = running.pop(seq)
+                took(seq, argmax(i), pos + 1)
+        elapsed = time.perf_counter() - started
+        return {"tokens": counts, "s": elapsed, "tokens_per_s": sum(counts) / elapsed, "steps": steps}
     finally:
         ll.llama_batch_free(batch)
         ll.llama_free(ctx)
-        ll.llama_model_free(model)
 
 
-def real_jobs(backend, n_tokens: int, runs_dir: str) -> float:
-    """Tokens per second, in all, of four jobs at once on the batching worker."""
-    guests = [wat.script_guest([{"cmd": "infer", "prompt": p, "max_tokens": n_tokens},
-                                {"cmd": "done", "result": "ok"}], stop_after_tokens=2**31 - 1) for p in PROMPTS]
-    jobs = [tj.Job(g, backend=backend, runs_dir=runs_dir, infer=tj.InferOptions(cache_prompt=False))
-            for g in guests]
-    started = time.perf_counter()
-    for job in jobs:
-        job.start()
-    tokens = 0
-    for job in jobs:
-        envelope = job.wait()
-        assert envelope.ok, envelope
-        tokens += envelope.usage.tokens_out
-    return tokens / (time.perf_counter() - started)
+class StepLog:
+    """What the engine did during one measurement: its decode steps by batch size, and the worker
+    thread's time in ``llama_decode`` and in the token callbacks (the job threads' lookahead credit)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.sizes: dict[int, int] = {}
+        self.decode_s = 0.0
+        self.deliver_s = 0.0
+        step, decode, deliver = engine._step, engine._decode, engine._deliver
+
+        def timed_step(active):
+            n = len(active)
+            self.sizes[n] = self.sizes.get(n, 0) + 1
+            return step(active)
+
+        def timed_decode():
+            t = time.perf_counter()
+            try:
+                return decode()
+            finally:
+                self.decode_s += time.perf_counter() - t
+
+        def timed_deliver(seq, text):
+            t = time.perf_counter()
+            try:
+                return deliver(seq, text)
+            finally:
+                self.deliver_s += time.perf_counter() - t
+
+        engine._step, engine._decode, engine._deliver = timed_step, timed_decode, timed_deliver
+
+    def take(self) -> dict:
+        out = {"steps_by_batch_size": dict(sorted(self.sizes.items())), "decode_s": round(self.decode_s, 4),
+               "callbacks_s": round(self.deliver_s, 4)}
+        self.sizes, self.decode_s, self.deliver_s = {}, 0.0, 0.0
+        return out
 
 
-def real_model(model: str | None, n_tokens: int, runs: int, runs_dir: str) -> dict:
-    from tensorjob_jupyter.inference.models import get_backend, resolve_model_path
+def real_round(model: str | None, n_tokens: int, ours_first: bool) -> dict:
+    """One round, in a fresh process: four ``tj.run`` calls from four threads against llama.cpp's
+    four-sequence batched decode, and one ``tj.run`` against one sequence, in the order given."""
+    import llama_cpp
+    from tensorjob_jupyter.inference.base import Sampler
+    from tensorjob_jupyter.inference.models import get_backend
 
-    path = str(resolve_model_path(model))
-    backend = get_backend(path)
-    real_jobs(backend, 8, runs_dir)  # load the model and warm up
-    threads = (backend.engine.n_threads, backend.engine.n_threads_batch)
-    raw, ours, ratios = median_pairs(lambda: raw_batched_decode(path, n_tokens, threads),
-                                     lambda: real_jobs(backend, n_tokens, runs_dir), runs)
-    print(f"[4] real model, {len(PROMPTS)} jobs at once {ours:,.1f} tokens/s in all against llama.cpp's own "
-          f"{len(PROMPTS)}-sequence batched decode {raw:,.1f}: ratio {ours / raw:.2f} "
-          f"(pairs {min(ratios):.2f}..{max(ratios):.2f}; threads {threads}); goal >= 0.9: "
-          f"{'met' if ours >= 0.9 * raw else 'NOT met'}")
-    return {"tokens_per_s": ours, "raw_batched_tokens_per_s": raw, "ratio": ours / raw, "threads": threads}
+    # the defaults of tj.run, less the chat template and the repetition penalty (greedy is the default)
+    infer = tj.InferOptions(sampler=Sampler(repeat_penalty=1.0), chat=False)
+    model_kw = {} if model is None else {"model": model}
+
+    def guest(prompt: str, tokens: int) -> bytes:
+        return wat.script_guest([{"cmd": "infer", "prompt": prompt, "max_tokens": tokens},
+                                 {"cmd": "done", "result": "ok"}], stop_after_tokens=2**31 - 1)
+
+    def ours(prompts: list[str]) -> dict:
+        guests = [guest(p, n_tokens) for p in prompts]
+        envelopes: list = [None] * len(prompts)
+
+        def one(i: int) -> None:
+            envelopes[i] = tj.run(guests[i], infer=infer, **model_kw)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        started = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - started
+        for e in envelopes:
+            assert e is not None and e.ok, e
+        counts = [e.usage.tokens_out for e in envelopes]
+        return {"tokens": counts, "s": elapsed, "tokens_per_s": sum(counts) / elapsed}
+
+    env = tj.run(guest(WARM_PROMPT, 4), infer=infer, **model_kw)  # loads the shared model
+    assert env.ok, env
+    engine = get_backend(model).engine
+    threads = (engine.n_threads, engine.n_threads_batch)
+    llama_cpp.llama_backend_init()
+    native_model = llama_cpp.llama_model_load_from_file(str(engine.model_path).encode(),
+                                                        llama_cpp.llama_model_default_params())
+    log = StepLog(engine)
+    out: dict = {"threads": threads, "load": open("/proc/loadavg").read().split()[0]}
+    try:
+        for n in (len(PROMPTS), 1):
+            prompts = PROMPTS[:n]
+            for side in (("ours", "native") if ours_first else ("native", "ours")):
+                if side == "ours":
+                    log.take()
+                    out[f"ours{n}"] = ours(prompts) | log.take()
+                else:
+                    out[f"native{n}"] = native_decode(llama_cpp, native_model, prompts, n_tokens, threads)
+            out[f"ratio{n}"] = out[f"ours{n}"]["tokens_per_s"] / out[f"native{n}"]["tokens_per_s"]
+    finally:
+        llama_cpp.llama_model_free(native_model)
+    return out
+
+
+def real_model(model: str | None, n_tokens: int, rounds: int) -> dict:
+    """``rounds`` rounds, each in a fresh process, which side goes first alternating; medians."""
+    import subprocess
+
+    results = []
+    for r in range(rounds):
+        cmd = [sys.executable, __file__, "--real-round", "--tokens", str(n_tokens)]
+        if model is not None:
+            cmd += ["--model", model]
+        if r % 2:
+            cmd.append("--ours-first")
+        with tempfile.TemporaryDirectory() as runs_dir:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"TENSORJOB_RUNS": runs_dir})
+        if proc.returncode != 0:
+            raise SystemExit(f"round {r + 1} failed:\n{proc.stderr[-4000:]}")
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+        results.append(res)
+        o, nat = res[f"ours{len(PROMPTS)}"], res[f"native{len(PROMPTS)}"]
+        print(f"    round {r + 1} (load {res['load']}, {'ours' if r % 2 else 'native'} first): "
+              f"4 jobs {o['tokens_per_s']:,.1f} tok/s vs native {nat['tokens_per_s']:,.1f}: ratio {res['ratio4']:.2f}; "
+              f"steps by batch size {o['steps_by_batch_size']} (native {nat['steps']} steps); "
+              f"decode {o['decode_s']:.2f} s, callbacks {o['callbacks_s']:.3f} s of {o['s']:.2f} s; "
+              f"tokens {o['tokens']} vs {nat['tokens']}; one job: ratio {res['ratio1']:.2f}")
+    ratio4 = statistics.median(r["ratio4"] for r in results)
+    ratio1 = statistics.median(r["ratio1"] for r in results)
+    threads = results[0]["threads"]
+    print(f"[4] real model, {len(PROMPTS)} tj.run calls from {len(PROMPTS)} threads of a fresh process "
+          f"({n_tokens} tokens each, greedy, no chat template or penalty) against llama.cpp's own "
+          f"{len(PROMPTS)}-sequence batched decode: ratio {ratio4:.2f} (median of {rounds}; rounds "
+          f"{', '.join(format(r['ratio4'], '.2f') for r in results)}; threads {threads}); goal >= 0.9: "
+          f"{'met' if ratio4 >= 0.9 else 'NOT met'}. One job against one sequence: {ratio1:.2f}")
+    return {"ratio": ratio4, "rounds": [r["ratio4"] for r in results], "one_job_ratio": ratio1,
+            "one_job_rounds": [r["ratio1"] for r in results], "threads": threads, "tokens": n_tokens,
+            "detail": results}
 
 
 def main() -> None:
@@ -294,7 +408,15 @@ def main() -> None:
     parser.add_argument("--real", action="store_true", help="also: the real model, 4 jobs vs llama.cpp batched")
     parser.add_argument("--real-only", action="store_true", help="only the real-model comparison")
     parser.add_argument("--model", default=None, help="GGUF for --real (default: the embedded model)")
+    parser.add_argument("--rounds", type=int, default=5, help="--real: rounds, each in a fresh process (default 5)")
+    parser.add_argument("--tokens", type=int, default=None, help="--real: tokens a job (default 128; --quick 64)")
+    parser.add_argument("--real-round", action="store_true", help=argparse.SUPPRESS)  # one round, in its process
+    parser.add_argument("--ours-first", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    real_tokens = args.tokens or (64 if args.quick else 128)
+    if args.real_round:
+        print(json.dumps(real_round(args.model, real_tokens, args.ours_first)))
+        return
     tokens = 5_000 if args.quick else 20_000
     runs = args.runs or (3 if args.quick else 5)
     cores = os.cpu_count()
@@ -302,7 +424,7 @@ def main() -> None:
     summary: dict = {"cores": cores, "tokens": tokens}
     with tempfile.TemporaryDirectory() as runs_dir:
         if args.real or args.real_only:
-            summary["real"] = real_model(args.model, 64 if args.quick else 128, runs, runs_dir)
+            summary["real"] = real_model(args.model, real_tokens, args.rounds)
             if args.real_only:
                 print(json.dumps(summary))
                 return

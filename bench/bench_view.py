@@ -34,9 +34,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import ipywidgets  # noqa: E402
 
-import tensorjob_jupyter as tj  # noqa: E402
-from tensorjob_jupyter.inference import ScriptedBackend  # noqa: E402
-from tensorjob_jupyter.view.widget import JobView  # noqa: E402
+import tensorjob_jupyter as tj
+from tensorjob_jupyter.inference import ScriptedBackend
+from tensorjob_jupyter.frontends.view.widget import JobView
 
 import wat  # noqa: E402
 
@@ -117,7 +117,7 @@ def bench_refresh(tokens: int, refresh_hz: float, token_delay_s: float) -> dict:
 def bench_cell_startup(repeats: int, use_model: bool) -> dict:
     from IPython.testing.globalipapp import start_ipython
 
-    from tensorjob_jupyter import runner
+    from tensorjob_jupyter.host import reactor as runner
 
     ip = start_ipython()
     ip.run_line_magic("load_ext", "tensorjob_jupyter")

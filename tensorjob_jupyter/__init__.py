@@ -9,16 +9,16 @@ steps the guest again, publishing every move as an ordered event stream.
     report = tj.replay("guests/examples/wordcount.c", run_id)   # again, against the recorded run
 """
 
-from .abi import Envelope, JobError, JobStatus, TokenAction, Usage, codes
-from .fanout import ManifestError, MapResult, MapRun, ResumeRefused, map, start_map
-from .jobs import Job, get_job, jobs, run
-from .limits import Limits
-from .runner import InferOptions, JobStats
-from .history import list_runs
-from .replay import ReplayJob, ReplayReport, replay
-from .diff import diff_runs
+from tensorjob_jupyter.abi import Envelope, JobError, JobStatus, TokenAction, Usage, codes
+from tensorjob_jupyter.fanout import ManifestError, MapResult, MapRun, ResumeRefused, map, start_map
+from tensorjob_jupyter.host.jobs import Job, get_job, jobs, run
+from tensorjob_jupyter.limits import Limits
+from tensorjob_jupyter.host.reactor import InferOptions, JobStats
+from tensorjob_jupyter.history.runs import list_runs
+from tensorjob_jupyter.history.replay import ReplayJob, ReplayReport, replay
+from tensorjob_jupyter.history.diff import diff_runs
 
-__version__ = "0.1.0"
+from tensorjob_jupyter.version import __version__
 
 __all__ = ["Envelope", "InferOptions", "Job", "JobError", "JobStats", "JobStatus", "Limits", "ManifestError",
            "MapResult", "MapRun", "ResumeRefused", "TokenAction", "Usage", "codes", "get_job", "jobs", "map", "run",
@@ -27,12 +27,12 @@ __all__ = ["Envelope", "InferOptions", "Job", "JobError", "JobStats", "JobStatus
 
 def load_ipython_extension(ipython):
     """``%load_ext tensorjob_jupyter`` registers ``%%tensorjob`` and ``%tensorjob``."""
-    from .magic import load_ipython_extension as load
+    from tensorjob_jupyter.frontends.magic import load_ipython_extension as load  # deferred: IPython, only in a kernel
 
     load(ipython)
 
 
 def unload_ipython_extension(ipython):
-    from .magic import unload_ipython_extension as unload
+    from tensorjob_jupyter.frontends.magic import unload_ipython_extension as unload  # deferred: IPython, only in a kernel
 
     unload(ipython)

@@ -37,6 +37,8 @@ from typing import Any, Union
 import numpy as np
 import orjson
 
+from tensorjob_jupyter.text import clip
+
 U32_MAX = 2**32 - 1
 U64_MAX = 2**64 - 1
 
@@ -72,6 +74,52 @@ class codes:
     PAUSED_TOO_LONG = "paused_too_long"
 
 
+class event_types:
+    """The event stream's ``type`` strings, exact: the one table every producer and reader names them by.
+
+    Job-level events describe the reactor; ``response.*`` and ``error`` are
+    the Open Responses events of one ``infer`` (one response each), in the
+    spec's own words.
+    """
+
+    JOB_CREATED = "job.created"
+    JOB_PROGRESS = "job.progress"
+    JOB_FILE_OPENED = "job.file.opened"
+    JOB_FILE_SLICED = "job.file.sliced"
+    JOB_CHUNK = "job.chunk"
+    JOB_EMBEDDED = "job.embedded"
+    JOB_FETCH = "job.fetch"
+    JOB_DOCUMENT_PAGE = "job.document.page"
+    JOB_IMAGE_CREATED = "job.image.created"
+    JOB_PAUSED = "job.paused"
+    JOB_RESUMED = "job.resumed"
+    JOB_REPLAY_DIVERGED = "job.replay.diverged"
+    JOB_COMPLETED = "job.completed"
+    JOB_FAILED = "job.failed"
+    JOB_CANCELLED = "job.cancelled"
+    #: Never written: what ``show`` reports for a transcript that stops before its job's end.
+    JOB_INTERRUPTED = "job.interrupted"
+    RESPONSE_CREATED = "response.created"
+    RESPONSE_IN_PROGRESS = "response.in_progress"
+    RESPONSE_OUTPUT_ITEM_ADDED = "response.output_item.added"
+    RESPONSE_CONTENT_PART_ADDED = "response.content_part.added"
+    RESPONSE_OUTPUT_TEXT_DELTA = "response.output_text.delta"
+    RESPONSE_OUTPUT_TEXT_DONE = "response.output_text.done"
+    RESPONSE_CONTENT_PART_DONE = "response.content_part.done"
+    RESPONSE_FUNCTION_CALL_ARGUMENTS_DELTA = "response.function_call_arguments.delta"
+    RESPONSE_FUNCTION_CALL_ARGUMENTS_DONE = "response.function_call_arguments.done"
+    RESPONSE_OUTPUT_ITEM_DONE = "response.output_item.done"
+    RESPONSE_COMPLETED = "response.completed"
+    RESPONSE_INCOMPLETE = "response.incomplete"
+    RESPONSE_FAILED = "response.failed"
+    ERROR = "error"
+
+
+EVENT_TYPES = frozenset(v for k, v in vars(event_types).items() if not k.startswith("_") and isinstance(v, str))
+#: The events a job's stream ends with, one of them exactly once.
+TERMINAL_EVENT_TYPES = frozenset({event_types.JOB_COMPLETED, event_types.JOB_FAILED, event_types.JOB_CANCELLED})
+
+
 ERROR_CODES = frozenset(
     v for k, v in vars(codes).items() if not k.startswith("_") and isinstance(v, str)
 )
@@ -82,6 +130,24 @@ ERROR_CODES = frozenset(
 #: ``guest_failure``), so nobody debugging it is pointed at the host.
 HOST_ONLY_CODES = frozenset({codes.INTERNAL_ERROR, codes.WORKER_LOST, codes.REPLAY_DIVERGENCE,
                              codes.PAUSED_TOO_LONG})
+
+
+class JobFailure(Exception):
+    """Why a job ends: an error code (``codes``) and a one-line message.
+
+    The one exception family of a job's end. Every layer raises it, or a
+    subclass named for where the failure arose (``GuestTrap``, ``AccessError``,
+    ``DocumentError``, ``FetchError``, ``ModelError``, ...), and the reactor
+    catches it once and writes ``JobError(code, message)`` into the envelope.
+    Errors that stop a job before it starts (a bad option, a guest that does
+    not compile, a run that cannot be replayed) are ``ValueError``s of the
+    front ends instead: they have no envelope.
+    """
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
 
 
 class AbiError(ValueError):
@@ -150,7 +216,7 @@ class MediaKind:
                 pages=_u32(obj, "pages", "kind"),
                 has_text_layer=_field(obj, "has_text_layer", bool, "kind"),
             )
-        raise AbiError(f"unknown media kind {_clip(kind)!r}")
+        raise AbiError(f"unknown media kind {clip(kind, 64)!r}")
 
 
 TEXT = MediaKind("text")
@@ -580,7 +646,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
         seen: set[str] = set()
         for key, _ in pairs:
             if key in seen:
-                raise AbiError(f"duplicate field `{_clip(key)}`")
+                raise AbiError(f"duplicate field `{clip(key, 64)}`")
             seen.add(key)
     return obj
 
@@ -602,10 +668,6 @@ def _int64(text: str) -> int:
         raise AbiError(f"integer {text[:24]}{'...' if len(text) > 24 else ''} is out of range "
                        f"(JSON integers must fit in 64 bits)")
     return value
-
-
-def _clip(text: str, limit: int = 64) -> str:
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _check_shape(data: bytes, max_values: int, what: str) -> None:
@@ -674,7 +736,7 @@ def loads_strict(raw: bytes | bytearray | memoryview, *, max_values: int = 1_000
     except RecursionError:  # pragma: no cover - the shape check refuses this first
         raise AbiError(f"{what} JSON is nested too deeply") from None
     except ValueError as e:  # an integer with more digits than Python converts
-        raise AbiError(f"{what} JSON has a number it cannot hold: {_clip(str(e), 120)}") from None
+        raise AbiError(f"{what} JSON has a number it cannot hold: {clip(str(e), 120)}") from None
     if _SURROGATE_ESCAPE.search(data):
         bad = _first_non_unicode(value)
         if bad is not None:
@@ -818,7 +880,7 @@ def command_from_json(value: Any) -> Command:
         return Fetch(_field(obj, "url", str, tag))
     if tag in UNSUPPORTED_COMMANDS:
         raise UnsupportedCommand(f"`{tag}` is a cuttlefish command this host does not implement")
-    raise AbiError(f"unknown command `{_clip(tag)}`")
+    raise AbiError(f"unknown command `{clip(tag, 64)}`")
 
 
 #: A function's or a format's name: what Open Responses allows.
@@ -831,7 +893,7 @@ MAX_STOP_CHARS = 256
 def _name(obj: dict, where: str) -> str:
     name = _field(obj, "name", str, where)
     if not _NAME.match(name):
-        raise AbiError(f"`{where}.name` must be 1 to 64 letters, digits, _ or -, got {_clip(name)!r}")
+        raise AbiError(f"`{where}.name` must be 1 to 64 letters, digits, _ or -, got {clip(name, 64)!r}")
     return name
 
 
@@ -851,7 +913,7 @@ def _infer_format(value: Any) -> dict:
     if kind in ("text", "json_object"):
         return {"type": kind}
     if kind != "json_schema":
-        raise AbiError(f"`infer.format.type` must be text, json_schema or json_object, got {_clip(kind)!r}")
+        raise AbiError(f"`infer.format.type` must be text, json_schema or json_object, got {clip(kind, 64)!r}")
     _name(obj, "infer.format")
     _expect_object(_any(obj, "schema", "infer.format"), "`infer.format.schema`")
     _optional(obj, "strict", bool, "infer.format")
@@ -871,7 +933,7 @@ def _infer_tools(value: Any) -> tuple[dict, ...]:
         kind = obj.get("type", "function")
         if kind != "function":
             raise AbiError(f"`{where}.type` must be \"function\" (function tools only), got "
-                           f"{_clip(str(kind))!r}")
+                           f"{clip(str(kind), 64)!r}")
         name = _name(obj, where)
         if name in names:
             raise AbiError(f"`{where}.name`: two tools are named {name!r}")
@@ -889,7 +951,7 @@ def _tool_choice(value: Any, tools: tuple[dict, ...] | None) -> str | dict:
     if isinstance(value, str):
         if value not in ("auto", "required", "none"):
             raise AbiError(f"`infer.tool_choice` must be auto, required, none or "
-                           f"{{\"type\":\"function\",\"name\":...}}, got {_clip(value)!r}")
+                           f"{{\"type\":\"function\",\"name\":...}}, got {clip(value, 64)!r}")
         if value != "none" and not names:
             raise AbiError(f"`infer.tool_choice` is {value!r} but the infer gives no `tools`")
         return value
@@ -965,7 +1027,7 @@ def _image_operation(value: Any) -> ImageOperation:
                     _u32(obj, "width", "image_op.op"), _u32(obj, "height", "image_op.op"))
     if not isinstance(tag, str):
         raise AbiError(f"`image_op.op.op` must be a string, got {_type_name(tag)}")
-    raise AbiError(f"unknown image operation `{_clip(tag)}` (resize or crop)")
+    raise AbiError(f"unknown image operation `{clip(tag, 64)}` (resize or crop)")
 
 
 def parse_command(raw: bytes | bytearray | memoryview, *, max_values: int = 1_000_000) -> Command:

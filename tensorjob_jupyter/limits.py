@@ -6,12 +6,13 @@ unbounded: the time of each call into it and of the whole job, its CPU work
 open handles, the size of an ``emit`` payload, a ``slice`` window, a command
 and the result, its streamed output, the tokens the job may generate, and
 the document, image and fetch work done for it (pages, text, pixels, time,
-bytes), and how long a debugger may hold it paused.
+CPU, bytes, and the bytes all its handles hold together), and how long a
+debugger may hold it paused.
 
 ``Limits`` is a frozen value; derive variants with ``limits.replace(...)``.
 It is also the one table the entry points are built from: each field's
 metadata gives its help text and its unit (seconds, bytes or a count), and
-``options.py`` turns every field into a command-line flag, a ``TensorJob``
+``frontends/options.py`` turns every field into a command-line flag, a ``TensorJob``
 traitlet and a Python keyword, so no limit is described twice.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -48,6 +50,9 @@ class Limits:
     max_emit_bytes: int = _limit(64 * KiB, BYTES, "largest emit payload, as compact JSON")
     max_window_bytes: int = _limit(4 * MiB, BYTES, "largest window one slice returns; larger asks get less")
     max_handles: int = _limit(64, COUNT, "files a job may hold open at once")
+    max_handle_bytes: int = _limit(256 * MiB, BYTES, "bytes the job's handles may hold together in memory: "
+                                   "fetched bodies, rendered pages and image_op results (opened files stay on "
+                                   "disk and do not count); past it: limit_exceeded")
     max_tokens: int = _limit(32_768, COUNT, "tokens the whole job may generate; each infer is clamped to "
                              "what is left")
     max_command_bytes: int = _limit(16 * MiB, BYTES, "largest JSON command a guest may return")
@@ -74,6 +79,9 @@ class Limits:
                                        "killed: timeout")
     document_memory_bytes: int = _limit(2048 * MiB, BYTES, "address space of the document engine process "
                                         "(RLIMIT_AS)")
+    document_cpu_s: float = _limit(600.0, SECONDS, "CPU time the document engine process may use over the whole "
+                                   "job (RLIMIT_CPU, whole seconds, rounded up); it also bounds an engine whose "
+                                   "host died without killing it; past it: limit_exceeded")
     max_fetch_bytes: int = _limit(64 * MiB, BYTES, "largest body one fetch downloads (after any gzip decoding)")
     fetch_timeout_s: float = _limit(60.0, SECONDS, "wall clock of one fetch, redirects included: timeout")
     max_fetch_redirects: int = _limit(5, COUNT, "redirects one fetch follows, each checked against the grants "
@@ -111,3 +119,13 @@ def check(name: str, value) -> None:
         raise ValueError(f"must be a positive number, got {value!r}")
     if unit != SECONDS and not float(value).is_integer():
         raise ValueError(f"must be a whole number, got {value!r}")
+
+
+def with_keywords(limits: Limits | None, keywords: Mapping[str, Any], where: str) -> Limits:
+    """``limits`` with limit keywords applied (``max_tokens=...``); unknown keywords are a ``TypeError``
+    naming ``where`` (the function the keywords were given to)."""
+    unknown = sorted(set(keywords) - set(FIELDS))
+    if unknown:
+        raise TypeError(f"{where}() got unexpected keyword argument(s) {', '.join(unknown)}; limits are "
+                        f"{', '.join(FIELDS)}")
+    return (limits or Limits()).replace(**keywords)

@@ -12,6 +12,10 @@ host:
   newline), DEL and bidi controls removed; with ``one_line=True`` line
   breaks become a visible ``⏎``, for fields the host prints on one line.
 * ``for_html(text)``: the same, then HTML-escaped.
+* ``clip(text, limit)``: at most ``limit`` characters, saying how many were cut.
+* ``bounded(value)``: a copy of a JSON value cut to fixed bounds (depth,
+  children, nodes, characters), whatever its size: what a debugger's pause,
+  the view's JSON tree and a terminal line show of a guest-made value.
 * ``json_text(value)``: JSON for a terminal or a file: indented only when the
   value is small and shallow, compact otherwise, and with every character a
   terminal could act on escaped as ``\\uXXXX`` (so it stays valid JSON that
@@ -87,3 +91,60 @@ def json_text(value: Any, *, pretty: bool = True) -> str:
     if pretty and len(text) <= PRETTY_MAX_CHARS and _depth_at_most(value, PRETTY_MAX_DEPTH):
         text = json.dumps(value, ensure_ascii=False, indent=2)
     return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+# The bounds of ``bounded``: a debugger's pause, the view's JSON tree, a terminal line.
+MAX_DEPTH = 12
+MAX_CHILDREN = 100
+MAX_NODES = 1000
+MAX_STRING_CHARS = 2000
+MAX_KEY_CHARS = 200
+#: Characters of strings one bounded value keeps in all.
+MAX_TOTAL_CHARS = 16 * 1024
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, saying how many more there were."""
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text) - limit} more characters)"
+
+
+def bounded(value: Any, depth: int = 0, budget: list[int] | None = None) -> Any:
+    """A copy of a JSON value cut to bounds whatever its size: at most ``MAX_DEPTH``
+    levels, ``MAX_CHILDREN`` children a level, ``MAX_NODES`` values and
+    ``MAX_TOTAL_CHARS`` characters of strings in all; what is cut is said
+    (``"… 7 more items"``). Costs time in the bounds, not in the value's size."""
+    if budget is None:
+        budget = [MAX_NODES, MAX_TOTAL_CHARS]
+    budget[0] -= 1
+    if isinstance(value, str):
+        limit = max(0, min(MAX_STRING_CHARS, budget[1]))
+        budget[1] -= min(len(value), limit)
+        return clip(value, limit)
+    if isinstance(value, dict):
+        if not value:
+            return {}
+        if depth >= MAX_DEPTH or budget[0] <= 0:
+            return f"{{…}} {len(value)} keys"
+        out: dict[str, Any] = {}
+        for i, (k, v) in enumerate(value.items()):
+            if i >= MAX_CHILDREN or budget[0] <= 0:
+                out["…"] = f"{len(value) - i} more keys"
+                break
+            out[clip(str(k), MAX_KEY_CHARS)] = bounded(v, depth + 1, budget)
+        return out
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return []
+        if depth >= MAX_DEPTH or budget[0] <= 0:
+            return f"[…] {len(value)} items"
+        items: list[Any] = []
+        for v in value[:MAX_CHILDREN]:
+            if budget[0] <= 0:
+                break
+            items.append(bounded(v, depth + 1, budget))
+        if len(items) < len(value):
+            items.append(f"… {len(value) - len(items)} more items")
+        return items
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return clip(repr(value), MAX_STRING_CHARS)  # pragma: no cover - JSON values only

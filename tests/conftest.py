@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import openresponses  # noqa: E402  (tests/openresponses.py)
 import wat  # noqa: E402  (tests/wat.py)
 
-import tensorjob_jupyter as tj  # noqa: E402
+import tensorjob_jupyter as tj
 
 # Property tests: a fixed, short search in CI; `--hypothesis-profile=deep` for long local runs.
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True,
@@ -67,7 +67,7 @@ def _real_model_only_in_slow_tests(request):
 @pytest.fixture(autouse=True)
 def _open_responses_schema(monkeypatch):
     """Every response.* and error event any test publishes must validate against the openai SDK's models."""
-    from tensorjob_jupyter.events import EventStream
+    from tensorjob_jupyter.record.events import EventStream
 
     publish = EventStream.publish
     invalid: list[str] = []

@@ -31,7 +31,7 @@ def test_binder_installs_the_package_and_the_front_end():
     names = requirement_names((BINDER / "requirements.txt").read_text().splitlines())
     assert {"jupyterlab", "ipywidgets", "ipykernel", "jupyterlab-widgets"} <= names
     # the same tested range as the package's own pin (view/side_channel.py needs its internals)
-    from tensorjob_jupyter.view.side_channel import TESTED_IPYKERNEL
+    from tensorjob_jupyter.frontends.view.side_channel import TESTED_IPYKERNEL
 
     assert "ipykernel" + TESTED_IPYKERNEL in (BINDER / "requirements.txt").read_text().replace(" ", "")
     assert (BINDER / "runtime.txt").read_text().startswith("python-3.")

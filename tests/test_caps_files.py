@@ -5,8 +5,8 @@ import os
 import pytest
 
 from tensorjob_jupyter.abi import codes
-from tensorjob_jupyter.caps import AccessError, Grants
-from tensorjob_jupyter.files import Handles, sniff
+from tensorjob_jupyter.world.grants import AccessError, Grants
+from tensorjob_jupyter.world.files import Handles, sniff
 
 
 @pytest.fixture

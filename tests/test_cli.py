@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tensorjob_jupyter.cli import main
+from tensorjob_jupyter.frontends.cli import main
 
 import wat
 
@@ -115,16 +115,20 @@ def test_usage_errors_are_one_clear_line(argv, fragment, guest_file):
 
 
 def test_the_console_script_runs_as_a_subprocess(guest_file):
-    proc = subprocess.run([sys.executable, "-m", "tensorjob_jupyter.cli", "run", guest_file([DONE]), "--json"],
+    proc = subprocess.run([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "run", guest_file([DONE]), "--json"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["result"] == {"answer": 42}
 
 
-def test_ctrl_c_cancels_the_job_and_exits_130(guest_file):
-    proc = subprocess.Popen([sys.executable, "-m", "tensorjob_jupyter.cli", "run", guest_file([DONE],
-                             init_body=wat.SPIN), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)
+def test_ctrl_c_cancels_the_job_and_exits_130(guest_file, tmp_path):
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "run", guest_file([DONE],
+                             init_body=wat.SPIN), "--json", "--runs", str(runs)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(runs.glob("*/events.jsonl")) and time.monotonic() < deadline:  # the job has started
+        time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 130, err

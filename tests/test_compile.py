@@ -1,4 +1,4 @@
-"""tensorjob_jupyter.compile: C, Zig and WAT to wasm, the cache, diagnostics.
+"""tensorjob_jupyter.sandbox.compile: C, Zig and WAT to wasm, the cache, diagnostics.
 
 Every test points the cache at its own tmp dir (``TENSORJOB_CACHE``), so a
 "cache hit" here is one this test made. Zig's own cache (~/.cache/zig) stays
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import wasmtime
 
-from tensorjob_jupyter import compile as tjc
+from tensorjob_jupyter.sandbox import compile as tjc
 
 ABI = {"memory", "cf_alloc", "cf_init", "cf_step"}
 
@@ -255,7 +255,7 @@ def test_strip_linker_exports_drops_only_linker_globals():
 
 
 def test_command_line(tmp_path):
-    from tensorjob_jupyter.cli import main
+    from tensorjob_jupyter.frontends.cli import main
     import io
 
     src = tmp_path / "cli.c"
@@ -299,7 +299,7 @@ def test_flags_reach_the_compiler_of_their_language(tmp_path):
 
 
 def test_the_cache_command_shows_and_clears(own_cache):
-    from tensorjob_jupyter.cli import main
+    from tensorjob_jupyter.frontends.cli import main
     import io
 
     tjc.GuestSource.from_text(WAT_SRC)

@@ -15,14 +15,14 @@ import orjson
 import pytest
 
 import tensorjob_jupyter as tj
-from tensorjob_jupyter import debug
+from tensorjob_jupyter.host import debugger as debug
 from tensorjob_jupyter.abi import codes
-from tensorjob_jupyter.cli import main
+from tensorjob_jupyter.frontends.cli import main
 from tensorjob_jupyter.inference import ScriptedBackend
-from tensorjob_jupyter.view import render
-from tensorjob_jupyter.view.scrub import Timeline
-from tensorjob_jupyter.view.state import SECTIONS, ViewState
-from tensorjob_jupyter.view.widget import JobView
+from tensorjob_jupyter.frontends.view import render
+from tensorjob_jupyter.frontends.view.scrub import Timeline
+from tensorjob_jupyter.frontends.view.state import SECTIONS, ViewState
+from tensorjob_jupyter.frontends.view.widget import JobView
 
 import wat
 
@@ -324,12 +324,12 @@ def test_the_debug_bar_steps_the_job_and_its_buttons_follow_the_pauses():
 
 
 def test_tensorjob_run_debug_prompts_at_each_pause(tmp_path, monkeypatch):
-    from tensorjob_jupyter import cli
+    from tensorjob_jupyter.frontends import terminal
 
     path = tmp_path / "g.wasm"
     path.write_bytes(guest([EMIT1, EMIT2, {"cmd": "emit", "progress": "\x1b[2Jwiped"}, DONE]))
     answers = iter(["s\n", "\n", "?\n", "u emit\n", "c\n"])
-    monkeypatch.setattr(cli, "_stdin_line", lambda: next(answers, None))
+    monkeypatch.setattr(terminal, "_stdin_line", lambda: next(answers, None))
     out, err = io.StringIO(), io.StringIO()
     assert main(["run", str(path), "--debug"], out=out, err=err) == 0
     text = err.getvalue()
@@ -340,11 +340,11 @@ def test_tensorjob_run_debug_prompts_at_each_pause(tmp_path, monkeypatch):
 
 
 def test_with_nothing_to_read_the_prompt_lets_the_job_run_on(tmp_path, monkeypatch):
-    from tensorjob_jupyter import cli
+    from tensorjob_jupyter.frontends import terminal
 
     path = tmp_path / "g.wasm"
     path.write_bytes(guest([EMIT1, DONE]))
-    monkeypatch.setattr(cli, "_stdin_line", lambda: None)
+    monkeypatch.setattr(terminal, "_stdin_line", lambda: None)
     out, err = io.StringIO(), io.StringIO()
     assert main(["run", str(path), "--debug", "--break-on", "emit,done"], out=out, err=err) == 0
     assert "runs on without pausing again" in err.getvalue() and err.getvalue().count("⏸") == 1
@@ -453,7 +453,7 @@ def test_every_section_is_rendered_for_a_debug_state():
 
 
 def test_a_debug_run_shown_again_has_the_panel_and_scrubs_through_its_pauses():
-    from tensorjob_jupyter.show import Playback
+    from tensorjob_jupyter.history.show import Playback
 
     job = job_of(break_on="infer", backend=ScriptedBackend("a b c d"))
     job.start()

@@ -23,7 +23,7 @@ import tensorjob_jupyter as tj
 import wat
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import codes
-from tensorjob_jupyter.docworker import FAULT_ENV
+from tensorjob_jupyter.world.docworker import FAULT_ENV
 
 DONE = {"cmd": "done", "result": "finished"}
 
@@ -120,9 +120,9 @@ def test_page_text_reads_one_zero_based_page(tmp_path):
 
 def test_the_guest_receives_page_texted(tmp_path):
     """The exact event the guest gets: page_texted with the page's text (checked through the reactor)."""
-    from tensorjob_jupyter.runner import Reactor
-    from tensorjob_jupyter.caps import Grants
-    from tensorjob_jupyter.events import EventStream
+    from tensorjob_jupyter.host.reactor import Reactor
+    from tensorjob_jupyter.world.grants import Grants
+    from tensorjob_jupyter.record.events import EventStream
 
     path = write(tmp_path, "doc.pdf", pdfgen.text_pdf())
     reactor = Reactor(job_id="t", wasm=wat.script_guest([DONE]), input_json=b"{}", grants=Grants.for_paths([tmp_path]),

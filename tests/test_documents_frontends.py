@@ -12,9 +12,10 @@ from PIL import Image
 import pdfgen
 import tensorjob_jupyter as tj
 import wat
-from tensorjob_jupyter.cli import LivePrinter, main
-from tensorjob_jupyter.view import render
-from tensorjob_jupyter.view.state import ViewState
+from tensorjob_jupyter.frontends.cli import main
+from tensorjob_jupyter.frontends.terminal import LivePrinter
+from tensorjob_jupyter.frontends.view import render
+from tensorjob_jupyter.frontends.view.state import ViewState
 
 DONE = {"cmd": "done", "result": "ok"}
 
@@ -120,7 +121,7 @@ def test_a_fetched_handle_appears_in_the_files_panel():
 
 
 def test_a_real_document_job_fills_the_view(tmp_path):
-    from tensorjob_jupyter.view.widget import JobView
+    from tensorjob_jupyter.frontends.view.widget import JobView
 
     (tmp_path / "doc.pdf").write_bytes(pdfgen.text_pdf())
     job = tj.Job(wat.script_guest([{"cmd": "open", "path": str(tmp_path / "doc.pdf")},

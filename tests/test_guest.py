@@ -8,7 +8,7 @@ import pytest
 
 import tensorjob_jupyter as tj
 from tensorjob_jupyter.abi import JobStatus, codes
-from tensorjob_jupyter.guest import MODULE_CACHE, Guest, GuestTrap
+from tensorjob_jupyter.sandbox.guest import MODULE_CACHE, Guest, GuestTrap
 from tensorjob_jupyter.inference import ScriptedBackend
 
 import wat

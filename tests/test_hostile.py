@@ -21,11 +21,11 @@ import pytest
 import tensorjob_jupyter as tj
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import codes
-from tensorjob_jupyter.caps import MAX_PATH_BYTES, Grants
-from tensorjob_jupyter.events import EventStream, TranscriptError
+from tensorjob_jupyter.world.grants import MAX_PATH_BYTES, Grants
+from tensorjob_jupyter.record.events import EventStream, TranscriptWriteError
 from tensorjob_jupyter.fanout import ManifestError, ResumeRefused, parse_manifest
 from tensorjob_jupyter.inference import ScriptedBackend
-from tensorjob_jupyter.runner import Reactor
+from tensorjob_jupyter.host.reactor import Reactor
 
 import wat
 from conftest import assert_host_healthy
@@ -85,7 +85,7 @@ def test_the_job_input_is_held_to_the_same_rule():
 
 
 def cli(*args, timeout=60, **kwargs):
-    return subprocess.run([sys.executable, "-m", "tensorjob_jupyter.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", *args], capture_output=True,
                           text=True, timeout=timeout, **kwargs)
 
 
@@ -186,7 +186,7 @@ def test_a_finished_job_keeps_no_events_in_memory():
 
 
 def test_the_process_forgets_old_finished_jobs():
-    from tensorjob_jupyter.jobs import KEEP_FINISHED_JOBS
+    from tensorjob_jupyter.host.jobs import KEEP_FINISHED_JOBS
 
     for _ in range(KEEP_FINISHED_JOBS + 5):
         tj.run(wat.script_guest([{"cmd": "done", "result": 1}]), backend=None)
@@ -262,9 +262,9 @@ def test_symlinks_are_followed_only_while_they_stay_beneath_the_root(tmp_path):
 def test_an_event_that_cannot_be_written_takes_no_number(tmp_path):
     stream = EventStream("j", tmp_path)
     stream.publish("a")
-    with pytest.raises(TranscriptError):
+    with pytest.raises(TranscriptWriteError):
         stream.publish("b", bad="\ud800")
-    with pytest.raises(TranscriptError):
+    with pytest.raises(TranscriptWriteError):
         stream.publish("c", bad={1, 2})
     stream.publish("d")
     stream.close()
@@ -294,7 +294,7 @@ def test_the_cli_never_lets_a_guest_forge_a_host_line(tmp_path):
 
 
 def test_model_text_is_indented_under_the_host_lines(tmp_path):
-    from tensorjob_jupyter.cli import LivePrinter
+    from tensorjob_jupyter.frontends.terminal import LivePrinter
     import io
 
     job = tj.Job(wat.script_guest([{"cmd": "infer", "prompt": "p", "max_tokens": 5}, {"cmd": "done", "result": 1}]),
@@ -311,7 +311,7 @@ def test_model_text_is_indented_under_the_host_lines(tmp_path):
 def test_jobs_listing_is_inert(capsys):
     from IPython.testing import globalipapp
 
-    from tensorjob_jupyter.magic import TensorJob
+    from tensorjob_jupyter.frontends.magic import TensorJob
 
     globalipapp.start_ipython()  # once per process; later calls do nothing
 
@@ -322,7 +322,7 @@ def test_jobs_listing_is_inert(capsys):
 
 
 def test_a_deep_result_never_kills_the_view():
-    from tensorjob_jupyter.view.widget import JobView
+    from tensorjob_jupyter.frontends.view.widget import JobView
 
     job = tj.Job(wat.input_script_guest(), backend=None,
                  input_bytes=wat.pack_commands([b'{"cmd":"done","result":' + nested(127, 3000) + b"}"]))

@@ -21,9 +21,9 @@ from PIL import Image
 
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import codes
-from tensorjob_jupyter.docworker import Refusal, plan_image_op
-from tensorjob_jupyter.documents import DocumentError, JobDocuments
-from tensorjob_jupyter.files import Handles, anonymous_file
+from tensorjob_jupyter.world.docworker import Refusal, plan_image_op
+from tensorjob_jupyter.world.documents import DocumentError, JobDocuments
+from tensorjob_jupyter.world.files import Handles, anonymous_file
 from tensorjob_jupyter.limits import Limits
 
 U32 = 2**32 - 1

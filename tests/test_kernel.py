@@ -94,14 +94,32 @@ def result_text(messages):
     return None
 
 
+def error_of(reply, messages):
+    """The cell's error: (ename, evalue, the traceback lines shown), or None if it raised nothing."""
+    errors = [m["content"] for m in messages if m["msg_type"] == "error"]
+    if reply["content"]["status"] != "error":
+        assert not errors
+        return None
+    assert len(errors) == 1
+    return errors[0]["ename"], errors[0]["evalue"], errors[0]["traceback"]
+
+
+def static_views(messages):
+    """The static HTML each finished view left in its output (display updates carrying text/html)."""
+    return [m["content"]["data"]["text/html"] for m in messages
+            if m["msg_type"] == "update_display_data" and "text/html" in m["content"]["data"]]
+
+
 def test_a_cell_shows_the_live_view_and_returns_the_result(kernel):
     _, kc = kernel
     cell = "%%tensorjob\n" + wat.script_wat([{"cmd": "emit", "progress": {"done": 1, "total": 2}},
                                               {"cmd": "done", "result": {"answer": 42}}])
     reply, messages = run(kc, cell)
     assert reply["content"]["status"] == "ok"
-    assert result_text(messages) == "{'answer': 42}"
-    assert "tensorjob cell.wat: completed" in stdout(messages)
+    # Shown once: by the view -- no plain summary, no Out[]; the value is the envelope, in _ for the next cell.
+    assert result_text(messages) is None and stdout(messages) == ""
+    _, later = run(kc, "_.status.value, _.result")
+    assert result_text(later) == "('completed', {'answer': 42})"
     displays = [m for m in messages if m["msg_type"] == "display_data"]
     assert displays and "application/vnd.jupyter.widget-view+json" in displays[0]["content"]["data"]
     assert displays[0]["content"]["data"]["text/plain"].startswith("tensorjob live view")
@@ -109,6 +127,9 @@ def test_a_cell_shows_the_live_view_and_returns_the_result(kernel):
     assert 'class="tj-status">completed<' in values and "answer" in values
     progress = [s for s in widget_states(messages).values() if s.get("_model_name") == "FloatProgressModel"]
     assert progress and progress[0]["value"] == 1.0
+    # Once finished, the output also carries the final view as static HTML (for nbconvert, GitHub, nbviewer).
+    [static] = static_views(messages)
+    assert 'class="tensorjob-view tj-static"' in static and "answer" in static and "1 / 2" in static
 
 
 def test_a_kernel_interrupt_cancels_the_job_cleanly(kernel):
@@ -121,12 +142,14 @@ def test_a_kernel_interrupt_cancels_the_job_cleanly(kernel):
         km.interrupt_kernel()
 
     reply, messages = run(kc, spin, during=interrupt)
-    assert reply["content"]["status"] == "ok"
-    assert "tensorjob cell.wat: cancelled" in stdout(messages)
+    # The cancelled job stops the notebook: a one-line error, no traceback of the host.
+    ename, evalue, traceback = error_of(reply, messages)
+    assert ename == "JobFailed" and evalue == "cell.wat: job cancelled"
+    assert traceback == ["JobFailed: cell.wat: job cancelled"]
     run(kc, "%config TensorJob.call_timeout_s = 10")
-    # The kernel and the host still work.
+    # The kernel and the host still work; --quiet showed nothing, so the envelope is the cell's Out[].
     reply, messages = run(kc, "%%tensorjob --quiet\n" + wat.script_wat([{"cmd": "done", "result": "after"}]))
-    assert result_text(messages) == "'after'"
+    assert result_text(messages) == "Envelope(completed, result='after')"
 
 
 def test_the_cancel_button_works_while_the_cell_waits(kernel):
@@ -151,8 +174,7 @@ def test_the_cancel_button_works_while_the_cell_waits(kernel):
                         {"comm_id": buttons[0], "data": {"method": "custom", "content": {"event": "click"}}})
 
     reply, messages = run(kc, spin, during=click, timeout=30)
-    assert reply["content"]["status"] == "ok"
-    assert "tensorjob cell.wat: cancelled" in stdout(messages)
+    assert error_of(reply, messages)[1] == "cell.wat: job cancelled"
     button = [s for s in widget_states(messages).values() if s.get("_model_name") == "ButtonModel"][0]
     assert button["disabled"] and button["description"] == "Cancelled"
 
@@ -176,8 +198,9 @@ def test_defaults_come_from_ipython_config_and_config_changes_them(kernel):
                           "%config TensorJob.max_steps = 99\n"
                           "print(m.max_steps)")
     assert stdout(messages) == "7.0 4321\n99\n"
-    _, messages = run(kc, "%%tensorjob --quiet\n" + wat.script_wat([{"cmd": "emit", "progress": 1}]))
-    assert "max_steps" not in stdout(messages)  # quiet: the failure is the value, not printed
+    reply, messages = run(kc, "%%tensorjob --quiet\n" + wat.script_wat([{"cmd": "emit", "progress": 1}]))
+    assert "max_steps" not in stdout(messages)  # quiet: nothing printed; the failure is raised
+    assert "max_steps" in error_of(reply, messages)[1]
     _, messages = run(kc, "print(tensorjob_jupyter_last := __import__('tensorjob_jupyter').jobs()[-1].envelope.error.message)")
     assert "99 commands" in stdout(messages) and "max_steps" in stdout(messages)
     run(kc, "%config TensorJob.max_steps = 1000000")
@@ -272,8 +295,7 @@ def test_the_debug_bar_steps_a_waiting_cell_through_comm_messages(kernel):
         click(kc, widget_states(messages), "Cancel")
 
     reply, messages = run(kc, cell, during=cancel_on_failure(kc, drive), timeout=60)
-    assert reply["content"]["status"] == "ok"
-    assert "tensorjob cell.wat: cancelled" in stdout(messages)
+    assert error_of(reply, messages)[1] == "cell.wat: job cancelled"
     start, step1, step2, step3 = seen
     assert "tj-debug-command" not in start and "started paused" in start
     assert "next command" in step1 and "&quot;emit&quot;" in step1 and "answered by" not in step1
@@ -299,7 +321,7 @@ def test_breakpoints_and_pause_through_comm_messages(kernel):
         click(kc, widget_states(messages), "Cancel")
 
     reply, messages = run(kc, endless, during=cancel_on_failure(kc, drive), timeout=60)
-    assert reply["content"]["status"] == "ok" and "tensorjob cell.wat: cancelled" in stdout(messages)
+    assert error_of(reply, messages)[1] == "cell.wat: job cancelled"
 
     breaks = "%%tensorjob --break-on emit\n" + wat.script_wat([EMIT, {"cmd": "emit", "progress": "b"},
                                                                {"cmd": "done", "result": "through"}])
@@ -312,7 +334,7 @@ def test_breakpoints_and_pause_through_comm_messages(kernel):
             click(kc, widget_states(messages), "Continue")
 
     reply, messages = run(kc, breaks, during=cancel_on_failure(kc, go_on), timeout=60)
-    assert result_text(messages) == "'through'"
+    assert reply["content"]["status"] == "ok" and "&quot;through&quot;" in static_views(messages)[0]
 
 
 def test_a_bg_job_is_stepped_from_later_cells_and_an_interrupt_ends_a_paused_cell(kernel, tmp_path):
@@ -333,4 +355,84 @@ def test_a_bg_job_is_stepped_from_later_cells_and_an_interrupt_ends_a_paused_cel
         km.interrupt_kernel()
 
     reply, messages = run(kc, f"%tensorjob run {guest} --debug", during=interrupt, timeout=30)
-    assert reply["content"]["status"] == "ok" and "debugged.wat: cancelled" in stdout(messages)
+    assert error_of(reply, messages)[1] == "debugged.wat: job cancelled"
+
+
+# --- a data scientist's first hour (issue 23): failures stop the notebook, inputs as Python writes them, maps ------
+
+
+def stderr(messages):
+    return "".join(m["content"]["text"] for m in messages if m["msg_type"] == "stream" and m["content"]["name"] == "stderr")
+
+
+def echo_guest(tmp_path):
+    """A guest whose result is its input (test_magic.echo_wat), as a file."""
+    from test_magic import echo_wat
+
+    path = tmp_path / "echo.wat"
+    path.write_text(echo_wat())
+    return path
+
+
+def test_a_failed_run_raises_after_its_view_and_the_value_is_always_the_envelope(kernel, tmp_path):
+    _, kc = kernel
+    failing = tmp_path / "fail.wat"
+    failing.write_text(wat.script_wat([{"cmd": "fail", "code": "not_found", "message": "gone <b>"}]))
+    reply, messages = run(kc, f"%tensorjob run {failing} --out kept")
+    ename, evalue, traceback = error_of(reply, messages)
+    assert (ename, evalue) == ("JobFailed", "fail.wat failed: not_found: gone <b>")
+    assert traceback == ["JobFailed: fail.wat failed: not_found: gone <b>"]  # no host traceback
+    kinds = [m["msg_type"] for m in messages]
+    assert kinds.index("display_data") < kinds.index("error")  # the view showed the failure first
+    assert "gone &lt;b&gt;" in static_views(messages)[0]
+    good = tmp_path / "good.wat"
+    good.write_text(wat.script_wat([{"cmd": "done", "result": "fine"}]))
+    reply, messages = run(kc, f"r = %tensorjob run {failing} --no-raise\n"
+                              f"s = %tensorjob run {good}\n"
+                              "print(kept.error.code, r.status.value, r.error.code, s.result)")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert stdout(messages) == "not_found failed not_found fine\n"
+
+
+def test_input_as_json_a_variable_or_a_python_literal(kernel, tmp_path):
+    _, kc = kernel
+    echo = echo_guest(tmp_path)
+    reply, messages = run(kc, "params = {'path': 'a.txt', 'n': 3}\n"
+                              f"""a = %tensorjob run {echo} --quiet --input '{{"path": "a.txt", "n": 3}}'\n"""
+                              f"b = %tensorjob run {echo} --quiet --input $params\n"
+                              f"""c = %tensorjob run {echo} --quiet --input "{{'path': 'a.txt', 'n': 3}}"\n"""
+                              f"""d = %tensorjob run {echo} --quiet --input "{{\\"path\\": \\"a.txt\\", \\"n\\": 3}}"\n"""
+                              f"e = %tensorjob run {echo} --quiet --input True\n"
+                              f"f = %tensorjob run {echo} --quiet --input None\n"
+                              f"""g = %tensorjob run {echo} --quiet --input '"text"'\n"""
+                              "print(a.result == b.result == c.result == d.result == params, e.result, f.result, "
+                              "g.result)")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert stdout(messages) == "True True None text\n"
+    for line, says in [("--input {nope", "--input is not valid JSON"),
+                       ("""--input '"{\\"a\\": 1}"'""", "quoted once too often"),  # a dict inside a string
+                       ("""--input {"a": 1}""", "quote a value once"),  # unquoted: split at the space
+                       ("""--input '{"a": 1}""", "No closing quotation")]:
+        reply, messages = run(kc, f"%tensorjob run {echo} {line}")
+        assert reply["content"]["status"] == "error"
+        error = stderr(messages)
+        assert error.startswith("UsageError: ") and error.count("\n") == 1 and says in error, error
+        assert "--input '{\"path\": \"a.txt\"}'" in error  # says how to write it
+
+
+def test_a_map_takes_its_guest_from_the_cell_and_restart_starts_a_changed_one_over(kernel, tmp_path):
+    _, kc = kernel
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text('{"doc": "a"}\n{"doc": "b"}\n')
+    cell = f"%%tensorjob map --over {manifest} --run-dir {tmp_path / 'run'}\n"
+    reply, messages = run(kc, cell + wat.script_wat([{"cmd": "done", "result": {"v": 1}}]))
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert result_text(messages).startswith("<MapResult finished: 2 items, 2 completed, 0 failed; ")
+    [static] = static_views(messages)
+    assert 'class="tj-map-items"' in static and "{&quot;doc&quot;:&quot;b&quot;}" in static
+    changed = wat.script_wat([{"cmd": "done", "result": {"v": 2}}])
+    reply, messages = run(kc, cell + changed)
+    assert "guest changed" in stderr(messages) and "--restart" in stderr(messages)
+    reply, messages = run(kc, cell.rstrip("\n") + " --restart --quiet\n" + changed + "\n_.rows()")
+    reply, messages = run(kc, "[(row['input.doc'], row['status'], row['result.v']) for row in _.rows()]")
+    assert result_text(messages) == "[('a', 'completed', 2), ('b', 'completed', 2)]"

@@ -20,8 +20,9 @@ import pytest
 
 import tensorjob_jupyter
 from tensorjob_jupyter.inference.worker import InferenceWorker
-from tensorjob_jupyter.inference.base import (FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, GenerateRequest,
-                                              LoraChoice, ModelError, QueueFull, Sampler)
+from tensorjob_jupyter.inference.base import (
+    FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, GenerateRequest, LoraChoice, ModelError, QueueFull, Sampler,
+)
 from tensorjob_jupyter.inference.llama import LlamaEngine
 from tensorjob_jupyter.inference.text_stream import TextStream
 from tensorjob_jupyter.inference.topology import physical_cores
@@ -52,17 +53,17 @@ def test_the_installed_llama_cpp_python_is_the_tested_one_and_pyproject_pins_tha
     import tomllib
     from pathlib import Path
 
-    from tensorjob_jupyter.inference import llama
+    from tensorjob_jupyter.inference import library
 
-    pins = tomllib.loads((Path(llama.__file__).parents[2] / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert "llama-cpp-python" + llama.TESTED_LLAMA_CPP in [p.replace(" ", "") for p in pins]
+    pins = tomllib.loads((Path(library.__file__).parents[2] / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert "llama-cpp-python" + library.TESTED_LLAMA_CPP in [p.replace(" ", "") for p in pins]
     version = importlib.metadata.version("llama-cpp-python")
-    assert llama.in_tested_range(version), f"llama-cpp-python {version} is outside {llama.TESTED_LLAMA_CPP}"
-    assert not llama.in_tested_range("0.3.37") and not llama.in_tested_range("0.3.35")
+    assert library.in_tested_range(version), f"llama-cpp-python {version} is outside {library.TESTED_LLAMA_CPP}"
+    assert not library.in_tested_range("0.3.37") and not library.in_tested_range("0.3.35")
     import llama_cpp
     from llama_cpp import _internals
 
-    assert llama.missing_llama_cpp_api(llama_cpp, _internals) == []
+    assert library.missing_llama_cpp_api(llama_cpp, _internals) == []
 
 
 def test_a_llama_cpp_python_without_what_we_use_is_refused_by_name_with_the_tested_range(monkeypatch):
@@ -71,7 +72,7 @@ def test_a_llama_cpp_python_without_what_we_use_is_refused_by_name_with_the_test
     import llama_cpp
     from llama_cpp import _internals
 
-    from tensorjob_jupyter.inference import llama
+    from tensorjob_jupyter.inference import library
 
     class Sampler(_internals.LlamaSampler):
         add_penalties = None  # gone
@@ -80,26 +81,26 @@ def test_a_llama_cpp_python_without_what_we_use_is_refused_by_name_with_the_test
         def add_penalties(self, penalty_last_n, penalty_repeat, penalty_freq, penalty_present):  # pragma: no cover
             pass
 
-    internals = types.SimpleNamespace(**{name: getattr(_internals, name) for name in llama.INTERNALS_USED})
+    internals = types.SimpleNamespace(**{name: getattr(_internals, name) for name in library.INTERNALS_USED})
     internals.LlamaSampler = Sampler
     del internals.LlamaBatch
-    lib = types.SimpleNamespace(**{name: getattr(llama_cpp, name) for name in llama.LIBRARY_USED
+    lib = types.SimpleNamespace(**{name: getattr(llama_cpp, name) for name in library.LIBRARY_USED
                                    if name != "llama_set_adapters_lora"})
-    missing = llama.missing_llama_cpp_api(lib, internals)
+    missing = library.missing_llama_cpp_api(lib, internals)
     assert missing == ["_internals.LlamaBatch", "_internals.LlamaSampler.add_penalties",
                        "llama_cpp.llama_set_adapters_lora"]
     internals.LlamaSampler = OldSampler
     internals.LlamaBatch = _internals.LlamaBatch
-    assert llama.missing_llama_cpp_api(llama_cpp, internals) == [
+    assert library.missing_llama_cpp_api(llama_cpp, internals) == [
         "_internals.LlamaSampler.add_penalties(n_vocab, penalty_last_n, penalty_repeat, penalty_freq, "
         "penalty_present) (it takes (penalty_last_n, penalty_repeat, penalty_freq, penalty_present))"]
     # the first engine of the process fails with that list and the tested range, before touching the model
-    monkeypatch.setattr(llama, "_library", None)
-    monkeypatch.setattr(llama, "missing_llama_cpp_api", lambda *_: ["_internals.LlamaBatch"])
+    monkeypatch.setattr(library, "_library", None)
+    monkeypatch.setattr(library, "missing_llama_cpp_api", lambda *_: ["_internals.LlamaBatch"])
     with pytest.raises(ModelError) as err:
-        llama.llama_cpp_library()
+        library.llama_cpp_library()
     assert "lacks what tensorjob-jupyter uses from it: _internals.LlamaBatch" in str(err.value)
-    assert f"tested with llama-cpp-python {llama.TESTED_LLAMA_CPP}" in str(err.value)
+    assert f"tested with llama-cpp-python {library.TESTED_LLAMA_CPP}" in str(err.value)
 
 
 # -- text: whole characters, stop strings ------------------------------------------------------
@@ -458,7 +459,7 @@ def test_full_queue_fails_at_once_and_a_raising_listener_does_not_wedge_the_work
 
 @pytest.mark.slow  # the real model
 def test_a_job_infers_through_the_host(smollm_threads, tmp_path):  # noqa: F811
-    from tensorjob_jupyter.events import load_transcript
+    from tensorjob_jupyter.record.transcript import read_run as load_transcript
 
     guest = script_guest([{"cmd": "infer", "prompt": "The capital of France is", "max_tokens": 8},
                           {"cmd": "done", "result": 1}], stop_after_tokens=None)

@@ -6,8 +6,9 @@ from IPython.core.error import UsageError
 from IPython.testing import globalipapp
 
 import tensorjob_jupyter as tj
-from tensorjob_jupyter import compile as tj_compile
-from tensorjob_jupyter.magic import TensorJob
+from tensorjob_jupyter.sandbox import compile as tj_compile
+from tensorjob_jupyter.frontends.magic import TensorJob
+from tensorjob_jupyter.frontends.outcome import GuestDoesNotCompile, JobFailed
 
 import wat
 
@@ -36,29 +37,30 @@ def echo_wat() -> str:
   (func (export "cf_step") (param i32 i32) (result i32) (i32.const 16)))"""
 
 
-def test_a_cell_runs_and_its_value_is_the_result(ip, capsys):
+def test_a_cell_runs_and_its_value_is_the_envelope(ip, capsys):
     value = ip.run_cell_magic("tensorjob", '--input \'{"n": [1, 2]}\'', echo_wat())
-    assert value == {"n": [1, 2]}
+    assert isinstance(value, tj.Envelope) and value.ok and value.result == {"n": [1, 2]}
     out = capsys.readouterr().out
     assert out.startswith("tensorjob cell.wat: completed\n")
-    assert '"n": [' in out and "tokens: 0 in, 0 out" in out
+    assert '"n": [' in out
+    assert "tokens" not in out  # the job never asked the model anything
 
 
 def test_input_from_a_notebook_variable(ip):
     ip.user_ns["params"] = {"path": "x.txt", "depth": 3}
-    assert ip.run_cell_magic("tensorjob", "--input $params --quiet", echo_wat()) == {"path": "x.txt", "depth": 3}
+    assert ip.run_cell_magic("tensorjob", "--input $params --quiet", echo_wat()).result == {"path": "x.txt", "depth": 3}
 
 
-def test_out_stores_the_result(ip):
+def test_out_stores_the_envelope(ip):
     ip.run_cell_magic("tensorjob", '--input \'"stored"\' --out answer --quiet', echo_wat())
-    assert ip.user_ns["answer"] == "stored"
+    assert ip.user_ns["answer"].result == "stored"
 
 
 def test_bg_returns_the_job_at_once(ip):
     job = ip.run_cell_magic("tensorjob", "--bg --quiet --out later", wat.script_wat([{"cmd": "done", "result": 7}]))
     assert isinstance(job, tj.Job)
     assert job.wait(10).result == 7
-    assert ip.user_ns["later"] == 7
+    assert ip.user_ns["later"].result == 7
 
 
 def test_two_background_jobs_run_at_once(ip):
@@ -68,10 +70,16 @@ def test_two_background_jobs_run_at_once(ip):
     assert [j.wait(10).result for j in jobs] == [0, 1]
 
 
-def test_a_failed_job_prints_its_error_and_returns_none(ip, capsys):
-    value = ip.run_cell_magic("tensorjob", "", wat.script_wat([{"cmd": "fail", "code": "not_found", "message": "gone"}]))
-    assert value is None
-    assert "failed\nerror: not_found: gone\n" in capsys.readouterr().out
+def test_a_failed_job_shows_its_error_then_raises_a_short_one(ip, capsys):
+    failing = wat.script_wat([{"cmd": "fail", "code": "not_found", "message": "gone"}])
+    with pytest.raises(JobFailed) as info:
+        ip.run_cell_magic("tensorjob", "--out kept", failing)
+    assert "failed\nerror: not_found: gone\n" in capsys.readouterr().out  # the summary (the view) first
+    assert info.value._render_traceback_() == ["JobFailed: cell.wat failed: not_found: gone"]
+    assert info.value.code == "not_found" and isinstance(info.value, tj.abi.JobFailure)
+    assert ip.user_ns["kept"].error.message == "gone"  # --out is set whatever the outcome
+    value = ip.run_cell_magic("tensorjob", "--no-raise --quiet", failing)
+    assert value.status is tj.JobStatus.FAILED and value.error.code == "not_found"
 
 
 @pytest.mark.parametrize("line, fragment", [
@@ -92,7 +100,7 @@ def test_bad_options_are_one_usage_error(ip, line, fragment):
 def test_line_magic_runs_a_file_lists_and_cancels(ip, tmp_path, capsys):
     guest = tmp_path / "g.wat"
     guest.write_text(wat.script_wat([{"cmd": "done", "result": "from file"}]))
-    assert ip.run_line_magic("tensorjob", f"run {guest} --quiet") == "from file"
+    assert ip.run_line_magic("tensorjob", f"run {guest} --quiet").result == "from file"
     ip.run_line_magic("tensorjob", "jobs")
     assert "completed  g.wat" in capsys.readouterr().out
     spin = tmp_path / "spin.wasm"
@@ -108,17 +116,20 @@ def test_line_magic_runs_a_file_lists_and_cancels(ip, tmp_path, capsys):
 
 def test_compile_errors_show_the_cells_own_line_numbers(ip, capsys):
     cell = "#include <tensorjob.h>\nint x = ;\n"
-    assert ip.run_cell_magic("tensorjob", "--lang c", cell) is None
+    with pytest.raises(GuestDoesNotCompile) as info:
+        ip.run_cell_magic("tensorjob", "--lang c", cell)
     err = capsys.readouterr().err
     assert "cell.c:3:" in err  # line 1 of the cell is the %%tensorjob line
     assert "Traceback" not in err
+    assert info.value._render_traceback_() == [
+        "GuestDoesNotCompile: the guest does not compile (the compiler's message is above)"]
 
 
 def test_an_unchanged_cell_reuses_the_compiled_guest(ip):
     cell = wat.script_wat([{"cmd": "done", "result": "cached"}]) + "\n;; unique 8c1f"
     ip.run_cell_magic("tensorjob", "--quiet", cell)
     hits = tj_compile.stats.cache_hits
-    assert ip.run_cell_magic("tensorjob", "--quiet", cell) == "cached"
+    assert ip.run_cell_magic("tensorjob", "--quiet", cell).result == "cached"
     assert tj_compile.stats.cache_hits == hits + 1
 
 
@@ -140,6 +151,9 @@ def test_help_is_real(ip):
         assert option in doc
     assert "run PATH" in TensorJob.tensorjob_line.__doc__
     assert ip.find_magic("tensorjob", "cell").__doc__ == doc
+    # %tensorjob? and %%tensorjob? show the usage under the names people type
+    assert "\n  %tensorjob [" in TensorJob.tensorjob_line.__doc__ and "tensorjob_line" not in TensorJob.tensorjob_line.__doc__
+    assert "\n  %%tensorjob [" in doc and "tensorjob_cell" not in doc
 
 
 def test_map_from_the_magic_with_its_summary(ip, tmp_path, capsys):

@@ -19,8 +19,8 @@ import wasmtime
 
 import tensorjob_jupyter as tj
 from tensorjob_jupyter import fanout
-from tensorjob_jupyter.fanout import (ManifestError, ResumeRefused, add_map_parser, cmd_map, map as tj_map,
-                                      read_manifest, start_map)
+from tensorjob_jupyter.fanout import ManifestError, ResumeRefused, map as tj_map, read_manifest, start_map
+from tensorjob_jupyter.frontends.map_cli import add_map_parser, cmd_map
 from tensorjob_jupyter.inference import ScriptedBackend
 
 # --- the puppet guest ----------------------------------------------------------------

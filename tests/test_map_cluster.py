@@ -82,7 +82,7 @@ def data(tmp_path):
 def tensorjob(*argv, cwd, timeout=120):
     """``tensorjob ARGV`` as its own process; (exit code, stdout, stderr, seconds)."""
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "tensorjob_jupyter.cli", *map(str, argv)], cwd=cwd,
+    proc = subprocess.run([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", *map(str, argv)], cwd=cwd,
                           env=worker_env(), capture_output=True, text=True, timeout=timeout)
     return proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started
 

@@ -17,10 +17,11 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-from tensorjob_jupyter import fanout  # noqa: E402
-from tensorjob_jupyter.fanout import map as tj_map, start_map  # noqa: E402
-from tensorjob_jupyter.fanout.dask import error_outcome  # noqa: E402
-from tensorjob_jupyter.inference import ScriptedBackend  # noqa: E402
+from tensorjob_jupyter import fanout
+from tensorjob_jupyter.fanout import map as tj_map, start_map
+from tensorjob_jupyter.fanout.items import process_backend_count
+from tensorjob_jupyter.fanout.dask import error_outcome
+from tensorjob_jupyter.inference import ScriptedBackend
 
 from test_map import MIXED, done, infer, job_dirs, puppet_guest, sorted_lines, write_manifest  # noqa: E402
 
@@ -73,7 +74,7 @@ def test_the_files_are_the_same_as_a_local_run(client, guest, tmp_path):
     assert run.dashboard_link == client.dashboard_link and run.progress().dashboard_link
     # a worker builds the backend once, on its first item, and keeps it for the rest
     # (these items are quick: one worker may have run them all)
-    built = list(client.run(fanout.process_backend_count).values())
+    built = list(client.run(process_backend_count).values())
     assert set(built) <= {0, 1} and sum(built) >= 1
 
 
@@ -146,7 +147,7 @@ def test_an_item_that_keeps_killing_workers_fails_as_worker_lost():
 
 
 def test_the_map_view_links_the_dask_dashboard(client, guest, tmp_path):
-    from tensorjob_jupyter.view.map_widget import MapView
+    from tensorjob_jupyter.frontends.view.map_widget import MapView
 
     manifest = write_manifest(tmp_path / "m.jsonl", [done(i) for i in range(4)])
     run = start_map(guest, manifest, tmp_path / "run", backend=FACTORY, cluster=client)

@@ -26,8 +26,8 @@ from IPython.testing import globalipapp
 
 import tensorjob_jupyter as tj
 from tensorjob_jupyter import limits as limits_table
-from tensorjob_jupyter.events import load_transcript
-from tensorjob_jupyter.options import BY_NAME, OPTIONS, JobOptions, OptionError, parse_bytes
+from tensorjob_jupyter.record.transcript import read_run as load_transcript
+from tensorjob_jupyter.frontends.options import BY_NAME, OPTIONS, JobOptions, OptionError, parse_bytes
 
 GUEST_C = """#include "tensorjob.h"
 tj_cmd guest_init(tj_json input) { return tj_done(tj_jsonf("{\\"answer\\":%d}", ANSWER)); }
@@ -114,7 +114,7 @@ def transcripts(runs: Path) -> list[dict]:
 
 
 def cli(*argv, cwd):
-    return subprocess.run([sys.executable, "-m", "tensorjob_jupyter.cli", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", *argv], capture_output=True, text=True,
                           cwd=cwd, timeout=300, stdin=subprocess.DEVNULL)
 
 
@@ -152,7 +152,7 @@ def magic_line(world, *, one_job=True) -> str:
 @pytest.fixture
 def answer_continue(monkeypatch):
     """The magics' debug prompt (no widgets here) is answered ``c``: continue."""
-    from tensorjob_jupyter import magic
+    from tensorjob_jupyter.frontends import magic
 
     answers = []
     monkeypatch.setattr(magic, "_input_line", lambda: answers.append("c") or "c")
@@ -162,7 +162,7 @@ def answer_continue(monkeypatch):
 def test_every_option_through_the_cell_magic(ip, world, monkeypatch, answer_continue):
     monkeypatch.chdir(world)
     value = ip.run_cell_magic("tensorjob", magic_line(world) + " --quiet", GUEST_C)
-    assert value == {"answer": 42}
+    assert value.result == {"answer": 42}  # the value is the envelope (issue 23)
     [created] = transcripts(world / "runs")
     check_created(created, world)
     assert answer_continue == ["c"]  # paused once, before cf_init
@@ -170,7 +170,7 @@ def test_every_option_through_the_cell_magic(ip, world, monkeypatch, answer_cont
 
 def test_every_option_through_the_line_magics(ip, world, monkeypatch, answer_continue):
     monkeypatch.chdir(world)
-    assert ip.run_line_magic("tensorjob", f"run guest.c {magic_line(world)} --quiet") == {"answer": 42}
+    assert ip.run_line_magic("tensorjob", f"run guest.c {magic_line(world)} --quiet").result == {"answer": 42}
     result = ip.run_line_magic("tensorjob", f"map guest.c --over m.jsonl --run-dir run "
                                             f"{magic_line(world, one_job=False)} --quiet")
     assert result.completed == 1
@@ -184,7 +184,7 @@ def test_traitlets_give_the_defaults_and_flags_override_them(ip, world, monkeypa
     magics = ip.magics_manager.registry["TensorJob"]
     monkeypatch.setattr(magics, "max_steps", 77)
     monkeypatch.setattr(magics, "runs_dir", str(world / "runs"))
-    assert ip.run_cell_magic("tensorjob", "--cflags=-DANSWER=1 --max-handles 9 --quiet", GUEST_C) == {"answer": 1}
+    assert ip.run_cell_magic("tensorjob", "--cflags=-DANSWER=1 --max-handles 9 --quiet", GUEST_C).result == {"answer": 1}
     [created] = transcripts(world / "runs")
     assert created["limits"]["max_steps"] == 77 and created["limits"]["max_handles"] == 9
 

@@ -31,10 +31,10 @@ from hypothesis import strategies as st
 import tensorjob_jupyter as tj
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import codes
-from tensorjob_jupyter.caps import AccessError, Grants
-from tensorjob_jupyter.events import EventStream, TranscriptError
+from tensorjob_jupyter.world.grants import AccessError, Grants
+from tensorjob_jupyter.record.events import EventStream, TranscriptWriteError
 from tensorjob_jupyter.inference import ScriptedBackend
-from tensorjob_jupyter.runner import GuestFailed
+from tensorjob_jupyter.host.reactor import GuestFailed
 from tensorjob_jupyter.text import for_html, for_terminal, json_text
 
 import wat
@@ -264,7 +264,7 @@ def test_the_transcript_is_gapless_whatever_is_published(fields, tmp_path_factor
         try:
             stream.publish("x", value=value)
             published += 1
-        except TranscriptError:
+        except TranscriptWriteError:
             pass
     stream.close(b"{}")
     events = [orjson.loads(line) for line in (run_dir / "events.jsonl").read_bytes().splitlines()]

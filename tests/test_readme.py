@@ -5,7 +5,7 @@ from pathlib import Path
 
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.limits import FIELDS
-from tensorjob_jupyter.options import OPTIONS
+from tensorjob_jupyter.frontends.options import OPTIONS
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
 

@@ -23,17 +23,17 @@ import pytest
 
 import tensorjob_jupyter as tj
 from tensorjob_jupyter import abi
-from tensorjob_jupyter.cli import main
-from tensorjob_jupyter.diff import diff_runs
-from tensorjob_jupyter.events import TRANSCRIPT_VERSION
-from tensorjob_jupyter.history import RunError, list_runs, prune, resolve_run
-from tensorjob_jupyter.inference.base import Sampler
+from tensorjob_jupyter.frontends.cli import main
+from tensorjob_jupyter.history.diff import diff_runs
+from tensorjob_jupyter.record.events import TRANSCRIPT_VERSION
+from tensorjob_jupyter.history.runs import RunError, list_runs, prune, resolve_run
+from tensorjob_jupyter.inference.base import QueueFull, Sampler
 from tensorjob_jupyter.inference.scripted import ScriptedBackend
-from tensorjob_jupyter.replay import ReplayError, ReplayJob, replay
-from tensorjob_jupyter.show import Playback
-from tensorjob_jupyter.transcript import COMMANDS, EventReader, Recording, TranscriptError
-from tensorjob_jupyter.view import render
-from tensorjob_jupyter.view.state import ViewState
+from tensorjob_jupyter.history.replay import ReplayError, ReplayJob, replay
+from tensorjob_jupyter.history.show import Playback
+from tensorjob_jupyter.record.transcript import COMMANDS, EventReader, Recording, TranscriptError
+from tensorjob_jupyter.frontends.view import render
+from tensorjob_jupyter.frontends.view.state import ViewState
 
 import wat
 
@@ -457,6 +457,7 @@ def test_prune_keeps_the_newest_and_deletes_only_finished_run_folders(tmp_path):
     copied.mkdir()
     for f in Path(jobs[0].run_dir).iterdir():
         (copied / f.name).write_bytes(f.read_bytes())
+    os.utime(copied / "events.jsonl", (0, 0))  # prune goes by the file system's times: written long ago
     (Path(jobs[1].run_dir) / "notes.txt").write_text("mine")  # a run folder holding someone's file
     held = open(Path(jobs[0].run_dir) / "events.jsonl", "rb")  # as a job in another process holds it
     fcntl.flock(held.fileno(), fcntl.LOCK_EX)
@@ -496,7 +497,7 @@ def test_prune_never_removes_a_running_job_of_this_process():
 
 
 def test_show_prints_exactly_what_run_printed(monkeypatch, guest_with_everything):
-    import tensorjob_jupyter.cli as cli
+    import tensorjob_jupyter.frontends.cli as cli
 
     monkeypatch.setattr(cli, "_backend", lambda model, model_options=None: ScriptedBackend(WORDS))
     code, out, err = run_cli("run", guest_with_everything)
@@ -594,7 +595,7 @@ def test_the_commands_from_a_terminal(tmp_path, text_file):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TENSORJOB_RUNS": str(tmp_path / "cli-runs")}
 
     def tensorjob(*argv):
-        return subprocess.run([sys.executable, "-m", "tensorjob_jupyter.cli", *map(str, argv)], env=env,
+        return subprocess.run([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", *map(str, argv)], env=env,
                               capture_output=True, text=True, timeout=120, cwd=tmp_path)
 
     wc = EXAMPLES / "wordcount.c"
@@ -644,7 +645,7 @@ def test_the_magics_list_show_and_replay(ip, tmp_path, capsys):
     assert [r.id for r in listing] == [job.id] and "<table" in listing._repr_html_()
     ip.user_ns["recorded"] = job
     capsys.readouterr()
-    assert ip.run_line_magic("tensorjob", "show $recorded") == {"n": 1}
+    assert ip.run_line_magic("tensorjob", "show $recorded").result == {"n": 1}  # the value is the envelope
     out = capsys.readouterr().out
     assert out.startswith("tensorjob ") and "completed" in out and "tokens: 1 in, 10 out" in out
     report = ip.run_line_magic("tensorjob", f"replay {guest} --from $recorded")
@@ -674,7 +675,7 @@ def test_a_real_model_run_replays_to_the_same_result_with_no_model_loaded(tmp_pa
                  input={"path": str(data / "lighthouse.txt"), "max_tokens": 24})
     assert job.envelope.ok and job.envelope.usage.tokens_out > 0
     script = ("import json, sys\n"
-              "from tensorjob_jupyter.cli import main\n"
+              "from tensorjob_jupyter.frontends.cli import main\n"
               "import io\n"
               "out = io.StringIO()\n"
               f"code = main(['replay', {str(EXAMPLES / 'summarise.c')!r}, '--from', {str(job.run_dir)!r}, '--json'],"
@@ -696,7 +697,7 @@ def test_a_real_model_run_replays_to_the_same_result_with_no_model_loaded(tmp_pa
 
 
 def test_the_widget_shows_a_past_run_as_it_showed_it_live(text_file):
-    from tensorjob_jupyter.view.widget import JobView
+    from tensorjob_jupyter.frontends.view.widget import JobView
 
     job = tj.Job(wat.script_guest([{"cmd": "open", "path": str(text_file)},
                                    {"cmd": "slice", "handle": 0, "offset": 0, "len": 64},
@@ -726,7 +727,7 @@ def test_the_widget_shows_a_past_run_as_it_showed_it_live(text_file):
 
 
 def test_a_listing_reads_a_large_result_s_envelope_only_at_its_ends():
-    from tensorjob_jupyter.transcript import read_envelope_summary
+    from tensorjob_jupyter.record.transcript import read_envelope_summary
 
     job = record(wat.script_guest([{"cmd": "done", "result": 1}]))
     big = tj.Envelope(tj.JobStatus.COMPLETED, job.envelope.usage, result={"text": "x" * 200_000})
@@ -762,17 +763,94 @@ def test_a_malformed_setup_in_a_transcript_is_one_error(tmp_path):
     assert code == 2 and "its job.created cannot be replayed" in err and err.count("\n") == 1
 
 
-def test_live_never_continues_a_constrained_answer_from_its_middle(tmp_path):
-    # Recorded: the guest stopped a JSON answer after 2 tokens. Replayed: it wants more. A plain infer
-    # would go on live; a constrained one cannot be continued faithfully, so the replay stops.
-    stop_after_two = wat.script_guest([{"cmd": "infer", "prompt": "p", "max_tokens": 8,
-                                        "format": {"type": "json_object"}}, {"cmd": "done", "result": 1}],
+def _json_infer(**extra):
+    return {"cmd": "infer", "prompt": "p", "max_tokens": 8, "format": {"type": "json_object"}, **extra}
+
+
+LONG_JSON = '{"a": 1, "b": 2, "c": 3}'  # six pieces for the scripted model
+
+
+def test_live_continues_a_constrained_answer_from_its_middle_when_the_model_repeats_it(tmp_path):
+    # Recorded: the guest stopped a JSON answer after 2 tokens. Replayed: it wants more. The one token
+    # loop asks the model again and skips the two pieces the guest already judged -- checking them.
+    stop_after_two = wat.script_guest([_json_infer(), {"cmd": "done", "result": 1}], stop_after_tokens=2)
+    job = tj.Job(stop_after_two, backend=ScriptedBackend(LONG_JSON), runs_dir=tmp_path / "runs")
+    job.start().wait(30)
+    wants_more = wat.script_guest([_json_infer(), {"cmd": "done", "result": 1}], stop_after_tokens=5)
+    report = replay(wants_more, job.run_dir, live=True, backend=ScriptedBackend(LONG_JSON))
+    assert not report.stopped and report.live_from == 1 and report.status == "completed", report.lines()
+    deltas = [e["delta"] for e in report.job.events if e["type"] == "response.output_text.delta"]
+    # the recorded two, then the model's three (and at most the one piece it had made before the stop landed)
+    assert "".join(deltas).startswith('{"a": 1, "b": 2, "c":') and 5 <= len(deltas) <= 6
+    done = [e for e in report.job.events if e["type"] == "response.completed"]
+    assert done and done[0]["guest_stopped_after"] == 5
+
+
+def test_live_stops_where_the_model_no_longer_repeats_the_recorded_answer(tmp_path):
+    stop_after_two = wat.script_guest([_json_infer(), {"cmd": "done", "result": 1}], stop_after_tokens=2)
+    job = tj.Job(stop_after_two, backend=ScriptedBackend('{"a": 1}'), runs_dir=tmp_path / "runs")
+    job.start().wait(30)
+    wants_more = wat.script_guest([_json_infer(), {"cmd": "done", "result": 1}], stop_after_tokens=5)
+    report = replay(wants_more, job.run_dir, live=True, backend=ScriptedBackend('{"b": 2}'))
+    assert report.envelope.error.code == "replay_divergence"
+    assert "the model answered otherwise" in report.envelope.error.message
+
+
+def test_live_never_continues_a_sampled_answer_from_its_middle(tmp_path):
+    # A temperature above 0 cannot be repeated, so the replay stops at the divergence.
+    stop_after_two = wat.script_guest([_json_infer(temperature=0.7), {"cmd": "done", "result": 1}],
                                       stop_after_tokens=2)
     job = tj.Job(stop_after_two, backend=ScriptedBackend('{"a": 1}'), runs_dir=tmp_path / "runs")
     job.start().wait(30)
-    wants_more = wat.script_guest([{"cmd": "infer", "prompt": "p", "max_tokens": 8,
-                                    "format": {"type": "json_object"}}, {"cmd": "done", "result": 1}],
+    wants_more = wat.script_guest([_json_infer(temperature=0.7), {"cmd": "done", "result": 1}],
                                   stop_after_tokens=5)
     report = replay(wants_more, job.run_dir, live=True, backend=ScriptedBackend('{"a": 1}'))
-    assert report.stopped and "cannot continue an answer with format" in report.divergence.asked
+    assert report.stopped and "only greedy answers repeat" in report.divergence.asked
     assert report.envelope.error.code == "replay_divergence"
+
+
+# --- --live runs through the one token loop: cancel and a full queue as in a live job ---------------------
+
+
+def _recorded_two_of_many(tmp_path):
+    stop_after_two = wat.script_guest([{"cmd": "infer", "prompt": "p", "max_tokens": 64},
+                                       {"cmd": "done", "result": 1}], stop_after_tokens=2)
+    words = " ".join(f"w{i}" for i in range(40))
+    job = tj.Job(stop_after_two, backend=ScriptedBackend(words), runs_dir=tmp_path / "runs")
+    job.start().wait(30)
+    wants_all = wat.script_guest([{"cmd": "infer", "prompt": "p", "max_tokens": 64},
+                                  {"cmd": "done", "result": 1}])
+    return job, wants_all, words
+
+
+def test_a_cancel_during_replay_live_ends_cancelled(tmp_path):
+    job, wants_all, words = _recorded_two_of_many(tmp_path)
+    slow = ScriptedBackend(words, token_delay_s=0.05)
+    replaying = ReplayJob(wants_all, job.run_dir, live=True, backend=slow, runs_dir=tmp_path / "runs").start()
+    sub = replaying.subscribe()
+    for event in sub:  # cancel once the model streams the live rest of the answer
+        if event["type"] == "response.output_text.delta" and event["delta"].strip() == "w4":
+            replaying.cancel()
+            break
+    envelope = replaying.wait(30)
+    assert envelope.status.value == "cancelled" and envelope.error.code == "cancelled", envelope
+    assert envelope.error.message == "cancelled during inference"
+    ends = [e for e in replaying.events if e["type"].startswith("response.") and e["type"] in (
+        "response.completed", "response.incomplete", "response.failed")]
+    assert ends and ends[-1]["finish_reason"] == "cancelled"
+
+
+class _FullQueue(ScriptedBackend):
+    def generate_stream(self, request, on_token):
+        raise QueueFull("the model's request queue is full (64 waiting); try again shortly")
+
+
+def test_a_full_queue_during_replay_live_is_busy_too_many_requests(tmp_path):
+    job, wants_all, words = _recorded_two_of_many(tmp_path)
+    replaying = ReplayJob(wants_all, job.run_dir, live=True, backend=_FullQueue(words), runs_dir=tmp_path / "runs")
+    envelope = replaying.start().wait(30)
+    assert envelope.status.value == "failed" and envelope.error.code == "busy", envelope
+    errors = [e for e in replaying.events if e["type"] == "error"]
+    assert errors and errors[-1]["error_type"] == "too_many_requests" and errors[-1]["code"] == "busy"
+    failed = [e for e in replaying.events if e["type"] == "response.failed"]
+    assert failed and failed[-1]["response"]["error"]["code"] == "rate_limit_exceeded"

@@ -6,7 +6,7 @@ import time
 
 import tensorjob_jupyter as tj
 from tensorjob_jupyter.abi import JobStatus, codes
-from tensorjob_jupyter.events import load_transcript
+from tensorjob_jupyter.record.transcript import read_run as load_transcript
 from tensorjob_jupyter.inference import ScriptedBackend
 
 import wat

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import wasmtime
 
-from tensorjob_jupyter import compile as tjc
+from tensorjob_jupyter.sandbox import compile as tjc
 
 GUESTS = Path(__file__).parent / "guests"
 

@@ -16,7 +16,7 @@ import pytest
 import wasmtime
 
 from tensorjob_jupyter import abi
-from tensorjob_jupyter import compile as tjc
+from tensorjob_jupyter.sandbox import compile as tjc
 from test_sdk_c import TRICKY, RawGuest, done_result, emitted
 
 GUESTS = Path(__file__).parent / "guests"

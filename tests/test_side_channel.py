@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorjob_jupyter.view import side_channel
+from tensorjob_jupyter.frontends.view import side_channel
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,13 +70,13 @@ def kernel(monkeypatch):
 
 
 def warnings_of(caplog):
-    return [r for r in caplog.records if r.name == "tensorjob_jupyter.view" and r.levelno == logging.WARNING]
+    return [r for r in caplog.records if r.name == "tensorjob_jupyter.frontends.view" and r.levelno == logging.WARNING]
 
 
 def test_routing_applies_on_a_kernel_with_subshells_and_reuses_one_subshell(kernel, caplog):
     kernel["kernel"] = fake = FakeKernel()
     first, second = RoutingComm(), RoutingComm()
-    with caplog.at_level(logging.WARNING, logger="tensorjob_jupyter.view"):
+    with caplog.at_level(logging.WARNING, logger="tensorjob_jupyter.frontends.view"):
         assert side_channel.route_clicks_to_side_thread(FakeWidget(first)) is True
         assert side_channel.route_clicks_to_side_thread(FakeWidget(second)) is True
     assert first._reply_subshell_id == second._reply_subshell_id == "subshell-1"
@@ -89,7 +89,7 @@ def test_routing_applies_on_a_kernel_with_subshells_and_reuses_one_subshell(kern
 def test_when_routing_cannot_apply_it_warns_once_and_says_what_to_do(kernel, caplog, case):
     kernel["kernel"] = FakeKernel(subshells=case != "kernel without subshells", fail=case == "subshell creation fails")
     comm = None if case == "widget without a comm" else (FakeComm() if case == "comm without routing" else RoutingComm())
-    with caplog.at_level(logging.WARNING, logger="tensorjob_jupyter.view"):
+    with caplog.at_level(logging.WARNING, logger="tensorjob_jupyter.frontends.view"):
         results = [side_channel.route_clicks_to_side_thread(FakeWidget(comm)) for _ in range(3)]
     assert results == [False, False, False]
     (warning,) = warnings_of(caplog)  # once, however many views
@@ -104,7 +104,7 @@ def test_when_routing_cannot_apply_it_warns_once_and_says_what_to_do(kernel, cap
 
 
 def test_outside_a_kernel_there_is_nothing_to_route_and_nothing_to_say(kernel, caplog):
-    with caplog.at_level(logging.WARNING, logger="tensorjob_jupyter.view"):
+    with caplog.at_level(logging.WARNING, logger="tensorjob_jupyter.frontends.view"):
         assert side_channel.route_clicks_to_side_thread(FakeWidget(RoutingComm())) is False
     assert warnings_of(caplog) == []
     assert side_channel._warned is False

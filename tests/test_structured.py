@@ -24,10 +24,10 @@ import pytest
 import tensorjob_jupyter as tj
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import AbiError, codes
-from tensorjob_jupyter.compile import GuestSource
+from tensorjob_jupyter.sandbox.compile import GuestSource
 from tensorjob_jupyter.inference import ScriptedBackend
 from tensorjob_jupyter.inference.base import Constraint, GenerateRequest, ModelError, Sampler
-from tensorjob_jupyter.structured import CallScanner, OutputSpec, SchemaError
+from tensorjob_jupyter.host.structured import CallScanner, OutputSpec, SchemaError
 
 from llama_support import Collector, smollm, tiny_files  # noqa: F401
 
@@ -317,8 +317,8 @@ def test_the_scanner_finds_the_name_and_the_arguments_however_the_text_is_split(
 
 
 def test_the_view_shows_a_call_by_name_and_a_structured_answer_as_a_tree(echo):
-    from tensorjob_jupyter.view import render
-    from tensorjob_jupyter.view.state import ViewState
+    from tensorjob_jupyter.frontends.view import render
+    from tensorjob_jupyter.frontends.view.state import ViewState
 
     call = run_echo(echo, ScriptedBackend(CALL), {"tools": [WEATHER], "tool_choice": "required"})
     state = ViewState()
@@ -339,7 +339,7 @@ def test_the_view_shows_a_call_by_name_and_a_structured_answer_as_a_tree(echo):
 
 
 def test_the_terminal_shows_the_call_growing_and_the_answer_as_json(echo):
-    from tensorjob_jupyter.cli import LivePrinter
+    from tensorjob_jupyter.frontends.terminal import LivePrinter
 
     def printed(job):
         err = io.StringIO()
@@ -408,13 +408,13 @@ def test_the_tiny_model_held_to_a_schema_always_validates(tiny_engine, index):
 
 
 def test_checking_the_free_choice_first_picks_the_same_tokens_as_grammar_first(tiny_engine, monkeypatch):
-    from tensorjob_jupyter.inference import llama
+    from tensorjob_jupyter.inference import grammar
 
     for schema in SCHEMAS:
         fast, _ = constrained(tiny_engine, schema, max_tokens=60)
-        monkeypatch.setattr(llama._GrammarSampler, "check_first", False)
+        monkeypatch.setattr(grammar.GrammarSampler, "check_first", False)
         reference, _ = constrained(tiny_engine, schema, max_tokens=60)
-        monkeypatch.setattr(llama._GrammarSampler, "check_first", True)
+        monkeypatch.setattr(grammar.GrammarSampler, "check_first", True)
         assert fast.text == reference.text and fast.finish_reason == reference.finish_reason
 
 
@@ -450,14 +450,14 @@ def test_the_grammar_api_is_part_of_the_llama_cpp_check():
     import llama_cpp
     from llama_cpp import _internals, llama_grammar
 
-    from tensorjob_jupyter.inference import llama
+    from tensorjob_jupyter.inference import library
 
-    assert llama.missing_llama_cpp_api(llama_cpp, _internals, llama_grammar) == []
-    assert llama.missing_llama_cpp_api(llama_cpp, _internals, types.SimpleNamespace()) == [
+    assert library.missing_llama_cpp_api(llama_cpp, _internals, llama_grammar) == []
+    assert library.missing_llama_cpp_api(llama_cpp, _internals, types.SimpleNamespace()) == [
         "llama_grammar.SchemaConverter"]
-    lib = types.SimpleNamespace(**{n: getattr(llama_cpp, n) for n in llama.LIBRARY_USED
+    lib = types.SimpleNamespace(**{n: getattr(llama_cpp, n) for n in library.LIBRARY_USED
                                    if n != "llama_sampler_init_grammar"})
-    assert "llama_cpp.llama_sampler_init_grammar" in llama.missing_llama_cpp_api(lib, _internals, llama_grammar)
+    assert "llama_cpp.llama_sampler_init_grammar" in library.missing_llama_cpp_api(lib, _internals, llama_grammar)
 
 
 # --- job options and models by name -----------------------------------------------------------------------
@@ -499,7 +499,7 @@ def test_a_hf_model_resolves_offline_from_the_cache(tmp_path, tiny_files, monkey
 def test_a_hf_model_that_is_not_cached_is_one_line_from_the_cli(tmp_path):
     env = {"HF_HUB_CACHE": str(tmp_path / "empty"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT),
            "TENSORJOB_RUNS": str(tmp_path / "runs"), "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, "-m", "tensorjob_jupyter.cli", "run", str(ECHO), "--model",
+    done = subprocess.run([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "run", str(ECHO), "--model",
                            "hf:nobody/nothing-GGUF:Q4_K_M"], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2 and done.stderr.count("\n") == 1
     assert "--model hf:nobody/nothing-GGUF:Q4_K_M: hf:nobody/nothing-GGUF:Q4_K_M is not in the Hugging Face" \
@@ -593,7 +593,7 @@ def test_the_repeated_sentence_check_sees_a_loop():
 
 @pytest.mark.slow
 def test_the_quick_start_summary_repeats_no_sentence_and_is_deterministic(tmp_path):
-    argv = [sys.executable, "-m", "tensorjob_jupyter.cli", "run", "guests/examples/summarise.c", "--read",
+    argv = [sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "run", "guests/examples/summarise.c", "--read",
             "examples/data", "--input", '{"path": "examples/data/lighthouse.txt"}', "--quiet"]
     runs = [subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600,
                            env={**__import__("os").environ, "PYTHONPATH": str(ROOT),
@@ -613,7 +613,7 @@ def test_the_embedded_model_by_name_from_a_hf_cache(tmp_path):
                      name="smollm2-135m-instruct-q4_1.gguf")
     env = {**__import__("os").environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT),
            "TENSORJOB_RUNS": str(tmp_path / "runs")}
-    done = subprocess.run([sys.executable, "-m", "tensorjob_jupyter.cli", "run", "guests/examples/extract.c",
+    done = subprocess.run([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "run", "guests/examples/extract.c",
                            "--read", "examples/data", "--input", '{"path": "examples/data/lighthouse.txt"}',
                            "--model", "hf:HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1", "--json", "--quiet"],
                           cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
@@ -625,7 +625,7 @@ def test_the_embedded_model_by_name_from_a_hf_cache(tmp_path):
 
 
 def test_lora_and_no_prompt_cache_reach_the_engine_from_the_options(tiny_files, echo):  # noqa: F811
-    from tensorjob_jupyter.options import JobOptions
+    from tensorjob_jupyter.frontends.options import JobOptions
 
     def run(**options):
         kwargs = JobOptions(model=str(tiny_files["model"]), **options).checked().job_kwargs()
@@ -643,7 +643,7 @@ def test_lora_and_no_prompt_cache_reach_the_engine_from_the_options(tiny_files, 
 
 
 def test_the_largest_schemas_the_checks_allow_are_grammars_llama_cpp_parses(tiny_engine):
-    from tensorjob_jupyter import structured
+    from tensorjob_jupyter.host import structured
 
     largest = {"type": "object", "properties": {
         "s": {"type": "string", "minLength": 1, "maxLength": structured.MAX_LENGTH},

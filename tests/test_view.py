@@ -7,10 +7,10 @@ import pytest
 
 import tensorjob_jupyter as tj
 from tensorjob_jupyter.inference import ScriptedBackend
-from tensorjob_jupyter.view import render
-from tensorjob_jupyter.view.state import ViewState, progress_fraction
-from tensorjob_jupyter.view.summary import summary
-from tensorjob_jupyter.view.widget import JobView
+from tensorjob_jupyter.frontends.view import render
+from tensorjob_jupyter.frontends.view.state import ViewState, progress_fraction
+from tensorjob_jupyter.frontends.view.summary import summary
+from tensorjob_jupyter.frontends.view.widget import JobView
 
 import wat
 
@@ -156,12 +156,12 @@ def test_the_summary_is_deterministic_and_has_no_timings():
     text = summary("g.wat", env)
     assert text == 'tensorjob g.wat: completed\nresult: {\n  "ok": true\n}\ntokens: 2 in, 2 out'
     failed = tj.run(wat.script_guest([{"cmd": "fail", "code": "x", "message": "\x1b[2Jbad"}]))
-    assert summary("g", failed) == "tensorjob g: failed\nerror: x: bad\ntokens: 0 in, 0 out"
+    assert summary("g", failed) == "tensorjob g: failed\nerror: x: bad"  # no model used: no token counts
 
 
-def test_the_map_view_shows_counts_failures_and_throughput(tmp_path):
+def test_the_map_view_shows_counts_the_latest_items_and_the_rate(tmp_path):
     from tensorjob_jupyter.fanout import start_map
-    from tensorjob_jupyter.view.map_widget import MapView
+    from tensorjob_jupyter.frontends.view.map_widget import MapView
 
     guest = wat.script_guest([{"cmd": "fail", "code": "bad_item", "message": "<script>alert(1)</script>"}])
     run = start_map(guest, [{"i": i} for i in range(6)], tmp_path / "run", concurrency=2)
@@ -170,16 +170,19 @@ def test_the_map_view_shows_counts_failures_and_throughput(tmp_path):
     view.join(10)
     assert result.failed == 6
     assert 'class="tj-status"' in view.header.value and ">finished<" in view.header.value
-    assert "items/s" in view.header.value
+    assert "items/s" in view.header.value or "s/item" in view.header.value
     assert "<b>6</b> / 6" in view.counts.value and "6 failed" in view.counts.value
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in view.failures.value and "<script" not in view.failures.value
+    assert "white-space:nowrap" in view.counts.value  # the counts never wrap under the bar
+    items = view.items.value
+    assert items.count("<tr>") == 6 and "bad_item: &lt;script&gt;alert(1)&lt;/script&gt;" in items
+    assert "<script" not in items and "{&quot;i&quot;:5}" in items  # each item's input, escaped
     assert view.bar.value == 1.0 and view.cancel_button.disabled
     assert view._repr_mimebundle_()["text/plain"].startswith("tensorjob map view")
 
 
 def test_the_map_view_cancel_button_stops_the_map(tmp_path):
     from tensorjob_jupyter.fanout import start_map
-    from tensorjob_jupyter.view.map_widget import MapView
+    from tensorjob_jupyter.frontends.view.map_widget import MapView
 
     slow = wat.script_guest([{"cmd": "infer", "prompt": "p", "max_tokens": 50}, DONE])
     backend = ScriptedBackend(" ".join(["w"] * 50), token_delay_s=0.02)
@@ -207,7 +210,7 @@ def test_hostile_progress_numbers_do_not_stop_the_view():
 def test_coverage_merging_matches_a_naive_merge_and_the_bar_stays_small():
     import random
 
-    from tensorjob_jupyter.view.state import FileState
+    from tensorjob_jupyter.frontends.view.state import FileState
 
     rng = random.Random(7)
     f = FileState(0, "f", 10_000, "text")
@@ -224,7 +227,7 @@ def test_coverage_merging_matches_a_naive_merge_and_the_bar_stays_small():
 
 def test_every_job_and_map_status_has_its_one_colour():
     from tensorjob_jupyter.abi import JobStatus
-    from tensorjob_jupyter.view import render
+    from tensorjob_jupyter.frontends.view import render
 
     job_statuses = {s.value for s in JobStatus if s.is_terminal} | {"running", "paused"}  # paused: a debugger holds it
     map_statuses = {"running", "finished", "cancelled", "error"}  # fanout.progress.MapProgress.status

@@ -11,7 +11,7 @@ import threading
 import pytest
 import wasmtime
 
-from tensorjob_jupyter.wasmcall import HotCall, set_deadline
+from tensorjob_jupyter.sandbox.wasmcall import HotCall, set_deadline
 
 MODULE = """(module
   (import "host" "boom" (func $boom (result i32)))

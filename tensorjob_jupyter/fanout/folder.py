@@ -6,25 +6,30 @@ ledger pins the manifest's and the guest's SHA-256 (another of either is
 advisory lock keeps a second map out, each concluded item is appended,
 flushed and fsynced as it finishes, and a torn last line left by a crash is
 cut off on resume so that its item runs again. Only the map's own thread
-writes here (see ``run.MapRun``).
+writes here (see ``run.MapRun``). A refused folder can be started over
+(``restart``: under the lock, the map's own files are removed first, and
+nothing else in the folder is touched); the refusal says so.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
-from ..abi import JobStatus, dumps
-from .errors import ResumeRefused
-from .manifest import Manifest
+from tensorjob_jupyter.abi import JobStatus, dumps
+from tensorjob_jupyter.fanout.errors import ResumeRefused
+from tensorjob_jupyter.fanout.manifest import Manifest
 
 LEDGER = "ledger.json"
 RESULTS = "results.jsonl"
 FAILURES = "failures.jsonl"
 JOBS = "jobs"
 LEDGER_FORMAT = "tensorjob-map/1"
+#: How to start a refused folder over, in the front ends' words.
+RESTART_HINT = "start this one over with --restart (restart=True in Python), which keeps none of its results"
 
 
 def _open_own(path: Path, flags: int, mode: str):
@@ -49,7 +54,7 @@ def _fsync_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _read_records(path: Path, *, repair: bool = False) -> list[dict]:
+def read_records(path: Path, *, repair: bool = False) -> list[dict]:
     """The records of a results/failures file, without a torn last line
     (a crash mid-append); ``repair`` also cuts it off the file."""
     if not os.path.lexists(path):
@@ -88,14 +93,18 @@ class RunFolder:
         self._results = None
         self._failures = None
 
-    def open(self, manifest: Manifest, wasm_sha256: str, *, retry_failed: bool, where: str) -> None:
-        """Create or resume the folder; refuses a different manifest or guest."""
+    def open(self, manifest: Manifest, wasm_sha256: str, *, retry_failed: bool, where: str,
+             restart: bool = False) -> None:
+        """Create or resume the folder; refuses a different manifest or guest. ``restart``: start the
+        folder over first, keeping nothing of an earlier map (its ledger, results and item transcripts)."""
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock()
         try:
+            if restart:
+                self._clear()
             self._ledger = self._check_ledger(manifest, wasm_sha256)
-            self.completed = {r["item"] for r in _read_records(self.results_path, repair=True)}
-            failures = [r for r in _read_records(self.failures_path, repair=True)
+            self.completed = {r["item"] for r in read_records(self.results_path, repair=True)}
+            failures = [r for r in read_records(self.failures_path, repair=True)
                         if r["item"] not in self.completed]
             if retry_failed and failures:
                 _fsync_write(self.failures_path, "")
@@ -110,6 +119,18 @@ class RunFolder:
         except BaseException:
             self.close()
             raise
+
+    def _clear(self) -> None:
+        """Remove what a map wrote here -- the ledger, the results files, ``jobs/`` -- and nothing else.
+
+        Only under the lock, so a running map's folder is never cleared; a symbolic link in their place is
+        removed as a link, never followed."""
+        for name in (LEDGER, RESULTS, FAILURES, LEDGER + ".tmp", FAILURES + ".tmp"):
+            (self.path / name).unlink(missing_ok=True)
+        if self.jobs_path.is_symlink():
+            self.jobs_path.unlink()
+        elif self.jobs_path.is_dir():
+            shutil.rmtree(self.jobs_path)
 
     def _lock(self) -> None:
         try:
@@ -142,11 +163,12 @@ class RunFolder:
             raise ResumeRefused(
                 f"manifest changed: run folder {self.path} was started with a manifest whose SHA-256 is "
                 f"{old_manifest[:16]}..., this one's is {manifest.sha256[:16]}...; "
-                f"use a new run folder (or restore the original manifest to resume)")
+                f"use a new run folder, restore the original manifest to resume, or {RESTART_HINT}")
         if old_guest != wasm_sha256:
             raise ResumeRefused(
                 f"guest changed: run folder {self.path} was started with a guest whose SHA-256 is "
-                f"{old_guest[:16]}..., this one's is {wasm_sha256[:16]}...; use a new run folder")
+                f"{old_guest[:16]}..., this one's is {wasm_sha256[:16]}...; use a new run folder, "
+                f"or {RESTART_HINT}")
         return ledger
 
     def record(self, outcome: dict) -> bool:

@@ -18,12 +18,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..abi import JobStatus, codes
-from ..inference.base import Backend
-from ..inference.lazy import DEFAULT_MODEL_NAME  # noqa: F401 - re-exported by the package
-from ..jobs import Job
-from ..limits import Limits
-from ..runner import InferOptions, internal_error
+from tensorjob_jupyter.abi import JobStatus, codes
+from tensorjob_jupyter.inference.base import Backend
+from tensorjob_jupyter.host.jobs import Job
+from tensorjob_jupyter.limits import Limits
+from tensorjob_jupyter.host.reactor import InferOptions, internal_error
+from tensorjob_jupyter.inference.hub import is_hf_ref
+from tensorjob_jupyter.inference.lazy import model_backend
 
 CANCEL_POLL_S = 0.25
 #: The error code of an item whose worker process died every time it was
@@ -53,7 +54,6 @@ class BackendSpec:
            model_options: dict | None = None) -> "BackendSpec":
         if factory is not None:
             return cls(factory=factory, key="factory:" + _digest_of(factory))
-        from ..inference.hub import is_hf_ref
 
         model = os.path.abspath(model) if model is not None and not is_hf_ref(model) else model
         # hashable: a dict option (loras={name: path}) as its sorted pairs, which get_backend reads alike
@@ -64,7 +64,6 @@ class BackendSpec:
     def build(self) -> Backend:
         if self.factory is not None:
             return self.factory()
-        from ..inference.lazy import model_backend
 
         return model_backend(self.model, **dict(self.model_options))
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Any, Iterable
 
-from ..inference.base import Backend
-from .items import ItemSpec, run_item
-from .run import MapRun
+from tensorjob_jupyter.inference.base import Backend
+from tensorjob_jupyter.fanout.items import ItemSpec, run_item
+from tensorjob_jupyter.fanout.run import MapRun
 
 
 class LocalExecutor:

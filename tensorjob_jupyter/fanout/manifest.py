@@ -1,29 +1,77 @@
 """The manifest: one item per non-blank JSONL line, read and checked in full first.
 
 Items are numbered from 0 in manifest order, counting only non-blank lines.
-The whole manifest is parsed before any item runs, held to the rule guest
+The whole manifest is checked before any item runs, held to the rule guest
 output is held to (``abi.loads_strict``: UTF-8, JSON without ``NaN`` or
 duplicate keys, 64-bit integers, no lone surrogates, at most 128 levels), so
 a bad line, or a manifest with no items, raises ``ManifestError`` naming its
-1-based line in the file rather than failing a map halfway. A list of inputs is hashed as the JSONL it would be, so the
-SHA-256 the ledger pins for resume means the same either way.
+1-based line in the file rather than failing a map halfway. A list of inputs
+is hashed as the JSONL it would be, so the SHA-256 the ledger pins for resume
+means the same either way.
+
+A manifest is a file from anywhere, and may be large, so it is read the way a
+transcript is: streamed a line at a time, each line read up to
+``MAX_LINE_BYTES`` and never whole; only a regular file is read (a FIFO
+would block, ``/dev/zero`` never ends); and items are kept as their JSON
+bytes in one buffer (``ManifestItems``), parsed again when a map asks for
+one -- parsed JSON costs about 25 bytes of memory a byte, a million ``{}``
+lines 44 times their size, while bytes and an offset cost about 3 times.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
+import stat
+from array import array
+from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, BinaryIO, Iterator, Sequence
 
-from ..abi import AbiError, dumps, loads_strict
-from .errors import ManifestError
+from tensorjob_jupyter.abi import AbiError, dumps, loads_strict
+from tensorjob_jupyter.fanout.errors import ManifestError
+
+#: Bytes of one manifest line (its newline aside): an item is one job's input, and a guest's command
+#: is at most 16 MiB (``max_command_bytes``) too.
+MAX_LINE_BYTES = 16 * 1024 * 1024
+
+
+class ManifestItems(SequenceABC):
+    """A manifest's items, held as their checked JSON bytes in one buffer and parsed when asked for."""
+
+    def __init__(self, data: bytes, ends: array):
+        self._data = data
+        self._ends = ends  # where each item's bytes end in ``_data``
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def _item(self, index: int) -> Any:
+        start = self._ends[index - 1] if index else 0
+        return loads_strict(self._data[start:self._ends[index]], what=f"item {index}")
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self._item(i) for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("manifest item index out of range")
+        return self._item(index)
+
+    def __iter__(self) -> Iterator[Any]:
+        for index in range(len(self)):
+            yield self._item(index)
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} manifest items, {len(self._data)} bytes>"
 
 
 @dataclass(frozen=True)
 class Manifest:
-    items: tuple[Any, ...]
+    items: ManifestItems
     sha256: str
     source: str  # the file's absolute path, or "<list>"
 
@@ -31,35 +79,73 @@ class Manifest:
         return len(self.items)
 
 
-def parse_manifest(data: bytes, source: str = "<bytes>") -> Manifest:
-    """Every item of a JSONL manifest, or ``ManifestError`` naming the line."""
-    items = []
-    for number, raw in enumerate(data.split(b"\n"), start=1):
+def _read_items(stream: BinaryIO, source: str) -> Manifest:
+    """Every item of a JSONL stream, checked line by line; ``ManifestError`` naming the first bad line."""
+    digest = hashlib.sha256()
+    data = bytearray()
+    ends = array("Q")
+    number = 0
+    while True:
+        raw = stream.readline(MAX_LINE_BYTES + 1)  # never more than the bound, however long the line
+        if not raw:
+            break
+        number += 1
+        digest.update(raw)
+        line = raw[:-1] if raw.endswith(b"\n") else raw
+        if len(line) > MAX_LINE_BYTES:
+            raise ManifestError(f"{source}: line {number} is longer than {MAX_LINE_BYTES} bytes (MAX_LINE_BYTES)",
+                                number)
         try:
-            text = raw.decode("utf-8")
+            text = line.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise ManifestError(f"{source}: line {number} is not UTF-8 (byte {raw[e.start]:#04x} at "
+            raise ManifestError(f"{source}: line {number} is not UTF-8 (byte {line[e.start]:#04x} at "
                                 f"column {e.start + 1})", number) from None
         if not text.strip():
             continue
+        del text
         try:
-            items.append(loads_strict(raw, what=f"line {number}"))
+            loads_strict(line, what=f"line {number}")  # checked here; parsed again when the item is asked for
         except AbiError as e:
             raise ManifestError(f"{source}: {e}", number) from None
-    if not items:
+        data += line
+        ends.append(len(data))
+    if not ends:
         raise ManifestError(f"{source}: the manifest has no items (every line is blank)")
-    return Manifest(tuple(items), hashlib.sha256(data).hexdigest(), source)
+    return Manifest(ManifestItems(bytes(data), ends), digest.hexdigest(), source)
+
+
+def parse_manifest(data: bytes, source: str = "<bytes>") -> Manifest:
+    """Every item of a JSONL manifest, or ``ManifestError`` naming the line."""
+    return _read_items(io.BytesIO(data), source)
+
+
+def _open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading; ``ManifestError`` unless it is a regular file (a FIFO would block,
+    a device such as ``/dev/zero`` never ends) -- checked on the open file, so a swap cannot slip past."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise ManifestError(f"cannot read manifest {path}: {e.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ManifestError(f"cannot read manifest {path}: not a regular file (a folder, a FIFO or a device); "
+                                f"a manifest is a JSONL file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def read_manifest(manifest: str | os.PathLike | Sequence[Any]) -> Manifest:
     """A manifest from a JSONL file, or from a list of inputs (hashed as JSONL)."""
     if isinstance(manifest, (str, os.PathLike)):
         path = Path(manifest).absolute()
-        try:
-            data = path.read_bytes()
-        except OSError as e:
-            raise ManifestError(f"cannot read manifest {manifest}: {e.strerror}") from None
-        return parse_manifest(data, str(path))
+        with _open_regular(path) as f:
+            try:
+                return _read_items(f, str(path))
+            except OSError as e:
+                raise ManifestError(f"cannot read manifest {path}: {e.strerror}") from None
     try:
         data = "".join(dumps(item) + "\n" for item in manifest).encode("utf-8")
     except (TypeError, ValueError) as e:

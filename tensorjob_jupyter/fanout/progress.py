@@ -4,16 +4,30 @@ Plain values, so the notebook view, the command line's printer and the
 benchmarks can hold and compare them from any thread: ``MapRun`` hands out
 a fresh ``MapProgress`` per change (its ``version`` says which) and copies
 of ``ItemTimes``. ``MapResult`` reads results back from the run folder's
-files rather than keeping them, since the files are the record.
+files rather than keeping them, since the files are the record; with the
+manifest's inputs it makes the table a notebook wants (``rows()``, and
+``to_pandas()`` where pandas is installed: the optional extra ``[pandas]``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .folder import FAILURES, RESULTS, _read_records
+from tensorjob_jupyter.fanout.folder import FAILURES, RESULTS, read_records
+
+#: What ``MapResult.rows`` says of an item the map never concluded (it was cancelled first).
+NOT_RUN = "not run"
+
+
+def rate_text(concluded: int, elapsed_s: float) -> str:
+    """How fast items conclude, as a person reads it: ``2.5 items/s``, or ``12.3 s/item`` when slower than one
+    a second (never "0.0 items/s"); empty before the first item has concluded."""
+    if concluded <= 0 or elapsed_s <= 0:
+        return ""
+    rate = concluded / elapsed_s
+    return f"{rate:.1f} items/s" if rate >= 1 else f"{elapsed_s / concluded:.1f} s/item"
 
 
 @dataclass(frozen=True)
@@ -51,6 +65,11 @@ class MapProgress:
         """Items concluded per second in this session."""
         return (self.completed + self.failed) / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
+    @property
+    def rate(self) -> str:
+        """``throughput`` as a person reads it (``rate_text``)."""
+        return rate_text(self.completed + self.failed, self.elapsed_s)
+
     def to_json(self) -> dict:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out.update(skipped=self.skipped, remaining=self.remaining, throughput=round(self.throughput, 3))
@@ -59,7 +78,12 @@ class MapProgress:
 
 @dataclass(frozen=True)
 class MapResult:
-    """How a map ended; counts cover the whole run folder, resumes included."""
+    """How a map ended; counts cover the whole run folder, resumes included.
+
+    ``results()`` and ``failures()`` read the run folder's files; ``rows()``
+    joins them with the manifest's inputs, one row per item, and
+    ``to_pandas()`` makes those rows a DataFrame indexed by item.
+    """
 
     run_dir: Path
     total: int
@@ -71,6 +95,8 @@ class MapResult:
     elapsed_s: float
     throughput: float
     error: str | None = None
+    #: each item's input, in manifest order (the manifest is read again on every run, so it is at hand)
+    inputs: tuple = field(default=(), compare=False)
 
     @property
     def ok(self) -> bool:
@@ -86,11 +112,46 @@ class MapResult:
 
     def results(self) -> dict[int, Any]:
         """Each completed item's result, by item number."""
-        return {r["item"]: r["result"] for r in _read_records(self.results_path)}
+        return {r["item"]: r.get("result") for r in read_records(self.results_path)}
 
     def failures(self) -> dict[int, dict]:
         """Each failed item's error (``code``, ``message``), by item number."""
-        return {r["item"]: r["error"] for r in _read_records(self.failures_path)}
+        return {r["item"]: r.get("error") for r in read_records(self.failures_path)}
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per item, in item order, every one with the same keys: ``item``; the input's fields as
+        ``input.NAME`` (a non-object input is ``input``); ``status`` (``completed``, ``failed`` or ``not run``);
+        ``error_code`` and ``error_message``; the result's fields as ``result.NAME`` (a non-object result is
+        ``result``) -- flattened one level, deeper values kept as they are."""
+        results, failures = self.results(), self.failures()
+        inputs = [_flattened("input", self.inputs[i]) if i < len(self.inputs) else {} for i in range(self.total)]
+        outputs = [_flattened("result", results[i]) if i in results else {} for i in range(self.total)]
+        input_keys = dict.fromkeys(key for flat in inputs for key in flat)
+        output_keys = dict.fromkeys(key for flat in outputs for key in flat)
+        rows = []
+        for index in range(self.total):
+            error = failures.get(index) if index not in results else None
+            error = error if isinstance(error, dict) else {}
+            status = "completed" if index in results else "failed" if index in failures else NOT_RUN
+            rows.append({"item": index, **{key: inputs[index].get(key) for key in input_keys}, "status": status,
+                         "error_code": error.get("code"), "error_message": error.get("message"),
+                         **{key: outputs[index].get(key) for key in output_keys}})
+        return rows
+
+    def to_pandas(self):
+        """``rows()`` as a pandas DataFrame indexed by item (needs the ``[pandas]`` extra)."""
+        try:
+            import pandas  # deferred: an optional extra, and heavy
+        except ImportError:
+            raise ImportError("MapResult.to_pandas() needs pandas: pip install 'tensorjob-jupyter[pandas]' "
+                              "(or use .rows(), a list of dicts)") from None
+        return pandas.DataFrame(self.rows()).set_index("item")
+
+    def __repr__(self) -> str:
+        rate = rate_text(self.ran, self.elapsed_s)
+        skipped = f", {self.skipped} skipped" if self.skipped else ""
+        return (f"<MapResult {self.status}: {self.total} items, {self.completed} completed, {self.failed} failed"
+                f"{skipped}; {self.elapsed_s:.1f} s" + (f", {rate}" if rate else "") + ">")
 
     def to_json(self) -> dict:
         return {"status": self.status, "run_dir": str(self.run_dir), "results": str(self.results_path),
@@ -98,6 +159,12 @@ class MapResult:
                 "failed": self.failed, "skipped": self.skipped, "ran": self.ran,
                 "elapsed_s": round(self.elapsed_s, 3), "throughput": round(self.throughput, 3),
                 "error": self.error}
+
+
+def _flattened(prefix: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {f"{prefix}.{key}": item for key, item in value.items()}
+    return {prefix: value}
 
 
 @dataclass

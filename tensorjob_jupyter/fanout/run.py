@@ -17,10 +17,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..abi import JobStatus
-from .folder import RunFolder
-from .manifest import Manifest
-from .progress import ItemTimes, MapProgress, MapResult
+from tensorjob_jupyter.abi import JobStatus
+from tensorjob_jupyter.fanout.folder import RunFolder
+from tensorjob_jupyter.fanout.manifest import Manifest
+from tensorjob_jupyter.fanout.progress import ItemTimes, MapProgress, MapResult
 
 
 class MapRun:
@@ -100,9 +100,10 @@ class MapRun:
     def subscribe(self, callback: Callable[[dict], None]) -> Callable[[], None]:
         """Call ``callback(event)`` on every item and at the end; returns an unsubscribe.
 
-        Events: ``{"type": "item.completed"|"item.failed", "item", "error"?,
-        "progress"}`` and ``{"type": "map.finished", "progress"}``. Callbacks run
-        on the map's thread: keep them quick (a view should throttle).
+        Events: ``{"type": "item.completed"|"item.failed", "item", "input",
+        "result"|"error", "progress"}`` and ``{"type": "map.finished",
+        "progress"}``. Callbacks run on the map's thread: keep them quick (a
+        view should throttle), and treat ``input`` and ``result`` as read-only.
         """
         with self._cond:
             finished = self._finished_event
@@ -163,8 +164,10 @@ class MapRun:
         progress = self._update(lambda p: replace(p, running=p.running - 1, completed=p.completed + ok,
                                                   failed=p.failed + (not ok)))
         event = {"type": "item.completed" if ok else "item.failed", "item": index,
-                 "progress": progress.to_json()}
-        if not ok:
+                 "input": self.manifest.items[index], "progress": progress.to_json()}
+        if ok:
+            event["result"] = outcome.get("result")
+        else:
             event["error"] = outcome["error"]
         self._notify(event)
 
@@ -223,7 +226,8 @@ class MapRun:
         self._result = MapResult(
             run_dir=self.run_dir, total=progress.total, completed=len(self.folder.completed),
             failed=len(self.folder.failed), skipped=progress.skipped, ran=progress.completed + progress.failed,
-            status=status, elapsed_s=progress.elapsed_s, throughput=progress.throughput, error=self._error)
+            status=status, elapsed_s=progress.elapsed_s, throughput=progress.throughput, error=self._error,
+            inputs=tuple(self.manifest.items))
         with self._cond:
             self._finished_event = {"type": "map.finished", "progress": progress.to_json()}
         self._notify(self._finished_event)  # before wait() returns: views are complete by then

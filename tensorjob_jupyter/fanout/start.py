@@ -16,22 +16,22 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-from ..inference.base import Backend
-from ..jobs import resolve_guest
-from ..limits import Limits
-from ..options import limit_keywords as limit_keywords_applied
-from ..runner import InferOptions
-from ..web import FetchGrants
-from .errors import ClusterError
-from .folder import JOBS, RunFolder
-from .items import BackendSpec, ItemSpec, process_backend
-from .local import LocalExecutor
-from .manifest import read_manifest
-from .progress import MapResult
-from .run import MapRun
+from tensorjob_jupyter.inference.base import Backend
+from tensorjob_jupyter.host.jobs import resolve_guest
+
+from tensorjob_jupyter.limits import Limits, with_keywords
+from tensorjob_jupyter.host.reactor import InferOptions
+from tensorjob_jupyter.world.fetch import FetchGrants
+from tensorjob_jupyter.fanout.errors import ClusterError
+from tensorjob_jupyter.fanout.folder import JOBS, RunFolder
+from tensorjob_jupyter.fanout.items import BackendSpec, ItemSpec, process_backend
+from tensorjob_jupyter.fanout.local import LocalExecutor
+from tensorjob_jupyter.fanout.manifest import read_manifest
+from tensorjob_jupyter.fanout.progress import MapResult
+from tensorjob_jupyter.fanout.run import MapRun
 
 if TYPE_CHECKING:
-    from ..compile import GuestSource
+    from tensorjob_jupyter.sandbox.compile import GuestSource
 
 DEFAULT_CONCURRENCY = 4
 
@@ -41,8 +41,8 @@ def start_map(guest: "GuestSource | bytes | str | os.PathLike", manifest: str | 
               fetch: Iterable[str] = (), limits: Limits | None = None, backend: Backend | Callable[[], Backend] | None = None,
               model: str | os.PathLike | None = None, model_options: dict | None = None,
               infer: InferOptions | None = None, input_bytes: bytes = b"", runs_dir: str | os.PathLike | None = None,
-              concurrency: int | None = None, cluster: Any = None, retry_failed: bool = False, retries: int = 1,
-              fsync: bool = True, **limit_keywords: Any) -> MapRun:
+              concurrency: int | None = None, cluster: Any = None, retry_failed: bool = False, restart: bool = False,
+              retries: int = 1, fsync: bool = True, **limit_keywords: Any) -> MapRun:
     """Check everything, open the run folder and start the map on a background thread.
 
     ``backend``: a backend instance (local runs only), or a picklable factory
@@ -63,19 +63,22 @@ def start_map(guest: "GuestSource | bytes | str | os.PathLike", manifest: str | 
     ``input_bytes`` are staged for every item's ``read-input``; item
     transcripts go under ``run_dir/jobs`` unless ``runs_dir`` says where.
     Limit keywords (``max_tokens=...``) apply to every item, as in ``Job``.
+    ``retry_failed``: on resume, run the failed items again; ``restart``:
+    start the run folder over, keeping nothing it holds (a folder started
+    with another guest or manifest is refused without it).
     Raises ``ManifestError``/``ResumeRefused``/``ClusterError``/``ValueError``
     before any item runs.
     """
     items = read_manifest(manifest)
     if concurrency is not None and concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
-    limits = limit_keywords_applied(limits, limit_keywords, "start_map")
+    limits = with_keywords(limits, limit_keywords, "start_map")
     spec, instance = _item_spec(guest, read, fetch, limits, backend, model, model_options, infer, input_bytes,
                                 runs_dir if runs_dir is not None else Path(run_dir).absolute() / JOBS)
     folder = RunFolder(run_dir, fsync=fsync)
     executor = _executor(spec, instance, concurrency, cluster, retries)
     try:
-        folder.open(items, spec.sha256, retry_failed=retry_failed,
+        folder.open(items, spec.sha256, retry_failed=retry_failed, restart=restart,
                     where=getattr(executor, "where", "local"))
     except BaseException:
         close = getattr(executor, "close", None)
@@ -126,7 +129,7 @@ def _executor(spec: ItemSpec, instance: Backend | None, concurrency: int | None,
         raise ValueError("a backend object cannot be sent to Dask workers (it holds threads); pass a "
                          "picklable factory, e.g. functools.partial(ScriptedBackend, reply=...), or model=PATH")
     try:
-        from .dask import DaskExecutor
+        from tensorjob_jupyter.fanout.dask import DaskExecutor  # deferred: distributed, only when a cluster is named
     except ImportError as e:
         raise ClusterError(f"a map on a Dask cluster needs dask.distributed in this environment "
                            f"(pip install 'tensorjob-jupyter[dask]'): {e}") from None

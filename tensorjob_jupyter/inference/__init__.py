@@ -13,12 +13,13 @@ One room per reason to change:
 * ``scripted``: the deterministic stand-in for a model, public for guest tests.
 """
 
-from .base import (Backend, Engine, GenerateRequest, GenerateResult, GenerateUsage, LoraChoice,
-                   ModelError, QueueFull, Sampler)
-from .models import default_model_path, get_backend
-from .scripted import ScriptedBackend, ScriptedEngine
-from .worker import InferenceWorker
+from tensorjob_jupyter.inference.base import (
+    Backend, ModelEngine, GenerateRequest, GenerateResult, GenerateUsage, LoraChoice, ModelError, QueueFull, Sampler,
+)
+from tensorjob_jupyter.inference.models import default_model_path, get_backend
+from tensorjob_jupyter.inference.scripted import ScriptedBackend, ScriptedEngine
+from tensorjob_jupyter.inference.worker import InferenceWorker
 
-__all__ = ["Backend", "Engine", "GenerateRequest", "GenerateResult", "GenerateUsage", "InferenceWorker",
+__all__ = ["Backend", "ModelEngine", "GenerateRequest", "GenerateResult", "GenerateUsage", "InferenceWorker",
            "LoraChoice", "ModelError", "QueueFull", "Sampler", "ScriptedBackend", "ScriptedEngine", "default_model_path",
            "get_backend"]

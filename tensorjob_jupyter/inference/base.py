@@ -7,7 +7,7 @@ cancellation and forward tokens while the model works elsewhere. Streaming is
 a callback per token whose return value says whether to go on: that is the
 return path a guest's stop verdict (or a cancel) takes to reach the decoder.
 
-``Engine`` is the synchronous thing that owns a model and runs only on its
+``ModelEngine`` is the synchronous thing that owns a model and runs only on its
 worker thread; ``Backend`` is what jobs hold (see ``worker.InferenceWorker``).
 """
 
@@ -22,6 +22,8 @@ TokenCallback = Callable[[str], bool]
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 FINISH_CANCELLED = "cancelled"
+#: The caller's ``on_token`` said stop (a guest's verdict); how a response records an answer so ended.
+FINISH_GUEST_STOP = "guest_stop"
 
 
 class ModelError(RuntimeError):
@@ -36,6 +38,10 @@ class ConstraintError(ModelError):
     """The engine cannot constrain decoding as asked (a grammar it refuses): ``schema_validation_failed``.
 
     Raised before any token of the request is generated."""
+
+
+class ModelTimeout(ModelError):
+    """The model did not answer in time (a served model's server went silent or ran past its limit): ``timeout``."""
 
 
 #: The repetition penalty a job uses unless told otherwise: mild, so a small
@@ -75,7 +81,7 @@ class Constraint:
     """What the output must be, for an engine that can constrain decoding.
 
     ``schema``: the canonical JSON text of a JSON Schema the whole output must
-    match (checked and normalised by the host: ``structured.py``). With
+    match (checked and normalised by the host: ``host/structured.py``). With
     ``free_text`` the output may instead be plain text: the first token
     decides -- one that begins with ``{`` binds the rest of the output to the
     schema, any other first character frees it (text cannot begin with
@@ -133,7 +139,7 @@ class Pending:
     tokens: list[int] | None = None  # the prompt, once the engine has tokenized it
 
 
-class Engine(Protocol):
+class ModelEngine(Protocol):
     """Owns one model; called only from its worker thread.
 
     An engine may also offer ``serve(first: Pending, admit)``: run ``first``

@@ -17,22 +17,33 @@ into that cache with ``huggingface_hub``, whose progress bar is a text bar
 in a terminal and a widget in a notebook (``tqdm.auto``); with
 ``HF_HUB_OFFLINE=1`` a model not in the cache is an error naming it. Nothing
 is downloaded unless a reference names a model that is not cached.
+
+Before a download the hub (``$HF_ENDPOINT``, or the proxy the environment
+names) is reached once, within ``REACH_TIMEOUT_S``: on a machine without
+network ``huggingface_hub`` would otherwise retry for half a minute, printing
+each retry, so a model that is not cached on an offline machine is one line
+("not in the cache, and ... cannot be reached") within a few seconds.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import socket
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from .base import ModelError
+from tensorjob_jupyter.inference.base import ModelError
 
 PREFIX = "hf:"
 #: Tried in order when a repository holds several GGUF files and the reference names none.
 DEFAULT_QUANTS = ("Q4_K_M", "Q4_K_S", "Q4_0", "Q4_1", "Q5_K_M", "Q8_0")
 _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+#: How long the hub (or the proxy) may take to accept a connection before the machine counts as offline.
+REACH_TIMEOUT_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -160,7 +171,43 @@ def resolve(model: str, *, progress: bool = True) -> Path:
     if offline():
         raise ModelError(f"{ref} is not in the Hugging Face cache ({cache_dir()}) and HF_HUB_OFFLINE is set, "
                          f"so it cannot be downloaded")
+    unreachable = _unreachable()
+    if unreachable is not None:
+        raise ModelError(f"{ref} is not in the Hugging Face cache ({cache_dir()}), and {unreachable}: this machine "
+                         f"looks offline; download it where there is network, or give --model a local .gguf file")
     return _download(ref, progress)
+
+
+def _endpoint() -> tuple[str, str, int]:
+    """What a download would connect to first: (what it is, host, port) -- a proxy the environment names, else
+    the hub itself."""
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        if os.environ.get(name):
+            url = urlsplit(os.environ[name] if "://" in os.environ[name] else "http://" + os.environ[name])
+            return f"the proxy {url.hostname}", url.hostname or "", url.port or 80
+    url = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    return url.hostname or "", url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+
+
+def _unreachable(timeout: float = REACH_TIMEOUT_S) -> str | None:
+    """None when the hub accepts a connection within ``timeout``; else why it cannot be reached, in words.
+
+    The name lookup has no timeout of its own, so the attempt runs on a helper thread that is left behind (a
+    daemon: it ends with the lookup) if it takes longer."""
+    what, host, port = _endpoint()
+    outcome: list[str | None] = []
+
+    def attempt() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            outcome.append(None)
+        except OSError as e:
+            outcome.append(f"{what} cannot be reached ({e.strerror or type(e).__name__})")
+
+    helper = threading.Thread(target=attempt, name="tensorjob-hub-reach", daemon=True)
+    helper.start()
+    helper.join(timeout + 0.5)
+    return outcome[0] if outcome else f"{what} cannot be reached (no answer within {timeout:.0f} s)"
 
 
 def _download(ref: HfRef, progress: bool) -> Path:  # pragma: no cover - needs the network; never run in tests

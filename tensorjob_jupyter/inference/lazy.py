@@ -13,7 +13,9 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .base import Backend, GenerateRequest, GenerateResult, TokenCallback
+from tensorjob_jupyter.inference import hub
+from tensorjob_jupyter.inference.base import Backend, GenerateRequest, GenerateResult, TokenCallback
+from tensorjob_jupyter.inference.models import get_backend
 
 
 class LazyBackend:
@@ -51,14 +53,10 @@ def model_backend(model_path: str | os.PathLike | None = None, **options) -> Laz
     on the caller's thread -- from the cache, or downloaded with a progress bar
     -- so the job names its file; a reference that cannot be resolved raises
     ``ModelError`` here."""
-    from . import hub
-
     if hub.is_hf_ref(model_path):
         model_path = hub.resolve(str(model_path))
 
     def factory() -> Backend:
-        from .models import get_backend
-
         return get_backend(model_path, **options)
 
     name = Path(model_path).stem if model_path is not None else DEFAULT_MODEL_NAME

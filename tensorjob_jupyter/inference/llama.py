@@ -37,15 +37,8 @@ reuses KV computed in another batch shape and can differ from a cold run at
 a near tie. Across machines, builds (instruction sets, GPU) and thread
 counts greedy text is *not* the same; nothing in the suite depends on it.
 
-* **Constrained decoding.** A request's ``Constraint`` (a JSON Schema the
-  host checked) becomes a GBNF grammar through llama-cpp-python's
-  JSON-schema converter (``llama_grammar.SchemaConverter``), parsed by
-  llama.cpp's grammar sampler before any token is generated (a grammar it
-  refuses is a ``ConstraintError``). Checking the whole vocabulary against a
-  grammar costs more than a token of this model, so each token is first
-  sampled freely and only checked: the grammar sees the whole vocabulary
-  only when the free choice is one it rejects (``_GrammarSampler``); greedy
-  decoding gets the same token at a fraction of the cost.
+* **Constrained decoding.** A request's ``Constraint`` is decoded under a
+  grammar through ``grammar.GrammarSampler`` (``grammar.py``).
 
 Embeddings use a second context on the same model weights (``embeddings``
 on, mean pooling), created on first use; vectors are L2-normalised.
@@ -54,220 +47,37 @@ llama.cpp's log lines are routed to the ``tensorjob_jupyter.llama`` logger
 (silent unless configured) instead of stderr, and the error lines of a
 failed load become part of the ``ModelError``.
 
-**The one module that knows llama-cpp-python's internals.** The low-level
-classes used here -- ``LlamaModel``, ``LlamaContext``, ``LlamaBatch`` and
-``LlamaSampler`` -- live in the private module ``llama_cpp._internals``,
-which can change in any release, and so can the ctypes bindings' signatures
-(``llama_sampler_init_penalties`` has gained and lost ``n_vocab`` upstream).
-No other module of the package imports ``llama_cpp``. This one is tested
-on llama-cpp-python >=0.3.36,<0.3.37 (``TESTED_LLAMA_CPP``, pinned the same
-in ``pyproject.toml``); on first use it checks that the installed version has
-every class, method, parameter, function and context field used here
-(``missing_llama_cpp_api``), and refuses with a ``ModelError`` that names
-what is missing and the tested range rather than failing later, mid-job,
-with an ``AttributeError``. A version outside the range that has everything
-is used, with one logged warning.
+Which llama-cpp-python is used, and the check that it has everything used
+here and in ``grammar.py``, is ``library.py``: the pin.
 """
 
 from __future__ import annotations
 
 import collections
 import ctypes
-import functools
-import importlib.metadata
-import inspect
-import itertools
-import json
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .base import (FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, Constraint, ConstraintError, GenerateRequest,
-                   GenerateResult, GenerateUsage, LoraChoice, ModelError, Pending, TokenCallback)
-from .models import check_gguf
-from .text_stream import TextStream
-from .topology import default_threads, gpu_offload_supported
+from tensorjob_jupyter.inference.base import (
+    FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, Constraint, GenerateRequest, GenerateResult,
+    GenerateUsage, LoraChoice, ModelError, Pending, TokenCallback,
+)
+from tensorjob_jupyter.inference.gguf import check_gguf
+from tensorjob_jupyter.inference.grammar import GrammarSampler, Utf8Table, constraint_grammar
+from tensorjob_jupyter.inference.library import CaptureLog, llama_cpp_library, log_reason
+from tensorjob_jupyter.inference.text_stream import TextStream
+from tensorjob_jupyter.inference.topology import default_threads, gpu_offload_supported
 
 log = logging.getLogger("tensorjob_jupyter.llama")
 log.addHandler(logging.NullHandler())
 
-#: The llama-cpp-python versions this module is tested on, [low, high); pyproject.toml pins the same.
-TESTED_LOW, TESTED_HIGH = (0, 3, 36), (0, 3, 37)
-TESTED_LLAMA_CPP = f">={'.'.join(map(str, TESTED_LOW))},<{'.'.join(map(str, TESTED_HIGH))}"
 PENALTY_LAST_N = 64
 EMBED_SEQS = 64
-
-# -- llama-cpp-python: what we use of it, import, logging, backend ---------------------------
-
-#: ``llama_cpp._internals`` classes: the keyword arguments of their constructors, and the methods used.
-INTERNALS_USED = {
-    "LlamaModel": (("path_model", "params", "verbose"),
-                   ("close", "n_ctx_train", "n_vocab", "n_embd", "token_bos", "token_eos", "token_get_text",
-                    "metadata", "tokenize")),
-    "LlamaContext": (("model", "params", "verbose"), ("close", "kv_cache_seq_rm", "kv_cache_clear")),
-    "LlamaBatch": (("n_tokens", "embd", "n_seq_max", "verbose"), ("close", "reset", "add_sequence")),
-    "LlamaSampler": ((), ("close", "add_penalties", "add_greedy", "add_top_k", "add_top_p", "add_min_p",
-                          "add_temp", "add_dist", "accept", "sample")),
-}
-#: Parameters whose order we rely on when calling positionally.
-SIGNATURES_USED = {("LlamaSampler", "add_penalties"): ("n_vocab", "penalty_last_n", "penalty_repeat",
-                                                       "penalty_freq", "penalty_present")}
-#: Functions and constants of the ``llama_cpp`` bindings.
-LIBRARY_USED = ("llama_log_callback", "llama_log_set", "llama_backend_init", "llama_supports_gpu_offload",
-                "llama_max_parallel_sequences", "llama_model_default_params", "llama_context_default_params",
-                "llama_n_ctx_seq", "llama_adapter_lora_init", "llama_adapter_lora_p_ctypes",
-                "llama_set_adapters_lora", "llama_token_to_piece", "llama_vocab_is_eog", "llama_decode",
-                "llama_get_embeddings_seq", "LLAMA_POOLING_TYPE_MEAN", "llama_context_params",
-                # constrained decoding (_GrammarSampler)
-                "llama_sampler_init_grammar", "llama_sampler_apply", "llama_sampler_accept", "llama_sampler_free",
-                "llama_get_logits_ith", "llama_token_data", "llama_token_data_array")
-#: ``llama_cpp.llama_grammar``: the JSON-schema-to-GBNF converter, and the methods used.
-GRAMMAR_USED = {"SchemaConverter": (("prop_order", "allow_fetch", "dotall", "raw_pattern"),
-                                    ("resolve_refs", "visit", "format_grammar"))}
-#: Fields of the ctypes structures the grammar sampler fills.
-STRUCT_FIELDS_USED = {"llama_token_data": ("id", "logit", "p"),
-                      "llama_token_data_array": ("data", "size", "selected", "sorted")}
-#: Fields of ``llama_context_params`` that are set.
-CONTEXT_FIELDS_USED = ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_threads_batch", "n_seq_max", "kv_unified",
-                       "no_perf", "embeddings", "pooling_type")
-
-_init_lock = threading.Lock()
-_library = None
-_capture = threading.local()
-# ggml_log_level: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (continues the previous line)
-_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
-_log_callback = None  # keeps the ctypes callback alive
-
-
-def missing_llama_cpp_api(llama_cpp, internals, grammar=None) -> list[str]:
-    """What this module uses that the given ``llama_cpp``, ``llama_cpp._internals`` and
-    ``llama_cpp.llama_grammar`` (when given) lack."""
-    missing = []
-    for cls_name, (kwargs, methods) in GRAMMAR_USED.items():
-        if grammar is None:
-            break
-        cls = getattr(grammar, cls_name, None)
-        if cls is None:
-            missing.append(f"llama_grammar.{cls_name}")
-            continue
-        params = inspect.signature(cls.__init__).parameters
-        missing += [f"llama_grammar.{cls_name}({kw}=...)" for kw in kwargs if kw not in params]
-        missing += [f"llama_grammar.{cls_name}.{m}" for m in methods if not callable(getattr(cls, m, None))]
-    for struct, names in STRUCT_FIELDS_USED.items():
-        have = {f[0] for f in getattr(getattr(llama_cpp, struct, None), "_fields_", ())}
-        if have:
-            missing += [f"{struct}.{f}" for f in names if f not in have]
-    for cls_name, (kwargs, methods) in INTERNALS_USED.items():
-        cls = getattr(internals, cls_name, None)
-        if cls is None:
-            missing.append(f"_internals.{cls_name}")
-            continue
-        try:
-            params = inspect.signature(cls.__init__).parameters
-        except (TypeError, ValueError):
-            params = {}
-        missing += [f"_internals.{cls_name}({kw}=...)" for kw in kwargs if kw not in params]
-        missing += [f"_internals.{cls_name}.{m}" for m in methods if not callable(getattr(cls, m, None))]
-    for (cls_name, method), wanted in SIGNATURES_USED.items():
-        fn = getattr(getattr(internals, cls_name, None), method, None)
-        if fn is None:
-            continue  # reported above
-        got = tuple(p for p in inspect.signature(fn).parameters if p != "self")
-        if got[:len(wanted)] != wanted:
-            missing.append(f"_internals.{cls_name}.{method}({', '.join(wanted)}) (it takes ({', '.join(got)}))")
-    missing += [f"llama_cpp.{name}" for name in LIBRARY_USED if not hasattr(llama_cpp, name)]
-    fields = {f[0] for f in getattr(getattr(llama_cpp, "llama_context_params", None), "_fields_", ())}
-    if fields:
-        missing += [f"llama_context_params.{f}" for f in CONTEXT_FIELDS_USED if f not in fields]
-    return missing
-
-
-def _installed_version() -> str:
-    try:
-        return importlib.metadata.version("llama-cpp-python")
-    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a source checkout on sys.path
-        import llama_cpp
-
-        return getattr(llama_cpp, "__version__", "unknown")
-
-
-def in_tested_range(version: str) -> bool:
-    """Whether ``version`` (its leading numbers) is inside ``TESTED_LLAMA_CPP``."""
-    numbers = []
-    for part in version.split("."):
-        digits = "".join(itertools.takewhile(str.isdigit, part))
-        if not digits:
-            break
-        numbers.append(int(digits))
-        if digits != part:
-            break
-    return TESTED_LOW <= tuple(numbers) < TESTED_HIGH
-
-
-def llama_cpp_library():
-    """``llama_cpp``, checked, its log routed to ``logging``, the backend initialised (once)."""
-    global _library, _log_callback
-    if _library is not None:
-        return _library
-    with _init_lock:
-        if _library is not None:
-            return _library
-        try:
-            import llama_cpp
-            import llama_cpp.llama  # noqa: F401 - installs its own log hook first; ours replaces it
-            from llama_cpp import _internals, llama_grammar
-        except ImportError as e:  # pragma: no cover - depends on the install
-            raise ModelError(f"llama-cpp-python is not installed or does not import ({e}); "
-                             f"pip install 'llama-cpp-python{TESTED_LLAMA_CPP}'") from e
-        version = _installed_version()
-        missing = missing_llama_cpp_api(llama_cpp, _internals, llama_grammar)
-        if missing:
-            raise ModelError(f"llama-cpp-python {version} lacks what tensorjob-jupyter uses from it: "
-                             f"{'; '.join(missing)}. tensorjob-jupyter is tested with llama-cpp-python "
-                             f"{TESTED_LLAMA_CPP}: pip install 'llama-cpp-python{TESTED_LLAMA_CPP}'")
-        if not in_tested_range(version):
-            log.warning("llama-cpp-python %s is outside the tested range %s; it has every part used, "
-                        "so it is used", version, TESTED_LLAMA_CPP)
-
-        @llama_cpp.llama_log_callback
-        def on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-            try:
-                message = text.decode("utf-8", "replace") if text else ""
-                lines = getattr(_capture, "lines", None)
-                if lines is not None and level in (3, 4):
-                    lines.append(message.strip())
-                log.log(_LEVELS.get(level, logging.DEBUG), "%s", message.rstrip("\n"))
-            except Exception:  # noqa: BLE001 - never raise into C
-                pass
-
-        _log_callback = on_log
-        llama_cpp.llama_log_set(on_log, ctypes.c_void_p(0))
-        llama_cpp.llama_backend_init()
-        _library = llama_cpp
-    return _library
-
-
-class _CaptureLog:
-    """Collect llama.cpp's warning/error lines emitted on this thread."""
-
-    def __enter__(self) -> list[str]:
-        self.lines: list[str] = []
-        _capture.lines = self.lines
-        return self.lines
-
-    def __exit__(self, *exc) -> None:
-        _capture.lines = None
-
-
-def _reason(lines: list[str]) -> str:
-    useful = [ln for ln in lines if ln]
-    return ("; ".join(useful[-3:]))[:600] if useful else ""
-
 
 # -- the engine ---------------------------------------------------------------------------------
 
@@ -341,12 +151,12 @@ class LlamaEngine:
 
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = 0x7FFFFFFF if self.n_gpu_layers < 0 else self.n_gpu_layers
-        with _CaptureLog() as lines:
+        with CaptureLog() as lines:
             try:
                 self._model = _internals.LlamaModel(path_model=str(self.model_path), params=params,
                                                     verbose=False)
             except Exception as e:  # noqa: BLE001 - llama-cpp-python raises ValueError
-                detail = _reason(lines) or str(e)
+                detail = log_reason(lines) or str(e)
                 raise ModelError(f"could not load model {self.model_path}: {detail}") from None
         try:
             self._vocab = self._model.vocab
@@ -354,7 +164,7 @@ class LlamaEngine:
             self.n_ctx = min(int(n_ctx), self.n_ctx_train) if n_ctx else self.n_ctx_train
             self.n_batch = max(1, min(int(n_batch), self.n_ctx))
             self.n_vocab = self._model.n_vocab()
-            with _CaptureLog() as lines:
+            with CaptureLog() as lines:
                 cp = llama_cpp.llama_context_default_params()
                 cp.n_ctx = self.n_ctx * self.n_slots
                 cp.n_batch = self.n_batch
@@ -371,7 +181,7 @@ class LlamaEngine:
                 except Exception as e:  # noqa: BLE001
                     raise ModelError(f"could not create a context for {self.model_path} "
                                      f"(n_ctx={self.n_ctx} x {self.n_slots} slots): "
-                                     f"{_reason(lines) or e}") from None
+                                     f"{log_reason(lines) or e}") from None
             self.n_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx.ctx))
             self._batch = _internals.LlamaBatch(n_tokens=max(self.n_batch, self.n_slots), embd=0,
                                                 n_seq_max=1, verbose=False)
@@ -388,7 +198,7 @@ class LlamaEngine:
             self._chat_formatter = None
             self._embed_ctx = None
             self._embed_batch = None
-            self._utf8: _Utf8Table | None = None
+            self._utf8: Utf8Table | None = None
         except BaseException:
             self._model.close()
             raise
@@ -415,11 +225,11 @@ class LlamaEngine:
         if not name:
             raise ModelError("a LoRA adapter needs a name")
         p = check_gguf(path)
-        with _CaptureLog() as lines:
+        with CaptureLog() as lines:
             adapter = self._lc.llama_adapter_lora_init(self._model.model, str(p).encode("utf-8"))
         if not adapter:
             raise ModelError(f"could not load LoRA adapter {name!r} from {p}: "
-                             f"{_reason(lines) or 'llama.cpp refused it'}")
+                             f"{log_reason(lines) or 'llama.cpp refused it'}")
         self._adapters[name] = adapter
 
     @property
@@ -714,16 +524,16 @@ class LlamaEngine:
                 sampler.accept(tok)
         if request.constraint is not None:
             try:
-                return _GrammarSampler(self, sampler, request.constraint, greedy=s.temperature <= 0.0)
+                return GrammarSampler(self, sampler, request.constraint, greedy=s.temperature <= 0.0)
             except BaseException:
                 sampler.close()
                 raise
         return sampler
 
-    def utf8_table(self) -> "_Utf8Table":
+    def utf8_table(self) -> "Utf8Table":
         """What each token's bytes do to UTF-8 text (computed once, on the first constrained request)."""
         if self._utf8 is None:
-            self._utf8 = _Utf8Table([self.piece(t) for t in range(self.n_vocab)])
+            self._utf8 = Utf8Table([self.piece(t) for t in range(self.n_vocab)])
         return self._utf8
 
     def grammar(self, constraint: Constraint) -> str:
@@ -862,275 +672,15 @@ class LlamaEngine:
             cp.n_threads = self.n_threads
             cp.n_threads_batch = self.n_threads_batch
             cp.no_perf = True
-            with _CaptureLog() as lines:
+            with CaptureLog() as lines:
                 try:
                     ctx = self._internals.LlamaContext(model=self._model, params=cp, verbose=False)
                 except Exception as e:  # noqa: BLE001
                     raise ModelError(f"could not create an embedding context for {self.model_path}: "
-                                     f"{_reason(lines) or e}") from None
+                                     f"{log_reason(lines) or e}") from None
             self._embed_batch = self._internals.LlamaBatch(n_tokens=n, embd=0, n_seq_max=1, verbose=False)
             self._embed_ctx = ctx
         return self._embed_ctx, self._embed_batch
-
-
-# -- constrained decoding ------------------------------------------------------------------------
-
-#: Free text, for ``Constraint.free_text``: it may not begin with whitespace or ``{`` (a tool call does).
-FREE_TEXT_RULES = ('tj-free-text ::= [^{ \\t\\r\\n] tj-any-char*\n'
-                   'tj-any-char ::= [\\x01-\\U0010FFFF]')
-#: A character of a JSON string: no quote, backslash or control character unless escaped.
-JSON_CHAR_RULE = (r'char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] '
-                  r'[0-9a-fA-F])')
-#: The largest grammar accepted: llama.cpp's parser and sampler work in time and memory that grow with it.
-MAX_GRAMMAR_CHARS = 256 * 1024
-
-
-@functools.lru_cache(maxsize=64)
-def constraint_grammar(schema: str, free_text: bool = False) -> str:
-    """The GBNF grammar for output matching the JSON Schema ``schema`` (JSON text), through
-    llama-cpp-python's converter; with ``free_text``, or plain text instead. ``ConstraintError``
-    names what the converter cannot handle."""
-    llama_cpp_library()
-    from llama_cpp.llama_grammar import SchemaConverter
-
-    try:
-        value = json.loads(schema)
-        converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
-        value = converter.resolve_refs(value, "schema")
-        top = converter.visit(value, "tj-output")
-        rules = converter.format_grammar()
-    except RecursionError:
-        raise ConstraintError("the JSON schema is nested too deeply to turn into a grammar") from None
-    except Exception as e:  # noqa: BLE001 - the converter asserts and raises all sorts
-        detail = " ".join(str(e).split())[:300] or type(e).__name__
-        raise ConstraintError(f"the JSON schema cannot be turned into a grammar: {detail}") from None
-    # llama-cpp-python's converter lets a JSON string hold raw control characters, which JSON forbids
-    # (llama.cpp's own converter does not): hold string characters to what JSON allows.
-    rules = "\n".join(JSON_CHAR_RULE if line.startswith("char ::= ") else line for line in rules.split("\n"))
-    root = f"root ::= {top} | tj-free-text\n{FREE_TEXT_RULES}" if free_text else f"root ::= {top}"
-    grammar = f"{rules}\n{root}\n"
-    if len(grammar) > MAX_GRAMMAR_CHARS:
-        raise ConstraintError(f"the JSON schema makes a grammar of {len(grammar)} characters, over the "
-                              f"{MAX_GRAMMAR_CHARS} this host accepts; simplify it (fewer alternatives, smaller "
-                              f"maxItems and maxLength)")
-    return grammar
-
-
-#: The bytes a UTF-8 lead byte may be followed by first (the rest: 80-BF); others, 80-BF.
-_SECOND_BYTE = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
-_CONTINUATION = (0x80, 0xBF)
-_COMPLETE = (0, 0, 0)  # no character in progress
-
-
-class _Utf8Table:
-    """Which tokens keep a byte stream valid UTF-8, whatever character is in progress.
-
-    llama.cpp's grammar decodes UTF-8 leniently across tokens (a lead byte
-    followed by an ASCII byte passes as one odd character), so text it
-    accepts could still hold invalid UTF-8 -- which the text stream turns into
-    U+FFFD and a JSON string's length or a pattern then no longer holds. The
-    grammar sampler also masks every token that would break UTF-8. A state is
-    ``(bytes still needed, lowest, highest allowed next byte)``; a mask per
-    state is computed from per-token arrays on first use.
-    """
-
-    def __init__(self, pieces: list[bytes]):
-        n = len(pieces)
-        self.length = np.zeros(n, np.int32)
-        self.first = np.zeros(n, np.int32)
-        self.lead_cont = np.zeros(n, np.int32)  # leading continuation bytes
-        self.rest_valid = np.zeros(n, bool)  # the bytes after them decode (maybe ending mid-character)
-        self.tail: list[tuple[int, int, int]] = [_COMPLETE] * n  # the state a token leaves when it starts afresh
-        import codecs
-
-        decoder_class = codecs.getincrementaldecoder("utf-8")
-        for t, data in enumerate(pieces):
-            self.length[t] = len(data)
-            self.first[t] = data[0] if data else -1
-            k = 0
-            while k < len(data) and 0x80 <= data[k] <= 0xBF:
-                k += 1
-            self.lead_cont[t] = k
-            decoder = decoder_class("strict")
-            try:
-                decoder.decode(data[k:], final=False)
-            except UnicodeDecodeError:
-                continue
-            self.rest_valid[t] = True
-            pending = decoder.getstate()[0]
-            if pending:
-                lead = pending[0]
-                size = 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
-                low, high = _SECOND_BYTE.get(lead, _CONTINUATION) if len(pending) == 1 else _CONTINUATION
-                self.tail[t] = (size - len(pending), low, high)
-        self._masks: dict[tuple[int, int, int], np.ndarray] = {}
-
-    def mask(self, state: tuple[int, int, int]) -> np.ndarray:
-        """The tokens allowed in ``state`` (a boolean array over the vocabulary)."""
-        m = self._masks.get(state)
-        if m is None:
-            need, low, high = state
-            if need == 0:
-                m = (self.lead_cont == 0) & self.rest_valid
-            else:
-                fits = (self.length >= 1) & (self.first >= low) & (self.first <= high)
-                short = (self.length <= need) & (self.lead_cont == self.length)
-                long = (self.length > need) & (self.lead_cont == need) & self.rest_valid
-                m = fits & (short | long)
-            self._masks[state] = m
-        return m
-
-    def allowed(self, state: tuple[int, int, int], token: int) -> bool:
-        return bool(self.mask(state)[token])
-
-    def after(self, state: tuple[int, int, int], token: int) -> tuple[int, int, int]:
-        need = state[0]
-        length = int(self.length[token])
-        if need and length <= need:
-            return (need - length, *_CONTINUATION) if need > length else _COMPLETE
-        return self.tail[token]
-
-
-#: With greedy decoding, how many of the likeliest tokens are checked one by one before the grammar
-#: is applied to the whole vocabulary.
-TOP_CANDIDATES = 32
-
-
-class _GrammarSampler:
-    """A request's sampler chain, with its output held to a grammar.
-
-    llama.cpp's grammar sampler checks every candidate token against the
-    grammar, about as long as a decode step of a small model. Most tokens of
-    a structured answer are ones the grammar allows anyway, so each token is
-    first chosen by the chain alone and then checked alone; only when the
-    grammar rejects it is the choice made again over the whole vocabulary,
-    grammar first (as llama.cpp's own ``common_sampler`` does). With greedy
-    decoding the next few likeliest tokens are checked alone first, which
-    nearly always finds the answer. Greedy decoding picks the same token
-    either way: the best one the grammar allows. A token the grammar rejected is never accepted into it (that
-    aborts in C++), and a grammar that allows no token at all is an error.
-
-    With ``free_text`` the grammar binds only an output whose first token
-    begins with ``{``; any other first token releases it.
-    """
-
-    #: Check the free choice first (False: always grammar first, as llama.cpp's own sampler does; for tests).
-    check_first = True
-
-    def __init__(self, engine: "LlamaEngine", chain, constraint: Constraint, greedy: bool = False):
-        self._lc = lc = engine._lc
-        self._engine = engine
-        self._chain = chain
-        self._chain_ptr = getattr(chain, "sampler", None)
-        if self._chain_ptr is None:
-            raise ModelError("llama-cpp-python's LlamaSampler has no `sampler` pointer; constrained decoding "
-                             f"is tested with llama-cpp-python {TESTED_LLAMA_CPP}")
-        self._free_text = constraint.free_text
-        self._greedy = greedy
-        self._first = True
-        self.grammar_checks = 0  # tokens checked alone
-        self.grammar_full = 0  # tokens chosen again over the whole vocabulary
-        gbnf = engine.grammar(constraint)
-        with _CaptureLog() as lines:
-            ptr = lc.llama_sampler_init_grammar(engine._vocab, gbnf.encode("utf-8"), b"root")
-        if not ptr:
-            raise ConstraintError(f"llama.cpp refused the grammar made from the JSON schema: "
-                                  f"{_reason(lines) or 'it does not parse'}")
-        self._grammar = ptr
-        self._utf8 = engine.utf8_table()
-        self._utf8_state = _COMPLETE
-        n = engine.n_vocab
-        self._n = n
-        self._ids = np.arange(n, dtype=np.int32)
-        dtype = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
-        assert dtype.itemsize == ctypes.sizeof(lc.llama_token_data)
-        self._buf = np.zeros(n, dtype=dtype)
-        self._one = np.zeros(1, dtype=dtype)
-        data_p = ctypes.POINTER(lc.llama_token_data)
-        self._buf_p = self._buf.ctypes.data_as(data_p)
-        self._one_p = self._one.ctypes.data_as(data_p)
-        self._arr = lc.llama_token_data_array()
-        self._one_arr = lc.llama_token_data_array()
-
-    def _fill(self, logits) -> None:
-        buf = self._buf
-        buf["id"] = self._ids
-        buf["logit"] = logits
-        buf["p"] = 0.0
-        arr = self._arr
-        arr.data, arr.size, arr.selected, arr.sorted = self._buf_p, self._n, -1, False
-
-    def _choose(self, first) -> tuple[int, float]:
-        """Apply ``first`` (a sampler or None) then the chain to the filled array: (token, its logit)."""
-        lc, arr = self._lc, self._arr
-        ref = ctypes.byref(arr)
-        if first is not None:
-            lc.llama_sampler_apply(first, ref)
-        lc.llama_sampler_apply(self._chain_ptr, ref)
-        if not 0 <= arr.selected < arr.size:
-            raise ModelError("the sampler chose no token")
-        chosen = arr.data[arr.selected]
-        return int(chosen.id), float(chosen.logit)
-
-    def _best_allowed(self, utf8: np.ndarray) -> int | None:
-        """Greedy decoding: the likeliest of the ``TOP_CANDIDATES`` likeliest tokens (after the chain's
-        penalties) that the grammar and UTF-8 allow, checked one by one; None if none is."""
-        logits = self._buf["logit"]  # penalised in place by the chain, still in token order
-        k = min(TOP_CANDIDATES, self._n - 1)
-        top = np.argpartition(-logits, k)[:k]
-        for t in top[np.lexsort((top, -logits[top]))]:  # best first; the lower id first on a tie, as greedy does
-            if not np.isfinite(logits[t]):
-                break
-            if utf8[t] and self._allowed(int(t)):
-                return int(t)
-        return None
-
-    def _allowed(self, token: int) -> bool:
-        one = self._one
-        one[0] = (token, 0.0, 0.0)
-        arr = self._one_arr
-        arr.data, arr.size, arr.selected, arr.sorted = self._one_p, 1, -1, False
-        self._lc.llama_sampler_apply(self._grammar, ctypes.byref(arr))
-        return bool(np.isfinite(one["logit"][0]))
-
-    def sample(self, ctx, idx: int) -> int:
-        lc = self._lc
-        logits = np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx.ctx, idx), shape=(self._n,))
-        token = None
-        if self._grammar is None or self.check_first:
-            self._fill(logits)
-            token, _ = self._choose(None)
-        if self._grammar is not None:
-            self.grammar_checks += 1
-            utf8 = self._utf8.mask(self._utf8_state)
-            if token is not None and not (utf8[token] and self._allowed(token)):
-                token = self._best_allowed(utf8) if self._greedy else None
-            if token is None:
-                self.grammar_full += 1
-                self._fill(logits)
-                self._buf["logit"][~utf8] = -np.inf  # nothing that would break UTF-8
-                token, logit = self._choose(self._grammar)
-                if not np.isfinite(logit):
-                    raise ConstraintError("the grammar allows no token here (the model cannot go on)")
-            if not self._engine.is_eog(token):  # the sequence ends at an end token: nothing to accept
-                lc.llama_sampler_accept(self._grammar, token)
-                self._utf8_state = self._utf8.after(self._utf8_state, token)
-            if self._first and self._free_text and not self._engine.piece(token).startswith(b"{"):
-                self._release_grammar()  # free text: the grammar has done its work
-        self._first = False
-        lc.llama_sampler_accept(self._chain_ptr, token)
-        return token
-
-    def _release_grammar(self) -> None:
-        grammar, self._grammar = self._grammar, None
-        if grammar is not None:
-            self._lc.llama_sampler_free(grammar)
-
-    def close(self) -> None:
-        self._release_grammar()
-        chain, self._chain = self._chain, None
-        if chain is not None:
-            chain.close()
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

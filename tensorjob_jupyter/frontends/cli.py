@@ -1,0 +1,152 @@
+"""The ``tensorjob`` command: run, map and compile guests from a terminal.
+
+    tensorjob run GUEST [job options] [--events FILE] [--json] [--quiet]
+    tensorjob map GUEST --over manifest.jsonl --run-dir DIR [job options] [--concurrency N] [--cluster ADDRESS]
+    tensorjob compile FILE [-o OUT] [--cflags FLAGS] [--zigflags FLAGS] [--force]
+    tensorjob cache [--clear]
+    tensorjob runs | show RUN | replay GUEST --from RUN | diff RUN_A RUN_B   (history_cli.py)
+
+The job options (``--read``, ``--input``, ``--model``, every limit, ...) are
+the table in ``frontends/options.py``, shared with the magics and the Python API.
+``run`` prints the job's progress, file reads and streamed tokens live on
+stderr as they happen (text from the guest or the model made inert first,
+model text indented under the host's lines), the guest's streamed output
+(``emit-chunk``) on stdout, and at the end the result as JSON on stdout -- or,
+with ``--json``, the whole envelope instead and nothing else on stdout. The
+exit status is 0 only when the job completed (1 failed or did not compile,
+130 cancelled by Ctrl-C, 2 usage error). A usage error is one line naming
+the problem, never a traceback. Events are printed by ``EventPrinter``, the
+same for a live job and for a transcript shown again (``tensorjob show``).
+
+``run --debug`` (and ``--break-on``) drives the job from a line prompt on
+stdin/stderr at each pause (``debug.prompt``: step, step to the next infer,
+continue, quit); with stdin closed the job runs on without pausing again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence, TextIO
+
+from tensorjob_jupyter.version import __version__
+from tensorjob_jupyter.frontends.map_cli import add_map_parser, cmd_map
+from tensorjob_jupyter.history.runs import RunError
+from tensorjob_jupyter.frontends.history_cli import COMMANDS as HISTORY_COMMANDS
+from tensorjob_jupyter.frontends.history_cli import add_history_parsers
+from tensorjob_jupyter.frontends.terminal import exit_status, load_guest, run_live
+from tensorjob_jupyter.inference.base import ModelError
+from tensorjob_jupyter.host.jobs import Job
+from tensorjob_jupyter.frontends.options import (
+    BY_NAME, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobOptions, OptionError, add_job_arguments,
+)
+from tensorjob_jupyter.history.replay import ReplayError
+from tensorjob_jupyter.text import for_terminal, json_text
+from tensorjob_jupyter.record.transcript import TranscriptError
+from tensorjob_jupyter.inference.lazy import model_backend
+from tensorjob_jupyter.sandbox.compile import cache_dir, cache_usage, clear_cache
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage dump
+        raise OptionError(f"{message} (see `{self.prog} --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tensorjob", description="Run sandboxed WebAssembly tensor jobs against a local model.")
+    parser.add_argument("--version", action="version", version=f"tensorjob {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run a guest (.wasm, .c, .zig or .wat)",
+                         description="Run a guest to the end, showing its progress live.")
+    run.add_argument("guest", help="the guest: a .wasm module, or .c / .zig / .wat source to compile")
+    add_job_arguments(run)
+    run.add_argument("--events", default=None, metavar="FILE", help="write every event as one JSON line to FILE")
+    run.add_argument("--json", action="store_true", help="print the envelope as JSON on stdout, nothing else")
+    run.add_argument("--quiet", "-q", action="store_true", help="no live progress on stderr")
+
+    add_map_parser(sub)
+
+    comp = sub.add_parser("compile", help="compile a .c, .zig or .wat guest to .wasm",
+                          description="Compile a guest source file to a .wasm module (cached by content).")
+    comp.add_argument("file")
+    comp.add_argument("-o", "--output", default=None, help="output path (default: FILE with .wasm)")
+    for name in ("cflags", "zigflags", "force"):
+        opt = BY_NAME[name]
+        if opt.kind == "switch":
+            comp.add_argument(opt.flag, dest=name, action="store_true", default=None, help=opt.help)
+        else:
+            comp.add_argument(opt.flag, dest=name, default=None, metavar=opt.metavar, help=opt.help)
+
+    cache = sub.add_parser("cache", help="show or clear the compile cache",
+                           description="Where compiled guests are cached, and how much; --clear empties it "
+                                       "(always safe: guests compile again on next use).")
+    cache.add_argument("--clear", action="store_true", help="delete every cached module")
+
+    add_history_parsers(sub)
+    return parser
+
+
+def cmd_run(args, out: TextIO, err: TextIO) -> int:
+    options = JobOptions.from_args(args)
+    guest = load_guest(options, args.guest, err)
+    if guest is None:
+        return EXIT_FAILED
+    kwargs = options.job_kwargs()
+    try:
+        job = Job(guest, backend=_backend(kwargs.pop("model"), kwargs.pop("model_options")), **kwargs)
+    except ModelError as e:  # a hf: model that cannot be found or fetched
+        raise OptionError(f"--model {options.model}: {e}") from None
+    envelope = run_live(job, args, out, err)
+    if args.json:
+        out.write(json_text(envelope.to_json()) + "\n")
+    elif envelope.ok:
+        out.write(json_text(envelope.result) + "\n")
+    out.flush()
+    return exit_status(envelope)
+
+
+def _backend(model: str | None, model_options: dict | None = None):
+    """The shared backend for ``model`` (default: the embedded one), loaded on first use."""
+    return model_backend(model, **(model_options or {}))
+
+
+# --- compile and cache -------------------------------------------------------------------
+
+
+def cmd_compile(args, out: TextIO, err: TextIO) -> int:
+    guest = load_guest(JobOptions.from_args(args), args.file, err, heading="")
+    if guest is None:
+        return EXIT_FAILED
+    target = Path(args.output) if args.output else Path(args.file).with_suffix(".wasm")
+    target.write_bytes(guest.wasm)
+    out.write(f"{target} ({len(guest.wasm)} bytes)\n")
+    return EXIT_OK
+
+
+def cmd_cache(args, out: TextIO, err: TextIO) -> int:
+    if args.clear:
+        files, size = clear_cache()
+        out.write(f"removed {files} cached modules ({size} bytes) from {cache_dir()}\n")
+    else:
+        files, size = cache_usage()
+        out.write(f"{cache_dir()}: {files} cached modules, {size} bytes (tensorjob cache --clear empties it)\n")
+    return EXIT_OK
+
+
+COMMANDS = {"run": cmd_run, "map": cmd_map, "compile": cmd_compile, "cache": cmd_cache, **HISTORY_COMMANDS}
+
+
+def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        args = build_parser().parse_args(argv)
+        return COMMANDS[args.command](args, out, err)
+    except (OptionError, RunError, TranscriptError, ReplayError) as e:
+        err.write(f"tensorjob: error: {for_terminal(str(e), one_line=True)}\n")
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""``tensorjob runs | show | replay | diff``: past runs from a terminal.
+
+    tensorjob runs [--runs DIR] [--limit N] [--status S] [--prune KEEP] [--json]
+    tensorjob show RUN [--runs DIR] [--speed S] [--json] [--quiet]
+    tensorjob replay GUEST --from RUN [job options] [--live] [--events FILE] [--json] [--quiet]
+    tensorjob diff RUN_A RUN_B [--runs DIR] [--json]
+
+A RUN is a run's id (or a unique prefix of one) in the runs folder, or the
+path of a run folder. ``runs`` lists (``history/runs.py``), ``show`` plays a
+transcript through the same printer as ``tensorjob run`` (``history/show.py``,
+``cli.EventPrinter``), ``replay`` runs a guest against a recording
+(``history/replay.py``; it takes the same job options as ``run``, each replacing the
+recorded one) and prints how the replay compares with the run, and ``diff``
+compares two runs (``history/diff.py``). Exit statuses are ``run``'s: ``show`` 0
+once shown, ``replay`` as its job ended (1 also when it stopped at a
+divergence), ``diff`` 0 when the runs are the same and 1 when they differ;
+a problem with a run folder or an argument is one line and exit 2.
+
+``find_runs``, ``open_playback`` and ``start_replay`` are the work of
+``runs``, ``show`` and ``replay`` short of printing; the magic's
+``%tensorjob runs|show|replay`` call them too, so both check the same
+things the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, TextIO
+
+from tensorjob_jupyter.frontends.options import (
+    BY_NAME, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, JobOptions, OptionError, add_job_arguments,
+)
+from tensorjob_jupyter.text import for_terminal, json_text
+from tensorjob_jupyter.frontends.terminal import DOES_NOT_COMPILE, EventPrinter, exit_status, load_guest, run_live
+from tensorjob_jupyter.history.runs import RunList, list_runs, prune
+from tensorjob_jupyter.history.runs import resolve_run
+from tensorjob_jupyter.history.show import Playback, check_speed
+from tensorjob_jupyter.history.replay import ReplayJob, load_recording
+from tensorjob_jupyter.frontends.options import options_for
+from tensorjob_jupyter.history.diff import diff_runs
+
+#: Runs a listing shows unless told otherwise.
+DEFAULT_LIMIT = 20
+
+
+def _runs_flag(parser) -> None:
+    opt = BY_NAME["runs"]
+    parser.add_argument(opt.flag, dest=opt.name, default=None, metavar=opt.metavar, help=opt.help)
+
+
+def add_history_parsers(sub) -> None:
+    runs = sub.add_parser("runs", help="list past runs, newest first; --prune KEEP deletes old ones",
+                          description="List the runs in the runs folder, newest first (id, guest, status, tokens, "
+                                      "duration, started). --prune KEEP deletes all but the newest KEEP (of --status, "
+                                      "if given), never a running job's folder, a symlink or a folder that is not "
+                                      "a run.")
+    _runs_flag(runs)
+    runs.add_argument("--limit", type=int, default=DEFAULT_LIMIT, metavar="N",
+                      help=f"show the newest N runs (default {DEFAULT_LIMIT}; 0: all)")
+    runs.add_argument("--status", default=None, metavar="S",
+                      help="only runs that ended so: completed, failed, cancelled, running, interrupted, unreadable")
+    runs.add_argument("--prune", type=int, default=None, metavar="KEEP",
+                      help="delete all but the newest KEEP runs (safely: only run folders, never a running one)")
+    runs.add_argument("--json", action="store_true", help="one JSON object a run instead of a table")
+
+    show = sub.add_parser("show", help="show a past run again, as `run` showed it",
+                          description="Print a recorded run's progress, file reads, tokens and result again, at "
+                                      "once or at its recorded speed.")
+    show.add_argument("run", metavar="RUN", help="a run id (or a unique prefix), or a run folder")
+    _runs_flag(show)
+    show.add_argument("--speed", type=float, default=0.0, metavar="S",
+                      help="0: at once (default); 1: at the recorded speed; 2: twice as fast")
+    show.add_argument("--json", action="store_true", help="print the envelope as JSON on stdout, nothing else")
+    show.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
+
+    replay = sub.add_parser("replay", help="run a guest against a recorded run, with no model",
+                            description="Run GUEST (the recorded one or a changed one) against the run RUN: each "
+                                        "infer is answered from the recording, files are read live under the run's "
+                                        "grants. The first command the recording lacks stops the replay (or, with "
+                                        "--live, the model answers from there). Job options replace the recorded "
+                                        "ones; the bytes of --input-file must be given again.")
+    replay.add_argument("guest", help="the guest: a .wasm module, or .c / .zig / .wat source to compile")
+    replay.add_argument("--from", dest="from_run", required=True, metavar="RUN",
+                        help="the recorded run: an id (or a unique prefix), or a run folder")
+    replay.add_argument("--live", action="store_true", help="from the first divergence on, run the model")
+    add_job_arguments(replay)
+    replay.add_argument("--events", default=None, metavar="FILE", help="write every event as one JSON line to FILE")
+    replay.add_argument("--json", action="store_true",
+                        help="print the replay report (with the envelope) as JSON on stdout, nothing else")
+    replay.add_argument("--quiet", "-q", action="store_true", help="no live progress on stderr")
+
+    diff = sub.add_parser("diff", help="compare two runs: where their commands part, result and usage",
+                          description="The first step where two runs' command sequences differ, the first answer "
+                                      "that differs, and their results and usage. Exit 0 when they are the same, "
+                                      "1 when they differ.")
+    diff.add_argument("run_a", metavar="RUN_A")
+    diff.add_argument("run_b", metavar="RUN_B")
+    _runs_flag(diff)
+    diff.add_argument("--json", action="store_true", help="the comparison as JSON")
+
+
+# --- runs ------------------------------------------------------------------------------------------
+
+
+def find_runs(runs: str | None, *, status: str | None, limit: int | None) -> tuple[RunList, int]:
+    """The runs a listing shows -- newest first, only ``status`` if given, the newest ``limit`` (0 or None:
+    all) -- and how many there are in all. ``tensorjob runs`` and ``%tensorjob runs`` both list through it."""
+    if limit is not None and limit < 0:
+        raise OptionError("--limit must be 0 (all) or more")
+    listing = list_runs(runs, status=status)
+    total = len(listing)
+    if limit:
+        del listing[limit:]
+    return listing, total
+
+
+def cmd_runs(args, out: TextIO, err: TextIO) -> int:
+    if args.prune is not None:
+        report = prune(args.prune, args.runs, status=args.status)
+        if args.json:
+            out.write(json_text(report.to_json(), pretty=False) + "\n")
+        else:
+            out.write(str(report) + "\n")
+        return EXIT_OK
+    listing, total = find_runs(args.runs, status=args.status, limit=args.limit)
+    if args.json:
+        for info in listing:
+            out.write(json_text(info.to_json(), pretty=False) + "\n")
+        return EXIT_OK
+    out.write(listing.table() + "\n")
+    if total > len(listing):
+        out.write(f"({len(listing)} of {total} runs; --limit 0 shows all)\n")
+    return EXIT_OK
+
+
+# --- show ------------------------------------------------------------------------------------------
+
+
+def _write_end(envelope: dict | None, *, as_json: bool, out: TextIO) -> None:
+    if envelope is None:
+        return
+    if as_json:
+        out.write(json_text(envelope) + "\n")
+    elif envelope.get("status") == "completed":
+        out.write(json_text(envelope.get("result")) + "\n")
+    out.flush()
+
+
+def open_playback(run, runs: str | None, *, speed: float, watched: bool = True) -> Playback:
+    """A recorded run ready to be shown again, by ``tensorjob show`` and ``%tensorjob show`` alike: ``--speed``
+    checked (here only), and the transcript read through once, so a damaged one is one error line before
+    anything is shown. ``watched=False``: nobody watches the pauses (plain text), so it plays at once."""
+    try:
+        check_speed(speed)
+    except ValueError as e:
+        raise OptionError(str(e)) from None
+    playback = Playback(resolve_run(run, runs), speed=speed if watched else 0.0)
+    for _ in playback.reader:
+        pass
+    return playback
+
+
+def cmd_show(args, out: TextIO, err: TextIO) -> int:
+    playback = open_playback(args.run, args.runs, speed=args.speed)
+    printer = EventPrinter(out=out, err=err, quiet=args.quiet, chunks_to_stdout=not args.json)
+    last = None
+    try:
+        for event in playback.events():
+            printer.show_safely(event)
+            last = event
+    except KeyboardInterrupt:
+        return EXIT_CANCELLED
+    _write_end(last.get("envelope") if last else None, as_json=args.json, out=out)
+    return EXIT_OK
+
+
+# --- replay ----------------------------------------------------------------------------------------
+
+
+def start_replay(guest: str, from_run, args, err: TextIO, *, runs: str | None, defaults: JobOptions | None = None,
+                 variables: Mapping[str, Any] | None = None, heading: str = DOES_NOT_COMPILE) -> ReplayJob | None:
+    """The replay of ``guest`` (a file) against the run ``from_run`` (an id, a folder or a ``Job``), with the job
+    options ``args`` gives in place of the recorded ones -- not started; None when the guest does not compile
+    (the compiler's message is on ``err``), and what the replay takes from the recording that widens what the
+    guest may do is said on ``err`` (``ReplayJob.adopted``). ``tensorjob replay`` and ``%tensorjob replay`` both
+    start here."""
+    recording = load_recording(from_run, runs)
+    kwargs, options = options_for(recording, args, defaults=defaults, variables=variables)
+    source = load_guest(options, guest, err, heading=heading)
+    if source is None:
+        return None
+    job = ReplayJob(source, recording, live=args.live, **kwargs)
+    for line in job.adopted:  # what the transcript grants, said before anything runs
+        err.write(line + "\n")
+    return job
+
+
+def cmd_replay(args, out: TextIO, err: TextIO) -> int:
+    job = start_replay(args.guest, args.from_run, args, err, runs=args.runs)
+    if job is None:
+        return EXIT_FAILED
+    envelope = run_live(job, args, out, err)
+    report = job.report
+    assert report is not None
+    if args.json:
+        out.write(json_text(report.to_json()) + "\n")
+    else:
+        for line in report.lines():
+            err.write(for_terminal(line, one_line=True) + "\n")
+        if envelope.ok:
+            out.write(json_text(envelope.result) + "\n")
+    out.flush()
+    return exit_status(envelope)
+
+
+# --- diff ------------------------------------------------------------------------------------------
+
+
+def cmd_diff(args, out: TextIO, err: TextIO) -> int:
+    result = diff_runs(args.run_a, args.run_b, runs=args.runs)
+    if args.json:
+        out.write(json_text(result.to_json()) + "\n")
+    else:
+        out.write("\n".join(result.lines()) + "\n")
+    return EXIT_OK if result.same else EXIT_FAILED
+
+
+COMMANDS = {"runs": cmd_runs, "show": cmd_show, "replay": cmd_replay, "diff": cmd_diff}

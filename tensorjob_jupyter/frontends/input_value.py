@@ -1,0 +1,93 @@
+"""The job input (``--input``) as people write it: JSON, a ``$name``, or in a notebook a Python literal.
+
+A terminal's ``--input`` is JSON, as the shell handed it over. A notebook
+line is read the way a shell reads it too (the magic splits it with
+``shlex``: quotes are taken off once, ``\\"`` inside double quotes is a quote),
+and then the value may be written as Python writes it as well:
+``--input "{'path': 'a.txt', 'n': 3}"``, ``--input True``, ``--input None``
+-- read with ``ast.literal_eval``, which builds values and never runs code
+(and only on text of at most ``MAX_LITERAL_CHARS``). ``$name`` is a notebook
+variable, passed on as it is.
+
+Whatever the form, the value is then held to the rule guest output is held
+to (``abi.checked_value``). A text that is none of these is one error that
+shows how to write it. And a string that itself holds an object or array
+(``'"{\\"a\\": 1}"'``: quoted once too often) is refused rather than passed
+on as a string the guest would not expect; a guest that really wants such a
+string gets it from a ``$name``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from typing import Any, Mapping
+
+from tensorjob_jupyter.abi import checked_value
+
+#: Python literals longer than this are not parsed (``ast`` works in memory proportional to the text).
+MAX_LITERAL_CHARS = 1 << 20
+
+HOW = ("write the value as JSON or as a Python literal, quoted once for the line: --input '{\"path\": \"a.txt\"}', "
+       "--input \"{'path': 'a.txt'}\", --input '\"some text\"'")
+
+
+class InputError(ValueError):
+    """An ``--input`` that cannot be read: one line, naming the flag."""
+
+
+def read_input(text: str, variables: Mapping[str, Any] | None) -> Any:
+    """The job input ``text`` means; ``variables`` are the notebook's (None: a terminal, JSON only)."""
+    text = text.strip()
+    if text.startswith("$") and text[1:].isidentifier():
+        return _checked(_variable(text[1:], variables))
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        if variables is None:
+            raise InputError(f"--input is not valid JSON: {e.msg} at column {e.colno}") from None
+        value = _literal(text, f"{e.msg} at column {e.colno}")
+    if _holds_a_container(value):
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        raise InputError(f"--input is a string holding {shown!r}: it was quoted once too often; {HOW}")
+    return _checked(value)
+
+
+def _variable(name: str, variables: Mapping[str, Any] | None) -> Any:
+    if variables is None:
+        raise InputError(f"--input ${name}: variables can be named only in a notebook")
+    if name not in variables:
+        raise InputError(f"--input ${name}: no variable named {name!r} in the notebook")
+    return variables[name]
+
+
+def _literal(text: str, json_problem: str) -> Any:
+    """A Python literal; ``InputError`` (saying how to write it) if ``text`` is not one."""
+    if len(text) <= MAX_LITERAL_CHARS:
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            pass
+    raise InputError(f"--input is not valid JSON ({json_problem}), nor a Python literal or a $name: {HOW}")
+
+
+def _holds_a_container(value: Any) -> bool:
+    """A string whose text is itself a JSON or Python object or array."""
+    if not isinstance(value, str):
+        return False
+    inner = value.strip()
+    if (inner[:1], inner[-1:]) not in (("{", "}"), ("[", "]")) or len(inner) > MAX_LITERAL_CHARS:
+        return False
+    for parse in (json.loads, ast.literal_eval):
+        try:
+            return isinstance(parse(inner), (dict, list))
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            continue
+    return False
+
+
+def _checked(value: Any) -> Any:
+    try:
+        return checked_value(value, "--input")[0]
+    except ValueError as e:
+        raise InputError(str(e)) from None

@@ -1,0 +1,545 @@
+"""``%%tensorjob`` and ``%tensorjob``: tensor jobs from a notebook cell.
+
+``%%tensorjob [options]`` compiles the cell (C, Zig or WAT, by ``--lang`` or
+recognised from the text) like ``%%cython`` does: cached by a hash of the
+source and flags (``--force`` compiles again; ``--cflags``/``--zigflags`` pass
+flags; warnings are shown even when the compile succeeds). It starts the job
+on a background thread against the kernel's shared model and shows the live
+view. By default the cell waits for the job -- a kernel interrupt cancels it
+cleanly -- so a notebook reads top to bottom and nbval sees finished output;
+``--bg`` returns the ``Job`` at once instead. ``%tensorjob run PATH`` does the
+same for a ``.wasm`` or source file, ``%tensorjob map`` runs a guest over a
+manifest (``%%tensorjob map`` takes the guest from the cell), ``%tensorjob
+jobs`` lists jobs, ``%tensorjob cancel ID`` stops one and ``%tensorjob cache
+[clear]`` shows or empties the compile cache. Past runs: ``%tensorjob runs``
+lists the runs folder (an HTML table in a notebook; ``--prune KEEP``),
+``%tensorjob show RUN`` plays a transcript through the live view (``--speed
+1``: as fast as it happened), and ``%tensorjob replay PATH --from RUN`` runs
+a guest against a recorded run with no model (``history/replay.py``); its
+value is the ``ReplayReport``. A RUN may be ``$name``: a notebook variable
+holding an id, a path or a Job. These three do their work through the same
+functions as ``tensorjob runs|show|replay`` (``history_cli``), and every
+guest is loaded by the one loader the commands use (``terminal.load_guest``).
+
+**How a cell ends** (``outcome.py``). Its value is the job's envelope,
+whatever the outcome, and ``--out NAME`` stores it too; the view (or, with no
+widgets, the plain summary) has shown it, so it is not shown again as the
+cell's ``Out[]``. A job that failed or was cancelled then raises a one-line
+``JobFailed`` (the code and the message, no host traceback), so "Run All"
+stops there; ``--no-raise`` returns the envelope instead. A guest that does
+not compile shows the compiler's message, with the cell's own line numbers
+(line 1 is the ``%%tensorjob`` line), and raises ``GuestDoesNotCompile``.
+
+**Reading the line.** A magic's line is split as a shell splits it
+(``shlex``): a value is quoted once, and ``\\"`` in double quotes is a quote.
+So ``--input '{"path": "a.txt"}'``, ``--input "{\\"path\\": \\"a.txt\\"}"`` and
+``--input "{'path': 'a.txt'}"`` (a Python literal, ``input_value.py``) are
+the same input; mistakes in options are one ``UsageError`` line that says
+how to write it.
+
+``--debug`` starts the job paused before ``cf_init`` and ``--break-on
+infer,open,...`` pauses it before such commands (``host/debugger.py``): the
+live view gains a debug bar (Continue, Step, Step to next infer, Pause) whose
+clicks act while the cell waits, and a panel with the pause; with ``--bg``
+the ``Job`` is stepped from later cells (``job.step()``, ``job.resume()``).
+Where no widget view is shown (``--quiet``, ``TensorJob.view = "text"``,
+terminal IPython) the cell asks at each pause on a line prompt instead
+(``prompt.py``). A finished job's view has a slider that re-folds it to any
+of its events (scrubbing), and so has a run shown again with ``%tensorjob
+show``; once the job has ended its output also carries the final view as
+static HTML, for nbconvert, GitHub and nbviewer.
+
+The job options are ``frontends/options.py``'s table, shared with the
+command line and the Python API; their defaults are traitlets on the
+``TensorJob`` configurable, so they can be set in ``ipython_config.py``
+(``c.TensorJob.model_path = ...``) or with ``%config TensorJob.max_tokens =
+512``.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
+from IPython.core.magic_arguments import argument, magic_arguments
+from traitlets import CaselessStrEnum, Float
+from traitlets.config import Configurable
+
+from tensorjob_jupyter.abi import Envelope
+from tensorjob_jupyter.fanout import MapResult
+from tensorjob_jupyter.frontends import options as job_options
+from tensorjob_jupyter.frontends.history_cli import find_runs, open_playback, start_replay
+from tensorjob_jupyter.frontends.map_cli import start_map_run
+from tensorjob_jupyter.frontends.options import JobOptions, OptionError, job_arguments
+from tensorjob_jupyter.frontends.outcome import CellEnvelope, GuestDoesNotCompile, JobFailed
+from tensorjob_jupyter.frontends.prompt import prompt as debug_prompt
+from tensorjob_jupyter.frontends.terminal import load_guest
+from tensorjob_jupyter.frontends.view.summary import map_summary, summary
+from tensorjob_jupyter.history.replay import ReplayError, ReplayReport
+from tensorjob_jupyter.history.runs import RunError, prune
+from tensorjob_jupyter.host.jobs import Job, get_job, jobs
+from tensorjob_jupyter.inference.base import ModelError
+from tensorjob_jupyter.inference.lazy import model_backend
+from tensorjob_jupyter.record.transcript import TranscriptError
+from tensorjob_jupyter.sandbox.compile import GuestSource, cache_dir, cache_usage, clear_cache
+from tensorjob_jupyter.text import for_terminal
+
+#: The job options' defaults, one traitlet per row of ``options.OPTIONS`` that has one.
+JobSettings = type("JobSettings", (Configurable,), {"__doc__": "Defaults of the job options.",
+                                                    **job_options.traitlets()})
+
+#: How a value with spaces or quotes is written on a magic's line.
+QUOTING = ("quote a value once, as in a shell: --input '{\"path\": \"a.txt\"}' or --input \"{'path': 'a.txt'}\"")
+#: Errors of the layers below that stop a subcommand before it starts: each is one UsageError line.
+REFUSALS = (OptionError, RunError, TranscriptError, ReplayError)
+
+
+@magics_class
+class TensorJob(Magics, JobSettings):
+    """Run sandboxed WebAssembly tensor jobs from cells (configure as ``c.TensorJob.*``)."""
+
+    refresh_hz = Float(10.0, help="live view updates per second (at most 20)").tag(config=True)
+    view = CaselessStrEnum(["auto", "widget", "text"], default_value="auto",
+                           help="auto: widgets in a kernel, plain text elsewhere").tag(config=True)
+
+    # -- reading the line and loading the guest --------------------------------------------------
+
+    def _parse(self, func, line: str):
+        """The magic's line, split as a shell splits it, parsed; any mistake is one UsageError line."""
+        try:
+            argv = shlex.split(line)
+        except ValueError as e:  # an unclosed quote
+            raise UsageError(f"{e}: {QUOTING}") from None
+        try:
+            return func.parser.parse_args(argv)
+        except UsageError as e:
+            if "unrecognized arguments" in str(e) and "--input" in argv:
+                raise UsageError(f"{e}: {QUOTING}") from None
+            raise
+        except SystemExit:  # argparse on --help and the like
+            raise UsageError(f"see {'%%' if func.__name__ == 'tensorjob_cell' else '%'}tensorjob? for help") from None
+
+    def _options(self, args, *, local_model: bool = True) -> JobOptions:
+        """The options given, over the traitlets' defaults; any mistake is one UsageError line."""
+        try:
+            return JobOptions.from_args(args, defaults=JobOptions.from_settings(self), variables=self.shell.user_ns,
+                                        local_model=local_model)
+        except OptionError as e:
+            raise UsageError(str(e)) from None
+
+    def _guest(self, options: JobOptions, path: str | None = None, *, cell: str | None = None,
+               lang: str | None = None) -> GuestSource:
+        """The guest file at ``path``, or the cell's source, through the commands' one loader."""
+        # A cell gets one blank line first, so the compiler's line numbers are the cell's.
+        source = None if cell is None else "\n" + cell
+        try:
+            guest = load_guest(options, path, sys.stderr, source=source, lang=lang, heading="")
+        except OptionError as e:
+            raise UsageError(str(e)) from None
+        if guest is None:
+            raise GuestDoesNotCompile("the guest does not compile (the compiler's message is above)")
+        return guest
+
+    def start_job(self, guest: GuestSource, options: JobOptions) -> Job:
+        kwargs = options.job_kwargs()
+        try:
+            return Job(guest, backend=model_backend(kwargs.pop("model"), **kwargs.pop("model_options")), **kwargs)
+        except ModelError as e:  # a hf: model that cannot be found or fetched
+            raise UsageError(f"--model {options.model}: {e}") from None
+
+    # -- running and showing --------------------------------------------------------------
+
+    def _in_kernel(self) -> bool:
+        return getattr(self.shell, "kernel", None) is not None
+
+    def _use_widgets(self) -> bool:
+        return self.view == "widget" or (self.view == "auto" and self._in_kernel())
+
+    def _job_view(self, job, args):
+        """The live view of ``job`` (a Job or a Playback), shown and started; None where no widget is shown."""
+        if args.quiet or not self._use_widgets():
+            return None
+        from tensorjob_jupyter.frontends.view.widget import JobView  # deferred: ipywidgets, only for a view
+
+        view = JobView(job, refresh_hz=min(20.0, self.refresh_hz)).show()
+        view.start()
+        return view
+
+    def run_and_show(self, job: Job, args) -> "Envelope | Job":
+        """Start ``job`` with its view (or, without widgets, its summary at the end); its envelope once it has
+        ended -- or, with ``--bg``, the running job at once."""
+        view = self._job_view(job, args)
+        job.start()
+        if args.bg:
+            if not args.quiet and view is None:
+                job.add_done_callback(lambda j: print(summary(j.name, j.envelope)))
+            return job
+        # A job being debugged with no view to click -- or whose clicks cannot act while the cell waits
+        # (ipykernel without comm routing: side_channel) -- is driven from a line prompt instead.
+        envelope = self._wait(job, prompt=job.debugging and (view is None or not view.clicks_off_main_thread))
+        if view is not None:
+            view.join(10)
+        elif not args.quiet:
+            print(summary(job.name, envelope))
+        return envelope
+
+    def _wait(self, job: Job, *, prompt: bool = False):
+        """Wait for the job; a kernel interrupt (KeyboardInterrupt) cancels it.
+
+        The view's Cancel and debug buttons keep working meanwhile: their
+        clicks are handled on a side thread (see ``view.side_channel``).
+        ``prompt``: a job being debugged with no view to click is driven from
+        a line prompt (``prompt.prompt``; no input: it runs on).
+        """
+        try:
+            if prompt:
+                debug_prompt(job, read_line=_input_line, write=lambda text: print(text, end="", flush=True))
+            while not job.done:
+                job.wait_done(0.1)
+        except KeyboardInterrupt:
+            job.cancel()
+        return job.wait()
+
+    def _run(self, job: Job, args) -> "CellEnvelope | Job":
+        """A cell's (or ``run``'s) job run to its end: the envelope as the value and in ``--out``; a failure
+        raised after the view has shown it, unless ``--no-raise``."""
+        if args.out and args.bg:
+            job.add_done_callback(lambda j: self.shell.user_ns.__setitem__(args.out, j.envelope))
+        outcome = self.run_and_show(job, args)
+        if args.bg:
+            return outcome
+        value = self._value(outcome, args)
+        if not value.ok and not args.no_raise:
+            raise JobFailed(job.name, value)
+        return value
+
+    def _value(self, envelope: Envelope, args) -> CellEnvelope:
+        """The envelope as a cell's value, stored in ``--out``; not shown again where the view showed it."""
+        value = CellEnvelope.of(envelope, shown_in=None if args.quiet else self.shell.execution_count)
+        if args.out:
+            self.shell.user_ns[args.out] = value
+        return value
+
+    # -- the magics -------------------------------------------------------------------------
+
+    @magic_arguments(name="%tensorjob")
+    @argument("--lang", choices=["c", "zig", "wat"], default=None,
+              help="the cell's language (default: recognised from the text)")
+    @argument("--out", default=None, metavar="NAME",
+              help="store the envelope (status, result, error, usage) in the notebook as NAME")
+    @argument("--bg", action="store_true", help="return the Job at once; the job runs on in the background")
+    @argument("--quiet", action="store_true", help="no live view and no summary; just the value")
+    @argument("--no-raise", action="store_true",
+              help="a job that fails or is cancelled returns its envelope instead of raising JobFailed")
+    @job_arguments()
+    @no_var_expand
+    @cell_magic("tensorjob")
+    def tensorjob_cell(self, line: str, cell: str):
+        """Compile this cell (C, Zig or WAT) to a guest and run it as a tensor job.
+
+        The cell waits for the job -- interrupt the kernel to cancel -- and its
+        value is the job's envelope (.status, .result, .error, .usage), which
+        --out NAME also stores. A job that fails or is cancelled raises a
+        one-line JobFailed once the view has shown it, so Run All stops
+        there; --no-raise returns the envelope instead. With --bg the value is
+        the running Job. Compiles are cached by content in the compile cache
+        (see %tensorjob cache); --force compiles again. %%tensorjob map --over
+        MANIFEST --run-dir DIR [options] maps the cell's guest over a manifest
+        (see %tensorjob?).
+
+        The line is read as a shell reads it: quote a value once. --input takes
+        JSON, $name (a notebook variable) or a Python literal:
+        --input '{"path": "a.txt"}' or --input "{'path': 'a.txt', 'n': 3}".
+
+        --debug starts the job paused before cf_init, and --break-on infer,open,...
+        pauses it before the guest's commands of those kinds: the live view's
+        debug bar (Continue, Step, Step to next infer, Pause) steps it while the cell
+        waits, its panel shows the command about to be carried out, the last
+        one and the event that answered it, open handles and guest memory.
+        With --bg, step from later cells: job.step(), job.step("infer"),
+        job.resume(), job.pause(), job.paused, job.debug_state.
+        """
+        if line.split(None, 1)[:1] == ["map"]:
+            return self._map_cell(line, cell)
+        args = self._parse(self.tensorjob_cell, line)
+        if not cell.strip():
+            raise UsageError("the cell is empty: write the guest's C, Zig or WAT source below %%tensorjob")
+        options = self._options(args)
+        guest = self._guest(options, cell=cell, lang=args.lang)
+        try:
+            return self._run(self.start_job(guest, options), args)
+        except OptionError as e:
+            raise UsageError(str(e)) from None
+
+    @magic_arguments(name="tensorjob")
+    @argument("action", choices=["run", "map", "jobs", "cancel", "cache", "runs", "show", "replay"],
+              help="run PATH | map PATH | jobs | cancel ID | cache [clear] | runs | show RUN | replay PATH --from RUN")
+    @argument("target", nargs="?", default=None,
+              help="the guest file for run, map and replay, the job id for cancel, clear for cache, the run for show")
+    @argument("--from", dest="from_run", default=None, metavar="RUN",
+              help="replay: the recorded run (an id, a run folder, or $name)")
+    @argument("--live", action="store_true", help="replay: from the first divergence on, run the model")
+    @argument("--speed", type=float, default=0.0, metavar="S",
+              help="show: 0 at once (default), 1 at the recorded speed, 2 twice as fast")
+    @argument("--limit", type=int, default=None, metavar="N", help="runs: the newest N runs (0: all)")
+    @argument("--status", default=None, metavar="S", help="runs: only runs with this status")
+    @argument("--prune", type=int, default=None, metavar="KEEP", help="runs: delete all but the newest KEEP runs")
+    @argument("--over", default=None, metavar="MANIFEST", help="map: the JSONL manifest, one input per line")
+    @argument("--run-dir", default=None, metavar="DIR", help="map: the run folder (results.jsonl, failures.jsonl)")
+    @argument("--concurrency", type=int, default=None, metavar="N", help="map: items at once (default 4)")
+    @argument("--cluster", default=None, metavar="ADDRESS", help="map: a Dask scheduler to run the items on")
+    @argument("--retry-failed", action="store_true", help="map: run items that failed before again")
+    @argument("--restart", action="store_true",
+              help="map: start the run folder over, keeping nothing it holds (e.g. after changing the guest)")
+    @argument("--lang", choices=["c", "zig", "wat"], default=None,
+              help="%%%%tensorjob map: the cell's language (default: recognised from the text)")
+    @argument("--out", default=None, metavar="NAME",
+              help="store the value (run: the envelope; map: the MapResult; replay: the report) as NAME")
+    @argument("--bg", action="store_true", help="return the Job (or map) at once; it runs on in the background")
+    @argument("--quiet", action="store_true", help="no live view and no summary; just the value")
+    @argument("--no-raise", action="store_true",
+              help="run: a job that fails or is cancelled returns its envelope instead of raising JobFailed")
+    @job_arguments()
+    @no_var_expand
+    @line_magic("tensorjob")
+    def tensorjob_line(self, line: str):
+        """Run a guest file, map one over a manifest, list or cancel jobs, see the compile cache.
+
+        %tensorjob run PATH [options]   run a .wasm, .c, .zig or .wat file as a job; the value is
+                                        its envelope, and a failed or cancelled job raises JobFailed
+                                        (--no-raise: return the envelope)
+        %tensorjob map PATH --over MANIFEST --run-dir DIR [options]
+                                        run the guest once per manifest line (resumable;
+                                        --concurrency N locally, --cluster ADDRESS on Dask;
+                                        --restart starts the run folder over); the value is the
+                                        MapResult (.rows(), .to_pandas()). In a cell,
+                                        %%tensorjob map --over MANIFEST --run-dir DIR maps the cell
+        %tensorjob jobs                 list this kernel's jobs
+        %tensorjob cancel ID            cancel a running job
+        %tensorjob cache [clear]        where compiled guests are cached ($TENSORJOB_CACHE, else
+                                        ~/.cache/tensorjob/wasm), and how much; clear empties it
+        %tensorjob runs [--limit N] [--status S] [--prune KEEP]
+                                        past runs in the runs folder, newest first
+        %tensorjob show RUN [--speed S] show a past run again in the live view
+        %tensorjob replay PATH --from RUN [--live] [options]
+                                        run a guest against a recorded run, with no model; the
+                                        value is the ReplayReport (same_result, divergence, ...)
+
+        Debugging: run (or a cell) with --debug starts paused before cf_init, --break-on
+        infer,open,... pauses before those commands (fail: also before any failure is final);
+        the view's debug bar steps it (Continue, Step, Step to next infer, Pause) even while the cell
+        waits, and with --bg later cells call job.step(), job.step("infer"), job.resume(),
+        job.pause(), job.paused, job.debug_state. --max-paused-s S bounds one pause (paused time
+        does not count against --timeout). A finished view has a slider over its events:
+        drag it to see the job as it was at any event.
+        """
+        args = self._parse(self.tensorjob_line, line)
+        if args.lang is not None:
+            raise UsageError("--lang names a cell's language: %%tensorjob --lang c, or %%tensorjob map --lang c")
+        try:
+            return self._line_action(args)
+        except REFUSALS as e:
+            raise UsageError(" ".join(str(e).split())) from None
+
+    def _line_action(self, args):
+        if args.action == "runs":
+            return self._runs(args)
+        if args.action == "show":
+            return self._show(args)
+        if args.action == "replay":
+            return self._replay(args)
+        if args.action == "jobs":
+            return self._list_jobs()
+        if args.action == "cache":
+            return self._cache(args.target)
+        if args.action == "cancel":
+            return self._cancel(args.target)
+        if not args.target:
+            raise UsageError(f"{args.action} needs a guest file: %tensorjob {args.action} PATH")
+        options = self._options(args, local_model=not (args.action == "map" and args.cluster))
+        guest = self._guest(options, args.target)
+        if args.action == "map":
+            return self._map(guest, options, args)
+        return self._run(self.start_job(guest, options), args)
+
+    # -- maps -------------------------------------------------------------------------------------
+
+    def _map_cell(self, line: str, cell: str) -> "MapResult":
+        """``%%tensorjob map --over M --run-dir D [options]``: the cell's guest mapped over a manifest."""
+        args = self._parse(self.tensorjob_line, line)
+        if args.target:
+            raise UsageError("%%tensorjob map takes its guest from the cell: %%tensorjob map --over MANIFEST "
+                             "--run-dir DIR")
+        if not cell.strip():
+            raise UsageError("the cell is empty: write the guest's C, Zig or WAT source below %%tensorjob map")
+        options = self._options(args, local_model=not args.cluster)
+        try:
+            return self._map(self._guest(options, cell=cell, lang=args.lang), options, args)
+        except REFUSALS as e:
+            raise UsageError(" ".join(str(e).split())) from None
+
+    def _map(self, guest: GuestSource, options: JobOptions, args) -> "MapResult":
+        if getattr(args, "input", None) is not None:
+            raise UsageError("map takes each item's input from its manifest, not --input")
+        if getattr(args, "debug", None) or getattr(args, "break_on", None):
+            raise UsageError("map does not debug its items: debug one item's input with "
+                             "%tensorjob run PATH --debug --input '...'")
+        if not args.over or not args.run_dir:
+            raise UsageError("map needs --over MANIFEST and --run-dir DIR")
+        run = start_map_run(guest, args, options)
+        view = None
+        if not args.quiet and self._use_widgets():
+            from tensorjob_jupyter.frontends.view.map_widget import MapView  # deferred: ipywidgets, only for a view
+
+            view = MapView(run, guest.name, refresh_hz=min(20.0, self.refresh_hz)).show()
+            view.start()
+        if args.bg:
+            return run
+        try:
+            while not run.done:
+                run.wait_for_update(timeout=0.1)
+        except KeyboardInterrupt:
+            run.cancel()
+        result = run.wait()
+        if view is not None:
+            view.join(10)
+        elif not args.quiet:
+            print(map_summary(guest.name, result))
+        if args.out:
+            self.shell.user_ns[args.out] = result
+        return result
+
+    # -- past runs ---------------------------------------------------------------------------
+
+    def _runs_dir(self, args) -> str | None:
+        return self._options(args).runs
+
+    def _run_arg(self, text: str | None, what: str):
+        """A RUN argument: an id, a path, or ``$name`` (a variable holding one, or a Job)."""
+        if not text:
+            raise UsageError(f"{what} needs a run: an id (see %tensorjob runs), a run folder, or $name")
+        text = text.strip().strip("'\"")
+        if text.startswith("$") and text[1:].isidentifier():
+            if text[1:] not in self.shell.user_ns:
+                raise UsageError(f"no variable named {text[1:]!r} in the notebook")
+            value = self.shell.user_ns[text[1:]]
+            job = getattr(value, "job", None)  # a ReplayReport
+            return job if job is not None and hasattr(job, "run_dir") else value
+        return text
+
+    def _runs(self, args):
+        runs = self._runs_dir(args)
+        if args.prune is not None:
+            print(prune(args.prune, runs, status=args.status))
+            return None
+        listing, _total = find_runs(runs, status=args.status, limit=args.limit)
+        return listing
+
+    def _show(self, args) -> CellEnvelope:
+        """A past run shown again: its view (or summary); the value is its envelope (a past failure raises
+        nothing: it is history)."""
+        widgets = not args.quiet and self._use_widgets()
+        playback = open_playback(self._run_arg(args.target, "show"), self._runs_dir(args), speed=args.speed,
+                                 watched=widgets)
+        view = self._job_view(playback, args)
+        if view is None:
+            last: dict = {}
+            for last in playback.events():
+                pass
+            envelope = last.get("envelope") or {"status": "interrupted"}
+        else:
+            try:
+                view.join()
+            except KeyboardInterrupt:
+                playback.cancel()
+                view.join(10)
+            state = view.state
+            envelope = {"status": state.status, "usage": state.usage}
+            if state.error:
+                envelope["error"] = state.error
+            if state.has_result:
+                envelope["result"] = state.result
+        env = Envelope.from_json({**envelope, "usage": envelope.get("usage") or {}})
+        if view is None and not args.quiet:
+            print(summary(playback.name, env))
+        return self._value(env, args)
+
+    def _replay(self, args) -> "ReplayReport | Job":
+        if not args.target:
+            raise UsageError("replay needs a guest file: %tensorjob replay PATH --from RUN")
+        job = start_replay(args.target, self._run_arg(args.from_run, "replay --from"), args, sys.stderr,
+                           runs=self._runs_dir(args), defaults=JobOptions.from_settings(self),
+                           variables=self.shell.user_ns, heading="")
+        if job is None:
+            raise GuestDoesNotCompile("the guest does not compile (the compiler's message is above)")
+        if args.out and args.bg:
+            job.add_done_callback(lambda j: self.shell.user_ns.__setitem__(args.out, j.report))
+        self.run_and_show(job, args)
+        if args.bg:
+            return job
+        report = job.report
+        if not args.quiet:
+            for line in report.lines():
+                print(for_terminal(line, one_line=True))
+        if args.out:
+            self.shell.user_ns[args.out] = report
+        return report
+
+    # -- jobs and the compile cache -----------------------------------------------------------------
+
+    def _cancel(self, job_id: str | None) -> None:
+        if not job_id:
+            raise UsageError("cancel needs a job id (see %tensorjob jobs)")
+        try:
+            job = get_job(job_id)
+        except KeyError as e:
+            raise UsageError(str(e.args[0])) from None
+        job.cancel()
+        print(f"cancelling {job.id} ({job.name})")
+        return None
+
+    def _cache(self, what: str | None) -> None:
+        if what not in (None, "clear"):
+            raise UsageError("cache takes nothing, or clear: %tensorjob cache clear")
+        if what == "clear":
+            files, size = clear_cache()
+            print(f"removed {files} cached modules ({size} bytes) from {cache_dir()}")
+        else:
+            files, size = cache_usage()
+            print(f"{cache_dir()}: {files} cached modules, {size} bytes (%tensorjob cache clear empties it)")
+
+    def _list_jobs(self) -> None:
+        rows = jobs()
+        if not rows:
+            print("no jobs yet")
+            return None
+        for job in rows:
+            envelope = job.envelope
+            extra = f"  {envelope.error.code}" if envelope is not None and envelope.error is not None else ""
+            status = "paused" if job.paused else job.status.value
+            print(for_terminal(f"{job.id}  {status:<9}  {job.name}{extra}", one_line=True))
+        return None
+
+
+def _input_line() -> str | None:
+    """A line typed in answer to the debug prompt; None when the front end cannot ask (nbval, no stdin)."""
+    try:
+        return input()
+    except KeyboardInterrupt:
+        raise
+    except Exception:  # noqa: BLE001 - EOFError, StdinNotImplementedError, pytest's captured stdin
+        return None
+
+
+def load_ipython_extension(ipython) -> None:
+    ipython.register_magics(TensorJob)
+
+
+def unload_ipython_extension(ipython) -> None:
+    manager = ipython.magics_manager
+    for kind in ("line", "cell"):
+        manager.magics[kind].pop("tensorjob", None)
+    manager.registry.pop("TensorJob", None)

@@ -1,0 +1,140 @@
+"""``tensorjob map``: the subcommand's parser, its run, and its progress lines.
+
+A thin shell over ``start_map``, so the command and ``tj.map`` cannot drift
+apart (``start_map_run`` is shared with ``%tensorjob map``). Anything that keeps a map from starting (a missing file, a bad
+number, a changed manifest, an unreachable cluster) is one line on stderr
+and exit 2; live progress goes to stderr, throttled, with the first few
+failures; the summary (or ``--json``) goes to stdout. Exit codes: 0 every
+item completed, 1 some failed, 2 usage error, 130 Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import TextIO
+
+from tensorjob_jupyter.frontends.options import (
+    EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobOptions, OptionError, add_job_arguments,
+)
+from tensorjob_jupyter.fanout.errors import MapError
+from tensorjob_jupyter.fanout.progress import MapResult, rate_text
+from tensorjob_jupyter.fanout.run import MapRun
+from tensorjob_jupyter.fanout.start import DEFAULT_CONCURRENCY, start_map
+from tensorjob_jupyter.frontends.terminal import load_guest
+from tensorjob_jupyter.sandbox.compile import GuestSource
+from tensorjob_jupyter.text import for_terminal, json_text
+
+SHOW_FAILURES = 20
+
+
+def add_map_parser(subparsers) -> argparse.ArgumentParser:
+    """Add ``tensorjob map`` to the ``tensorjob`` command's subparsers."""
+    p = subparsers.add_parser("map", help="run a guest once per line of a JSONL manifest",
+                              description="Run a guest once per manifest line (each line's JSON value is "
+                                          "that item's input), resumably, here or on a Dask cluster.")
+    p.add_argument("guest", help="the guest: a .wasm module, or .c / .zig / .wat source to compile")
+    p.add_argument("--over", required=True, metavar="MANIFEST", help="the items: a JSONL file, one input a line")
+    p.add_argument("--run-dir", required=True, metavar="DIR",
+                   help="where results.jsonl, failures.jsonl and the ledger go; rerun to resume")
+    p.add_argument("--concurrency", type=int, default=None, metavar="N",
+                   help=f"items at once (default {DEFAULT_CONCURRENCY}; on a cluster, in flight)")
+    p.add_argument("--cluster", default=None, metavar="ADDRESS", help="run items on this Dask scheduler")
+    p.add_argument("--retry-failed", action="store_true", help="on resume, run the failed items again")
+    p.add_argument("--restart", action="store_true",
+                   help="start the run folder over, keeping nothing it holds (e.g. after changing the guest)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout, nothing else")
+    p.add_argument("--quiet", "-q", action="store_true", help="no live progress on stderr")
+    add_job_arguments(p, one_job=False)
+    return p
+
+
+def cmd_map(args, out: TextIO, err: TextIO) -> int:
+    """``tensorjob map``: 0 every item completed, 1 some failed or the guest did not compile,
+    2 usage error (anything that keeps the map from starting, one line), 130 Ctrl-C."""
+    try:
+        options = JobOptions.from_args(args, local_model=args.cluster is None)  # on a cluster: each worker checks
+        guest = load_guest(options, args.guest, err)
+        if guest is None:
+            return EXIT_FAILED
+        run = start_map_run(guest, args, options)
+    except OptionError as e:
+        err.write(f"tensorjob: error: {for_terminal(str(e), one_line=True)}\n")
+        return EXIT_USAGE
+    printer = _ProgressPrinter(err, quiet=args.quiet)
+    run.subscribe(printer)
+    try:
+        result = run.wait()
+    except KeyboardInterrupt:
+        run.cancel()
+        result = run.wait()
+    if args.json:
+        out.write(json_text(result.to_json()) + "\n")
+    else:
+        out.write(for_terminal(_summary_text(result)) + "\n")
+    out.flush()
+    if result.status == "cancelled":
+        return EXIT_CANCELLED
+    return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def start_map_run(guest: GuestSource, args, options: JobOptions) -> MapRun:
+    """Start the map ``args`` describe (``--over``, ``--run-dir``, ``--concurrency``, ``--cluster``,
+    ``--retry-failed``, ``--restart``) with ``options``; whatever keeps it from starting -- a bad number, a
+    manifest, a refused run folder, a cluster that cannot be reached -- is one ``OptionError`` line.
+    ``tensorjob map`` and ``%tensorjob map`` both start here."""
+    if args.concurrency is not None and args.concurrency < 1:
+        raise OptionError("--concurrency must be at least 1")
+    try:
+        return start_map(guest, args.over, args.run_dir, concurrency=args.concurrency, cluster=args.cluster,
+                         retry_failed=args.retry_failed, restart=args.restart, **options.map_kwargs())
+    except (MapError, OSError, ValueError) as e:
+        raise OptionError(_one_line(e)) from None
+    except Exception as e:  # noqa: BLE001 - e.g. the cluster cannot be reached
+        raise OptionError(f"{type(e).__name__}: {_one_line(e)}") from None
+
+
+def _one_line(e: object) -> str:
+    return " ".join(str(e).split())
+
+
+def _summary_text(result: MapResult) -> str:
+    rate = rate_text(result.ran, result.elapsed_s)
+    lines = [f"{result.total} items: {result.completed} completed, {result.failed} failed "
+             f"({result.ran} ran, {result.skipped} skipped) in {result.elapsed_s:.1f} s"
+             + (f" ({rate})" if rate else "") + f" -- {result.status}",
+             f"results:  {result.results_path}", f"failures: {result.failures_path}"]
+    if result.error:
+        lines.append(f"error: {result.error}")
+    return "\n".join(lines)
+
+
+class _ProgressPrinter:
+    """Throttled progress lines on stderr, plus the first few failures."""
+
+    def __init__(self, err: TextIO, *, quiet: bool, every_s: float = 1.0):
+        self.err, self.quiet, self.every_s = err, quiet, every_s
+        self._last = 0.0
+        self._failures = 0
+
+    def __call__(self, event: dict) -> None:
+        if self.quiet:
+            return
+
+        if event["type"] == "item.failed":
+            self._failures += 1
+            if self._failures <= SHOW_FAILURES:
+                e = event["error"]
+                self.err.write(for_terminal(f"✗ item {event['item']}: {e['code']}: {e['message']}", one_line=True)
+                               + "\n")
+            elif self._failures == SHOW_FAILURES + 1:
+                self.err.write("✗ ... more failures in failures.jsonl\n")
+        now = time.monotonic()
+        if event["type"] == "map.finished" or now - self._last >= self.every_s:
+            self._last = now
+            p = event["progress"]
+            rate = rate_text(p["completed"] + p["failed"], p["elapsed_s"])
+            self.err.write(f"· {p['skipped'] + p['completed'] + p['failed']}/{p['total']} "
+                           f"({p['completed']} completed, {p['failed']} failed, {p['skipped']} skipped, "
+                           f"{p['running']} running" + (f", {rate}" if rate else "") + ")\n")
+        self.err.flush()

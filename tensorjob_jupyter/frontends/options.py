@@ -1,0 +1,452 @@
+"""Job options, written once: one table, one value, one way onto a parser.
+
+Every way to start a job -- ``%%tensorjob``, ``%tensorjob run``, ``%tensorjob
+map``, ``tensorjob run``, ``tensorjob map``, and ``tj.Job``/``tj.run``/
+``tj.map`` -- takes the same options under the same names, checked the same
+way:
+
+* ``OPTIONS`` is the table: each row is one option -- its keyword (the Python
+  name, and the ``TensorJob`` traitlet where it has one), its flag, how its
+  text is read, its help. The limits are rows too, made from ``Limits``
+  itself (``limits.FIELDS``), so a new limit is a flag, a traitlet and a
+  keyword with no other line written.
+* ``add_job_arguments(parser)`` puts the table on any argparse parser: the
+  command's subcommands, and the magics' (``magic_arguments`` is argparse
+  underneath; see ``job_arguments``).
+* ``JobOptions`` is the value: ``from_args`` reads a parsed namespace over
+  defaults (the traitlets in a notebook, the built-in ones elsewhere) and
+  checks everything -- files exist, the input is JSON (or in a notebook
+  ``$name``, a variable, or a Python literal: ``input_value``) held to the
+  guest rule, each limit is valid -- or raises
+  one ``OptionError`` naming the flag. ``job_kwargs`` and ``map_kwargs`` are
+  what ``Job`` and ``start_map`` take.
+* ``EXIT_*`` are the exit codes of both commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from tensorjob_jupyter import limits as limits_table
+from tensorjob_jupyter.inference.base import DEFAULT_REPEAT_PENALTY
+from tensorjob_jupyter.limits import BYTES, COUNT, SECONDS, Limits
+from tensorjob_jupyter.host.debugger import parse_break_on
+from tensorjob_jupyter.inference import hub
+from tensorjob_jupyter.world.fetch import FetchGrants
+from tensorjob_jupyter.inference.base import LoraChoice, Sampler
+from tensorjob_jupyter.host.reactor import InferOptions
+from tensorjob_jupyter.sandbox.compile import GuestSource
+from tensorjob_jupyter.history.replay import (
+    RECORDED, ReplayError, recorded_infer_options, recorded_limits, recorded_read,
+)
+from tensorjob_jupyter.record.transcript import Recording
+from tensorjob_jupyter.text import for_terminal
+from tensorjob_jupyter.frontends.input_value import InputError, read_input
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
+
+
+class OptionError(ValueError):
+    """An option that cannot be used: one line, naming the flag (exit 2, or a ``UsageError``)."""
+
+
+# --- reading an option's text ---------------------------------------------------------
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]i?[bB]?|[bB])?\s*$")
+_SCALE = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def parse_bytes(text: str) -> int:
+    """``4096``, ``64KiB``, ``1.5MiB``, ``2G``: a size in bytes (binary units)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a size (e.g. 4096, 64KiB, 16MiB)")
+    value = float(m.group(1)) * _SCALE[(m.group(2) or "")[:1].lower()]
+    if not value.is_integer():
+        raise ValueError(f"{text!r} is not a whole number of bytes")
+    return int(value)
+
+
+def _parse_limit(unit: str, text: str) -> Any:
+    if text.strip().lower() in ("none", "off"):
+        return None
+    try:
+        if unit == SECONDS:
+            return float(text)
+        if unit == BYTES:
+            return parse_bytes(text)
+        return int(text)
+    except ValueError:
+        what = {SECONDS: "a number of seconds", BYTES: "a size (e.g. 4096, 64KiB, 16MiB)"}.get(unit, "a whole number")
+        raise OptionError(f"{text!r} is not {what}") from None
+
+
+# --- the table --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Option:
+    """One row of the table."""
+
+    name: str  # the Python keyword and the JobOptions field
+    flag: str
+    help: str
+    metavar: str | None = None
+    kind: str = "text"  # text, path, paths, loras, names, json, switch, onoff, float, int, flags, or a limit unit
+    trait: str | None = None  # the TensorJob traitlet that gives its default, if any
+    one_job: bool = False  # only where one job runs (a map's inputs come from its manifest)
+
+    @property
+    def is_limit(self) -> bool:
+        return self.name in limits_table.FIELDS
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("read", "--read", "grant read access to a file or directory (repeatable)", "PATH", "paths"),
+    Option("fetch", "--fetch", "let the guest fetch URLs under this http(s) prefix (repeatable)", "PREFIX",
+           "paths"),
+    Option("input", "--input", "the job input: a JSON value (in a notebook also $name, a variable, or a Python "
+           "literal such as \"{'path': 'a.txt'}\")", "JSON", "json", one_job=True),
+    Option("input_file", "--input-file", "stage F's bytes for the guest's wasi:tensor read-input", "F", "path"),
+    Option("model", "--model", "a GGUF model file, or a Hugging Face model hf:ORG/REPO[:FILE_OR_QUANT] (from its "
+           "cache, else downloaded; default: the embedded SmolLM2-135M-Instruct)", "PATH", "path", trait="model_path"),
+    Option("chat", "--chat", "apply the model's chat template to each prompt (--no-chat: send raw text; default: "
+           "the template when the model has one)", kind="onoff", trait="chat"),
+    Option("temperature", "--temperature", "sampling temperature (0: greedy)", "T", "float", trait="temperature"),
+    Option("top_p", "--top-p", "sample among the likeliest tokens whose probabilities add up to P (1: all of them)",
+           "P", "float", trait="top_p"),
+    Option("repeat_penalty", "--repeat-penalty", "penalise tokens repeated from the last 64 (1: off)", "R", "float",
+           trait="repeat_penalty"),
+    Option("seed", "--seed", "sampling seed", "N", "int", trait="seed"),
+    Option("lora", "--lora", "load a LoRA adapter (GGUF) and apply it to every infer at SCALE (default 1); "
+           "repeatable", "NAME=PATH[:SCALE]", "loras", trait="lora"),
+    Option("no_prompt_cache", "--no-prompt-cache", "evaluate every prompt afresh instead of reusing the KV cache of "
+           "an earlier prompt with the same beginning", kind="switch", trait="no_prompt_cache"),
+    Option("runs", "--runs", "where job transcripts go (default $TENSORJOB_RUNS or ~/.tensorjob/runs; a map's "
+           "go under its run folder)", "DIR", trait="runs_dir"),
+    Option("cflags", "--cflags", "extra flags for the C compiler (zig cc), as one argument: "
+           "--cflags='-DN=4 -O2'", "FLAGS", "flags", trait="cflags"),
+    Option("zigflags", "--zigflags", "extra flags for zig build-exe, as one argument: --zigflags='-O ReleaseFast'",
+           "FLAGS", "flags", trait="zigflags"),
+    Option("force", "--force", "compile again even if the guest is in the compile cache", kind="switch"),
+    Option("debug", "--debug", "debug the guest: start paused before cf_init, then step one command at a time, "
+           "to the next infer, or continue (the view's debug bar; Job.step(), .resume(), .pause())", kind="switch",
+           one_job=True),
+    Option("break_on", "--break-on", "pause when the guest returns one of these commands, before the host "
+           "carries it out: comma-separated, e.g. infer,open,emit (fail: also before any other failure is final)",
+           "CMDS", "names", one_job=True),
+) + tuple(
+    Option(name, f.metadata["flag"] or "--" + name.replace("_", "-"), f.metadata["help"],
+           {SECONDS: "S", BYTES: "BYTES", COUNT: "N"}[f.metadata["unit"]], f.metadata["unit"], trait=name)
+    for name, f in limits_table.FIELDS.items()
+)
+BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+
+
+def add_job_arguments(parser, *, one_job: bool = True) -> None:
+    """Add every job option to an argparse parser (or group). ``one_job=False``
+    leaves out what a map takes from its manifest (``--input``)."""
+    groups = {False: parser, True: parser}
+    if hasattr(parser, "add_argument_group"):
+        groups[True] = parser.add_argument_group("limits", "bounds of the job (Limits fields; sizes take KiB, MiB, GiB)")
+    for opt in OPTIONS:
+        if opt.one_job and not one_job:
+            continue
+        target = groups[opt.is_limit]
+        if opt.kind == "switch":
+            target.add_argument(opt.flag, dest=opt.name, action="store_true", default=None, help=opt.help)
+        elif opt.kind == "onoff":
+            target.add_argument(opt.flag, dest=opt.name, action=argparse.BooleanOptionalAction, default=None,
+                                help=opt.help)
+        elif opt.kind in ("paths", "loras", "names"):
+            target.add_argument(opt.flag, dest=opt.name, action="append", default=None, metavar=opt.metavar,
+                                help=opt.help)
+        else:
+            target.add_argument(opt.flag, dest=opt.name, default=None, metavar=opt.metavar, help=opt.help)
+
+
+def job_arguments(one_job: bool = True):
+    """A ``magic_arguments`` decorator adding every job option to a magic."""
+    from IPython.core.magic_arguments import ArgDecorator
+
+    class _JobArguments(ArgDecorator):
+        def add_to_parser(self, parser, group):
+            add_job_arguments(group if group is not None else parser, one_job=one_job)
+
+    return _JobArguments()
+
+
+def traitlets() -> dict[str, Any]:
+    """A configurable traitlet for every option that has one, named by ``Option.trait``."""
+    from traitlets import Bool, Float, Int, List, Unicode
+
+    defaults = JobOptions()
+    out: dict[str, Any] = {}
+    for opt in OPTIONS:
+        if opt.trait is None:
+            continue
+        if opt.is_limit:
+            default = getattr(defaults.limits, opt.name)
+            optional = opt.name in limits_table.OPTIONAL
+            trait = (Float if opt.kind == SECONDS else Int)(default, allow_none=optional, help=opt.help)
+        elif opt.kind == "switch":
+            trait = Bool(False, help=opt.help)
+        elif opt.kind == "onoff":
+            trait = Bool(None, allow_none=True, help=opt.help + " (None: the default)")
+        elif opt.kind == "loras":
+            trait = List(Unicode(), help=opt.help)
+        elif opt.kind == "float":
+            trait = Float(getattr(defaults, opt.name), help=opt.help)
+        elif opt.kind == "int":
+            trait = Int(getattr(defaults, opt.name), help=opt.help)
+        else:
+            trait = Unicode("", help=opt.help + " (empty: the default)")
+        out[opt.trait] = trait.tag(config=True)
+    return out
+
+
+# --- the value ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """Everything that shapes a job besides its guest, checked."""
+
+    read: tuple[str, ...] = ()
+    fetch: tuple[str, ...] = ()
+    input: Any = None
+    input_file: str | None = None
+    model: str | None = None
+    chat: bool | None = None  # None: the model's chat template when it has one
+    temperature: float = 0.0
+    top_p: float = 1.0
+    repeat_penalty: float = DEFAULT_REPEAT_PENALTY
+    seed: int = 0
+    lora: tuple[str, ...] = ()  # NAME=PATH[:SCALE], as given
+    no_prompt_cache: bool = False
+    runs: str | None = None
+    cflags: tuple[str, ...] = ()
+    zigflags: tuple[str, ...] = ()
+    force: bool = False
+    debug: bool = False
+    break_on: tuple[str, ...] = ()
+    limits: Limits = field(default_factory=Limits)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> "JobOptions":
+        """Defaults from an object carrying the traitlets (``TensorJob``)."""
+        values: dict[str, Any] = {}
+        limit_values: dict[str, Any] = {}
+        for opt in OPTIONS:
+            if opt.trait is None or not hasattr(settings, opt.trait):
+                continue
+            value = getattr(settings, opt.trait)
+            if opt.is_limit:
+                limit_values[opt.name] = None if value == 0 and opt.name in limits_table.OPTIONAL else value
+            elif opt.kind == "flags":
+                values[opt.name] = tuple(shlex.split(value))
+            elif opt.kind == "loras":
+                values[opt.name] = tuple(value)
+            elif value != "" or opt.kind not in ("text", "path"):
+                values[opt.name] = value
+        try:
+            return cls(limits=Limits(**limit_values), **values)
+        except ValueError as e:
+            raise OptionError(f"TensorJob settings: {e}") from None
+
+    @classmethod
+    def from_args(cls, args: Any, *, defaults: "JobOptions | None" = None,
+                  variables: Mapping[str, Any] | None = None, local_model: bool = True) -> "JobOptions":
+        """The options given in a parsed namespace, over ``defaults``; checked.
+        ``local_model=False``: the model need not exist here (a map on a cluster:
+        its workers check it)."""
+        base = defaults or cls()
+        changes: dict[str, Any] = {}
+        limit_changes: dict[str, Any] = {}
+        for opt in OPTIONS:
+            text = getattr(args, opt.name, None)
+            if text is None:
+                continue
+            value = _read(opt, text, variables)
+            (limit_changes if opt.is_limit else changes)[opt.name] = value
+        options = dataclasses.replace(base, limits=base.limits.replace(**limit_changes), **changes)
+        return options.checked(local_model=local_model)
+
+    def checked(self, *, local_model: bool = True) -> "JobOptions":
+        """Raise ``OptionError`` if a file an option names does not exist."""
+        for path in self.read:
+            if not os.path.exists(path):
+                raise OptionError(f"--read {path}: no such file or directory")
+        if self.input_file is not None and not os.path.isfile(self.input_file):
+            raise OptionError(f"--input-file {self.input_file}: no such file")
+
+        if self.model is not None and hub.is_hf_ref(self.model):
+            try:
+                hub.parse_ref(self.model)
+            except ValueError as e:
+                raise OptionError(f"--model: {e}") from None
+        elif local_model and self.model is not None and not os.path.isfile(self.model):
+            raise OptionError(f"--model {self.model}: model file not found")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.repeat_penalty <= 0:
+            flag, value = (("--temperature", self.temperature) if self.temperature < 0 else
+                           ("--top-p", self.top_p) if not 0 < self.top_p <= 1 else
+                           ("--repeat-penalty", self.repeat_penalty))
+            rule = {"--temperature": "at least 0", "--top-p": "over 0 and at most 1",
+                    "--repeat-penalty": "over 0"}[flag]
+            raise OptionError(f"{flag} {value}: must be {rule}")
+        if not 0 <= self.seed < 2**32:
+            raise OptionError(f"--seed {self.seed}: must be 0 to 4294967295")
+        self.loras(local_model=local_model)
+
+        try:
+            FetchGrants.parse(self.fetch)
+        except ValueError as e:
+            raise OptionError(f"--fetch: {e}") from None
+        return self
+
+    def input_bytes(self) -> bytes:
+        if self.input_file is None:
+            return b""
+        try:
+            with open(self.input_file, "rb") as f:
+                return f.read()
+        except OSError as e:
+            raise OptionError(f"--input-file {self.input_file}: {e.strerror}") from None
+
+    def loras(self, *, local_model: bool = True) -> dict[str, tuple[str, float]]:
+        """``--lora`` as {name: (absolute path, scale)}; ``OptionError`` names a bad one."""
+        out: dict[str, tuple[str, float]] = {}
+        for spec in self.lora:
+            name, eq, rest = spec.partition("=")
+            path, scale = rest, 1.0
+            head, colon, tail = rest.rpartition(":")
+            if colon and head:
+                try:
+                    path, scale = head, float(tail)
+                except ValueError:
+                    path, scale = rest, 1.0
+            if not eq or not name.strip() or not path:
+                raise OptionError(f"--lora {spec}: expected NAME=PATH or NAME=PATH:SCALE")
+            if name in out:
+                raise OptionError(f"--lora {spec}: two adapters are named {name!r}")
+            if local_model and not os.path.isfile(path):
+                raise OptionError(f"--lora {spec}: adapter file not found")
+            out[name.strip()] = (os.path.abspath(path), scale)
+        return out
+
+    def infer_options(self):
+        sampler = Sampler(temperature=self.temperature, top_p=self.top_p, repeat_penalty=self.repeat_penalty,
+                          seed=self.seed)
+        lora = tuple(LoraChoice(name, scale) for name, (_path, scale) in self.loras(local_model=False).items())
+        return InferOptions(sampler=sampler, chat=self.chat, cache_prompt=not self.no_prompt_cache, lora=lora)
+
+    def model_options(self) -> dict[str, Any]:
+        """Engine options for the model (``get_backend``): the adapters ``--lora`` loads."""
+        loras = self.loras(local_model=False)
+        return {"loras": {name: path for name, (path, _scale) in loras.items()}} if loras else {}
+
+    def guest(self, path: str | os.PathLike):
+        """The guest file, loaded or compiled with these options' flags."""
+        return GuestSource.from_file(path, cflags=self.cflags, zigflags=self.zigflags, force=self.force)
+
+    def job_kwargs(self) -> dict[str, Any]:
+        """Keywords for ``Job`` (and ``run``)."""
+        return {"input": self.input, "read": list(self.read), "fetch": list(self.fetch), "model": self.model,
+                "model_options": self.model_options(), "limits": self.limits, "input_bytes": self.input_bytes(),
+                "infer": self.infer_options(), "runs_dir": self.runs,
+                "debug": self.debug, "break_on": self.break_on}
+
+    def map_kwargs(self) -> dict[str, Any]:
+        """Keywords for ``start_map`` (and ``map``)."""
+        return {"read": list(self.read), "fetch": list(self.fetch), "model": self.model,
+                "model_options": self.model_options(), "limits": self.limits, "input_bytes": self.input_bytes(),
+                "infer": self.infer_options(), "runs_dir": self.runs}
+
+
+def _unquote(text: str) -> str:
+    """One layer of matching quotes off: the magics' argument splitter keeps them."""
+    text = text.strip()
+    return text[1:-1] if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" else text
+
+
+def _read(opt: Option, text: Any, variables: Mapping[str, Any] | None) -> Any:
+    """One option's text -> its value; ``OptionError`` names the flag."""
+    if isinstance(text, list):
+        text = [_unquote(t) for t in text]
+    elif isinstance(text, str) and opt.kind != "json":  # the input is read as written: input_value decides
+        text = _unquote(text)
+    try:
+        if opt.is_limit:
+            try:
+                value = _parse_limit(opt.kind, text)
+            except OptionError as e:
+                raise OptionError(f"{opt.flag}: {e}") from None
+            limits_table.check(opt.name, value)
+            return value
+        if opt.kind in ("paths", "loras"):
+            return tuple(text)
+        if opt.kind == "names":
+            return parse_break_on(text if isinstance(text, list) else [text])
+        if opt.kind in ("switch", "onoff"):
+            return bool(text)
+        if opt.kind == "float":
+            return float(text)
+        if opt.kind == "int":
+            return int(text)
+        if opt.kind == "flags":
+            return tuple(shlex.split(text))
+        if opt.kind == "json":
+            return _read_input(text, variables)
+        return text
+    except OptionError:
+        raise
+    except ValueError as e:
+        raise OptionError(f"{opt.flag} {e}" if opt.is_limit else f"{opt.flag}: {e}") from None
+
+
+def _read_input(text: str, variables: Mapping[str, Any] | None) -> Any:
+    """``--input``: JSON, ``$name`` or (in a notebook) a Python literal (``input_value``)."""
+    try:
+        return read_input(text, variables)
+    except InputError as e:
+        raise OptionError(str(e)) from None
+
+
+# --- replay: a recorded run's setup, with what the command line gives anew -----------------------------
+
+#: The job options that change how the model is asked (given anew, they replace the run's own).
+SAMPLING_OPTIONS = frozenset({"temperature", "top_p", "repeat_penalty", "seed", "chat", "lora", "no_prompt_cache"})
+
+
+def options_for(recording: Recording, args: Any, *, defaults: Any = None,
+                variables: Any = None) -> tuple[dict, Any]:
+    """``ReplayJob`` keywords (and the ``JobOptions`` they came from) from parsed job options (``options.add_job_arguments``): the run's own
+    setup, with each option given on the command line (or in the magic) in its place."""
+    given = {o.name for o in OPTIONS if getattr(args, o.name, None) is not None}
+    defaults = defaults or JobOptions()
+    read: list[str] = []
+    if "read" not in given:
+        missing = [g for g in recording.created.get("grants") or [] if not os.path.exists(g)]
+        if missing:
+            raise ReplayError(f"the run was granted {for_terminal(missing[0], one_line=True)}, which does not exist "
+                              f"here; files are read live, so give the grants again with --read")
+        read = [r for r in recorded_read(recording) if os.path.exists(r)]
+    infer = recorded_infer_options(recording)
+    base = JobOptions(read=tuple(read), fetch=tuple(recording.created.get("fetch") or ()),
+                      input=recording.created.get("input"), limits=recorded_limits(recording),
+                      chat=infer.chat, temperature=infer.sampler.temperature, top_p=infer.sampler.top_p,
+                      repeat_penalty=infer.sampler.repeat_penalty, seed=infer.sampler.seed,
+                      no_prompt_cache=not infer.cache_prompt,
+                      runs=defaults.runs, model=defaults.model, cflags=defaults.cflags, zigflags=defaults.zigflags)
+    options = JobOptions.from_args(args, defaults=base, variables=variables)
+    return {"input": options.input, "read": list(options.read), "fetch": list(options.fetch),
+            "limits": options.limits, "runs_dir": options.runs, "model": options.model,
+            "infer": options.infer_options() if given & SAMPLING_OPTIONS else RECORDED,
+            "debug": options.debug, "break_on": options.break_on,
+            "input_bytes": options.input_bytes() if options.input_file is not None else None}, options

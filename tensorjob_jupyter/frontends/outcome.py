@@ -1,0 +1,87 @@
+"""How a cell that ran a job ends: its value, shown once, or a short error that stops "Run All".
+
+A ``%%tensorjob`` cell (``%tensorjob run``, ``%tensorjob show``) returns the
+job's **envelope**, always -- completed, failed or cancelled -- so ``r =
+%tensorjob run ...`` never gives ``None``. The live view (or, without
+widgets, the plain summary) has already shown the job, so the envelope is
+not shown a second time as the cell's ``Out[]``: ``CellEnvelope`` displays
+nothing as the value of the cell that made it, and displays normally
+anywhere later (``r`` in the next cell, ``display(r)``).
+
+A job that failed or was cancelled then raises ``JobFailed`` -- after the
+view has shown the failure -- so running a notebook top to bottom stops
+there, as a failed compile stops it. Like ``%%cython``'s compile errors it
+is short: ``_render_traceback_`` gives IPython one line with the code and
+the message, never the host's traceback. ``GuestDoesNotCompile`` is the
+same for a guest whose compiler's message was just printed. Both are plain
+exceptions in Python (``except tj.JobFailure`` catches ``JobFailed``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython import get_ipython
+from IPython.display import display
+
+from tensorjob_jupyter.abi import Envelope, JobFailure, JobStatus, codes
+from tensorjob_jupyter.frontends.view.summary import error_text
+from tensorjob_jupyter.text import for_terminal
+
+
+class CellEnvelope(Envelope):
+    """The envelope a magic returns: not shown again as the ``Out[]`` of the cell whose view showed it."""
+
+    _shown_in: int | None = None  # the execution count of the cell that showed it
+
+    @classmethod
+    def of(cls, envelope: Envelope, *, shown_in: int | None) -> "CellEnvelope":
+        value = cls(status=envelope.status, usage=envelope.usage, result=envelope.result, error=envelope.error)
+        value._shown_in = shown_in
+        return value
+
+    def _ipython_display_(self) -> None:
+        shell = get_ipython()
+        if shell is not None and self._shown_in is not None and shell.execution_count == self._shown_in:
+            return  # this cell's view (or summary) shows it already
+        display({"text/plain": repr(self)}, raw=True)
+
+    def __repr__(self) -> str:
+        if self.ok:
+            return f"Envelope(completed, result={self.result!r})"
+        error = f", error={self.error.code}: {self.error.message}" if self.error is not None else ""
+        return f"Envelope({self.status.value}{error})"
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, Envelope) and (self.status, self.usage, self.result, self.error) == \
+            (other.status, other.usage, other.result, other.error)
+
+    __hash__ = None  # type: ignore[assignment]  # as Envelope's: a mutable dataclass
+
+
+class CellError(Exception):
+    """An error a cell shows as one line (``Name: message``), without the host's traceback."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {for_terminal(str(self), one_line=True)}"]
+
+
+class JobFailed(CellError, JobFailure):
+    """The cell's job failed or was cancelled; ``envelope`` says how (``--no-raise`` returns it instead)."""
+
+    def __init__(self, name: str, envelope: Envelope):
+        error = envelope.error
+        code, message = (error.code, error.message) if error is not None else (codes.INTERNAL_ERROR, "no error given")
+        JobFailure.__init__(self, code, message)
+        self.envelope = envelope
+        text = error_text(code, message)
+        status = "" if envelope.status.value in text.split() else f" {envelope.status.value}"
+        self.args = (f"{name}{status}: {text}",)  # "g.c failed: timeout: ...", "g.c: job cancelled"
+
+    @property
+    def cancelled(self) -> bool:
+        return self.envelope.status is JobStatus.CANCELLED
+
+
+class GuestDoesNotCompile(CellError):
+    """The cell's (or the file's) guest did not compile; the compiler's message was printed just before."""

@@ -1,0 +1,183 @@
+"""The live view of a map: items done, failed and running, the rate, the latest answers, the dashboard.
+
+Like the job view, it is a few plain widgets written by one updater thread,
+at most ``refresh_hz`` times a second however fast items finish: the thread
+waits on ``MapRun.wait_for_update`` and renders a fresh ``MapProgress``
+snapshot. Under the counts, a bounded table shows the latest items to
+conclude as they arrive -- each item's input, its status and its result or
+error on one line, clipped and escaped (inputs come from a manifest,
+results and messages from guests and models). The rate reads right from the
+first item (``fanout.progress.rate_text``: "12.3 s/item" while items are
+slower than one a second, never "0.0 items/s"), and no label wraps. On a
+Dask cluster the header links to the cluster's dashboard. The Cancel button
+only asks the map to stop; its click runs on a side thread while the cell
+waits, as for jobs. Once the map has ended, ``show()``'s output carries the
+final view as static HTML too (``LiveView.finish_display``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import ipywidgets as w
+
+from tensorjob_jupyter.abi import dumps
+from tensorjob_jupyter.fanout import MapProgress, MapRun
+from tensorjob_jupyter.frontends.view.live import LiveView, check_refresh_hz
+from tensorjob_jupyter.frontends.view.render import BLUE, GREEN, GREY, LIGHT_GREY, RED, status_badge
+from tensorjob_jupyter.text import for_html
+
+#: Concluded items the table shows: the latest ones.
+SHOW_ITEMS = 8
+#: Characters of an input, and of a result or error, the table shows on its one line.
+INPUT_CHARS = 60
+OUTCOME_CHARS = 120
+#: A value longer than this (as JSON) is not turned into a line at all: its size is shown instead.
+MAX_LINE_SOURCE_CHARS = 1 << 20
+
+NOWRAP = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
+
+
+def one_line(value: Any, limit: int) -> str:
+    """A value as one line of compact JSON (a string as itself), clipped to ``limit`` characters with ``…``."""
+    if isinstance(value, str):
+        text = value
+    else:
+        try:
+            text = dumps(value)
+        except (TypeError, ValueError, RecursionError):
+            text = str(type(value).__name__)
+    if len(text) > MAX_LINE_SOURCE_CHARS:
+        return f"({len(text)} characters)"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def item_row(event: dict) -> dict:
+    """The table's row for an ``item.completed``/``item.failed`` event: short strings only."""
+    ok = event["type"] == "item.completed"
+    if ok:
+        outcome = one_line(event.get("result"), OUTCOME_CHARS)
+    else:
+        error = event.get("error") if isinstance(event.get("error"), dict) else {}
+        outcome = one_line(f"{error.get('code', '')}: {error.get('message', '')}", OUTCOME_CHARS)
+    return {"item": event["item"], "ok": ok, "input": one_line(event.get("input"), INPUT_CHARS), "outcome": outcome}
+
+
+def render_header(name: str, p: MapProgress) -> str:
+    link = ""
+    if p.dashboard_link:
+        href = for_html(p.dashboard_link)
+        link = f' · <a href="{href}" target="_blank" rel="noopener" class="tj-dashboard">Dask dashboard</a>'
+    rate = f" · {p.rate}" if p.rate else ""
+    return (f'<div style="font-family:sans-serif;{NOWRAP}"><b>tensorjob map</b> {for_html(name)} '
+            f'{status_badge(p.status)} <span class="tj-map-rate" style="color:{GREY}">{p.elapsed_s:.1f} s'
+            f'{rate}{link}</span></div>')
+
+
+def render_counts(p: MapProgress) -> str:
+    return (f'<span class="tj-map-counts" style="font-family:sans-serif;font-size:12px;white-space:nowrap">'
+            f'<b>{p.concluded}</b> / {p.total} · {p.completed} done · {p.failed} failed · '
+            f'{p.running} running · {p.skipped} skipped</span>')
+
+
+def render_items(rows: list[dict]) -> str:
+    """The latest concluded items, newest last: item, input, ✓ or ✗, the result or the error."""
+    if not rows:
+        return ""
+    cell = f"padding:1px 6px;max-width:0;{NOWRAP}"
+    body = "".join(
+        f'<tr><td style="{cell};color:{GREY};width:3em">{row["item"]}</td>'
+        f'<td style="{cell};width:35%" title="{for_html(row["input"])}">{for_html(row["input"])}</td>'
+        f'<td style="{cell};width:1.5em;color:{GREEN if row["ok"] else RED}">{"✓" if row["ok"] else "✗"}</td>'
+        f'<td style="{cell};color:{"inherit" if row["ok"] else RED}" title="{for_html(row["outcome"])}">'
+        f'{for_html(row["outcome"])}</td></tr>' for row in rows)
+    return (f'<table class="tj-map-items" style="font-family:monospace;font-size:11px;border-collapse:collapse;'
+            f'table-layout:fixed;width:100%;line-height:1.4"><tbody>{body}</tbody></table>')
+
+
+def render_bar(p: MapProgress, width: int = 240) -> str:
+    """The progress bar as plain markup, for the static view."""
+    fraction = p.concluded / p.total if p.total else 1.0
+    colour = RED if p.status == "error" else GREEN if p.status == "finished" else BLUE
+    return (f'<span style="display:inline-block;vertical-align:middle;width:{width}px;height:10px;'
+            f'background:{LIGHT_GREY}"><span style="display:block;height:10px;width:{100 * fraction:.1f}%;'
+            f'background:{colour}"></span></span>')
+
+
+class MapView(LiveView):
+    text_plain = "tensorjob map view (shown by the Jupyter widget front end)"
+
+    def __init__(self, run: MapRun, name: str, *, refresh_hz: float = 10.0):
+        self.refresh_s = check_refresh_hz(refresh_hz)
+        self.run = run
+        self.name = name
+        self.pushes = 0
+        self.header = w.HTML()
+        self.bar = w.FloatProgress(value=0.0, min=0.0, max=1.0, layout=w.Layout(width="60%"))
+        self.counts = w.HTML()
+        self.items = w.HTML()
+        self.cancel_button = self._cancel_button("Stop this map", run.cancel)
+        self.widget = self._column([self.header, w.HBox([self.bar, self.cancel_button]), self.counts, self.items],
+                                   "tensorjob-map-view")
+        self._rows: deque[dict] = deque(maxlen=SHOW_ITEMS)
+        self._last: MapProgress = run.progress()
+        self._lock = threading.Lock()
+        self._unsubscribe = run.subscribe(self._on_event)
+        self._thread = self._updater(self._loop, "tensorjob-map-view")
+        self._render(self._last)
+
+    def _on_event(self, event: dict) -> None:
+        """On the map's thread: only remember the item's short row; the updater renders."""
+        if event["type"] in ("item.completed", "item.failed"):
+            row = item_row(event)
+            with self._lock:
+                self._rows.append(row)
+
+    def _loop(self) -> None:
+        version = -1
+        while True:
+            progress = self.run.wait_for_update(version, timeout=self.refresh_s)
+            version = progress.version
+            self._render(progress)
+            if self.run.done:
+                self._render(self.run.progress())
+                self._unsubscribe()
+                self.finish_display()
+                return
+            time.sleep(self.refresh_s)  # at most refresh_hz renders a second
+
+    def _render(self, p: MapProgress) -> None:
+        self.pushes += 1
+        self._last = p
+        header = render_header(self.name, p)
+        if self.header.value != header:
+            self.header.value = header
+        fraction = p.concluded / p.total if p.total else 1.0
+        style = {"finished": "success" if not p.failed else "warning", "error": "danger"}.get(p.status, "")
+        if (self.bar.value, self.bar.bar_style) != (fraction, style):
+            with self.bar.hold_sync():
+                self.bar.value = fraction
+                self.bar.bar_style = style
+        counts = render_counts(p)
+        if self.counts.value != counts:
+            self.counts.value = counts
+        items = self._items_html()
+        if self.items.value != items:
+            self.items.value = items
+        if p.status != "running":
+            self._finish_button(self.cancel_button, p.status)
+
+    def _items_html(self) -> str:
+        with self._lock:
+            rows = list(self._rows)
+        return render_items(rows)
+
+    def static_html(self) -> str:
+        p = self._last
+        return (f'<div class="tensorjob-map-view tj-static" style="border:1px solid {LIGHT_GREY};padding:4px">'
+                f'{render_header(self.name, p)}<div>{render_bar(p)} {render_counts(p)}</div>'
+                f'{self._items_html()}</div>')

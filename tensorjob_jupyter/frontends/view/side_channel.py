@@ -1,0 +1,142 @@
+"""Let a widget's clicks through while its cell is still running.
+
+A ``%%tensorjob`` cell waits for its job by default, and while a cell runs
+the kernel's main thread handles no other shell message -- so a click on the
+view's Cancel button would wait for the job it means to cancel. ipykernel 7
+can run shell messages on *subshells*, threads of their own, and ipykernel
+7.4 routes the front end's messages for a comm to the subshell named by the
+comm's ``_reply_subshell_id``. We create one such subshell per kernel and
+point the Cancel button's comm at it, so its click handler (which only sets
+a flag and interrupts the guest) runs at once on that thread. The debugger's
+buttons and the scrub slider go the same way.
+
+ipykernel also re-points a comm at the subshell of whoever last *sent* on it
+(``BaseComm.publish_msg``), so a widget whose state the view's updater
+thread writes -- a debug button enabled and disabled as the job pauses and
+runs -- would fall back to the main thread at its first update. A routed
+comm is therefore *pinned*: its class is swapped for a subclass whose
+``_reply_subshell_id`` always names the side subshell (writes to it are
+ignored).
+
+This leans on ipykernel internals (``_supports_kernel_subshells``,
+``shell_channel_thread.manager._create_subshell``, the comm's
+``_reply_subshell_for``), present in 7.4 and absent from 7.1 to 7.3; it is
+tested on ``TESTED_IPYKERNEL``, the range ``pyproject.toml`` pins, and
+``tests/test_browser.py`` (a real click in JupyterLab while the cell waits)
+and ``tests/test_kernel.py`` guard it. Where routing cannot apply (another
+ipykernel, or a step fails) it says so once, as a logged warning, and the
+button still works whenever the cell is not waiting (``--bg``), and
+interrupting the kernel always cancels a waiting job. Outside a kernel
+(plain Python, a terminal) there is no front end and nothing to route.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future
+
+log = logging.getLogger("tensorjob_jupyter.frontends.view")
+
+#: The ipykernel versions whose internals this module is tested on; pyproject.toml pins the same.
+TESTED_IPYKERNEL = ">=7.4,<7.5"
+
+_lock = threading.Lock()
+_subshell_ids: dict[int, str] = {}
+_pinned_classes: dict[type, type] = {}
+_warned = False
+
+
+def _pinned_id(comm) -> str | None:
+    return comm.__dict__.get("_tensorjob_side_subshell")
+
+
+def _ignore(comm, value) -> None:
+    """ipykernel points the comm at the sender's subshell on each send: the pin stays."""
+
+
+def _pin(comm, subshell_id: str) -> None:
+    """Route ``comm``'s front-end messages to ``subshell_id`` for good (see the module doc)."""
+    cls = type(comm)
+    if getattr(cls, "_tensorjob_pinned", False):
+        comm.__dict__["_tensorjob_side_subshell"] = subshell_id
+        return
+    with _lock:
+        pinned = _pinned_classes.get(cls)
+        if pinned is None:
+            pinned = type(cls)(f"SideChannel{cls.__name__}", (cls,),
+                               {"_reply_subshell_id": property(_pinned_id, _ignore), "_tensorjob_pinned": True,
+                                "__module__": __name__})
+            _pinned_classes[cls] = pinned
+    comm.__dict__["_tensorjob_side_subshell"] = subshell_id
+    comm.__dict__.pop("_reply_subshell_id", None)
+    comm.__class__ = pinned
+
+
+def _kernel():
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover
+        return None
+    shell = get_ipython()
+    return getattr(shell, "kernel", None)
+
+
+def _side_subshell(kernel) -> str:
+    """One subshell of ``kernel`` for widget clicks, created on first use."""
+    with _lock:
+        existing = _subshell_ids.get(id(kernel))
+        if existing is not None:
+            return existing
+        thread = kernel.shell_channel_thread
+        manager = thread.manager
+        created: Future = Future()
+
+        def create() -> None:  # runs on the shell channel thread, as ipykernel requires
+            try:
+                created.set_result(manager._create_subshell())
+            except BaseException as e:  # noqa: BLE001
+                created.set_exception(e)
+
+        thread.io_loop.add_callback(create)
+        subshell_id = created.result(timeout=5)
+        _subshell_ids[id(kernel)] = subshell_id
+        return subshell_id
+
+
+def _cannot_route(reason: str) -> bool:
+    """Warn once per process that clicks wait for the cell; always False."""
+    global _warned
+    with _lock:
+        first, _warned = not _warned, True
+    if first:
+        log.warning("the Cancel button of a live view cannot act while its cell waits (%s); "
+                    "run the job with --bg, or interrupt the kernel to cancel it. "
+                    "tensorjob-jupyter is tested with ipykernel%s", reason, TESTED_IPYKERNEL)
+    return False
+
+
+def _ipykernel_version() -> str:
+    try:
+        import ipykernel
+
+        return ipykernel.__version__
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def route_clicks_to_side_thread(widget) -> bool:
+    """Make ``widget``'s front-end messages run off the main thread; True if done."""
+    try:
+        kernel = _kernel()
+        if kernel is None:
+            return False  # no kernel, no front end: nothing to route, nothing to say
+        comm = getattr(widget, "comm", None)
+        if comm is None:
+            return _cannot_route("the widget has no comm")
+        if not getattr(kernel, "_supports_kernel_subshells", False) or not hasattr(comm, "_reply_subshell_for"):
+            return _cannot_route(f"ipykernel {_ipykernel_version()} has no comm reply routing to subshells")
+        _pin(comm, _side_subshell(kernel))
+        return True
+    except Exception as e:  # noqa: BLE001 - best effort; the fallbacks are documented above
+        return _cannot_route(f"routing failed: {type(e).__name__}: {e}")

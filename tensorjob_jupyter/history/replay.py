@@ -1,0 +1,791 @@
+"""Replay: run a guest again against a recorded run's world, with no model.
+
+``ReplayJob(guest, run)`` (``tj.replay``, ``tensorjob replay GUEST --from
+RUN``, ``%tensorjob replay``) is a ``Job`` whose reactor, ``ReplayReactor``,
+walks the recording's steps (``transcript.Recording``) beside the guest --
+the same guest or a changed one. Each command the guest returns is compared
+with the recorded command of the same step *before* anything is done:
+
+* ``infer`` is answered from the recording, token by token through the
+  guest's ``cf_on_token``, on the job's own thread: no model is loaded and no
+  worker thread runs. The answer is published as the same Open Responses
+  events and counted in the same usage, so the replay's own transcript, view
+  and envelope look like a live run's. A guest that stops generation at the
+  recorded token gets the recorded text; one that stops *sooner* gets the
+  recorded tokens up to its stop (the model's greedy output has that prefix;
+  ``tokens_out`` then counts the pieces it was given).
+* ``embed`` gets the recorded vectors.
+* ``open``, ``slice``, the document and image commands, ``fetch`` and
+  ``emit`` are carried out live, under the run's grants and limits (files
+  are read again), and what they answer is compared with what was recorded,
+  so a file that changed since is noticed where it is read.
+
+The first command the recording cannot answer -- another command, another
+prompt, another window, more tokens than were recorded, a different
+answer from a file, or a step past the recording's end -- is the
+*divergence*. The replay stops there with ``replay_divergence`` (one line:
+the step, what was recorded, what the guest asked) and publishes
+``job.replay.diverged``; with ``live=True`` (``--live``) the model answers
+from that step on instead. A guest that finishes (``done``/``fail``) where the
+run went on is noted as a divergence too, but its result stands.
+
+Where the recording ends because the host stopped the run -- cancelled, timed
+out, the model failed -- the replay ends the same way at the same step (the
+error's message says "as recorded"), so a cancelled run replays as one.
+
+What a replay takes from the recording, unless given again: the input, the
+grants (``read``, with the job's directory), the fetch prefixes, the limits
+and the sampler. A transcript is a file from anywhere, so what it grants is
+said before the replay runs (``ReplayJob.adopted``: one line each for the
+grants, the fetch prefixes and the limits taken, printed by ``tensorjob
+replay`` and ``%tensorjob replay``), and no recorded limit looser than the
+default is taken (``recorded_limits``): a run recorded with
+``--call-timeout 1e9`` replays under the default unless the command line (or
+a keyword) gives it again. What it cannot: the bytes staged for ``read-input``
+(``--input-file``) are recorded only as their length and SHA-256, so they
+must be given again, and must match; the wasm itself (the guest is named
+again, and may differ). Transcripts older than format version 1 record no
+prompts and cannot be replayed (``tensorjob show`` still shows them).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import os
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from tensorjob_jupyter import abi
+from tensorjob_jupyter.abi import Envelope, JobFailure, codes, event_types
+from tensorjob_jupyter.world.grants import AccessError
+from tensorjob_jupyter.inference.base import (
+    FINISH_CANCELLED, FINISH_GUEST_STOP, FINISH_LENGTH, FINISH_STOP, Backend, GenerateRequest, LoraChoice, ModelError,
+    Sampler,
+)
+from tensorjob_jupyter.host.jobs import Job
+from tensorjob_jupyter.limits import FIELDS as LIMIT_FIELDS
+from tensorjob_jupyter.limits import Limits
+from tensorjob_jupyter.limits import check as limits_check
+from tensorjob_jupyter.record.responses import ResponseStream
+from tensorjob_jupyter.host.reactor import PREVIEW_BYTES, PREVIEW_CHARS, InferOptions, Reactor
+from tensorjob_jupyter.host.structured import OutputSpec, SchemaError
+from tensorjob_jupyter.host.tokens import ModelTokens, PrefixMismatch, RecordedTokens
+from tensorjob_jupyter.text import for_terminal
+from tensorjob_jupyter.record.transcript import (
+    LIVE_COMMANDS, End, InferAnswer, Recording, Step, TranscriptError, compare_commands, describe, normalise,
+)
+from tensorjob_jupyter.history.runs import resolve_run
+from tensorjob_jupyter.inference.lazy import DEFAULT_MODEL_NAME, model_backend
+
+#: How a recorded run can end that a replay reproduces at the same step rather than carry out:
+#: the host stopped it (a cancel, its time limit, the model or the host failing).
+HOST_ENDS = frozenset({codes.CANCELLED, codes.TIMEOUT, codes.BUSY, codes.MODEL_LOAD_FAILED, codes.INTERNAL_ERROR,
+                       codes.WORKER_LOST})
+#: Characters of a divergence line a view keeps.
+MAX_LINE_CHARS = 1000
+_END = object()
+
+
+class ReplayError(ValueError):
+    """A replay that cannot start: its run cannot be replayed, or what it needs was not given (one line)."""
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first place a replay left its recording."""
+
+    step: int  # 1-based: the guest's first command is step 1
+    why: str
+    recorded: str  # one inert line each
+    asked: str
+    kind: str = "command"  # command: the guest asked otherwise; answer: the world answered otherwise; end
+
+    def message(self) -> str:
+        verb = "now" if self.kind == "answer" else "the guest asked"
+        return f"replay diverged at step {self.step} ({self.why}): the run recorded {self.recorded}; {verb} {self.asked}"
+
+    def to_json(self) -> dict:
+        return {"step": self.step, "why": self.why, "recorded": self.recorded, "asked": self.asked,
+                "kind": self.kind}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "Divergence":
+        return cls(int(obj["step"]), str(obj["why"]), str(obj["recorded"]), str(obj["asked"]),
+                   str(obj.get("kind", "command")))
+
+
+def divergence_line(event: dict) -> str:
+    """A ``job.replay.diverged`` event as one inert line (the view's log, the terminal)."""
+    try:
+        text = Divergence.from_json(event).message()
+    except (KeyError, TypeError, ValueError):
+        text = "replay diverged"
+    then = event.get("then")
+    if then == "live":
+        text += " -- the model answers from here (live)"
+    elif then == "finished":
+        text += " -- the guest finished there"
+    text = for_terminal(text, one_line=True)
+    return text if len(text) <= MAX_LINE_CHARS else text[:MAX_LINE_CHARS] + "…"
+
+
+class RecordedModel:
+    """The backend of a replay that is not live: the recorded model's name, and no model at all."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    @property
+    def model_name(self) -> str:
+        return self._name
+
+    def generate_stream(self, request, on_token) -> Future:
+        raise ModelError("a replay has no model; answers come from the recording (--live falls back to the model)")
+
+    def embed(self, texts) -> Future:
+        raise ModelError("a replay has no model; answers come from the recording (--live falls back to the model)")
+
+
+# --- what a replay takes from its recording --------------------------------------------------------
+
+_RECORDED: Any = type("Recorded", (), {"__repr__": lambda self: "RECORDED"})()
+#: A keyword left as ``RECORDED`` takes the recorded run's value.
+RECORDED = _RECORDED
+
+
+def load_recording(run: Any, runs: str | os.PathLike | None = None) -> Recording:
+    """The recording of ``run`` (an id, a path, a ``Job`` or a ``Recording``), ready to replay."""
+    if isinstance(run, Recording):
+        recording = run
+    else:
+        recording = Recording.read(resolve_run(run, runs))
+    if recording.version < 1:
+        raise ReplayError(f"{for_terminal(recording.id, one_line=True)}: its transcript predates format version 1 "
+                          f"and records no prompts, so it cannot be replayed (tensorjob show still shows it)")
+    try:  # a transcript is a file from anywhere: check the setup replay reads from it, once
+        recorded_limits(recording)
+        recorded_infer_options(recording)
+        created = recording.created
+        for key in ("read", "grants", "fetch"):
+            if not all(isinstance(x, str) for x in created.get(key) or []):
+                raise ValueError(f"{key} is not a list of strings")
+        if not isinstance(created.get("input_bytes") or {}, dict):
+            raise ValueError("input_bytes is not an object")
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ReplayError(f"{for_terminal(recording.id, one_line=True)}: its job.created cannot be replayed: "
+                          f"{for_terminal(str(e), one_line=True)[:200]}") from None
+    return recording
+
+
+def _looser(value: Any, default: Any) -> bool:
+    """Whether a limit of ``value`` allows more than ``default`` (None: no bound at all)."""
+    if value is None:
+        return default is not None
+    return default is not None and value > default
+
+
+def _recorded_limit_values(recording: Recording) -> tuple[dict, dict]:
+    """The run's limits split in two: those no looser than the defaults (taken), and the looser ones (not)."""
+    values = recording.created.get("limits") or {}
+    if not isinstance(values, dict):
+        raise ValueError("limits is not an object")
+    defaults = Limits()
+    taken, refused = {}, {}
+    for name, value in values.items():
+        if name in LIMIT_FIELDS:
+            try:
+                limits_check(name, value)
+            except ValueError as e:
+                raise ValueError(f"limits.{name} {e}") from None
+            (refused if _looser(value, getattr(defaults, name)) else taken)[name] = value
+    return taken, refused
+
+
+def recorded_limits(recording: Recording) -> Limits:
+    """The run's limits, none looser than the default: a transcript may claim any, so a looser one is used
+    only when given again (a command-line flag, a keyword)."""
+    return Limits(**_recorded_limit_values(recording)[0])
+
+
+def recorded_looser_limits(recording: Recording) -> dict:
+    """The run's limits that are looser than the defaults, which a replay does not take unless given again."""
+    return _recorded_limit_values(recording)[1]
+
+
+def _finite(obj: dict, name: str, low: float, high: float, default: float) -> float:
+    value = obj.get(name, default)
+    if type(value) not in (int, float) or not low <= value <= high:
+        raise ValueError(f"infer.sampler.{name} is not a number from {low:g} to {high:g}")
+    return value
+
+
+def recorded_infer_options(recording: Recording) -> InferOptions:
+    obj = recording.created.get("infer") or {}
+    if not isinstance(obj, dict) or not isinstance(obj.get("sampler") or {}, dict):
+        raise ValueError("infer is not an object of sampler settings")
+    sampler = dict(obj.get("sampler") or {})
+    stop = sampler.get("stop") or ()
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(x, str) for x in stop):
+        raise ValueError("infer.sampler.stop is not a list of strings")
+    for name, low, high, default in (("temperature", 0, 100, 0.0), ("top_p", 0, 1, 1.0), ("min_p", 0, 1, 0.0),
+                                     ("repeat_penalty", 0, 100, 1.0), ("top_k", 0, 2 ** 31, 0),
+                                     ("seed", -2 ** 63, 2 ** 64, 0)):
+        _finite(sampler, name, low, high, default)
+    for name in ("top_k", "seed"):
+        if name in sampler and type(sampler[name]) is not int:
+            raise ValueError(f"infer.sampler.{name} is not a whole number")
+    sampler["stop"] = tuple(stop)
+    known = {k: v for k, v in sampler.items() if k in Sampler.__dataclass_fields__}
+    lora = obj.get("lora") or ()
+    if not isinstance(lora, (list, tuple)) or not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in lora):
+        raise ValueError("infer.lora is not a list of adapters")
+    return InferOptions(sampler=Sampler(**known), cache_prompt=bool(obj.get("cache_prompt", True)),
+                        lora=tuple(LoraChoice(c["name"], _finite(c, "scale", -100, 100, 1.0)) for c in lora),
+                        chat=obj.get("chat") if isinstance(obj.get("chat"), bool) else None)
+
+
+def recorded_read(recording: Recording) -> list[str]:
+    """The grants as the run was given them (all their names), else its canonical roots."""
+    created = recording.created
+    return list(created.get("read") or created.get("grants") or [])
+
+
+#: Items of a list an adoption line names before it says how many more.
+ADOPTED_SHOWN = 5
+
+
+def _named(items: list[str]) -> str:
+    shown = ", ".join(for_terminal(str(x), one_line=True)[:200] for x in items[:ADOPTED_SHOWN])
+    return shown + (f", … {len(items) - ADOPTED_SHOWN} more" if len(items) > ADOPTED_SHOWN else "")
+
+
+def adoption_lines(recording: Recording, *, read: Iterable[Any], fetch: Iterable[Any], limits: Limits) -> list[str]:
+    """What a replay about to run with ``read``, ``fetch`` and ``limits`` took from its recording that
+    lets the guest do more -- the grants, the fetch prefixes, limits other than the defaults -- and the
+    recorded limits it did not take (looser than the defaults), one inert line each."""
+    lines = []
+    created = recording.created
+    read, fetch = [os.fspath(r) for r in read], [str(f) for f in fetch]
+    recorded = set(recorded_read(recording)) | set(created.get("grants") or ())
+    if read and set(read) <= recorded:
+        lines.append(f"replay: reads under the recorded run's grants: {_named(read)} (--read replaces them)")
+    if fetch and set(fetch) <= set(created.get("fetch") or ()):
+        lines.append(f"replay: may fetch under the recorded run's URL prefixes: {_named(fetch)} "
+                     f"(--fetch replaces them)")
+    taken, refused = _recorded_limit_values(recording)
+    defaults = Limits()
+    changed = [f"{k} {v}" for k, v in taken.items() if v != getattr(defaults, k) and getattr(limits, k) == v]
+    if changed:
+        lines.append(f"replay: limits from the recorded run: {_named(changed)}")
+    looser = [f"{k} {v} (default {getattr(defaults, k)})" for k, v in refused.items() if getattr(limits, k) != v]
+    if looser:
+        lines.append(f"replay: recorded limits looser than the defaults are not taken: {_named(looser)}; "
+                     f"give them again to use them")
+    return [for_terminal(line, one_line=True) for line in lines]
+
+
+def recorded_cwd(recording: Recording) -> str | None:
+    """The run's directory (guest paths are relative to it), if it exists here."""
+    cwd = recording.created.get("cwd")
+    return cwd if isinstance(cwd, str) and os.path.isdir(cwd) else None
+
+
+def _sampling(options: InferOptions) -> dict:
+    return {"sampler": options.sampler.to_json(), "chat": options.chat,
+            "lora": [{"name": c.name, "scale": c.scale} for c in options.lora]}
+
+
+# --- the reactor ------------------------------------------------------------------------------------
+
+
+class ReplayReactor(Reactor):
+    """A reactor that answers from a recording (see the module doc); ``live`` falls back to ``backend``."""
+
+    def __init__(self, *, recording: Recording, live: bool, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.recording = recording
+        self.steps = recording.steps
+        self.live = live
+        self.cursor = 0  # recorded steps answered so far
+        self.divergence: Divergence | None = None
+        self.then: str | None = None
+        self.live_from: int | None = None
+        self.reproduced_end = False
+        self._past_end_tried = False
+        self._recorded_sampling = _sampling(recorded_infer_options(recording))
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def run(self) -> Envelope:
+        envelope = super().run()
+        if self.divergence is None and not self.reproduced_end and self.pending_command in ("done", "fail"):
+            self._note_finish()
+        return envelope
+
+    def _note_finish(self) -> None:
+        """The guest finished: a divergence if the run went on, or ended otherwise."""
+        step = self.cursor + 1
+        asked = "done" if self.pending_command == "done" else "fail"
+        end = self.recording.end
+        if self.cursor < len(self.steps):
+            recorded = describe(self.steps[self.cursor].command)
+        elif end is None:
+            recorded = "nothing more (the transcript ends before the job's end)"
+        elif end.ended_during == self.pending_command:
+            return
+        else:
+            recorded = _end_text(end)
+        self.divergence = Divergence(step, "the guest finished", recorded, asked)
+        self._publish("finished")
+
+    def _publish(self, then: str) -> None:
+        self.then = then
+        try:
+            self.stream.publish(event_types.JOB_REPLAY_DIVERGED, **self.divergence.to_json(), then=then)
+        except Exception:  # noqa: BLE001 - the envelope still says it
+            pass
+
+    def _diverge(self, divergence: Divergence, command: abi.Command | None) -> abi.Event | None:
+        """Record the divergence; stop the job, or (live) let the host and the model carry on from here."""
+        self.divergence = divergence
+        if not self.live:
+            self._publish("stopped")
+            raise JobFailure(codes.REPLAY_DIVERGENCE, divergence.message())
+        self.live_from = divergence.step
+        self._publish("live")
+        return super()._execute(command) if command is not None else None
+
+    # -- commands ------------------------------------------------------------------------------
+
+    def _execute(self, command: abi.Command) -> abi.Event:
+        if self.live_from is not None:
+            return super()._execute(command)
+        asked = normalise(command.to_json())
+        if self.cursor >= len(self.steps):
+            return self._past_the_end(command, asked)
+        step = self.steps[self.cursor]
+        differs = compare_commands(step.command, asked, max_tokens=False)
+        if differs is not None:
+            return self._diverge(Divergence(step.number, *differs), command)
+        if isinstance(command, abi.Infer):
+            return self._replay_infer(command, step)
+        if isinstance(command, abi.Embed):
+            return self._replay_embed(command, step)
+        self.cursor += 1
+        try:
+            event = super()._execute(command)
+        except (JobFailure, AccessError) as e:
+            if e.code in (codes.CANCELLED, codes.TIMEOUT) or self.live:
+                raise
+            self._diverge(Divergence(step.number, "the world changed", f"{describe(step.command)} answered",
+                                     f"{e.code}: {e.message}", "answer"), None)
+            raise  # pragma: no cover - _diverge raised
+        changed = _compare_outcome(step, event)
+        if changed is not None:
+            self._diverge(Divergence(step.number, "the world changed", *changed, "answer"), None)
+        return event
+
+    def _past_the_end(self, command: abi.Command, asked: dict) -> abi.Event:
+        """A command past the last recorded step: the run's end answers it, or it is a divergence."""
+        step = self.cursor + 1
+        end = self.recording.end
+        if end is None:
+            torn = "; its last line was torn" if self.recording.torn else ""
+            return self._diverge(Divergence(step, "the transcript ends here", f"nothing more (the run was "
+                                            f"interrupted before its end{torn})", describe(asked), "end"), command)
+        if end.status == "completed":
+            return self._diverge(Divergence(step, "another command", "done (the run completed)", describe(asked)),
+                                 command)
+        code = (end.error or {}).get("code")
+        first = not self._past_end_tried
+        self._past_end_tried = True
+        if first and end.ended_during in (None, command.cmd) and (end.status == "cancelled" or code in HOST_ENDS):
+            self._reproduce_end(end)
+        live_kind = command.cmd in LIVE_COMMANDS or (isinstance(command, abi.Infer) and command.images)
+        if first and live_kind and end.ended_during == command.cmd:
+            return super()._execute(command)  # the run failed carrying this out: see that it fails again
+        return self._diverge(Divergence(step, "the recording ends here", _end_text(end), describe(asked), "end"),
+                             command)
+
+    def _reproduce_end(self, end: End) -> None:
+        """End the replay as the recorded run ended here (its error and its usage)."""
+        self.reproduced_end = True
+        error = end.error or {"code": codes.CANCELLED, "message": "job cancelled"}
+        usage = end.envelope.get("usage") if isinstance(end.envelope.get("usage"), dict) else {}
+        for key in ("tokens_in", "tokens_out"):
+            value = usage.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                setattr(self.usage, key, value)
+        raise JobFailure(str(error.get("code")), f"{error.get('message')} (as recorded)")
+
+    # -- infer from the recording ---------------------------------------------------------------
+
+    def _replay_infer(self, cmd: abi.Infer, step: Step) -> abi.Event:
+        answer = step.infer or InferAnswer()
+        sampling = _sampling(self.infer_options)
+        if sampling != self._recorded_sampling:
+            return self._diverge(Divergence(step.number, "other sampling settings",
+                                            _json_line(self._recorded_sampling), _json_line(sampling)), cmd)
+        remaining = self.limits.max_tokens - self.usage.tokens_out
+        if remaining <= 0:
+            raise JobFailure(codes.LIMIT_EXCEEDED,
+                         f"the job's token budget of {self.limits.max_tokens} tokens is spent (max_tokens)")
+        max_tokens = min(cmd.max_tokens, remaining)
+        if not _same_budget(answer, max_tokens):
+            return self._diverge(Divergence(step.number, "another token limit",
+                                            f"infer of at most {answer.max_output_tokens} tokens "
+                                            f"({_answer_text(answer)})", f"infer of at most {max_tokens} tokens"), cmd)
+        self.cursor += 1
+        opts = self.infer_options
+        response = ResponseStream(self.stream, model=answer.model or self.usage.model, max_output_tokens=max_tokens,
+                                  temperature=opts.sampler.temperature, top_p=opts.sampler.top_p,
+                                  index=self.stats.infers)
+        self.stats.infers += 1
+        response.start(command=cmd.to_json())
+        pieces = answer.pieces
+        recorded_stop = answer.guest_stopped_after if answer.reason == FINISH_GUEST_STOP else None
+        source = RecordedTokens(pieces, recorded_stop=recorded_stop, tokens_in=answer.tokens_in)
+        delivery = self._token_loop(response, response.delta).run(source)
+        stopped_after = delivery.stopped_after
+        if stopped_after is not None and stopped_after != recorded_stop:
+            # sooner than the recorded guest: the answer ends with this token
+            text = "".join(pieces[:stopped_after])
+            self._count_tokens(answer.tokens_in, stopped_after)
+            response.finish(text, usage=response.usage_json(answer.tokens_in, stopped_after, answer.cached_tokens),
+                            reason=FINISH_GUEST_STOP, extra={"timing": None, "guest_stopped_after": stopped_after})
+            return abi.InferDone(text, stopped_after)
+        if recorded_stop is not None and stopped_after is None:
+            divergence = Divergence(step.number, "more tokens than were recorded",
+                                    f"an answer the guest stopped after {recorded_stop} tokens",
+                                    f"more: the guest did not stop after token {recorded_stop}")
+            return self._more_than_recorded(cmd, response, answer, max_tokens, divergence)
+        if answer.status in ("completed", "incomplete") and answer.reason != FINISH_CANCELLED:
+            self._count_tokens(answer.tokens_in, answer.tokens_out)
+            text = answer.text if answer.text is not None else "".join(pieces)
+            response.finish(text, usage=response.usage_json(answer.tokens_in, answer.tokens_out, answer.cached_tokens),
+                            reason=answer.reason or FINISH_STOP,
+                            extra={"timing": answer.timing, "guest_stopped_after": stopped_after})
+            return abi.InferDone(text, answer.tokens_out)
+        if answer.status is None:  # the transcript stops inside this answer
+            divergence = Divergence(step.number, "the transcript ends inside this answer",
+                                    f"{len(pieces)} tokens and no end", "the rest of the answer", "end")
+            return self._more_than_recorded(cmd, response, answer, max_tokens, divergence)
+        # The run ended during this answer: cancelled, timed out, or the model failed.
+        if answer.reason == FINISH_CANCELLED:
+            response.finish("".join(pieces), usage=answer.usage or response.usage_json(answer.tokens_in, len(pieces)),
+                            reason=FINISH_CANCELLED)
+        else:
+            error = answer.error or {}
+            response.fail(str(error.get("message", "the model failed")), code=error.get("code"),
+                          error_type=str(error.get("type", "model_error")))
+        end = self.recording.end or End("failed", {"status": "failed", "error": {
+            "code": (answer.error or {}).get("code") or codes.CANCELLED,
+            "message": (answer.error or {}).get("message") or "cancelled during inference"}}, "infer", None)
+        self._reproduce_end(end)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _more_than_recorded(self, cmd: abi.Infer, response: ResponseStream, answer: InferAnswer, max_tokens: int,
+                            divergence: Divergence) -> abi.Event:
+        """The guest wants more of an answer than the recording holds: stop, or (live) let the model go on.
+
+        Live, the model answers the same request again and the one token loop
+        skips the pieces the guest already judged -- checking that the model
+        repeats them, so a constrained (``format``, ``tools``) or per-infer
+        sampled answer continues too. Only sampling that is not greedy cannot
+        be repeated: that answer stops with the divergence.
+        """
+        self.divergence = divergence
+        request = self._request(cmd, max_tokens)
+        if self.live and request.sampler.temperature > 0:
+            self.divergence = divergence = Divergence(
+                divergence.step, divergence.why, divergence.recorded,
+                f"{divergence.asked}; --live cannot continue an answer sampled at temperature "
+                f"{request.sampler.temperature:g} from its middle (only greedy answers repeat)", divergence.kind)
+        if not self.live or request.sampler.temperature > 0:
+            self._count_tokens(answer.tokens_in, len(response.text_parts))
+            response.fail(divergence.message(), code=codes.REPLAY_DIVERGENCE, error_type="server_error")
+            self._publish("stopped")
+            raise JobFailure(codes.REPLAY_DIVERGENCE, divergence.message())
+        self.live_from = divergence.step
+        self._publish("live")
+        return self._live_rest(cmd, request, response, already=list(response.text_parts))
+
+    def _request(self, cmd: abi.Infer, max_tokens: int) -> GenerateRequest:
+        """The model request a live run would have made for ``cmd`` (its format, tools and sampling too)."""
+        try:
+            spec = OutputSpec.of(cmd)
+        except SchemaError as e:
+            raise JobFailure(codes.SCHEMA_VALIDATION_FAILED, f"infer: {e}") from None
+        opts = self.infer_options
+        sampler = dataclasses.replace(opts.sampler, **cmd.sampling())
+        return GenerateRequest(cmd.prompt, max_tokens, sampler, opts.cache_prompt, opts.lora, opts.chat,
+                               constraint=spec.constraint, system=spec.system)
+
+    def _live_rest(self, cmd: abi.Infer, request: GenerateRequest, response: ResponseStream, *,
+                   already: list[str]) -> abi.Event:
+        """The rest of an answer from the model, past the pieces ``already`` judged from the recording."""
+        source = ModelTokens(self._backend(), request, self.cancel, response)
+        try:
+            delivery = self._token_loop(response, response.delta).run(source, already=already)
+        except PrefixMismatch as e:
+            divergence = Divergence(self.divergence.step, "the model answered otherwise",
+                                    f"token {e.index + 1} {_json_line(e.expected)}",
+                                    f"the model now gives {_json_line(e.got)} there, so the rest cannot follow "
+                                    f"the recording", "answer")
+            self.divergence = divergence
+            self._count_tokens(0, len(already))
+            response.fail(divergence.message(), code=codes.REPLAY_DIVERGENCE, error_type="server_error")
+            raise JobFailure(codes.REPLAY_DIVERGENCE, divergence.message()) from None
+        result = source.result(response)
+        u = result.usage
+        self._count_tokens(u.prompt_tokens, u.completion_tokens)
+        reason = FINISH_GUEST_STOP if delivery.stopped_after is not None else (
+            FINISH_LENGTH if result.finish_reason == FINISH_LENGTH else FINISH_STOP)
+        text = result.text
+        response.finish(text, usage=response.usage_json(u.prompt_tokens, u.completion_tokens, u.cached_tokens),
+                        reason=reason, extra={"timing": {
+                            "time_to_first_token_s": u.time_to_first_token_s,
+                            "tokens_per_second": u.tokens_per_second},
+                            "guest_stopped_after": delivery.stopped_after and len(already) + delivery.stopped_after})
+        return abi.InferDone(text, u.completion_tokens)
+
+    # -- embed from the recording -----------------------------------------------------------------
+
+    def _replay_embed(self, cmd: abi.Embed, step: Step) -> abi.Event:
+        size = sum(len(t.encode("utf-8")) for t in cmd.texts)
+        if len(cmd.texts) > self.limits.max_embed_texts or size > self.limits.max_embed_bytes:
+            return super()._embed(cmd)  # the same limit_exceeded as a live run
+        vectors = step.outcome.get("vectors")
+        if not isinstance(vectors, list):
+            return self._diverge(Divergence(step.number, "the recording lacks the vectors", "an embed without its "
+                                            "vectors", describe(normalise(cmd.to_json())), "end"), cmd)
+        self.cursor += 1
+        self.stats.embeds += 1
+        self.stream.publish(event_types.JOB_EMBEDDED, count=len(vectors), dimensions=len(vectors[0]) if vectors else 0,
+                            text_sha256=[hashlib.sha256(t.encode("utf-8")).hexdigest() for t in cmd.texts],
+                            vectors=vectors)
+        return abi.Embedded(vectors)
+
+
+def _same_budget(answer: InferAnswer, max_tokens: int) -> bool:
+    """Whether an answer recorded under one token limit is the answer under ``max_tokens``:
+    the same limit, or an answer the model ended itself well within both."""
+    if answer.max_output_tokens == max_tokens:
+        return True
+    natural = answer.reason in (FINISH_STOP, FINISH_GUEST_STOP)  # the model ended it, or the guest did
+    return natural and answer.tokens_out < max_tokens
+
+
+def _answer_text(answer: InferAnswer) -> str:
+    if answer.reason == FINISH_STOP:
+        return f"the model ended its answer after {answer.tokens_out} tokens"
+    if answer.reason:
+        return f"{answer.tokens_out} tokens, cut by {answer.reason}"
+    return f"{len(answer.pieces)} tokens"
+
+
+def _json_line(value: Any) -> str:
+    return for_terminal(abi.dumps(value), one_line=True)[:200]
+
+
+def _end_text(end: End) -> str:
+    error = end.error
+    if error:
+        return for_terminal(f"the end of the run: {end.status}, {error.get('code')}: {error.get('message')}",
+                            one_line=True)[:300]
+    return f"the end of the run: {end.status}"
+
+
+def _outcome_of(event: abi.Event) -> dict:
+    """The fields of a live answer that a step's recorded outcome can be checked against."""
+    if isinstance(event, abi.Opened):
+        return {"handle": event.handle, "len": event.len, "kind": event.kind.to_json()}
+    if isinstance(event, abi.Sliced):
+        return {"next_offset": event.next_offset, "preview": event.text[:PREVIEW_CHARS]}
+    if isinstance(event, abi.SlicedBytes):
+        data = base64.b64decode(event.bytes_base64)
+        return {"length": len(data), "next_offset": event.next_offset,
+                "preview_base64": base64.b64encode(data[:PREVIEW_BYTES]).decode("ascii")}
+    if isinstance(event, abi.PageTexted):
+        return {"chars": len(event.text), "preview": event.text[:PREVIEW_CHARS]}
+    if isinstance(event, abi.PageTextAttempted):
+        return {"chars": len(event.text or ""), "error": event.error, "preview": (event.text or "")[:PREVIEW_CHARS]}
+    if isinstance(event, abi.PageImaged):
+        return {"handle": event.handle}
+    return {}
+
+
+def _compare_outcome(step: Step, event: abi.Event) -> tuple[str, str] | None:
+    """(what was recorded, what came now) for the first field of the answer that differs, else None."""
+    now = _outcome_of(event)
+    for key, value in now.items():
+        if key in step.outcome and step.outcome[key] != value:
+            before = f"{describe(step.command)} answered with {key} {_json_line(step.outcome[key])[:120]}"
+            return before, f"{key} {_json_line(value)[:120]}"
+    return None
+
+
+# --- the job ------------------------------------------------------------------------------------------
+
+
+class ReplayJob(Job):
+    """A job that replays ``guest`` against the recorded run ``run`` (see the module doc).
+
+    Keywords left as ``RECORDED`` take the run's own: ``input``, ``read``,
+    ``fetch``, ``infer``, ``limits`` (limit keywords such as ``max_tokens=``
+    apply on top) and ``cwd``. ``input_bytes`` must be the bytes the run
+    staged (checked by SHA-256). ``live=True`` falls back to a model from the
+    first divergence: ``backend``, else ``model`` (a GGUF path), else the
+    embedded model -- which must be the recorded one unless ``model`` names
+    another.
+    """
+
+    def __init__(self, guest: Any, run: Any, *, live: bool = False, input: Any = RECORDED,
+                 read: Iterable[str | os.PathLike] | Any = RECORDED, fetch: Iterable[str] | Any = RECORDED,
+                 infer: InferOptions | Any = RECORDED, limits: Limits | Any = RECORDED,
+                 input_bytes: bytes | None = None, model: str | os.PathLike | None = None,
+                 backend: Backend | None = None, runs_dir: str | os.PathLike | None = None,
+                 cwd: str | os.PathLike | Any = RECORDED, name: str | None = None, debug: bool = False,
+                 break_on: Any = (), **limit_keywords: Any):
+        recording = load_recording(run, runs_dir)
+        self.recording = recording
+        self.live = live
+        recorded_bytes = recording.created.get("input_bytes") or {}
+        given = b"" if input_bytes is None else bytes(input_bytes)
+        if hashlib.sha256(given).hexdigest() != recorded_bytes.get("sha256", hashlib.sha256(b"").hexdigest()):
+            if input_bytes is None:
+                raise ReplayError(f"the run staged {recorded_bytes.get('bytes')} bytes for read-input (SHA-256 "
+                                  f"{str(recorded_bytes.get('sha256'))[:16]}…), which a transcript does not keep: "
+                                  f"give them again (--input-file F, input_bytes=)")
+            raise ReplayError(f"the bytes given for read-input ({len(given)} bytes) are not the ones the run staged "
+                              f"({recorded_bytes.get('bytes')} bytes, SHA-256 {str(recorded_bytes.get('sha256'))[:16]}…)")
+        if live:
+            if backend is None:
+                if model is None and recording.model not in (None, DEFAULT_MODEL_NAME):
+                    raise ReplayError(f"--live: the run used the model {for_terminal(str(recording.model), one_line=True)}; "
+                                      f"name its GGUF file with --model PATH")
+                backend = model_backend(model)
+        else:
+            backend = RecordedModel(recording.model or "")
+        if limits is RECORDED:
+            limits = recorded_limits(recording)  # none looser than the defaults
+        if cwd is RECORDED:
+            cwd = recorded_cwd(recording)
+        read = recorded_read(recording) if read is RECORDED else list(read)
+        fetch = list(recording.created.get("fetch") or []) if fetch is RECORDED else list(fetch)
+        super().__init__(guest, input=recording.created.get("input") if input is RECORDED else input,
+                         read=read, fetch=fetch,
+                         infer=recorded_infer_options(recording) if infer is RECORDED else infer,
+                         backend=backend, limits=limits, input_bytes=given, runs_dir=runs_dir, cwd=cwd, name=name,
+                         debug=debug, break_on=break_on, **limit_keywords)
+        #: What this replay took from its recording that widens what the guest may do, and the looser
+        #: recorded limits it did not take: one inert line each, for a front end to show before it runs.
+        self.adopted: list[str] = adoption_lines(recording, read=read, fetch=fetch, limits=self.limits)
+
+    def _make_reactor(self, **kwargs: Any) -> Reactor:
+        return ReplayReactor(recording=self.recording, live=self.live, **kwargs)
+
+    def _created_fields(self) -> dict:
+        return {"replay_of": {"run": self.recording.id, "path": str(self.recording.path),
+                              "guest_sha256": self.recording.guest.get("sha256"), "live": self.live}}
+
+    @property
+    def guest_changed(self) -> bool:
+        return self.guest_sha256 != self.recording.guest.get("sha256")
+
+    @property
+    def report(self) -> "ReplayReport | None":
+        """How the replay went, once it has ended (None before)."""
+        envelope = self.envelope
+        if envelope is None:
+            return None
+        reactor: ReplayReactor = self._reactor  # type: ignore[assignment]
+        return ReplayReport(self, envelope, self.recording.envelope, reactor.divergence,
+                            reactor.then == "stopped", reactor.live_from, reactor.reproduced_end)
+
+
+@dataclass
+class ReplayReport:
+    """A finished replay: its envelope beside the recorded one, and where (if anywhere) it diverged."""
+
+    job: ReplayJob
+    envelope: Envelope
+    recorded: dict | None  # the recorded run's envelope (None: the run never ended)
+    divergence: Divergence | None
+    stopped: bool  # the replay stopped at the divergence
+    live_from: int | None  # the step from which the model answered (live)
+    reproduced_end: bool  # the replay ended as the recorded run did (cancelled, timed out, ...)
+
+    @property
+    def result(self) -> Any:
+        return self.envelope.result
+
+    @property
+    def status(self) -> str:
+        return self.envelope.status.value
+
+    @property
+    def guest_changed(self) -> bool:
+        return self.job.guest_changed
+
+    @property
+    def same_result(self) -> bool:
+        """The replay ended as the run did: the same status, and the same result or error code."""
+        if self.recorded is None:
+            return False
+        mine = self.envelope.to_json()
+        if mine["status"] != self.recorded.get("status"):
+            return False
+        if mine["status"] == "completed":
+            return abi.encode_json(mine.get("result")) == abi.encode_json(self.recorded.get("result"))
+        return (mine.get("error") or {}).get("code") == (self.recorded.get("error") or {}).get("code")
+
+    def lines(self) -> list[str]:
+        """The replay in a few plain lines, with no ids, paths or timings (deterministic)."""
+        if self.stopped and self.divergence is not None:
+            return [f"replay: stopped at step {self.divergence.step}, the first command the recording cannot answer"]
+        out = []
+        if self.recorded is None:
+            out.append("replay: the recorded run never ended, so there is no result to compare")
+        elif self.same_result:
+            out.append("replay: the same result as the recorded run" + (" (its end reproduced from the recording)"
+                                                                        if self.reproduced_end else ""))
+        else:
+            was = self.recorded.get("status")
+            out.append(f"replay: the result differs from the recorded run ({was} then, {self.status} now)")
+        if self.divergence is not None:
+            out.append(for_terminal(self.divergence.message(), one_line=True))
+        if self.live_from is not None:
+            out.append(f"replay: the model answered from step {self.live_from} on (live)")
+        return out
+
+    def to_json(self) -> dict:
+        return {"status": self.status, "same_result": self.same_result, "guest_changed": self.guest_changed,
+                "divergence": self.divergence.to_json() if self.divergence else None, "stopped": self.stopped,
+                "live_from": self.live_from, "reproduced_end": self.reproduced_end, "run": self.job.recording.id,
+                "replay": self.job.id, "envelope": self.envelope.to_json(), "recorded": self.recorded}
+
+    def __repr__(self) -> str:
+        where = f"diverged at step {self.divergence.step}" if self.divergence else "no divergence"
+        same = "the same result" if self.same_result else "a different result"
+        return f"<ReplayReport {self.status}, {same}, {where}>"
+
+
+def replay(guest: Any, run: Any, *, live: bool = False, timeout: float | None = None, **kwargs: Any) -> ReplayReport:
+    """Replay ``guest`` against the recorded run ``run`` to the end; see ``ReplayJob`` for the keywords."""
+    job = ReplayJob(guest, run, live=live, **kwargs).start()
+    try:
+        job.wait(timeout)
+    except KeyboardInterrupt:
+        job.cancel()
+        job.wait()
+    report = job.report
+    assert report is not None
+    return report
+
+
+__all__ = ["RECORDED", "Divergence", "RecordedModel", "ReplayError", "ReplayJob", "ReplayReactor", "ReplayReport",
+           "TranscriptError", "load_recording", "replay"]

@@ -1,0 +1,385 @@
+"""``Job``: one tensor job on its own thread -- start, watch, cancel, wait.
+
+This is the public face of the host for Python, the command line and the
+notebook alike. A ``Job`` resolves its guest (wasm bytes, or a ``.wasm``,
+``.c``, ``.zig`` or ``.wat`` file compiled on the way), canonicalises its
+read grants, opens its event stream and transcript under the runs folder,
+and runs the reactor on a background thread so that the caller stays free:
+``wait()`` for the envelope, ``cancel()`` at any moment (even while the
+guest spins inside a step), ``subscribe()`` to the live events.
+
+``Job(..., debug=True)`` starts paused before ``cf_init`` and ``break_on=
+["infer", ...]`` pauses before the host carries out such a command
+(``host/debugger.py``): ``pause()``, ``step()``, ``step(until="infer")``,
+``resume()``, ``paused`` and ``debug_state`` drive and inspect it from any
+thread.
+
+``run(...)`` is the one-line form: start a job and return its envelope.
+
+Whatever the guest does, the job ends: ``wait()`` returns by the job's time
+limit plus a moment, with the terminal event and ``envelope.json`` written.
+And what a finished job keeps in memory is bounded by constants, not by what
+it published: its envelope as compact JSON (the result is at most
+``max_result_bytes``), its stats and its names; its events are in the
+transcript, read back on demand (``events``, ``subscribe``). This process
+remembers its newest finished jobs for ``jobs()`` up to ``KEEP_FINISHED_JOBS``
+of them and ``KEEP_FINISHED_BYTES`` of envelopes in all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import orjson
+
+from tensorjob_jupyter import abi
+from tensorjob_jupyter.abi import Envelope, JobStatus, event_types
+from tensorjob_jupyter.world.grants import Grants
+from tensorjob_jupyter.host.debugger import Debugger, parse_break_on
+from tensorjob_jupyter.record.events import TRANSCRIPT_VERSION, EventStream, Subscription
+from tensorjob_jupyter.inference.base import Backend
+
+from tensorjob_jupyter.limits import Limits, with_keywords
+from tensorjob_jupyter.host.reactor import InferOptions, JobStats, Reactor, internal_error
+from tensorjob_jupyter.world.fetch import FetchGrants
+from tensorjob_jupyter.inference.lazy import model_backend
+from tensorjob_jupyter.record.runs import default_runs_dir, new_job_id
+from tensorjob_jupyter.sandbox.compile import GuestSource
+
+log = logging.getLogger("tensorjob_jupyter")
+
+#: The event a job's stream ends with, by how the job ended.
+JOB_END_EVENT = {JobStatus.COMPLETED: event_types.JOB_COMPLETED, JobStatus.FAILED: event_types.JOB_FAILED,
+                 JobStatus.CANCELLED: event_types.JOB_CANCELLED}
+
+_JOBS_LOCK = threading.Lock()
+_JOBS: dict[str, "Job"] = {}
+
+
+def resolve_guest(guest: "GuestSource | bytes | bytearray | str | os.PathLike") -> "GuestSource":
+    """The guest as a ``GuestSource``: given as one, as wasm bytes, or as a path
+    (a ``.wasm``, or a ``.c``/``.zig``/``.wat`` file compiled on the way)."""
+    return GuestSource.of(guest)
+
+
+class _DefaultModel:
+    def __repr__(self) -> str:
+        return "DEFAULT_MODEL"
+
+
+#: ``backend=DEFAULT_MODEL`` (the default): the process's shared backend for
+#: ``model`` (a GGUF path, or ``hf:ORG/REPO[:FILE_OR_QUANT]`` from the Hugging
+#: Face cache; None means the embedded model) with ``model_options`` for the
+#: engine (``{"loras": {"name": "adapter.gguf"}}``), loaded on first use.
+#: Pass ``backend=None`` for a job with no model at all.
+DEFAULT_MODEL = _DefaultModel()
+
+
+class Job:
+    """A tensor job. Construct, ``start()``, then ``wait()`` or ``cancel()``."""
+
+    def __init__(self, guest: "GuestSource | bytes | str | os.PathLike", *, input: Any = None,
+                 read: Iterable[str | os.PathLike] = (), backend: Backend | None | _DefaultModel = DEFAULT_MODEL,
+                 model: str | os.PathLike | None = None, model_options: dict | None = None,
+                 limits: Limits | None = None, input_bytes: bytes = b"",
+                 infer: InferOptions | None = None, runs_dir: str | os.PathLike | None = None,
+                 cwd: str | os.PathLike | None = None, name: str | None = None, fetch: Iterable[str] = (),
+                 debug: bool = False, break_on: str | Iterable[str] = (), **limit_keywords: Any):
+        self.id = new_job_id()
+        self.limits = with_keywords(limits, limit_keywords, "Job")
+        break_on = parse_break_on(break_on)  # ValueError names a kind that is not a command
+        #: The job's ``debug.Debugger`` when it is being debugged (``debug``, ``break_on``), else None.
+        self.debugger = (Debugger(start_paused=bool(debug), break_on=break_on, max_paused_s=self.limits.max_paused_s)
+                         if debug or break_on else None)
+        self.input, input_json = abi.checked_value({} if input is None else input, "the job input",
+                                                   max_values=self.limits.max_command_values)
+        source = resolve_guest(guest)
+        self.name = name or source.name
+        wasm = source.wasm
+        self.guest_sha256 = source.sha256
+        self.grants = Grants.for_paths(read, cwd)
+        self.fetch_grants = FetchGrants.parse(fetch)  # ValueError names a prefix that is not an http(s) URL
+        if backend is DEFAULT_MODEL:
+            backend = model_backend(model, **(model_options or {}))
+        self.backend = backend
+        self.run_dir = Path(runs_dir if runs_dir is not None else default_runs_dir()) / self.id
+        self.stream = EventStream(self.id, self.run_dir, max_bytes=self.limits.max_event_bytes)
+        self._cancel = threading.Event()
+        self._reactor = self._make_reactor(job_id=self.id, wasm=wasm, input_json=input_json, grants=self.grants,
+                                           backend=backend, limits=self.limits, stream=self.stream,
+                                           cancel=self._cancel, input_bytes=input_bytes, infer=infer,
+                                           fetch=self.fetch_grants, debugger=self.debugger)
+        self._envelope_json: bytes | None = None
+        self._status: JobStatus | None = None
+        self._done = threading.Event()
+        self._callbacks: list = []
+        self._callbacks_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.started_at: float | None = None
+        self.started_monotonic: float | None = None
+        self.finished_at: float | None = None
+        self.stream.publish(event_types.JOB_CREATED, transcript_version=TRANSCRIPT_VERSION, created_at=round(time.time(), 3),
+                            name=self.name,
+                            guest={"name": source.name, "language": source.language, "origin": source.origin,
+                                   "sha256": self.guest_sha256, "bytes": len(wasm)},
+                            input=self.input, grants=[str(r) for r in self.grants.roots],
+                            read=sorted({name for root in self.grants.grants for name in root.names}),
+                            cwd=str(self.grants.cwd),
+                            input_bytes={"bytes": len(input_bytes), "sha256": hashlib.sha256(input_bytes).hexdigest()},
+                            limits=self.limits.to_json(), model=backend.model_name if backend else None,
+                            infer=self._reactor.infer_options.to_json(), fetch=self.fetch_grants.prefixes,
+                            **({"debug": self.debugger.to_json()} if self.debugger is not None else {}),
+                            **self._created_fields())
+        _register(self)
+
+    def _make_reactor(self, **kwargs: Any) -> Reactor:
+        """The reactor that will run this job (a replay brings its own: ``replay.ReplayJob``)."""
+        return Reactor(**kwargs)
+
+    def _created_fields(self) -> dict:
+        """Fields ``job.created`` carries beyond every job's (a replay names the run it replays)."""
+        return {}
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> "Job":
+        if self._thread is not None:
+            raise RuntimeError(f"job {self.id} was already started")
+        self.started_at = time.time()
+        self.started_monotonic = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name=f"tensorjob-{self.id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        """The job's thread: run the reactor, then always publish the end and finish."""
+        try:
+            try:
+                envelope = self._reactor.run()
+            except BaseException as e:  # noqa: BLE001 - the reactor ends every job itself; this is a bug
+                envelope = Envelope(JobStatus.FAILED, self._reactor.usage, error=internal_error(self.id, e))
+            envelope_json = _encode_envelope(self.id, envelope)
+            self._status = envelope.status
+            self.finished_at = time.time()
+            try:
+                self.stream.publish(JOB_END_EVENT[envelope.status], envelope=orjson.loads(envelope_json),
+                                    stats=self._reactor.stats.to_json(),
+                                    ended_during=self._reactor.pending_command)
+            except Exception:  # noqa: BLE001 - the transcript broke (disk full?): the job still ends
+                log.exception("tensorjob: could not write the end of job %s", self.id)
+            self._envelope_json = envelope_json
+        finally:
+            try:
+                self.stream.close(self._envelope_json)
+            except Exception:  # noqa: BLE001
+                log.exception("tensorjob: could not write envelope.json of job %s", self.id)
+            with self._callbacks_lock:
+                self._done.set()
+                callbacks = list(self._callbacks)
+            _forget_old_jobs()
+            for callback in callbacks:
+                try:
+                    callback(self)
+                except Exception:  # a listener's bug must not break the job
+                    log.exception("tensorjob: a done callback of job %s failed", self.id)
+
+    def add_done_callback(self, callback) -> None:
+        """Call ``callback(job)`` when the job ends (at once if it already has)."""
+        with self._callbacks_lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
+    def cancel(self) -> None:
+        """Ask the job to stop; it ends ``cancelled`` within moments."""
+        self._reactor.request_cancel()
+
+    # -- debugging (debugger.py) ----------------------------------------------------------
+
+    def _debug(self) -> Debugger:
+        if self.debugger is None:
+            raise RuntimeError(f"job {self.id} is not being debugged: start it with debug=True (--debug) or "
+                               f"break_on=[...] (--break-on)")
+        return self.debugger
+
+    @property
+    def debugging(self) -> bool:
+        """True for a job started with ``debug`` or ``break_on``."""
+        return self.debugger is not None
+
+    @property
+    def paused(self) -> bool:
+        """True while the job waits at a stop point (see ``host/debugger.py``)."""
+        return self.debugger is not None and self.debugger.paused
+
+    @property
+    def debug_state(self) -> dict | None:
+        """What the current pause shows -- ``step``, ``reason``, ``command`` (about to be carried out),
+        ``last_command`` and ``last_event`` (the event that answered it), ``handles``, ``memory_bytes``, ... --
+        every guest-made value bounded; None while the job is not paused."""
+        return self.debugger.state if self.debugger is not None else None
+
+    def pause(self, *, wait: bool = True, timeout: float | None = None) -> dict | None:
+        """Stop at the next stop point (a guest call or an infer under way finishes first); with ``wait``,
+        return that pause's ``debug_state`` (None if the job ended first)."""
+        wait = wait and self._thread is not None
+        return self._ended_if_none(self._debug().pause(wait=wait, timeout=timeout), wait)
+
+    def step(self, until: str | None = None, *, wait: bool = True, timeout: float | None = None) -> dict | None:
+        """From a pause, carry out one command and pause again (``until="infer"``: run to the guest's next
+        ``infer``, or any other command kind); with ``wait``, return the new pause's ``debug_state`` (None if
+        the job ended first). A job not yet at its first pause gets there first; a job running free pauses
+        at its next stop point. ``TimeoutError`` if ``timeout`` passes first."""
+        debugger = self._debug()
+        if self._thread is None:
+            raise RuntimeError(f"job {self.id} has not been started: start() it first")
+        return self._ended_if_none(debugger.step(until, wait=wait, timeout=timeout), wait)
+
+    def resume(self) -> None:
+        """Run on from a pause (the view's Continue), stopping only at breakpoints."""
+        self._debug().resume()
+
+    def wait_paused(self, timeout: float | None = None) -> dict | None:
+        """Block until the job is paused (a breakpoint, a step, a pause) or has ended; the pause's
+        ``debug_state``, or None if the job ended. ``TimeoutError`` if ``timeout`` passes first."""
+        return self._ended_if_none(self._debug().wait_paused(timeout), True)
+
+    def _ended_if_none(self, state: dict | None, waited: bool) -> dict | None:
+        """No pause came because the job ended: return once it has wholly ended (envelope written)."""
+        if state is None and waited:
+            self._done.wait(10)
+        return state
+
+    def wait(self, timeout: float | None = None) -> Envelope:
+        """Block until the job ends; returns its envelope.
+
+        Raises ``TimeoutError`` if ``timeout`` passes first (the job goes on).
+        """
+        if self._thread is None:
+            self.start()
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"job {self.id} still running after {timeout} s")
+        envelope = self.envelope
+        assert envelope is not None
+        return envelope
+
+    def wait_done(self, timeout: float | None = None) -> bool:
+        """Block until the job ends or ``timeout`` passes; True if it ended."""
+        return self._done.wait(timeout)
+
+    # -- state -----------------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def status(self) -> JobStatus:
+        if self._status is not None and self._done.is_set():
+            return self._status
+        return JobStatus.RUNNING if self._thread is not None else JobStatus.QUEUED
+
+    @property
+    def envelope(self) -> Envelope | None:
+        """The envelope once the job has ended (decoded afresh on each access)."""
+        if self._envelope_json is None or not self._done.is_set():
+            return None
+        return Envelope.from_json(orjson.loads(self._envelope_json))
+
+    @property
+    def result(self) -> Any:
+        """The result of a completed job (None until then, or if it did not complete)."""
+        envelope = self.envelope
+        return envelope.result if envelope is not None else None
+
+    @property
+    def retained_bytes(self) -> int:
+        """Roughly what this finished job keeps in memory beyond a fixed size: its envelope."""
+        return len(self._envelope_json or b"")
+
+    @property
+    def stats(self) -> JobStats:
+        return self._reactor.stats
+
+    @property
+    def events(self) -> list[dict]:
+        """Every event so far, read back from the transcript (the job keeps none in memory)."""
+        return self.stream.history
+
+    def subscribe(self, maxsize: int = 10_000, *, replay: bool = True) -> Subscription:
+        return self.stream.subscribe(maxsize, replay=replay)
+
+    @property
+    def transcript_path(self) -> Path:
+        return self.run_dir / "events.jsonl"
+
+    @property
+    def envelope_path(self) -> Path:
+        return self.run_dir / "envelope.json"
+
+    def __repr__(self) -> str:
+        return f"<Job {self.id} {self.name} {self.status.value}>"
+
+
+#: Finished jobs this process remembers for ``jobs()``, at most, and the most
+#: bytes of envelopes they may hold in all; the oldest finished are forgotten first.
+KEEP_FINISHED_JOBS = 100
+KEEP_FINISHED_BYTES = 16 * 1024 * 1024
+
+
+def _register(job: Job) -> None:
+    """Remember a job for ``jobs()``."""
+    with _JOBS_LOCK:
+        _JOBS[job.id] = job
+    _forget_old_jobs()
+
+
+def _forget_old_jobs() -> None:
+    """Forget the oldest finished jobs past the count and byte bounds (the newest stays)."""
+    with _JOBS_LOCK:
+        finished = [j for j in _JOBS.values() if j.done]
+        kept = sum(j.retained_bytes for j in finished)
+        while len(finished) > 1 and (len(finished) > KEEP_FINISHED_JOBS or kept > KEEP_FINISHED_BYTES):
+            old = finished.pop(0)
+            kept -= old.retained_bytes
+            del _JOBS[old.id]
+
+
+def _encode_envelope(job_id: str, envelope: Envelope) -> bytes:
+    """Compact JSON of the envelope; if even that fails (a host bug), an internal error's."""
+    try:
+        return abi.encode_json(envelope.to_json())
+    except Exception as e:  # noqa: BLE001
+        fallback = Envelope(JobStatus.FAILED, envelope.usage, error=internal_error(job_id, e))
+        return abi.encode_json(fallback.to_json())
+
+
+def jobs() -> list[Job]:
+    """Every job created in this process, oldest first."""
+    with _JOBS_LOCK:
+        return list(_JOBS.values())
+
+
+def get_job(job_id: str) -> Job:
+    with _JOBS_LOCK:
+        try:
+            return _JOBS[job_id]
+        except KeyError:
+            raise KeyError(f"no job with id {job_id!r}") from None
+
+
+def run(guest: bytes | str | os.PathLike, *, timeout: float | None = None, **kwargs: Any) -> Envelope:
+    """Run a job to the end and return its envelope (see ``Job`` for options)."""
+    job = Job(guest, **kwargs).start()
+    try:
+        return job.wait(timeout)
+    except KeyboardInterrupt:
+        job.cancel()
+        return job.wait()

@@ -1,0 +1,518 @@
+"""The reactor: drive one guest from ``cf_init`` to ``done`` or ``fail``.
+
+A guest never calls the host and waits. It *returns* a command; the reactor
+carries it out and steps the guest again with the resulting event:
+
+    command = guest.init(input)
+    loop: check cancel and time -> execute(command) -> event -> command = guest.step(event)
+
+Because every iteration passes through here, the host sees everything and
+decides everything: ``open`` is checked against the job's grants (the one
+place a path enters the system; later ``slice``s name handles), windows are
+capped, ``emit`` payloads are measured and published verbatim, steps and
+tokens are counted against their budgets, and cancellation needs no
+cooperation from the guest -- between steps the reactor simply stops, and
+inside a step ``Guest.interrupt`` ends the call.
+
+A job being debugged (``debug.Debugger``) may pause at the loop's stop
+points: before ``cf_init``, and after the guest returned a command, before
+it is carried out -- between commands, never on the per-token path. Paused
+time moves the job's deadline on (``paused_for``); a job without a debugger
+checks one local variable per command.
+
+``infer`` runs on the model's worker thread while this thread forwards each
+token first to the event stream (as an Open Responses delta) and then to the
+guest's ``cf_on_token``: the one token loop (``tokens.py``), which replay
+drives too. A stop verdict travels back to the decoder through the token
+callback's return value, so generation ends within a token or two.
+
+Every exit path -- done, fail, trap, denial, limit, timeout, cancel --
+produces an ``Envelope`` with usage set and never a partial result; failures
+are values, not exceptions. An exception nobody expected is a bug in the
+host, never the guest's fault: it ends the job with ``internal_error`` and
+its traceback goes to the ``tensorjob_jupyter`` logger.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import dataclasses
+import logging
+import threading
+import time
+from concurrent.futures import CancelledError, Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+from tensorjob_jupyter import abi
+from tensorjob_jupyter.abi import Envelope, JobError, JobFailure, JobStatus, Usage, codes, event_types
+from tensorjob_jupyter.world.grants import Grants
+from tensorjob_jupyter.world.documents import JobDocuments
+from tensorjob_jupyter.record.events import EventBudgetExceeded, EventStream, TranscriptWriteError
+from tensorjob_jupyter.world.files import Handles
+from tensorjob_jupyter.sandbox.guest import Guest
+from tensorjob_jupyter.inference.base import (
+    DEFAULT_REPEAT_PENALTY, FINISH_GUEST_STOP, FINISH_LENGTH, FINISH_STOP, Backend, GenerateRequest,
+    GenerateResult, LoraChoice, ModelError, QueueFull, Sampler,
+)
+from tensorjob_jupyter.limits import Limits
+from tensorjob_jupyter.text import clip
+from tensorjob_jupyter.record.responses import ResponseStream
+from tensorjob_jupyter.sandbox.streaming import StreamingHost
+from tensorjob_jupyter.host.structured import OutputRouter, OutputSpec, SchemaError
+from tensorjob_jupyter.host.tokens import POLL_S, Delivery, ModelTokens, TokenLoop
+from tensorjob_jupyter.world.fetch import FetchGrants, fetch_url
+
+PREVIEW_CHARS = 512
+PREVIEW_BYTES = 256
+#: Characters of a guest's ``fail`` message (and code) an envelope keeps.
+MAX_GUEST_MESSAGE_CHARS = 16_384
+MAX_GUEST_CODE_CHARS = 128
+log = logging.getLogger("tensorjob_jupyter")
+
+
+class GuestFailed(JobFailure):
+    """The guest returned ``fail``: its code and message; always ``failed``.
+
+    Only the host cancels: a guest whose code is ``"cancelled"`` still fails.
+    Codes only the host may report (``abi.HOST_ONLY_CODES``) become
+    ``script_error``, with the guest's code at the head of the message, and
+    an over-long code or message is cut, so the envelope stays small.
+    """
+
+    def __init__(self, code: str, message: str):
+        message = clip(message, MAX_GUEST_MESSAGE_CHARS)
+        if code in abi.HOST_ONLY_CODES:
+            code, message = codes.SCRIPT_ERROR, f"the guest failed with `{code}`, a code only the host reports: {message}"
+        super().__init__(clip(code, MAX_GUEST_CODE_CHARS), message)
+
+
+@dataclass(frozen=True)
+class InferOptions:
+    """How this job's ``infer`` commands are sent to the model.
+
+    The defaults: greedy decoding (temperature 0, seed 0) with a mild
+    repetition penalty (``DEFAULT_REPEAT_PENALTY``), the prompt cache on, no
+    adapter, and ``chat=None``: the model's chat template when it has one
+    (instruct models do), raw text otherwise. An ``infer`` may set its own
+    sampling (``temperature``, ``top_p``, ... ``stop``) over these.
+    """
+
+    sampler: Sampler = field(default_factory=lambda: Sampler(repeat_penalty=DEFAULT_REPEAT_PENALTY))
+    cache_prompt: bool = True
+    lora: tuple[LoraChoice, ...] = ()
+    chat: bool | None = None
+
+    def to_json(self) -> dict:
+        return {"sampler": self.sampler.to_json(), "cache_prompt": self.cache_prompt,
+                "lora": [{"name": c.name, "scale": c.scale} for c in self.lora], "chat": self.chat}
+
+
+@dataclass
+class JobStats:
+    """What the job did, beyond the envelope's usage."""
+
+    steps: int = 0
+    peak_memory_bytes: int = 0
+    files_opened: int = 0
+    bytes_read: int = 0
+    infers: int = 0
+    embeds: int = 0
+    chunks: int = 0
+    stream_bytes: int = 0
+    paused_ms: int = 0  # time a debugger held the job paused (not counted against job_timeout_s)
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+class Reactor:
+    """Runs one job to its envelope. Construct and ``run()`` on the job's thread."""
+
+    def __init__(self, *, job_id: str, wasm: bytes, input_json: bytes, grants: Grants, backend: Backend | None,
+                 limits: Limits, stream: EventStream, cancel: threading.Event,
+                 input_bytes: bytes = b"", infer: InferOptions | None = None, fetch: FetchGrants | None = None,
+                 debugger: Any = None):
+        self.job_id = job_id
+        self.wasm = wasm
+        self.input_json = input_json
+        self.grants = grants
+        self.backend = backend
+        self.limits = limits
+        self.stream = stream
+        self.cancel = cancel
+        self.input_bytes = input_bytes
+        self.infer_options = infer or InferOptions()
+        self.stats = JobStats()
+        self.usage = Usage(model=backend.model_name if backend is not None else "")
+        self.handles = Handles(limits.max_handles, limits.max_window_bytes, limits.max_handle_bytes)
+        self.fetch_grants = fetch or FetchGrants(())
+        self.documents: JobDocuments | None = None  # started on the first document or image command
+        self.guest: Guest | None = None
+        #: The command the guest returned and the host has not yet answered (its ``cmd``),
+        #: None while the guest runs: where the job was when it ended (``ended_during``).
+        self.pending_command: str | None = None
+        self._started = 0.0
+        self.deadline: float | None = None
+        #: A ``debug.Debugger`` when the job is being debugged, else None.
+        self.debugger = debugger
+
+    # -- cancellation (any thread) ----------------------------------------------------
+
+    def request_cancel(self) -> None:
+        self.cancel.set()
+        guest = self.guest
+        if guest is not None:
+            guest.interrupt()
+        if self.debugger is not None:
+            self.debugger.wake()
+
+    def paused_for(self, seconds: float) -> None:
+        """A debugger held the job for ``seconds``: that time does not count against ``job_timeout_s``."""
+        self.stats.paused_ms += int(seconds * 1000)
+        if self.deadline is not None:
+            self.deadline += seconds
+            if self.guest is not None:
+                self.guest.deadline = self.deadline
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def run(self) -> Envelope:
+        self._started = time.monotonic()
+        if self.limits.job_timeout_s is not None:
+            self.deadline = self._started + self.limits.job_timeout_s
+        try:
+            result = self._drive()
+            envelope = Envelope(JobStatus.COMPLETED, self.usage, result=result)
+        except JobFailure as e:
+            # --break-on fail: see the state before the failure is final (not when the record itself failed)
+            if self.debugger is not None and not isinstance(e, (GuestFailed, EventBudgetExceeded, TranscriptWriteError)):
+                self.debugger.at_failure(self, e)
+            cancelled = e.code in (codes.CANCELLED, codes.PAUSED_TOO_LONG) and not isinstance(e, GuestFailed)
+            status = JobStatus.CANCELLED if cancelled else JobStatus.FAILED
+            envelope = Envelope(status, self.usage, error=JobError(e.code, e.message))
+        except Exception as e:  # a host bug must still end the job cleanly
+            envelope = Envelope(JobStatus.FAILED, self.usage, error=internal_error(self.job_id, e))
+        finally:
+            try:
+                self._release()
+            finally:
+                if self.debugger is not None:
+                    self.debugger.end()
+        self.usage.duration_ms = int((time.monotonic() - self._started) * 1000)
+        return envelope
+
+    def _release(self) -> None:
+        """Close the guest and the files; keep nothing bulky once the job has ended."""
+        try:
+            if self.guest is not None:
+                self.stats.peak_memory_bytes = self.guest.peak_memory_bytes
+                self.guest.close()
+        finally:
+            self.guest = None
+            self.wasm = b""
+            self.input_bytes = b""
+            try:
+                if self.documents is not None:
+                    self.documents.close()
+            finally:
+                self.handles.close()
+
+    def _check_running(self) -> None:
+        if self.cancel.is_set():
+            raise JobFailure(codes.CANCELLED, "job cancelled")
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise JobFailure(codes.TIMEOUT, f"the job ran past its time limit of {self.limits.job_timeout_s} s")
+
+    def _drive(self) -> Any:
+        self._check_running()
+        streaming = StreamingHost(self.limits, self._on_chunk, self.input_bytes,
+                                  listening=lambda: not self.cancel.is_set(), on_flush=self.stream.flush)
+        self.guest = Guest(self.wasm, self.limits, [streaming], deadline=self.deadline)
+        if self.cancel.is_set():
+            self.guest.interrupt()
+        debugger = self.debugger
+        if debugger is not None:
+            debugger.stop_point(self, None)  # --debug: paused before cf_init
+            self._check_running()
+        command = self.guest.init(self.input_json)
+        self.stats.steps = 1
+        while True:
+            self.pending_command = command.cmd
+            if debugger is not None:
+                debugger.stop_point(self, command)  # before the host carries it out
+            self._check_running()
+            if isinstance(command, abi.Done):
+                return self._result(command)
+            if isinstance(command, abi.Fail):
+                raise GuestFailed(command.code, command.message)
+            event = self._execute(command)
+            if debugger is not None:
+                debugger.answered(command, event)
+            if self.stats.steps >= self.limits.max_steps:
+                raise JobFailure(codes.LIMIT_EXCEEDED,
+                             f"the guest returned {self.stats.steps} commands without finishing (max_steps)")
+            self._check_running()
+            self.pending_command = None
+            command = self.guest.step(event)
+            self.stats.steps += 1
+
+    def _result(self, command: abi.Done) -> Any:
+        size = len(abi.encode_json(command.result))
+        if size > self.limits.max_result_bytes:
+            raise JobFailure(codes.LIMIT_EXCEEDED, f"the result is {size} bytes of JSON, over the "
+                                               f"{self.limits.max_result_bytes}-byte limit (max_result_bytes); "
+                                               f"stream large output with emit-chunk instead")
+        return command.result
+
+    def _execute(self, command: abi.Command) -> abi.Event:
+        if isinstance(command, abi.Emit):
+            return self._emit(command)
+        if isinstance(command, abi.Open):
+            return self._open(command)
+        if isinstance(command, abi.Slice):
+            return self._slice(command)
+        if isinstance(command, abi.SliceBytes):
+            return self._slice_bytes(command)
+        if isinstance(command, abi.Infer):
+            return self._infer(command)
+        if isinstance(command, abi.Embed):
+            return self._embed(command)
+        if isinstance(command, (abi.PageText, abi.PageTextOpt, abi.DocumentText, abi.PageImage, abi.ImageOp)):
+            return self._document_command(command)
+        if isinstance(command, abi.Fetch):
+            return self._fetch(command)
+        raise JobFailure(codes.UNSUPPORTED, f"unexpected command {command!r}")  # pragma: no cover
+
+    # -- commands -----------------------------------------------------------------------
+
+    def _emit(self, cmd: abi.Emit) -> abi.Event:
+        size = len(abi.encode_json(cmd.progress))
+        if size > self.limits.max_emit_bytes:
+            raise JobFailure(codes.LIMIT_EXCEEDED, f"emit payload of {size} bytes is over the "
+                                               f"{self.limits.max_emit_bytes}-byte limit (max_emit_bytes)")
+        self.stream.publish(event_types.JOB_PROGRESS, progress=cmd.progress)
+        return abi.Emitted()
+
+    def _open(self, cmd: abi.Open) -> abi.Event:
+        if len(self.handles) >= self.limits.max_handles:
+            raise JobFailure(codes.LIMIT_EXCEEDED,
+                         f"the job already holds {self.limits.max_handles} open files (max_handles)")
+        fd, canonical = self.grants.open_checked(cmd.path)
+        f = self.handles.add(fd, canonical)
+        if f.kind.kind == "document":
+            f.kind = self._documents().inspect(f, cmd.path)
+        self.stats.files_opened += 1
+        self.stream.publish(event_types.JOB_FILE_OPENED, handle=f.handle, path=cmd.path, resolved=str(canonical),
+                            len=f.len, kind=f.kind.to_json())
+        return abi.Opened(f.handle, f.len, f.kind)
+
+    def _slice(self, cmd: abi.Slice) -> abi.Event:
+        window = self.handles.slice(cmd.handle, cmd.offset, cmd.len)
+        text = window.text
+        self.stats.bytes_read += len(window.data)
+        self.stream.publish(event_types.JOB_FILE_SLICED, handle=cmd.handle, offset=cmd.offset, requested=cmd.len,
+                            length=len(window.data), next_offset=window.next_offset, binary=False,
+                            preview=text[:PREVIEW_CHARS])
+        return abi.Sliced(text, window.next_offset)
+
+    def _slice_bytes(self, cmd: abi.SliceBytes) -> abi.Event:
+        window = self.handles.slice_bytes(cmd.handle, cmd.offset, cmd.len)
+        self.stats.bytes_read += len(window.data)
+        self.stream.publish(event_types.JOB_FILE_SLICED, handle=cmd.handle, offset=cmd.offset, requested=cmd.len,
+                            length=len(window.data), next_offset=window.next_offset, binary=True,
+                            preview_base64=base64.b64encode(window.data[:PREVIEW_BYTES]).decode("ascii"))
+        return abi.SlicedBytes(base64.b64encode(window.data).decode("ascii"), window.next_offset)
+
+    # -- documents, images and fetch (world/documents.py, world/fetch.py) -----------------------------
+
+    def _documents(self) -> JobDocuments:
+        if self.documents is None:
+            self.documents = JobDocuments(self.handles, self.limits, check=self._check_running,
+                                          publish=self.stream.publish)
+        return self.documents
+
+    def _document_command(self, cmd) -> abi.Event:
+        docs = self._documents()
+        if isinstance(cmd, abi.PageText):
+            return abi.PageTexted(docs.page_text(cmd.handle, cmd.page))
+        if isinstance(cmd, abi.PageTextOpt):
+            return abi.PageTextAttempted(*docs.page_text_opt(cmd.handle, cmd.page))
+        if isinstance(cmd, abi.DocumentText):
+            return abi.PageTexted(docs.document_text(cmd.handle))
+        if isinstance(cmd, abi.PageImage):
+            f = docs.page_image(cmd.handle, cmd.page)
+        else:
+            f = docs.image_op(cmd.handle, cmd.op.to_json())
+        return abi.PageImaged(f.handle, f.len)
+
+    def _fetch(self, cmd: abi.Fetch) -> abi.Event:
+        if len(self.handles) >= self.limits.max_handles:
+            raise JobFailure(codes.LIMIT_EXCEEDED,
+                         f"the job already holds {self.limits.max_handles} open files (max_handles)")
+        fetched = fetch_url(cmd.url, self.fetch_grants, self.limits, self._check_running, room=self.handles.room())
+        f = self.handles.add(fetched.fd, cmd.url, held=True)  # counted against max_handle_bytes
+        if f.kind.kind == "document":
+            f.kind = self._documents().inspect(f, cmd.url)
+        self.stats.files_opened += 1
+        self.stream.publish(event_types.JOB_FETCH, handle=f.handle, url=cmd.url, final_url=fetched.final_url,
+                            status=fetched.status, content_type=fetched.content_type, redirects=fetched.redirects,
+                            len=f.len, kind=f.kind.to_json())
+        return abi.Opened(f.handle, f.len, f.kind)
+
+    def _on_chunk(self, data: bytes) -> None:
+        self.stats.chunks += 1
+        self.stats.stream_bytes += len(data)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        self.stream.publish(event_types.JOB_CHUNK, index=self.stats.chunks - 1,
+                            bytes_base64=base64.b64encode(data).decode("ascii"), text=text)
+
+    def _backend(self) -> Backend:
+        if self.backend is None:
+            raise JobFailure(codes.MODEL_LOAD_FAILED, "this job has no model, so it cannot infer or embed")
+        return self.backend
+
+    def _await(self, fut: Future) -> Any:
+        """Wait for a model future while honouring cancel and the job deadline."""
+        while True:
+            try:
+                self._check_running()
+            except JobFailure:
+                fut.cancel()
+                raise
+            try:
+                return fut.result(timeout=POLL_S)
+            except FutureTimeout:
+                continue
+            except CancelledError:
+                raise JobFailure(codes.CANCELLED, "cancelled during inference") from None
+
+    def _token_loop(self, response: ResponseStream, publish) -> TokenLoop:
+        """The one token loop (``tokens.py``), wired to this job: its guest, its cancel and deadline, its usage."""
+        return TokenLoop(response, publish=publish, judge=self.guest.on_token, check_running=self._check_running,
+                         count=self._count_tokens)
+
+    def _count_tokens(self, tokens_in: int, tokens_out: int) -> None:
+        self.usage.tokens_in += tokens_in
+        self.usage.tokens_out += tokens_out
+
+    def _embed(self, cmd: abi.Embed) -> abi.Event:
+        size = sum(len(t.encode("utf-8")) for t in cmd.texts)
+        if len(cmd.texts) > self.limits.max_embed_texts or size > self.limits.max_embed_bytes:
+            raise JobFailure(codes.LIMIT_EXCEEDED,
+                         f"embed of {len(cmd.texts)} texts ({size} bytes) is over the limit of "
+                         f"{self.limits.max_embed_texts} texts and {self.limits.max_embed_bytes} bytes "
+                         f"(max_embed_texts, max_embed_bytes)")
+        backend = self._backend()
+        try:
+            fut = backend.embed(list(cmd.texts))
+        except QueueFull as e:
+            raise JobFailure(codes.BUSY, str(e)) from None
+        except ModelError as e:
+            raise JobFailure(codes.MODEL_LOAD_FAILED, str(e)) from None
+        try:
+            vectors = self._await(fut)
+        except ModelError as e:
+            raise JobFailure(codes.MODEL_LOAD_FAILED, str(e)) from None
+        self.stats.embeds += 1
+        # The texts' hashes and the vectors, so a replay can answer this embed (replay.py).
+        self.stream.publish(event_types.JOB_EMBEDDED, count=len(vectors), dimensions=len(vectors[0]) if vectors else 0,
+                            text_sha256=[hashlib.sha256(t.encode("utf-8")).hexdigest() for t in cmd.texts],
+                            vectors=vectors)
+        return abi.Embedded(vectors)
+
+    def _infer(self, cmd: abi.Infer) -> abi.Event:
+        if cmd.images:
+            raise JobFailure(codes.UNSUPPORTED, "infer with images needs a vision-capable model; "
+                                                "this host serves text models only (vision models are not yet "
+                                                "supported), so page images can be made and read but not shown "
+                                                "to the model")
+        backend = self._backend()
+        plan = self._plan_infer(cmd)
+        response = self._open_response(cmd, plan, backend.model_name)
+        router = OutputRouter(plan.spec, response)
+        source = ModelTokens(backend, plan.request, self.cancel, response)
+        delivery = self._token_loop(response, router.delta).run(source)
+        return self._answer(plan, router, response, source.result(response), delivery)
+
+    def _plan_infer(self, cmd: abi.Infer) -> "InferPlan":
+        """What an ``infer`` asks of the model, checked: its output spec, sampling and token budget."""
+        remaining = self.limits.max_tokens - self.usage.tokens_out
+        if remaining <= 0:
+            raise JobFailure(codes.LIMIT_EXCEEDED,
+                             f"the job's token budget of {self.limits.max_tokens} tokens is spent (max_tokens)")
+        max_tokens = min(cmd.max_tokens, remaining)
+        opts = self.infer_options
+        try:
+            spec = OutputSpec.of(cmd)  # a schema the grammar cannot enforce ends here, before any token
+        except SchemaError as e:
+            raise JobFailure(codes.SCHEMA_VALIDATION_FAILED, f"infer: {e}") from None
+        sampler = dataclasses.replace(opts.sampler, **cmd.sampling())
+        request = GenerateRequest(cmd.prompt, max_tokens, sampler, opts.cache_prompt, opts.lora, opts.chat,
+                                  constraint=spec.constraint, system=spec.system)
+        return InferPlan(spec, request)
+
+    def _open_response(self, cmd: abi.Infer, plan: "InferPlan", model: str) -> ResponseStream:
+        """The infer's Open Responses response, created and in progress."""
+        sampler = plan.request.sampler
+        response = ResponseStream(self.stream, model=model, max_output_tokens=plan.request.max_tokens,
+                                  temperature=sampler.temperature, top_p=sampler.top_p,
+                                  index=self.stats.infers, output=plan.spec.response_fields(),
+                                  sampler=sampler.to_json())
+        self.stats.infers += 1
+        response.start(command=cmd.to_json())  # the request as the guest sent it, for replay
+        return response
+
+    def _answer(self, plan: "InferPlan", router: OutputRouter, response: ResponseStream, result: GenerateResult,
+                delivery: Delivery, *, judged_before: int = 0) -> abi.Event:
+        """The model's answer, counted, checked against the infer's format and closed: the guest's ``infer_done``.
+
+        ``judged_before``: pieces of this answer the guest judged before ``delivery`` began (a replay that
+        went on live from the middle of an answer)."""
+        spec, max_tokens = plan.spec, plan.request.max_tokens
+        u = result.usage
+        self._count_tokens(u.prompt_tokens, u.completion_tokens)
+        stopped_after = None if delivery.stopped_after is None else judged_before + delivery.stopped_after
+        reason = FINISH_GUEST_STOP if stopped_after is not None else (
+            FINISH_LENGTH if result.finish_reason == FINISH_LENGTH else FINISH_STOP)
+        usage = response.usage_json(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
+        extra = {"timing": {"time_to_first_token_s": u.time_to_first_token_s,
+                            "tokens_per_second": u.tokens_per_second}, "guest_stopped_after": stopped_after}
+        text, tool_calls = result.text, None
+        if reason == FINISH_STOP or (reason == FINISH_LENGTH and not spec.constrained and not router.is_call):
+            try:
+                text, calls = spec.check(result.text, call_id=response.call_id)
+            except SchemaError as e:
+                response.fail(str(e), code=codes.SCHEMA_VALIDATION_FAILED)
+                raise JobFailure(codes.SCHEMA_VALIDATION_FAILED, f"infer: {e}") from None
+            tool_calls = tuple(c.to_json() for c in calls) if calls else None
+        elif router.is_call:
+            text = ""  # a call cut short (guest stop): no message, and no call to report
+        response.finish(text, usage=usage, reason=reason, extra=extra)
+        if reason == FINISH_LENGTH and (spec.constrained or router.is_call):
+            what = "tool call" if router.is_call else "JSON"
+            raise JobFailure(codes.LIMIT_EXCEEDED,
+                             f"infer: the output reached its token limit ({max_tokens} tokens: the infer's max_tokens "
+                             f"or what is left of the job's max_tokens) before the {what} was complete, so it would "
+                             f"not parse; raise max_tokens, or bound the schema (maxLength, maxItems)")
+        return abi.InferDone(text, u.completion_tokens, tool_calls)
+
+
+@dataclass(frozen=True)
+class InferPlan:
+    """One ``infer`` as the model will be asked it: the output it must have, and the request."""
+
+    spec: OutputSpec
+    request: GenerateRequest
+
+
+def internal_error(job_id: str, e: BaseException) -> JobError:
+    """The error of a job ended by a bug in the host; the traceback goes to the log."""
+    log.error("tensorjob: internal error in job %s", job_id, exc_info=(type(e), e, e.__traceback__))
+    return JobError(codes.INTERNAL_ERROR, f"internal error in the host (not the guest): {type(e).__name__}: "
+                                          f"{clip(str(e), 1000)}; the traceback is in the tensorjob_jupyter log")

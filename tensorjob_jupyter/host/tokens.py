@@ -1,0 +1,285 @@
+"""The one token loop of an ``infer``: live from the model, or from a recording.
+
+Tokens arrive from a source; each reaches the subscribers (an Open Responses
+delta) and then the guest's ``cf_on_token``. A stop verdict goes back to the
+source at once, so it lands within a token; cancel and the job's deadline
+are checked between tokens and while waiting for one, and end the answer
+early with its partial usage counted. Every infer runs through this loop:
+
+* the live reactor (``reactor.Reactor._infer``): ``ModelTokens`` feeds it
+  from the model's worker thread;
+* replay (``history.replay``): ``RecordedTokens`` feeds it the recorded
+  pieces on the job's own thread, and ``--live`` hands the rest of an answer
+  to ``ModelTokens`` again, skipping the pieces the guest already judged
+  (checked against the recording: the model must repeat them).
+
+**Lookahead.** The model may run at most one token ahead of the guest, so a
+stop verdict lands within a token or two however fast the model is
+(``cf_on_token`` takes microseconds, a token milliseconds). But the model is
+shared, so a guest slow to answer never holds it: once a credit takes longer
+than ``LOOKAHEAD_WAIT_S``, the generation runs free (tokens queue up, bounded
+by ``max_tokens``; the verdict lands late). The one credit is a plain lock,
+held while the decoder is a token ahead: both sides wait in C, so a token
+costs two thread wake-ups.
+
+Failures are ``JobFailure``s with the code a job ends with, raised once here:
+a full queue is ``busy`` (its ``error`` event typed ``too_many_requests``), a
+model that fails is ``model_load_failed``, a grammar llama.cpp refuses is
+``schema_validation_failed``, a cancel is ``cancelled``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import CancelledError, Future
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+from tensorjob_jupyter.abi import JobFailure, codes
+from tensorjob_jupyter.inference.base import (
+    FINISH_CANCELLED, Backend, ConstraintError, GenerateRequest, GenerateResult, ModelError, QueueFull,
+)
+from tensorjob_jupyter.record.responses import ResponseStream
+from tensorjob_jupyter.sandbox.guest import GuestTrap
+
+#: How often the loop looks at cancel and the deadline while no token comes.
+POLL_S = 0.02
+#: How long the decoder waits for the guest's verdict before it runs free.
+LOOKAHEAD_WAIT_S = 0.05
+#: How long an infer ended early waits for the decoder's own token count.
+PARTIAL_USAGE_WAIT_S = 0.5
+_END = object()
+
+
+class TokenSource(Protocol):
+    """Where an answer's pieces come from."""
+
+    def get(self, timeout: float) -> "str | object | None":
+        """The next piece, ``_END`` when there are no more, None when none came within ``timeout``."""
+
+    def judged(self, piece_index: int) -> None:
+        """The guest has judged piece ``piece_index`` (0-based): the producer may run on."""
+
+    def stop(self, after: int) -> None:
+        """No more pieces are wanted after the first ``after`` (a stop verdict, or the job ends)."""
+
+    def partial_usage(self, delivered: int) -> tuple[int, int]:
+        """(prompt tokens, completion tokens) of an answer ended early, ``delivered`` pieces in."""
+
+    def end(self) -> None:
+        """The loop is over, whatever happened: nothing more is produced."""
+
+
+class ModelTokens:
+    """Pieces from the model: ``generate_stream`` on the worker thread, one piece of lookahead.
+
+    Raises ``JobFailure`` at once if the model does not accept the request.
+    ``result()`` is the model's answer once the source is exhausted.
+    """
+
+    def __init__(self, backend: Backend, request: GenerateRequest, cancel: threading.Event,
+                 response: ResponseStream):
+        self._pieces: queue.SimpleQueue = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._cancel = cancel
+        self._credit = threading.Lock()
+        self._free_running = False
+        self._took: list[bool] = []
+        try:
+            self.future: Future = backend.generate_stream(request, self._on_token)
+        except QueueFull as e:
+            response.fail(str(e), code=codes.BUSY, error_type="too_many_requests")
+            raise JobFailure(codes.BUSY, str(e)) from None
+        except ModelError as e:
+            response.fail(str(e), code=codes.MODEL_LOAD_FAILED)
+            raise JobFailure(codes.MODEL_LOAD_FAILED, str(e)) from None
+        # An end marker follows the last piece, so the loop ends at once instead of on its next poll.
+        self.future.add_done_callback(lambda _fut: self._pieces.put(_END))
+
+    def _on_token(self, piece: str) -> bool:  # the model's worker thread
+        took = not self._free_running and self._credit.acquire(timeout=LOOKAHEAD_WAIT_S)
+        self._free_running = not took
+        self._pieces.put((piece, took))
+        return not self._stop.is_set() and not self._cancel.is_set()
+
+    def get(self, timeout: float):
+        try:
+            item = self._pieces.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if item is _END:
+            return _END
+        piece, took = item
+        self._took.append(took)
+        return piece
+
+    def judged(self, piece_index: int) -> None:
+        if self._took[piece_index]:
+            self._credit.release()
+
+    def stop(self, after: int) -> None:
+        self._stop.set()
+
+    def end(self) -> None:
+        """The loop is over, whatever happened: the decoder stops if it has not."""
+        if not self.future.done():
+            self._stop.set()
+            self.future.cancel()
+
+    def partial_usage(self, delivered: int) -> tuple[int, int]:
+        """The decoder stops within a token once told, so its own count usually arrives at
+        once; if it does not, the pieces delivered so far stand in."""
+        try:
+            u = self.future.result(timeout=PARTIAL_USAGE_WAIT_S).usage
+            return u.prompt_tokens, u.completion_tokens
+        except Exception:  # noqa: BLE001 - still prefilling, cancelled in the queue, or failed
+            return 0, delivered
+
+    def result(self, response: ResponseStream) -> GenerateResult:
+        """The model's answer; its failure closes ``response`` and raises the job's ``JobFailure``."""
+        try:
+            return self.future.result()
+        except CancelledError:
+            raise JobFailure(codes.CANCELLED, "cancelled during inference") from None
+        except ConstraintError as e:  # llama.cpp refused the grammar: before any token
+            response.fail(str(e), code=codes.SCHEMA_VALIDATION_FAILED, error_type="invalid_request")
+            raise JobFailure(codes.SCHEMA_VALIDATION_FAILED, f"infer: {e}") from None
+        except QueueFull as e:  # a server that answered "too many requests" once generation began
+            response.fail(str(e), code=codes.BUSY, error_type="too_many_requests")
+            raise JobFailure(codes.BUSY, str(e)) from None
+        except JobFailure as e:  # a backend that knows the job's code (a timeout, ...)
+            response.fail(e.message, code=e.code)
+            raise
+        except Exception as e:  # noqa: BLE001 - ModelError, or anything the engine raised
+            response.fail(str(e), code=codes.MODEL_LOAD_FAILED)
+            raise JobFailure(codes.MODEL_LOAD_FAILED, str(e)) from None
+
+
+class RecordedTokens:
+    """The pieces of a recorded answer, on the job's own thread.
+
+    A guest that stops where the recorded guest stopped gets the rest of
+    the recording (the pieces the model had produced before the verdict
+    reached it); one that stops elsewhere gets nothing more.
+    """
+
+    def __init__(self, pieces: Sequence[str], *, recorded_stop: int | None, tokens_in: int):
+        self._pieces = pieces
+        self._next = 0
+        self._end = len(pieces)
+        self._recorded_stop = recorded_stop
+        self._tokens_in = tokens_in
+
+    def get(self, timeout: float):
+        if self._next >= self._end:
+            return _END
+        piece = self._pieces[self._next]
+        self._next += 1
+        return piece
+
+    def judged(self, piece_index: int) -> None:
+        pass
+
+    def stop(self, after: int) -> None:
+        if after != self._recorded_stop:
+            self._end = min(self._end, after)
+
+    def partial_usage(self, delivered: int) -> tuple[int, int]:
+        return self._tokens_in, delivered
+
+    def end(self) -> None:
+        self._end = self._next
+
+
+class PrefixMismatch(Exception):
+    """The model's answer does not begin with the pieces the guest already judged."""
+
+    def __init__(self, index: int, expected: str, got: str):
+        super().__init__(f"piece {index + 1}")
+        self.index, self.expected, self.got = index, expected, got
+
+
+@dataclass
+class Delivery:
+    """How an answer's pieces reached the guest."""
+
+    delivered: int = 0  # pieces published (and, until a stop, judged)
+    stopped_after: int | None = None  # pieces the guest had judged when it said stop
+
+
+class TokenLoop:
+    """Delivers one answer's pieces: to ``publish`` (the subscribers) first, then to the guest's ``judge``.
+
+    ``check_running()`` raises the job's ``JobFailure`` on cancel or timeout;
+    ``count(tokens_in, tokens_out)`` adds an answer ended early to the job's usage.
+    """
+
+    def __init__(self, response: ResponseStream, *, publish: Callable[[str], None], judge: Callable[[str], bool],
+                 check_running: Callable[[], None], count: Callable[[int, int], None]):
+        self.response = response
+        self.publish = publish
+        self.judge = judge
+        self.check_running = check_running
+        self.count = count
+
+    def run(self, source: TokenSource, *, already: Sequence[str] = ()) -> Delivery:
+        """Deliver ``source``'s pieces until it ends. ``already``: pieces the guest judged before
+        (from a recording); the source must repeat them first (else ``PrefixMismatch``), unpublished."""
+        out = Delivery()
+        try:
+            self._deliver(source, already, out)
+        finally:
+            source.end()
+        return out
+
+    def _deliver(self, source: TokenSource, already: Sequence[str], out: Delivery) -> None:
+        seen = 0
+        while True:
+            try:
+                self.check_running()
+            except JobFailure as e:
+                source.stop(out.delivered)
+                raise self._end_early(source, out, e) from None
+            piece = source.get(POLL_S)
+            if piece is None:
+                continue
+            if piece is _END:
+                return
+            index = seen
+            seen += 1
+            if index < len(already):
+                if piece != already[index]:
+                    source.stop(0)
+                    raise PrefixMismatch(index, already[index], piece)
+                source.judged(index)
+                continue
+            self.publish(piece)
+            out.delivered += 1
+            if out.stopped_after is None:
+                try:
+                    keep = self.judge(piece)
+                except GuestTrap as e:
+                    source.stop(out.delivered)
+                    raise self._end_early(source, out, e) from None
+                if not keep:
+                    out.stopped_after = out.delivered
+                    source.stop(out.delivered)
+            source.judged(index)
+
+    def _end_early(self, source: TokenSource, out: Delivery, e: JobFailure) -> JobFailure:
+        """Count and close an answer ended by cancel, timeout or a trap in ``cf_on_token``; what the job ends with.
+
+        A cancel closes the response ``cancelled`` (incomplete) and the job ends
+        ``cancelled during inference``; anything else is ``error`` then
+        ``response.failed``, and the job ends with it.
+        """
+        source.end()
+        tokens_in, tokens_out = source.partial_usage(out.delivered)
+        self.count(tokens_in, tokens_out)
+        if e.code == codes.CANCELLED:
+            self.response.finish("".join(self.response.text_parts),
+                                 usage=self.response.usage_json(tokens_in, tokens_out), reason=FINISH_CANCELLED)
+            return JobFailure(codes.CANCELLED, "cancelled during inference")
+        self.response.fail(e.message, code=e.code, error_type="server_error")
+        return e

@@ -1,0 +1,798 @@
+"""Models served elsewhere: any OpenAI-compatible server as a job's model.
+
+``--model http://HOST:PORT/v1`` (``Job(model=URL)``, ``tj.map(..., model=URL)``,
+``c.TensorJob.model_path``) points the job at a server -- vLLM, llama.cpp's
+``llama-server``, llama-cpp-python's ``python -m llama_cpp.server``, Ollama's
+``/v1``, a hosted endpoint -- instead of loading a GGUF into this process.
+``ServedBackend`` speaks the OpenAI chat/completions, completions, models and
+embeddings endpoints through the ``openai`` SDK (its SSE parser, its error
+types) and gives jobs the same ``Backend`` contract as the local worker, so
+nothing changes for guests.
+
+Why it is shaped so:
+
+* **Every request is one connection, owned by one thread of ours.** Requests
+  run on at most ``concurrency`` threads that this backend starts when work
+  arrives and that end as soon as no work waits; at most ``queue_size``
+  requests wait, and one more is refused at once with ``QueueFull`` (``busy``).
+  Keep-alive is off, so an answer's connection closes with the answer: no
+  thread and no socket of a job outlives it.
+* **Stopping reaches the server.** A False from ``on_token`` (the guest's stop
+  verdict, a cancel) closes the stream at once; the server sees the client
+  leave and stops generating. ``future.cancel()`` on a running request --
+  what the reactor does on cancel and on every timeout -- shuts the socket
+  down from the caller's thread, so a request blocked before the response
+  headers, in prefill or on a silent server ends now, not at its next byte.
+  (A ``close()`` from another thread does not wake a blocked ``recv``; a
+  ``shutdown`` does, so the socket is caught as it connects, through the
+  HTTP client's ``trace`` hook.)
+* **Bounded.** ``connect_timeout_s`` (unreachable: ``model_load_failed``),
+  ``read_timeout_s`` between bytes and ``request_timeout_s`` for the whole
+  answer (``timeout``); at most ``max_tokens`` text pieces (a server that sends
+  more is cut there, finish ``length``), at most ``4 * max_tokens + 64`` SSE
+  events and ``MAX_BODY_BYTES_PER_TOKEN`` bytes a token (more is a malformed
+  stream, ``model_load_failed``).
+* **Only whole, final text reaches the guest.** Stop strings are sent to the
+  server *and* cut here (``TextStream``), so a server that ignores some (the
+  OpenAI API takes four) never shows the guest text a stop string takes back.
+
+What maps to the request (``Dialect``, chosen from ``owned_by`` in
+``/v1/models``, or given): temperature, top_p, seed, stop and max_tokens
+always; top_k, min_p and llama.cpp's multiplicative ``repeat_penalty`` as
+extra body fields where the server has them (llama.cpp and llama-cpp-python:
+``repeat_penalty``; vLLM: ``repetition_penalty``); on other servers (OpenAI,
+Ollama) they are not sent -- ``frequency_penalty``/``presence_penalty`` are
+additive and would change the answer, not reproduce it. ``chat`` (or None)
+uses ``/chat/completions`` with the ``system`` text as a system turn;
+``chat=False`` uses ``/completions`` with the raw prompt, ``system`` before it
+as the local engine does. A ``Constraint`` (a format, or a required tool
+call: the host's ``{"name", "arguments"}`` JSON) becomes ``response_format``:
+``json_schema`` (OpenAI, vLLM, llama.cpp, Ollama) or llama-cpp-python's
+``json_object`` with a ``schema``; the tool descriptions travel in the system
+turn, exactly as for the local model. A free-text-or-call constraint
+(``tool_choice: "auto"``) cannot be expressed as a ``response_format``, so it
+is sent unconstrained. Either way the host validates every finished answer
+against the guest's schema (``host/structured.py``, ``OutputSpec.check``): a
+server that cannot or did not enforce it gives ``schema_validation_failed``,
+never a silently accepted answer. LoRA selection is the server's business: a
+request naming adapters is refused. ``cache_prompt`` is left to the server.
+
+Embeddings use ``/embeddings`` and come back L2-normalised, one per text in
+input order; a server that answers one vector per token (llama-cpp-python on
+a model without pooling) is mean-pooled here, as the local engine pools.
+
+Usage comes from the server's own count (``stream_options.include_usage``,
+cached tokens from ``prompt_tokens_details``); a server that reports none
+(llama-cpp-python) gets the text pieces counted as completion tokens and 0
+prompt tokens.
+
+Errors are one line and never hold the key: unreachable, refused, 4xx, 5xx,
+a malformed or truncated stream -> ``ModelError`` (``model_load_failed``);
+HTTP 429 and 503 -> ``ServerBusy`` (a ``QueueFull``: ``busy``); no byte for
+``read_timeout_s``, the answer past ``request_timeout_s``, HTTP 408 and 504 ->
+``ModelTimeout`` (``timeout``); a schema the server refuses (HTTP 400/422 on
+a request with a ``response_format``) -> ``ConstraintError``
+(``schema_validation_failed``). The key is read from the environment variable
+named by ``api_key_env`` (``OPENAI_API_KEY`` by default) when the backend is
+built -- in each process, so a map's Dask workers read their own -- and is
+never stored anywhere a transcript, a pickle or a message reaches.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import re
+import socket
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+from tensorjob_jupyter.inference.base import (FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, ConstraintError,
+                                              GenerateRequest, GenerateResult, GenerateUsage, ModelError,
+                                              ModelTimeout, QueueFull, TokenCallback)
+from tensorjob_jupyter.inference.text_stream import TextStream
+
+DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
+#: Bytes of response body allowed per requested token (an SSE chunk of one token is a few hundred).
+MAX_BODY_BYTES_PER_TOKEN = 16 * 1024
+MAX_BODY_BYTES_FLOOR = 1 << 20
+#: How much of a server's own error text a message quotes.
+MAX_SERVER_TEXT = 200
+#: The OpenAI API takes at most four stop strings; the rest are cut here only.
+MAX_SERVER_STOPS = 4
+_THREAD_PREFIX = "tensorjob-served"
+
+
+class ServerBusy(QueueFull):
+    """The model server said it is overloaded (HTTP 429 or 503): ``busy``."""
+
+
+class _Aborted(Exception):
+    """This request was aborted from another thread (a cancel, a timeout of the job)."""
+
+
+# --- naming a served model ----------------------------------------------------------------------
+
+
+def is_served(model: Any) -> bool:
+    """Whether ``model`` names a served model (an ``http://`` or ``https://`` URL) rather than a file."""
+    return isinstance(model, str) and model[:8].lower().startswith(("http://", "https://"))
+
+
+def normalise_url(text: str) -> str:
+    """The base URL of an OpenAI-compatible API, as recorded: ``ValueError`` says what is wrong.
+
+    ``http(s)://HOST[:PORT][/PATH]``; no path means ``/v1``. A user name or a
+    password in the URL is refused (a transcript records the URL; the key
+    belongs in an environment variable), and so are a query and a fragment.
+    """
+    try:
+        parts = urlsplit(text.strip())
+        port = parts.port
+    except ValueError as e:
+        raise ValueError(f"{text!r} is not a URL: {e}") from None
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{text!r} is not an http(s) URL of a model server (http://HOST:PORT/v1)")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("a model server URL must not carry a user name or password: put the key in an "
+                         "environment variable (OPENAI_API_KEY, or the one --api-key-env names)")
+    if parts.query or parts.fragment:
+        raise ValueError("a model server URL takes no query or fragment (http://HOST:PORT/v1)")
+    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+    netloc = host + (f":{port}" if port is not None else "")
+    path = parts.path.rstrip("/") or "/v1"
+    return urlunsplit((parts.scheme.lower(), netloc, path, "", ""))
+
+
+# --- what each kind of server understands -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What one kind of OpenAI-compatible server accepts beyond the OpenAI API."""
+
+    name: str
+    #: the extra body field for llama.cpp's multiplicative repeat penalty; None: not sent
+    repeat_penalty: str | None = None
+    #: top_k and min_p as extra body fields, and the top_k that means "off"
+    top_k_min_p: bool = False
+    top_k_off: int = 0
+    #: "json_schema" (the OpenAI shape) or "json_object" (llama-cpp-python: a json_object with a schema)
+    schema_format: str = "json_schema"
+
+    def response_format(self, schema: Any) -> dict:
+        if self.schema_format == "json_object":
+            return {"type": "json_object", "schema": schema}
+        return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": True}}
+
+
+DIALECTS = {
+    "openai": Dialect("openai"),
+    "llama.cpp": Dialect("llama.cpp", "repeat_penalty", True, 0),
+    "llama-cpp-python": Dialect("llama-cpp-python", "repeat_penalty", True, 0, "json_object"),
+    "vllm": Dialect("vllm", "repetition_penalty", True, -1),
+}
+#: ``owned_by`` in ``/v1/models`` -> the dialect; anything else speaks plain OpenAI.
+OWNERS = {"me": "llama-cpp-python", "llamacpp": "llama.cpp", "vllm": "vllm"}
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    model: str
+    dialect: Dialect
+
+
+@dataclass
+class ServedStats:
+    """What this backend did, for benchmarks: requests, text pieces delivered, and the CPU time
+    its request threads spent (SDK, SSE parsing, this module and the token callbacks)."""
+
+    requests: int = 0
+    pieces: int = 0
+    host_cpu_s: float = 0.0
+
+
+# --- one request: its future, its socket, its limits -------------------------------------------
+
+
+class _Call:
+    """One request in flight: abort it from any thread, bound its bytes and its time."""
+
+    def __init__(self, kind: str, max_bytes: int, timeout_s: float):
+        self.kind = kind
+        self.deadline = math.inf
+        self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
+        self.bytes = 0
+        self.aborted = False
+        #: what reached the listener so far, and when: the answer of a request aborted mid-stream
+        self.parts: list[str] = []
+        self.pieces = 0
+        self.started = self.first_at = self.last_at = None
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+
+    def abort(self) -> None:
+        with self._lock:
+            self.aborted = True
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shutdown(sock)
+
+    def trace(self, name: str, info: dict) -> None:
+        """The HTTP client's trace hook, on the request's thread: catch each socket as it connects."""
+        if name == "connection.connect_tcp.started" and self.aborted:
+            raise _Aborted()
+        if name == "connection.connect_tcp.complete":
+            stream = info.get("return_value")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            if sock is None:
+                return
+            with self._lock:
+                self._sockets.append(sock)
+                aborted = self.aborted
+            if aborted:
+                _shutdown(sock)
+
+    def check(self, n: int) -> None:
+        """Before each piece of the body is used: aborted, too late, or too much?"""
+        if self.aborted:
+            raise _Aborted()
+        if time.monotonic() > self.deadline:
+            raise ModelTimeout(f"the model server's answer took longer than {self.timeout_s:g} s "
+                               "(request_timeout_s)")
+        self.bytes += n
+        if self.bytes > self.max_bytes:
+            raise ModelError(f"the model server's stream is malformed: more than {self.max_bytes} bytes "
+                             "for the tokens asked")
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed or never connected
+
+
+class _ServedFuture(Future):
+    """A future whose ``cancel()`` also ends a request that is already running."""
+
+    def __init__(self, call: _Call):
+        super().__init__()
+        self._call = call
+
+    def cancel(self) -> bool:
+        if super().cancel():
+            return True  # still waiting: it never starts
+        if not self.done():
+            self._call.abort()
+        return False
+
+
+class _GuardedBody:
+    """The response body as the SDK reads it, checked piece by piece against the request's bounds."""
+
+    def __init__(self, inner, call: _Call):
+        self._inner = inner
+        self._call = call
+
+    def __iter__(self):
+        for chunk in self._inner:
+            self._call.check(len(chunk))
+            yield chunk
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+# --- the backend --------------------------------------------------------------------------------
+
+
+class ServedBackend:
+    """A ``Backend`` for a model on an OpenAI-compatible server.
+
+    ``url``: the API base (``http://127.0.0.1:8000/v1``); ``model``: the served
+    model's id (None: the server's only model, asked of ``/v1/models`` on first
+    use); ``api_key_env``: the environment variable holding the key (unset or
+    empty: no key is sent). ``dialect``: a key of ``DIALECTS`` (None: from
+    ``/v1/models``). Nothing touches the network until a job needs it.
+    """
+
+    def __init__(self, url: str, model: str | None = None, *, api_key_env: str = DEFAULT_API_KEY_ENV,
+                 concurrency: int = 4, queue_size: int = 64, connect_timeout_s: float = 5.0,
+                 read_timeout_s: float = 120.0, request_timeout_s: float = 600.0, dialect: str | None = None):
+        try:
+            self.url = normalise_url(url)
+        except ValueError as e:
+            raise ModelError(str(e)) from None
+        if dialect is not None and dialect not in DIALECTS:
+            raise ModelError(f"unknown server dialect {dialect!r}: one of {', '.join(sorted(DIALECTS))}")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", api_key_env or ""):
+            raise ModelError(f"--api-key-env {api_key_env!r} is not an environment variable name")
+        self.api_key_env = api_key_env
+        self._key = os.environ.get(api_key_env) or ""
+        self._requested_model = model or None
+        self._dialect_name = dialect
+        self._info: ServerInfo | None = None
+        self._info_lock = threading.Lock()
+        self.concurrency = max(1, int(concurrency))
+        self.queue_size = max(0, int(queue_size))
+        self.connect_timeout_s = float(connect_timeout_s)
+        self.read_timeout_s = float(read_timeout_s)
+        self.request_timeout_s = float(request_timeout_s)
+        self.stats = ServedStats()
+        self._lock = threading.Lock()
+        self._waiting: collections.deque = collections.deque()
+        self._running: set[_Call] = set()
+        self._threads = 0
+        self._accepted = 0  # requests waiting or running
+        self._idle = threading.Condition(self._lock)
+        self._closed = False
+        self._local = threading.local()
+        self._client = None  # the openai client, built on first use
+        self._headers: dict = {}
+
+    # -- what a job records ----------------------------------------------------------------------
+
+    @property
+    def model_name(self) -> str:
+        """The served model's id: as given, else the server's only model (asked once); the URL's
+        ``?`` stands in while the server cannot be asked (the job's infer then says why)."""
+        if self._requested_model:
+            return self._requested_model
+        try:
+            return self._server_info().model
+        except ModelError:
+            return "?"
+
+    @property
+    def server(self) -> dict:
+        """What a transcript records about the server: its URL and the key's variable, never the key."""
+        return {"url": self.url, "api_key_env": self.api_key_env}
+
+    def __repr__(self) -> str:
+        return f"ServedBackend({self.url!r}, model={self._requested_model!r}, api_key_env={self.api_key_env!r})"
+
+    def __reduce__(self):
+        raise TypeError("a ServedBackend holds threads and connections and cannot be pickled; "
+                        "send the URL, the model name and the key's variable name instead")
+
+    # -- submitting ---------------------------------------------------------------------------------
+
+    def generate_stream(self, request: GenerateRequest, on_token: TokenCallback) -> "Future[GenerateResult]":
+        if request.lora:
+            raise ModelError("a served model takes no LoRA adapters from the job: the server chooses them")
+        return self._submit("generate", request, on_token, request.max_tokens)
+
+    def embed(self, texts: Sequence[str]) -> "Future[list[list[float]]]":
+        return self._submit("embed", list(texts), None, 1 + sum(len(t) for t in texts) // 64)
+
+    def _submit(self, kind: str, payload: Any, on_token: TokenCallback | None, tokens: int) -> Future:
+        max_bytes = max(MAX_BODY_BYTES_FLOOR, MAX_BODY_BYTES_PER_TOKEN * max(1, int(tokens)))
+        call = _Call(kind, max_bytes, self.request_timeout_s)
+        work = self._generate if kind == "generate" else self._embed
+        future = _ServedFuture(call)
+        with self._lock:
+            if self._closed:
+                raise ModelError(f"the backend for {self.url} is closed")
+            if self._accepted >= self.concurrency + self.queue_size:
+                raise QueueFull(f"the requests to the model server {self.url} are full ({self.concurrency} "
+                                f"running, {self.queue_size} waiting); try again later")
+            self._waiting.append((work, payload, on_token, call, future))
+            self._accepted += 1
+            if self._threads < self.concurrency:
+                self._threads += 1
+                threading.Thread(target=self._serve, name=f"{_THREAD_PREFIX}-{self._threads}", daemon=True).start()
+        return future
+
+    def _serve(self) -> None:
+        """A request thread: run waiting requests until none waits, then end."""
+        while True:
+            with self._lock:
+                if not self._waiting:
+                    self._threads -= 1
+                    self._idle.notify_all()
+                    return
+                work, payload, on_token, call, future = self._waiting.popleft()
+                if not future.set_running_or_notify_cancel():
+                    self._accepted -= 1
+                    continue  # cancelled while it waited
+                self._running.add(call)
+            call.deadline = time.monotonic() + self.request_timeout_s
+            call.started = time.perf_counter()
+            cpu = time.thread_time()
+            self._local.call = call
+            try:
+                result = work(call, payload, on_token)
+            except BaseException as e:  # noqa: BLE001 - every failure answers the future
+                error = self._error(e, call)
+                if isinstance(error, GenerateResult):
+                    future.set_result(error)
+                else:
+                    future.set_exception(error)
+            else:
+                future.set_result(result)
+            finally:
+                self._local.call = None
+                with self._lock:
+                    self._running.discard(call)
+                    self._accepted -= 1
+                    self.stats.requests += 1
+                    self.stats.host_cpu_s += time.thread_time() - cpu
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Refuse new requests, fail the waiting ones, abort the running ones, and wait for the threads."""
+        with self._lock:
+            self._closed = True
+            waiting = list(self._waiting)
+            self._waiting.clear()
+            self._accepted -= len(waiting)
+            running = list(self._running)
+        for _work, _payload, _on_token, _call, future in waiting:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(ModelError(f"the backend for {self.url} was closed"))
+        for call in running:
+            call.abort()
+        with self._idle:
+            self._idle.wait_for(lambda: self._threads == 0, timeout)
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    @property
+    def threads(self) -> int:
+        """Request threads alive now (0 when no request runs or waits)."""
+        with self._lock:
+            return self._threads
+
+    # -- the HTTP client ------------------------------------------------------------------------------
+
+    def _openai(self):
+        with self._info_lock:
+            if self._client is None:
+                self._client = self._make_client()
+            return self._client
+
+    def _make_client(self):
+        try:
+            import httpx2
+            import openai
+        except ImportError as e:  # pragma: no cover - both are dependencies
+            raise ModelError(f"a served model needs the openai package: {e}") from None
+        timeout = httpx2.Timeout(connect=self.connect_timeout_s, read=self.read_timeout_s,
+                                 write=self.read_timeout_s, pool=self.read_timeout_s)
+        http = httpx2.Client(timeout=timeout,
+                             limits=httpx2.Limits(max_connections=2 * self.concurrency + 4,
+                                                  max_keepalive_connections=0),
+                             event_hooks={"request": [self._on_request], "response": [self._on_response]})
+        # no key: no Authorization header at all (the SDK wants that said per request: ``_headers``)
+        self._headers = {} if self._key else {"Authorization": openai.Omit()}
+        # admin_api_key="" and api_key="" (not None): the SDK must not fall back to OPENAI_API_KEY or
+        # OPENAI_ADMIN_KEY when --api-key-env names another variable
+        return openai.OpenAI(base_url=self.url, api_key=self._key, admin_api_key="", max_retries=0,
+                             timeout=timeout, http_client=http)
+
+    def _on_request(self, request) -> None:
+        call = getattr(self._local, "call", None)
+        if call is not None:
+            call.check(0)
+            request.extensions = {**request.extensions, "trace": call.trace}
+
+    def _on_response(self, response) -> None:
+        call = getattr(self._local, "call", None)
+        if call is not None:
+            response.stream = _wrap_stream(response.stream, call)
+
+    # -- which model, which dialect ------------------------------------------------------------------
+
+    def _server_info(self) -> ServerInfo:
+        """The model id and the dialect, asked of ``/v1/models`` once (a failure is asked again next time)."""
+        info = self._info
+        if info is not None:
+            return info
+        client = self._openai()
+        with self._info_lock:
+            if self._info is not None:
+                return self._info
+            owners: dict[str, str] = {}
+            listed: list[str] | None = None
+            try:
+                page = client.with_options(timeout=min(self.read_timeout_s, 30.0)).models.list(
+                    extra_headers=self._headers)
+                listed = []
+                for m in page.data:
+                    listed.append(str(m.id))
+                    owners[str(m.id)] = str(getattr(m, "owned_by", "") or "")
+            except Exception as e:  # noqa: BLE001 - classified below
+                error = self._error(e, None)
+                if not (self._requested_model and isinstance(error, ModelError)
+                        and getattr(error, "status", None) == 404):
+                    raise error from None
+            model = self._requested_model
+            if model is None:
+                if not listed:
+                    raise ModelError(f"the model server at {self.url} lists no models; name one with --model-name")
+                if len(listed) > 1:
+                    names = ", ".join(_clip(n, 80) for n in listed[:20]) + (", ..." if len(listed) > 20 else "")
+                    raise ModelError(f"the model server at {self.url} serves {len(listed)} models ({names}); "
+                                     "name one with --model-name")
+                model = listed[0]
+            elif listed is not None and model not in listed:
+                names = ", ".join(_clip(n, 80) for n in listed[:20]) or "none"
+                raise ModelError(f"the model server at {self.url} does not serve {_clip(model, 80)!r} "
+                                 f"(it serves: {names})")
+            dialect = DIALECTS[self._dialect_name or OWNERS.get(owners.get(model, ""), "openai")]
+            self._info = ServerInfo(model, dialect)
+            return self._info
+
+    # -- generation -------------------------------------------------------------------------------
+
+    def _body(self, request: GenerateRequest, info: ServerInfo, chat: bool) -> tuple[dict, dict]:
+        s = request.sampler
+        body: dict[str, Any] = {"model": info.model, "stream": True, "max_tokens": int(request.max_tokens),
+                                "temperature": float(s.temperature), "top_p": float(s.top_p), "seed": int(s.seed),
+                                "stream_options": {"include_usage": True}}
+        if s.stop:
+            body["stop"] = list(s.stop)[:MAX_SERVER_STOPS]
+        extra: dict[str, Any] = {}
+        d = info.dialect
+        if d.repeat_penalty is not None:
+            extra[d.repeat_penalty] = float(s.repeat_penalty)
+        if d.top_k_min_p:
+            extra["top_k"] = int(s.top_k) if s.top_k and s.top_k > 0 else d.top_k_off
+            extra["min_p"] = float(s.min_p)
+        c = request.constraint
+        if c is not None and not c.free_text:
+            import json
+
+            fmt = d.response_format(json.loads(c.schema))
+            if chat:
+                body["response_format"] = fmt
+            else:
+                extra["response_format"] = fmt  # not part of the completions API: servers that know it use it
+        return body, extra
+
+    def _generate(self, call: _Call, request: GenerateRequest, on_token: TokenCallback) -> GenerateResult:
+        info = self._server_info()
+        chat = request.chat is None or bool(request.chat)
+        body, extra = self._body(request, info, chat)
+        client = self._openai()
+        if chat:
+            messages = ([{"role": "system", "content": request.system}] if request.system is not None else [])
+            messages.append({"role": "user", "content": request.prompt})
+            stream = client.chat.completions.create(messages=messages, extra_body=extra or None,
+                                                    extra_headers=self._headers, **body)
+        else:
+            prompt = request.prompt if request.system is None else f"{request.system}\n\n{request.prompt}"
+            stream = client.completions.create(prompt=prompt, extra_body=extra or None,
+                                               extra_headers=self._headers, **body)
+        return self._read(call, stream, request, on_token, chat)
+
+    def _read(self, call: _Call, stream, request: GenerateRequest, on_token: TokenCallback,
+              chat: bool) -> GenerateResult:
+        text_stream = TextStream(request.sampler.stop)
+        events = 0
+        max_events = 4 * request.max_tokens + 64
+        finish: str | None = None
+        usage = None
+
+        def deliver(text: str) -> bool:
+            call.parts.append(text)
+            try:
+                return bool(on_token(text))
+            except BaseException:  # noqa: BLE001 - a dead listener means stop
+                return False
+
+        with stream:
+            for chunk in stream:
+                events += 1
+                if events > max_events:
+                    raise ModelError(f"the model server's stream is malformed: more than {max_events} events "
+                                     f"for {request.max_tokens} tokens")
+                got = getattr(chunk, "usage", None)
+                if got is not None:
+                    usage = got
+                for choice in getattr(chunk, "choices", None) or ():
+                    if getattr(choice, "index", 0) not in (0, None):
+                        continue
+                    piece = (getattr(getattr(choice, "delta", None), "content", None) if chat
+                             else getattr(choice, "text", None))
+                    if piece:
+                        if not isinstance(piece, str):
+                            raise ModelError("the model server's stream is malformed: a text piece is not a string")
+                        if call.pieces >= request.max_tokens:  # the server ignores max_tokens: cut it here
+                            return self._result(call, FINISH_LENGTH, usage, text_stream, deliver)
+                        call.pieces += 1
+                        call.last_at = time.perf_counter()
+                        call.first_at = call.first_at or call.last_at
+                        text, stopped = text_stream.push(piece.encode("utf-8", "replace"))
+                        if text and not deliver(text):
+                            return self._result(call, FINISH_CANCELLED, None, None, deliver)
+                        if stopped:
+                            return self._result(call, FINISH_STOP, usage, None, deliver)
+                    reason = getattr(choice, "finish_reason", None)
+                    if reason:
+                        finish = FINISH_LENGTH if reason == "length" else FINISH_STOP
+        if finish is None:
+            raise ModelError("the model server's stream ended before the answer did (no finish_reason)")
+        return self._result(call, finish, usage, text_stream, deliver)
+
+    def _result(self, call: _Call, finish: str, usage, text_stream: TextStream | None, deliver) -> GenerateResult:
+        if text_stream is not None:
+            tail = text_stream.flush()
+            if tail:
+                deliver(tail)
+        return GenerateResult("".join(call.parts), finish, self._usage(usage, call))
+
+    def _usage(self, usage, call: _Call) -> GenerateUsage:
+        with self._lock:
+            self.stats.pieces += call.pieces
+        pieces, started, first_at, last_at = call.pieces, call.started, call.first_at, call.last_at
+        prompt = _count(getattr(usage, "prompt_tokens", None))
+        completion = _count(getattr(usage, "completion_tokens", None))
+        details = getattr(usage, "prompt_tokens_details", None)
+        cached = _count(details.get("cached_tokens") if isinstance(details, dict)
+                        else getattr(details, "cached_tokens", None))
+        tps = (pieces - 1) / (last_at - first_at) if pieces > 1 and last_at and last_at > first_at else None
+        return GenerateUsage(prompt_tokens=prompt or 0, completion_tokens=completion if usage is not None
+                             and completion is not None else pieces, cached_tokens=cached or 0,
+                             time_to_first_token_s=(first_at - started) if first_at else None,
+                             tokens_per_second=tps)
+
+    # -- embeddings -------------------------------------------------------------------------------
+
+    def _embed(self, call: _Call, texts: list[str], _on_token: None) -> list[list[float]]:
+        if not texts:
+            return []
+        info = self._server_info()
+        answer = self._openai().embeddings.create(model=info.model, input=texts, encoding_format="float",
+                                                  extra_headers=self._headers)
+        rows = sorted(getattr(answer, "data", None) or [], key=lambda d: getattr(d, "index", 0))
+        if len(rows) != len(texts):
+            raise ModelError(f"the model server's embeddings are malformed: {len(rows)} vectors for {len(texts)} texts")
+        vectors = []
+        for row in rows:
+            vector = getattr(row, "embedding", None)
+            if isinstance(vector, list) and vector and all(isinstance(v, list) and v for v in vector):
+                vector = _mean_pooled(vector)  # one vector per token (llama-cpp-python, a model without pooling)
+            if not isinstance(vector, list) or not vector or not all(isinstance(x, (int, float)) for x in vector):
+                raise ModelError("the model server's embeddings are malformed: a vector is not a list of numbers")
+            norm = math.sqrt(sum(float(x) * float(x) for x in vector)) or 1.0
+            vectors.append([float(x) / norm for x in vector])
+        return vectors
+
+    # -- errors -----------------------------------------------------------------------------------
+
+    def _error(self, e: BaseException, call: _Call | None):
+        """What a failed request answers: a partial result when it was aborted, else one exception
+        of the kinds the reactor knows, with a one-line message that holds no key."""
+        if call is not None and call.aborted:
+            if call.kind == "generate":
+                return GenerateResult("".join(call.parts), FINISH_CANCELLED, self._usage(None, call))
+            return ModelError("the request to the model server was cancelled")
+        error = _classify(e, self.url, self.api_key_env)
+        message = self._scrub(str(error))
+        if message != str(error):
+            error = type(error)(message)
+        return error
+
+    def _scrub(self, text: str) -> str:
+        if self._key and len(self._key) >= 4:
+            text = text.replace(self._key, "***")
+        return text
+
+
+def _wrap_stream(inner, call: _Call):
+    import httpx2
+
+    class Guarded(_GuardedBody, httpx2.SyncByteStream):
+        pass
+
+    return Guarded(inner, call)
+
+
+def _mean_pooled(rows: list[list]) -> list[float] | None:
+    """The mean of per-token vectors, as the local engine pools; None when they are not all numbers of one width."""
+    width = len(rows[0])
+    if any(len(r) != width or not all(isinstance(x, (int, float)) for x in r) for r in rows):
+        return None
+    return [sum(float(r[i]) for r in rows) / len(rows) for i in range(width)]
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _clip(text: str, n: int = MAX_SERVER_TEXT) -> str:
+    text = " ".join(str(text).split())
+    text = "".join(c for c in text if c.isprintable())
+    return text if len(text) <= n else text[:n] + "…"
+
+
+def _server_text(e: Any) -> str:
+    body = getattr(e, "body", None)
+    message = None
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        message = inner.get("message") if isinstance(inner, dict) else inner
+        if message is None and isinstance(body.get("detail"), (str, list)):
+            message = body["detail"]
+    return _clip(message if message is not None else getattr(e, "message", "") or "")
+
+
+def _classify(e: BaseException, url: str, key_env: str) -> BaseException:
+    """A request's exception as one the reactor maps to a code (see the module docstring)."""
+    if isinstance(e, (ModelError, QueueFull)):
+        return e
+    try:
+        import httpx2
+        import openai
+    except ImportError:  # pragma: no cover
+        return ModelError(f"{type(e).__name__}: {_clip(str(e))}")
+    cause = e.__cause__ if isinstance(e, openai.APIConnectionError) else e
+    if isinstance(cause, (httpx2.ConnectError, httpx2.ConnectTimeout)) or isinstance(e, _Aborted):
+        why = "it did not answer in time" if isinstance(cause, httpx2.ConnectTimeout) else "connection refused"
+        if isinstance(cause, httpx2.ConnectError) and "refused" not in str(cause).lower():
+            why = _clip(str(cause), 120) or "cannot connect"
+        return ModelError(f"cannot reach the model server at {url}: {why}")
+    if isinstance(e, openai.APITimeoutError) or isinstance(cause, httpx2.TimeoutException):
+        return ModelTimeout(f"the model server at {url} sent nothing for too long (read_timeout_s)")
+    if isinstance(e, openai.APIStatusError):
+        status = e.status_code
+        said = _server_text(e)
+        said = f": {said}" if said else ""
+        if status in (429, 503):
+            return ServerBusy(f"the model server at {url} is busy (HTTP {status}){said}; try again later")
+        if status in (408, 504):
+            return ModelTimeout(f"the model server at {url} timed out (HTTP {status}){said}")
+        if status in (401, 403):
+            return ModelError(f"the model server at {url} refused the key in ${key_env} (HTTP {status}){said}")
+        if status in (400, 422) and re.search(r"response_format|json_schema|schema|grammar", said, re.I):
+            return ConstraintError(f"the model server at {url} refused the output schema (HTTP {status}){said}")
+        error = ModelError(f"the model server at {url} answered HTTP {status}{said}")
+        error.status = status  # type: ignore[attr-defined]
+        return error
+    if isinstance(e, openai.APIConnectionError):
+        return ModelError(f"the model server at {url} dropped the connection mid-answer"
+                          + (f" ({type(cause).__name__})" if cause is not None else ""))
+    if isinstance(e, openai.APIError):
+        return ModelError(f"the model server at {url} reported an error in its stream: {_clip(str(e))}")
+    if isinstance(e, (ValueError, TypeError, AttributeError, KeyError)):  # bad JSON, a chunk of the wrong shape
+        return ModelError(f"the model server's stream is malformed ({type(e).__name__}: {_clip(str(e), 120)})")
+    return ModelError(f"the request to the model server at {url} failed: {type(e).__name__}: {_clip(str(e))}")
+
+
+# --- one backend per server, model and key variable in a process ---------------------------------
+
+_registry_lock = threading.Lock()
+_backends: dict[tuple, ServedBackend] = {}
+
+
+def served_backend(url: str, model_name: str | None = None, api_key_env: str | None = None,
+                   **options: Any) -> ServedBackend:
+    """The process's shared backend for this server, model id and key variable (built once)."""
+    try:
+        base = normalise_url(url)
+    except ValueError as e:
+        raise ModelError(str(e)) from None
+    env = api_key_env or DEFAULT_API_KEY_ENV
+    key = (base, model_name or None, env, tuple(sorted(options.items())))
+    with _registry_lock:
+        backend = _backends.get(key)
+        if backend is None or backend._closed:
+            backend = _backends[key] = ServedBackend(base, model_name, api_key_env=env, **options)
+        return backend
+
+
+def shutdown(timeout: float | None = 10.0) -> None:
+    """Close every shared served backend (their threads end, their connections close)."""
+    with _registry_lock:
+        backends = list(_backends.values())
+        _backends.clear()
+    for backend in backends:
+        backend.close(timeout)

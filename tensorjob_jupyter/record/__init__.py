@@ -1,0 +1,9 @@
+"""record: what a job leaves behind -- the ordered event stream, the Open Responses
+events of each infer, the transcript on disk and its one reader, the runs folder.
+
+Owns: ``events`` (the stream, written then published), ``responses`` (one
+``infer`` as an Open Responses response), ``transcript`` (reading a run back,
+checked as input from anywhere), ``runs`` (the runs folder's layout: its file
+names, where it is, whether a run is live).
+May import: ``abi``, ``limits``, ``text``, ``version``. Nothing above.
+"""

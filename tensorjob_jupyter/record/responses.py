@@ -1,0 +1,214 @@
+"""Each ``infer`` as one response in the Open Responses event format.
+
+An infer publishes, in order: ``response.created`` (status ``queued``),
+``response.in_progress``, ``response.output_item.added`` (a message item),
+``response.content_part.added``, one ``response.output_text.delta`` per
+token, ``response.output_text.done``, ``response.content_part.done``,
+``response.output_item.done``, and then exactly one terminal event:
+``response.completed`` (the model ended, or the guest said stop, as a stop
+sequence ends a response); ``response.incomplete`` with
+``incomplete_details.reason`` = ``max_output_tokens`` when the token limit cut
+it short, or with the response's status ``cancelled`` when the job was
+cancelled; or ``error`` followed by ``response.failed`` when the model (or the
+guest's ``cf_on_token``) failed. Every terminal event also carries this
+project's ``finish_reason`` -- ``stop``, ``length``, ``guest_stop`` or
+``cancelled`` -- beside the spec's fields.
+
+The schema of record is the openai SDK's (``ResponseStreamEvent``): the
+tests validate every event against it, so the spec's closed vocabularies are
+kept -- ``response.failed`` says ``server_error`` or ``rate_limit_exceeded``,
+and the ``error`` event before it carries this project's own code. Text
+events carry ``item_id``, nullable fields are present as ``null``, usage
+includes ``input_tokens_details`` -- the spec's shape, not a subset.
+
+When the model calls a tool (``tools`` in the infer), the output item is a
+``function_call`` instead of a message: ``response.output_item.added`` (with
+its ``name`` and ``call_id``, as soon as the model has written the name),
+``response.function_call_arguments.delta`` as the arguments grow,
+``response.function_call_arguments.done``, ``response.output_item.done``.
+The response object reports what the infer asked for and ran with: ``text``
+(its format), ``tools``, ``tool_choice``, ``temperature``, ``top_p``, and
+this project's ``sampler`` (every sampling setting, seed and stop strings
+included).
+
+The events are published on the job's stream, so their ``sequence_number``
+counts across the whole job rather than restarting per response. Beside the
+spec's fields, ``response.created`` carries ``infer_index`` and the guest's
+``command`` (its prompt and token limit, so a transcript can be replayed),
+and the terminal event the reactor's ``finish_reason``, ``timing`` and
+``guest_stopped_after``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from tensorjob_jupyter.abi import event_types
+from tensorjob_jupyter.record.events import EventStream
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class ResponseStream:
+    """Publishes one infer's Open Responses events on a job's stream."""
+
+    def __init__(self, stream: EventStream, *, model: str, max_output_tokens: int,
+                 temperature: float | None = None, top_p: float | None = None, index: int = 0,
+                 output: dict | None = None, sampler: dict | None = None):
+        self.stream = stream
+        self.id = _id("resp")
+        self.item_id = _id("msg")
+        self.model = model
+        self.index = index
+        self.max_output_tokens = max_output_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        #: ``text``, ``tools`` and ``tool_choice`` as the response object reports them.
+        self.output = output or {"text": {"format": {"type": "text"}}, "tools": [], "tool_choice": "none"}
+        self.sampler = sampler
+        self.created_at = int(time.time())
+        self.text_parts: list[str] = []
+        self._opened = False
+        # a function_call item, once the model has named the function
+        self.call_name: str | None = None
+        self.call_id: str | None = None
+        self.call_item_id: str | None = None
+        self.call_parts: list[str] = []
+
+    @property
+    def call_open(self) -> bool:
+        return self.call_name is not None
+
+    # -- snapshots ------------------------------------------------------------------
+
+    def _part(self, text: str) -> dict:
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+    def _item(self, status: str, text: str | None) -> dict:
+        content = [] if text is None else [self._part(text)]
+        return {"type": "message", "id": self.item_id, "status": status, "role": "assistant",
+                "content": content}
+
+    def _resource(self, status: str, *, output: list | None = None, usage: dict | None = None,
+                  error: dict | None = None, incomplete: dict | None = None,
+                  completed_at: int | None = None) -> dict:
+        return {
+            "id": self.id, "object": "response", "created_at": self.created_at,
+            "completed_at": completed_at, "status": status, "incomplete_details": incomplete,
+            "model": self.model, "previous_response_id": None, "instructions": None,
+            "output": output or [], "error": error, "tools": self.output["tools"],
+            "tool_choice": self.output["tool_choice"], "truncation": "disabled", "parallel_tool_calls": False,
+            "text": self.output["text"], "top_p": self.top_p,
+            "presence_penalty": 0.0, "frequency_penalty": 0.0, "top_logprobs": 0,
+            "temperature": self.temperature, "reasoning": None, "usage": usage,
+            "max_output_tokens": self.max_output_tokens, "max_tool_calls": None,
+            "store": False, "background": False, "service_tier": "default", "metadata": {},
+            "safety_identifier": None, "prompt_cache_key": None,
+            **({"sampler": self.sampler} if self.sampler is not None else {}),
+        }
+
+    def _call_item(self, status: str, arguments: str) -> dict:
+        return {"type": "function_call", "id": self.call_item_id, "call_id": self.call_id, "name": self.call_name,
+                "arguments": arguments, "status": status}
+
+    @staticmethod
+    def usage_json(input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict:
+        """Usage in the spec's shape; the prompt tokens not read from the KV cache were written to it."""
+        return {"input_tokens": input_tokens,
+                "input_tokens_details": {"cached_tokens": cached_tokens,
+                                         "cache_write_tokens": max(0, input_tokens - cached_tokens)},
+                "output_tokens": output_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": input_tokens + output_tokens}
+
+    # -- the sequence ---------------------------------------------------------------
+
+    def start(self, **extra: Any) -> None:
+        """``response.created`` (with ``extra`` fields beside the spec's, e.g. the guest's
+        ``command``, which replay relies on) and ``response.in_progress``."""
+        self.stream.publish(event_types.RESPONSE_CREATED, response=self._resource("queued"), infer_index=self.index,
+                            **extra)
+        self.stream.publish(event_types.RESPONSE_IN_PROGRESS, response=self._resource("in_progress"),
+                            infer_index=self.index)
+
+    def _open(self) -> None:
+        if self._opened:
+            return
+        self._opened = True
+        self.stream.publish(event_types.RESPONSE_OUTPUT_ITEM_ADDED, output_index=0,
+                            item=self._item("in_progress", None))
+        self.stream.publish(event_types.RESPONSE_CONTENT_PART_ADDED, item_id=self.item_id, output_index=0,
+                            content_index=0, part=self._part(""))
+
+    def delta(self, text: str) -> None:
+        self._open()
+        self.text_parts.append(text)
+        self.stream.publish(event_types.RESPONSE_OUTPUT_TEXT_DELTA, item_id=self.item_id, output_index=0,
+                            content_index=0, delta=text, logprobs=[])
+
+    # -- a function call ------------------------------------------------------------
+
+    def open_call(self, name: str, call_id: str | None = None) -> None:
+        """The model has named the function it calls: the ``function_call`` item begins."""
+        if self.call_open:
+            return
+        self.call_name = name
+        self.call_id = call_id or f"call_{uuid.uuid4().hex[:24]}"
+        self.call_item_id = _id("fc")
+        self.stream.publish(event_types.RESPONSE_OUTPUT_ITEM_ADDED, output_index=0, item=self._call_item("in_progress", ""))
+
+    def call_delta(self, delta: str) -> None:
+        self.call_parts.append(delta)
+        self.stream.publish(event_types.RESPONSE_FUNCTION_CALL_ARGUMENTS_DELTA, item_id=self.call_item_id, output_index=0,
+                            delta=delta)
+
+    def _close_call(self, arguments: str, status: str) -> dict:
+        self.stream.publish(event_types.RESPONSE_FUNCTION_CALL_ARGUMENTS_DONE, item_id=self.call_item_id, output_index=0,
+                            arguments=arguments)
+        item = self._call_item(status, arguments)
+        self.stream.publish(event_types.RESPONSE_OUTPUT_ITEM_DONE, output_index=0, item=item)
+        return item
+
+    def _close_item(self, text: str, status: str) -> dict:
+        if self.call_open:
+            return self._close_call("".join(self.call_parts), status)
+        self._open()
+        self.stream.publish(event_types.RESPONSE_OUTPUT_TEXT_DONE, item_id=self.item_id, output_index=0,
+                            content_index=0, text=text, logprobs=[])
+        self.stream.publish(event_types.RESPONSE_CONTENT_PART_DONE, item_id=self.item_id, output_index=0,
+                            content_index=0, part=self._part(text))
+        item = self._item(status, text)
+        self.stream.publish(event_types.RESPONSE_OUTPUT_ITEM_DONE, output_index=0, item=item)
+        return item
+
+    def finish(self, text: str, *, usage: dict, reason: str, extra: dict[str, Any] | None = None) -> None:
+        """Close the response. ``reason``: ``stop`` or ``guest_stop`` (completed),
+        ``length`` (incomplete: max_output_tokens) or ``cancelled``."""
+        if reason == "length":
+            status, item_status, incomplete = "incomplete", "incomplete", {"reason": "max_output_tokens"}
+        elif reason == "cancelled":
+            status, item_status, incomplete = "cancelled", "incomplete", None
+        else:
+            status, item_status, incomplete = "completed", "completed", None
+        item = self._close_item(text, item_status)
+        resource = self._resource(status, output=[item], usage=usage, completed_at=int(time.time()),
+                                  incomplete=incomplete)
+        resource["output_text"] = "" if self.call_open else text
+        self.stream.publish(event_types.RESPONSE_COMPLETED if status == "completed" else event_types.RESPONSE_INCOMPLETE,
+                            response=resource, finish_reason=reason, **(extra or {}))
+
+    def fail(self, message: str, *, code: str | None = None, error_type: str = "model_error") -> None:
+        """The model failed: an ``error`` event (with this project's code), then ``response.failed``."""
+        self.stream.publish(event_types.ERROR, code=code, message=message, param=None, error_type=error_type)
+        if self.call_open:
+            output = [self._call_item("incomplete", "".join(self.call_parts))]
+        else:
+            output = [self._item("incomplete", "".join(self.text_parts))] if self._opened else []
+        spec_code = "rate_limit_exceeded" if error_type == "too_many_requests" else "server_error"
+        self.stream.publish(event_types.RESPONSE_FAILED, finish_reason="error",
+                            response=self._resource("failed", output=output,
+                                                    error={"code": spec_code, "message": message}))

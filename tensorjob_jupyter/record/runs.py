@@ -1,0 +1,79 @@
+"""The runs folder's layout: where it is, what a run folder holds, whether a run is live.
+
+Every job leaves a folder named by its id under the runs folder (``--runs``,
+``runs_dir``, else ``$TENSORJOB_RUNS``, else ``~/.tensorjob/runs``):
+``events.jsonl``, the transcript, written while the job runs, and
+``envelope.json``, written once it has ended (through ``envelope.json.tmp``
+and a rename, so it is whole or absent). These names are defined here and
+nowhere else: the writer (``events.EventStream``), the reader
+(``transcript``), the listing and the pruning (``history``) all take them
+from this module.
+
+A run is **live** while its transcript's writer holds an exclusive ``flock``
+on ``events.jsonl``. The lock goes with the open file, so it is released when
+the writer closes it -- after ``envelope.json`` is in place -- or when its
+process dies, in this process or any other, with no registry to consult.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on Windows
+    fcntl = None
+
+EVENTS_FILE = "events.jsonl"
+ENVELOPE_FILE = "envelope.json"
+ENVELOPE_TMP_FILE = ENVELOPE_FILE + ".tmp"
+#: The files a job writes in its run folder (prune removes these and nothing else).
+RUN_FILES = frozenset({EVENTS_FILE, ENVELOPE_FILE, ENVELOPE_TMP_FILE})
+
+
+def default_runs_dir() -> Path:
+    """``$TENSORJOB_RUNS``, else ``~/.tensorjob/runs``."""
+    env = os.environ.get("TENSORJOB_RUNS")
+    return Path(env) if env else Path.home() / ".tensorjob" / "runs"
+
+
+def runs_folder(runs: str | os.PathLike | None = None) -> Path:
+    """``runs`` if given, else the default runs folder."""
+    return Path(runs).expanduser() if runs else default_runs_dir()
+
+
+def new_job_id() -> str:
+    """A run's id: when it started (sortable), then six random hex digits."""
+    return time.strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def lock_transcript(fileno: int) -> None:
+    """Mark a transcript as being written (its writer calls this once, on the open file)."""
+    if fcntl is None:  # pragma: no cover
+        return
+    try:
+        fcntl.flock(fileno, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pass
+
+
+def is_live(run_dir: str | os.PathLike) -> bool:
+    """True while a job, in this process or another, still writes this run's transcript."""
+    if fcntl is None:  # pragma: no cover
+        return False
+    try:
+        fd = os.open(Path(run_dir) / EVENTS_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # closing releases the shared lock
+    return False

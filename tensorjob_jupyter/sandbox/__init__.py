@@ -1,0 +1,9 @@
+"""sandbox: the guest itself -- one wasm instance under its limits, and how it is made.
+
+Owns: ``guest`` (the wasmtime instance: validated exports, bounded memory
+reads, calls under an epoch deadline), ``wasmcall`` (the hot call path),
+``streaming`` (the ``wasi:tensor/host`` imports), ``compile`` (C, Zig and WAT
+sources to a module, cached by content hash; ``GuestSource``).
+May import: ``abi``, ``limits``, ``text``, ``version``. Nothing above: a guest
+knows nothing of files, models or jobs; it returns commands.
+"""

@@ -1,0 +1,746 @@
+"""``PythonGuest``: a Python guest, run by CPython-in-wasm, that the reactor drives like any guest.
+
+The reactor steps a guest: ``init(input) -> command``, ``step(event) ->
+command``, ``on_token(piece) -> bool``, ``interrupt()`` from any thread,
+``close()``. A Python guest's ``main(input)`` is ordinary blocking code
+(``for token in tj.infer(...): ... break``), so the interpreter runs on a
+thread of its own and every guest-API call crosses to the reactor's thread:
+
+* the guest's ``tj`` call makes one host call (``host.command``) that hands
+  the command to the reactor (``init``/``step`` return it) and waits, inside
+  the host function, for the reactor's answer: the event (``step(event)``),
+  or the first token of a streamed infer (``on_token``);
+* while a streamed infer runs, each ``on_token(piece)`` goes to the guest,
+  which judges it in its loop and answers with ``host.verdict``; an infer
+  whose reply the guest reads whole costs no crossing per token.
+
+So the host still sees every command before it is carried out: grants,
+limits, the debugger's pauses between commands, the transcript -- all as for
+a compiled guest. The two threads strictly alternate (queues hand over the
+turn), so the wasmtime ``Store`` is only ever used by the interpreter's
+thread, and the reactor's state only by the reactor's.
+
+Guarantees, each tested (tests/test_python_guest*.py):
+
+* **Deadlines.** Every stretch of guest code between two host calls runs
+  under the epoch deadline of one call (``call_timeout_s``, or what is left
+  of the job's time): the deadline is set again each time a host function
+  returns to the guest. ``while True: pass`` ends ``timeout``; ``interrupt()``
+  (cancel) pushes the epoch past any deadline at once.
+* **Fuel** (when set) counts the guest's own code: the interpreter's start-up
+  runs on a separate allowance (``STARTUP_FUEL``); when the guest's code starts
+  (``host.ready``) the store's fuel is set to the job's ``fuel``.
+* **Memory.** The store's memory limit is the job's ``memory_bytes``: past it
+  ``memory.grow`` fails and the guest sees ``MemoryError`` (or, when CPython
+  cannot even raise it, the job ends ``limit_exceeded``).
+* **Nothing of the host.** WASI is there because CPython needs it, with nothing
+  granted: no preopened directory, no environment, no arguments, sockets
+  refused, ``exit`` ends the job, and the clocks and the random source are
+  the host's own: a seeded generator and readings that the transcript records
+  (``job.interpreter``: seed and wall-clock origin; ``job.clock``: each
+  reading), so ``replay`` gives the guest the same values. Timers (sleeping
+  inside WASI) are refused; ``time.sleep`` is a host call cancel reaches.
+* **Host functions never raise Python exceptions into wasmtime** (its error
+  slot is process-wide): every failure inside one becomes a ``WasmtimeError``
+  that ends the guest's call, and the reactor sees a ``GuestTrap``.
+* ``print()`` lines go to the job's log (``job.log`` events), bounded per line
+  and per job.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import queue
+import random
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+import wasmtime
+from wasmtime import _ffi as ffi
+from wasmtime import component
+
+from tensorjob_jupyter import abi
+from tensorjob_jupyter.abi import codes
+from tensorjob_jupyter.limits import Limits
+from tensorjob_jupyter.sandbox.guest import _CLOCK, TICK_S, GuestTrap
+from tensorjob_jupyter.sandbox.python import hostcall, interpreter
+from tensorjob_jupyter.sandbox.python.program import MAX_SOURCE_BYTES, PythonProgram
+from tensorjob_jupyter.sandbox.streaming import DISABLED, DISCONNECTED, OK, REFUSED, StreamingHost
+
+WASI = "@0.2.9"
+HOST = "tensorjob:python/host@0.1.0"
+#: Fuel the interpreter may use before the guest's own code starts (instantiation,
+#: setting up, compiling the guest's source); the job's ``fuel`` counts from there.
+STARTUP_FUEL = 5_000_000_000
+#: Extra wall-clock time the reactor waits, past a call's deadline, for the
+#: interpreter thread to report the trap before it gives up on it.
+GRACE_S = 2.0
+#: The job's log: characters per line, and bytes of lines per job (then lines are counted, not kept).
+MAX_LOG_LINE_CHARS = 2_000
+MAX_LOG_BYTES = 1024 * 1024
+#: Clock readings a job records; later readings advance by 1 us each (deterministic, unrecorded).
+MAX_CLOCK_READINGS = 100_000
+#: Random bytes one WASI call may ask for (CPython asks for at most 256 at a time).
+MAX_RANDOM_BYTES = 64 * 1024
+#: Most staged input one read-input call returns.
+MAX_READ_INPUT = 4 * 1024 * 1024
+EVENT_LOG = "job.log"
+EVENT_CLOCK = "job.clock"
+EVENT_INTERPRETER = "job.interpreter"
+
+_CLOSE = "tensorjob: the job has ended"
+
+
+class _Protocol(Exception):
+    pass
+
+
+class Determinism:
+    """The values a Python guest gets from its world: a random seed, a wall-clock origin, clock readings.
+
+    A new job draws a seed and reads the real clock; a replay gives the
+    recorded seed, origin and readings back, in order, then goes on from the
+    last reading with the real clock. Either way every reading is published
+    (``job.clock``), so a replay's own transcript replays too.
+    """
+
+    def __init__(self, seed: int | None = None, wall_origin_ns: int | None = None,
+                 readings: Iterable[int] | None = None):
+        self.seed = random.SystemRandom().getrandbits(63) if seed is None else int(seed)
+        self.wall_origin_ns = time.time_ns() if wall_origin_ns is None else int(wall_origin_ns)
+        self.replaying = readings is not None
+        self._recorded = list(readings or ())
+        self._next = 0
+        self._mono0 = time.monotonic_ns()
+        self._offset = 0  # added to real readings after the recorded ones run out
+        self._last = 0
+        self.count = 0
+        self.pending: list[int] = []  # readings not yet published
+
+    @classmethod
+    def from_events(cls, events: Iterable[dict]) -> "Determinism | None":
+        """What a recorded run's Python guest got (``job.interpreter``, ``job.clock``), for its replay.
+
+        The events are untrusted (a transcript may come from anywhere): a
+        value of the wrong type or range is ignored, the readings are capped
+        at ``MAX_CLOCK_READINGS`` and kept non-decreasing. None when the run
+        had no Python guest.
+        """
+        def integer(value: Any, top: int) -> int | None:
+            ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < top
+            return value if ok else None
+
+        seed = origin = None
+        readings: list[int] = []
+        for event in events:
+            kind = event.get("type") if isinstance(event, dict) else None
+            if kind == EVENT_INTERPRETER and seed is None:
+                seed = integer(event.get("seed"), 2**63)
+                origin = integer(event.get("wall_origin_ns"), 2**63)
+            elif kind == EVENT_CLOCK and isinstance(event.get("readings"), list):
+                for value in event["readings"]:
+                    value = integer(value, 2**63)
+                    if value is not None and len(readings) < MAX_CLOCK_READINGS:
+                        readings.append(max(value, readings[-1]) if readings else value)
+        if seed is None:
+            return None
+        return cls(seed, origin, readings)
+
+    def reading(self) -> int:
+        """Monotonic nanoseconds since the guest started (recorded, or replayed)."""
+        self.count += 1
+        if self._next < len(self._recorded):
+            value = self._recorded[self._next]
+            self._next += 1
+            if self._next == len(self._recorded):
+                self._offset = value - (time.monotonic_ns() - self._mono0)
+            self._last = max(self._last, value)
+            self.pending.append(value)  # a replay's transcript records them too: it replays again
+            return value
+        if self.count > MAX_CLOCK_READINGS:
+            self._last += 1000
+            return self._last
+        value = max(self._last, time.monotonic_ns() - self._mono0 + self._offset)
+        self._last = value
+        self.pending.append(value)
+        return value
+
+
+def _set_fuel(store: Any, fuel: int) -> None:
+    """``Store.set_fuel`` for a store or a host function's store context."""
+    err = ffi.wasmtime_context_set_fuel(store._context(), fuel)
+    if err:
+        raise wasmtime.WasmtimeError._from_ptr(err)
+
+
+def _get_fuel(store: Any) -> int:
+    remaining = ctypes.c_uint64(0)
+    err = ffi.wasmtime_context_get_fuel(store._context(), ctypes.byref(remaining))
+    if err:
+        raise wasmtime.WasmtimeError._from_ptr(err)
+    return remaining.value
+
+
+def _record(**fields: Any) -> component.Record:
+    r = component.Record()
+    r.__dict__.update(fields)
+    return r
+
+
+def _first_error_line(e: BaseException) -> str:
+    text = str(e)
+    for line in text.splitlines():
+        if "wasm trap:" in line:
+            return line[line.index("wasm trap:") + len("wasm trap:"):].strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if "Caused by:" in lines:
+        rest = lines[lines.index("Caused by:") + 1:]
+        if rest:
+            last = rest[-1]
+            return last.split(":", 1)[-1].strip() if last[:1].isdigit() else last
+    return lines[0] if lines else type(e).__name__
+
+
+class PythonGuest:
+    """A live Python guest: the interface of ``sandbox.guest.Guest``, for CPython-in-wasm."""
+
+    has_on_token = True
+
+    def __init__(self, program: PythonProgram | bytes, limits: Limits | None = None,
+                 imports: Iterable[Any] = (), *, deadline: float | None = None,
+                 publish: Callable[..., Any] | None = None, determinism: Determinism | None = None,
+                 progress: interpreter.Progress | None = None):
+        if not isinstance(program, PythonProgram):
+            program = PythonProgram.from_bytes(program)
+        self.program = program
+        self.limits = limits or Limits()
+        self.deadline = deadline
+        self.digest = hashlib.sha256(program.to_bytes()).hexdigest()
+        self.peak_memory_bytes = 0  # a component does not show its linear memory to the host
+        self.determinism = determinism or Determinism()
+        self._publish = publish or (lambda *a, **k: None)
+        self._streaming = next((i for i in imports if isinstance(i, StreamingHost)), None)
+        self._interrupted = False
+        self._closed = False
+        self._dead = False  # the interpreter thread has ended (a trap or the final command)
+        self._host_error: BaseException | None = None  # a host failure inside a host function
+        self._to_guest: queue.SimpleQueue = queue.SimpleQueue()
+        self._to_host: queue.SimpleQueue = queue.SimpleQueue()
+        self._expect = "command"  # what the guest may call next: "command" or "verdict"
+        self._stream_infer = False  # the infer being carried out is streamed to the guest
+        self._thread: threading.Thread | None = None
+        self._fuel_left: int | None = None
+        self._cause = "call"
+        self._export = "start-up"
+        self._log_bytes = 0
+        self._log_dropped = 0
+        self._log_partial = {1: "", 2: ""}
+        self._log_extra = {1: 0, 2: 0}
+        self.fuel = self.limits.fuel is not None
+        self._deadline_ticks_max = math.ceil(self.limits.call_timeout_s / TICK_S) + 2
+        self._call_ticks = max(1, math.ceil(self.limits.call_timeout_s / TICK_S)) + 1
+
+        if len(program.source.encode("utf-8")) > MAX_SOURCE_BYTES:
+            raise GuestTrap(codes.WASM_TRAP, f"the Python guest is over {MAX_SOURCE_BYTES} bytes")
+        try:
+            self.interpreter = interpreter.ensure(self.fuel, progress)
+        except interpreter.InterpreterError as e:
+            raise GuestTrap(codes.UNSUPPORTED, f"cannot run a Python guest: {e}") from None
+        self._engine = wasmtime.Engine(interpreter.engine_config(self.fuel, self.limits.stack_bytes))
+        try:
+            comp = interpreter.load_component(self._engine, self.interpreter)
+        except interpreter.InterpreterError as e:
+            raise GuestTrap(codes.UNSUPPORTED, f"cannot run a Python guest: {e}") from None
+        self._linker = component.Linker(self._engine)
+        self._linker.add_wasip2()
+        self._linker.allow_shadowing = True
+        self._define(self._linker)
+        self._store = wasmtime.Store(self._engine)
+        self._store.set_wasi(wasmtime.WasiConfig())  # nothing granted: no dirs, env, args, network
+        self._store.set_limits(memory_size=self.limits.memory_bytes, table_elements=1_000_000)
+        if self.fuel:
+            self._store.set_fuel(STARTUP_FUEL)
+        _CLOCK.register(self)
+        try:
+            self._arm(self._store)
+            instance = self._linker.instantiate(self._store, comp)
+            self._run = instance.get_func(self._store, "run")
+            self._check = instance.get_func(self._store, "check")
+        except wasmtime.WasmtimeError as e:
+            self.close()
+            message = _first_error_line(e)
+            if "memory" in message and ("limit" in message or "minimum" in message):
+                raise GuestTrap(codes.LIMIT_EXCEEDED, f"the Python interpreter needs more memory than the job's "
+                                                      f"memory_bytes ({self.limits.memory_bytes}): {message}") from None
+            raise GuestTrap(codes.WASM_TRAP, f"could not start the Python interpreter: {message}") from None
+        if self._run is None or self._check is None:
+            self.close()
+            raise GuestTrap(codes.WASM_TRAP, "the Python interpreter lacks its run/check exports")
+        self._publish(EVENT_INTERPRETER, interpreter=self.interpreter.describe(), filename=program.filename,
+                      source_sha256=hashlib.sha256(program.source.encode("utf-8")).hexdigest(),
+                      seed=self.determinism.seed, wall_origin_ns=self.determinism.wall_origin_ns)
+
+    # -- the host functions (run on the interpreter's thread, inside a guest call) ---------------
+
+    def _define(self, linker: component.Linker) -> None:
+        def guarded(fn: Callable) -> Callable:
+            def call(store: Any, *args: Any) -> Any:
+                try:
+                    return fn(store, *args)
+                except wasmtime.WasmtimeError:
+                    raise
+                except _Protocol as e:
+                    raise wasmtime.WasmtimeError(f"tensorjob: the guest broke the host protocol: {e}") from None
+                except BaseException as e:  # noqa: BLE001 - never into wasmtime's process-wide error slot
+                    if self._host_error is None:
+                        self._host_error = e
+                    raise wasmtime.WasmtimeError(f"tensorjob: host failure: {type(e).__name__}: {e}") from None
+            return call
+
+        def refuse(what: str) -> Callable:
+            def fn(store: Any, *args: Any) -> Any:
+                raise wasmtime.WasmtimeError(f"tensorjob: a guest cannot {what}")
+            return fn
+
+        with linker.root() as root:
+            with root.add_instance(HOST) as h:  # the hot ones through hostcall (fixed signatures)
+                hostcall.add_func(h, "command", guarded(self._h_command), ("string", "bool"), "string")
+                hostcall.add_func(h, "verdict", guarded(self._h_verdict), ("bool",), "string")
+                hostcall.add_func(h, "log", guarded(self._h_log), ("u8", "string"))
+                hostcall.add_func(h, "emit-chunk", guarded(self._h_emit_chunk), ("string",), "s32")
+                hostcall.add_func(h, "flush", guarded(self._h_flush), (), "s32")
+                hostcall.add_func(h, "input-len", guarded(self._h_input_len), (), "u32")
+                hostcall.add_func(h, "read-input", guarded(self._h_read_input), ("u32", "u32"), "string")
+                hostcall.add_func(h, "sleep", guarded(self._h_sleep), ("u64",))
+                hostcall.add_func(h, "ready", guarded(self._h_ready))
+            with root.add_instance("wasi:clocks/wall-clock" + WASI) as w:
+                w.add_func("now", guarded(self._h_wall_now))
+                w.add_func("resolution", lambda store: _record(seconds=0, nanoseconds=1000))
+            with root.add_instance("wasi:clocks/monotonic-clock" + WASI) as m:
+                m.add_func("now", guarded(self._h_monotonic_now))
+                m.add_func("resolution", lambda store: 1000)
+                m.add_func("subscribe-instant", refuse("wait on a timer (time.sleep is a host call)"))
+                m.add_func("subscribe-duration", refuse("wait on a timer (time.sleep is a host call)"))
+            with root.add_instance("wasi:random/random" + WASI) as r:
+                r.add_func("get-random-bytes", guarded(self._h_random_bytes))
+                r.add_func("get-random-u64", guarded(lambda store: self._rng.getrandbits(64)))
+            with root.add_instance("wasi:random/insecure" + WASI) as r:
+                r.add_func("get-insecure-random-bytes", guarded(self._h_random_bytes))
+                r.add_func("get-insecure-random-u64", guarded(lambda store: self._rng.getrandbits(64)))
+            with root.add_instance("wasi:random/insecure-seed" + WASI) as r:
+                r.add_func("insecure-seed", guarded(lambda store: (self._rng.getrandbits(64),
+                                                                   self._rng.getrandbits(64))))
+            with root.add_instance("wasi:cli/environment" + WASI) as e:
+                e.add_func("get-environment", lambda store: [])
+                e.add_func("get-arguments", lambda store: [])
+                e.add_func("initial-cwd", lambda store: None)
+            with root.add_instance("wasi:cli/exit" + WASI) as x:
+                x.add_func("exit", refuse("exit the interpreter (return from main, or tj.fail)"))
+            with root.add_instance("wasi:filesystem/preopens" + WASI) as p:
+                p.add_func("get-directories", lambda store: [])
+            with root.add_instance("wasi:sockets/tcp-create-socket" + WASI) as s:
+                s.add_func("create-tcp-socket", lambda store, family: "access-denied")
+            with root.add_instance("wasi:sockets/udp-create-socket" + WASI) as s:
+                s.add_func("create-udp-socket", lambda store, family: "access-denied")
+        self._rng = random.Random(self.determinism.seed)
+
+    def _h_command(self, store: Any, text: str, stream: bool) -> str:
+        if self._expect != "command":
+            raise _Protocol("it sent a command while the host waited for its verdict on a token")
+        data = text.encode("utf-8", "surrogatepass")
+        if len(data) > self.limits.max_command_bytes:
+            return (f"X a {len(data)}-byte command is over the {self.limits.max_command_bytes}-byte limit "
+                    f"(max_command_bytes)")
+        try:
+            command = abi.parse_command(data, max_values=self.limits.max_command_values)
+        except abi.AbiError as e:
+            return f"X{e}"
+        self._hand_over(store, ("cmd", command, bool(stream) and isinstance(command, abi.Infer)))
+        return self._answer(store)
+
+    def _h_verdict(self, store: Any, stop: bool) -> str:
+        if self._expect != "verdict":
+            raise _Protocol("it sent a token verdict while no token was waiting")
+        self._hand_over(store, ("verdict", not stop))
+        return self._answer(store)
+
+    def _hand_over(self, store: Any, message: tuple) -> None:
+        """Give the turn to the reactor (the guest waits for the answer next)."""
+        self._note(store)
+        self._publish_clock()
+        self._to_host.put(message)
+
+    def _answer(self, store: Any) -> str:
+        """Wait for the reactor's answer; re-arm the deadline before the guest runs again."""
+        while True:
+            try:
+                message = self._to_guest.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if self._closed:
+                    raise wasmtime.WasmtimeError(_CLOSE) from None
+        kind = message[0]
+        if kind == "close":
+            raise wasmtime.WasmtimeError(_CLOSE)
+        self._arm(store)
+        if kind == "event":
+            self._expect = "command"
+            return "E" + message[1]
+        self._expect = "verdict"
+        return "T" + message[1]
+
+    def _h_ready(self, store: Any) -> None:
+        self._export = "main"
+        if self.fuel:
+            _set_fuel(store, self.limits.fuel)
+
+    def _h_log(self, store: Any, stream: int, text: str) -> None:
+        stream = 2 if stream == 2 else 1
+        lines = text.split("\n")
+        last = lines.pop()  # the start of a line not yet ended
+        complete = []
+        for part in lines:
+            complete.append(self._line_part(stream, part, end=True))
+        self._line_part(stream, last, end=False)
+        self._publish_lines(stream, complete)
+
+    def _line_part(self, stream: int, part: str, *, end: bool) -> str:
+        """Add ``part`` to the stream's open line (kept to MAX_LOG_LINE_CHARS, the rest counted)."""
+        kept = self._log_partial[stream]
+        room = MAX_LOG_LINE_CHARS - len(kept)
+        if room > 0:
+            kept += part[:room]
+        self._log_extra[stream] += max(0, len(part) - max(room, 0))
+        if not end:
+            self._log_partial[stream] = kept
+            return ""
+        extra = self._log_extra[stream]
+        self._log_partial[stream], self._log_extra[stream] = "", 0
+        return f"{kept}... ({extra} more characters)" if extra else kept
+
+    def _publish_lines(self, stream: int, lines: list[str]) -> None:
+        kept = []
+        for line in lines:
+            size = len(line.encode("utf-8", "replace")) + 1
+            if self._log_bytes + size > MAX_LOG_BYTES:
+                self._log_dropped += 1
+                continue
+            self._log_bytes += size
+            kept.append(line.encode("utf-8", "replace").decode("utf-8"))
+        if kept:
+            self._publish(EVENT_LOG, stream="stderr" if stream == 2 else "stdout", lines=kept)
+
+    def _finish_log(self) -> None:
+        for stream in (1, 2):
+            if self._log_partial[stream] or self._log_extra[stream]:
+                self._publish_lines(stream, [self._line_part(stream, "", end=True)])
+        if self._log_dropped:
+            self._publish(EVENT_LOG, stream="stderr", lines=[], dropped=self._log_dropped)
+            self._log_dropped = 0
+
+    def _h_emit_chunk(self, store: Any, data: str) -> int:
+        s = self._streaming
+        if s is None or not s.enabled:
+            return DISABLED
+        if len(data) > s.limits.max_chunk_bytes:
+            return REFUSED
+        try:
+            raw = data.encode("latin-1")
+        except UnicodeEncodeError:
+            return REFUSED
+        if s.bytes_emitted + len(raw) > s.limits.max_stream_bytes:
+            return REFUSED
+        if not s._listening():
+            return DISCONNECTED
+        s.bytes_emitted += len(raw)
+        s.chunks += 1
+        s._on_chunk(raw)
+        return OK
+
+    def _h_flush(self, store: Any) -> int:
+        s = self._streaming
+        if s is None or not s.enabled:
+            return DISABLED
+        s._on_flush()
+        return OK
+
+    def _h_input_len(self, store: Any) -> int:
+        s = self._streaming
+        return min(len(s.input_bytes), 2**32 - 1) if s is not None else 0
+
+    def _h_read_input(self, store: Any, offset: int, length: int) -> str:
+        s = self._streaming
+        if s is None:
+            return ""
+        length = min(length, MAX_READ_INPUT)
+        return s.input_bytes[offset:offset + length].decode("latin-1")
+
+    def _h_sleep(self, store: Any, nanoseconds: int) -> None:
+        seconds = nanoseconds / 1e9
+        budget = self._budget()[0]
+        if seconds > budget:
+            raise wasmtime.WasmtimeError(f"tensorjob: time.sleep({seconds:g}) is longer than the "
+                                         f"{budget:.3g} s the guest's call has left (call_timeout_s)")
+        end = time.monotonic() + seconds
+        while not self._interrupted and not self._closed:
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(left, 0.05))
+        if self._interrupted or self._closed:
+            raise wasmtime.WasmtimeError(_CLOSE)
+
+    def _h_wall_now(self, store: Any) -> component.Record:
+        ns = self.determinism.wall_origin_ns + self.determinism.reading()
+        return _record(seconds=ns // 1_000_000_000, nanoseconds=ns % 1_000_000_000)
+
+    def _h_monotonic_now(self, store: Any) -> int:
+        return self.determinism.reading()
+
+    def _h_random_bytes(self, store: Any, n: int) -> bytes:
+        if n > MAX_RANDOM_BYTES:
+            raise wasmtime.WasmtimeError(f"tensorjob: the guest asked for {n} random bytes at once "
+                                         f"(at most {MAX_RANDOM_BYTES})")
+        return self._rng.randbytes(n)
+
+    def _publish_clock(self) -> None:
+        pending = self.determinism.pending
+        if pending:
+            self.determinism.pending = []
+            self._publish(EVENT_CLOCK, readings=pending)
+
+    def _note(self, store: Any) -> None:
+        if self.fuel:
+            try:
+                self._fuel_left = _get_fuel(store)
+            except wasmtime.WasmtimeError:
+                pass
+
+    # -- deadlines and interruption ------------------------------------------------------------
+
+    def interrupt(self) -> None:
+        """Stop the guest as soon as possible, from any thread (for cancel)."""
+        self._interrupted = True
+        _CLOCK.interrupt(self)
+
+    def _burst(self) -> None:
+        for _ in range(self._deadline_ticks_max):
+            self._engine.increment_epoch()
+
+    def _budget(self) -> tuple[float, str]:
+        budget, cause = self.limits.call_timeout_s, "call"
+        if self.deadline is not None:
+            remaining = self.deadline - time.monotonic()
+            if remaining < budget:
+                budget, cause = max(remaining, 0.0), "job"
+        return budget, cause
+
+    def _arm(self, store: Any) -> None:
+        """Set the epoch deadline for the stretch of guest code about to run (any store context)."""
+        if self._interrupted:
+            raise wasmtime.WasmtimeError(_CLOSE)
+        if self.deadline is None:
+            self._cause = "call"
+            ticks = self._call_ticks
+        else:
+            budget, self._cause = self._budget()
+            if budget <= 0:
+                raise wasmtime.WasmtimeError("tensorjob: the job ran past its time limit")
+            ticks = max(1, math.ceil(budget / TICK_S)) + 1
+        ffi.wasmtime_context_set_epoch_deadline(store._context(), ticks)
+
+    def _classify(self, e: BaseException) -> GuestTrap:
+        """The GuestTrap for an error that ended the interpreter's call."""
+        text = str(e)
+        where = "the guest's Python code" if self._export == "main" else "the Python interpreter's start-up"
+        if self._interrupted:
+            return GuestTrap(codes.CANCELLED, "job cancelled")
+        if "wasm trap: interrupt" in text or "ran past its time limit" in text:
+            if self._cause == "job":
+                return GuestTrap(codes.TIMEOUT, f"the job ran past its time limit of {self.limits.job_timeout_s} s "
+                                                f"(inside {where})")
+            return GuestTrap(codes.TIMEOUT, f"{where} ran for more than {self.limits.call_timeout_s} s without "
+                                            f"returning to the host (call_timeout_s)")
+        if "all fuel consumed" in text:
+            if self._export != "main":
+                return GuestTrap(codes.TIMEOUT, f"the Python interpreter's start-up used up its allowance of "
+                                                f"{STARTUP_FUEL} fuel")
+            return GuestTrap(codes.TIMEOUT, f"the guest used up its fuel ({self.limits.fuel}) inside {where}")
+        if "call stack exhausted" in text:
+            return GuestTrap(codes.WASM_TRAP, f"stack overflow in {where} (recursion deeper than the "
+                                              f"{self.limits.stack_bytes}-byte wasm stack; raise stack_bytes)")
+        if "host protocol" in text or "a guest cannot" in text or "random bytes" in text or "time.sleep" in text:
+            return GuestTrap(codes.WASM_TRAP, _first_error_line(e).removeprefix("tensorjob: "))
+        if "unreachable" in text:
+            return GuestTrap(codes.LIMIT_EXCEEDED,
+                             f"the Python interpreter aborted in {where} (out of memory: memory_bytes is "
+                             f"{self.limits.memory_bytes}), or the guest broke the interpreter")
+        return GuestTrap(codes.WASM_TRAP, f"{where} trapped: {_first_error_line(e)}")
+
+    # -- the interpreter's thread ------------------------------------------------------------------
+
+    def _thread_main(self, input_text: str) -> None:
+        store = self._store
+        message: tuple
+        try:
+            self._export = "start-up"
+            self._arm(store)
+            out = self._run(store, self.program.source, self.program.filename, input_text)
+            self._run.post_return(store)
+            self._note(store)
+            message = ("final", out)
+        except wasmtime.WasmtimeError as e:
+            message = ("trap", self._classify(e)) if _CLOSE not in str(e) or self._interrupted else ("closed",)
+        except BaseException as e:  # noqa: BLE001 - a host bug: reported, never lost
+            message = ("trap", GuestTrap(codes.INTERNAL_ERROR, f"the Python guest's host thread failed: "
+                                                               f"{type(e).__name__}: {e}"))
+        finally:
+            self._dead = True
+        try:
+            if message[0] == "final":
+                self._finish_log()
+                self._publish_clock()
+        except BaseException as e:  # noqa: BLE001
+            if self._host_error is None:
+                self._host_error = e
+        self._to_host.put(message)
+        self._release_store()
+
+    def _release_store(self) -> None:
+        store = self.__dict__.pop("_store", None)
+        for attr in ("_run", "_check"):
+            self.__dict__.pop(attr, None)
+        if store is not None:
+            store.close()
+        linker = self.__dict__.pop("_linker", None)
+        if linker is not None:
+            linker.close()
+
+    # -- the reactor's side ----------------------------------------------------------------------
+
+    def _wait(self) -> tuple:
+        """The interpreter's next message; raises the GuestTrap that ended it."""
+        waited_past = None
+        while True:
+            budget, _ = self._budget()
+            try:
+                message = self._to_host.get(timeout=min(max(budget, 0.05), 0.5))
+                break
+            except queue.Empty:
+                thread = self._thread
+                if thread is None or not thread.is_alive():
+                    if not self._to_host.empty():
+                        continue
+                    raise GuestTrap(codes.INTERNAL_ERROR, "the Python guest's thread ended without an answer")
+                if budget <= 0:
+                    now = time.monotonic()
+                    if waited_past is None:
+                        waited_past = now
+                        self._burst()  # the deadline passed; make sure the guest traps
+                    elif now - waited_past > GRACE_S:
+                        raise GuestTrap(codes.TIMEOUT, "the Python guest did not stop at its deadline")
+        kind = message[0]
+        if kind == "trap":
+            if self._host_error is not None:
+                raise self._host_error
+            raise message[1]
+        if kind == "closed":
+            raise GuestTrap(codes.CANCELLED, "job cancelled")
+        if self._host_error is not None:
+            raise self._host_error
+        return message
+
+    def _command(self, message: tuple) -> abi.Command:
+        kind = message[0]
+        if kind == "cmd":
+            self._stream_infer = message[2]
+            return message[1]
+        if kind == "final":
+            data = message[1].encode("utf-8", "surrogatepass")
+            if len(data) > self.limits.max_command_bytes:
+                raise GuestTrap(codes.LIMIT_EXCEEDED,
+                                f"main() returned {len(data)} bytes of JSON, over the "
+                                f"{self.limits.max_command_bytes}-byte limit (max_command_bytes); stream large "
+                                f"output with tj.emit_chunk")
+            try:
+                return abi.parse_command(data, max_values=self.limits.max_command_values)
+            except abi.AbiError as e:
+                raise GuestTrap(codes.SCRIPT_ERROR, f"main() returned a value the host cannot take: {e}") from None
+        raise GuestTrap(codes.WASM_TRAP, f"the Python guest answered out of turn ({kind})")
+
+    def init(self, input_json: bytes) -> abi.Command:
+        if self._interrupted:
+            raise GuestTrap(codes.CANCELLED, "job cancelled")
+        if self._thread is not None:
+            raise RuntimeError("init() was already called")
+        text = bytes(input_json).decode("utf-8")
+        self._thread = threading.Thread(target=self._thread_main, args=(text,), daemon=True,
+                                        name=f"tensorjob-python-{self.digest[:8]}")
+        self._thread.start()
+        return self._command(self._wait())
+
+    def step(self, event: abi.Event | bytes) -> abi.Command:
+        if self._dead:
+            raise GuestTrap(codes.WASM_TRAP, "the Python guest has already ended")
+        if self._interrupted:
+            raise GuestTrap(codes.CANCELLED, "job cancelled")
+        data = event if isinstance(event, (bytes, bytearray)) else abi.encode_event(event)
+        self._stream_infer = False
+        self._to_guest.put(("event", bytes(data).decode("utf-8")))
+        return self._command(self._wait())
+
+    def on_token(self, token: str) -> bool:
+        """Offer one token to a guest that streams this infer; True means continue."""
+        if not self._stream_infer:
+            return True
+        if self._dead:
+            raise GuestTrap(codes.WASM_TRAP, "the Python guest has already ended")
+        self._to_guest.put(("token", token))
+        message = self._wait()
+        if message[0] != "verdict":
+            raise GuestTrap(codes.WASM_TRAP, f"the Python guest answered a token with {message[0]}")
+        if not message[1]:
+            self._stream_infer = False
+        return message[1]
+
+    @property
+    def fuel_left(self) -> int | None:
+        return self._fuel_left if self.fuel else None
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.peak_memory_bytes
+
+    def check_syntax(self) -> str:
+        """"" or the SyntaxError as JSON (on the calling thread; before ``init`` only)."""
+        if self._thread is not None:
+            raise RuntimeError("check_syntax() runs before init()")
+        self._arm(self._store)
+        out = self._check(self._store, self.program.source, self.program.filename)
+        self._check.post_return(self._store)
+        return out
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        _CLOCK.unregister(self)
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            self._to_guest.put(("close",))
+            thread.join(timeout=1.0)
+            if thread.is_alive():  # still running guest code: stop it
+                self._interrupted = True
+                self._burst()
+                thread.join(timeout=GRACE_S)
+        elif thread is None:
+            self._release_store()
+
+    def __enter__(self) -> "PythonGuest":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,125 @@
+"""Host functions for the Python interpreter's component, defined through wasmtime's C API directly.
+
+``wasmtime.component.LinkerInstance.add_func`` wraps every call of a host
+function in Python that asks the function for its type, builds a type object
+per parameter and converts each value generically: about 15 us a call, which
+is most of the cost of a guest's command or token. The interpreter's own
+imports (``wit/guest.wit``) have fixed, simple signatures -- strings, bools,
+integers -- so ``add_func`` here registers a function with its signature
+stated once and converts the raw values directly, as ``sandbox/wasmcall.py``
+does for a compiled guest's exports. Values are read and written exactly as
+wasmtime-py's own ``String``/``Bool``/``U32``... conversions do (ownership
+included: a string argument's bytes are freed once read, a string result is
+handed over with ``str_to_capi``).
+
+An exception never crosses into wasmtime's process-wide error slot: a
+``WasmtimeError`` raised by the function becomes the call's error (the guest's
+call ends with it), and anything else is turned into one first.
+
+Tested with wasmtime-py 50 (the range ``pyproject.toml`` pins).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import threading
+from typing import Any, Callable
+
+import wasmtime
+from wasmtime import _ffi as ffi
+
+#: The value kinds this module converts: WIT type -> (union field, kind constant).
+_KINDS = {
+    "bool": ("boolean", ffi.WASMTIME_COMPONENT_BOOL),
+    "u8": ("u8", ffi.WASMTIME_COMPONENT_U8),
+    "s32": ("s32", ffi.WASMTIME_COMPONENT_S32),
+    "u32": ("u32", ffi.WASMTIME_COMPONENT_U32),
+    "u64": ("u64", ffi.WASMTIME_COMPONENT_U64),
+    "string": ("string", ffi.WASMTIME_COMPONENT_STRING),
+}
+
+_lock = threading.Lock()
+_functions: dict[int, tuple[Callable, tuple[str, ...], str | None]] = {}
+_ids = itertools.count(1)
+
+
+class Context:
+    """What a host function gets as its store: the calling store's context (valid during the call only)."""
+
+    __slots__ = ("_ptr",)
+
+    def __init__(self, ptr: Any):
+        self._ptr = ptr
+
+    def _context(self) -> Any:
+        return self._ptr
+
+
+def _read(value: Any, kind: str) -> Any:
+    if kind == "string":
+        text = ffi.to_str(value.of.string)
+        ffi.wasm_byte_vec_delete(ctypes.byref(value.of.string))
+        return text
+    if kind == "bool":
+        return bool(value.of.boolean)
+    return int(getattr(value.of, _KINDS[kind][0]))
+
+
+def _write(result: Any, kind: str, value: Any) -> None:
+    field, constant = _KINDS[kind]
+    result.contents.kind = constant
+    if kind == "string":
+        result.contents.of.string = ffi.str_to_capi(value)
+    elif kind == "bool":
+        result.contents.of.boolean = bool(value)
+    else:
+        setattr(result.contents.of, field, value)
+
+
+def _error(e: BaseException) -> int:
+    if not isinstance(e, wasmtime.WasmtimeError):
+        e = wasmtime.WasmtimeError(f"tensorjob: host failure: {type(e).__name__}: {e}")
+    return ctypes.cast(e._consume(), ctypes.c_void_p).value or 0
+
+
+@ffi.wasmtime_component_func_callback_t
+def _trampoline(idx, context, ty_raw, args, nargs, results, nresults):  # type: ignore[no-untyped-def]
+    try:
+        fn, params, result = _functions[idx or 0]
+        if nargs != len(params) or nresults != (0 if result is None else 1):
+            raise wasmtime.WasmtimeError("tensorjob: a host function was called with the wrong signature")
+        values = [_read(args[i], kind) for i, kind in enumerate(params)]
+        out = fn(Context(context), *values)
+        if result is not None:
+            _write(results, result, out)
+        return 0
+    except BaseException as e:  # noqa: BLE001 - becomes the guest call's error, never an exception slot
+        try:
+            return _error(e)
+        except BaseException:  # noqa: BLE001
+            return _error(wasmtime.WasmtimeError("tensorjob: host failure"))
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+def _finalize(idx):  # type: ignore[no-untyped-def]
+    with _lock:
+        _functions.pop(idx or 0, None)
+
+
+def add_func(instance: Any, name: str, fn: Callable, params: tuple[str, ...] = (), result: str | None = None) -> None:
+    """Define ``name`` in a component ``LinkerInstance`` as ``fn(store, *params) -> result``."""
+    for kind in (*params, *([result] if result else [])):
+        if kind not in _KINDS:
+            raise ValueError(f"hostcall converts {', '.join(_KINDS)}, not {kind}")
+    instance._assert_not_locked()
+    with _lock:
+        idx = next(_ids)
+        _functions[idx] = (fn, tuple(params), result)
+    data = name.encode("utf-8")
+    err = ffi.wasmtime_component_linker_instance_add_func(instance.ptr(), ctypes.create_string_buffer(data),
+                                                          len(data), _trampoline, idx, _finalize)
+    if err:
+        with _lock:
+            _functions.pop(idx, None)
+        raise wasmtime.WasmtimeError._from_ptr(err)

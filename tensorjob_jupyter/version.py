@@ -1,0 +1,3 @@
+"""The package's version, in a leaf module every layer may import (the CLI, fetch's User-Agent, Dask checks)."""
+
+__version__ = "0.1.0"

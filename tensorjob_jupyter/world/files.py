@@ -1,0 +1,241 @@
+"""A job's open files: handles, content sniffing and bounded windows.
+
+Bulk data never crosses the guest boundary whole. ``open`` yields a handle,
+the length and the kind (sniffed from the first 4 KiB of content, never from
+the name) without reading the file; ``slice`` and ``slice_bytes`` then serve
+one bounded window at a time with ``pread``, so neither the host nor the
+guest ever holds the whole file, and offsets past 4 GiB work.
+
+``slice`` cuts each window back to a UTF-8 character boundary and reports
+the ``next_offset`` to resume from; a window too small to hold one character
+is an error, never an empty read that would spin a guest forever (only a
+request for zero bytes, or one at the end of the file, reads nothing). The job's
+``max_window_bytes`` caps every window: a guest asking for more gets less.
+
+Handles count from 0 in each job and are never reused; a job may hold at
+most ``max_handles`` of them. Errors carry cuttlefish's codes: a bad handle
+or offset is ``capability_denied`` (the handle is the capability).
+
+**Bytes held.** An opened file stays on disk, but some handles hold bytes the
+host made: a fetched body, a rendered page, an ``image_op`` result, each in an
+anonymous in-memory file. Each has its own cap (``max_fetch_bytes``, the pixel
+limits), and those multiply by ``max_handles`` (64 fetches of 64 MiB are
+4 GiB), so the table also keeps one budget for all of them together,
+``max_handle_bytes``: ``room()`` tells a producer how much is left *before* it
+downloads or renders, and a handle that would pass the budget is refused with
+``limit_exceeded`` naming it. Opened files do not count.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from tensorjob_jupyter.abi import MediaKind, codes
+from tensorjob_jupyter.limits import FIELDS
+from tensorjob_jupyter.world.grants import AccessError
+
+SNIFF_BYTES = 4096
+DEFAULT_MAX_HANDLE_BYTES: int = FIELDS["max_handle_bytes"].default
+
+
+def sniff(head: bytes, length: int) -> MediaKind:
+    """The media kind of a file from its first bytes (cuttlefish's order).
+
+    A PDF is a ``document`` with ``pages=0, has_text_layer=False`` here; the
+    reactor has ``documents.JobDocuments.inspect`` fill in the real values
+    (or make it ``binary`` when the PDF engine cannot read it).
+    """
+    if head.startswith(b"%PDF-"):
+        return MediaKind("document", pages=0, has_text_layer=False)
+    if head.startswith(b"\x89PNG"):
+        return MediaKind("image", format="png")
+    if head.startswith(b"\xff\xd8\xff"):
+        return MediaKind("image", format="jpeg")
+    if head.startswith(b"GIF8"):
+        return MediaKind("image", format="gif")
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return MediaKind("image", format="webp")
+    if length == 0:
+        return MediaKind("text")
+    try:
+        head.decode("utf-8")
+        return MediaKind("text")
+    except UnicodeDecodeError as e:
+        # Only a character cut off by the sniff window is still text.
+        if e.reason == "unexpected end of data" and e.start > 0:
+            return MediaKind("text")
+        return MediaKind("binary")
+
+
+def utf8_prefix(buf: bytes) -> tuple[int, str]:
+    """The longest prefix of ``buf`` that is complete, valid UTF-8: (length, text)."""
+    try:
+        return len(buf), buf.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start, buf[:e.start].decode("utf-8")
+
+
+@dataclass
+class OpenFile:
+    handle: int
+    path: Path
+    fd: int
+    len: int
+    kind: MediaKind
+    bytes_read: int = 0
+    held: bool = False  # host-made bytes in memory, counted against max_handle_bytes
+
+
+@dataclass(frozen=True)
+class Window:
+    data: bytes
+    offset: int
+    next_offset: int
+    text: str | None = None  # the decoded window, for ``slice``
+
+
+class Handles:
+    """The table of files one job has open."""
+
+    def __init__(self, max_handles: int = 64, max_window_bytes: int = 4 * 1024 * 1024,
+                 max_handle_bytes: int = DEFAULT_MAX_HANDLE_BYTES):
+        self.max_handles = max_handles
+        self.max_window_bytes = max_window_bytes
+        self.max_handle_bytes = max_handle_bytes
+        self.held_bytes = 0  # bytes of the handles that hold host-made data
+        self._files: dict[int, OpenFile] = {}
+        self._next = 0
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def __iter__(self):
+        return iter(self._files.values())
+
+    def room(self) -> int:
+        """Bytes a new host-made handle may still hold (``max_handle_bytes`` less what is held)."""
+        return max(0, self.max_handle_bytes - self.held_bytes)
+
+    def over_budget(self, size: int, what: str) -> AccessError:
+        """The ``limit_exceeded`` error for ``what`` (``size`` bytes) not fitting in ``room()``."""
+        return AccessError(codes.LIMIT_EXCEEDED,
+                           f"{what} would hold {size} bytes, but the job's handles already hold {self.held_bytes} "
+                           f"of the {self.max_handle_bytes} bytes they may hold together (max_handle_bytes)")
+
+    def add(self, fd: int, path: Path, *, held: bool = False) -> OpenFile:
+        """Take ownership of an open descriptor; sniff its kind from the head.
+
+        ``held``: the descriptor is host-made data in memory (a fetched body),
+        counted against ``max_handle_bytes``; if it does not fit it is closed
+        and refused.
+        """
+        if len(self._files) >= self.max_handles:
+            os.close(fd)
+            raise AccessError(codes.LIMIT_EXCEEDED,
+                              f"the job already holds {self.max_handles} open files (max_handles)")
+        try:
+            length = os.fstat(fd).st_size
+            if held and length > self.room():
+                raise self.over_budget(length, str(path)[:300])
+            head = os.pread(fd, min(SNIFF_BYTES, length), 0) if length else b""
+        except OSError as e:
+            os.close(fd)
+            raise AccessError(codes.CAPABILITY_DENIED, f"cannot read {path}: {e.strerror}") from None
+        except AccessError:
+            os.close(fd)
+            raise
+        f = OpenFile(self._next, path, fd, length, sniff(head, length), held=held)
+        self._files[f.handle] = f
+        self._next += 1
+        if held:
+            self.held_bytes += length
+        return f
+
+    def add_bytes(self, data: bytes, label: str) -> OpenFile:
+        """A new handle holding host-made bytes (a rendered page, an image-op result).
+
+        The bytes live in an anonymous in-memory file, so they are read with
+        ``slice_bytes`` exactly like a file on disk; ``label`` names the
+        handle in messages and events. They count against ``max_handle_bytes``.
+        """
+        if len(self._files) >= self.max_handles:
+            raise AccessError(codes.LIMIT_EXCEEDED,
+                              f"the job already holds {self.max_handles} open files (max_handles)")
+        if len(data) > self.room():
+            raise self.over_budget(len(data), label)
+        fd = anonymous_file(data)
+        return self.add(fd, label, held=True)  # type: ignore[arg-type]
+
+    def get(self, handle: int) -> OpenFile:
+        f = self._files.get(handle)
+        if f is None:
+            raise AccessError(codes.CAPABILITY_DENIED, f"no such handle: {handle}")
+        return f
+
+    def _read(self, handle: int, offset: int, length: int) -> tuple[OpenFile, bytes]:
+        f = self.get(handle)
+        if offset > f.len:
+            raise AccessError(codes.CAPABILITY_DENIED, f"offset {offset} is past end of file ({f.len} bytes)")
+        want = min(length, self.max_window_bytes, f.len - offset)
+        try:
+            data = os.pread(f.fd, want, offset) if want > 0 else b""
+        except OSError as e:
+            raise AccessError(codes.CAPABILITY_DENIED, f"cannot read {f.path}: {e.strerror}") from None
+        f.bytes_read += len(data)
+        return f, data
+
+    def slice_bytes(self, handle: int, offset: int, length: int) -> Window:
+        _, data = self._read(handle, offset, length)
+        return Window(data, offset, offset + len(data))
+
+    def slice(self, handle: int, offset: int, length: int) -> Window:
+        f, data = self._read(handle, offset, length)
+        valid, text = utf8_prefix(data)
+        if valid == 0 and data:
+            if _incomplete_lead(data):
+                if offset + len(data) < f.len:
+                    raise AccessError(codes.CAPABILITY_DENIED,
+                                      f"window of {len(data)} bytes is too small to hold one character")
+                raise AccessError(codes.CAPABILITY_DENIED,
+                                  f"the file ends inside a UTF-8 character at offset {offset}")
+            raise AccessError(codes.CAPABILITY_DENIED,
+                              f"the bytes at offset {offset} of handle {handle} are not valid UTF-8 text; "
+                              f"read them with slice_bytes")
+        return Window(data[:valid] if valid < len(data) else data, offset, offset + valid, text)
+
+    def close(self) -> None:
+        for f in self._files.values():
+            try:
+                os.close(f.fd)
+            except OSError:
+                pass
+        self._files.clear()
+        self.held_bytes = 0
+
+
+def anonymous_file(data: bytes = b"") -> int:
+    """A read-write descriptor of a file with no name holding ``data`` (memfd, else an unlinked temp file)."""
+    try:
+        fd = os.memfd_create("tensorjob", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        import tempfile
+
+        fd, name = tempfile.mkstemp(prefix="tensorjob-")
+        os.unlink(name)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _incomplete_lead(data: bytes) -> bool:
+    """True when ``data`` starts a valid multi-byte character that was cut short."""
+    lead = data[0]
+    need = 2 if lead >> 5 == 0b110 else 3 if lead >> 4 == 0b1110 else 4 if lead >> 3 == 0b11110 else 0
+    return need > len(data) and all(b >> 6 == 0b10 for b in data[1:])

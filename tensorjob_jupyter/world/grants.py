@@ -1,0 +1,243 @@
+"""Read grants: which paths a job's guest may open, decided at ``open``, beneath a root.
+
+A grant is a root -- a directory or a single file -- canonicalised when the
+job is created (host input, trusted). A path from the guest (hostile) is
+answered in three moves, none of which looks outside the roots:
+
+1. **Lexically**: the path (relative ones joined to the job's directory) is
+   normalised as text -- ``.``, ``..`` and repeated slashes resolved -- and
+   must then lie under a root *by path components* (``data-secret`` is never
+   inside ``data``). Nothing is asked of the file system, so the answer for a
+   path outside every root is always ``capability_denied``, whatever exists
+   there: ``X/../data/a.txt`` is ``data/a.txt`` whether or not ``X`` exists.
+2. **Beneath the root**: the rest of the path is walked component by
+   component from the root's descriptor with ``O_NOFOLLOW`` and ``dir_fd``.
+   A symlink met on the way is followed only to where it leads lexically
+   (relative to its directory, or absolute), and only while that stays under
+   a granted root; anything leading out is ``capability_denied``, after at
+   most ``MAX_SYMLINKS`` links. No ``realpath``, no walk over ancestors.
+3. **As opened**: the last component is opened without blocking, and must be
+   a regular file (directories and FIFOs are refused).
+
+A missing file inside a root is ``not_found`` (the guest could have learnt
+that by listing the root itself). Paths longer than ``MAX_PATH_BYTES`` (the
+kernel's ``PATH_MAX``) are refused before any work, so the host time an
+``open`` costs is bounded by that length, whatever the guest sends.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import posixpath
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from tensorjob_jupyter.abi import JobFailure, codes
+
+#: The longest path a guest may ask for, in UTF-8 bytes (Linux's PATH_MAX).
+MAX_PATH_BYTES = 4096
+#: Symlinks followed in one ``open`` before it is refused (Linux's limit).
+MAX_SYMLINKS = 40
+#: Characters of a guest's path repeated in an error message.
+SHOWN_PATH_CHARS = 200
+
+_DIR_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class AccessError(JobFailure):
+    """An ``open`` the job may not perform; ``code`` is the envelope code."""
+
+
+def shown(path: str) -> str:
+    """A guest's path as an error message repeats it: bounded, and printable."""
+    text = path if len(path) <= SHOWN_PATH_CHARS else path[:SHOWN_PATH_CHARS] + f"... ({len(path)} characters)"
+    return text.replace("\0", "\\0")
+
+
+def _denied(path: str, why: str = "") -> AccessError:
+    return AccessError(codes.CAPABILITY_DENIED, f"read not permitted: {shown(path)}{why}")
+
+
+#: What a person can do about a path outside the grants, in the front ends' words.
+UNGRANTED = " (it is under no read grant: grant its folder with --read DIR, or read=[...] in Python)"
+LEADS_OUT = " (it leads out of the granted roots: grant where it leads with --read DIR, or read=[...] in Python)"
+
+
+def _not_found(path: str) -> AccessError:
+    return AccessError(codes.NOT_FOUND, f"no such file: {shown(path)} -- it is inside a granted root, so the "
+                                        f"path is wrong rather than the grant")
+
+
+def _lexical(path: str, base: str) -> str:
+    """``path`` made absolute against ``base`` and normalised as text only."""
+    joined = path if path.startswith("/") else base + "/" + path
+    norm = posixpath.normpath(joined)
+    return "/" + norm.lstrip("/")  # POSIX lets "//x" differ from "/x"; here it does not
+
+
+def _under(path: str, root: str) -> str | None:
+    """The part of ``path`` below ``root`` ("" for the root itself), or None."""
+    if path == root:
+        return ""
+    prefix = root if root.endswith("/") else root + "/"
+    return path[len(prefix):] if path.startswith(prefix) else None
+
+
+@dataclass(frozen=True)
+class Root:
+    """One granted root: its canonical path, the spellings that name it, file or directory."""
+
+    path: Path
+    names: tuple[str, ...]
+    is_dir: bool
+
+
+class _Escape(Exception):
+    """The walk would leave every granted root."""
+
+
+@dataclass(frozen=True)
+class Grants:
+    """The read roots of one job (empty grants nothing). Small and picklable."""
+
+    grants: tuple[Root, ...]
+    cwd: Path
+
+    @classmethod
+    def for_paths(cls, paths: Iterable[str | os.PathLike], cwd: str | os.PathLike | None = None) -> "Grants":
+        base = os.path.abspath(cwd if cwd is not None else os.getcwd())
+        roots: dict[Path, set[str]] = {}
+        kinds: dict[Path, bool] = {}
+        for p in paths:
+            p = os.fspath(p)
+            if not p or "\0" in p:
+                continue
+            given = _lexical(p, base)
+            try:
+                canonical = Path(os.path.realpath(given, strict=True))
+                kinds[canonical] = stat.S_ISDIR(os.stat(canonical).st_mode)
+            except OSError:
+                continue  # a root that does not exist grants nothing
+            roots.setdefault(canonical, set()).update({given, str(canonical)})
+        return cls(tuple(Root(r, tuple(sorted(names)), kinds[r]) for r, names in roots.items()), Path(base))
+
+    @property
+    def roots(self) -> tuple[Path, ...]:
+        return tuple(r.path for r in self.grants)
+
+    def _locate(self, absolute: str) -> tuple[Root, str] | None:
+        """The root ``absolute`` lies under (the deepest), and the rest of the path."""
+        best: tuple[Root, str] | None = None
+        for root in self.grants:
+            for name in root.names:
+                rest = _under(absolute, name)
+                if rest is not None and (best is None or len(rest) < len(best[1])):
+                    best = (root, rest)
+        return best
+
+    def open_checked(self, path: str) -> tuple[int, Path]:
+        """Check ``path`` and open it read-only; returns (fd, the path opened)."""
+        if not isinstance(path, str) or not path or "\0" in path:
+            raise _denied(path if isinstance(path, str) else repr(path))
+        if len(path) > MAX_PATH_BYTES or len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+            raise _denied(path, f" (a path may be at most {MAX_PATH_BYTES} bytes)")
+        if not path.isascii() and any(0xD800 <= ord(ch) <= 0xDFFF for ch in path):
+            raise _denied(path.encode("utf-8", "backslashreplace").decode(), " (not valid Unicode)")
+        located = self._locate(_lexical(path, str(self.cwd)))
+        if located is None:
+            raise _denied(path, UNGRANTED)
+        try:
+            fd = self._walk(*located)
+        except _Escape:
+            raise _denied(path, LEADS_OUT) from None
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.ENOTDIR):
+                raise _not_found(path) from None
+            if e.errno == errno.ELOOP:
+                raise _denied(path, f" (more than {MAX_SYMLINKS} symbolic links)") from None
+            raise AccessError(codes.CAPABILITY_DENIED, f"cannot open {shown(path)}: {e.strerror}") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+                raise AccessError(codes.CAPABILITY_DENIED, f"cannot open {shown(path)}: it is {kind}")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, _fd_path(fd) or Path(located[0].path, located[1])
+
+    def _walk(self, root: Root, rest: str) -> int:
+        """Open ``rest`` beneath ``root``, one component at a time, never following
+        a link out of the granted roots. Returns the open file's descriptor."""
+        if not root.is_dir:
+            if rest:
+                raise OSError(errno.ENOTDIR, "not a directory")
+            return os.open(root.path, _FILE_FLAGS)
+        stack = [os.open(root.path, _DIR_FLAGS)]  # descriptors from the root down
+        todo = [part for part in reversed(rest.split("/")) if part not in ("", ".")]
+        links = 0
+        try:
+            if not todo:  # the root directory itself
+                return os.open(".", _FILE_FLAGS & ~os.O_NOFOLLOW, dir_fd=stack[-1])
+            while todo:
+                name = todo.pop()
+                if name == "..":  # only from a symlink's target: the path itself is normalised
+                    if len(stack) == 1:
+                        raise _Escape()
+                    os.close(stack.pop())
+                    continue
+                last = not todo
+                try:
+                    fd = os.open(name, _FILE_FLAGS if last else _DIR_FLAGS, dir_fd=stack[-1])
+                except OSError as e:
+                    if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                        raise
+                    try:
+                        target = os.readlink(name, dir_fd=stack[-1])
+                    except OSError:
+                        raise e from None  # not a link: a file where a directory was needed
+                    links += 1
+                    if links > MAX_SYMLINKS:
+                        raise OSError(errno.ELOOP, "too many symbolic links") from None
+                    if target.startswith("/"):  # start again from the root the target names
+                        located = self._locate(_lexical(target, "/"))
+                        if located is None:
+                            raise _Escape() from None
+                        for d in stack:
+                            os.close(d)
+                        stack = [os.open(located[0].path, _DIR_FLAGS)] if located[0].is_dir else []
+                        if not located[0].is_dir:
+                            if located[1] or todo:
+                                raise OSError(errno.ENOTDIR, "not a directory") from None
+                            return os.open(located[0].path, _FILE_FLAGS)
+                        target = located[1]
+                    todo.extend(part for part in reversed(target.split("/")) if part not in ("", "."))
+                    if not todo:
+                        todo.append(".")
+                    continue
+                if last:
+                    return fd
+                stack.append(fd)
+            # A link resolved to a directory as the last step.
+            return os.open(".", _FILE_FLAGS & ~os.O_NOFOLLOW, dir_fd=stack[-1])
+        finally:
+            for d in stack:
+                os.close(d)
+
+    def resolve(self, path: str) -> Path:
+        """The file ``open_checked`` would open, or ``AccessError``."""
+        fd, opened = self.open_checked(path)
+        os.close(fd)
+        return opened
+
+
+def _fd_path(fd: int) -> Path | None:
+    """Where an open descriptor really points (Linux); None where unknown."""
+    try:
+        return Path(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        return None

@@ -1,0 +1,75 @@
+"""The package's layers are a contract: import-linter checks them, and breaking one fails.
+
+``pyproject.toml`` declares the layers (``[tool.importlinter]``); these tests
+run ``lint-imports`` as CI would, show that an import running up a layer is
+caught (on a copy of the package with one such import planted), and hold
+the one exception the contract allows by hand: a function-level import of
+the package's own code only to defer a heavy third-party import, saying so.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "tensorjob_jupyter"
+LINT = [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; "
+                              "sys.exit(lint_imports_command())"]
+
+
+def lint(cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([*LINT, "--no-cache"], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(cwd), "PATH": "/usr/bin:/bin"})
+
+
+def test_the_layers_hold():
+    proc = lint(ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Contracts: 3 kept, 0 broken." in proc.stdout
+
+
+@pytest.mark.parametrize("where, planted", [
+    # a lower layer importing a higher one, at the top of a module
+    ("host/jobs.py", "from tensorjob_jupyter.history import runs as _up\n"),
+    # inside a function: function-level imports count
+    ("world/files.py", "def _up():\n    from tensorjob_jupyter.host import reactor\n    return reactor\n"),
+    # Jupyter below the front ends
+    ("record/events.py", "import ipywidgets as _widgets\n"),
+])
+def test_breaking_a_layer_fails(tmp_path, where, planted):
+    copy = tmp_path / "tree"
+    copy.mkdir()
+    shutil.copytree(PACKAGE, copy / "tensorjob_jupyter", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
+    target = copy / "tensorjob_jupyter" / where
+    target.write_text(target.read_text() + "\n\n" + planted)
+    proc = lint(copy)
+    assert proc.returncode != 0
+    assert "BROKEN" in proc.stdout or "broken" in proc.stdout
+
+
+def _function_level_imports():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = path.read_text()
+        lines = source.splitlines()
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.ImportFrom) and (inner.module or "").startswith("tensorjob_jupyter"):
+                    yield path.relative_to(ROOT), inner.lineno, lines[inner.lineno - 1]
+
+
+def test_function_level_imports_of_our_own_code_only_defer_heavy_ones():
+    found = list(_function_level_imports())
+    unexplained = [f"{p}:{n}: {line.strip()}" for p, n, line in found if "# deferred:" not in line]
+    assert not unexplained, "a function-level import of the package's own code must say what heavy import " \
+                            "it defers (# deferred: ...):\n" + "\n".join(unexplained)
+    assert len(found) <= 8, textwrap.shorten(str(found), 400)

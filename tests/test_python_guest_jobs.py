@@ -1,0 +1,278 @@
+"""Python guests as jobs: ``tj.Job``, ``tj.run("guest.py")``, the CLI in a subprocess, replay, debug, maps.
+
+The real host throughout (reactor, grants, limits, transcript), the real
+interpreter, and ``ScriptedBackend`` for the model; the real model only in
+the test marked slow.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from python_guest_support import ensure_interpreter, src
+
+import tensorjob_jupyter as tj
+from tensorjob_jupyter.abi import codes
+from tensorjob_jupyter.inference.scripted import ScriptedBackend
+from tensorjob_jupyter.sandbox.compile import CompileError, GuestSource
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "guests" / "examples"
+WORDS = "one two three four five six seven eight"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _interpreter():
+    ensure_interpreter()
+
+
+def py(text: str, name: str = "cell") -> GuestSource:
+    return GuestSource.from_text(src(text), lang="python", name=name)
+
+
+def run(guest, **kwargs) -> tuple[tj.Job, tj.Envelope]:
+    kwargs.setdefault("backend", ScriptedBackend(WORDS))
+    job = tj.Job(guest, **kwargs).start()
+    return job, job.wait(timeout=120)
+
+
+def events(job, kind):
+    return [e for e in job.events if e["type"] == kind]
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+def test_python_is_a_guest_language_by_name_extension_and_content(tmp_path):
+    assert py("def main(input):\n    return 1\n").language == "python"
+    f = tmp_path / "guest.py"
+    f.write_text("import tensorjob as tj\n\ndef main(input):\n    return tj.input\n")
+    assert GuestSource.from_file(f).language == "python"
+    assert GuestSource.from_text("import tensorjob as tj\ndef main(input):\n    return 2\n").language == "python"
+
+
+def test_a_syntax_error_is_a_compile_error_with_line_and_column():
+    with pytest.raises(CompileError) as e:
+        py("def main(input):\n    return [1, 2\n", name="cell")
+    message = str(e.value)
+    assert message.startswith("cell.py:2:") and "SyntaxError" in message
+
+
+def test_a_job_runs_a_python_guest_end_to_end(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("alpha beta\ngamma\n")
+    job, env = run(py("""
+        import tensorjob as tj
+        def main(input):
+            with tj.open(input["path"]) as f:
+                lines = [line.strip() for line in f]
+            tj.emit(lines=len(lines))
+            words = []
+            for token in tj.infer("Summarise: " + " ".join(lines), max_tokens=20):
+                words.append(token)
+                if len(words) == 3:
+                    break
+            print("judged", len(words))
+            return {"lines": lines, "words": "".join(words)}
+    """), input={"path": str(notes)}, read=[tmp_path], runs_dir=tmp_path / "runs")
+    assert env.ok, env
+    assert env.result == {"lines": ["alpha beta", "gamma"], "words": "one two three"}
+    kinds = [e["type"] for e in job.events]
+    assert kinds[0] == "job.created" and "job.interpreter" in kinds and "job.file.opened" in kinds
+    assert [e["lines"] for e in events(job, "job.log")] == [["judged 3"]]
+    created = job.events[0]
+    assert created["guest"]["language"] == "python"
+    [done] = events(job, "response.completed")
+    assert done["finish_reason"] == "guest_stop" and done["guest_stopped_after"] == 3
+
+
+def test_grants_apply_to_a_python_guest(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("no")
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    _, env = run(py("""
+        import tensorjob as tj
+        def main(input):
+            return tj.open(input).read()
+    """), input=str(secret), read=[allowed], runs_dir=tmp_path / "runs")
+    assert env.status == tj.JobStatus.FAILED and env.error.code == codes.CAPABILITY_DENIED
+
+
+def test_tj_run_takes_a_py_path_and_the_limits(tmp_path):
+    f = tmp_path / "spin.py"
+    f.write_text("def main(input):\n    while True:\n        pass\n")
+    env = tj.run(f, backend=None, call_timeout_s=1, runs_dir=tmp_path / "runs", timeout=60)
+    assert env.error.code == codes.TIMEOUT
+
+
+def test_cancel_from_another_thread_ends_a_spinning_python_guest(tmp_path):
+    job = tj.Job(py("def main(input):\n    while True:\n        pass\n"), backend=None,
+                 runs_dir=tmp_path / "runs").start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    job.cancel()
+    env = job.wait(timeout=30)
+    assert env.status == tj.JobStatus.CANCELLED and time.monotonic() - started < 5
+
+
+def test_an_uncaught_exception_is_script_error_with_its_traceback(tmp_path):
+    _, env = run(py("""
+        def main(input):
+            return {"x": 1}["y"]
+    """), runs_dir=tmp_path / "runs")
+    assert env.error.code == codes.SCRIPT_ERROR
+    assert 'File "cell.py", line 2, in main' in env.error.message and "KeyError" in env.error.message
+
+
+def test_a_huge_result_is_limit_exceeded(tmp_path):
+    _, env = run(py("def main(input):\n    return 'x' * 2_000_000\n"), runs_dir=tmp_path / "runs")
+    assert env.error.code == codes.LIMIT_EXCEEDED
+
+
+def test_the_debugger_pauses_between_a_python_guests_commands(tmp_path):
+    job = tj.Job(py("""
+        import tensorjob as tj
+        def main(input):
+            tj.emit(1)
+            tj.emit(2)
+            return "ok"
+    """), backend=None, break_on="emit", runs_dir=tmp_path / "runs").start()
+    state = job.wait_paused(timeout=30)
+    assert state is not None and state["command"]["cmd"] == "emit"
+    job.resume()
+    state = job.wait_paused(timeout=30)
+    assert state is not None
+    job.resume()
+    assert job.wait(timeout=30).result == "ok"
+
+
+# --- replay --------------------------------------------------------------------------------------
+
+
+def test_a_replay_reproduces_a_python_guest_with_its_clock_and_random(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("some words to read")
+    guest = py("""
+        import random, time, uuid
+        import tensorjob as tj
+        def main(input):
+            words = tj.open(input["path"]).read().split()
+            pick = random.choice(words)
+            stamp = time.time()
+            reply = tj.infer("Pick " + pick).text
+            return {"pick": pick, "stamp": stamp, "id": str(uuid.uuid4()), "reply": reply}
+    """)
+    backend = ScriptedBackend(WORDS)
+    job, env = run(guest, input={"path": str(text)}, read=[tmp_path], backend=backend, runs_dir=tmp_path / "runs")
+    assert env.ok, env
+    asked = len(backend.scripted.prompts)
+    time.sleep(0.05)
+    report = tj.replay(guest, job.id, runs_dir=tmp_path / "runs")
+    assert report.divergence is None, report.divergence
+    assert report.result == env.result  # the same random pick, clock reading and uuid
+    assert len(backend.scripted.prompts) == asked
+
+
+# --- the command line, in a subprocess ------------------------------------------------------------
+
+
+def test_the_cli_runs_a_py_file_and_prints_its_log(tmp_path):
+    f = tmp_path / "hello.py"
+    f.write_text("import tensorjob as tj\n\ndef main(input):\n    print('hi \\x1b[31mthere')\n"
+                 "    tj.emit(step=1)\n    return {'n': input['n'] + 1}\n")
+    proc = subprocess.run([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "run", str(f), "--input",
+                           '{"n": 41}', "--json", "--runs", str(tmp_path / "runs")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["result"] == {"n": 42}
+    assert "hi" in proc.stderr and "\x1b[31m" not in proc.stderr  # the guest's line, made inert
+
+
+def test_the_cli_reports_a_syntax_error_before_the_job(tmp_path):
+    f = tmp_path / "bad.py"
+    f.write_text("def main(input)\n    return 1\n")
+    proc = subprocess.run([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "run", str(f),
+                           "--runs", str(tmp_path / "runs")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "bad.py:1:" in proc.stderr and "SyntaxError" in proc.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+# --- maps ------------------------------------------------------------------------------------------
+
+
+def test_a_map_runs_a_python_guest_over_items(tmp_path):
+    from tensorjob_jupyter.fanout import map as tj_map
+    guest = py("""
+        import tensorjob as tj
+        def main(input):
+            if input % 3 == 2:
+                tj.fail("not_found", f"item {input}")
+            return input * 10
+    """)
+    result = tj_map(guest, list(range(6)), tmp_path / "run", backend=None)
+    lines = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["result"] for r in lines) == [0, 10, 30, 40]
+    assert result.failed == 2
+
+
+# --- the examples ------------------------------------------------------------------------------------
+
+
+def test_wordcount_py_matches_str_split(tmp_path):
+    p = tmp_path / "w.txt"
+    data = "".join(f"w{i} é " + ("\n" if i % 17 == 0 else "") for i in range(30_000))
+    p.write_text(data)
+    for window in (7, 4096):
+        _, env = run(EXAMPLES / "wordcount.py", input={"path": str(p), "window": window}, read=[tmp_path],
+                     backend=None, runs_dir=tmp_path / "runs")
+        assert env.ok, env
+        assert env.result == {"path": str(p), "words": len(data.split()), "bytes": len(data.encode())}
+
+
+def test_summarise_py_and_summarise_c_make_the_same_commands(tmp_path):
+    p = tmp_path / "doc.txt"
+    p.write_text("word " * 900)
+    results = {}
+    for name in ("summarise.c", "summarise.py"):
+        backend = ScriptedBackend(lambda prompt: "a summary of " + str(len(prompt)))
+        job, env = run(EXAMPLES / name, input={"path": str(p), "window": 1000}, read=[tmp_path], backend=backend,
+                       runs_dir=tmp_path / "runs")
+        assert env.ok, env
+        results[name] = (env.result, backend.scripted.prompts,
+                         [e["progress"] for e in events(job, "job.progress")])
+    assert results["summarise.py"] == results["summarise.c"]
+
+
+@pytest.mark.parametrize("kind", ["text", "scanned"])
+def test_pdf_summary_py_matches_the_c_one(tmp_path, kind):
+    import pdfgen
+    pdf = tmp_path / "r.pdf"
+    pdf.write_bytes(pdfgen.text_pdf() if kind == "text" else pdfgen.scanned_pdf(2))
+    out = {}
+    for name in ("pdf_summary.c", "pdf_summary.py"):
+        _, env = run(EXAMPLES / name, input={"path": str(pdf)}, read=[tmp_path],
+                     backend=ScriptedBackend("short"), runs_dir=tmp_path / "runs")
+        assert env.ok, env
+        out[name] = env.result
+    assert out["pdf_summary.py"] == out["pdf_summary.c"]
+
+
+@pytest.mark.slow
+def test_a_python_guest_on_the_real_model(tmp_path):
+    job, env = run(py("""
+        import tensorjob as tj
+        def main(input):
+            out = []
+            for token in tj.infer("Name three colours.", max_tokens=24):
+                out.append(token)
+            return "".join(out)
+    """), backend=tj.DEFAULT_MODEL, runs_dir=tmp_path / "runs")
+    assert env.ok and env.result and env.usage.tokens_out > 0

@@ -1,0 +1,362 @@
+"""A model on an OpenAI-compatible server (issue 24): every path, against a scripted fake server.
+
+The fake (tests/served_support.py) is a real HTTP server on loopback, so
+these tests run the whole client -- the openai SDK, its SSE parser, the
+sockets -- and see from the server's side when a connection closes. What
+the real server proves (the same answer as in-process, a stop that ends the
+generation on the server, a map on a Dask cluster) is in
+test_served_llama.py.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import threading
+import time
+
+import pytest
+
+import tensorjob_jupyter as tj
+from tensorjob_jupyter.abi import codes
+from tensorjob_jupyter.inference.base import (Constraint, GenerateRequest, ModelError, ModelTimeout, QueueFull,
+                                              Sampler)
+from tensorjob_jupyter.inference.served import (DIALECTS, ServedBackend, ServerBusy, is_served, normalise_url,
+                                                served_backend)
+
+from served_support import KEY, FakeServer, connections_to, free_port, served_threads, wait_until
+from wat import script_guest
+
+psutil = pytest.importorskip("psutil")
+
+
+@pytest.fixture
+def fake():
+    with FakeServer() as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def no_served_thread_or_socket_outlives_a_test():
+    yield
+    assert wait_until(lambda: not served_threads(), 5), served_threads()
+
+
+def infer_guest(max_tokens=16, stop_after_tokens=None, **fields):
+    return script_guest([{"cmd": "infer", "prompt": "Say hello.", "max_tokens": max_tokens, **fields},
+                         {"cmd": "done", "result": "ok"}], stop_after_tokens=stop_after_tokens)
+
+
+def run_job(backend, guest=None, timeout=30, **kwargs):
+    job = tj.Job(guest or infer_guest(), backend=backend, **kwargs).start()
+    envelope = job.wait(timeout)
+    return job, envelope
+
+
+def of_type(job, kind):
+    return [e for e in job.events if e["type"] == kind]
+
+
+def backend_for(fake, **kwargs):
+    kwargs.setdefault("api_key_env", "TJ_TEST_KEY")
+    return ServedBackend(fake.url, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def the_key(monkeypatch):
+    monkeypatch.setenv("TJ_TEST_KEY", KEY)
+
+
+# --- naming the server ----------------------------------------------------------------------------
+
+
+def test_a_url_names_a_served_model_and_is_recorded_without_credentials():
+    assert is_served("http://127.0.0.1:8000/v1") and is_served("HTTPS://example.com")
+    assert not is_served("model.gguf") and not is_served("hf:org/repo") and not is_served(None)
+    assert normalise_url("http://127.0.0.1:8000") == "http://127.0.0.1:8000/v1"
+    assert normalise_url("https://Example.com:443/api/v1/") == "https://example.com:443/api/v1"
+    for bad, why in [("http://user:pw@host/v1", "password"), ("http://host/v1?key=1", "query"),
+                     ("ftp://host/v1", "http"), ("http:///v1", "http")]:
+        with pytest.raises(ValueError, match=why):
+            normalise_url(bad)
+    with pytest.raises(ModelError, match="environment variable name"):
+        ServedBackend("http://127.0.0.1:1/v1", api_key_env="NOT A NAME")
+
+
+def test_the_only_model_is_the_default_and_several_are_listed_by_name():
+    with FakeServer(models=["only-one"]) as fake:
+        assert backend_for(fake).model_name == "only-one"
+    with FakeServer(models=["a-7b", "b-13b"]) as fake:
+        backend = backend_for(fake)
+        assert backend.model_name == "?"  # the job records what it can; its infer says why
+        job, env = run_job(backend)
+        assert env.error.code == codes.MODEL_LOAD_FAILED
+        assert "2 models (a-7b, b-13b)" in env.error.message and "--model-name" in env.error.message
+        assert backend_for(fake, model="b-13b").model_name == "b-13b"
+        job, env = run_job(backend_for(fake, model="c-70b"))
+        assert env.error.code == codes.MODEL_LOAD_FAILED and "does not serve 'c-70b'" in env.error.message
+
+
+def test_one_backend_per_server_model_and_key_variable_per_process_and_it_does_not_pickle(fake):
+    a = served_backend(fake.url + "/", None, "TJ_TEST_KEY")
+    assert served_backend(fake.url, None, "TJ_TEST_KEY") is a
+    assert served_backend(fake.url, "fake-model", "TJ_TEST_KEY") is not a
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(a)
+    assert KEY not in repr(a) and KEY not in json.dumps(a.server)
+
+
+# --- streaming, usage, what the request carries ---------------------------------------------------------
+
+
+def test_tokens_stream_to_the_guest_and_usage_and_cached_tokens_reach_the_envelope_and_the_events(fake):
+    job, env = run_job(backend_for(fake))
+    assert env.ok, env
+    deltas = [e["delta"] for e in of_type(job, "response.output_text.delta")]
+    assert deltas == fake.pieces
+    done = of_type(job, "response.completed")[0]["response"]
+    assert done["model"] == "fake-model"
+    assert done["usage"]["input_tokens"] == 7 and done["usage"]["output_tokens"] == 5
+    assert done["usage"]["input_tokens_details"]["cached_tokens"] == 3
+    assert env.usage.tokens_in == 7 and env.usage.tokens_out == 5 and env.usage.model == "fake-model"
+    created = of_type(job, "job.created")[0]
+    assert created["model"] == "fake-model"
+    [request] = fake.requests
+    assert request["path"] == "/v1/chat/completions"
+    assert request["headers"]["authorization"] == f"Bearer {KEY}"  # sent to the server, and nowhere else
+    body = request["body"]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["messages"] == [{"role": "user", "content": "Say hello."}]
+    assert (body["max_tokens"], body["temperature"], body["top_p"], body["seed"]) == (16, 0.0, 1.0, 0)
+    assert "repeat_penalty" not in body and "top_k" not in body  # plain OpenAI: not part of its API
+    for path in job.run_dir.rglob("*"):
+        if path.is_file():
+            assert KEY not in path.read_text(errors="replace"), path
+
+
+def test_what_maps_for_a_llama_cpp_server_and_for_vllm():
+    with FakeServer(owned_by="me") as fake:  # llama-cpp-python's /v1/models says owned_by "me"
+        run_job(backend_for(fake), infer_guest(temperature=0.5, top_k=7, min_p=0.1, repeat_penalty=1.3, seed=9,
+                                               stop=["\n\n"]))
+        body = fake.requests[-1]["body"]
+        assert (body["temperature"], body["top_k"], body["min_p"], body["repeat_penalty"], body["seed"],
+                body["stop"]) == (0.5, 7, 0.1, 1.3, 9, ["\n\n"])
+    with FakeServer(owned_by="vllm") as fake:
+        run_job(backend_for(fake))
+        body = fake.requests[-1]["body"]
+        assert body["repetition_penalty"] == 1.1 and body["top_k"] == -1 and "repeat_penalty" not in body
+
+
+def test_raw_text_goes_to_completions_with_the_system_text_before_the_prompt(fake):
+    backend = backend_for(fake)
+    request = GenerateRequest("the prompt", 8, Sampler(), chat=False, system="the system")
+    pieces = []
+    result = backend.generate_stream(request, lambda p: pieces.append(p) or True).result(10)
+    assert fake.requests[-1]["path"] == "/v1/completions"
+    assert fake.requests[-1]["body"]["prompt"] == "the system\n\nthe prompt"
+    assert result.text == "".join(pieces) == "".join(fake.pieces) and result.finish_reason == "stop"
+
+
+def test_a_stop_string_is_cut_here_even_when_the_server_does_not_cut_it(fake):
+    backend = backend_for(fake)
+    pieces = []
+    request = GenerateRequest("p", 8, Sampler(stop=(" fri",)))
+    result = backend.generate_stream(request, lambda p: pieces.append(p) or True).result(10)
+    assert result.text == "".join(pieces) == "Hello there," and result.finish_reason == "stop"
+    assert fake.requests[-1]["body"]["stop"] == [" fri"]
+
+
+def test_a_schema_becomes_response_format_and_an_answer_that_breaks_it_fails_validation(fake):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    fake.pieces = ['{"n": ', '"not a number"}']
+    job, env = run_job(backend_for(fake), infer_guest(format={"type": "json_schema", "name": "x", "schema": schema}))
+    assert env.error.code == codes.SCHEMA_VALIDATION_FAILED, env
+    fmt = fake.requests[-1]["body"]["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"]["required"] == ["n"]
+    fake.pieces = ['{"n": ', "42}"]
+    job, env = run_job(backend_for(fake), infer_guest(format={"type": "json_schema", "name": "x", "schema": schema}))
+    assert env.ok, env
+
+
+def test_llama_cpp_python_gets_its_json_object_with_a_schema_and_tools_travel_in_the_system_turn():
+    tool = {"type": "function", "name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    with FakeServer(owned_by="me") as fake:
+        fake.pieces = ['{"name": "get_weather", ', '"arguments": {"city": "Oslo"}}']
+        job, env = run_job(backend_for(fake), infer_guest(tools=[tool], tool_choice="required"))
+        assert env.ok, env
+        body = fake.requests[-1]["body"]
+        assert body["response_format"]["type"] == "json_object"
+        assert body["response_format"]["schema"]["properties"]["name"] == {"const": "get_weather"}
+        assert body["messages"][0]["role"] == "system" and "get_weather" in body["messages"][0]["content"]
+        [call] = [e for e in job.events if e["type"] == "response.output_item.done"]
+        assert call["item"]["type"] == "function_call" and json.loads(call["item"]["arguments"]) == {"city": "Oslo"}
+        # "auto" (a call or text) is no response_format: sent free, validated after
+        fake.pieces = ['{"name": "get_weather", ', '"arguments": {"town": "Oslo"}}']
+        job, env = run_job(backend_for(fake), infer_guest(tools=[tool], tool_choice="auto"))
+        assert "response_format" not in fake.requests[-1]["body"]
+        assert env.error.code == codes.SCHEMA_VALIDATION_FAILED, env
+
+
+def test_embeddings_come_in_input_order_and_unit_length(fake):
+    fake.mode = "embed"
+    vectors = backend_for(fake).embed(["a", "bbbb"]).result(10)
+    assert fake.requests[-1]["path"] == "/v1/embeddings"
+    assert fake.requests[-1]["body"]["encoding_format"] == "float"
+    assert [round(v[0], 4) for v in vectors] == [round(1 / 26 ** 0.5, 4), round(4 / 41 ** 0.5, 4)]
+    assert all(abs(sum(x * x for x in v) - 1) < 1e-9 for v in vectors)
+
+
+def test_a_lora_selection_is_refused_for_a_served_model(fake):
+    from tensorjob_jupyter.inference.base import LoraChoice
+
+    with pytest.raises(ModelError, match="LoRA"):
+        backend_for(fake).generate_stream(GenerateRequest("p", 4, lora=(LoraChoice("a"),)), lambda p: True)
+
+
+# --- stop, cancel, timeouts: the connection closes, nothing is left ----------------------------------------
+
+
+def test_a_stop_verdict_closes_the_stream_at_once(fake):
+    fake.mode = "endless"
+    started = time.monotonic()
+    job, env = run_job(backend_for(fake), infer_guest(max_tokens=100000, stop_after_tokens=3))
+    assert env.ok, env
+    [done] = of_type(job, "response.completed")
+    assert done["finish_reason"] == "guest_stop"
+    assert len(of_type(job, "response.output_text.delta")) <= 5
+    assert wait_until(lambda: fake.closed, 2), "the server never saw the client leave"
+    assert fake.closed[0] - started < 3
+    assert wait_until(lambda: not connections_to(fake.port), 2), connections_to(fake.port)
+
+
+def test_an_endless_stream_is_cut_at_max_tokens(fake):
+    fake.mode = "endless"
+    backend = backend_for(fake)
+    result = backend.generate_stream(GenerateRequest("p", 20), lambda p: True).result(10)
+    assert result.finish_reason == "length" and result.usage.completion_tokens == 20
+    assert wait_until(lambda: fake.closed, 2)
+
+
+@pytest.mark.parametrize("mode", ["no_headers", "stall"])
+def test_cancel_closes_the_connection_before_and_after_the_headers(fake, mode):
+    fake.mode = mode
+    job = tj.Job(infer_guest(), backend=backend_for(fake)).start()
+    assert wait_until(lambda: fake.requests, 5)
+    time.sleep(0.2)
+    started = time.monotonic()
+    job.cancel()
+    env = job.wait(5)
+    assert env.status.value == "cancelled", env
+    assert time.monotonic() - started < 2
+    assert wait_until(lambda: fake.closed, 2), "the server never saw the client leave"
+    assert wait_until(lambda: not connections_to(fake.port), 2), connections_to(fake.port)
+
+
+def test_a_job_timeout_closes_the_connection(fake):
+    fake.mode = "stall"
+    started = time.monotonic()
+    job, env = run_job(backend_for(fake), job_timeout_s=1.0)
+    assert env.error.code == codes.TIMEOUT, env
+    assert time.monotonic() - started < 4
+    assert wait_until(lambda: fake.closed, 2)
+    assert wait_until(lambda: not connections_to(fake.port), 2)
+
+
+def test_a_silent_server_and_an_endless_stream_of_pings_are_timeouts(fake):
+    fake.mode = "stall"
+    job, env = run_job(backend_for(fake, read_timeout_s=0.5))
+    assert env.error.code == codes.TIMEOUT and "read_timeout_s" in env.error.message, env
+    fake.mode = "pings"
+    job, env = run_job(backend_for(fake, request_timeout_s=1.0))
+    assert env.error.code == codes.TIMEOUT and "request_timeout_s" in env.error.message, env
+    assert wait_until(lambda: len(fake.closed) == 2, 2)
+
+
+# --- a server that is down, busy, broken --------------------------------------------------------------
+
+
+def test_a_server_that_is_down_fails_the_job_fast_with_model_load_failed():
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    started = time.monotonic()
+    job, env = run_job(ServedBackend(url, api_key_env="TJ_TEST_KEY"))
+    assert env.error.code == codes.MODEL_LOAD_FAILED, env
+    assert time.monotonic() - started < 3
+    assert env.error.message == f"cannot reach the model server at {url}: connection refused"
+    assert of_type(job, "job.created")[0]["model"] == "?"
+    # a job that never infers does not need the server
+    job, env = run_job(ServedBackend(url), script_guest([{"cmd": "done", "result": "ok"}]))
+    assert env.ok
+
+
+@pytest.mark.parametrize("status,code", [(429, codes.BUSY), (503, codes.BUSY), (500, codes.MODEL_LOAD_FAILED),
+                                         (401, codes.MODEL_LOAD_FAILED), (504, codes.TIMEOUT),
+                                         (404, codes.MODEL_LOAD_FAILED)])
+def test_http_errors_end_the_job_with_the_documented_code_and_never_the_key(fake, status, code):
+    fake.mode, fake.status = "status", status
+    fake.error_message = f"Incorrect API key provided: {KEY}"  # a server that echoes the key back
+    job, env = run_job(backend_for(fake))
+    assert env.error.code == code, env
+    assert f"HTTP {status}" in env.error.message and KEY not in env.error.message
+    assert "\n" not in env.error.message
+    [error] = of_type(job, "error")
+    assert error["code"] == code and KEY not in error["message"]
+    for path in job.run_dir.rglob("*"):
+        if path.is_file():
+            assert KEY not in path.read_text(errors="replace"), path
+
+
+@pytest.mark.parametrize("mode,says", [("malformed", "malformed"), ("truncated", "ended before the answer")])
+def test_a_malformed_or_truncated_stream_is_model_load_failed(fake, mode, says):
+    fake.mode = mode
+    job, env = run_job(backend_for(fake))
+    assert env.error.code == codes.MODEL_LOAD_FAILED and says in env.error.message, env
+
+
+def test_a_full_queue_answers_busy_at_once(fake):
+    fake.mode = "stall"
+    backend = backend_for(fake, concurrency=1, queue_size=1)
+    first = backend.generate_stream(GenerateRequest("p", 4), lambda p: True)
+    second = backend.generate_stream(GenerateRequest("p", 4), lambda p: True)
+    with pytest.raises(QueueFull, match="full"):
+        backend.generate_stream(GenerateRequest("p", 4), lambda p: True)
+    job, env = run_job(backend)
+    assert env.error.code == codes.BUSY, env
+    assert second.cancel()  # still waiting: it never starts
+    assert not first.cancel()  # running: cancel aborts it instead
+    assert first.result(5).finish_reason == "cancelled"
+    assert backend.threads == 0 or wait_until(lambda: backend.threads == 0, 2)
+
+
+def test_concurrent_requests_run_on_at_most_concurrency_threads(fake):
+    fake.mode = "slow"
+    backend = backend_for(fake, concurrency=2)
+    seen = set()
+
+    def on_token(piece):
+        seen.add(threading.current_thread().name)
+        return True
+
+    futures = [backend.generate_stream(GenerateRequest("p", 8), on_token) for _ in range(5)]
+    assert all(f.result(20).text == "".join(fake.pieces) for f in futures)
+    assert 1 <= len(seen) <= 2 and backend.threads <= 2
+    backend.close()
+    with pytest.raises(ModelError, match="closed"):
+        backend.generate_stream(GenerateRequest("p", 8), on_token)
+
+
+def test_exceptions_the_reactor_maps():
+    assert issubclass(ServerBusy, QueueFull) and issubclass(ModelTimeout, ModelError)
+    assert set(DIALECTS) == {"openai", "llama.cpp", "llama-cpp-python", "vllm"}
+    assert Constraint("{}").free_text is False
+
+
+def test_a_served_run_replays_without_the_server(tmp_path):
+    with FakeServer() as fake:
+        guest = infer_guest()
+        job, env = run_job(backend_for(fake))
+        assert env.ok
+    report = tj.replay(guest, job.id, timeout=30)  # the server is gone
+    assert report.envelope.ok and report.divergence is None, report.envelope
+    replayed = [e["delta"] for e in report.job.events if e["type"] == "response.output_text.delta"]
+    assert replayed == fake.pieces
