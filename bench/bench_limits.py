@@ -18,6 +18,20 @@ Run from the repository root::
    (the 16 MiB command parsed, the path refused) and as the bare
    ``Grants.open_checked`` call, against the same for a short missing path
    measured in the same run. Goal: under 0.1 s.
+3. **The world's bounds** (issue 21). *Bytes held by handles*: a guest that
+   fetches a large body (or crops an incompressible image) again and again,
+   with ``max_handle_bytes`` at a quarter of ``max_handles`` x the body against
+   the old bound (``max_handles`` alone) in the same run: bytes the handles
+   held and the peak growth of the system's shared memory (memfd pages), and
+   the ratio. *Fetch*: servers that answer ``100 Continue`` forever, trickle
+   the status line, or go silent after the headers, against
+   ``fetch_timeout_s``: when each job ends (as a multiple of the limit), how
+   long its helper thread lingers after, and threads, sockets and server-side
+   connections left after all of them, with the CPU the process uses in an
+   idle second after them against one before. *The engine*: ``tensorjob run``
+   SIGKILLed while its engine renders a page for minutes, the time until the
+   engine is gone, against SIGKILLing the engine itself; and a spinning engine
+   against ``document_cpu_s=1``.
 
 Ratios are against baselines measured in the same process. The last line is
 a one-line JSON summary.
@@ -29,9 +43,13 @@ import argparse
 import ctypes
 import gc
 import json
+import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -44,6 +62,8 @@ import psutil  # noqa: E402
 import tensorjob_jupyter as tj
 from tensorjob_jupyter.world.grants import AccessError, Grants
 
+import hostile_http  # noqa: E402  (tests/hostile_http.py: a server that breaks HTTP)
+import pdfgen  # noqa: E402  (tests/pdfgen.py: a page that takes minutes to render)
 import wat  # noqa: E402  (tests/wat.py: the input-script guest)
 
 MiB = 1024 * 1024
@@ -136,6 +156,208 @@ def open_huge_path(runs_dir: str) -> dict:
     return out
 
 
+# --- issue 21: the world's bounds (fetch, the document engine, bytes held by handles) ---------------
+
+
+def shmem_bytes() -> int:
+    """The system's shared memory (memfd pages live there: fetched bodies, page images)."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("Shmem:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def peak_shmem_during(fn) -> tuple[object, int]:
+    """Run ``fn()``; return its value and the peak growth of shared memory while it ran."""
+    base = shmem_bytes()
+    peak = [0]
+    done = threading.Event()
+
+    def sample():
+        while not done.wait(0.01):
+            peak[0] = max(peak[0], shmem_bytes() - base)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        value = fn()
+    finally:
+        done.set()
+        sampler.join()
+    return value, peak[0]
+
+
+def handle_bytes(port: int, tmp: Path, runs_dir: str, quick: bool) -> dict:
+    """Bytes a hoarding guest holds: with max_handle_bytes against the old bound (max_handles x per-handle cap)."""
+    from PIL import Image
+
+    handles, body = (16, 8 * MiB) if quick else (32, 16 * MiB)
+    noise = tmp / "noise.png"
+    Image.frombytes("RGB", (1000, 1000), os.urandom(1000 * 1000 * 3)).save(noise)
+    crop = {"cmd": "image_op", "handle": 0, "op": {"op": "crop", "x": 0, "y": 0, "width": 1000, "height": 1000}}
+    cases = {  # name: (script, event, grants, bytes one handle holds)
+        "fetch": ([{"cmd": "fetch", "url": hostile_http.url(port, f"/body/{body}")}], "job.fetch", {}, body),
+        "image_op": ([{"cmd": "open", "path": str(noise)}, crop], "job.image.created", {"read": [tmp]},
+                     noise.stat().st_size),
+    }
+    out = {}
+    for name, (script, kind, grants, each) in cases.items():
+        row = {}
+        budget = handles * each // 4
+        for bound, max_bytes in (("old", 4 * handles * each), ("new", budget)):
+            limits = tj.Limits(max_handles=handles, max_handle_bytes=max_bytes)
+
+            def run():
+                job = tj.Job(wat.script_guest(script), backend=None, fetch=[hostile_http.url(port, "/")],
+                             runs_dir=runs_dir, limits=limits, **grants).start()
+                job.wait(300)
+                return job
+
+            started = time.perf_counter()
+            job, peak = peak_shmem_during(run)
+            held = sum(e["len"] for e in job.events if e["type"] == kind)
+            row[bound] = {"max_handle_bytes": max_bytes, "held_mib": held / MiB, "peak_shmem_mib": peak / MiB,
+                          "seconds": time.perf_counter() - started, "error": job.envelope.error.message[:80]}
+        row["held_ratio_new_over_old"] = row["new"]["held_mib"] / max(row["old"]["held_mib"], 1e-9)
+        print(f"bytes held, {name}, max_handles={handles}: old bound {row['old']['held_mib']:.0f} MiB "
+              f"(peak shmem +{row['old']['peak_shmem_mib']:.0f} MiB), max_handle_bytes={budget / MiB:.1f} MiB: "
+              f"{row['new']['held_mib']:.0f} MiB (peak shmem +{row['new']['peak_shmem_mib']:.0f} MiB); "
+              f"ratio {row['held_ratio_new_over_old']:.2f}", flush=True)
+        out[name] = row
+    return out
+
+
+def process_cpu_s() -> float:
+    t = psutil.Process().cpu_times()
+    return t.user + t.system
+
+
+def fetch_leftovers(port: int, runs_dir: str, quick: bool) -> dict:
+    """Hostile servers against fetch_timeout_s: time to end, and what is left (threads, sockets, CPU) after."""
+    repeat, timeout_s = (2, 0.5) if quick else (5, 0.5)
+    warm = tj.Job(wat.script_guest([{"cmd": "fetch", "url": hostile_http.url(port, "/body/10")}, {"cmd": "done", "result": "ok"}]),
+                  backend=None, fetch=[hostile_http.url(port, "/")], runs_dir=runs_dir).start()
+    assert warm.wait(60).ok, warm.envelope
+    time.sleep(0.2)
+    threads_before = len(os.listdir("/proc/self/task"))
+    sockets_before = sum(os.readlink(f"/proc/self/fd/{fd}").startswith("socket:") for fd in os.listdir("/proc/self/fd")
+                         if os.path.exists(f"/proc/self/fd/{fd}"))
+    idle0 = process_cpu_s()
+    time.sleep(1.0)
+    idle_cpu = process_cpu_s() - idle0
+    out = {}
+    for path in ("/continue", "/trickle", "/silent"):
+        walls, lingers = [], []
+        for _ in range(repeat):
+            guest = wat.script_guest([{"cmd": "fetch", "url": hostile_http.url(port, path)}, {"cmd": "done", "result": "ok"}])
+            started = time.perf_counter()
+            job = tj.Job(guest, backend=None, fetch=[hostile_http.url(port, "/")], runs_dir=runs_dir,
+                         limits=tj.Limits(fetch_timeout_s=timeout_s)).start()
+            env = job.wait(60)
+            ended = time.perf_counter()
+            assert env.error is not None and env.error.code == "timeout", env
+            while any(t.name == "tensorjob-fetch" for t in threading.enumerate()) and time.perf_counter() - ended < 10:
+                time.sleep(0.001)
+            lingers.append(time.perf_counter() - ended)
+            walls.append(ended - started)
+        out[path] = {"wall_over_fetch_timeout": statistics.median(walls) / timeout_s,
+                     "thread_linger_ms": max(lingers) * 1000}
+        print(f"fetch {path:9s}: ends at {statistics.median(walls) / timeout_s:.2f} x fetch_timeout_s "
+              f"({statistics.median(walls) * 1000:.0f} ms); its thread is gone {max(lingers) * 1000:.1f} ms "
+              f"after the job (worst of {repeat})", flush=True)
+    time.sleep(0.2)
+    after0 = process_cpu_s()
+    time.sleep(1.0)
+    after_cpu = process_cpu_s() - after0
+    out["threads_left"] = len(os.listdir("/proc/self/task")) - threads_before
+    out["sockets_left"] = sum(os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+                              for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}")) \
+        - sockets_before
+    out["open_at_server"] = hostile_http.open_connections(port)
+    out["idle_cpu_s_before"], out["idle_cpu_s_after"] = idle_cpu, after_cpu
+    print(f"after {3 * repeat} hostile fetch jobs: {out['threads_left']} threads, {out['sockets_left']} sockets "
+          f"left, {out['open_at_server']} connections open at the server; CPU in the idle second after "
+          f"{after_cpu * 1000:.0f} ms vs {idle_cpu * 1000:.0f} ms before", flush=True)
+    return out
+
+
+def _engine_of(host: subprocess.Popen) -> psutil.Process:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for child in psutil.Process(host.pid).children():
+            if any("docworker" in part for part in child.cmdline()):
+                if sum(child.cpu_times()[:2]) > 0.5:  # rendering
+                    return child
+        time.sleep(0.02)
+    raise RuntimeError("the document engine never started rendering")
+
+
+def _gone(p: psutil.Process) -> bool:
+    try:
+        return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def engine_death(tmp: Path, quick: bool) -> dict:
+    """Host killed mid-render: time until its engine is gone, against killing the engine itself."""
+    (tmp / "bomb.pdf").write_bytes(pdfgen.render_bomb_pdf())
+    guest = tmp / "render.wasm"
+    guest.write_bytes(wat.script_guest([{"cmd": "open", "path": str(tmp / "bomb.pdf")},
+                                        {"cmd": "page_image", "handle": 0, "page": 0}, {"cmd": "done", "result": "ok"}]))
+    samples: dict[str, list[float]] = {"host_killed": [], "engine_killed": []}
+    for _ in range(1 if quick else 3):
+        for case in samples:
+            host = subprocess.Popen([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "run", str(guest),
+                                     "--read", str(tmp), "--quiet"], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, cwd=tmp)
+            try:
+                engine = _engine_of(host)
+                started = time.perf_counter()
+                (host if case == "host_killed" else engine).send_signal(signal.SIGKILL)
+                while not _gone(engine) and time.perf_counter() - started < 30:
+                    time.sleep(0.0005)
+                samples[case].append(time.perf_counter() - started)
+            finally:
+                host.kill()
+                host.wait()
+    host_ms = statistics.median(samples["host_killed"]) * 1000
+    engine_ms = statistics.median(samples["engine_killed"]) * 1000
+    print(f"engine gone {host_ms:.1f} ms after its host is SIGKILLed mid-render (killing the engine itself: "
+          f"{engine_ms:.1f} ms; ratio {host_ms / engine_ms:.1f})", flush=True)
+    return {"host_killed_ms": host_ms, "engine_killed_ms": engine_ms, "ratio": host_ms / engine_ms}
+
+
+def engine_cpu_limit(tmp: Path, runs_dir: str) -> dict:
+    """A spinning engine against document_cpu_s=1: how long until the job ends."""
+    from tensorjob_jupyter.world.docworker import FAULT_ENV
+
+    (tmp / "doc.pdf").write_bytes(pdfgen.text_pdf())
+    os.environ[FAULT_ENV] = "hang:render"
+    try:
+        started = time.perf_counter()
+        env = tj.Job(wat.script_guest([{"cmd": "open", "path": str(tmp / "doc.pdf")},
+                                       {"cmd": "page_image", "handle": 0, "page": 0}, {"cmd": "done", "result": "ok"}]),
+                     read=[tmp], backend=None, runs_dir=runs_dir,
+                     limits=tj.Limits(document_cpu_s=1, document_timeout_s=120)).start().wait(120)
+        wall = time.perf_counter() - started
+    finally:
+        del os.environ[FAULT_ENV]
+    assert env.error is not None and env.error.code == "limit_exceeded", env
+    print(f"a spinning engine with document_cpu_s=1 ends its job after {wall:.2f} s of wall time "
+          f"({wall:.2f} x the limit, engine start-up included)", flush=True)
+    return {"wall_s": wall, "wall_over_limit": wall / 1.0}
+
+
+def world_bounds(runs_dir: str, quick: bool) -> dict:
+    with tempfile.TemporaryDirectory() as tmp, hostile_http.serve() as port:
+        return {"handle_bytes": handle_bytes(port, Path(tmp), runs_dir, quick),
+                "fetch": fetch_leftovers(port, runs_dir, quick),
+                "engine_death": engine_death(Path(tmp), quick),
+                "engine_cpu": engine_cpu_limit(Path(tmp), runs_dir)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
@@ -144,6 +366,7 @@ def main() -> None:
     print(f"cores: {psutil.cpu_count()}, load: {open('/proc/loadavg').read().split()[:3]}")
     with tempfile.TemporaryDirectory() as runs_dir:
         summary = {"memory": memory_after_jobs(sizes, runs_dir), "open": open_huge_path(runs_dir)}
+        summary["world"] = world_bounds(runs_dir, args.quick)
     kept = [row["kept_mib"] for row in summary["memory"]]
     print(f"kept after a job: {min(kept):.2f} to {max(kept):.2f} MiB while published grew "
           f"{summary['memory'][0]['published_mib']:.0f} -> {summary['memory'][-1]['published_mib']:.0f} MiB")

@@ -23,6 +23,13 @@ from Python (a job's input).
 
 The job result is an ``Envelope``: ``status``, ``result`` (only when
 completed), ``error`` (only when failed or cancelled) and ``usage`` (always).
+The tables every layer names things by live here too: the error codes
+(``codes``), the event types (``event_types``), and the one error family of
+a job's end (``JobFailure``).
+
+This module is longer than the others on purpose: it is the whole boundary,
+the types and the one strict reader that builds them, and splitting the
+reader from the types would put the rule in two places.
 """
 
 from __future__ import annotations
@@ -89,6 +96,13 @@ class event_types:
     JOB_CHUNK = "job.chunk"
     JOB_EMBEDDED = "job.embedded"
     JOB_FETCH = "job.fetch"
+    #: A Python guest's interpreter started: which one (its SHA-256), the guest's file, and the
+    #: random seed and wall-clock origin the host gave it (a replay gives them again).
+    JOB_INTERPRETER = "job.interpreter"
+    #: A Python guest's printed lines (``stream``: stdout or stderr; ``lines``; ``dropped`` past the cap).
+    JOB_LOG = "job.log"
+    #: Clock readings a Python guest took since the last event (nanoseconds since it started), for replay.
+    JOB_CLOCK = "job.clock"
     JOB_DOCUMENT_PAGE = "job.document.page"
     JOB_IMAGE_CREATED = "job.image.created"
     JOB_PAUSED = "job.paused"
@@ -148,6 +162,15 @@ class JobFailure(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+    def __reduce__(self):  # subclasses take other arguments: rebuild from (code, message) in any process
+        return _rebuild_failure, (type(self), self.code, self.message)
+
+
+def _rebuild_failure(cls: type, code: str, message: str) -> JobFailure:
+    failure = Exception.__new__(cls)
+    JobFailure.__init__(failure, code, message)
+    return failure
 
 
 class AbiError(ValueError):

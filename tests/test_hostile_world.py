@@ -5,8 +5,8 @@ nothing behind; whatever kills the host, its document engine dies with it;
 whatever a guest asks for, the bytes its handles hold together stay under
 ``max_handle_bytes``.
 
-* **Fetch leaves nothing.** A tiny hostile HTTP server, in its own process
-  (raw sockets, so it can break HTTP as no library would), answers
+* **Fetch leaves nothing.** A tiny hostile HTTP server (tests/hostile_http.py:
+  its own process, raw sockets, so it can break HTTP as no library would) answers
   ``100 Continue`` forever, trickles its status line a byte at a time, or
   sends headers and then nothing. Jobs granted those URLs end on time with
   ``timeout`` (fetch_timeout_s or job_timeout_s) or ``cancelled``, and then:
@@ -29,13 +29,11 @@ whatever a guest asks for, the bytes its handles hold together stay under
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 
@@ -44,6 +42,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import hostile_http
 import pdfgen
 import tensorjob_jupyter as tj
 import wat
@@ -56,103 +55,17 @@ DONE = {"cmd": "done", "result": "finished"}
 GRACE_S = 2.0
 REPEAT = 3
 
-# --- a hostile HTTP server, in its own process ---------------------------------------------------
-
-HOSTILE_SERVER = textwrap.dedent(r'''
-    import json, select, socket, sys, threading, time
-
-    open_connections = 0
-    lock = threading.Lock()
-
-    def closed(conn, wait):
-        """Wait up to ``wait`` s; True once the client has closed (or shut down) its side."""
-        ready, _, _ = select.select([conn], [], [], wait)
-        if not ready:
-            return False
-        try:
-            return conn.recv(4096) == b""
-        except OSError:
-            return True
-
-    def serve(conn):
-        global open_connections
-        try:
-            request = b""
-            while b"\r\n\r\n" not in request:
-                data = conn.recv(4096)
-                if not data:
-                    return
-                request += data
-            path = request.split(b" ", 2)[1].decode()
-            if path == "/stats":
-                with lock:
-                    body = json.dumps({"open": open_connections - 1}).encode()
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
-                return
-            if path.startswith("/body/"):
-                size = int(path.rsplit("/", 1)[1])
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
-                             b"Content-Length: %d\r\n\r\n" % size)
-                block = b"z" * 65536
-                left = size
-                while left:
-                    conn.sendall(block[:min(left, len(block))])
-                    left -= min(left, len(block))
-                closed(conn, 30)
-                return
-            if path == "/continue":  # 100 Continue, forever
-                while not closed(conn, 0.002):
-                    conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
-            elif path == "/trickle":  # the status line, a byte a second
-                for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello" * 100:
-                    if closed(conn, 1.0):
-                        break
-                    conn.sendall(bytes([byte]))
-            elif path == "/silent":  # headers, then nothing
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
-                closed(conn, 600)
-        except OSError:
-            pass
-        finally:
-            conn.close()
-            with lock:
-                open_connections -= 1
-
-    listener = socket.socket()
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    print(listener.getsockname()[1], flush=True)
-    while True:
-        conn, _ = listener.accept()
-        with lock:
-            open_connections += 1
-        threading.Thread(target=serve, args=(conn,), daemon=True).start()
-''')
+# --- a hostile HTTP server, in its own process (tests/hostile_http.py) ----------------------------
 
 
 @pytest.fixture(scope="module")
 def hostile():
-    proc = subprocess.Popen([sys.executable, "-c", HOSTILE_SERVER], stdout=subprocess.PIPE, text=True)
-    try:
-        port = int(proc.stdout.readline())
+    with hostile_http.serve() as port:
         yield port
-    finally:
-        proc.kill()
-        proc.wait()
 
 
-def url(port: int, path: str) -> str:
-    return f"http://127.0.0.1:{port}{path}"
-
-
-def server_open_connections(port: int) -> int:
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        s.sendall(b"GET /stats HTTP/1.1\r\nHost: x\r\n\r\n")
-        data = b""
-        while chunk := s.recv(4096):
-            data += chunk
-    return json.loads(data.split(b"\r\n\r\n", 1)[1])["open"]
+url = hostile_http.url
+server_open_connections = hostile_http.open_connections
 
 
 # --- what is left of a job: threads, sockets, CPU --------------------------------------------------

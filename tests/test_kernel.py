@@ -403,12 +403,12 @@ def test_input_as_json_a_variable_or_a_python_literal(kernel, tmp_path):
                               f"""c = %tensorjob run {echo} --quiet --input "{{'path': 'a.txt', 'n': 3}}"\n"""
                               f"""d = %tensorjob run {echo} --quiet --input "{{\\"path\\": \\"a.txt\\", \\"n\\": 3}}"\n"""
                               f"e = %tensorjob run {echo} --quiet --input True\n"
-                              f"f = %tensorjob run {echo} --quiet --input None\n"
+                              f"f = %tensorjob run {echo} --quiet --input '[None, False, (1, 2)]'\n"
                               f"""g = %tensorjob run {echo} --quiet --input '"text"'\n"""
                               "print(a.result == b.result == c.result == d.result == params, e.result, f.result, "
                               "g.result)")
     assert reply["content"]["status"] == "ok", reply["content"]
-    assert stdout(messages) == "True True None text\n"
+    assert stdout(messages) == "True True [None, False, [1, 2]] text\n"
     for line, says in [("--input {nope", "--input is not valid JSON"),
                        ("""--input '"{\\"a\\": 1}"'""", "quoted once too often"),  # a dict inside a string
                        ("""--input {"a": 1}""", "quote a value once"),  # unquoted: split at the space
@@ -433,6 +433,7 @@ def test_a_map_takes_its_guest_from_the_cell_and_restart_starts_a_changed_one_ov
     changed = wat.script_wat([{"cmd": "done", "result": {"v": 2}}])
     reply, messages = run(kc, cell + changed)
     assert "guest changed" in stderr(messages) and "--restart" in stderr(messages)
-    reply, messages = run(kc, cell.rstrip("\n") + " --restart --quiet\n" + changed + "\n_.rows()")
+    reply, messages = run(kc, cell.rstrip("\n") + " --restart --quiet\n" + changed)
+    assert reply["content"]["status"] == "ok", reply["content"]
     reply, messages = run(kc, "[(row['input.doc'], row['status'], row['result.v']) for row in _.rows()]")
     assert result_text(messages) == "[('a', 'completed', 2), ('b', 'completed', 2)]"

@@ -25,6 +25,7 @@ import tensorjob_jupyter as tj
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.frontends.cli import main
 from tensorjob_jupyter.history.diff import diff_runs
+from tensorjob_jupyter.host import tokens
 from tensorjob_jupyter.record.events import TRANSCRIPT_VERSION
 from tensorjob_jupyter.history.runs import RunError, list_runs, prune, resolve_run
 from tensorjob_jupyter.inference.base import QueueFull, Sampler
@@ -196,7 +197,8 @@ def test_live_falls_back_to_the_model_from_the_divergence():
     assert [e["then"] for e in report.job.events if e["type"] == "job.replay.diverged"] == ["live"]
 
 
-def test_the_recorded_stop_gives_the_recorded_text_and_an_earlier_stop_cuts_it():
+def test_the_recorded_stop_gives_the_recorded_text_and_an_earlier_stop_cuts_it(monkeypatch):
+    monkeypatch.setattr(tokens, "LOOKAHEAD_WAIT_S", 30.0)  # at most one piece past the stop is recorded
     job = record(EXAMPLES / "stop_early.c", backend=ScriptedBackend(WORDS), input={"stop_after": 4, "stop_at": ""})
     same = replay(EXAMPLES / "stop_early.c", job.id)
     assert same.same_result and same.result == job.result
@@ -206,7 +208,10 @@ def test_the_recorded_stop_gives_the_recorded_text_and_an_earlier_stop_cuts_it()
     assert sooner.result["tokens_out"] == 2
 
 
-def test_a_guest_that_wants_more_than_was_recorded_diverges_or_goes_live():
+def test_a_guest_that_wants_more_than_was_recorded_diverges_or_goes_live(monkeypatch):
+    # The decoder runs at most a token ahead of the guest unless the guest takes longer than the lookahead
+    # wait; on a loaded machine it might, and the recording would hold more than one piece past the stop.
+    monkeypatch.setattr(tokens, "LOOKAHEAD_WAIT_S", 30.0)
     job = record(EXAMPLES / "stop_early.c", backend=ScriptedBackend(WORDS), input={"stop_after": 3, "stop_at": ""})
     later = {"stop_after": 6, "stop_at": ""}
     report = replay(EXAMPLES / "stop_early.c", job.id, input=later)

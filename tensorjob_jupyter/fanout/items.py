@@ -25,6 +25,7 @@ from tensorjob_jupyter.limits import Limits
 from tensorjob_jupyter.host.reactor import InferOptions, internal_error
 from tensorjob_jupyter.inference.hub import is_hf_ref
 from tensorjob_jupyter.inference.lazy import model_backend
+from tensorjob_jupyter.inference.served import is_served
 
 CANCEL_POLL_S = 0.25
 #: The error code of an item whose worker process died every time it was
@@ -40,7 +41,10 @@ class BackendSpec:
     a ``factory`` (any picklable callable, e.g.
     ``functools.partial(ScriptedBackend, reply="...")``) or from ``model``
     (a GGUF path; None is the embedded model) and ``model_options`` (e.g.
-    ``n_threads``) through ``get_backend``. Each process builds one per
+    ``n_threads``) through ``get_backend``. A served model (``model`` an
+    http(s) URL) travels as its URL, its ``model_name`` and the *name* of its
+    key's variable (``api_key_env``): each worker reads the key from its own
+    environment, so the key is never pickled. Each process builds one per
     ``key`` and keeps it (``process_backend``).
     """
 
@@ -55,7 +59,8 @@ class BackendSpec:
         if factory is not None:
             return cls(factory=factory, key="factory:" + _digest_of(factory))
 
-        model = os.path.abspath(model) if model is not None and not is_hf_ref(model) else model
+        if model is not None and not is_hf_ref(model) and not is_served(model):
+            model = os.path.abspath(model)
         # hashable: a dict option (loras={name: path}) as its sorted pairs, which get_backend reads alike
         options = tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, dict) else v)
                                for k, v in (model_options or {}).items()))

@@ -226,7 +226,7 @@ class TensorJob(Magics, JobSettings):
     # -- the magics -------------------------------------------------------------------------
 
     @magic_arguments(name="%tensorjob")
-    @argument("--lang", choices=["c", "zig", "wat"], default=None,
+    @argument("--lang", choices=["python", "c", "zig", "wat"], default=None,
               help="the cell's language (default: recognised from the text)")
     @argument("--out", default=None, metavar="NAME",
               help="store the envelope (status, result, error, usage) in the notebook as NAME")
@@ -294,7 +294,7 @@ class TensorJob(Magics, JobSettings):
     @argument("--retry-failed", action="store_true", help="map: run items that failed before again")
     @argument("--restart", action="store_true",
               help="map: start the run folder over, keeping nothing it holds (e.g. after changing the guest)")
-    @argument("--lang", choices=["c", "zig", "wat"], default=None,
+    @argument("--lang", choices=["python", "c", "zig", "wat"], default=None,
               help="%%%%tensorjob map: the cell's language (default: recognised from the text)")
     @argument("--out", default=None, metavar="NAME",
               help="store the value (run: the envelope; map: the MapResult; replay: the report) as NAME")

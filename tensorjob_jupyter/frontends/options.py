@@ -37,7 +37,7 @@ from tensorjob_jupyter import limits as limits_table
 from tensorjob_jupyter.inference.base import DEFAULT_REPEAT_PENALTY
 from tensorjob_jupyter.limits import BYTES, COUNT, SECONDS, Limits
 from tensorjob_jupyter.host.debugger import parse_break_on
-from tensorjob_jupyter.inference import hub
+from tensorjob_jupyter.inference import hub, served
 from tensorjob_jupyter.world.fetch import FetchGrants
 from tensorjob_jupyter.inference.base import LoraChoice, Sampler
 from tensorjob_jupyter.host.reactor import InferOptions
@@ -114,8 +114,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("input", "--input", "the job input: a JSON value (in a notebook also $name, a variable, or a Python "
            "literal such as \"{'path': 'a.txt'}\")", "JSON", "json", one_job=True),
     Option("input_file", "--input-file", "stage F's bytes for the guest's wasi:tensor read-input", "F", "path"),
-    Option("model", "--model", "a GGUF model file, or a Hugging Face model hf:ORG/REPO[:FILE_OR_QUANT] (from its "
-           "cache, else downloaded; default: the embedded SmolLM2-135M-Instruct)", "PATH", "path", trait="model_path"),
+    Option("model", "--model", "a GGUF model file, a Hugging Face model hf:ORG/REPO[:FILE_OR_QUANT] (from its "
+           "cache, else downloaded), or the http(s)://HOST:PORT/v1 URL of an OpenAI-compatible server (vLLM, "
+           "llama.cpp, Ollama, ...; default: the embedded SmolLM2-135M-Instruct)", "PATH|URL", "path",
+           trait="model_path"),
+    Option("model_name", "--model-name", "the model's id on a --model URL server (default: the server's only "
+           "model)", "NAME", trait="model_name"),
+    Option("api_key_env", "--api-key-env", "the environment variable holding the --model URL server's key "
+           "(default OPENAI_API_KEY; the key is never recorded)", "VAR", trait="api_key_env"),
     Option("chat", "--chat", "apply the model's chat template to each prompt (--no-chat: send raw text; default: "
            "the template when the model has one)", kind="onoff", trait="chat"),
     Option("temperature", "--temperature", "sampling temperature (0: greedy)", "T", "float", trait="temperature"),
@@ -223,6 +229,8 @@ class JobOptions:
     input: Any = None
     input_file: str | None = None
     model: str | None = None
+    model_name: str | None = None  # a served model's id (--model URL)
+    api_key_env: str | None = None  # the variable holding a served model's key (--model URL)
     chat: bool | None = None  # None: the model's chat template when it has one
     temperature: float = 0.0
     top_p: float = 1.0
@@ -286,7 +294,19 @@ class JobOptions:
         if self.input_file is not None and not os.path.isfile(self.input_file):
             raise OptionError(f"--input-file {self.input_file}: no such file")
 
-        if self.model is not None and hub.is_hf_ref(self.model):
+        if served.is_served(self.model):
+            try:
+                served.normalise_url(self.model)
+            except ValueError as e:
+                raise OptionError(f"--model: {e}") from None
+            if self.lora:
+                raise OptionError("--lora: a served model's adapters are chosen on its server, not by the job")
+            if self.api_key_env is not None and not served.is_variable_name(self.api_key_env):
+                raise OptionError(f"--api-key-env {self.api_key_env}: not an environment variable name")
+        elif self.model_name is not None or self.api_key_env is not None:
+            flag = "--model-name" if self.model_name is not None else "--api-key-env"
+            raise OptionError(f"{flag}: only for a model on a server (--model http://HOST:PORT/v1)")
+        elif self.model is not None and hub.is_hf_ref(self.model):
             try:
                 hub.parse_ref(self.model)
             except ValueError as e:
@@ -347,7 +367,10 @@ class JobOptions:
         return InferOptions(sampler=sampler, chat=self.chat, cache_prompt=not self.no_prompt_cache, lora=lora)
 
     def model_options(self) -> dict[str, Any]:
-        """Engine options for the model (``get_backend``): the adapters ``--lora`` loads."""
+        """Engine options for the model (``get_backend``): the adapters ``--lora`` loads; for a served
+        model (``served_backend``), its id and the name of its key's variable (never the key)."""
+        if served.is_served(self.model):
+            return {k: v for k, v in (("model_name", self.model_name), ("api_key_env", self.api_key_env)) if v}
         loras = self.loras(local_model=False)
         return {"loras": {name: path for name, (path, _scale) in loras.items()}} if loras else {}
 

@@ -5,8 +5,8 @@ job's **envelope**, always -- completed, failed or cancelled -- so ``r =
 %tensorjob run ...`` never gives ``None``. The live view (or, without
 widgets, the plain summary) has already shown the job, so the envelope is
 not shown a second time as the cell's ``Out[]``: ``CellEnvelope`` displays
-nothing as the value of the cell that made it, and displays normally
-anywhere later (``r`` in the next cell, ``display(r)``).
+nothing as the value of the cell that made it, and is displayed as any
+value is anywhere later (``r`` in the next cell, ``display(r)``).
 
 A job that failed or was cancelled then raises ``JobFailed`` -- after the
 view has shown the failure -- so running a notebook top to bottom stops
@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import Any
 
 from IPython import get_ipython
-from IPython.display import display
 
 from tensorjob_jupyter.abi import Envelope, JobFailure, JobStatus, codes
 from tensorjob_jupyter.frontends.view.summary import error_text
@@ -40,11 +39,14 @@ class CellEnvelope(Envelope):
         value._shown_in = shown_in
         return value
 
-    def _ipython_display_(self) -> None:
+    @property
+    def _ipython_display_(self):
+        """IPython's hook, present only while this is the value of the cell whose view showed it: then it
+        displays nothing. Anywhere else it is absent, and the envelope is shown as any value is (``Out[]``)."""
         shell = get_ipython()
         if shell is not None and self._shown_in is not None and shell.execution_count == self._shown_in:
-            return  # this cell's view (or summary) shows it already
-        display({"text/plain": repr(self)}, raw=True)
+            return _show_nothing
+        return None
 
     def __repr__(self) -> str:
         if self.ok:
@@ -57,6 +59,10 @@ class CellEnvelope(Envelope):
             (other.status, other.usage, other.result, other.error)
 
     __hash__ = None  # type: ignore[assignment]  # as Envelope's: a mutable dataclass
+
+
+def _show_nothing() -> None:
+    """What a cell's own envelope displays as its ``Out[]``: nothing (its view has shown it)."""
 
 
 class CellError(Exception):

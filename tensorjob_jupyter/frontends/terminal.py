@@ -106,6 +106,12 @@ class EventPrinter:
             return
         if kind == event_types.JOB_PROGRESS:
             self._line(f"· {progress_text(event['progress'])}")
+        elif kind == event_types.JOB_LOG:  # a Python guest's print(): its own lines, marked, made inert
+            mark = "!" if event.get("stream") == "stderr" else "›"
+            for line in event.get("lines") or ():
+                self._line(f"{mark} {line}")
+            if event.get("dropped"):
+                self._line(f"! … {event['dropped']} more printed lines were not kept")
         elif kind == event_types.JOB_FILE_OPENED:
             self._line(f"· open {for_terminal(event['path'], one_line=True)} ({event['len']} bytes, "
                        f"{event['kind']['kind']})")

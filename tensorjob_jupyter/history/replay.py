@@ -75,7 +75,8 @@ from tensorjob_jupyter.host.structured import OutputSpec, SchemaError
 from tensorjob_jupyter.host.tokens import ModelTokens, PrefixMismatch, RecordedTokens
 from tensorjob_jupyter.text import for_terminal
 from tensorjob_jupyter.record.transcript import (
-    LIVE_COMMANDS, End, InferAnswer, Recording, Step, TranscriptError, compare_commands, describe, normalise,
+    LIVE_COMMANDS, End, EventReader, InferAnswer, Recording, Step, TranscriptError, compare_commands, describe,
+    normalise,
 )
 from tensorjob_jupyter.history.runs import resolve_run
 from tensorjob_jupyter.inference.lazy import DEFAULT_MODEL_NAME, model_backend
@@ -318,6 +319,11 @@ class ReplayReactor(Reactor):
         self._recorded_sampling = _sampling(recorded_infer_options(recording))
 
     # -- the loop ----------------------------------------------------------------------------
+
+    def guest_determinism(self) -> Any:
+        """A Python guest gets the recorded seed, clock origin and clock readings (none recorded: fresh ones)."""
+        from tensorjob_jupyter.sandbox.python.guest import Determinism
+        return Determinism.from_events(EventReader(self.recording.path))
 
     def run(self) -> Envelope:
         envelope = super().run()

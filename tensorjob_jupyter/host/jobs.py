@@ -49,7 +49,7 @@ from tensorjob_jupyter.limits import Limits, with_keywords
 from tensorjob_jupyter.host.reactor import InferOptions, JobStats, Reactor, internal_error
 from tensorjob_jupyter.world.fetch import FetchGrants
 from tensorjob_jupyter.inference.lazy import model_backend
-from tensorjob_jupyter.record.runs import default_runs_dir, new_job_id
+from tensorjob_jupyter.record.runs import ENVELOPE_FILE, EVENTS_FILE, default_runs_dir, new_job_id
 from tensorjob_jupyter.sandbox.compile import GuestSource
 
 log = logging.getLogger("tensorjob_jupyter")
@@ -318,11 +318,11 @@ class Job:
 
     @property
     def transcript_path(self) -> Path:
-        return self.run_dir / "events.jsonl"
+        return self.run_dir / EVENTS_FILE
 
     @property
     def envelope_path(self) -> Path:
-        return self.run_dir / "envelope.json"
+        return self.run_dir / ENVELOPE_FILE
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.name} {self.status.value}>"

@@ -53,9 +53,10 @@ from tensorjob_jupyter.world.documents import JobDocuments
 from tensorjob_jupyter.record.events import EventBudgetExceeded, EventStream, TranscriptWriteError
 from tensorjob_jupyter.world.files import Handles
 from tensorjob_jupyter.sandbox.guest import Guest
+from tensorjob_jupyter.sandbox.python import open_guest
 from tensorjob_jupyter.inference.base import (
     DEFAULT_REPEAT_PENALTY, FINISH_GUEST_STOP, FINISH_LENGTH, FINISH_STOP, Backend, GenerateRequest,
-    GenerateResult, LoraChoice, ModelError, QueueFull, Sampler,
+    GenerateResult, LoraChoice, Sampler,
 )
 from tensorjob_jupyter.limits import Limits
 from tensorjob_jupyter.text import clip
@@ -230,7 +231,10 @@ class Reactor:
         self._check_running()
         streaming = StreamingHost(self.limits, self._on_chunk, self.input_bytes,
                                   listening=lambda: not self.cancel.is_set(), on_flush=self.stream.flush)
-        self.guest = Guest(self.wasm, self.limits, [streaming], deadline=self.deadline)
+        # A wasm Guest, or a PythonGuest for a Python program (same interface; its log,
+        # clock readings and seed go to the event stream).
+        self.guest = open_guest(self.wasm, self.limits, [streaming], deadline=self.deadline,
+                                publish=self.stream.publish, determinism=self.guest_determinism())
         if self.cancel.is_set():
             self.guest.interrupt()
         debugger = self.debugger
@@ -258,6 +262,10 @@ class Reactor:
             self.pending_command = None
             command = self.guest.step(event)
             self.stats.steps += 1
+
+    def guest_determinism(self) -> Any:
+        """A Python guest's seed and clock readings: new ones (None) here; a replay gives the recorded ones."""
+        return None
 
     def _result(self, command: abi.Done) -> Any:
         size = len(abi.encode_json(command.result))
@@ -408,17 +416,8 @@ class Reactor:
                          f"embed of {len(cmd.texts)} texts ({size} bytes) is over the limit of "
                          f"{self.limits.max_embed_texts} texts and {self.limits.max_embed_bytes} bytes "
                          f"(max_embed_texts, max_embed_bytes)")
-        backend = self._backend()
-        try:
-            fut = backend.embed(list(cmd.texts))
-        except QueueFull as e:
-            raise JobFailure(codes.BUSY, str(e)) from None
-        except ModelError as e:
-            raise JobFailure(codes.MODEL_LOAD_FAILED, str(e)) from None
-        try:
-            vectors = self._await(fut)
-        except ModelError as e:
-            raise JobFailure(codes.MODEL_LOAD_FAILED, str(e)) from None
+        # a ModelError is the job's failure as it stands: busy, model_load_failed or timeout
+        vectors = self._await(self._backend().embed(list(cmd.texts)))
         self.stats.embeds += 1
         # The texts' hashes and the vectors, so a replay can answer this embed (replay.py).
         self.stream.publish(event_types.JOB_EMBEDDED, count=len(vectors), dimensions=len(vectors[0]) if vectors else 0,

@@ -34,22 +34,39 @@ schema for an object without ``properties``), ``items``/``prefixItems``/
 ``date-time``, ``uuid``), and integer ``minimum``/``maximum`` when both are
 given and span at most 256 values. Annotations (``title``, ``description``,
 ``default``, ``examples``, ...) are ignored. Host work on a guest's schema is
-bounded: its depth, nodes, alternatives, enum values and repetition bounds.
+bounded: its size (``MAX_SCHEMA_BYTES`` of JSON for one infer's format and
+tools), depth, nodes, alternatives, enum values and repetition bounds, and a
+pattern's automaton -- the grammar it becomes (``inference/pattern.py``) --
+is built here and measured (positions, states, work for all of one infer's
+patterns together), so a pattern that would be costly is refused here,
+before any token. What the shared model's thread does with the grammar is
+bounded where it runs (``inference/grammar.py``).
+
+What is remembered between infers -- checked specs (as JSON text) and
+validators -- is kept in memos bounded in bytes, not in entries: a finished
+job leaves at most ``SPEC_MEMO_BYTES`` + ``VALIDATOR_MEMO_BYTES`` behind here,
+whatever its schemas were.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
+import dataclasses
 import json
 import re
 import secrets
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from tensorjob_jupyter.inference.base import Constraint
+from tensorjob_jupyter.inference.memo import MISSING, BytesLRU
+from tensorjob_jupyter.inference.pattern import PatternBudget, PatternError, pattern_automaton
 
 #: Bounds on a guest's schemas: host work (checking, the grammar, llama.cpp's parse of it) stays small.
+#: The whole of one infer's ``format`` and ``tools`` as compact JSON (non-ASCII escaped): what memory a schema
+#: costs (its checked spec, its validator, its grammar, the events that report it) grows with this.
+MAX_SCHEMA_BYTES = 128 * 1024
 MAX_SCHEMA_DEPTH = 32
 MAX_SCHEMA_NODES = 2000
 MAX_ALTERNATIVES = 64
@@ -126,6 +143,8 @@ class _Normaliser:
         self._refs: dict[tuple[int, str], str] = {}
         self._nodes = 0
         self._roots: list[Any] = []
+        self._patterns: set[str] = set()  # checked already (each pattern's automaton is built once)
+        self._pattern_budget = PatternBudget()  # shared by all the patterns of this infer
 
     def schema(self, value: Any, where: str) -> dict:
         """A normalised copy of the root schema ``value``; ``where`` names it in messages."""
@@ -313,7 +332,14 @@ class _Normaliser:
                                               f"enforces {', '.join(FORMATS)})")
             out["format"] = node["format"]
         elif "pattern" in node:
-            out["pattern"] = _checked_pattern(node["pattern"], lambda m: self._fail(where, path, m))
+            pattern = _checked_pattern(node["pattern"], lambda m: self._fail(where, path, m))
+            if pattern not in self._patterns:
+                try:
+                    pattern_automaton(pattern, self._pattern_budget)  # what the grammar will be, measured
+                except PatternError as e:
+                    raise self._fail(where, path, f"pattern {pattern[:60]!r}: {e}") from None
+                self._patterns.add(pattern)
+            out["pattern"] = pattern
         else:
             low, high = node.get("minLength", 0), node.get("maxLength")
             for name, bound in (("minLength", low), ("maxLength", high)):
@@ -431,8 +457,17 @@ def _check_is_json_schema(value: Any, where: str) -> None:
         raise SchemaError(f"{where}: {e}") from None
 
 
-@functools.lru_cache(maxsize=128)
-def _cached_validator(schema_json: str, strict_format: bool):
+#: Bytes of memory a validator holds per byte of its schema's JSON: 1.5 for an enum of long strings, 33 for
+#: small nested objects (measured with tracemalloc); validators are weighed at the high end.
+VALIDATOR_BYTES_PER_SCHEMA_BYTE = 40
+#: The bytes kept, between infers, of validators and of checked specs.
+VALIDATOR_MEMO_BYTES = 16 * 1024 * 1024
+SPEC_MEMO_BYTES = 8 * 1024 * 1024
+
+_validators = BytesLRU(VALIDATOR_MEMO_BYTES)
+
+
+def _make_validator(schema_json: str, strict_format: bool):
     import jsonschema
 
     schema = json.loads(schema_json)
@@ -441,7 +476,10 @@ def _cached_validator(schema_json: str, strict_format: bool):
 
 
 def _validator_for(schema: Any, strict_format: bool = True):
-    return _cached_validator(json.dumps(schema, sort_keys=True), strict_format)
+    """A validator for ``schema``, kept between infers in a memo bounded in bytes."""
+    schema_json = json.dumps(schema, sort_keys=True)
+    return _validators.get_or_make((schema_json, strict_format), lambda: _make_validator(schema_json, strict_format),
+                                   lambda _v: sys.getsizeof(schema_json) * VALIDATOR_BYTES_PER_SCHEMA_BYTE)
 
 
 def _first_error(validator, value: Any) -> str | None:
@@ -503,7 +541,12 @@ class OutputSpec:
         structured = fmt is not None and fmt.get("type") != "text"
         if not structured and (not tools or choice == "none"):
             return cls(tools=[_tool_report(t) for t in tools], tool_choice=choice)
-        return _compile(json.dumps({"format": fmt, "tools": tools, "tool_choice": choice}))  # key order is meaning: properties come out in it
+        key = json.dumps({"format": fmt, "tools": tools, "tool_choice": choice})  # key order is meaning: properties come out in it
+        if len(key) > MAX_SCHEMA_BYTES:  # ASCII (non-ASCII is escaped): characters are bytes
+            raise SchemaError(f"the format and tools of this infer are {len(key)} bytes of JSON, over the "
+                              f"{MAX_SCHEMA_BYTES} a schema may take; send a smaller schema (fewer or shorter "
+                              f"enum values, fewer tools)")
+        return _compile(key)
 
     # -- the finished output ------------------------------------------------------------------
 
@@ -559,8 +602,24 @@ def _tool_report(tool: dict) -> dict:
 EMPTY_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
-@functools.lru_cache(maxsize=64)
-def _compile_cached(key: str) -> "OutputSpec":
+_specs = BytesLRU(SPEC_MEMO_BYTES)
+
+
+def _compile(key: str) -> OutputSpec:
+    """The checked spec of ``key`` (the infer's format, tools and tool_choice as JSON); the spec is kept between
+    infers as JSON text, in a memo bounded in bytes, and each call gets its own copy."""
+    kept = _specs.get(key)
+    if kept is MISSING:
+        spec = _compile_spec(key)
+        kept = json.dumps(dataclasses.asdict(spec))
+        _specs.put(key, kept, sys.getsizeof(key) + sys.getsizeof(kept))
+        return spec
+    fields = json.loads(kept)
+    constraint = fields.pop("constraint")
+    return OutputSpec(**fields, constraint=Constraint(**constraint) if constraint is not None else None)
+
+
+def _compile_spec(key: str) -> "OutputSpec":
     request = json.loads(key)
     fmt, tools, choice = request["format"], request["tools"], request["tool_choice"]
     norm = _Normaliser()
@@ -608,10 +667,6 @@ def _compile_cached(key: str) -> "OutputSpec":
     spec.constraint = Constraint(json.dumps(schema, separators=(",", ":"), ensure_ascii=False),
                                  free_text=spec.kind == "auto")
     return spec
-
-
-def _compile(key: str) -> OutputSpec:
-    return copy.deepcopy(_compile_cached(key))
 
 
 def _tools_system(tools: list[dict], choice: Any) -> str:

@@ -22,10 +22,11 @@ by ``max_tokens``; the verdict lands late). The one credit is a plain lock,
 held while the decoder is a token ahead: both sides wait in C, so a token
 costs two thread wake-ups.
 
-Failures are ``JobFailure``s with the code a job ends with, raised once here:
-a full queue is ``busy`` (its ``error`` event typed ``too_many_requests``), a
-model that fails is ``model_load_failed``, a grammar llama.cpp refuses is
-``schema_validation_failed``, a cancel is ``cancelled``.
+Model failures are ``JobFailure``s already (``inference.base``), each with
+the code a job ends with; here they close the response once: a full queue is
+``busy`` (its ``error`` event typed ``too_many_requests``), a model that
+fails is ``model_load_failed``, one that goes silent ``timeout``, a grammar
+llama.cpp refuses ``schema_validation_failed``; a cancel is ``cancelled``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Callable, Protocol, Sequence
 
 from tensorjob_jupyter.abi import JobFailure, codes
 from tensorjob_jupyter.inference.base import (
-    FINISH_CANCELLED, Backend, ConstraintError, GenerateRequest, GenerateResult, ModelError, QueueFull,
+    FINISH_CANCELLED, Backend, ConstraintError, GenerateRequest, GenerateResult, ModelError,
 )
 from tensorjob_jupyter.record.responses import ResponseStream
 from tensorjob_jupyter.sandbox.guest import GuestTrap
@@ -50,6 +51,8 @@ LOOKAHEAD_WAIT_S = 0.05
 #: How long an infer ended early waits for the decoder's own token count.
 PARTIAL_USAGE_WAIT_S = 0.5
 _END = object()
+#: The ``error`` event's type for a model failure, by its code (Open Responses' words).
+_ERROR_TYPES = {codes.BUSY: "too_many_requests", codes.TIMEOUT: "server_error"}
 
 
 class TokenSource(Protocol):
@@ -88,12 +91,9 @@ class ModelTokens:
         self._took: list[bool] = []
         try:
             self.future: Future = backend.generate_stream(request, self._on_token)
-        except QueueFull as e:
-            response.fail(str(e), code=codes.BUSY, error_type="too_many_requests")
-            raise JobFailure(codes.BUSY, str(e)) from None
-        except ModelError as e:
-            response.fail(str(e), code=codes.MODEL_LOAD_FAILED)
-            raise JobFailure(codes.MODEL_LOAD_FAILED, str(e)) from None
+        except ModelError as e:  # a full queue (busy), a model that cannot load
+            response.fail(e.message, code=e.code, error_type=_ERROR_TYPES.get(e.code, "model_error"))
+            raise
         # An end marker follows the last piece, so the loop ends at once instead of on its next poll.
         self.future.add_done_callback(lambda _fut: self._pieces.put(_END))
 
@@ -143,15 +143,12 @@ class ModelTokens:
         except CancelledError:
             raise JobFailure(codes.CANCELLED, "cancelled during inference") from None
         except ConstraintError as e:  # llama.cpp refused the grammar: before any token
-            response.fail(str(e), code=codes.SCHEMA_VALIDATION_FAILED, error_type="invalid_request")
-            raise JobFailure(codes.SCHEMA_VALIDATION_FAILED, f"infer: {e}") from None
-        except QueueFull as e:  # a server that answered "too many requests" once generation began
-            response.fail(str(e), code=codes.BUSY, error_type="too_many_requests")
-            raise JobFailure(codes.BUSY, str(e)) from None
-        except JobFailure as e:  # a backend that knows the job's code (a timeout, ...)
-            response.fail(e.message, code=e.code)
+            response.fail(e.message, code=e.code, error_type="invalid_request")
+            raise JobFailure(e.code, f"infer: {e.message}") from None
+        except JobFailure as e:  # ModelError (model_load_failed), QueueFull (busy), ModelTimeout (timeout)
+            response.fail(e.message, code=e.code, error_type=_ERROR_TYPES.get(e.code, "model_error"))
             raise
-        except Exception as e:  # noqa: BLE001 - ModelError, or anything the engine raised
+        except Exception as e:  # noqa: BLE001 - anything else the engine raised
             response.fail(str(e), code=codes.MODEL_LOAD_FAILED)
             raise JobFailure(codes.MODEL_LOAD_FAILED, str(e)) from None
 

@@ -8,6 +8,8 @@ One room per reason to change:
   one loaded model per process and options; ``lazy``: load on first use;
 * ``llama``: the llama.cpp engine, the only module that touches
   llama-cpp-python (and its private ``_internals``, on a pinned, checked range);
+* ``served``: a model on an OpenAI-compatible server (``--model http://.../v1``),
+  through the openai SDK, with the local worker's guarantees;
 * ``text_stream``: token bytes to whole characters, stop strings cut;
 * ``topology``: CPUs, cores, ``TENSORJOB_THREADS``, GPU offload;
 * ``scripted``: the deterministic stand-in for a model, public for guest tests.

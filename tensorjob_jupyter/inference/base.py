@@ -17,6 +17,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol, Sequence
 
+from tensorjob_jupyter.abi import JobFailure, codes
+
 TokenCallback = Callable[[str], bool]
 
 FINISH_STOP = "stop"
@@ -26,22 +28,36 @@ FINISH_CANCELLED = "cancelled"
 FINISH_GUEST_STOP = "guest_stop"
 
 
-class ModelError(RuntimeError):
+class ModelError(JobFailure):
     """The model failed (to load, or while generating): ``model_load_failed``."""
 
+    CODE = codes.MODEL_LOAD_FAILED
 
-class QueueFull(RuntimeError):
-    """The worker's request queue is full; the request was not accepted."""
+    def __init__(self, message: str):
+        super().__init__(self.CODE, message)
+
+
+class QueueFull(ModelError):
+    """The worker's request queue is full (or a server said too many requests); the request was not accepted:
+    ``busy``."""
+
+    CODE = codes.BUSY
 
 
 class ConstraintError(ModelError):
-    """The engine cannot constrain decoding as asked (a grammar it refuses): ``schema_validation_failed``.
+    """The engine cannot constrain decoding as asked (a grammar it refuses, or one that would cost the shared
+    model past its bounds): ``schema_validation_failed``.
 
-    Raised before any token of the request is generated."""
+    Raised before any token of the request is generated, or -- a grammar whose cost grows with its output --
+    at the token that would pass the bounds (that request alone fails)."""
+
+    CODE = codes.SCHEMA_VALIDATION_FAILED
 
 
 class ModelTimeout(ModelError):
     """The model did not answer in time (a served model's server went silent or ran past its limit): ``timeout``."""
+
+    CODE = codes.TIMEOUT
 
 
 #: The repetition penalty a job uses unless told otherwise: mild, so a small
@@ -137,6 +153,9 @@ class Pending:
     on_token: TokenCallback
     done: DoneCallback
     tokens: list[int] | None = None  # the prompt, once the engine has tokenized it
+    #: True once the request's job has ended (timeout, cancel): the engine ends it at once, between decode
+    #: steps and inside a grammar's whole-vocabulary pass, without waiting for a token to deliver.
+    abandoned: Callable[[], bool] = lambda: False
 
 
 class ModelEngine(Protocol):

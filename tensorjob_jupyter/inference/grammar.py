@@ -213,6 +213,12 @@ class Utf8Table:
                 low, high = _SECOND_BYTE.get(lead, _CONTINUATION) if len(pending) == 1 else _CONTINUATION
                 self.tail[t] = (size - len(pending), low, high)
         self._masks: dict[tuple[int, int, int], np.ndarray] = {}
+        # a token of each single byte, where the vocabulary has one: asking the grammar about it says
+        # whether any token beginning with that byte can be allowed
+        single = np.flatnonzero(self.length == 1)
+        self.probe = np.full(256, -1, np.int32)
+        self.probe[self.first[single][::-1]] = single[::-1]  # the lowest id of each byte
+        self.has_probe = self.probe >= 0
 
     def mask(self, state: tuple[int, int, int]) -> np.ndarray:
         """The tokens allowed in ``state`` (a boolean array over the vocabulary)."""
@@ -246,7 +252,7 @@ TOP_CANDIDATES = 32
 
 
 class GrammarSampler:
-    """A request's sampler chain, with its output held to a grammar.
+    """A request's sampler chain, with its output held to a grammar, within bounds.
 
     llama.cpp's grammar sampler checks every candidate token against the
     grammar, about as long as a decode step of a small model. Most tokens of
@@ -259,6 +265,14 @@ class GrammarSampler:
     either way: the best one the grammar allows. A token the grammar rejected is never accepted into it (that
     aborts in C++), and a grammar that allows no token at all is an error.
 
+    The whole-vocabulary pass asks the grammar first about one single-byte
+    token per byte and then only about the tokens whose first byte it can
+    take, in chunks of about ``CHUNK_TARGET_S``; between chunks it raises
+    ``Abandoned`` once ``abandoned()`` says the request's job has ended, and
+    ``ConstraintError`` once the token has taken ``MAX_GRAMMAR_SECONDS``.
+    Before llama.cpp accepts a token, ``GrammarStacks`` accepts it (see the
+    module's docstring): the grammar's stacks never pass their bounds.
+
     With ``free_text`` the grammar binds only an output whose first token
     begins with ``{``; any other first token releases it.
     """
@@ -266,7 +280,8 @@ class GrammarSampler:
     #: Check the free choice first (False: always grammar first, as llama.cpp's own sampler does; for tests).
     check_first = True
 
-    def __init__(self, engine, chain, constraint: Constraint, greedy: bool = False):
+    def __init__(self, engine, chain, constraint: Constraint, greedy: bool = False,
+                 abandoned: Callable[[], bool] | None = None):
         self._lc = lc = engine._lc
         self._engine = engine
         self._chain = chain
@@ -276,10 +291,14 @@ class GrammarSampler:
                              f"is tested with llama-cpp-python {TESTED_LLAMA_CPP}")
         self._free_text = constraint.free_text
         self._greedy = greedy
+        self._abandoned = abandoned or (lambda: False)
         self._first = True
         self.grammar_checks = 0  # tokens checked alone
         self.grammar_full = 0  # tokens chosen again over the whole vocabulary
+        self.slowest_token_s = 0.0  # the most grammar time one token took
+        self._grammar = None
         gbnf = engine.grammar(constraint)
+        self.stacks = grammar_stacks(gbnf)  # before llama.cpp expands anything: ConstraintError past the bounds
         with CaptureLog() as lines:
             ptr = lc.llama_sampler_init_grammar(engine._vocab, gbnf.encode("utf-8"), b"root")
         if not ptr:
@@ -295,11 +314,16 @@ class GrammarSampler:
         assert dtype.itemsize == ctypes.sizeof(lc.llama_token_data)
         self._buf = np.zeros(n, dtype=dtype)
         self._one = np.zeros(1, dtype=dtype)
-        data_p = ctypes.POINTER(lc.llama_token_data)
-        self._buf_p = self._buf.ctypes.data_as(data_p)
-        self._one_p = self._one.ctypes.data_as(data_p)
+        self._part = np.zeros(n, dtype=dtype)  # the candidates of a whole-vocabulary pass, chunk by chunk
+        self._data_p = ctypes.POINTER(lc.llama_token_data)
+        self._buf_p = self._buf.ctypes.data_as(self._data_p)
+        self._one_p = self._one.ctypes.data_as(self._data_p)
+        self._part_at = self._part.ctypes.data
         self._arr = lc.llama_token_data_array()
         self._one_arr = lc.llama_token_data_array()
+        self._part_arr = lc.llama_token_data_array()
+        self._chunk = 1024
+        self._token_started = 0.0
 
     def _fill(self, logits) -> None:
         buf = self._buf
@@ -342,6 +366,55 @@ class GrammarSampler:
         self._lc.llama_sampler_apply(self._grammar, ctypes.byref(arr))
         return bool(np.isfinite(one["logit"][0]))
 
+    def _grammar_allows(self, ids: np.ndarray) -> np.ndarray:
+        """Which of ``ids`` the grammar allows, asked in chunks of about ``CHUNK_TARGET_S`` each; between
+        chunks, ``Abandoned`` if the request's job has ended and ``ConstraintError`` past the token's time."""
+        part, arr, lc = self._part, self._part_arr, self._lc
+        count = len(ids)
+        part["id"][:count] = ids
+        part["logit"][:count] = 0.0
+        itemsize = part.itemsize
+        at = 0
+        while at < count:
+            if self._abandoned():
+                raise Abandoned()
+            spent = time.perf_counter() - self._token_started
+            if spent > MAX_GRAMMAR_SECONDS:
+                raise ConstraintError(f"the grammar made from the JSON schema took more than {MAX_GRAMMAR_SECONDS} s "
+                                      f"of the shared model for one token ({self.stacks.count} parser stacks); "
+                                      f"simplify the schema (fewer alternatives that begin alike)")
+            size = min(self._chunk, count - at)
+            arr.data = ctypes.cast(self._part_at + at * itemsize, self._data_p)
+            arr.size, arr.selected, arr.sorted = size, -1, False
+            started = time.perf_counter()
+            lc.llama_sampler_apply(self._grammar, ctypes.byref(arr))
+            took = time.perf_counter() - started
+            at += size
+            # the next chunk: about CHUNK_TARGET_S at what this one cost per token
+            self._chunk = int(min(max(size * CHUNK_TARGET_S / max(took, 1e-6), 16), self._n))
+        return np.isfinite(part["logit"][:count])
+
+    def _choose_constrained(self, logits, utf8: np.ndarray) -> int:
+        """The chain's choice over the whole vocabulary, among the tokens the grammar and UTF-8 allow."""
+        table = self._utf8
+        candidates = utf8.copy()
+        if self._utf8_state == _COMPLETE:
+            # a token can be allowed only if its first byte can: ask about one single-byte token per byte
+            probe_bytes = np.flatnonzero(table.has_probe)
+            byte_ok = np.ones(256, bool)
+            byte_ok[probe_bytes] = self._grammar_allows(table.probe[probe_bytes])
+            starts = table.first
+            candidates &= (starts < 0) | byte_ok[np.clip(starts, 0, 255)]
+        ids = np.flatnonzero(candidates).astype(np.int32)
+        allowed = np.zeros(self._n, bool)
+        allowed[ids[self._grammar_allows(ids)]] = True
+        self._fill(logits)
+        self._buf["logit"][~allowed] = -np.inf
+        token, logit = self._choose(None)
+        if not np.isfinite(logit):
+            raise ConstraintError("the grammar allows no token here (the model cannot go on)")
+        return token
+
     def sample(self, ctx, idx: int) -> int:
         lc = self._lc
         logits = np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx.ctx, idx), shape=(self._n,))
@@ -350,20 +423,24 @@ class GrammarSampler:
             self._fill(logits)
             token, _ = self._choose(None)
         if self._grammar is not None:
+            self._token_started = time.perf_counter()
             self.grammar_checks += 1
             utf8 = self._utf8.mask(self._utf8_state)
             if token is not None and not (utf8[token] and self._allowed(token)):
                 token = self._best_allowed(utf8) if self._greedy else None
             if token is None:
                 self.grammar_full += 1
-                self._fill(logits)
-                self._buf["logit"][~utf8] = -np.inf  # nothing that would break UTF-8
-                token, logit = self._choose(self._grammar)
-                if not np.isfinite(logit):
-                    raise ConstraintError("the grammar allows no token here (the model cannot go on)")
+                token = self._choose_constrained(logits, utf8)
             if not self._engine.is_eog(token):  # the sequence ends at an end token: nothing to accept
+                piece = self._engine.piece(token)
+                try:
+                    self.stacks.accept(piece)  # counted first: llama.cpp never takes a step past the bounds
+                except GrammarTooCostly as e:
+                    raise ConstraintError(f"the JSON schema makes a grammar too costly for the shared model: "
+                                          f"{e}") from None
                 lc.llama_sampler_accept(self._grammar, token)
                 self._utf8_state = self._utf8.after(self._utf8_state, token)
+            self.slowest_token_s = max(self.slowest_token_s, time.perf_counter() - self._token_started)
             if self._first and self._free_text and not self._engine.piece(token).startswith(b"{"):
                 self._release_grammar()  # free text: the grammar has done its work
         self._first = False

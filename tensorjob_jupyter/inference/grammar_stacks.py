@@ -25,11 +25,14 @@ llama.cpp's token syntax (``<...>``) is refused as unmodelled.
 
 from __future__ import annotations
 
+import sys
 from array import array
 
 END, ALT, RULE_REF, CHAR, CHAR_NOT, CHAR_RNG_UPPER, CHAR_ALT, CHAR_ANY = range(8)
 #: llama.cpp's own bound on expanded repetitions (MAX_REPETITION_THRESHOLD in llama-grammar.cpp).
 MAX_REPETITION_THRESHOLD = 2000
+#: Character classes a parsed grammar keeps decoded (those of the stacks' tops, in practice).
+CLASS_CACHE = 4096
 
 
 class GrammarTooCostly(Exception):
@@ -59,6 +62,18 @@ def _decode_one(src: bytes, pos: int) -> tuple[int, int]:
         value = (value << 6) + (src[pos] & 0x3F)
         pos += 1
     return value, pos
+
+
+class _Frame:
+    """One rule being parsed: its elements, and where its last symbol began (for a repetition)."""
+
+    def __init__(self, rule_id: int, nested: bool, before: int | None):
+        self.rule_id = rule_id
+        self.nested = nested
+        self.before = before  # symbols defined before this group began (how many rules it made)
+        self.rule: list[tuple[int, int]] = []
+        self.last_sym_start = 0
+        self.n_prev_rules = 1
 
 
 class _Parser:
@@ -126,31 +141,50 @@ class _Parser:
         raise self.fail("unexpected end of input", pos)
 
     def alternates(self, pos: int, rule_name: bytes, rule_id: int, nested: bool) -> int:
-        rule: list[tuple[int, int]] = []
-        pos = self.sequence(pos, rule_name, rule, nested)
-        while self.src[pos] == 0x7C:  # '|'
-            rule.append((ALT, 0))
-            pos = self.space(pos + 1, True)
-            pos = self.sequence(pos, rule_name, rule, nested)
-        rule.append((END, 0))
-        self.add_rule(rule_id, rule)
-        return pos
-
-    def sequence(self, pos: int, rule_name: bytes, rule: list, nested: bool) -> int:
+        """parse_alternates, with the recursion into groups kept on a list (groups nest as deep as a
+        grammar likes: a string of ``maxLength`` 512 is 512 groups deep)."""
+        frames = [_Frame(rule_id, nested, None)]
         src = self.src
-        last_sym_start = len(rule)
-        n_prev_rules = 1
+        while True:
+            frame = frames[-1]
+            pos, opened = self.sequence(pos, rule_name, frame)
+            if opened:  # '(' : its alternates make a synthesized rule
+                before = len(self.symbol_ids)
+                frames.append(_Frame(self.generate(rule_name), True, before))
+                continue
+            if src[pos] == 0x7C:  # '|'
+                frame.rule.append((ALT, 0))
+                frame.last_sym_start, frame.n_prev_rules = len(frame.rule), 1
+                pos = self.space(pos + 1, True)
+                continue
+            frame.rule.append((END, 0))
+            self.add_rule(frame.rule_id, frame.rule)
+            frames.pop()
+            if not frames:
+                return pos
+            parent = frames[-1]
+            parent.n_prev_rules = max(1, len(self.symbol_ids) - frame.before)
+            parent.last_sym_start = len(parent.rule)
+            parent.rule.append((RULE_REF, frame.rule_id))
+            if src[pos] != 0x29:
+                raise self.fail("expecting ')'", pos)
+            pos = self.space(pos + 1, parent.nested)
+
+    def sequence(self, pos: int, rule_name: bytes, frame: "_Frame") -> tuple[int, bool]:
+        """parse_sequence into ``frame``, up to its end (False) or up to a group's '(' (True: the group is
+        parsed next, then this sequence goes on)."""
+        src = self.src
+        rule, nested = frame.rule, frame.nested
 
         def repeat(low: int, high: int | None) -> None:
-            nonlocal n_prev_rules
-            if last_sym_start == len(rule):
+            if frame.last_sym_start == len(rule):
                 raise self.fail("expecting preceding item to */+/?/{", pos)
-            prev = rule[last_sym_start:]
+            prev = rule[frame.last_sym_start:]
             total = high if high is not None and high > 0 else low if low > 0 else 1
-            if n_prev_rules * total > MAX_REPETITION_THRESHOLD:
+            if frame.n_prev_rules * total > MAX_REPETITION_THRESHOLD:
                 raise self.fail("repetition exceeds llama.cpp's threshold", pos)
             if low == 0:
-                del rule[last_sym_start:]
+                del rule[frame.last_sym_start:]
             else:
                 for _ in range(1, low):
                     rule.extend(prev)
@@ -166,13 +200,13 @@ class _Parser:
                 last_rec = rec_id
             if n_opt > 0:
                 rule.append((RULE_REF, last_rec))
-            n_prev_rules *= total
+            frame.n_prev_rules *= total
 
         while src[pos]:
             c = src[pos]
             if c == 0x22:  # '"': a literal
                 pos += 1
-                last_sym_start, n_prev_rules = len(rule), 1
+                frame.last_sym_start, frame.n_prev_rules = len(rule), 1
                 while src[pos] != 0x22:
                     if not src[pos]:
                         raise self.fail("unexpected end of input", pos)
@@ -185,12 +219,12 @@ class _Parser:
                 if src[pos] == 0x5E:  # '^'
                     pos += 1
                     start_type = CHAR_NOT
-                last_sym_start, n_prev_rules = len(rule), 1
+                frame.last_sym_start, frame.n_prev_rules = len(rule), 1
                 while src[pos] != 0x5D:  # ']'
                     if not src[pos]:
                         raise self.fail("unexpected end of input", pos)
                     value, pos = self.char(pos)
-                    rule.append((CHAR_ALT if last_sym_start < len(rule) else start_type, value))
+                    rule.append((CHAR_ALT if frame.last_sym_start < len(rule) else start_type, value))
                     if src[pos] == 0x2D and src[pos + 1] != 0x5D:  # '-' not before ']'
                         if not src[pos + 1]:
                             raise self.fail("unexpected end of input", pos)
@@ -203,21 +237,12 @@ class _Parser:
                 end = self.name(pos)
                 ref = self.symbol(src[pos:end])
                 pos = self.space(end, nested)
-                last_sym_start, n_prev_rules = len(rule), 1
+                frame.last_sym_start, frame.n_prev_rules = len(rule), 1
                 rule.append((RULE_REF, ref))
-            elif c == 0x28:  # '(': a group, as a synthesized rule
-                pos = self.space(pos + 1, True)
-                before = len(self.symbol_ids)
-                sub_id = self.generate(rule_name)
-                pos = self.alternates(pos, rule_name, sub_id, True)
-                n_prev_rules = max(1, len(self.symbol_ids) - before)
-                last_sym_start = len(rule)
-                rule.append((RULE_REF, sub_id))
-                if src[pos] != 0x29:
-                    raise self.fail("expecting ')'", pos)
-                pos = self.space(pos + 1, nested)
+            elif c == 0x28:  # '(': a group, parsed by the caller as a synthesized rule
+                return self.space(pos + 1, True), True
             elif c == 0x2E:  # '.'
-                last_sym_start, n_prev_rules = len(rule), 1
+                frame.last_sym_start, frame.n_prev_rules = len(rule), 1
                 rule.append((CHAR_ANY, 0))
                 pos = self.space(pos + 1, nested)
             elif c in (0x2A, 0x2B, 0x3F):  # * + ?
@@ -256,7 +281,7 @@ class _Parser:
                 repeat(low, high)
             else:
                 break
-        return pos
+        return pos, False
 
     def parse(self) -> None:
         pos = self.space(0, True)
@@ -293,7 +318,7 @@ class ParsedGrammar:
         root_id = parser.symbol_ids.get(root.encode())
         if root_id is None:
             raise GrammarSyntaxError(f"the grammar has no {root!r} rule")
-        types, values, starts = array("b"), array("L"), []
+        types, values, starts = array("b"), array("I"), []
         for rule in parser.rules:
             starts.append(len(types))
             for kind, value in rule:
@@ -317,11 +342,17 @@ class ParsedGrammar:
         self.root = root_id
         self.size = len(types)
         self._classes: dict[int, tuple[bool, tuple, int]] = {}
+        #: what this object holds, roughly (its arrays, its alternatives, the classes it keeps)
+        self.nbytes = (len(types) * 6 + sys.getsizeof(self.alternatives)
+                       + sum(sys.getsizeof(a) + 28 * len(a) for a in self.alternatives) + CLASS_CACHE * 200)
 
     def char_class(self, pos: int) -> tuple[bool, tuple, int]:
-        """The terminal at ``pos``: (positive, its ranges, the position after it); made on first use."""
+        """The terminal at ``pos``: (positive, its ranges, the position after it); the last
+        ``CLASS_CACHE`` used are kept."""
         found = self._classes.get(pos)
         if found is None:
+            if len(self._classes) >= CLASS_CACHE:
+                self._classes.clear()
             found = self._classes[pos] = self._class_at(pos)
         return found
 

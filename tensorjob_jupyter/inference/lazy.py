@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable, Sequence
 
-from tensorjob_jupyter.inference import hub
+from tensorjob_jupyter.inference import hub, served
 from tensorjob_jupyter.inference.base import Backend, GenerateRequest, GenerateResult, TokenCallback
 from tensorjob_jupyter.inference.models import get_backend
 
@@ -45,14 +45,18 @@ class LazyBackend:
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1"
 
 
-def model_backend(model_path: str | os.PathLike | None = None, **options) -> LazyBackend:
+def model_backend(model_path: str | os.PathLike | None = None, **options) -> Backend:
     """The process's shared backend for ``model_path`` (default: the embedded
     model) and engine ``options``, loaded the first time a job infers or embeds.
 
     A Hugging Face reference (``hf:ORG/REPO[:FILE_OR_QUANT]``) is resolved now,
     on the caller's thread -- from the cache, or downloaded with a progress bar
     -- so the job names its file; a reference that cannot be resolved raises
-    ``ModelError`` here."""
+    ``ModelError`` here. An ``http(s)://`` URL is a model on an OpenAI-compatible
+    server (``served``): ``options`` may name ``model_name`` and ``api_key_env``;
+    nothing touches the network until a job infers."""
+    if served.is_served(model_path):
+        return served.served_backend(str(model_path), **options)
     if hub.is_hf_ref(model_path):
         model_path = hub.resolve(str(model_path))
 

@@ -38,7 +38,12 @@ a near tie. Across machines, builds (instruction sets, GPU) and thread
 counts greedy text is *not* the same; nothing in the suite depends on it.
 
 * **Constrained decoding.** A request's ``Constraint`` is decoded under a
-  grammar through ``grammar.GrammarSampler`` (``grammar.py``).
+  grammar through ``grammar.GrammarSampler`` (``grammar.py``), whose work per
+  token is bounded; a grammar past its bounds fails its own request alone.
+* **An ended job leaves at once.** A request whose job has ended
+  (``Pending.abandoned``) is answered ``cancelled`` before the next decode
+  step, or from inside a grammar's whole-vocabulary pass, without waiting for
+  a token to reach its callback.
 
 Embeddings use a second context on the same model weights (``embeddings``
 on, mean pooling), created on first use; vectors are L2-normalised.
@@ -64,11 +69,11 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from tensorjob_jupyter.inference.base import (
-    FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, Constraint, GenerateRequest, GenerateResult,
+    FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, Constraint, ConstraintError, GenerateRequest, GenerateResult,
     GenerateUsage, LoraChoice, ModelError, Pending, TokenCallback,
 )
 from tensorjob_jupyter.inference.gguf import check_gguf
-from tensorjob_jupyter.inference.grammar import GrammarSampler, Utf8Table, constraint_grammar
+from tensorjob_jupyter.inference.grammar import Abandoned, GrammarSampler, Utf8Table, constraint_grammar
 from tensorjob_jupyter.inference.library import CaptureLog, llama_cpp_library, log_reason
 from tensorjob_jupyter.inference.text_stream import TextStream
 from tensorjob_jupyter.inference.topology import default_threads, gpu_offload_supported
@@ -411,6 +416,9 @@ class LlamaEngine:
         if request.max_tokens <= 0:  # nothing to generate: answer without touching the model
             item.done(GenerateResult("", FINISH_LENGTH, GenerateUsage()), None)
             return True
+        if item.abandoned():  # its job ended while it waited
+            item.done(GenerateResult("", FINISH_CANCELLED, GenerateUsage()), None)
+            return True
         if len(active) >= self.n_slots:
             return False
         try:
@@ -424,7 +432,7 @@ class LlamaEngine:
             limit = min(request.max_tokens, room)
             self._set_lora(key)
             slot, reuse = self._pick_slot(tokens, key, request.cache_prompt)
-            sampler = self._sampler(request, tokens)
+            sampler = self._sampler(request, tokens, item.abandoned)
             seq = _Sequence(item, slot, sampler, TextStream(request.sampler.stop), len(tokens), reuse,
                             limit, started)
             slot.busy = True
@@ -435,6 +443,9 @@ class LlamaEngine:
                 self._release(seq)
                 self._drop_slot(slot)
                 raise
+        except Abandoned:  # its job ended while the grammar chose the first token
+            item.done(GenerateResult("", FINISH_CANCELLED, GenerateUsage()), None)
+            return True
         except BaseException as e:  # noqa: BLE001 - answered through the request
             item.done(None, e if isinstance(e, ModelError) else ModelError(f"{type(e).__name__}: {e}"))
             return True
@@ -502,7 +513,7 @@ class LlamaEngine:
                 raise ModelError("the KV cache has no room for this batch (llama_decode returned 1)")
             raise ModelError(f"llama_decode failed with code {rc}")
 
-    def _sampler(self, request: GenerateRequest, prompt: list[int]):
+    def _sampler(self, request: GenerateRequest, prompt: list[int], abandoned=None):
         s = request.sampler
         sampler = self._internals.LlamaSampler()
         if s.repeat_penalty and s.repeat_penalty != 1.0:
@@ -524,7 +535,8 @@ class LlamaEngine:
                 sampler.accept(tok)
         if request.constraint is not None:
             try:
-                return GrammarSampler(self, sampler, request.constraint, greedy=s.temperature <= 0.0)
+                return GrammarSampler(self, sampler, request.constraint, greedy=s.temperature <= 0.0,
+                                      abandoned=abandoned)
             except BaseException:
                 sampler.close()
                 raise
@@ -541,7 +553,16 @@ class LlamaEngine:
         return constraint_grammar(constraint.schema, constraint.free_text)
 
     def _step(self, active: list[_Sequence]) -> None:
-        """One decode for every active sequence, then one sampled token each."""
+        """One decode for every active sequence, then one sampled token each.
+
+        A sequence whose job has ended is answered ``cancelled`` before the decode; one whose grammar
+        fails (``ConstraintError``) or sees its job end mid-token (``Abandoned``) ends alone, never the batch.
+        """
+        for seq in [seq for seq in active if seq.pending.abandoned()]:
+            active.remove(seq)
+            self._finish(seq, FINISH_CANCELLED, "", time.perf_counter())
+        if not active:
+            return
         batch = self._batch.batch
         batch.n_tokens = len(active)
         for i, seq in enumerate(active):
@@ -553,7 +574,18 @@ class LlamaEngine:
         self._decode()
         for i, seq in enumerate(list(active)):
             seq.slot.tokens.append(seq.next_token)
-            if self._accept(seq, seq.sampler.sample(self._ctx, i)):
+            try:
+                token = seq.sampler.sample(self._ctx, i)
+            except Abandoned:
+                active.remove(seq)
+                self._finish(seq, FINISH_CANCELLED, "", time.perf_counter())
+                continue
+            except ConstraintError as e:
+                active.remove(seq)
+                self._release(seq)
+                seq.pending.done(None, e)
+                continue
+            if self._accept(seq, token):
                 active.remove(seq)  # answered: never answered twice if a later one fails
 
     def _accept(self, seq: _Sequence, token: int) -> bool:

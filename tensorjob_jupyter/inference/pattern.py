@@ -40,7 +40,7 @@ from dataclasses import dataclass
 MAX_PATTERN_POSITIONS = 1024
 #: The most states its deterministic automaton may have (each becomes one grammar rule).
 MAX_PATTERN_STATES = 1024
-#: The most work units (position-set unions and class look-ups) building the automaton may take.
+#: The most work units (position-set unions and class look-ups) building the automata of one schema may take.
 MAX_PATTERN_WORK = 200_000
 
 DIGITS = ((0x30, 0x39),)
@@ -233,21 +233,25 @@ def _positions(node: _Node) -> int:
 # --- the automaton -----------------------------------------------------------------------------------
 
 
-class _Budget:
-    def __init__(self, limit: int):
+class PatternBudget:
+    """The work building automata may take, shared by every pattern of one schema (its host work is bounded
+    as a whole, however many patterns it holds)."""
+
+    def __init__(self, limit: int = MAX_PATTERN_WORK):
+        self.limit = limit
         self.left = limit
 
     def spend(self, units: int) -> None:
         self.left -= units
         if self.left < 0:
-            raise PatternError(f"building its automaton takes more than {MAX_PATTERN_WORK} steps; simplify "
-                               f"the pattern (fewer nested or overlapping repetitions)")
+            raise PatternError(f"building the automata of the schema's patterns takes more than {self.limit} "
+                               f"steps; simplify them (fewer nested or overlapping repetitions)")
 
 
 class _Glushkov:
     """Positions, and which positions may follow which, as Python ints used as bit sets."""
 
-    def __init__(self, budget: _Budget):
+    def __init__(self, budget: PatternBudget):
         self.classes: list[tuple] = []
         self.follow: list[int] = []
         self.budget = budget
@@ -333,8 +337,9 @@ def _bits(value: int):
         i = text.find("1", i + 1)
 
 
-def pattern_automaton(pattern: str) -> Automaton:
-    """The deterministic automaton of an anchored pattern ``^...$``; ``PatternError`` names what is wrong."""
+def pattern_automaton(pattern: str, budget: PatternBudget | None = None) -> Automaton:
+    """The deterministic automaton of an anchored pattern ``^...$``; ``PatternError`` names what is wrong.
+    ``budget``: the work it may take, shared with the schema's other patterns (a fresh one if None)."""
     if not (isinstance(pattern, str) and len(pattern) >= 2 and pattern[0] == "^" and pattern[-1] == "$"):
         raise PatternError("a pattern must be anchored, ^...$")
     body = pattern[1:-1]
@@ -345,7 +350,7 @@ def pattern_automaton(pattern: str) -> Automaton:
     if positions > MAX_PATTERN_POSITIONS:
         raise PatternError(f"it expands to {positions} character positions (repetitions copy what they repeat), "
                            f"over the {MAX_PATTERN_POSITIONS} allowed; use smaller or fewer nested repetitions")
-    budget = _Budget(MAX_PATTERN_WORK)
+    budget = budget if budget is not None else PatternBudget()
     g = _Glushkov(budget)
     nullable, first, last = g.build(tree)
     # the alphabet, cut at every class boundary: atoms are maximal runs of characters no class splits

@@ -149,6 +149,11 @@ def normalise_url(text: str) -> str:
     return urlunsplit((parts.scheme.lower(), netloc, path, "", ""))
 
 
+def is_variable_name(name: Any) -> bool:
+    """Whether ``name`` can name an environment variable (``--api-key-env``)."""
+    return isinstance(name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) is not None
+
+
 # --- what each kind of server understands -----------------------------------------------------
 
 
@@ -164,6 +169,9 @@ class Dialect:
     top_k_off: int = 0
     #: "json_schema" (the OpenAI shape) or "json_object" (llama-cpp-python: a json_object with a schema)
     schema_format: str = "json_schema"
+    #: one text per /embeddings request: llama-cpp-python answers every text of a batch after the first
+    #: with the wrong vectors when it returns one vector per token
+    embed_one_at_a_time: bool = False
 
     def response_format(self, schema: Any) -> dict:
         if self.schema_format == "json_object":
@@ -174,7 +182,7 @@ class Dialect:
 DIALECTS = {
     "openai": Dialect("openai"),
     "llama.cpp": Dialect("llama.cpp", "repeat_penalty", True, 0),
-    "llama-cpp-python": Dialect("llama-cpp-python", "repeat_penalty", True, 0, "json_object"),
+    "llama-cpp-python": Dialect("llama-cpp-python", "repeat_penalty", True, 0, "json_object", True),
     "vllm": Dialect("vllm", "repetition_penalty", True, -1),
 }
 #: ``owned_by`` in ``/v1/models`` -> the dialect; anything else speaks plain OpenAI.
@@ -312,7 +320,7 @@ class ServedBackend:
             raise ModelError(str(e)) from None
         if dialect is not None and dialect not in DIALECTS:
             raise ModelError(f"unknown server dialect {dialect!r}: one of {', '.join(sorted(DIALECTS))}")
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", api_key_env or ""):
+        if not is_variable_name(api_key_env):
             raise ModelError(f"--api-key-env {api_key_env!r} is not an environment variable name")
         self.api_key_env = api_key_env
         self._key = os.environ.get(api_key_env) or ""
@@ -650,9 +658,12 @@ class ServedBackend:
         if not texts:
             return []
         info = self._server_info()
-        answer = self._openai().embeddings.create(model=info.model, input=texts, encoding_format="float",
-                                                  extra_headers=self._headers)
-        rows = sorted(getattr(answer, "data", None) or [], key=lambda d: getattr(d, "index", 0))
+        batches = [[t] for t in texts] if info.dialect.embed_one_at_a_time else [texts]
+        rows = []
+        for batch in batches:
+            answer = self._openai().embeddings.create(model=info.model, input=batch, encoding_format="float",
+                                                      extra_headers=self._headers)
+            rows += sorted(getattr(answer, "data", None) or [], key=lambda d: getattr(d, "index", 0))
         if len(rows) != len(texts):
             raise ModelError(f"the model server's embeddings are malformed: {len(rows)} vectors for {len(texts)} texts")
         vectors = []

@@ -13,7 +13,9 @@ caller forever.
 The engine is built on the worker thread on first use, so a model that fails
 to load fails the requests that needed it (``ModelError`` with the reason)
 and nothing else. A token callback that raises -- a job that died mid-request
--- stops that generation and never wedges the worker.
+-- stops that generation and never wedges the worker; so does cancelling a
+running request's future (``Request``), which the engine sees between decode
+steps and inside a grammar's work for one token.
 """
 
 from __future__ import annotations
@@ -29,6 +31,23 @@ from tensorjob_jupyter.inference.base import (
 )
 
 _STOP = object()
+
+
+class Request(Future):
+    """A request's future. Cancelling it before it runs takes it off the queue, as any future; cancelling
+    it once it runs cannot (``cancel()`` says False) but marks it ``abandoned``, and the engine ends it at
+    once: a job that ends stops using the model then, not at its next token."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.abandoned = threading.Event()
+
+    def cancel(self) -> bool:
+        if super().cancel():
+            return True
+        if not self.done():
+            self.abandoned.set()
+        return False
 
 
 class InferenceWorker:
@@ -65,7 +84,7 @@ class InferenceWorker:
     def _submit(self, kind: str, payload: Any, on_token: TokenCallback | None = None) -> Future:
         if self._closed:
             raise ModelError("the inference worker is closed")
-        fut: Future = Future()
+        fut: Future = Request()
         try:
             self._queue.put_nowait((kind, payload, on_token, fut))
         except queue.Full:
@@ -126,7 +145,7 @@ class InferenceWorker:
                 return None
             _kind, request, on_token, fut = item
             if fut.set_running_or_notify_cancel():
-                return Pending(request, _guarded(on_token), self._resolver(fut))
+                return Pending(request, _guarded(on_token), self._resolver(fut), abandoned=fut.abandoned.is_set)
         return None
 
     def _resolver(self, fut: Future) -> DoneCallback:
@@ -153,7 +172,8 @@ class InferenceWorker:
             try:
                 engine = self._load()
                 if kind == "generate" and self.batching and hasattr(engine, "serve"):
-                    engine.serve(Pending(payload, _guarded(on_token), done), self._admit)
+                    engine.serve(Pending(payload, _guarded(on_token), done, abandoned=fut.abandoned.is_set),
+                                 self._admit)
                     continue
                 result = (engine.generate(payload, _guarded(on_token)) if kind == "generate"
                           else engine.embed(payload))

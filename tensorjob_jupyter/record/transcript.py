@@ -170,7 +170,8 @@ COMMON_FIELDS: dict[str, Kind] = {"job_id": TEXT, "t_ms": T_MS}
 _RESPONSE = {"response": OBJECT, "response.model": TEXT_OR_NULL, "response.status": TEXT_OR_NULL,
              "response.max_output_tokens": COUNT_OR_NULL, "response.output_text": TEXT_OR_NULL,
              "response.usage": OBJECT_OR_NULL, "response.incomplete_details": OBJECT_OR_NULL,
-             "response.text": OBJECT_OR_NULL, "response.error": OBJECT_OR_NULL, "infer_index": COUNT,
+             "response.text": OBJECT_OR_NULL, "response.error": OBJECT_OR_NULL,
+             "response.error.code": TEXT_OR_NULL, "response.error.message": TEXT_OR_NULL, "infer_index": COUNT,
              "command": OBJECT_OR_NULL, "finish_reason": TEXT_OR_NULL, "timing": OBJECT_OR_NULL,
              "guest_stopped_after": COUNT_OR_NULL}
 _PART = {"item_id": TEXT, "output_index": COUNT, "content_index": COUNT}
@@ -219,7 +220,8 @@ EVENT_FIELDS: dict[str, dict[str, Kind]] = {
     event_types.RESPONSE_FUNCTION_CALL_ARGUMENTS_DELTA: {"delta": TEXT},
     event_types.RESPONSE_FUNCTION_CALL_ARGUMENTS_DONE: {"arguments": TEXT},
     event_types.ERROR: {"code": TEXT_OR_NULL, "message": TEXT_OR_NULL, "error_type": TEXT_OR_NULL,
-                        "error": OBJECT_OR_NULL},
+                        "error": OBJECT_OR_NULL, "error.code": TEXT_OR_NULL, "error.message": TEXT_OR_NULL,
+                        "error.type": TEXT_OR_NULL},
 }
 #: The statuses an envelope may have, and the kinds of its usage's fields.
 ENVELOPE_STATUSES = frozenset(s.value for s in JobStatus)
@@ -407,12 +409,13 @@ def read_envelope(run_dir: Path) -> dict | None:
     path = run_dir / ENVELOPE_FILE
     try:
         with _open_regular(path) as f:
-            data = f.read(ENVELOPE_MAX_BYTES + 1)
+            too_long = os.fstat(f.fileno()).st_size > ENVELOPE_MAX_BYTES
+            data = b"" if too_long else f.read(ENVELOPE_MAX_BYTES + 1)
     except FileNotFoundError:
         return None
     except OSError as e:
         raise TranscriptError(f"{_where(run_dir)}: cannot read {ENVELOPE_FILE}: {e.strerror}") from None
-    if len(data) > ENVELOPE_MAX_BYTES:
+    if too_long or len(data) > ENVELOPE_MAX_BYTES:
         raise TranscriptError(f"{_where(run_dir)}: {ENVELOPE_FILE} is longer than {ENVELOPE_MAX_BYTES} bytes; "
                               f"it is damaged")
     problem = check_shape(data)
@@ -502,28 +505,23 @@ class EventReader:
         except OSError as e:
             raise TranscriptError(f"{_where(self.run_dir)}: cannot read {EVENTS_FILE}: {e.strerror}") from None
         with f:
-            pending: bytes | None = None
-            number = 0  # lines read
             while True:
                 line = read_line(f, MAX_LINE_BYTES)
                 if line is None:
-                    raise TranscriptError(f"{_where(self.run_dir)}: line {number + 1} of {EVENTS_FILE} is longer "
+                    raise TranscriptError(f"{_where(self.run_dir)}: line {self.count + 1} of {EVENTS_FILE} is longer "
                                           f"than {MAX_LINE_BYTES} bytes (MAX_LINE_BYTES); the transcript is damaged")
                 if not line:
                     break
-                number += 1
-                if pending is not None:
-                    yield self._event(pending, last=False)
-                pending = line
-            if pending is not None:
-                if not pending.endswith(b"\n"):
+                if not line.endswith(b"\n"):  # only the last line can lack its newline
                     self.torn = True  # a write that never finished: the run was interrupted
-                else:
-                    yield self._event(pending, last=True)
+                    break
+                event = self._event(line)
+                del line  # hold the event only, not its bytes too
+                yield event
         if self.count == 0 and not self.torn:
             raise TranscriptError(f"{_where(self.run_dir)}: {EVENTS_FILE} is empty")
 
-    def _event(self, line: bytes, *, last: bool) -> dict:
+    def _event(self, line: bytes) -> dict:
         n = self.count
         event = parse_event(line, n, self.run_dir)
         if n == 0:

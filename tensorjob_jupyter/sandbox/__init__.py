@@ -3,7 +3,9 @@
 Owns: ``guest`` (the wasmtime instance: validated exports, bounded memory
 reads, calls under an epoch deadline), ``wasmcall`` (the hot call path),
 ``streaming`` (the ``wasi:tensor/host`` imports), ``compile`` (C, Zig and WAT
-sources to a module, cached by content hash; ``GuestSource``).
+sources to a module, cached by content hash; ``GuestSource``), ``python``
+(Python guests: CPython compiled to WebAssembly by componentize-py, run under
+the same limits; ``PythonGuest`` is driven like ``Guest``).
 May import: ``abi``, ``limits``, ``text``, ``version``. Nothing above: a guest
 knows nothing of files, models or jobs; it returns commands.
 """

@@ -7,6 +7,10 @@ compiled), ``from_text`` (a notebook cell) or ``from_wasm`` (bytes). A string
 is always a path, never source code. C and Zig go through the ``ziglang``
 wheel (``zig cc`` and ``zig build-exe`` for ``wasm32-freestanding``), so
 nothing but pip is needed; WAT goes through ``wasmtime.wat2wasm`` in-process.
+Python (``.py``, ``lang="python"``) is not compiled: its syntax is checked by
+the guest's own interpreter (a ``SyntaxError`` is a ``CompileError`` with line
+and column) and the source travels as the guest's bytes
+(``sandbox/python/program.py``), run by CPython-in-wasm (``sandbox/python``).
 
 Why it is shaped so:
 
@@ -66,9 +70,9 @@ __all__ = [
     "sdk_dir",
     "stats",
 ]
-LANGS = ("c", "zig", "wat")
-EXTENSIONS = {"c": ".c", "zig": ".zig", "wat": ".wat"}
-_SUFFIX_LANG = {".c": "c", ".h": "c", ".zig": "zig", ".wat": "wat", ".wast": "wat"}
+LANGS = ("c", "zig", "wat", "python")
+EXTENSIONS = {"c": ".c", "zig": ".zig", "wat": ".wat", "python": ".py"}
+_SUFFIX_LANG = {".c": "c", ".h": "c", ".zig": "zig", ".wat": "wat", ".wast": "wat", ".py": "python"}
 
 #: Bump when the way we compile changes in a way flags do not capture.
 _CACHE_FORMAT = 1
@@ -187,11 +191,16 @@ def _strip_comments(source: str) -> str:
     return re.sub(r"//[^\n]*", " ", source)
 
 
+_PY_HINTS = re.compile(r"^(?:def\s+\w+\s*\(.*\)\s*(?:->[^:]*)?:\s*(?:#.*)?$|(?:import|from)\s+tensorjob\b|"
+                       r"(?:import|from)\s+[\w.]+(?:\s+import\s+[\w., ]+)?(?:\s+as\s+\w+)?\s*$)", re.M)
+
+
 def detect_language(source: str) -> str:
-    """``"c"``, ``"zig"`` or ``"wat"``, recognised from the content.
+    """``"c"``, ``"zig"``, ``"wat"`` or ``"python"``, recognised from the content.
 
     WAT starts with ``(module`` (after comments); Zig has ``@import``,
-    ``pub fn``/``export fn``, ``const x =``; C has ``#include`` and friends.
+    ``pub fn``/``export fn``, ``const x =``; C has ``#include`` and friends;
+    Python has ``def f(...):`` or ``import tensorjob`` at the start of a line.
     Raises ``ValueError`` when nothing matches.
     """
     text = source.lstrip("\ufeff")
@@ -201,18 +210,21 @@ def detect_language(source: str) -> str:
     body = _strip_comments(text)
     if re.search(r"^\s*#\s*include\b", body, re.M):
         return "c"
+    if _PY_HINTS.search(text) and not re.search(r"[;{]\s*$", body, re.M):
+        return "python"
     zig = len(_ZIG_HINTS.findall(body))
     c = len(_C_HINTS.findall(body))
     if zig and zig >= c:
         return "zig"
     if c:
         return "c"
-    raise ValueError("cannot tell whether this is C, Zig or WAT; name the language (lang='c'|'zig'|'wat')")
+    raise ValueError("cannot tell whether this is Python, C, Zig or WAT; name the language "
+                     "(lang='python'|'c'|'zig'|'wat')")
 
 
 def _normalise_lang(lang: str) -> str:
     key = lang.lower().lstrip(".")
-    key = {"h": "c", "wast": "wat", "wasm-text": "wat"}.get(key, key)
+    key = {"h": "c", "wast": "wat", "wasm-text": "wat", "py": "python"}.get(key, key)
     if key not in LANGS:
         raise ValueError(f"unknown guest language {lang!r}; expected one of {', '.join(LANGS)}")
     return key
@@ -364,6 +376,19 @@ def _compile_zig(src: Path, out: Path, flags: Sequence[str], cwd: Path, filename
 _WAT_LOCATION = re.compile(r"-->\s*<anon>:(\d+):(\d+)")
 
 
+def _python_guest(source: str, name: str) -> bytes:
+    """A Python guest as bytes (``sandbox.python.program``), its syntax checked first like a compile."""
+    from tensorjob_jupyter.sandbox.python import PythonProgram, PythonSyntaxError, check_syntax
+    from tensorjob_jupyter.sandbox.guest import GuestTrap
+    try:
+        check_syntax(source, name)
+    except PythonSyntaxError as e:
+        raise CompileError(e.message, lang="python", filename=name) from None
+    except GuestTrap as e:
+        raise CompileError(f"{name}: {e.message}", lang="python", filename=name) from None
+    return PythonProgram(source, name).to_bytes()
+
+
 def _compile_wat(source: str, filename: str) -> bytes:
     with _stats_lock:
         stats.compiler_runs += 1
@@ -399,6 +424,8 @@ def _compile(source: str, lang: str | None, filename: str, flags: Sequence[str],
     """(wasm, warnings, language); warnings are empty on a cache hit."""
     lang = _normalise_lang(lang) if lang else detect_language(source)
     name = _source_name(filename, lang)
+    if lang == "python":  # not compiled: checked by the guest's own interpreter, carried as source
+        return _python_guest(source, name), "", lang
     deps = _local_dependencies(source, base)
     key = _cache_key(lang, source, flags, name, deps)
     if cache and not force:
@@ -487,7 +514,7 @@ class GuestSource:
     @classmethod
     def from_text(cls, source: str, *, lang: str | None = None, name: str = "cell", cflags: Sequence[str] = (),
                   zigflags: Sequence[str] = (), force: bool = False) -> "GuestSource":
-        """Compile source text (a cell): C, Zig or WAT, named or detected."""
+        """Compile source text (a cell): C, Zig or WAT, named or detected; Python is checked and carried."""
         lang = _normalise_lang(lang) if lang else detect_language(source)
         wasm, warnings, lang = _compile(source, lang, name, _flags_for(lang, cflags, zigflags), True, force, None)
         return cls(_source_name(name, lang), lang, wasm, "cell", warnings)
@@ -517,6 +544,10 @@ class GuestSource:
         if isinstance(guest, GuestSource):
             return guest
         if isinstance(guest, (bytes, bytearray, memoryview)):
+            from tensorjob_jupyter.sandbox.python import PythonProgram, is_program
+            if is_program(guest):  # a Python guest's bytes (a map's workers get them so)
+                program = PythonProgram.from_bytes(bytes(guest))
+                return cls(program.filename, "python", bytes(guest), "bytes")
             return cls.from_wasm(guest)
         return cls.from_file(guest)
 

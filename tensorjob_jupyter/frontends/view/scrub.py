@@ -29,6 +29,7 @@ from typing import Iterable, Iterator
 import orjson
 
 from tensorjob_jupyter.frontends.view.state import ViewState
+from tensorjob_jupyter.record.runs import EVENTS_FILE
 
 #: Events between checkpoints at first (doubling as needed to stay within MAX_CHECKPOINTS).
 CHECKPOINT_EVERY = 256
@@ -57,7 +58,7 @@ class Timeline:
                  every: int = CHECKPOINT_EVERY, max_checkpoints: int = MAX_CHECKPOINTS):
         self.path = Path(transcript)
         if self.path.is_dir():
-            self.path = self.path / "events.jsonl"
+            self.path = self.path / EVENTS_FILE
         self.name = name
         self.clock = RecordedClock()
         self.every = max(1, every)

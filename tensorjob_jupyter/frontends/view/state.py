@@ -264,6 +264,19 @@ class ViewState:
             self.log.append(line)
             self.dirty.add("log")
 
+    def _on_job_log(self, event: dict) -> None:
+        """A Python guest's printed lines (``job.log``), in the log: ``›`` stdout, ``!`` stderr."""
+        mark = "! " if event.get("stream") == "stderr" else "› "
+        for line in list(event.get("lines") or ())[-MAX_LOG_LINES:]:
+            line = str(line)
+            if len(line) > MAX_LOG_LINE_CHARS:
+                line = line[:MAX_LOG_LINE_CHARS] + f"… ({len(line) - MAX_LOG_LINE_CHARS} more characters)"
+            self.log.append(mark + line)
+        dropped = event.get("dropped")
+        if isinstance(dropped, int) and dropped > 0:
+            self.log.append(f"! … {dropped} more printed lines were not kept")
+        self.dirty.add("log")
+
     def _on_job_file_opened(self, event: dict) -> None:
         self.files[event["handle"]] = FileState(event["handle"], event["path"], event["len"], event["kind"]["kind"])
         self._document_pages(event)
