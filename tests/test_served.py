@@ -360,3 +360,76 @@ def test_a_served_run_replays_without_the_server(tmp_path):
     assert report.envelope.ok and report.divergence is None, report.envelope
     replayed = [e["delta"] for e in report.job.events if e["type"] == "response.output_text.delta"]
     assert replayed == fake.pieces
+
+
+# --- naming a served model everywhere: Job, the options, tj.map, the command line ---------------------------
+
+
+def test_a_job_names_its_served_model_by_url_and_records_the_url_and_id_never_the_key(fake):
+    job = tj.Job(infer_guest(), model=fake.url, model_options={"api_key_env": "TJ_TEST_KEY"}).start()
+    env = job.wait(30)
+    assert env.ok, env
+    created = of_type(job, "job.created")[0]
+    assert created["model"] == "fake-model"
+    assert created["model_server"] == {"url": fake.url, "api_key_env": "TJ_TEST_KEY"}
+    assert fake.requests[-1]["headers"]["authorization"] == f"Bearer {KEY}"
+    assert all(KEY not in p.read_text(errors="replace") for p in job.run_dir.rglob("*") if p.is_file())
+
+
+def test_the_options_name_a_served_model_its_id_and_its_key_variable(fake):
+    import argparse
+
+    from tensorjob_jupyter.frontends.options import JobOptions, OptionError, add_job_arguments
+
+    parser = argparse.ArgumentParser()
+    add_job_arguments(parser)
+    args = parser.parse_args(["--model", fake.url, "--model-name", "fake-model", "--api-key-env", "TJ_TEST_KEY"])
+    options = JobOptions.from_args(args)
+    assert options.model_options() == {"model_name": "fake-model", "api_key_env": "TJ_TEST_KEY"}
+    job = tj.Job(infer_guest(), **options.job_kwargs()).start()
+    assert job.wait(30).ok and job.backend is served_backend(fake.url, "fake-model", "TJ_TEST_KEY")
+
+    class Settings:  # c.TensorJob.model_path / model_name / api_key_env
+        model_path, model_name, api_key_env = fake.url, "fake-model", "TJ_TEST_KEY"
+
+    assert JobOptions.from_settings(Settings()).model_options() == options.model_options()
+    for argv, says in [(["--model", "http://u:pw@127.0.0.1:1/v1"], "password"),
+                       (["--model-name", "x"], "only for a model on a server"),
+                       (["--model", fake.url, "--lora", "a=b.gguf"], "chosen on its server"),
+                       (["--model", fake.url, "--api-key-env", "NOT-A-NAME"], "environment variable")]:
+        with pytest.raises(OptionError, match=says):
+            JobOptions.from_args(parser.parse_args(argv))
+
+
+def test_a_map_s_backend_spec_carries_the_url_id_and_key_variable_never_the_key(fake):
+    from tensorjob_jupyter.fanout.items import BackendSpec
+
+    spec = BackendSpec.of(None, fake.url, {"model_name": "fake-model", "api_key_env": "TJ_TEST_KEY"})
+    assert spec.model == fake.url
+    data = pickle.dumps(spec)
+    assert KEY.encode() not in data and b"TJ_TEST_KEY" in data
+    assert pickle.loads(data).build() is served_backend(fake.url, "fake-model", "TJ_TEST_KEY")
+
+
+def test_a_map_s_items_share_the_one_server(fake, tmp_path):
+    fake.mode = "slow"
+    manifest = [{"i": i} for i in range(5)]
+    result = tj.map(infer_guest(max_tokens=8), manifest, tmp_path / "run", model=fake.url,
+                    model_options={"api_key_env": "TJ_TEST_KEY"}, concurrency=3)
+    assert result.completed == 5 and result.failed == 0
+    assert len([r for r in fake.requests if r["path"] == "/v1/chat/completions"]) == 5
+
+
+def test_the_command_line_runs_a_job_on_a_served_model(fake, tmp_path):
+    import subprocess
+    import sys
+
+    guest = tmp_path / "infer.wasm"
+    guest.write_bytes(infer_guest())
+    done = subprocess.run([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "run", str(guest), "--model",
+                           fake.url, "--api-key-env", "TJ_TEST_KEY", "--runs", str(tmp_path / "runs"), "--json"],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "completed"
+    assert fake.requests[-1]["headers"]["authorization"] == f"Bearer {KEY}"  # the child read its own environment
+    assert KEY not in done.stdout + done.stderr

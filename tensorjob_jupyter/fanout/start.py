@@ -50,7 +50,9 @@ def start_map(guest: "GuestSource | bytes | str | os.PathLike", manifest: str | 
     ``model`` (a GGUF path; None is the embedded model) loads on first infer,
     with ``model_options`` for ``get_backend`` (give each of N worker
     processes on one machine ``{"n_threads": cores // N}``: llama.cpp threads
-    that outnumber the cores spin against each other).
+    that outnumber the cores spin against each other). ``model`` may also be
+    the http(s) URL of an OpenAI-compatible server that every process sends
+    its infers to, with ``model_options`` ``{"model_name": ..., "api_key_env": ...}``.
     ``concurrency``: items at once locally (default 4); on Dask, items in
     flight (default twice the cluster's threads). ``cluster``: None (this
     process), a scheduler address, a ``distributed.Client`` or a Dask cluster

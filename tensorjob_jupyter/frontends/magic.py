@@ -1,7 +1,7 @@
 """``%%tensorjob`` and ``%tensorjob``: tensor jobs from a notebook cell.
 
 ``%%tensorjob [options]`` compiles the cell (C, Zig or WAT, by ``--lang`` or
-recognised from the text) like ``%%cython`` does: cached by a hash of the
+recognised from the text; a Python cell is checked and run by CPython-in-wasm) like ``%%cython`` does: cached by a hash of the
 source and flags (``--force`` compiles again; ``--cflags``/``--zigflags`` pass
 flags; warnings are shown even when the compile succeeds). It starts the job
 on a background thread against the kernel's shared model and shows the live
@@ -136,7 +136,8 @@ class TensorJob(Magics, JobSettings):
         # A cell gets one blank line first, so the compiler's line numbers are the cell's.
         source = None if cell is None else "\n" + cell
         try:
-            guest = load_guest(options, path, sys.stderr, source=source, lang=lang, heading="")
+            guest = load_guest(options, path, sys.stderr, source=source, lang=lang, heading="",
+                               notebook=self._in_kernel())
         except OptionError as e:
             raise UsageError(str(e)) from None
         if guest is None:

@@ -28,7 +28,8 @@ from tensorjob_jupyter.frontends.prompt import StdinLines, pause_lines, prompt
 from tensorjob_jupyter.frontends.view.state import progress_fraction
 from tensorjob_jupyter.frontends.view.summary import error_text
 from tensorjob_jupyter.host.jobs import Job
-from tensorjob_jupyter.sandbox.compile import CompileError, GuestSource
+from tensorjob_jupyter.frontends import interpreter_progress
+from tensorjob_jupyter.sandbox.compile import CompileError, GuestSource, detect_language
 from tensorjob_jupyter.text import for_terminal, json_text
 from tensorjob_jupyter.history.replay import divergence_line
 
@@ -238,14 +239,18 @@ DOES_NOT_COMPILE = "tensorjob: the guest does not compile:\n"
 
 
 def load_guest(options: JobOptions, path: str | os.PathLike | None, err: TextIO, *, source: str | None = None,
-               lang: str | None = None, heading: str = DOES_NOT_COMPILE) -> GuestSource | None:
+               lang: str | None = None, heading: str = DOES_NOT_COMPILE, notebook: bool = False) -> GuestSource | None:
     """The one way a front end loads a guest: the file at ``path`` (or ``source``, a cell's text, named
     ``cell``) compiled or loaded with ``options``' flags, its compiler warnings written to ``err``.
 
     A guest that does not compile: the compiler's message (under ``heading``) on ``err``, and None -- the
     command then exits 1, the magic raises its short error. Anything else that keeps the guest from loading
-    (no such file, not a module, an unknown language) is one ``OptionError`` line.
+    (no such file, not a module, an unknown language) is one ``OptionError`` line. A Python guest's
+    interpreter is built first if this machine has none yet, with its progress shown (a widget line when
+    ``notebook``).
     """
+    if _is_python(path, source, lang):
+        interpreter_progress.prepare(err, notebook=notebook)
     try:
         if source is not None:
             guest = GuestSource.from_text(source, lang=lang, name="cell", cflags=options.cflags,
@@ -260,6 +265,17 @@ def load_guest(options: JobOptions, path: str | os.PathLike | None, err: TextIO,
     if guest.warnings:
         err.write(f"{guest.warnings}\n")
     return guest
+
+
+def _is_python(path: str | os.PathLike | None, source: str | None, lang: str | None) -> bool:
+    if lang is not None:
+        return lang.lower() in ("python", "py")
+    if source is None:
+        return path is not None and str(path).lower().endswith(".py")
+    try:
+        return detect_language(source) == "python"
+    except ValueError:
+        return False
 
 
 def run_live(job, args, out: TextIO, err: TextIO):

@@ -74,11 +74,20 @@ class _DefaultModel:
 
 
 #: ``backend=DEFAULT_MODEL`` (the default): the process's shared backend for
-#: ``model`` (a GGUF path, or ``hf:ORG/REPO[:FILE_OR_QUANT]`` from the Hugging
-#: Face cache; None means the embedded model) with ``model_options`` for the
-#: engine (``{"loras": {"name": "adapter.gguf"}}``), loaded on first use.
+#: ``model`` (a GGUF path, ``hf:ORG/REPO[:FILE_OR_QUANT]`` from the Hugging
+#: Face cache, or the http(s) URL of an OpenAI-compatible server; None means
+#: the embedded model) with ``model_options`` for the engine
+#: (``{"loras": {"name": "adapter.gguf"}}``; for a server ``{"model_name": ...,
+#: "api_key_env": ...}``), loaded on first use.
 #: Pass ``backend=None`` for a job with no model at all.
 DEFAULT_MODEL = _DefaultModel()
+
+
+def _model_server(backend: Any) -> dict:
+    """``model_server`` for ``job.created`` when the model is served elsewhere: its URL and the name of its
+    key's variable (``ServedBackend.server``), never the key."""
+    server = getattr(backend, "server", None)
+    return {"model_server": server} if isinstance(server, dict) else {}
 
 
 class Job:
@@ -133,6 +142,7 @@ class Job:
                             cwd=str(self.grants.cwd),
                             input_bytes={"bytes": len(input_bytes), "sha256": hashlib.sha256(input_bytes).hexdigest()},
                             limits=self.limits.to_json(), model=backend.model_name if backend else None,
+                            **_model_server(backend),
                             infer=self._reactor.infer_options.to_json(), fetch=self.fetch_grants.prefixes,
                             **({"debug": self.debugger.to_json()} if self.debugger is not None else {}),
                             **self._created_fields())

@@ -156,13 +156,11 @@ def parsed_grammar(gbnf: str) -> ParsedGrammar:
 
 def grammar_stacks(gbnf: str) -> GrammarStacks:
     """The stacks llama.cpp will hold for ``gbnf``, counted within this module's bounds; ``ConstraintError``
-    if even its start is past them (or the grammar does not parse)."""
+    if even its start is past them. ``GrammarSyntaxError`` if the model of llama.cpp's parser cannot read it."""
     try:
         return GrammarStacks(parsed_grammar(gbnf), max_stacks=MAX_GRAMMAR_STACKS, max_work=MAX_GRAMMAR_WORK)
     except GrammarTooCostly as e:
         raise ConstraintError(f"the JSON schema makes a grammar too costly for the shared model: {e}") from None
-    except GrammarSyntaxError as e:
-        raise ConstraintError(f"llama.cpp refused the grammar made from the JSON schema: {e}") from None
 
 
 #: The bytes a UTF-8 lead byte may be followed by first (the rest: 80-BF); others, 80-BF.
@@ -298,12 +296,20 @@ class GrammarSampler:
         self.slowest_token_s = 0.0  # the most grammar time one token took
         self._grammar = None
         gbnf = engine.grammar(constraint)
-        self.stacks = grammar_stacks(gbnf)  # before llama.cpp expands anything: ConstraintError past the bounds
+        try:
+            self.stacks = grammar_stacks(gbnf)  # before llama.cpp expands anything: ConstraintError past the bounds
+        except GrammarSyntaxError as e:  # llama.cpp says why (its parser stops before expanding anything)
+            self.stacks = None
+            unreadable = str(e)
         with CaptureLog() as lines:
             ptr = lc.llama_sampler_init_grammar(engine._vocab, gbnf.encode("utf-8"), b"root")
         if not ptr:
             raise ConstraintError(f"llama.cpp refused the grammar made from the JSON schema: "
                                   f"{log_reason(lines) or 'it does not parse'}")
+        if self.stacks is None:  # llama.cpp reads what the model of it cannot: its cost cannot be bounded
+            lc.llama_sampler_free(ptr)
+            raise ConstraintError(f"the grammar made from the JSON schema cannot be measured before use "
+                                  f"({unreadable}); this host does not run it")
         self._grammar = ptr
         self._utf8 = engine.utf8_table()
         self._utf8_state = _COMPLETE
@@ -416,8 +422,13 @@ class GrammarSampler:
         return token
 
     def sample(self, ctx, idx: int) -> int:
+        """The next token, from the logits of batch row ``idx`` of the llama.cpp context ``ctx``."""
+        return self.sample_logits(np.ctypeslib.as_array(self._lc.llama_get_logits_ith(ctx.ctx, idx),
+                                                        shape=(self._n,)))
+
+    def sample_logits(self, logits: np.ndarray) -> int:
+        """The next token from ``logits`` (one float per vocabulary entry), accepted into the grammar."""
         lc = self._lc
-        logits = np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx.ctx, idx), shape=(self._n,))
         token = None
         if self._grammar is None or self.check_first:
             self._fill(logits)

@@ -500,6 +500,15 @@ class GrammarStacks:
         self.partial = partial
         self.peak = max(self.peak, len(self.stacks))
 
+    def allows(self, piece: bytes) -> bool:
+        """Whether accepting ``piece`` would leave any stack (the model is left as it was)."""
+        stacks, partial = self.stacks, self.partial
+        try:
+            self.accept(piece)
+            return bool(self.stacks)
+        finally:
+            self.stacks, self.partial = stacks, partial
+
     @property
     def count(self) -> int:
         return len(self.stacks)

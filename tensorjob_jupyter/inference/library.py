@@ -68,9 +68,10 @@ LIBRARY_USED = ("llama_log_callback", "llama_log_set", "llama_backend_init", "ll
                 # constrained decoding (GrammarSampler)
                 "llama_sampler_init_grammar", "llama_sampler_apply", "llama_sampler_accept", "llama_sampler_free",
                 "llama_get_logits_ith", "llama_token_data", "llama_token_data_array")
-#: ``llama_cpp.llama_grammar``: the JSON-schema-to-GBNF converter, and the methods used.
+#: ``llama_cpp.llama_grammar``: the JSON-schema-to-GBNF converter, and the methods used (``grammar.py`` overrides
+#: ``_visit_pattern`` and adds rules with ``_add_rule``).
 GRAMMAR_USED = {"SchemaConverter": (("prop_order", "allow_fetch", "dotall", "raw_pattern"),
-                                    ("resolve_refs", "visit", "format_grammar"))}
+                                    ("resolve_refs", "visit", "format_grammar", "_visit_pattern", "_add_rule"))}
 #: Fields of the ctypes structures the grammar sampler fills.
 STRUCT_FIELDS_USED = {"llama_token_data": ("id", "logit", "p"),
                       "llama_token_data_array": ("data", "size", "selected", "sorted")}

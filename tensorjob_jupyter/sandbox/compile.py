@@ -191,7 +191,7 @@ def _strip_comments(source: str) -> str:
     return re.sub(r"//[^\n]*", " ", source)
 
 
-_PY_HINTS = re.compile(r"^(?:def\s+\w+\s*\(.*\)\s*(?:->[^:]*)?:\s*(?:#.*)?$|(?:import|from)\s+tensorjob\b|"
+_PY_HINTS = re.compile(r"^(?:(?:async\s+)?def\s+\w+\s*\(|class\s+\w+\s*[(:]|(?:import|from)\s+tensorjob\b|"
                        r"(?:import|from)\s+[\w.]+(?:\s+import\s+[\w., ]+)?(?:\s+as\s+\w+)?\s*$)", re.M)
 
 
@@ -210,7 +210,7 @@ def detect_language(source: str) -> str:
     body = _strip_comments(text)
     if re.search(r"^\s*#\s*include\b", body, re.M):
         return "c"
-    if _PY_HINTS.search(text) and not re.search(r"[;{]\s*$", body, re.M):
+    if _PY_HINTS.search(text) and not re.search(r";\s*$", body, re.M):  # C and Zig end statements with ;
         return "python"
     zig = len(_ZIG_HINTS.findall(body))
     c = len(_C_HINTS.findall(body))

@@ -230,7 +230,6 @@ class _Download:
         self.deadline = deadline
         # The body's cap: max_fetch_bytes, or the room left under max_handle_bytes if smaller.
         self.cap = limits.max_fetch_bytes if room is None else min(limits.max_fetch_bytes, room)
-        self.room = room
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.conn: socket.socket | None = None  # a duplicate of the live connection's socket
@@ -284,7 +283,11 @@ class _Download:
             return
         with self.lock:
             self._forget_connection()
-            self.conn = sock.dup()
+            try:
+                self.conn = sock.dup()
+            except OSError:  # out of descriptors: fail the fetch rather than lose the way to stop it
+                stream.close()
+                raise
             if self.stop.is_set():
                 _shutdown(self.conn)  # stopped while connecting: the first read fails at once
 
