@@ -79,7 +79,7 @@ MAX_GRAMMAR_SECONDS = 2.0
 CHUNK_TARGET_S = 0.02
 #: The bytes kept of schemas' grammars, and of grammars' parsed rules, between requests.
 GRAMMAR_MEMO_BYTES = 16 * 1024 * 1024
-PARSED_MEMO_BYTES = 32 * 1024 * 1024
+PARSED_MEMO_BYTES = 16 * 1024 * 1024
 
 _grammars = BytesLRU(GRAMMAR_MEMO_BYTES)
 _parsed = BytesLRU(PARSED_MEMO_BYTES)

@@ -409,8 +409,9 @@ def read_envelope(run_dir: Path) -> dict | None:
     path = run_dir / ENVELOPE_FILE
     try:
         with _open_regular(path) as f:
-            too_long = os.fstat(f.fileno()).st_size > ENVELOPE_MAX_BYTES
-            data = b"" if too_long else f.read(ENVELOPE_MAX_BYTES + 1)
+            size = os.fstat(f.fileno()).st_size
+            too_long = size > ENVELOPE_MAX_BYTES
+            data = b"" if too_long else f.read(size + 1)  # read(n) sets n bytes aside at once
     except FileNotFoundError:
         return None
     except OSError as e:
