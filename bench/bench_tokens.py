@@ -268,19 +268,25 @@ def native_decode(llama_cpp, model, prompts: list[str], n_tokens: int, threads: 
 
 
 class StepLog:
-    """What the engine did during one measurement: its decode steps by batch size, and the worker
-    thread's time in ``llama_decode`` and in the token callbacks (the job threads' lookahead credit)."""
+    """What the engine did during one measurement: its decode steps by batch size, the step each
+    request joined at and how long after the first it arrived, and the worker thread's time in
+    ``llama_decode`` and in the token callbacks (where a late job thread's lookahead credit waits)."""
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, worker):
+        engine = worker.engine
         self.sizes: dict[int, int] = {}
+        self.joined: list[int] = []
+        self.arrived: list[float] = []
+        self.steps = 0
         self.decode_s = 0.0
         self.deliver_s = 0.0
-        step, decode, deliver = engine._step, engine._decode, engine._deliver
+        step, decode, deliver, start, submit = (engine._step, engine._decode, engine._deliver, engine._try_start,
+                                                worker._submit)
 
         def timed_step(active):
             n = len(active)
             self.sizes[n] = self.sizes.get(n, 0) + 1
+            self.steps += 1
             return step(active)
 
         def timed_decode():
@@ -297,12 +303,25 @@ class StepLog:
             finally:
                 self.deliver_s += time.perf_counter() - t
 
-        engine._step, engine._decode, engine._deliver = timed_step, timed_decode, timed_deliver
+        def logged_start(item, active):
+            started = start(item, active)
+            if started:
+                self.joined.append(self.steps)
+            return started
+
+        def logged_submit(*args, **kwargs):
+            self.arrived.append(time.perf_counter())
+            return submit(*args, **kwargs)
+
+        engine._step, engine._decode, engine._deliver, engine._try_start = (timed_step, timed_decode, timed_deliver,
+                                                                            logged_start)
+        worker._submit = logged_submit
 
     def take(self) -> dict:
-        out = {"steps_by_batch_size": dict(sorted(self.sizes.items())), "decode_s": round(self.decode_s, 4),
-               "callbacks_s": round(self.deliver_s, 4)}
-        self.sizes, self.decode_s, self.deliver_s = {}, 0.0, 0.0
+        out = {"steps_by_batch_size": dict(sorted(self.sizes.items())), "joined_at_step": self.joined,
+               "arrived_ms": [round((t - self.arrived[0]) * 1000, 1) for t in self.arrived],
+               "decode_s": round(self.decode_s, 4), "callbacks_s": round(self.deliver_s, 4)}
+        self.sizes, self.joined, self.arrived, self.steps, self.decode_s, self.deliver_s = {}, [], [], 0, 0.0, 0.0
         return out
 
 
@@ -347,7 +366,7 @@ def real_round(model: str | None, n_tokens: int, ours_first: bool) -> dict:
     llama_cpp.llama_backend_init()
     native_model = llama_cpp.llama_model_load_from_file(str(engine.model_path).encode(),
                                                         llama_cpp.llama_model_default_params())
-    log = StepLog(engine)
+    log = StepLog(get_backend(model))
     out: dict = {"threads": threads, "load": open("/proc/loadavg").read().split()[0]}
     try:
         for n in (len(PROMPTS), 1):
@@ -384,7 +403,8 @@ def real_model(model: str | None, n_tokens: int, rounds: int) -> dict:
         o, nat = res[f"ours{len(PROMPTS)}"], res[f"native{len(PROMPTS)}"]
         print(f"    round {r + 1} (load {res['load']}, {'ours' if r % 2 else 'native'} first): "
               f"4 jobs {o['tokens_per_s']:,.1f} tok/s vs native {nat['tokens_per_s']:,.1f}: ratio {res['ratio4']:.2f}; "
-              f"steps by batch size {o['steps_by_batch_size']} (native {nat['steps']} steps); "
+              f"steps by batch size {o['steps_by_batch_size']} (native {nat['steps']} steps), joined at steps "
+              f"{o['joined_at_step']}, arrived {o['arrived_ms']} ms; "
               f"decode {o['decode_s']:.2f} s, callbacks {o['callbacks_s']:.3f} s of {o['s']:.2f} s; "
               f"tokens {o['tokens']} vs {nat['tokens']}; one job: ratio {res['ratio1']:.2f}")
     ratio4 = statistics.median(r["ratio4"] for r in results)

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 import tensorjob_jupyter as tj
 from tensorjob_jupyter import abi
@@ -200,6 +200,7 @@ def leaf_schemas():
         regex_bodies().map(lambda b: {"type": "string", "pattern": f"^{b}$"}),
         st.lists(st.text("ab", min_size=1, max_size=4), min_size=1, max_size=60, unique=True).map(
             lambda values: {"enum": values}),
+        st.integers(1, 1024).map(lambda n: {"enum": [f"v{i}" for i in range(n)]}),
         st.just({"type": "integer", "minimum": 0, "maximum": 60}),
         st.just({"type": "boolean"}),
         st.just({"type": "number"}),
@@ -210,6 +211,8 @@ def schemas():
     def extend(inner):
         return st.one_of(
             st.lists(inner, min_size=1, max_size=8).map(lambda xs: {"anyOf": xs}),
+            # alternatives that read alike: what multiplies llama.cpp's stacks
+            st.tuples(inner, st.integers(2, 64)).map(lambda t: {"anyOf": [t[0]] * t[1]}),
             st.lists(inner, min_size=1, max_size=3).map(lambda xs: {
                 "type": "object", "properties": {f"k{i}": x for i, x in enumerate(xs)},
                 "required": [f"k{i}" for i in range(len(xs))]}),
@@ -245,8 +248,19 @@ def drive(engine, schema_text: str, seed: int, steps: int, check=None):
         chain.close()
 
 
+#: Found by hand: the issue's pattern; 64 alternatives alike up to an enum; 64 alike up to 64 alike strings.
+HOSTILE_EXAMPLES = [
+    {"type": "string", "pattern": HOSTILE_PATTERN},
+    {"anyOf": [{"type": "object", "properties": {"k": {"enum": [f"v{i}" for i in range(64)]}}, "required": ["k"]}] * 64},
+    {"anyOf": [{"type": "array", "items": {"anyOf": [{"type": "string", "maxLength": 8}] * 64}}] * 64},
+]
+
+
 @settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(schema=schemas(), seed=st.integers(0, 2**16))
+@example(schema=HOSTILE_EXAMPLES[0], seed=0)
+@example(schema=HOSTILE_EXAMPLES[1], seed=0)
+@example(schema=HOSTILE_EXAMPLES[2], seed=1)
 def test_a_schema_that_passes_costs_a_bounded_grammar_work_per_token_or_is_refused(tiny_engine, schema, seed):
     try:
         schema_text = spec_of(schema).constraint.schema

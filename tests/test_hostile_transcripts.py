@@ -273,6 +273,8 @@ def test_the_magic_s_prompt_ends_with_its_job(ip, monkeypatch, tmp_path):
     started = time.monotonic()
     try:
         ip.run_cell_magic("tensorjob", f"--lang wat --debug --max-paused-s 1 --runs {tmp_path / 'runs'}", cell)
+    except Exception as e:  # noqa: BLE001 - a failed cell may raise its failure: either way the cell returned
+        assert "paused_too_long" in str(e)
     finally:
         for fd in fds:
             os.close(fd)

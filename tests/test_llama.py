@@ -230,7 +230,7 @@ def test_batched_serving_runs_every_request(tiny):
     items = [Pending(GenerateRequest(f"the cat {i}", 8 + i), lambda _t: True,
                      lambda r, e, i=i: done.__setitem__(i, (r, e))) for i in range(6)]
     queue = list(items[1:])
-    tiny.serve(items[0], lambda: queue.pop(0) if queue else None)
+    tiny.serve(items[0], lambda wait=0.0: queue.pop(0) if queue else None)
     assert sorted(done) == list(range(6))
     for i, (result, error) in done.items():
         assert error is None and result.usage.completion_tokens == 8 + i
@@ -240,7 +240,7 @@ def test_batched_serving_runs_every_request(tiny):
                      lambda r, e, i=i: done.__setitem__(i, (r, e)))
              for i, lora in enumerate([(), (LoraChoice("a"),), ()])]
     queue = list(items[1:])
-    tiny.serve(items[0], lambda: queue.pop(0) if queue else None)
+    tiny.serve(items[0], lambda wait=0.0: queue.pop(0) if queue else None)
     assert [done[i][0].text for i in range(3)] == [gen(tiny, "the cat", 6, lora=lora)[0].text
                                                      for lora in [(), (LoraChoice("a"),), ()]]
 

@@ -243,8 +243,39 @@ def test_a_changed_guest_is_refused(guest, tmp_path):
     tj_map(guest, [done(1)], tmp_path / "run")
     other = bytes(wasmtime.wat2wasm(PUPPET_WAT.replace("(memory (export \"memory\") 2)",
                                                        "(memory (export \"memory\") 3)")))
-    with pytest.raises(ResumeRefused, match="guest changed"):
+    with pytest.raises(ResumeRefused, match="guest changed") as info:
         tj_map(other, [done(1)], tmp_path / "run")
+    assert "--restart" in str(info.value) and "restart=True" in str(info.value)
+
+
+def test_restart_starts_a_refused_folder_over_and_touches_nothing_else(guest, tmp_path):
+    manifest = write_manifest(tmp_path / "m.jsonl", [done(1), fail("bad", "no")])
+    tj_map(guest, manifest, tmp_path / "run")
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    write_manifest(manifest, [done(7)])
+    with pytest.raises(ResumeRefused, match="--restart"):
+        tj_map(guest, manifest, tmp_path / "run")
+    result = tj_map(guest, manifest, tmp_path / "run", restart=True)
+    assert (result.total, result.completed, result.failed, result.skipped) == (1, 1, 0, 0)
+    assert result.results() == {0: 7} and result.failures() == {}
+    assert job_dirs(tmp_path / "run") == 1 and (tmp_path / "run" / "notes.txt").read_text() == "mine"
+    with pytest.raises(ResumeRefused, match="in use"):  # never while another map holds the folder
+        run = start_map(guest, [infer()] * 4, tmp_path / "busy", backend=slow_backend(0.05), concurrency=1)
+        try:
+            start_map(guest, [infer()] * 4, tmp_path / "busy", restart=True)
+        finally:
+            run.cancel()
+            run.wait(10)
+
+
+def test_item_events_carry_the_input_and_the_result_or_error(guest, tmp_path):
+    events = []
+    run = start_map(guest, [done({"a": 1}), fail("bad", "no")], tmp_path / "run")
+    run.subscribe(events.append)
+    run.wait(10)
+    items = sorted((e for e in events if e["type"].startswith("item.")), key=lambda e: e["item"])
+    assert items[0]["result"] == {"a": 1} and items[0]["input"] == done({"a": 1})
+    assert items[1]["error"]["code"] == "bad" and "result" not in items[1]
 
 
 def test_a_run_folder_in_use_is_refused(guest, tmp_path):

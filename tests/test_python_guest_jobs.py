@@ -276,3 +276,28 @@ def test_a_python_guest_on_the_real_model(tmp_path):
             return "".join(out)
     """), backend=tj.DEFAULT_MODEL, runs_dir=tmp_path / "runs")
     assert env.ok and env.result and env.usage.tokens_out > 0
+
+
+def test_the_first_build_shows_its_progress_and_never_runs_at_start_up(monkeypatch):
+    import io
+
+    from tensorjob_jupyter.frontends import interpreter_progress
+    from tensorjob_jupyter.sandbox.python import interpreter
+
+    def slow_ensure(fuel=False, progress=None):
+        progress("building the Python interpreter (componentize-py)", None)
+        time.sleep(0.7)
+        progress("compiling the Python interpreter for this machine (once per configuration)", None)
+        time.sleep(0.7)
+
+    monkeypatch.setattr(interpreter, "is_ready", lambda fuel=False: False)
+    monkeypatch.setattr(interpreter, "ensure", slow_ensure)
+    err = io.StringIO()
+    interpreter_progress.prepare(err)
+    lines = err.getvalue().splitlines()
+    assert lines[0].startswith("· building the Python interpreter")
+    assert any(line.startswith("· compiling") for line in lines)
+    assert lines[-1].startswith("· the Python interpreter is ready")
+    # Loading the extension builds nothing: a kernel starts at once.
+    import tensorjob_jupyter.frontends.magic  # noqa: F401
+    assert not any(t.name == "tensorjob-python-build" for t in threading.enumerate())

@@ -20,7 +20,9 @@ shared, so a guest slow to answer never holds it: once a credit takes longer
 than ``LOOKAHEAD_WAIT_S``, the generation runs free (tokens queue up, bounded
 by ``max_tokens``; the verdict lands late). The one credit is a plain lock,
 held while the decoder is a token ahead: both sides wait in C, so a token
-costs two thread wake-ups.
+costs two thread wake-ups. A batching engine asks ``ready()`` first and,
+while a job is late, holds that one sequence's token back (out of the next
+decode step) instead of waiting: one late job never stalls the others.
 
 Model failures are ``JobFailure``s already (``inference.base``), each with
 the code a job ends with; here they close the response once: a full queue is
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
@@ -88,20 +91,45 @@ class ModelTokens:
         self._cancel = cancel
         self._credit = threading.Lock()
         self._free_running = False
+        self._reserved = False  # ready() took the credit for the next piece
+        self._late_since: float | None = None  # when ready() first found the guest late for the next piece
         self._took: list[bool] = []
         try:
-            self.future: Future = backend.generate_stream(request, self._on_token)
+            self.future: Future = backend.generate_stream(request, self)
         except ModelError as e:  # a full queue (busy), a model that cannot load
             response.fail(e.message, code=e.code, error_type=_ERROR_TYPES.get(e.code, "model_error"))
             raise
         # An end marker follows the last piece, so the loop ends at once instead of on its next poll.
         self.future.add_done_callback(lambda _fut: self._pieces.put(_END))
 
-    def _on_token(self, piece: str) -> bool:  # the model's worker thread
-        took = not self._free_running and self._credit.acquire(timeout=LOOKAHEAD_WAIT_S)
-        self._free_running = not took
+    def __call__(self, piece: str) -> bool:  # the token callback, on the model's worker thread
+        if self._reserved:
+            took, self._reserved = True, False
+        elif self._stop.is_set() or self._cancel.is_set():  # the answer is over: never wait for the guest
+            took = self._credit.acquire(blocking=False)
+        else:
+            took = not self._free_running and self._credit.acquire(timeout=LOOKAHEAD_WAIT_S)
+            self._free_running = not took
+        self._late_since = None
         self._pieces.put((piece, took))
         return not self._stop.is_set() and not self._cancel.is_set()
+
+    def ready(self, timeout: float) -> bool:  # the model's worker thread
+        """Whether the next piece would be taken without waiting for the guest, waiting up to ``timeout``;
+        if so the credit is kept for it. Past ``LOOKAHEAD_WAIT_S`` of lateness the generation runs free."""
+        if self._reserved or self._free_running or self._stop.is_set() or self._cancel.is_set():
+            return True
+        now = time.monotonic()
+        if self._late_since is None:
+            self._late_since = now
+        wait = min(timeout, self._late_since + LOOKAHEAD_WAIT_S - now)
+        if self._credit.acquire(timeout=wait) if wait > 0 else self._credit.acquire(blocking=False):
+            self._reserved = True
+            return True
+        if time.monotonic() - self._late_since >= LOOKAHEAD_WAIT_S:
+            self._free_running = True
+            return True
+        return False
 
     def get(self, timeout: float):
         try:

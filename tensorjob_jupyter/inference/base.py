@@ -19,6 +19,9 @@ from typing import Callable, Optional, Protocol, Sequence
 
 from tensorjob_jupyter.abi import JobFailure, codes
 
+#: Called with each piece of text; False stops the generation. A callback may also have a
+#: ``ready(timeout) -> bool`` method: whether it would take the next piece now without waiting
+#: (``host/tokens.py``'s lookahead credit), waiting up to ``timeout`` seconds to become so.
 TokenCallback = Callable[[str], bool]
 
 FINISH_STOP = "stop"
@@ -156,15 +159,20 @@ class Pending:
     #: True once the request's job has ended (timeout, cancel): the engine ends it at once, between decode
     #: steps and inside a grammar's whole-vocabulary pass, without waiting for a token to deliver.
     abandoned: Callable[[], bool] = lambda: False
+    #: ``on_token``'s ``ready`` (see ``TokenCallback``): a batching engine asks it before delivering, and a
+    #: sequence whose listener is not ready keeps its token and sits the next decode out, so one late listener
+    #: never holds the others' decode step.
+    ready: Callable[[float], bool] = lambda timeout: True
 
 
 class ModelEngine(Protocol):
     """Owns one model; called only from its worker thread.
 
     An engine may also offer ``serve(first: Pending, admit)``: run ``first``
-    and every request ``admit()`` hands over meanwhile in shared decode steps,
-    calling each ``Pending.done`` as it finishes (continuous batching). The
-    worker uses it when present.
+    and every request ``admit(wait)`` hands over meanwhile in shared decode
+    steps (``wait``: seconds to wait for one to arrive, default 0), calling
+    each ``Pending.done`` as it finishes (continuous batching). The worker uses
+    it when present.
     """
 
     model_name: str

@@ -83,6 +83,14 @@ log.addHandler(logging.NullHandler())
 
 PENALTY_LAST_N = 64
 EMBED_SEQS = 64
+#: Before a batch's first decode step, how long to wait for another request: requests sent together
+#: (jobs started at once) arrive a few milliseconds apart, and one that misses the first steps costs
+#: the batch as many extra steps at its end. Waited again after each arrival, never once decoding.
+ADMIT_WINDOW_S = 0.005
+#: While every sequence waits for its listener: how long to wait on the one (a listener bounds its own
+#: wait), or on each in turn when several wait.
+HELD_WAIT_S = 1.0
+HELD_POLL_S = 0.001
 
 # -- the engine ---------------------------------------------------------------------------------
 
@@ -115,6 +123,7 @@ class _Sequence:
     parts: list[str] = field(default_factory=list)
     n_out: int = 0
     next_token: int = -1
+    held: int | None = None  # a sampled token its listener was not ready for: delivered before it decodes again
     first_at: float | None = None
     last_at: float | None = None
 
@@ -370,24 +379,28 @@ class LlamaEngine:
         """Run ``first`` and whatever ``admit`` hands over meanwhile, batched, to completion.
 
         Between decode steps, while a slot is free, ``admit()`` is asked for
-        another request (None: nothing now). Each request's ``done`` is called
+        another request (None: nothing now); before the first step it may wait
+        ``ADMIT_WINDOW_S`` for each (``admit(wait)``), so requests sent together
+        start together. Each request's ``done`` is called
         as soon as it finishes. A request whose LoRA selection differs from the
         running batch's waits until the batch drains; nothing is admitted past
         a waiting request, so order is kept.
         """
         active: list[_Sequence] = []
         waiting: collections.deque[Pending] = collections.deque([first])
+        gather = True  # until the first decode step
         while True:
             while waiting:
                 if not self._try_start(waiting[0], active):
                     break
                 waiting.popleft()
             while admit is not None and not waiting and len(active) < self.n_slots:
-                item = admit()
+                item = admit(ADMIT_WINDOW_S) if gather and active else admit()
                 if item is None:
                     break
                 if not self._try_start(item, active):
                     waiting.append(item)
+            gather = False
             if not active:
                 if not waiting:
                     return
@@ -557,22 +570,27 @@ class LlamaEngine:
 
         A sequence whose job has ended is answered ``cancelled`` before the decode; one whose grammar
         fails (``ConstraintError``) or sees its job end mid-token (``Abandoned``) ends alone, never the batch.
+        A sequence whose listener is not ready for its token (``Pending.ready``: a job thread late to judge
+        the last one) keeps it and sits the decode out, so a late job never holds the others' step; the
+        worker waits for a listener only when no sequence can decode.
         """
         for seq in [seq for seq in active if seq.pending.abandoned()]:
             active.remove(seq)
             self._finish(seq, FINISH_CANCELLED, "", time.perf_counter())
-        if not active:
+        self._deliver_held(active)
+        decoding = [seq for seq in active if seq.held is None]
+        if not decoding:
             return
         batch = self._batch.batch
-        batch.n_tokens = len(active)
-        for i, seq in enumerate(active):
+        batch.n_tokens = len(decoding)
+        for i, seq in enumerate(decoding):
             batch.token[i] = seq.next_token
             batch.pos[i] = len(seq.slot.tokens)
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = seq.slot.seq_id
             batch.logits[i] = True
         self._decode()
-        for i, seq in enumerate(list(active)):
+        for i, seq in enumerate(decoding):
             seq.slot.tokens.append(seq.next_token)
             try:
                 token = seq.sampler.sample(self._ctx, i)
@@ -585,8 +603,31 @@ class LlamaEngine:
                 self._release(seq)
                 seq.pending.done(None, e)
                 continue
-            if self._accept(seq, token):
+            if not seq.pending.ready(0.0):
+                seq.held = token
+            elif self._accept(seq, token):
                 active.remove(seq)  # answered: never answered twice if a later one fails
+
+    def _deliver_held(self, active: list[_Sequence]) -> None:
+        """Hand each held token to its listener once it is ready. Waits only while every sequence holds one
+        (nothing to decode): a listener's ``ready`` bounds its own wait (the lookahead credit runs free)."""
+        while True:
+            held = [seq for seq in active if seq.held is not None]
+            if not held:
+                return
+            for seq in held:
+                if seq.pending.ready(0.0):
+                    token, seq.held = seq.held, None
+                    if self._accept(seq, token):
+                        active.remove(seq)
+            if any(seq.held is None for seq in active) or not active:
+                return
+            waiting = [seq for seq in active if seq.held is not None]
+            if waiting[0].pending.ready(HELD_WAIT_S if len(waiting) == 1 else HELD_POLL_S):
+                continue  # delivered on the next pass
+            for seq in [seq for seq in waiting if seq.pending.abandoned()]:
+                active.remove(seq)
+                self._finish(seq, FINISH_CANCELLED, "", time.perf_counter())
 
     def _accept(self, seq: _Sequence, token: int) -> bool:
         """Handle one sampled token; True when the sequence has finished."""

@@ -5,8 +5,9 @@ one thread ever touches it: the worker. Jobs submit ``generate_stream`` and
 ``embed`` requests and get futures; requests start in arrival order, so no
 job starves. When the engine can batch (it has ``serve``), generate requests
 that arrive while a generation runs join its decode steps instead of waiting
-for it to end; an embed, or a request that cannot join, stops admission
-until the batch drains, so order is kept. The queue is bounded: when it is
+for it to end (``admit(wait)``: the engine may wait a few milliseconds for
+requests sent together); an embed, or a request that cannot join, stops
+admission until the batch drains, so order is kept. The queue is bounded: when it is
 full a request fails at once with ``QueueFull`` instead of blocking the
 caller forever.
 
@@ -133,11 +134,12 @@ class InferenceWorker:
     def _take(self):
         return self._deferred.popleft() if self._deferred else self._queue.get()
 
-    def _admit(self) -> Pending | None:
-        """The next queued generate request, for a running batch; None stops admission."""
+    def _admit(self, wait: float = 0.0) -> Pending | None:
+        """The next queued generate request, for a running batch, waiting up to ``wait`` seconds for one
+        to arrive; None stops admission."""
         while not self._deferred:
             try:
-                item = self._queue.get_nowait()
+                item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
             except queue.Empty:
                 return None
             if item is _STOP or item[0] != "generate":
@@ -145,8 +147,16 @@ class InferenceWorker:
                 return None
             _kind, request, on_token, fut = item
             if fut.set_running_or_notify_cancel():
-                return Pending(request, _guarded(on_token), self._resolver(fut), abandoned=fut.abandoned.is_set)
+                return self._pending(request, on_token, self._resolver(fut), fut)
         return None
+
+    @staticmethod
+    def _pending(request: GenerateRequest, on_token: TokenCallback, done: DoneCallback, fut: Request) -> Pending:
+        pending = Pending(request, _guarded(on_token), done, abandoned=fut.abandoned.is_set)
+        ready = getattr(on_token, "ready", None)  # the listener's lookahead credit (``TokenCallback``)
+        if ready is not None:
+            pending.ready = _guarded_ready(ready)
+        return pending
 
     def _resolver(self, fut: Future) -> DoneCallback:
         def done(result: Any, error: BaseException | None) -> None:
@@ -172,8 +182,7 @@ class InferenceWorker:
             try:
                 engine = self._load()
                 if kind == "generate" and self.batching and hasattr(engine, "serve"):
-                    engine.serve(Pending(payload, _guarded(on_token), done, abandoned=fut.abandoned.is_set),
-                                 self._admit)
+                    engine.serve(self._pending(payload, on_token, done, fut), self._admit)
                     continue
                 result = (engine.generate(payload, _guarded(on_token)) if kind == "generate"
                           else engine.embed(payload))
@@ -190,4 +199,13 @@ def _guarded(on_token: TokenCallback) -> TokenCallback:
             return bool(on_token(token))
         except BaseException:  # noqa: BLE001 - a dead listener means stop
             return False
+    return call
+
+
+def _guarded_ready(ready: Callable[[float], bool]) -> Callable[[float], bool]:
+    def call(timeout: float) -> bool:
+        try:
+            return bool(ready(timeout))
+        except BaseException:  # noqa: BLE001 - a dead listener takes its token (and says stop)
+            return True
     return call

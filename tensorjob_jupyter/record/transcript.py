@@ -155,6 +155,16 @@ T_MS: Kind = (_is_number_within(MAX_T_MS), f"a time from 0 to {MAX_T_MS} ms (MAX
 CREATED_AT: Kind = (_is_number_within(MAX_CREATED_AT), f"a time from 0 to {MAX_CREATED_AT} s (MAX_CREATED_AT)")
 
 
+def _is_vectors(value: Any) -> bool:
+    """A list of vectors of one length, each a list of numbers (an embed's answer)."""
+    if not isinstance(value, list) or not all(isinstance(v, list) for v in value):
+        return False
+    return len({len(v) for v in value}) <= 1 and all(type(x) in (int, float) for v in value for x in v)
+
+
+VECTORS: Kind = (_is_vectors, "a list of equally long lists of numbers")
+
+
 def _or_null(kind: Kind) -> Kind:
     test, what = kind
     return (lambda v: v is None or test(v), f"{what} or null")
@@ -187,7 +197,7 @@ EVENT_FIELDS: dict[str, dict[str, Kind]] = {
         "handle": INTEGER, "offset": COUNT, "requested": COUNT, "length": COUNT, "next_offset": COUNT,
         "binary": FLAG, "preview": TEXT, "preview_base64": TEXT},
     event_types.JOB_CHUNK: {"index": COUNT, "bytes_base64": TEXT},
-    event_types.JOB_EMBEDDED: {"count": COUNT, "dimensions": COUNT, "text_sha256": LIST, "vectors": LIST},
+    event_types.JOB_EMBEDDED: {"count": COUNT, "dimensions": COUNT, "text_sha256": LIST, "vectors": VECTORS},
     event_types.JOB_FETCH: {**_OPENED, "url": TEXT, "final_url": TEXT_OR_NULL, "status": INTEGER,
                             "redirects": COUNT},
     event_types.JOB_DOCUMENT_PAGE: {
@@ -519,8 +529,9 @@ class EventReader:
                 event = self._event(line)
                 del line  # hold the event only, not its bytes too
                 yield event
-        if self.count == 0 and not self.torn:
-            raise TranscriptError(f"{_where(self.run_dir)}: {EVENTS_FILE} is empty")
+        if self.count == 0:
+            raise TranscriptError(f"{_where(self.run_dir)}: {EVENTS_FILE} is empty" + (
+                " but for a torn first line (its process stopped while writing job.created)" if self.torn else ""))
 
     def _event(self, line: bytes) -> dict:
         n = self.count
