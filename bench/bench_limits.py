@@ -32,6 +32,16 @@ Run from the repository root::
    SIGKILLed while its engine renders a page for minutes, the time until the
    engine is gone, against SIGKILLing the engine itself; and a spinning engine
    against ``document_cpu_s=1``.
+4. **Transcripts and manifests from elsewhere** (issue 21). The peak resident
+   set of ``tensorjob show`` and ``tensorjob diff``, each in a fresh process,
+   on a transcript whose one line is past ``MAX_LINE_BYTES`` (300 MiB;
+   ``--quick`` 100 MiB: refused, never held) and just under it (63 MiB;
+   ``--quick`` 16 MiB: read), against ``show`` of a small run in the same
+   run; ``diff`` of two runs of 10,000 and of 100,000 events (``--quick``
+   5,000 and 50,000): how much the peak grows against how much the files do
+   (holding every step was about 11 x). And ``read_manifest`` of 500,000
+   ``{}`` lines (``--quick`` 100,000): traced peak per byte of file, against
+   holding every item parsed (the old way, about 44 x), and its time.
 
 Ratios are against baselines measured in the same process. The last line is
 a one-line JSON summary.
@@ -44,6 +54,7 @@ import ctypes
 import gc
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -358,6 +369,134 @@ def world_bounds(runs_dir: str, quick: bool) -> dict:
                 "engine_cpu": engine_cpu_limit(Path(tmp), runs_dir)}
 
 
+#: Runs ``tensorjob`` in its own process and reports that process's peak resident set on stderr.
+PEAK_RSS_CLI = ("import resource, sys\n"
+                "from tensorjob_jupyter.frontends.cli import main\n"
+                "code = main(sys.argv[1:])\n"
+                "sys.stderr.write(f'PEAK_RSS_KIB {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}\\n')\n"
+                "sys.exit(code)\n")
+
+
+def _cli_peak_mib(*argv) -> tuple[int, float, float]:
+    """(exit status, peak RSS in MiB, seconds) of one ``tensorjob`` command in a fresh process."""
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", PEAK_RSS_CLI, *map(str, argv)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, timeout=600)
+    line = [x for x in proc.stderr.splitlines() if x.startswith("PEAK_RSS_KIB ")][-1]
+    return proc.returncode, int(line.split()[1]) / 1024, time.perf_counter() - started
+
+
+def _planted_run(real: Path, where: Path, write_middle) -> Path:
+    """A copy of the run ``real`` at ``where`` whose events between the first and the last are
+    ``write_middle(file, job_id)``'s."""
+    import orjson
+
+    where.mkdir(parents=True)
+    lines = [orjson.loads(x) for x in (real / "events.jsonl").read_bytes().splitlines()]
+    with open(where / "events.jsonl", "wb") as f:
+        f.write(orjson.dumps({**lines[0], "job_id": where.name}) + b"\n")
+        count = write_middle(f, where.name)
+        f.write(orjson.dumps({**lines[-1], "job_id": where.name, "sequence_number": count + 1}) + b"\n")
+    (where / "envelope.json").write_bytes((real / "envelope.json").read_bytes())
+    return where
+
+
+def transcript_bounds(tmp: Path, quick: bool) -> dict:
+    """Memory of ``tensorjob show`` and ``diff`` on transcripts from elsewhere -- a line past the cap, a
+    line just under it, many events -- and of reading a manifest of many small lines (issue 21)."""
+    from tensorjob_jupyter.fanout import read_manifest
+    from tensorjob_jupyter.inference.scripted import ScriptedBackend
+    from tensorjob_jupyter.record.transcript import MAX_LINE_BYTES
+
+    guest = wat.script_guest([{"cmd": "emit", "progress": "x"}, {"cmd": "infer", "prompt": "go", "max_tokens": 8},
+                              {"cmd": "done", "result": 1}])
+    job = tj.Job(guest, backend=ScriptedBackend("one two three"), runs_dir=tmp / "recorded").start()
+    assert job.wait(60).ok
+    real = Path(job.run_dir)
+    out: dict = {}
+    code, base_mib, _ = _cli_peak_mib("show", real, "--quiet")
+    assert code == 0
+    out["baseline_show_mib"] = base_mib
+    print(f"transcripts: `tensorjob show` of a small run peaks at {base_mib:.0f} MiB (the baseline below)", flush=True)
+
+    def one_line_of(size: int):
+        def write(f, job_id):
+            f.write(b'{"type":"job.progress","sequence_number":1,"job_id":"' + job_id.encode() + b'","t_ms":1,'
+                    b'"progress":"')
+            for _ in range(size // MiB):
+                f.write(b"a" * MiB)
+            f.write(b'"}\n')
+            return 1
+        return write
+
+    over = (100 if quick else 300) * MiB
+    under = MAX_LINE_BYTES - MiB if not quick else 16 * MiB
+    for name, size in (("line_past_the_cap", over), ("line_under_the_cap", under)):
+        run = _planted_run(real, tmp / name, one_line_of(size))
+        row = {"line_mib": size / MiB}
+        for command, argv in (("show", ("show", run, "--quiet")), ("diff", ("diff", run, run))):
+            code, peak, seconds = _cli_peak_mib(*argv)
+            row[command] = {"exit": code, "peak_mib": peak, "over_baseline_mib": peak - base_mib,
+                            "over_baseline_per_line_byte": (peak - base_mib) * MiB / size, "seconds": seconds}
+            print(f"  {command} of a {size / MiB:.0f} MiB line ({'refused' if code == 2 else 'read'}): peak "
+                  f"{peak:.0f} MiB, {peak - base_mib:+.0f} MiB over the baseline = "
+                  f"{(peak - base_mib) * MiB / size:.2f} x the line, {seconds:.1f} s", flush=True)
+        out[name] = row
+        shutil.rmtree(run)
+
+    def progress_events(count: int):
+        def write(f, job_id):
+            import orjson
+
+            for i in range(1, count + 1):
+                f.write(orjson.dumps({"type": "job.progress", "sequence_number": i, "job_id": job_id, "t_ms": i,
+                                      "progress": {"done": i, "total": count}}) + b"\n")
+            return count
+        return write
+
+    counts = (5_000, 50_000) if quick else (10_000, 100_000)
+    rows = []
+    for count in counts:
+        pair = [_planted_run(real, tmp / f"events-{count}-{x}", progress_events(count)) for x in "ab"]
+        size = sum((p / "events.jsonl").stat().st_size for p in pair)
+        code, peak, seconds = _cli_peak_mib("diff", *pair)
+        assert code == 0
+        rows.append({"events": count, "files_mib": size / MiB, "peak_mib": peak, "seconds": seconds})
+        print(f"  diff of two runs of {count} events ({size / MiB:.1f} MiB of transcript): peak {peak:.0f} MiB, "
+              f"{seconds:.1f} s", flush=True)
+    growth = (rows[1]["peak_mib"] - rows[0]["peak_mib"]) / (rows[1]["files_mib"] - rows[0]["files_mib"])
+    out["many_events"] = {"rows": rows, "peak_growth_per_file_growth": growth}
+    print(f"  diff: peak memory grew {growth:.2f} x as much as the transcripts did (all steps held: about 11 x)",
+          flush=True)
+
+    lines = 100_000 if quick else 500_000
+    manifest = tmp / "manifest.jsonl"
+    manifest.write_bytes(b"{}\n" * lines)
+    size = manifest.stat().st_size
+    gc.collect()
+    tracemalloc.start()
+    held = [json.loads(line) for line in manifest.read_bytes().splitlines()]  # the old way: every item parsed
+    parsed_peak = tracemalloc.get_traced_memory()[1]
+    del held
+    tracemalloc.stop()
+    started = time.perf_counter()
+    read = read_manifest(manifest)  # timed untraced: tracing slows each small allocation
+    seconds = time.perf_counter() - started
+    del read
+    gc.collect()
+    tracemalloc.start()
+    read = read_manifest(manifest)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert len(read) == lines
+    out["manifest"] = {"lines": lines, "file_mib": size / MiB, "peak_per_byte": peak / size,
+                       "parsed_peak_per_byte": parsed_peak / size, "ratio": peak / parsed_peak, "seconds": seconds}
+    print(f"  manifest of {lines} `{{}}` lines ({size / MiB:.1f} MiB): read_manifest peaks at {peak / size:.1f} x the "
+          f"file, holding every item parsed {parsed_peak / size:.1f} x (ratio {peak / parsed_peak:.2f}); "
+          f"{seconds:.1f} s", flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
@@ -367,6 +506,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as runs_dir:
         summary = {"memory": memory_after_jobs(sizes, runs_dir), "open": open_huge_path(runs_dir)}
         summary["world"] = world_bounds(runs_dir, args.quick)
+        with tempfile.TemporaryDirectory() as tmp:
+            summary["transcripts"] = transcript_bounds(Path(tmp), args.quick)
     kept = [row["kept_mib"] for row in summary["memory"]]
     print(f"kept after a job: {min(kept):.2f} to {max(kept):.2f} MiB while published grew "
           f"{summary['memory'][0]['published_mib']:.0f} -> {summary['memory'][-1]['published_mib']:.0f} MiB")

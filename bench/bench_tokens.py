@@ -278,6 +278,7 @@ class StepLog:
         self.joined: list[int] = []
         self.arrived: list[float] = []
         self.steps = 0
+        self.held = 0  # sequences that sat a step out, their job thread late
         self.decode_s = 0.0
         self.deliver_s = 0.0
         step, decode, deliver, start, submit = (engine._step, engine._decode, engine._deliver, engine._try_start,
@@ -287,7 +288,10 @@ class StepLog:
             n = len(active)
             self.sizes[n] = self.sizes.get(n, 0) + 1
             self.steps += 1
-            return step(active)
+            try:
+                return step(active)
+            finally:
+                self.held += sum(1 for seq in active if getattr(seq, "held", None) is not None)
 
         def timed_decode():
             t = time.perf_counter()
@@ -320,8 +324,9 @@ class StepLog:
     def take(self) -> dict:
         out = {"steps_by_batch_size": dict(sorted(self.sizes.items())), "joined_at_step": self.joined,
                "arrived_ms": [round((t - self.arrived[0]) * 1000, 1) for t in self.arrived],
-               "decode_s": round(self.decode_s, 4), "callbacks_s": round(self.deliver_s, 4)}
-        self.sizes, self.joined, self.arrived, self.steps, self.decode_s, self.deliver_s = {}, [], [], 0, 0.0, 0.0
+               "held": self.held, "decode_s": round(self.decode_s, 4), "callbacks_s": round(self.deliver_s, 4)}
+        self.sizes, self.joined, self.arrived, self.steps, self.held = {}, [], [], 0, 0
+        self.decode_s, self.deliver_s = 0.0, 0.0
         return out
 
 
@@ -404,7 +409,7 @@ def real_model(model: str | None, n_tokens: int, rounds: int) -> dict:
         print(f"    round {r + 1} (load {res['load']}, {'ours' if r % 2 else 'native'} first): "
               f"4 jobs {o['tokens_per_s']:,.1f} tok/s vs native {nat['tokens_per_s']:,.1f}: ratio {res['ratio4']:.2f}; "
               f"steps by batch size {o['steps_by_batch_size']} (native {nat['steps']} steps), joined at steps "
-              f"{o['joined_at_step']}, arrived {o['arrived_ms']} ms; "
+              f"{o['joined_at_step']}, arrived {o['arrived_ms']} ms, {o['held']} held; "
               f"decode {o['decode_s']:.2f} s, callbacks {o['callbacks_s']:.3f} s of {o['s']:.2f} s; "
               f"tokens {o['tokens']} vs {nat['tokens']}; one job: ratio {res['ratio1']:.2f}")
     ratio4 = statistics.median(r["ratio4"] for r in results)

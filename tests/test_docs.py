@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.frontends.options import OPTIONS
 from tensorjob_jupyter.limits import FIELDS
@@ -22,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 
 
+@pytest.mark.slow  # a full site build: several seconds
 def test_the_site_builds_with_warnings_as_errors(tmp_path):
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],

@@ -177,6 +177,7 @@ def test_a_preview_the_host_cut_short_ends_at_a_line_or_a_word_marked():
     assert state.files[0].preview == whole  # the whole window: nothing cut, nothing marked
 
 
+@pytest.mark.slow  # a kernel, a notebook run and an export: several seconds
 def test_an_exported_notebook_keeps_the_view_as_escaped_static_html(tmp_path):
     """Run a notebook as nbconvert --execute does, save it as JupyterLab saves by default (no widget state),
     export it to HTML: the finished view is there, escaped, with no script a guest wrote."""

@@ -16,7 +16,8 @@ Why it is shaped so:
   arrives and that end as soon as no work waits; at most ``queue_size``
   requests wait, and one more is refused at once with ``QueueFull`` (``busy``).
   Keep-alive is off, so an answer's connection closes with the answer: no
-  thread and no socket of a job outlives it.
+  thread and no socket of a job outlives it (the price, over https, is a TLS
+  handshake per infer: milliseconds against an answer's seconds).
 * **Stopping reaches the server.** A False from ``on_token`` (the guest's stop
   verdict, a cancel) closes the stream at once; the server sees the client
   leave and stops generating. ``future.cancel()`` on a running request --
@@ -70,9 +71,9 @@ Errors are one line and never hold the key: unreachable, refused, 4xx, 5xx,
 a malformed or truncated stream -> ``ModelError`` (``model_load_failed``);
 HTTP 429 and 503 -> ``ServerBusy`` (a ``QueueFull``: ``busy``); no byte for
 ``read_timeout_s``, the answer past ``request_timeout_s``, HTTP 408 and 504 ->
-``ModelTimeout`` (``timeout``); a schema the server refuses (HTTP 400/422 on
-a request with a ``response_format``) -> ``ConstraintError``
-(``schema_validation_failed``). The key is read from the environment variable
+``ModelTimeout`` (``timeout``); a schema the server refuses (HTTP 400/422
+whose message is about the schema or ``response_format``) ->
+``ConstraintError`` (``schema_validation_failed``). The key is read from the environment variable
 named by ``api_key_env`` (``OPENAI_API_KEY`` by default) when the backend is
 built -- in each process, so a map's Dask workers read their own -- and is
 never stored anywhere a transcript, a pickle or a message reaches.
@@ -103,6 +104,8 @@ MAX_BODY_BYTES_PER_TOKEN = 16 * 1024
 MAX_BODY_BYTES_FLOOR = 1 << 20
 #: How much of a server's own error text a message quotes.
 MAX_SERVER_TEXT = 200
+#: The longest wait for ``/v1/models`` (it may run on the thread that creates a job, to name the model).
+MODELS_TIMEOUT_S = 10.0
 #: The OpenAI API takes at most four stop strings; the rest are cut here only.
 MAX_SERVER_STOPS = 4
 _THREAD_PREFIX = "tensorjob-served"
@@ -416,22 +419,20 @@ class ServedBackend:
             cpu = time.thread_time()
             self._local.call = call
             try:
-                result = work(call, payload, on_token)
+                outcome = work(call, payload, on_token)
             except BaseException as e:  # noqa: BLE001 - every failure answers the future
-                error = self._error(e, call)
-                if isinstance(error, GenerateResult):
-                    future.set_result(error)
-                else:
-                    future.set_exception(error)
-            else:
-                future.set_result(result)
+                outcome = self._error(e, call)
             finally:
                 self._local.call = None
-                with self._lock:
+                with self._lock:  # counted out before the caller hears: it may submit again at once
                     self._running.discard(call)
                     self._accepted -= 1
                     self.stats.requests += 1
                     self.stats.host_cpu_s += time.thread_time() - cpu
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Refuse new requests, fail the waiting ones, abort the running ones, and wait for the threads."""
@@ -510,7 +511,7 @@ class ServedBackend:
             owners: dict[str, str] = {}
             listed: list[str] | None = None
             try:
-                page = client.with_options(timeout=min(self.read_timeout_s, 30.0)).models.list(
+                page = client.with_options(timeout=min(self.read_timeout_s, MODELS_TIMEOUT_S)).models.list(
                     extra_headers=self._headers)
                 listed = []
                 for m in page.data:
