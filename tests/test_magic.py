@@ -182,3 +182,19 @@ def test_fetch_grants_from_the_magic(ip):
     assert env.error.code == "capability_denied" and job.events[0]["fetch"] == ["https://example.org/"]
     with pytest.raises(UsageError, match="--fetch: fetch grant 'ftp://x/'"):
         ip.run_cell_magic("tensorjob", "--fetch ftp://x/", cell)
+
+
+def test_the_history_subcommands_check_what_the_commands_check(ip):
+    """``%tensorjob runs|show|replay`` do their work through history_cli's functions: the same checks, the same
+    one-line errors as ``tensorjob runs|show|replay``."""
+    import io
+
+    from tensorjob_jupyter.frontends.cli import main
+
+    for argv, line in [(["show", "x", "--speed", "-1"], "show x --speed -1"),
+                       (["runs", "--limit", "-1"], "runs --limit -1")]:
+        err = io.StringIO()
+        assert main(argv, out=io.StringIO(), err=err) == 2
+        with pytest.raises(UsageError) as info:
+            ip.run_line_magic("tensorjob", line)
+        assert err.getvalue() == f"tensorjob: error: {info.value}\n"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from llama_support import smollm  # noqa: F401
 from python_guest_support import ensure_interpreter, src
 
 import tensorjob_jupyter as tj
@@ -266,7 +267,7 @@ def test_pdf_summary_py_matches_the_c_one(tmp_path, kind):
 
 
 @pytest.mark.slow
-def test_a_python_guest_on_the_real_model(tmp_path):
+def test_a_python_guest_on_the_real_model(tmp_path, smollm):
     job, env = run(py("""
         import tensorjob as tj
         def main(input):
@@ -274,8 +275,10 @@ def test_a_python_guest_on_the_real_model(tmp_path):
             for token in tj.infer("Name three colours.", max_tokens=24):
                 out.append(token)
             return "".join(out)
-    """), backend=tj.DEFAULT_MODEL, runs_dir=tmp_path / "runs")
+    """), backend=smollm, runs_dir=tmp_path / "runs")
     assert env.ok and env.result and env.usage.tokens_out > 0
+    deltas = "".join(e["delta"] for e in events(job, "response.output_text.delta"))
+    assert deltas == env.result  # every token the guest judged is the model's, in order
 
 
 def test_the_first_build_shows_its_progress_and_never_runs_at_start_up(monkeypatch):

@@ -139,13 +139,15 @@ class MapResult:
         return rows
 
     def to_pandas(self):
-        """``rows()`` as a pandas DataFrame indexed by item (needs the ``[pandas]`` extra)."""
+        """``rows()`` as a pandas DataFrame indexed by item, with pandas' nullable dtypes (needs the ``[pandas]``
+        extra)."""
         try:
             import pandas  # deferred: an optional extra, and heavy
         except ImportError:
             raise ImportError("MapResult.to_pandas() needs pandas: pip install 'tensorjob-jupyter[pandas]' "
                               "(or use .rows(), a list of dicts)") from None
-        return pandas.DataFrame(self.rows()).set_index("item")
+        # Nullable dtypes: a count stays a whole number where some items have none (not 1.0 and NaN).
+        return pandas.DataFrame(self.rows()).convert_dtypes().set_index("item")
 
     def __repr__(self) -> str:
         rate = rate_text(self.ran, self.elapsed_s)

@@ -56,12 +56,13 @@ import json
 import re
 import secrets
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from tensorjob_jupyter.inference.base import Constraint
 from tensorjob_jupyter.inference.memo import MISSING, BytesLRU
-from tensorjob_jupyter.inference.pattern import PatternBudget, PatternError, pattern_automaton
+from tensorjob_jupyter.inference.pattern import MAX_PATTERN_DEPTH, PatternBudget, PatternError, pattern_automaton
 
 #: Bounds on a guest's schemas: host work (checking, the grammar, llama.cpp's parse of it) stays small.
 #: The whole of one infer's ``format`` and ``tools`` as compact JSON (non-ASCII escaped): what memory a schema
@@ -400,7 +401,7 @@ def _checked_pattern(pattern: Any, fail: Callable[[str], SchemaError]) -> str:
     if not (pattern.startswith("^") and pattern.endswith("$") and len(pattern) >= 2):
         raise fail("a pattern must be anchored, ^...$ (the grammar makes the whole string match it)")
     body = pattern[1:-1]
-    at = 0
+    at = depth = 0
     while at < len(body):
         m = _PATTERN_TOKEN.match(body, at)
         if m is None:
@@ -415,6 +416,9 @@ def _checked_pattern(pattern: Any, fail: Callable[[str], SchemaError]) -> str:
             raise fail(f"pattern {pattern[:60]!r}: the repetition {token} is over {MAX_REPEAT}")
         if token.isprintable() is False:
             raise fail(f"pattern {pattern[:60]!r} holds a control character")
+        depth += {"(": 1, ")": -1}.get(token, 0)
+        if depth > MAX_PATTERN_DEPTH:  # Python's own re fails near 500 (RecursionError)
+            raise fail(f"pattern {pattern[:60]!r}: groups nest more than {MAX_PATTERN_DEPTH} deep")
         at = m.end()
     try:
         re.compile(pattern)
@@ -455,6 +459,8 @@ def _check_is_json_schema(value: Any, where: str) -> None:
         raise SchemaError(f"{where} is not a valid JSON Schema at {location}: {e.message[:300]}") from None
     except jsonschema.exceptions.UnknownType as e:  # pragma: no cover - check_schema catches types
         raise SchemaError(f"{where}: {e}") from None
+    except RecursionError:  # a pattern Python's re cannot compile (groups nested ~500 deep), or the schema itself
+        raise SchemaError(f"{where} is nested too deeply to check (its structure or a pattern's groups)") from None
 
 
 #: Bytes of memory a validator holds per byte of its schema's JSON: 1.5 for an enum of long strings, 33 for
@@ -532,9 +538,16 @@ class OutputSpec:
         return self.kind in ("json", "call")
 
     @classmethod
-    def of(cls, infer) -> "OutputSpec":
+    def of(cls, infer, check_running: Callable[[], None] | None = None) -> "OutputSpec":
         """The spec of an ``abi.Infer`` (its shapes already checked); ``SchemaError`` if a schema
-        asks for what the grammar cannot enforce."""
+        asks for what the grammar cannot enforce.
+
+        ``check_running`` (the job's cancel and deadline check): when given and the spec is not memoised,
+        the check runs on a helper thread while this one calls it every ``CHECK_POLL_S``; what it raises
+        ends the wait at once. No deadline reaches host work, and the first check in a process pays for
+        importing ``jsonschema`` (seconds on a loaded machine): without this a job past its time limit
+        ends only when its schema check does. The abandoned check finishes on its own (bounded by the
+        schema's size) and is memoised for the next infer."""
         fmt = infer.format
         tools = list(infer.tools or ())
         choice = infer.tool_choice if infer.tool_choice is not None else ("auto" if tools else "none")
@@ -546,7 +559,7 @@ class OutputSpec:
             raise SchemaError(f"the format and tools of this infer are {len(key)} bytes of JSON, over the "
                               f"{MAX_SCHEMA_BYTES} a schema may take; send a smaller schema (fewer or shorter "
                               f"enum values, fewer tools)")
-        return _compile(key)
+        return _compile(key) if check_running is None else _compile_watched(key, check_running)
 
     # -- the finished output ------------------------------------------------------------------
 
@@ -617,6 +630,32 @@ def _compile(key: str) -> OutputSpec:
     fields = json.loads(kept)
     constraint = fields.pop("constraint")
     return OutputSpec(**fields, constraint=Constraint(**constraint) if constraint is not None else None)
+
+
+#: How often a watched schema check looks at the job's cancel and deadline.
+CHECK_POLL_S = 0.02
+
+
+def _compile_watched(key: str, check_running: Callable[[], None]) -> OutputSpec:
+    if _specs.get(key) is not MISSING:
+        return _compile(key)
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def check() -> None:
+        try:
+            box["spec"] = _compile(key)
+        except BaseException as e:  # noqa: BLE001 - handed to the job's thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=check, name="tensorjob-schema-check", daemon=True).start()
+    while not done.wait(CHECK_POLL_S):
+        check_running()
+    if "error" in box:
+        raise box["error"]
+    return box["spec"]
 
 
 def _compile_spec(key: str) -> "OutputSpec":

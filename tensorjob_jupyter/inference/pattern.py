@@ -42,6 +42,8 @@ MAX_PATTERN_POSITIONS = 1024
 MAX_PATTERN_STATES = 1024
 #: The most work units (position-set unions and class look-ups) building the automata of one schema may take.
 MAX_PATTERN_WORK = 200_000
+#: The deepest groups may nest (Python's own ``re`` fails near 500).
+MAX_PATTERN_DEPTH = 32
 
 DIGITS = ((0x30, 0x39),)
 WORD = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
@@ -72,6 +74,7 @@ class _Parser:
     def __init__(self, body: str):
         self.s = body
         self.i = 0
+        self.depth = 0
 
     def fail(self, message: str) -> PatternError:
         return PatternError(f"{message} at offset {self.i + 1} of the pattern")
@@ -101,10 +104,14 @@ class _Parser:
             self.i += 1
             if self.i < len(s) and s[self.i] == "?":
                 raise self.fail("group flags and lookarounds (?...) are not supported")
+            self.depth += 1
+            if self.depth > MAX_PATTERN_DEPTH:
+                raise self.fail(f"groups nest more than {MAX_PATTERN_DEPTH} deep")
             inner = self.alternation()
             if self.i >= len(s) or s[self.i] != ")":
                 raise self.fail("missing ')'")
             self.i += 1
+            self.depth -= 1
             return inner
         if c == "[":
             return self.char_class()
@@ -286,9 +293,20 @@ class _Glushkov:
                 parts[-1] = lambda: self.build(_Node("plus", (inner,)))
             else:
                 parts.append(lambda: self.build(_Node("star", (inner,))))
-        else:
-            parts += [lambda: self.build(_Node("opt", (inner,)))] * (high - low)
+        elif high > low:
+            parts.append(lambda: self._optional_chain(inner, high - low))
         return self._sequence(parts)
+
+    def _optional_chain(self, inner: _Node, count: int) -> tuple[bool, int, int]:
+        """``inner`` up to ``count`` times, as ``(x (x (x)?)?)?``: the same language as ``x? x? x?``, with one
+        follow link per copy where the flat form links every copy to every one after it."""
+        copies = [self.build(inner) for _ in range(count)]
+        _, first, last = copies[-1]  # the innermost (x)?
+        for n, f, l_ in reversed(copies[:-1]):  # (x R)? with R nullable
+            self._link(l_, first)
+            first = f | first if n else f
+            last = last | l_
+        return True, first, last
 
     def _sequence(self, parts) -> tuple[bool, int, int]:
         nullable, first, last = True, 0, 0
@@ -345,12 +363,18 @@ def pattern_automaton(pattern: str, budget: PatternBudget | None = None) -> Auto
     body = pattern[1:-1]
     if (len(body) - len(body.rstrip("\\"))) % 2:
         raise PatternError("a pattern must be anchored, ^...$ (its final $ is escaped)")
+    try:
+        return _automaton(body, budget if budget is not None else PatternBudget())
+    except RecursionError:  # pragma: no cover - MAX_PATTERN_DEPTH keeps the tree shallow
+        raise PatternError("the pattern is nested too deeply") from None
+
+
+def _automaton(body: str, budget: PatternBudget) -> Automaton:
     tree = _Parser(body).parse()
     positions = _positions(tree)
     if positions > MAX_PATTERN_POSITIONS:
         raise PatternError(f"it expands to {positions} character positions (repetitions copy what they repeat), "
                            f"over the {MAX_PATTERN_POSITIONS} allowed; use smaller or fewer nested repetitions")
-    budget = budget if budget is not None else PatternBudget()
     g = _Glushkov(budget)
     nullable, first, last = g.build(tree)
     # the alphabet, cut at every class boundary: atoms are maximal runs of characters no class splits

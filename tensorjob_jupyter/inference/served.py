@@ -511,12 +511,14 @@ class ServedBackend:
             owners: dict[str, str] = {}
             listed: list[str] | None = None
             try:
-                page = client.with_options(timeout=min(self.read_timeout_s, MODELS_TIMEOUT_S)).models.list(
-                    extra_headers=self._headers)
+                page = client.get("/models", cast_to=object, options={
+                    "headers": self._headers, "timeout": min(self.read_timeout_s, MODELS_TIMEOUT_S)})
                 listed = []
-                for m in page.data:
-                    listed.append(str(m.id))
-                    owners[str(m.id)] = str(getattr(m, "owned_by", "") or "")
+                for m in _field(page, "data", list) or ():
+                    model_id = _field(m, "id", str)
+                    if model_id:
+                        listed.append(model_id)
+                        owners[model_id] = _field(m, "owned_by", str) or ""
             except Exception as e:  # noqa: BLE001 - classified below
                 error = self._error(e, None)
                 if not (self._requested_model and isinstance(error, ModelError)
@@ -574,12 +576,16 @@ class ServedBackend:
         if chat:
             messages = ([{"role": "system", "content": request.system}] if request.system is not None else [])
             messages.append({"role": "user", "content": request.prompt})
-            stream = client.chat.completions.create(messages=messages, extra_body=extra or None,
-                                                    extra_headers=self._headers, **body)
+            body = {**body, **extra, "messages": messages}
         else:
             prompt = request.prompt if request.system is None else f"{request.system}\n\n{request.prompt}"
-            stream = client.completions.create(prompt=prompt, extra_body=extra or None,
-                                               extra_headers=self._headers, **body)
+            body = {**body, **extra, "prompt": prompt}
+        # the SDK's request, errors and SSE parser, with each chunk left as parsed JSON (``cast_to=object``):
+        # building its typed models costs ~200 us a chunk, most of the served path's cost per token
+        import openai
+
+        stream = client.post("/chat/completions" if chat else "/completions", cast_to=object, body=body,
+                             options={"headers": self._headers}, stream=True, stream_cls=openai.Stream[object])
         return self._read(call, stream, request, on_token, chat)
 
     def _read(self, call: _Call, stream, request: GenerateRequest, on_token: TokenCallback,
@@ -603,14 +609,17 @@ class ServedBackend:
                 if events > max_events:
                     raise ModelError(f"the model server's stream is malformed: more than {max_events} events "
                                      f"for {request.max_tokens} tokens")
-                got = getattr(chunk, "usage", None)
-                if got is not None:
+                if not isinstance(chunk, dict):
+                    raise ModelError("the model server's stream is malformed: an event is not a JSON object")
+                got = chunk.get("usage")
+                if isinstance(got, dict):
                     usage = got
-                for choice in getattr(chunk, "choices", None) or ():
-                    if getattr(choice, "index", 0) not in (0, None):
+                for choice in _field(chunk, "choices", list) or ():
+                    if not isinstance(choice, dict) or choice.get("index", 0) not in (0, None):
                         continue
-                    piece = (getattr(getattr(choice, "delta", None), "content", None) if chat
-                             else getattr(choice, "text", None))
+                    piece = choice.get("delta") if chat else choice.get("text")
+                    if chat:
+                        piece = piece.get("content") if isinstance(piece, dict) else None
                     if piece:
                         if not isinstance(piece, str):
                             raise ModelError("the model server's stream is malformed: a text piece is not a string")
@@ -624,7 +633,7 @@ class ServedBackend:
                             return self._result(call, FINISH_CANCELLED, None, None, deliver)
                         if stopped:
                             return self._result(call, FINISH_STOP, usage, None, deliver)
-                    reason = getattr(choice, "finish_reason", None)
+                    reason = choice.get("finish_reason")
                     if reason:
                         finish = FINISH_LENGTH if reason == "length" else FINISH_STOP
         if finish is None:
@@ -642,11 +651,9 @@ class ServedBackend:
         with self._lock:
             self.stats.pieces += call.pieces
         pieces, started, first_at, last_at = call.pieces, call.started, call.first_at, call.last_at
-        prompt = _count(getattr(usage, "prompt_tokens", None))
-        completion = _count(getattr(usage, "completion_tokens", None))
-        details = getattr(usage, "prompt_tokens_details", None)
-        cached = _count(details.get("cached_tokens") if isinstance(details, dict)
-                        else getattr(details, "cached_tokens", None))
+        prompt = _count(_field(usage, "prompt_tokens", int))
+        completion = _count(_field(usage, "completion_tokens", int))
+        cached = _count(_field(_field(usage, "prompt_tokens_details", dict), "cached_tokens", int))
         tps = (pieces - 1) / (last_at - first_at) if pieces > 1 and last_at and last_at > first_at else None
         return GenerateUsage(prompt_tokens=prompt or 0, completion_tokens=completion if usage is not None
                              and completion is not None else pieces, cached_tokens=cached or 0,
@@ -662,14 +669,15 @@ class ServedBackend:
         batches = [[t] for t in texts] if info.dialect.embed_one_at_a_time else [texts]
         rows = []
         for batch in batches:
-            answer = self._openai().embeddings.create(model=info.model, input=batch, encoding_format="float",
-                                                      extra_headers=self._headers)
-            rows += sorted(getattr(answer, "data", None) or [], key=lambda d: getattr(d, "index", 0))
+            answer = self._openai().post("/embeddings", cast_to=object, options={"headers": self._headers},
+                                         body={"model": info.model, "input": batch, "encoding_format": "float"})
+            got = [row for row in _field(answer, "data", list) or () if isinstance(row, dict)]
+            rows += sorted(got, key=lambda row: _field(row, "index", int) or 0)
         if len(rows) != len(texts):
             raise ModelError(f"the model server's embeddings are malformed: {len(rows)} vectors for {len(texts)} texts")
         vectors = []
         for row in rows:
-            vector = getattr(row, "embedding", None)
+            vector = row.get("embedding")
             if isinstance(vector, list) and vector and all(isinstance(v, list) and v for v in vector):
                 vector = _mean_pooled(vector)  # one vector per token (llama-cpp-python, a model without pooling)
             if not isinstance(vector, list) or not vector or not all(isinstance(x, (int, float)) for x in vector):
@@ -714,6 +722,15 @@ def _mean_pooled(rows: list[list]) -> list[float] | None:
     if any(len(r) != width or not all(isinstance(x, (int, float)) for x in r) for r in rows):
         return None
     return [sum(float(r[i]) for r in rows) / len(rows) for i in range(width)]
+
+
+def _field(obj: Any, key: str, kind: type) -> Any:
+    """``obj[key]`` when ``obj`` is a JSON object and the value is of ``kind``, else None: the server's JSON
+    is untrusted input (a bool is not an int here)."""
+    value = obj.get(key) if isinstance(obj, dict) else None
+    if isinstance(value, bool) and kind is not bool:
+        return None
+    return value if isinstance(value, kind) else None
 
 
 def _count(value: Any) -> int | None:
