@@ -451,10 +451,14 @@ class LlamaEngine:
             slot.busy = True
             try:
                 idx = self._prefill(slot, tokens, reuse, key)
-                token = sampler.sample(self._ctx, idx)
             except BaseException:
                 self._release(seq)
                 self._drop_slot(slot)
+                raise
+            try:
+                token = sampler.sample(self._ctx, idx)
+            except BaseException:  # the prompt's KV is whole: the slot keeps it for the next request
+                self._release(seq)
                 raise
         except Abandoned:  # its job ended while the grammar chose the first token
             item.done(GenerateResult("", FINISH_CANCELLED, GenerateUsage()), None)

@@ -82,6 +82,7 @@ never stored anywhere a transcript, a pickle or a message reaches.
 from __future__ import annotations
 
 import collections
+import functools
 import math
 import os
 import re
@@ -708,12 +709,15 @@ class ServedBackend:
 
 
 def _wrap_stream(inner, call: _Call):
+    return _guarded_body_class()(inner, call)
+
+
+@functools.lru_cache(maxsize=1)
+def _guarded_body_class() -> type:
+    """``_GuardedBody`` as the HTTP client's sync byte stream (made on first use: httpx2 loads with openai)."""
     import httpx2
 
-    class Guarded(_GuardedBody, httpx2.SyncByteStream):
-        pass
-
-    return Guarded(inner, call)
+    return type("GuardedBody", (_GuardedBody, httpx2.SyncByteStream), {})
 
 
 def _mean_pooled(rows: list[list]) -> list[float] | None:

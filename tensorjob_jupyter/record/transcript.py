@@ -18,12 +18,13 @@ again), ``history/replay.py`` and ``history/diff.py`` (its commands):
   usage; a window's next offset and preview; ...), and how the run ended.
   Events map back to commands one to one (README, "Transcripts"); a command
   whose carrying-out failed left no event of its own, which is what the
-  terminal event's ``ended_during`` says.
+  terminal event's ``ended_during`` says. ``StepReader(dir)`` hands the same
+  steps out one at a time, never all held (what ``diff`` walks).
 
 A transcript is a file from anywhere (copied between machines, edited by
 hand, planted), so every value is checked as it is read, the way guest
-output is checked at the ABI: a line is at most ``MAX_LINE_BYTES`` (read up
-to the bound, never whole), holds at most ``MAX_EVENT_VALUES`` JSON values
+output is checked at the ABI: a line is at most ``MAX_LINE_BYTES`` (a
+longer one is measured, never held), holds at most ``MAX_EVENT_VALUES`` JSON values
 nested at most ``MAX_EVENT_DEPTH`` levels (counted on its bytes before it is
 parsed: parsed JSON costs about 25 bytes of memory a byte), and each field a
 consumer uses has the type and range it was written with (``EVENT_FIELDS``:
