@@ -109,7 +109,7 @@ def plant(source: Path, runs: Path, name: str, *, events=None, envelope=None, ra
 def tensorjob(*argv, runs: Path, stdin=subprocess.DEVNULL, timeout: float = 60,
               wrapper: str | None = None) -> subprocess.CompletedProcess:
     """The ``tensorjob`` command in a subprocess, as a user runs it."""
-    head = [sys.executable, "-c", wrapper, *()] if wrapper else [sys.executable, "-m", "tensorjob_jupyter.frontends.cli"]
+    head = [sys.executable, "-c", wrapper] if wrapper else [sys.executable, "-m", "tensorjob_jupyter.frontends.cli"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TENSORJOB_RUNS": str(runs)}
     return subprocess.run([*head, *map(str, argv)], env=env, stdin=stdin, capture_output=True, text=True,
                           timeout=timeout, cwd=runs.parent)

@@ -73,6 +73,7 @@ from tensorjob_jupyter.record.responses import ResponseStream
 from tensorjob_jupyter.host.reactor import PREVIEW_BYTES, PREVIEW_CHARS, InferOptions, Reactor
 from tensorjob_jupyter.host.structured import OutputSpec, SchemaError
 from tensorjob_jupyter.host.tokens import ModelTokens, PrefixMismatch, RecordedTokens
+from tensorjob_jupyter.sandbox.python.guest import Determinism
 from tensorjob_jupyter.text import for_terminal
 from tensorjob_jupyter.record.transcript import (
     LIVE_COMMANDS, End, EventReader, InferAnswer, Recording, Step, TranscriptError, compare_commands, describe,
@@ -231,8 +232,8 @@ def recorded_infer_options(recording: Recording) -> InferOptions:
     stop = sampler.get("stop") or ()
     if not isinstance(stop, (list, tuple)) or not all(isinstance(x, str) for x in stop):
         raise ValueError("infer.sampler.stop is not a list of strings")
-    for name, low, high, default in (("temperature", 0, 100, 0.0), ("top_p", 0, 1, 1.0), ("min_p", 0, 1, 0.0),
-                                     ("repeat_penalty", 0, 100, 1.0), ("top_k", 0, 2 ** 31, 0),
+    for name, low, high, default in (("temperature", 0, 1e6, 0.0), ("top_p", 0, 1, 1.0), ("min_p", 0, 1, 0.0),
+                                     ("repeat_penalty", 0, 1e6, 1.0), ("top_k", 0, 2 ** 31, 0),
                                      ("seed", -2 ** 63, 2 ** 64, 0)):
         _finite(sampler, name, low, high, default)
     for name in ("top_k", "seed"):
@@ -241,7 +242,8 @@ def recorded_infer_options(recording: Recording) -> InferOptions:
     sampler["stop"] = tuple(stop)
     known = {k: v for k, v in sampler.items() if k in Sampler.__dataclass_fields__}
     lora = obj.get("lora") or ()
-    if not isinstance(lora, (list, tuple)) or not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in lora):
+    if not isinstance(lora, (list, tuple)) or not all(isinstance(c, dict) and isinstance(c.get("name"), str)
+                                                      for c in lora):
         raise ValueError("infer.lora is not a list of adapters")
     return InferOptions(sampler=Sampler(**known), cache_prompt=bool(obj.get("cache_prompt", True)),
                         lora=tuple(LoraChoice(c["name"], _finite(c, "scale", -100, 100, 1.0)) for c in lora),
@@ -322,7 +324,6 @@ class ReplayReactor(Reactor):
 
     def guest_determinism(self) -> Any:
         """A Python guest gets the recorded seed, clock origin and clock readings (none recorded: fresh ones)."""
-        from tensorjob_jupyter.sandbox.python.guest import Determinism
         return Determinism.from_events(EventReader(self.recording.path))
 
     def run(self) -> Envelope:

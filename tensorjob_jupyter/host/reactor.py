@@ -53,7 +53,7 @@ from tensorjob_jupyter.world.documents import JobDocuments
 from tensorjob_jupyter.record.events import EventBudgetExceeded, EventStream, TranscriptWriteError
 from tensorjob_jupyter.world.files import Handles
 from tensorjob_jupyter.sandbox.guest import Guest
-from tensorjob_jupyter.sandbox.python import open_guest
+from tensorjob_jupyter.sandbox.instance import open_guest
 from tensorjob_jupyter.inference.base import (
     DEFAULT_REPEAT_PENALTY, FINISH_GUEST_STOP, FINISH_LENGTH, FINISH_STOP, Backend, GenerateRequest,
     GenerateResult, LoraChoice, Sampler,

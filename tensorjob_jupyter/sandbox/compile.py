@@ -27,7 +27,8 @@ Why it is shaped so:
   everything that determines the bytes: language, source, flags, compiler
   version and the SDK files. ``force=True`` (``--force``) compiles again and
   replaces the cached module. The cache lives in ``cache_dir()``
-  (``$TENSORJOB_CACHE``, else ``~/.cache/tensorjob/wasm``); deleting it is
+  (``sandbox/cache.py``: ``$TENSORJOB_CACHE``, else ``~/.cache/tensorjob/wasm``,
+  shared with the Python interpreter's build); deleting it is
   always safe (``tensorjob cache --clear``). Cache files are written to a
   temporary name and renamed, so concurrent compiles never see a torn file.
 * The compiler's warnings are kept even when it succeeds
@@ -43,6 +44,7 @@ import importlib.metadata
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,7 +55,10 @@ from typing import Iterable, Sequence
 
 import wasmtime
 
-from tensorjob_jupyter.sandbox.guest import WASM_MAGIC
+from tensorjob_jupyter.sandbox.cache import cache_dir
+from tensorjob_jupyter.sandbox.guest import WASM_MAGIC, GuestTrap
+from tensorjob_jupyter.sandbox.python.guest import check_syntax
+from tensorjob_jupyter.sandbox.python.program import PythonProgram, PythonSyntaxError, is_program
 
 __all__ = [
     "CompileError",
@@ -148,16 +153,6 @@ def sdk_dir() -> Path:
             return candidate
     raise FileNotFoundError(f"the tensorjob guest SDK is missing (looked in {package.parent / 'guests'} and "
                             f"{package / 'sdk'})")
-
-
-def cache_dir() -> Path:
-    """``$TENSORJOB_CACHE`` or ``~/.cache/tensorjob/wasm`` (created on demand)."""
-    env = os.environ.get("TENSORJOB_CACHE")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME")
-    root = Path(base).expanduser() if base else Path.home() / ".cache"
-    return root / "tensorjob" / "wasm"
 
 
 _version_lock = threading.Lock()
@@ -378,8 +373,6 @@ _WAT_LOCATION = re.compile(r"-->\s*<anon>:(\d+):(\d+)")
 
 def _python_guest(source: str, name: str) -> bytes:
     """A Python guest as bytes (``sandbox.python.program``), its syntax checked first like a compile."""
-    from tensorjob_jupyter.sandbox.python import PythonProgram, PythonSyntaxError, check_syntax
-    from tensorjob_jupyter.sandbox.guest import GuestTrap
     try:
         check_syntax(source, name)
     except PythonSyntaxError as e:
@@ -544,7 +537,6 @@ class GuestSource:
         if isinstance(guest, GuestSource):
             return guest
         if isinstance(guest, (bytes, bytearray, memoryview)):
-            from tensorjob_jupyter.sandbox.python import PythonProgram, is_program
             if is_program(guest):  # a Python guest's bytes (a map's workers get them so)
                 program = PythonProgram.from_bytes(bytes(guest))
                 return cls(program.filename, "python", bytes(guest), "bytes")
@@ -558,8 +550,6 @@ def _flags_for(lang: str, cflags: Sequence[str], zigflags: Sequence[str]) -> tup
 
 def clear_cache() -> tuple[int, int]:
     """Delete every cached module; returns (files, bytes) removed."""
-    import shutil
-
     root = cache_dir()
     files = [p for p in root.rglob("*.wasm")] if root.is_dir() else []
     size = sum(p.stat().st_size for p in files)

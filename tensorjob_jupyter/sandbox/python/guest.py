@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import math
 import queue
 import random
@@ -67,7 +68,7 @@ from tensorjob_jupyter.abi import codes
 from tensorjob_jupyter.limits import Limits
 from tensorjob_jupyter.sandbox.guest import _CLOCK, TICK_S, GuestTrap
 from tensorjob_jupyter.sandbox.python import hostcall, interpreter
-from tensorjob_jupyter.sandbox.python.program import MAX_SOURCE_BYTES, PythonProgram
+from tensorjob_jupyter.sandbox.python.program import MAX_SOURCE_BYTES, PythonProgram, format_syntax_error
 from tensorjob_jupyter.sandbox.streaming import DISABLED, DISCONNECTED, OK, REFUSED, StreamingHost
 
 WASI = "@0.2.9"
@@ -744,3 +745,11 @@ class PythonGuest:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def check_syntax(source: str, filename: str = "cell.py", *, progress: interpreter.Progress | None = None) -> None:
+    """Raise ``PythonSyntaxError`` (line and column) if ``source`` does not compile in the guest's Python."""
+    with PythonGuest(PythonProgram(source, filename), progress=progress) as guest:
+        out = guest.check_syntax()
+    if out:
+        raise format_syntax_error(filename, json.loads(out))

@@ -54,6 +54,8 @@ from typing import Callable
 import wasmtime
 from wasmtime import component
 
+from tensorjob_jupyter.sandbox.cache import cache_dir
+
 #: The componentize-py this interpreter is built with (pyproject pins the same).
 COMPONENTIZE_PY = "componentize-py"
 COMPONENTIZE_PY_VERSION = "0.25.1"
@@ -78,7 +80,6 @@ def _no_progress(stage: str, fraction: float | None) -> None:
 
 
 def cache_root() -> Path:
-    from tensorjob_jupyter.sandbox.compile import cache_dir
     return cache_dir() / "python"
 
 

@@ -4,9 +4,9 @@ A job carries its guest as bytes (``GuestSource.wasm``: hashed, counted,
 recorded, sent to map workers), so a Python guest travels as bytes too: a
 header no WebAssembly module can start with (``MAGIC``), one line of JSON
 (``{"filename": "cell.py"}``), then the UTF-8 source. ``is_program`` tells the
-two kinds apart wherever a guest is instantiated (``sandbox.python.open_guest``).
+two kinds apart wherever a guest is instantiated (``sandbox.instance.open_guest``).
 
-``check_syntax`` compiles the source in the guest's own interpreter (CPython
+``guest.check_syntax`` compiles the source in the guest's own interpreter (CPython
 3.14, whose grammar may differ from the host's) and raises ``PythonSyntaxError``
 with the line and column, before any job starts.
 """
