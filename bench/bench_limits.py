@@ -406,7 +406,7 @@ def transcript_bounds(tmp: Path, quick: bool) -> dict:
     line just under it, many events -- and of reading a manifest of many small lines (issue 21)."""
     from tensorjob_jupyter.fanout import read_manifest
     from tensorjob_jupyter.inference.scripted import ScriptedBackend
-    from tensorjob_jupyter.record.transcript import MAX_LINE_BYTES
+    from tensorjob_jupyter.record.event_checks import MAX_LINE_BYTES
 
     guest = wat.script_guest([{"cmd": "emit", "progress": "x"}, {"cmd": "infer", "prompt": "go", "max_tokens": 8},
                               {"cmd": "done", "result": 1}])

@@ -15,7 +15,8 @@ from tensorjob_jupyter.host.jobs import Job, get_job, jobs, run
 from tensorjob_jupyter.limits import Limits
 from tensorjob_jupyter.host.reactor import InferOptions, JobStats
 from tensorjob_jupyter.history.runs import list_runs
-from tensorjob_jupyter.history.replay import ReplayJob, ReplayReport, replay
+from tensorjob_jupyter.history.replay import ReplayJob, replay
+from tensorjob_jupyter.history.report import ReplayReport
 from tensorjob_jupyter.history.diff import diff_runs
 
 from tensorjob_jupyter.version import __version__

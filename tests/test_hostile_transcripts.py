@@ -40,7 +40,7 @@ from tensorjob_jupyter.frontends.prompt import prompt
 from tensorjob_jupyter.frontends.view import render
 from tensorjob_jupyter.frontends.view.state import ViewState
 from tensorjob_jupyter.inference.scripted import ScriptedBackend
-from tensorjob_jupyter.record.transcript import MAX_LINE_BYTES, MAX_T_MS
+from tensorjob_jupyter.record.event_checks import MAX_LINE_BYTES, MAX_T_MS
 from tensorjob_jupyter.text import for_terminal
 
 import wat

@@ -8,6 +8,9 @@ the test marked slow.
 from __future__ import annotations
 
 import json
+import os
+import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -24,7 +27,8 @@ from tensorjob_jupyter.abi import codes
 from tensorjob_jupyter.inference.scripted import ScriptedBackend
 from tensorjob_jupyter.sandbox.compile import CompileError, GuestSource
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "guests" / "examples"
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "guests" / "examples"
 WORDS = "one two three four five six seven eight"
 
 
@@ -280,6 +284,39 @@ def test_a_python_guest_on_the_real_model(tmp_path, smollm):
     deltas = "".join(e["delta"] for e in events(job, "response.output_text.delta"))
     assert deltas == env.result  # every token the guest judged is the model's, in order
 
+
+def readme_quick_start_job() -> list[str]:
+    """The job in README's first quick-start command (``... && tensorjob run ...``), as argv after ``tensorjob``."""
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    first = re.findall(r"```bash\n(.*?)\n```", section, re.S)[0].strip()
+    argv = shlex.split(first.split("&&")[-1])
+    assert argv[0] == "tensorjob", first
+    return argv[1:]
+
+
+def sentences(text: str) -> list[str]:
+    return [re.sub(r"\W+", " ", s).strip().lower() for s in re.split(r"(?<=[.!?])\s+|\n+", text) if s.strip()]
+
+
+@pytest.mark.slow
+def test_the_readme_quick_start_runs_the_python_summariser_from_a_fresh_cache(tmp_path):
+    argv = readme_quick_start_job()
+    assert argv[:2] == ["run", "guests/examples/summarise.py"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TENSORJOB_CACHE": str(tmp_path / "cache"),
+           "TENSORJOB_RUNS": str(tmp_path / "runs")}
+    runs = [subprocess.run([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", *argv], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=1200) for _ in range(2)]
+    assert runs[0].returncode == 0, runs[0].stderr
+    # A fresh cache builds the interpreter once, with its progress shown; the second run finds it.
+    assert "building the Python interpreter" in runs[0].stderr
+    assert runs[1].returncode == 0 and "building the Python interpreter" not in runs[1].stderr, runs[1].stderr
+    result = json.loads(runs[0].stdout)
+    assert result["path"] == "examples/data/lighthouse.txt" and result["windows"] == 1
+    summary = result["summary"]
+    said = sentences(summary)
+    assert "\n" not in summary.strip() and len(said) >= 2, summary  # one paragraph
+    assert len(said) == len(set(said)), summary  # no sentence repeated
+    assert runs[1].stdout == runs[0].stdout  # greedy: the same summary again
 
 def test_the_first_build_shows_its_progress_and_never_runs_at_start_up(monkeypatch):
     import io

@@ -30,9 +30,12 @@ from tensorjob_jupyter.record.events import TRANSCRIPT_VERSION
 from tensorjob_jupyter.history.runs import RunError, list_runs, prune, resolve_run
 from tensorjob_jupyter.inference.base import QueueFull, Sampler
 from tensorjob_jupyter.inference.scripted import ScriptedBackend
-from tensorjob_jupyter.history.replay import ReplayError, ReplayJob, replay
+from tensorjob_jupyter.history.replay import ReplayJob, replay
+from tensorjob_jupyter.history.recorded import ReplayError
 from tensorjob_jupyter.history.show import Playback
-from tensorjob_jupyter.record.transcript import COMMANDS, EventReader, Recording, TranscriptError
+from tensorjob_jupyter.record.transcript import EventReader
+from tensorjob_jupyter.record.recording import COMMANDS, Recording
+from tensorjob_jupyter.record.event_checks import TranscriptError
 from tensorjob_jupyter.frontends.view import render
 from tensorjob_jupyter.frontends.view.state import ViewState
 

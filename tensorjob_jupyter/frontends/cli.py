@@ -41,9 +41,9 @@ from tensorjob_jupyter.host.jobs import Job
 from tensorjob_jupyter.frontends.options import (
     BY_NAME, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobOptions, OptionError, add_job_arguments,
 )
-from tensorjob_jupyter.history.replay import ReplayError
+from tensorjob_jupyter.history.recorded import ReplayError
 from tensorjob_jupyter.text import for_terminal, json_text
-from tensorjob_jupyter.record.transcript import TranscriptError
+from tensorjob_jupyter.record.event_checks import TranscriptError
 from tensorjob_jupyter.inference.lazy import model_backend
 from tensorjob_jupyter.sandbox.compile import cache_dir, cache_usage, clear_cache
 

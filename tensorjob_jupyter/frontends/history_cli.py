@@ -34,7 +34,8 @@ from tensorjob_jupyter.frontends.terminal import DOES_NOT_COMPILE, EventPrinter,
 from tensorjob_jupyter.history.runs import RunList, list_runs, prune
 from tensorjob_jupyter.history.runs import resolve_run
 from tensorjob_jupyter.history.show import Playback, check_speed
-from tensorjob_jupyter.history.replay import ReplayJob, load_recording
+from tensorjob_jupyter.history.replay import ReplayJob
+from tensorjob_jupyter.history.recorded import load_recording
 from tensorjob_jupyter.frontends.options import options_for
 from tensorjob_jupyter.history.diff import diff_runs
 

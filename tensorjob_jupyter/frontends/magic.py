@@ -78,12 +78,13 @@ from tensorjob_jupyter.frontends.outcome import CellEnvelope, GuestDoesNotCompil
 from tensorjob_jupyter.frontends.prompt import prompt as debug_prompt
 from tensorjob_jupyter.frontends.terminal import load_guest
 from tensorjob_jupyter.frontends.view.summary import map_summary, summary
-from tensorjob_jupyter.history.replay import ReplayError, ReplayReport
+from tensorjob_jupyter.history.report import ReplayReport
+from tensorjob_jupyter.history.recorded import ReplayError
 from tensorjob_jupyter.history.runs import RunError, prune
 from tensorjob_jupyter.host.jobs import Job, get_job, jobs
 from tensorjob_jupyter.inference.base import ModelError
 from tensorjob_jupyter.inference.lazy import model_backend
-from tensorjob_jupyter.record.transcript import TranscriptError
+from tensorjob_jupyter.record.event_checks import TranscriptError
 from tensorjob_jupyter.sandbox.compile import GuestSource, cache_dir, cache_usage, clear_cache
 from tensorjob_jupyter.text import for_terminal
 

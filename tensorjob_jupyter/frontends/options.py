@@ -42,10 +42,10 @@ from tensorjob_jupyter.world.fetch import FetchGrants
 from tensorjob_jupyter.inference.base import LoraChoice, Sampler
 from tensorjob_jupyter.host.reactor import InferOptions
 from tensorjob_jupyter.sandbox.compile import GuestSource
-from tensorjob_jupyter.history.replay import (
+from tensorjob_jupyter.history.recorded import (
     RECORDED, ReplayError, recorded_infer_options, recorded_limits, recorded_read,
 )
-from tensorjob_jupyter.record.transcript import Recording
+from tensorjob_jupyter.record.recording import Recording
 from tensorjob_jupyter.text import for_terminal
 from tensorjob_jupyter.frontends.input_value import InputError, read_input
 

@@ -31,7 +31,7 @@ from tensorjob_jupyter.host.jobs import Job
 from tensorjob_jupyter.frontends import interpreter_progress
 from tensorjob_jupyter.sandbox.compile import CompileError, GuestSource, detect_language
 from tensorjob_jupyter.text import for_terminal, json_text
-from tensorjob_jupyter.history.replay import divergence_line
+from tensorjob_jupyter.history.report import divergence_line
 
 #: Model text is indented under the host's own lines (which start with ·, ✓ or ✗).
 INDENT = "  "

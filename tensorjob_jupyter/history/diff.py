@@ -1,7 +1,7 @@
 """Compare two recorded runs: where their command sequences part, and how their ends differ.
 
 ``diff_runs(a, b)`` reads both transcripts step by step
-(``transcript.StepReader``) and walks them side by side, holding one step of
+(``record.recording.StepReader``) and walks them side by side, holding one step of
 each at a time, so comparing two runs of a million events costs the memory of
 two steps, not of two recordings. Each run's sequence ends with how it ended
 (``done``, ``fail``, or the host's end), so a run that stopped early parts
@@ -30,9 +30,8 @@ from typing import Any, Iterator
 
 from tensorjob_jupyter.abi import encode_json
 from tensorjob_jupyter.text import for_terminal, json_text
-from tensorjob_jupyter.record.transcript import (
-    End, Step, StepReader, TranscriptError, compare_commands,
-)
+from tensorjob_jupyter.record.recording import End, Step, StepReader, compare_commands
+from tensorjob_jupyter.record.event_checks import TranscriptError
 from tensorjob_jupyter.history.runs import resolve_run
 
 #: Characters of one line ``lines()`` prints at most.

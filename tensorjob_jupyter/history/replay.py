@@ -2,7 +2,7 @@
 
 ``ReplayJob(guest, run)`` (``tj.replay``, ``tensorjob replay GUEST --from
 RUN``, ``%tensorjob replay``) is a ``Job`` whose reactor, ``ReplayReactor``,
-walks the recording's steps (``transcript.Recording``) beside the guest --
+walks the recording's steps (``record.recording.Recording``) beside the guest --
 the same guest or a changed one. Each command the guest returns is compared
 with the recorded command of the same step *before* anything is done:
 
@@ -55,83 +55,38 @@ import dataclasses
 import hashlib
 import os
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any, Iterable
 
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import Envelope, JobFailure, codes, event_types
 from tensorjob_jupyter.world.grants import AccessError
 from tensorjob_jupyter.inference.base import (
-    FINISH_CANCELLED, FINISH_GUEST_STOP, FINISH_LENGTH, FINISH_STOP, Backend, GenerateRequest, LoraChoice, ModelError,
-    Sampler,
+    FINISH_CANCELLED, FINISH_GUEST_STOP, FINISH_LENGTH, FINISH_STOP, Backend, GenerateRequest, ModelError,
 )
 from tensorjob_jupyter.host.jobs import Job
-from tensorjob_jupyter.limits import FIELDS as LIMIT_FIELDS
+from tensorjob_jupyter.history.report import Divergence, ReplayReport
+from tensorjob_jupyter.history.recorded import (
+    RECORDED, ReplayError, adoption_lines, load_recording, recorded_cwd, recorded_infer_options, recorded_limits,
+    recorded_read, sampling_of,
+)
 from tensorjob_jupyter.limits import Limits
-from tensorjob_jupyter.limits import check as limits_check
 from tensorjob_jupyter.record.responses import ResponseStream
 from tensorjob_jupyter.host.reactor import PREVIEW_BYTES, PREVIEW_CHARS, InferOptions, Reactor
 from tensorjob_jupyter.host.structured import OutputSpec, SchemaError
 from tensorjob_jupyter.host.tokens import ModelTokens, PrefixMismatch, RecordedTokens
 from tensorjob_jupyter.sandbox.python.guest import Determinism
 from tensorjob_jupyter.text import for_terminal
-from tensorjob_jupyter.record.transcript import (
-    LIVE_COMMANDS, End, EventReader, InferAnswer, Recording, Step, TranscriptError, compare_commands, describe,
-    normalise,
+from tensorjob_jupyter.record.transcript import EventReader
+from tensorjob_jupyter.record.recording import (
+    LIVE_COMMANDS, End, InferAnswer, Recording, Step, compare_commands, describe, normalise,
 )
-from tensorjob_jupyter.history.runs import resolve_run
 from tensorjob_jupyter.inference.lazy import DEFAULT_MODEL_NAME, model_backend
 
 #: How a recorded run can end that a replay reproduces at the same step rather than carry out:
 #: the host stopped it (a cancel, its time limit, the model or the host failing).
 HOST_ENDS = frozenset({codes.CANCELLED, codes.TIMEOUT, codes.BUSY, codes.MODEL_LOAD_FAILED, codes.INTERNAL_ERROR,
                        codes.WORKER_LOST})
-#: Characters of a divergence line a view keeps.
-MAX_LINE_CHARS = 1000
 _END = object()
-
-
-class ReplayError(ValueError):
-    """A replay that cannot start: its run cannot be replayed, or what it needs was not given (one line)."""
-
-
-@dataclass(frozen=True)
-class Divergence:
-    """The first place a replay left its recording."""
-
-    step: int  # 1-based: the guest's first command is step 1
-    why: str
-    recorded: str  # one inert line each
-    asked: str
-    kind: str = "command"  # command: the guest asked otherwise; answer: the world answered otherwise; end
-
-    def message(self) -> str:
-        verb = "now" if self.kind == "answer" else "the guest asked"
-        return f"replay diverged at step {self.step} ({self.why}): the run recorded {self.recorded}; {verb} {self.asked}"
-
-    def to_json(self) -> dict:
-        return {"step": self.step, "why": self.why, "recorded": self.recorded, "asked": self.asked,
-                "kind": self.kind}
-
-    @classmethod
-    def from_json(cls, obj: dict) -> "Divergence":
-        return cls(int(obj["step"]), str(obj["why"]), str(obj["recorded"]), str(obj["asked"]),
-                   str(obj.get("kind", "command")))
-
-
-def divergence_line(event: dict) -> str:
-    """A ``job.replay.diverged`` event as one inert line (the view's log, the terminal)."""
-    try:
-        text = Divergence.from_json(event).message()
-    except (KeyError, TypeError, ValueError):
-        text = "replay diverged"
-    then = event.get("then")
-    if then == "live":
-        text += " -- the model answers from here (live)"
-    elif then == "finished":
-        text += " -- the guest finished there"
-    text = for_terminal(text, one_line=True)
-    return text if len(text) <= MAX_LINE_CHARS else text[:MAX_LINE_CHARS] + "…"
 
 
 class RecordedModel:
@@ -151,156 +106,6 @@ class RecordedModel:
         raise ModelError("a replay has no model; answers come from the recording (--live falls back to the model)")
 
 
-# --- what a replay takes from its recording --------------------------------------------------------
-
-_RECORDED: Any = type("Recorded", (), {"__repr__": lambda self: "RECORDED"})()
-#: A keyword left as ``RECORDED`` takes the recorded run's value.
-RECORDED = _RECORDED
-
-
-def load_recording(run: Any, runs: str | os.PathLike | None = None) -> Recording:
-    """The recording of ``run`` (an id, a path, a ``Job`` or a ``Recording``), ready to replay."""
-    if isinstance(run, Recording):
-        recording = run
-    else:
-        recording = Recording.read(resolve_run(run, runs))
-    if recording.version < 1:
-        raise ReplayError(f"{for_terminal(recording.id, one_line=True)}: its transcript predates format version 1 "
-                          f"and records no prompts, so it cannot be replayed (tensorjob show still shows it)")
-    try:  # a transcript is a file from anywhere: check the setup replay reads from it, once
-        recorded_limits(recording)
-        recorded_infer_options(recording)
-        created = recording.created
-        for key in ("read", "grants", "fetch"):
-            if not all(isinstance(x, str) for x in created.get(key) or []):
-                raise ValueError(f"{key} is not a list of strings")
-        if not isinstance(created.get("input_bytes") or {}, dict):
-            raise ValueError("input_bytes is not an object")
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise ReplayError(f"{for_terminal(recording.id, one_line=True)}: its job.created cannot be replayed: "
-                          f"{for_terminal(str(e), one_line=True)[:200]}") from None
-    return recording
-
-
-def _looser(value: Any, default: Any) -> bool:
-    """Whether a limit of ``value`` allows more than ``default`` (None: no bound at all)."""
-    if value is None:
-        return default is not None
-    return default is not None and value > default
-
-
-def _recorded_limit_values(recording: Recording) -> tuple[dict, dict]:
-    """The run's limits split in two: those no looser than the defaults (taken), and the looser ones (not)."""
-    values = recording.created.get("limits") or {}
-    if not isinstance(values, dict):
-        raise ValueError("limits is not an object")
-    defaults = Limits()
-    taken, refused = {}, {}
-    for name, value in values.items():
-        if name in LIMIT_FIELDS:
-            try:
-                limits_check(name, value)
-            except ValueError as e:
-                raise ValueError(f"limits.{name} {e}") from None
-            (refused if _looser(value, getattr(defaults, name)) else taken)[name] = value
-    return taken, refused
-
-
-def recorded_limits(recording: Recording) -> Limits:
-    """The run's limits, none looser than the default: a transcript may claim any, so a looser one is used
-    only when given again (a command-line flag, a keyword)."""
-    return Limits(**_recorded_limit_values(recording)[0])
-
-
-def recorded_looser_limits(recording: Recording) -> dict:
-    """The run's limits that are looser than the defaults, which a replay does not take unless given again."""
-    return _recorded_limit_values(recording)[1]
-
-
-def _finite(obj: dict, name: str, low: float, high: float, default: float) -> float:
-    value = obj.get(name, default)
-    if type(value) not in (int, float) or not low <= value <= high:
-        raise ValueError(f"infer.sampler.{name} is not a number from {low:g} to {high:g}")
-    return value
-
-
-def recorded_infer_options(recording: Recording) -> InferOptions:
-    obj = recording.created.get("infer") or {}
-    if not isinstance(obj, dict) or not isinstance(obj.get("sampler") or {}, dict):
-        raise ValueError("infer is not an object of sampler settings")
-    sampler = dict(obj.get("sampler") or {})
-    stop = sampler.get("stop") or ()
-    if not isinstance(stop, (list, tuple)) or not all(isinstance(x, str) for x in stop):
-        raise ValueError("infer.sampler.stop is not a list of strings")
-    for name, low, high, default in (("temperature", 0, 1e6, 0.0), ("top_p", 0, 1, 1.0), ("min_p", 0, 1, 0.0),
-                                     ("repeat_penalty", 0, 1e6, 1.0), ("top_k", 0, 2 ** 31, 0),
-                                     ("seed", -2 ** 63, 2 ** 64, 0)):
-        _finite(sampler, name, low, high, default)
-    for name in ("top_k", "seed"):
-        if name in sampler and type(sampler[name]) is not int:
-            raise ValueError(f"infer.sampler.{name} is not a whole number")
-    sampler["stop"] = tuple(stop)
-    known = {k: v for k, v in sampler.items() if k in Sampler.__dataclass_fields__}
-    lora = obj.get("lora") or ()
-    if not isinstance(lora, (list, tuple)) or not all(isinstance(c, dict) and isinstance(c.get("name"), str)
-                                                      for c in lora):
-        raise ValueError("infer.lora is not a list of adapters")
-    return InferOptions(sampler=Sampler(**known), cache_prompt=bool(obj.get("cache_prompt", True)),
-                        lora=tuple(LoraChoice(c["name"], _finite(c, "scale", -100, 100, 1.0)) for c in lora),
-                        chat=obj.get("chat") if isinstance(obj.get("chat"), bool) else None)
-
-
-def recorded_read(recording: Recording) -> list[str]:
-    """The grants as the run was given them (all their names), else its canonical roots."""
-    created = recording.created
-    return list(created.get("read") or created.get("grants") or [])
-
-
-#: Items of a list an adoption line names before it says how many more.
-ADOPTED_SHOWN = 5
-
-
-def _named(items: list[str]) -> str:
-    shown = ", ".join(for_terminal(str(x), one_line=True)[:200] for x in items[:ADOPTED_SHOWN])
-    return shown + (f", … {len(items) - ADOPTED_SHOWN} more" if len(items) > ADOPTED_SHOWN else "")
-
-
-def adoption_lines(recording: Recording, *, read: Iterable[Any], fetch: Iterable[Any], limits: Limits) -> list[str]:
-    """What a replay about to run with ``read``, ``fetch`` and ``limits`` took from its recording that
-    lets the guest do more -- the grants, the fetch prefixes, limits other than the defaults -- and the
-    recorded limits it did not take (looser than the defaults), one inert line each."""
-    lines = []
-    created = recording.created
-    read, fetch = [os.fspath(r) for r in read], [str(f) for f in fetch]
-    recorded = set(recorded_read(recording)) | set(created.get("grants") or ())
-    if read and set(read) <= recorded:
-        lines.append(f"replay: reads under the recorded run's grants: {_named(read)} (--read replaces them)")
-    if fetch and set(fetch) <= set(created.get("fetch") or ()):
-        lines.append(f"replay: may fetch under the recorded run's URL prefixes: {_named(fetch)} "
-                     f"(--fetch replaces them)")
-    taken, refused = _recorded_limit_values(recording)
-    defaults = Limits()
-    changed = [f"{k} {v}" for k, v in taken.items() if v != getattr(defaults, k) and getattr(limits, k) == v]
-    if changed:
-        lines.append(f"replay: limits from the recorded run: {_named(changed)}")
-    looser = [f"{k} {v} (default {getattr(defaults, k)})" for k, v in refused.items() if getattr(limits, k) != v]
-    if looser:
-        lines.append(f"replay: recorded limits looser than the defaults are not taken: {_named(looser)}; "
-                     f"give them again to use them")
-    return [for_terminal(line, one_line=True) for line in lines]
-
-
-def recorded_cwd(recording: Recording) -> str | None:
-    """The run's directory (guest paths are relative to it), if it exists here."""
-    cwd = recording.created.get("cwd")
-    return cwd if isinstance(cwd, str) and os.path.isdir(cwd) else None
-
-
-def _sampling(options: InferOptions) -> dict:
-    return {"sampler": options.sampler.to_json(), "chat": options.chat,
-            "lora": [{"name": c.name, "scale": c.scale} for c in options.lora]}
-
-
 # --- the reactor ------------------------------------------------------------------------------------
 
 
@@ -318,7 +123,7 @@ class ReplayReactor(Reactor):
         self.live_from: int | None = None
         self.reproduced_end = False
         self._past_end_tried = False
-        self._recorded_sampling = _sampling(recorded_infer_options(recording))
+        self._recorded_sampling = sampling_of(recorded_infer_options(recording))
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -432,7 +237,7 @@ class ReplayReactor(Reactor):
 
     def _replay_infer(self, cmd: abi.Infer, step: Step) -> abi.Event:
         answer = step.infer or InferAnswer()
-        sampling = _sampling(self.infer_options)
+        sampling = sampling_of(self.infer_options)
         if sampling != self._recorded_sampling:
             return self._diverge(Divergence(step.number, "other sampling settings",
                                             _json_line(self._recorded_sampling), _json_line(sampling)), cmd)
@@ -714,73 +519,6 @@ class ReplayJob(Job):
                             reactor.then == "stopped", reactor.live_from, reactor.reproduced_end)
 
 
-@dataclass
-class ReplayReport:
-    """A finished replay: its envelope beside the recorded one, and where (if anywhere) it diverged."""
-
-    job: ReplayJob
-    envelope: Envelope
-    recorded: dict | None  # the recorded run's envelope (None: the run never ended)
-    divergence: Divergence | None
-    stopped: bool  # the replay stopped at the divergence
-    live_from: int | None  # the step from which the model answered (live)
-    reproduced_end: bool  # the replay ended as the recorded run did (cancelled, timed out, ...)
-
-    @property
-    def result(self) -> Any:
-        return self.envelope.result
-
-    @property
-    def status(self) -> str:
-        return self.envelope.status.value
-
-    @property
-    def guest_changed(self) -> bool:
-        return self.job.guest_changed
-
-    @property
-    def same_result(self) -> bool:
-        """The replay ended as the run did: the same status, and the same result or error code."""
-        if self.recorded is None:
-            return False
-        mine = self.envelope.to_json()
-        if mine["status"] != self.recorded.get("status"):
-            return False
-        if mine["status"] == "completed":
-            return abi.encode_json(mine.get("result")) == abi.encode_json(self.recorded.get("result"))
-        return (mine.get("error") or {}).get("code") == (self.recorded.get("error") or {}).get("code")
-
-    def lines(self) -> list[str]:
-        """The replay in a few plain lines, with no ids, paths or timings (deterministic)."""
-        if self.stopped and self.divergence is not None:
-            return [f"replay: stopped at step {self.divergence.step}, the first command the recording cannot answer"]
-        out = []
-        if self.recorded is None:
-            out.append("replay: the recorded run never ended, so there is no result to compare")
-        elif self.same_result:
-            out.append("replay: the same result as the recorded run" + (" (its end reproduced from the recording)"
-                                                                        if self.reproduced_end else ""))
-        else:
-            was = self.recorded.get("status")
-            out.append(f"replay: the result differs from the recorded run ({was} then, {self.status} now)")
-        if self.divergence is not None:
-            out.append(for_terminal(self.divergence.message(), one_line=True))
-        if self.live_from is not None:
-            out.append(f"replay: the model answered from step {self.live_from} on (live)")
-        return out
-
-    def to_json(self) -> dict:
-        return {"status": self.status, "same_result": self.same_result, "guest_changed": self.guest_changed,
-                "divergence": self.divergence.to_json() if self.divergence else None, "stopped": self.stopped,
-                "live_from": self.live_from, "reproduced_end": self.reproduced_end, "run": self.job.recording.id,
-                "replay": self.job.id, "envelope": self.envelope.to_json(), "recorded": self.recorded}
-
-    def __repr__(self) -> str:
-        where = f"diverged at step {self.divergence.step}" if self.divergence else "no divergence"
-        same = "the same result" if self.same_result else "a different result"
-        return f"<ReplayReport {self.status}, {same}, {where}>"
-
-
 def replay(guest: Any, run: Any, *, live: bool = False, timeout: float | None = None, **kwargs: Any) -> ReplayReport:
     """Replay ``guest`` against the recorded run ``run`` to the end; see ``ReplayJob`` for the keywords."""
     job = ReplayJob(guest, run, live=live, **kwargs).start()
@@ -794,5 +532,4 @@ def replay(guest: Any, run: Any, *, live: bool = False, timeout: float | None = 
     return report
 
 
-__all__ = ["RECORDED", "Divergence", "RecordedModel", "ReplayError", "ReplayJob", "ReplayReactor", "ReplayReport",
-           "TranscriptError", "load_recording", "replay"]
+__all__ = ["RecordedModel", "ReplayJob", "ReplayReactor", "replay"]

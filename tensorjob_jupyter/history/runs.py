@@ -42,7 +42,8 @@ import orjson
 
 from tensorjob_jupyter.text import for_html, for_terminal
 from tensorjob_jupyter.record.runs import EVENTS_FILE, RUN_FILES, is_live, runs_folder
-from tensorjob_jupyter.record.transcript import TranscriptError, read_header
+from tensorjob_jupyter.record.transcript import read_header
+from tensorjob_jupyter.record.event_checks import TranscriptError
 
 STATUSES = ("completed", "failed", "cancelled", "running", "interrupted", "unreadable")
 

@@ -21,7 +21,7 @@ view never waits for an end that is not coming. Transcripts older than format ve
 at once.
 
 The times come from a file, so they are bounded twice: the reader refuses a
-``t_ms`` past ``transcript.MAX_T_MS``, and a speed must be 0 or at least
+``t_ms`` past ``record.event_checks.MAX_T_MS``, and a speed must be 0 or at least
 ``MIN_SPEED`` (``check_speed``), so no wait overflows a clock; a wait is cut
 to ``MAX_WAIT_S`` at a time and taken again, and ``cancel()`` ends it at once.
 """

@@ -55,7 +55,7 @@ from typing import Any, Iterable
 
 from tensorjob_jupyter.abi import JobFailure, codes, event_types
 from tensorjob_jupyter.text import bounded, clip
-from tensorjob_jupyter.record.transcript import COMMANDS
+from tensorjob_jupyter.record.recording import COMMANDS
 
 log = logging.getLogger("tensorjob_jupyter")
 

@@ -446,8 +446,36 @@ def _safe_class(body: str) -> bool:
     return True
 
 
+_import_lock = threading.Lock()
+
+
+def _jsonschema():
+    """``jsonschema``, imported on first use -- without ``rfc3987_syntax``.
+
+    jsonschema imports every format checker's library it finds when it is
+    imported; ``rfc3987_syntax`` (the ``iri`` format, pulled in by
+    jupyter-events' ``jsonschema[format-nongpl]``) builds a parser as it
+    loads: about 1 s on an idle machine, over 10 s on a loaded one, on the
+    thread of the first job that checks a schema, where no deadline reaches
+    (a job ended that much past its time limit). Hidden from that first
+    import, jsonschema simply has no ``iri`` checker, which nothing here
+    uses; whoever imports ``rfc3987_syntax`` later gets it as usual.
+    """
+    with _import_lock:
+        if "jsonschema" not in sys.modules and "rfc3987_syntax" not in sys.modules:
+            sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]  # its import raises ImportError
+            try:
+                import jsonschema  # deferred: heavy, and only a structured infer needs it
+            finally:
+                if sys.modules.get("rfc3987_syntax", False) is None:
+                    del sys.modules["rfc3987_syntax"]
+    import jsonschema  # deferred: heavy, and only a structured infer needs it
+
+    return jsonschema
+
+
 def _check_is_json_schema(value: Any, where: str) -> None:
-    import jsonschema
+    jsonschema = _jsonschema()
 
     if not isinstance(value, (dict, bool)):
         raise SchemaError(f"{where} must be a JSON Schema (an object)")
@@ -474,7 +502,7 @@ _validators = BytesLRU(VALIDATOR_MEMO_BYTES)
 
 
 def _make_validator(schema_json: str, strict_format: bool):
-    import jsonschema
+    jsonschema = _jsonschema()
 
     schema = json.loads(schema_json)
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
@@ -489,7 +517,7 @@ def _validator_for(schema: Any, strict_format: bool = True):
 
 
 def _first_error(validator, value: Any) -> str | None:
-    import jsonschema
+    jsonschema = _jsonschema()
 
     error = jsonschema.exceptions.best_match(validator.iter_errors(value))
     if error is None:

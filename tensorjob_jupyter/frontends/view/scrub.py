@@ -26,10 +26,10 @@ import os
 from pathlib import Path
 from typing import Iterable, Iterator
 
-import orjson
-
 from tensorjob_jupyter.frontends.view.state import ViewState
+from tensorjob_jupyter.record.event_checks import MAX_LINE_BYTES, TranscriptError, parse_event
 from tensorjob_jupyter.record.runs import EVENTS_FILE
+from tensorjob_jupyter.record.transcript import read_line
 
 #: Events between checkpoints at first (doubling as needed to stay within MAX_CHECKPOINTS).
 CHECKPOINT_EVERY = 256
@@ -75,9 +75,10 @@ class Timeline:
         """Complete lines from ``offset``: (the offset after the line, the line)."""
         with open(self.path, "rb") as f:
             f.seek(offset)
-            for line in f:
-                if not line.endswith(b"\n"):
-                    return  # a torn last line
+            while True:
+                line = read_line(f, MAX_LINE_BYTES)
+                if not line or not line.endswith(b"\n"):
+                    return  # the end, a torn last line, or a line too long to be an event
                 offset += len(line)
                 yield offset, line
 
@@ -88,11 +89,9 @@ class Timeline:
         self._checkpoints.append((0, 0, state.copy()))
         for next_offset, line in self._lines(0):
             try:
-                event = orjson.loads(line)
-            except orjson.JSONDecodeError:
+                event = parse_event(line, n, self.path.parent)  # checked as every reader checks it
+            except TranscriptError:
                 break  # a damaged line: the timeline ends there
-            if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-                break
             if n and n % self.every == 0:
                 self._checkpoint(n, offset, state)
             self.clock.at(event)
@@ -128,7 +127,10 @@ class Timeline:
             for _, line in self._lines(offset):
                 if index >= self.file_events:
                     break
-                yield orjson.loads(line)
+                try:
+                    yield parse_event(line, index, self.path.parent)
+                except TranscriptError:
+                    return  # the file changed under the view since it was folded
                 index += 1
         yield from self._extra[max(0, index - self.file_events):]
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from tensorjob_jupyter.abi import dumps
 from tensorjob_jupyter.host.debugger import bounded
-from tensorjob_jupyter.history.replay import divergence_line
+from tensorjob_jupyter.history.report import divergence_line
 
 log = logging.getLogger("tensorjob_jupyter.frontends.view")
 
