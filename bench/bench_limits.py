@@ -43,6 +43,23 @@ Run from the repository root::
    ``{}`` lines (``--quick`` 100,000): traced peak per byte of file, against
    holding every item parsed (the old way, about 44 x), and its time.
 
+5. **The shared model's bounds** (issue 21, structured output). *The issue's
+   pattern* ``^((a?){0,256}){0,256}$``: how fast it is refused when checked;
+   and its small sibling ``^((a?){0,8}){0,8}$`` (which passes) through the old
+   converter against the automaton it now becomes: the stacks llama.cpp
+   carries once its string opens, and one whole-vocabulary pass of the grammar
+   on SmolLM2's vocabulary. *Per token*: one whole-vocabulary choice where the
+   grammar carries 3, 1,024 and 192 stacks, chunked behind the first-byte
+   probe against the grammar over every token in one C call. *An ended job*: a
+   constrained generation that takes the whole pass every token, its job ended
+   half-way through a token: how long until the engine has answered it, against
+   one token's time. *Memory*: the 1,024-value enum of 15 KB strings as found
+   (refused; what the entry-bounded caches kept for one such job, times eight),
+   and eight jobs with the largest schemas now allowed on the tiny model: what
+   stays after them, against the memos' bounds. *The time limit*: a job with a
+   JSON format and ``job_timeout_s=2`` in a fresh process, against a plain one:
+   how far past the limit each ends.
+
 Ratios are against baselines measured in the same process. The last line is
 a one-line JSON summary.
 """
@@ -50,6 +67,7 @@ a one-line JSON summary.
 from __future__ import annotations
 
 import argparse
+import copy
 import ctypes
 import gc
 import json
@@ -497,6 +515,292 @@ def transcript_bounds(tmp: Path, quick: bool) -> dict:
     return out
 
 
+# --- issue 21: the shared model's bounds (structured output) --------------------------------------------
+
+
+def _old_grammar(schema_text: str) -> str:
+    """The grammar llama-cpp-python's own converter makes (patterns translated rule for rule): the old way."""
+    from llama_cpp.llama_grammar import SchemaConverter
+
+    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    top = converter.visit(converter.resolve_refs(json.loads(schema_text), "schema"), "tj-output")
+    return f"{converter.format_grammar()}\nroot ::= {top}\n"
+
+
+def _full_pass_s(sampler, logits, old: bool) -> float:
+    """One whole-vocabulary choice: the old way (the grammar over every token in one C call) or the new one."""
+    import numpy as np
+
+    utf8 = sampler._utf8.mask(sampler._utf8_state)
+    started = time.perf_counter()
+    if old:
+        sampler._token_started = started
+        sampler._fill(logits)
+        sampler._buf["logit"][~utf8] = -np.inf
+        sampler._choose(sampler._grammar)
+    else:
+        sampler._token_started = started
+        sampler._choose_constrained(logits, utf8)
+    return time.perf_counter() - started
+
+
+def grammar_work_per_token(engine, quick: bool) -> dict:
+    """Per-token grammar time on SmolLM2's vocabulary where the grammar carries many stacks, new against old."""
+    import numpy as np
+
+    from tensorjob_jupyter import abi
+    from tensorjob_jupyter.host.structured import OutputSpec
+    from tensorjob_jupyter.inference.base import Constraint, GenerateRequest, Sampler
+
+    def schema_text(schema):
+        infer = abi.command_from_json({"cmd": "infer", "prompt": "p", "max_tokens": 1, "format": {
+            "type": "json_schema", "name": "a", "schema": schema}})
+        return OutputSpec.of(infer).constraint.schema
+
+    cases = {  # name: (schema, the text the model has written when the choice is made)
+        "a string (3 stacks)": ({"type": "object", "properties": {"name": {"type": "string", "maxLength": 40}},
+                                 "required": ["name"]}, b'{"name": "A'),
+        "a 1,024-value enum (1,024 stacks)": ({"enum": [f"value{i}" for i in range(1024)]}, b'"'),
+        "64 alike strings (192 stacks)": ({"anyOf": [{"type": "string", "maxLength": 10 + i} for i in range(64)]},
+                                           b'"ab'),
+    }
+    rng = np.random.default_rng(0)
+    repeat = 2 if quick else 5
+    out = {}
+    for name, (schema, written) in cases.items():
+        chain = engine._sampler(GenerateRequest("x", 8, Sampler(temperature=1.0),
+                                                constraint=Constraint(schema_text(schema))), [])
+        for token in engine.tokenize(written.decode(), add_bos=False):
+            assert chain._allowed(token), (name, engine.piece(token))  # never accept what it rejects (aborts)
+            chain.stacks.accept(engine.piece(token))
+            engine._lc.llama_sampler_accept(chain._grammar, token)
+            chain._utf8_state = chain._utf8.after(chain._utf8_state, token)
+        logits = (rng.standard_normal(engine.n_vocab) * 3).astype(np.float32)
+        old = statistics.median(_full_pass_s(chain, logits, True) for _ in range(repeat))
+        new = statistics.median(_full_pass_s(chain, logits, False) for _ in range(repeat))
+        out[name] = {"stacks": chain.stacks.count, "old_ms": old * 1000, "new_ms": new * 1000, "ratio": new / old}
+        print(f"whole-vocabulary choice, {name}: {new * 1000:.1f} ms against {old * 1000:.1f} ms for the grammar "
+              f"over every token at once (ratio {new / old:.2f})", flush=True)
+        chain.close()
+    return out
+
+
+def hostile_pattern(engine) -> dict:
+    """The issue's pattern refused when checked, and a small sibling of it through the old converter: how many
+    stacks it made llama.cpp carry and what one whole-vocabulary choice cost, against the automaton's."""
+    import numpy as np
+
+    from tensorjob_jupyter import abi
+    from tensorjob_jupyter.host.structured import OutputSpec, SchemaError
+    from tensorjob_jupyter.inference import grammar as g
+    from tensorjob_jupyter.inference.grammar_stacks import GrammarStacks, ParsedGrammar
+
+    def infer(pattern):
+        return abi.command_from_json({"cmd": "infer", "prompt": "p", "max_tokens": 1, "format": {
+            "type": "json_schema", "name": "a", "schema": {"type": "string", "pattern": pattern}}})
+
+    out = {}
+    OutputSpec.of(infer("^[a-z]+$"))  # warm: the first check in a process imports jsonschema
+    started = time.perf_counter()
+    try:
+        OutputSpec.of(infer("^((a?){0,256}){0,256}$"))
+        out["refused"] = False
+    except SchemaError as e:
+        out["refused"], out["message"] = True, str(e)[:160]
+    out["check_ms"] = (time.perf_counter() - started) * 1000
+    print(f"^((a?){{0,256}}){{0,256}}$: refused when checked in {out['check_ms']:.1f} ms ({out.get('message')})",
+          flush=True)
+    small = "^((a?){0,8}){0,8}$"  # 64 positions: passes, and the old translation still costs seconds
+    schema_text = OutputSpec.of(infer(small)).constraint.schema
+    rows = {}
+    for way, gbnf in (("old", _old_grammar(schema_text)), ("new", g.constraint_grammar(schema_text))):
+        stacks = GrammarStacks(ParsedGrammar(gbnf), max_stacks=10**7, max_work=10**7)
+        stacks.accept(b'"')
+        ptr = engine._lc.llama_sampler_init_grammar(engine._vocab, gbnf.encode(), b"root")
+        quote = engine.tokenize('"', add_bos=False)[0]
+        engine._lc.llama_sampler_accept(ptr, quote)
+        n = engine.n_vocab
+        dtype = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+        buf = np.zeros(n, dtype=dtype)
+        buf["id"] = np.arange(n)
+        arr = engine._lc.llama_token_data_array()
+        arr.data = buf.ctypes.data_as(ctypes.POINTER(engine._lc.llama_token_data))
+        arr.size, arr.selected, arr.sorted = n, -1, False
+        started = time.perf_counter()
+        engine._lc.llama_sampler_apply(ptr, ctypes.byref(arr))
+        seconds = time.perf_counter() - started
+        engine._lc.llama_sampler_free(ptr)
+        rows[way] = {"stacks_after_quote": stacks.count, "full_pass_ms": seconds * 1000}
+        print(f"{small} after its opening quote, {way} grammar: {stacks.count} stacks; the grammar over every "
+              f"token {seconds * 1000:.1f} ms", flush=True)
+    rows["ratio"] = rows["new"]["full_pass_ms"] / rows["old"]["full_pass_ms"]
+    out["small"] = rows
+    return out
+
+
+def abandon_latency(engine, quick: bool) -> dict:
+    """A constrained generation whose every token takes a whole-vocabulary pass, its job ended mid-way: the time
+    until the engine has answered it, against one token's time in the same generation."""
+    from tensorjob_jupyter import abi
+    from tensorjob_jupyter.host.structured import OutputSpec
+    from tensorjob_jupyter.inference import grammar as g
+    from tensorjob_jupyter.inference.base import Constraint, GenerateRequest, Pending, Sampler
+
+    # 64 alike strings that must run long (192 stacks, and no early end)
+    schema = {"anyOf": [{"type": "string", "minLength": 100, "maxLength": 110 + i} for i in range(64)]}
+    infer = abi.command_from_json({"cmd": "infer", "prompt": "p", "max_tokens": 1, "format": {
+        "type": "json_schema", "name": "a", "schema": schema}})
+    constraint = Constraint(OutputSpec.of(infer).constraint.schema)
+    g.GrammarSampler.check_first = False  # every token: the whole pass
+    try:
+        samples, token_s = [], []
+        for _ in range(2 if quick else 5):
+            ended = threading.Event()
+            times: list[float] = []
+            box: list = []
+
+            marked: list[float] = []
+
+            def end_job() -> None:
+                marked.append(time.perf_counter())
+                ended.set()
+
+            def on_token(piece: str) -> bool:
+                times.append(time.perf_counter())
+                if len(times) == 4:
+                    threading.Timer(0.5 * (times[-1] - times[-2]), end_job).start()  # mid-token
+                return True
+
+            pending = Pending(GenerateRequest("Write a story.", 200, Sampler(temperature=1.0), chat=False,
+                                              constraint=constraint), on_token,
+                              lambda r, e: box.append((time.perf_counter(), r, e)), abandoned=ended.is_set)
+            engine.serve(pending)  # returns once the request is answered
+            assert box and box[0][1] is not None and box[0][1].finish_reason == "cancelled", box
+            token_s.append(statistics.median(b - a for a, b in zip(times, times[1:])))
+            samples.append(box[0][0] - marked[0])
+        latency, token = statistics.median(samples), statistics.median(token_s)
+    finally:
+        g.GrammarSampler.check_first = True
+    print(f"an ended job's constrained request answered {latency * 1000:.1f} ms after its job ended mid-token "
+          f"(one token of it: {token * 1000:.1f} ms; ratio {latency / token:.2f})", flush=True)
+    return {"latency_ms": latency * 1000, "token_ms": token * 1000, "ratio": latency / token}
+
+
+def schema_memory(runs_dir: str, tiny_model: Path) -> dict:
+    """Eight jobs with the largest schemas allowed: memory kept after them, against the memos' bounds and against
+    what caches bounded in entries held for the same schemas (the old way: each kept parsed)."""
+    from tensorjob_jupyter.host import structured
+    from tensorjob_jupyter.inference import grammar as g
+    from tensorjob_jupyter.inference.models import get_backend
+    from tensorjob_jupyter.sandbox.compile import GuestSource
+
+    echo = GuestSource.from_file(Path(__file__).resolve().parents[1] / "tests" / "guests" / "infer_echo.c")
+    backend = get_backend(str(tiny_model), n_ctx=256)
+
+    def largest(i):
+        count = structured.MAX_ENUM_VALUES
+        width = (structured.MAX_SCHEMA_BYTES - 2048) // count - 4
+        return {"enum": [f"{i:02d}-{j:05d}-" + "x" * (width - 10) for j in range(count)]}
+
+    def run(schema):
+        options = {"format": {"type": "json_schema", "name": "a", "schema": schema}}
+        return tj.Job(echo, input={"prompt": "hi", "max_tokens": 3, "options": options}, backend=backend,
+                      runs_dir=runs_dir).start().wait(300)
+
+    found = {"enum": ["x" * 15_000 + str(i) for i in range(1024)]}
+    started = time.perf_counter()
+    env = run(found)
+    refused_ms = (time.perf_counter() - started) * 1000
+    assert env.error is not None and env.error.code == "schema_validation_failed", env
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    parsed = json.loads(json.dumps(found))
+    one_found_parsed = tracemalloc.get_traced_memory()[0] - before
+    del parsed
+    run({"type": "string"})  # warm
+    gc.collect()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(8):
+        run(largest(i))
+    gc.collect()
+    kept = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    # what the entry-bounded caches (64 and 128 entries) kept for one job with the schema as found: the cache
+    # key and a deep copy of the checked spec, and a validator keyed by the schema's text (its grammar was
+    # refused as too large, so not kept); measured for one job, the eighth job's worth is eight of them
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    key = json.dumps({"format": {"type": "json_schema", "name": "a", "schema": found}, "tools": [],
+                      "tool_choice": "none"})
+    spec = copy.deepcopy(json.loads(key)["format"]["schema"])
+    schema_json = json.dumps(spec, sort_keys=True)
+    old_entries = (key, spec, schema_json, structured._make_validator(schema_json, True))
+    gc.collect()
+    old_one = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    del old_entries, spec, key, schema_json
+    memos = {"specs": structured._specs, "validators": structured._validators, "grammars": g._grammars,
+             "parsed": g._parsed}
+    bound = sum(m.max_bytes for m in memos.values())
+    out = {"found_refused_ms": refused_ms, "found_parsed_mib": one_found_parsed / MiB,
+           "entry_bounded_eight_found_mib": 8 * old_one / MiB, "kept_mib": kept / MiB, "memo_bound_mib": bound / MiB,
+           "ratio": kept / (8 * old_one), "memos_mib": {k: m.bytes / MiB for k, m in memos.items()}}
+    print(f"a 1,024-value enum of 15 KB strings: refused in {refused_ms:.0f} ms; entry-bounded caches kept "
+          f"{old_one / MiB:.0f} MiB for one job with it, {8 * old_one / MiB:.0f} MiB for eight", flush=True)
+    print(f"eight jobs with the largest schemas now allowed ({structured.MAX_SCHEMA_BYTES // 1024} KiB each) keep "
+          f"{kept / MiB:.1f} MiB (memos bounded at {bound / MiB:.0f} MiB in all; ratio to eight as found "
+          f"{kept / (8 * old_one):.3f})", flush=True)
+    return out
+
+
+def time_past_limit(quick: bool) -> dict:
+    """A constrained job with a 2 s limit in a fresh process (as ``tensorjob run`` starts one), against a plain one
+    in the same run: how long past the limit each ends."""
+    script = f"""
+import sys, time
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+import tensorjob_jupyter as tj
+from tensorjob_jupyter.sandbox.compile import GuestSource
+echo = GuestSource.from_file({str(Path(__file__).resolve().parents[1] / "tests" / "guests" / "infer_echo.c")!r})
+schema = {{"type": "object", "properties": {{"story": {{"type": "string", "maxLength": 512}}}}, "required": ["story"]}}
+options = {{"format": {{"type": "json_schema", "name": "a", "schema": schema}}}} if sys.argv[1] == "json" else {{}}
+started = time.monotonic()
+env = tj.Job(echo, input={{"prompt": "Write a long story.", "max_tokens": 2000, "options": options}},
+             job_timeout_s=2.0).start().wait(300)
+assert env.error is not None and env.error.code == "timeout", env
+print(time.monotonic() - started - 2.0)
+"""
+    out = {}
+    for kind in ("plain", "json"):
+        past = [float(subprocess.run([sys.executable, "-c", script, kind], capture_output=True, text=True,
+                                     timeout=600, check=True).stdout.split()[-1]) for _ in range(1 if quick else 3)]
+        out[kind] = statistics.median(past)
+    print(f"a job with job_timeout_s=2 in a fresh process ends {out['json']:.2f} s past it with a JSON format "
+          f"(the first schema check imports jsonschema on the job's thread), {out['plain']:.2f} s without one",
+          flush=True)
+    return out
+
+
+def model_bounds(runs_dir: str, quick: bool) -> dict:
+    from tensorjob_jupyter.inference.llama import LlamaEngine
+    from tensorjob_jupyter.inference.models import default_model_path
+
+    from llama_support import write_tiny_gguf  # tests/llama_support.py: the tiny random-weight model
+
+    engine = LlamaEngine(default_model_path(), n_ctx=512)
+    try:
+        engine.utf8_table()
+        out = {"hostile_pattern": hostile_pattern(engine), "per_token": grammar_work_per_token(engine, quick),
+               "abandon": abandon_latency(engine, quick)}
+    finally:
+        engine.close()
+    with tempfile.TemporaryDirectory() as tmp:
+        out["memory"] = schema_memory(runs_dir, write_tiny_gguf(Path(tmp) / "tiny.gguf"))
+    out["time_past_limit"] = time_past_limit(quick)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
@@ -508,6 +812,7 @@ def main() -> None:
         summary["world"] = world_bounds(runs_dir, args.quick)
         with tempfile.TemporaryDirectory() as tmp:
             summary["transcripts"] = transcript_bounds(Path(tmp), args.quick)
+        summary["model"] = model_bounds(runs_dir, args.quick)
     kept = [row["kept_mib"] for row in summary["memory"]]
     print(f"kept after a job: {min(kept):.2f} to {max(kept):.2f} MiB while published grew "
           f"{summary['memory'][0]['published_mib']:.0f} -> {summary['memory'][-1]['published_mib']:.0f} MiB")

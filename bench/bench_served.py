@@ -17,7 +17,11 @@
 3. **Host overhead per token of the served path**: the CPU time the
    backend's request threads spend (the openai SDK, SSE parsing, the socket,
    this package's code and the job's token callback) divided by the text
-   pieces they delivered, in microseconds.
+   pieces they delivered, in microseconds: in the jobs of 1 (per-request costs
+   spread over their tokens), and apart -- per piece of a 2,000-piece stream and
+   per request of a 1-piece one -- against a scripted server on loopback that
+   answers at once (tests/served_support.py ``FakeServer``), so no model time
+   hides in it.
 
 Both sides run in one process, alternating, with the server and the local
 model using the same llama.cpp thread count; medians of the repetitions are
@@ -46,7 +50,7 @@ import tensorjob_jupyter as tj  # noqa: E402
 from tensorjob_jupyter.inference.models import default_model_path, get_backend  # noqa: E402
 from tensorjob_jupyter.inference.served import ServedBackend  # noqa: E402
 from tensorjob_jupyter.inference.topology import physical_cores  # noqa: E402
-from served_support import LlamaServer, free_port, wait_until  # noqa: E402  (tests/served_support.py)
+from served_support import FakeServer, LlamaServer, free_port, wait_until  # noqa: E402  (tests/served_support.py)
 from wat import script_guest  # noqa: E402  (tests/wat.py)
 
 PROMPTS = ["Write a long story about a dragon who learns to cook.",
@@ -154,6 +158,25 @@ class BatchingServer:
         self.process.wait(10)
 
 
+def client_cost(reps: int) -> tuple[float, float]:
+    """(us per piece of a long stream, ms per request of a one-piece stream) of the served path's own CPU."""
+    from tensorjob_jupyter.inference.base import GenerateRequest
+
+    with FakeServer() as fake:
+        backend = ServedBackend(fake.url, api_key_env="TENSORJOB_BENCH_NO_KEY")
+        per_piece, per_request = [], []
+        for pieces, out in ((2000, per_piece), (1, per_request)):
+            fake.pieces = [f" w{i}" for i in range(pieces)]
+            fake.usage = None
+            backend.generate_stream(GenerateRequest("p", 4000, chat=True), lambda _p: True).result(60)  # warm
+            for _ in range(reps * 5):
+                cpu = backend.stats.host_cpu_s
+                backend.generate_stream(GenerateRequest("p", 4000, chat=True), lambda _p: True).result(60)
+                out.append(backend.stats.host_cpu_s - cpu)
+        backend.close()
+    return statistics.median(per_piece) / 2000 * 1e6, statistics.median(per_request) * 1e3
+
+
 def median_rate(samples: list[tuple[int, float]]) -> float:
     return statistics.median(n / wall for n, wall in samples)
 
@@ -192,10 +215,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[2] four jobs at once, served vs in-process: ratio {fs / fl:.3f} (goal >= 0.8)  "
               f"served {fs:.1f} tok/s aggregate, in-process {fl:.1f} tok/s aggregate "
               "(llama-cpp-python's server decodes one request at a time)")
-        print(f"[3] host overhead of the served path: {per_token_us:.0f} us per token "
-              "(request threads' CPU time / pieces delivered)")
+        piece_us, request_ms = client_cost(reps)
+        print(f"[3] host overhead of the served path: {per_token_us:.0f} us per token in the jobs above "
+              f"(request threads' CPU time / pieces delivered, {n_tokens}-token answers); apart: "
+              f"{piece_us:.0f} us per piece of a long stream + {request_ms:.1f} ms per request")
         summary.update(one_ratio=os_ / ol, one_served_tok_s=os_, one_local_tok_s=ol, four_ratio=fs / fl,
-                       four_served_tok_s=fs, four_local_tok_s=fl, served_us_per_token=per_token_us)
+                       four_served_tok_s=fs, four_local_tok_s=fl, served_us_per_token=per_token_us,
+                       served_us_per_piece=piece_us, served_ms_per_request=request_ms)
         if args.batching_server:
             with open(Path(tmp) / "batching.log", "wb") as log:
                 server = BatchingServer(threads, log)

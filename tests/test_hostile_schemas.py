@@ -32,7 +32,6 @@ scripted engine or the tiny random-weight GGUF of ``llama_support``.
 from __future__ import annotations
 
 import gc
-import json
 import re
 import threading
 import time
@@ -251,7 +250,8 @@ def drive(engine, schema_text: str, seed: int, steps: int, check=None):
 #: Found by hand: the issue's pattern; 64 alternatives alike up to an enum; 64 alike up to 64 alike strings.
 HOSTILE_EXAMPLES = [
     {"type": "string", "pattern": HOSTILE_PATTERN},
-    {"anyOf": [{"type": "object", "properties": {"k": {"enum": [f"v{i}" for i in range(64)]}}, "required": ["k"]}] * 64},
+    {"anyOf": [{"type": "object", "properties": {"k": {"enum": [f"v{i}" for i in range(64)]}},
+                "required": ["k"]}] * 64},
     {"anyOf": [{"type": "array", "items": {"anyOf": [{"type": "string", "maxLength": 8}] * 64}}] * 64},
 ]
 
