@@ -11,9 +11,41 @@ nbval compares every output's ``text/plain`` but not its ``text/html``: a
 finished job's view adds its static HTML to its output with a display update,
 which nbval ignores, so the HTML a notebook stores is never what nbval sees
 (the view's ``text/plain`` line is, and is compared).
+
+The fast loop runs in parallel: ``pytest -m "not slow" -n auto`` (pytest-xdist;
+never in ``addopts``, so the full suite and CI run as they always did). Every
+test is independent of the others and of where it runs: its files under its
+own ``tmp_path``, its ports from the OS. Two things here make it quick:
+
+* ``-n auto`` starts more workers than cores (``pytest_xdist_auto_num_workers``):
+  much of the suite waits -- on timeouts it tests, subprocesses, servers --
+  rather than computes.
+* Bytecode is cached even where ``PYTHONDONTWRITEBYTECODE`` is set (as in some
+  containers): without it every run, and every worker, compiles the package
+  and rewrites every test module's asserts again (about 7 s of CPU a process).
+  The cache goes under ``.pytest_cache/pycache`` (``sys.pycache_prefix``), not
+  next to the sources.
 """
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
+
+if sys.dont_write_bytecode:
+    sys.pycache_prefix = sys.pycache_prefix or str(Path(__file__).resolve().parent / ".pytest_cache" / "pycache")
+    sys.dont_write_bytecode = False
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: two workers a core (at least two, at most eight); ``PYTEST_XDIST_AUTO_NUM_WORKERS`` decides
+    when set."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # pytest-xdist's own hook reads it
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(2, min(8, 2 * cores))
 
 
 def pytest_collectstart(collector):

@@ -9,7 +9,7 @@ steps the guest again, publishing every move as an ordered event stream.
     report = tj.replay("guests/examples/wordcount.c", run_id)   # again, against the recorded run
 """
 
-from tensorjob_jupyter.abi import Envelope, JobError, JobStatus, TokenAction, Usage, codes
+from tensorjob_jupyter.abi import Envelope, JobError, JobFailure, JobStatus, TokenAction, Usage, codes
 from tensorjob_jupyter.fanout import ManifestError, MapResult, MapRun, ResumeRefused, map, start_map
 from tensorjob_jupyter.host.jobs import Job, get_job, jobs, run
 from tensorjob_jupyter.limits import Limits
@@ -21,7 +21,7 @@ from tensorjob_jupyter.history.diff import diff_runs
 
 from tensorjob_jupyter.version import __version__
 
-__all__ = ["Envelope", "InferOptions", "Job", "JobError", "JobStats", "JobStatus", "Limits", "ManifestError",
+__all__ = ["Envelope", "InferOptions", "Job", "JobError", "JobFailure", "JobStats", "JobStatus", "Limits", "ManifestError",
            "MapResult", "MapRun", "ResumeRefused", "TokenAction", "Usage", "codes", "get_job", "jobs", "map", "run",
            "start_map", "list_runs", "replay", "ReplayJob", "ReplayReport", "diff_runs", "__version__"]
 

@@ -4,14 +4,20 @@ This starts JupyterLab on a free localhost port (no token, its own config,
 data and runtime folders, and a root folder holding a copy of the tutorial
 notebooks and the files they refer to), opens the quick-start notebook in
 Debian's Chromium, runs its cells through JupyterLab's own keyboard commands
-and reads the rendered widgets from the page: the view appears, the streamed
-tokens grow, the progress bar and the file coverage move and end full, the
-status reads ``completed`` and the result is shown. Then it adds a cell with
-a longer job, clicks that view's Cancel button while the cell is still
+and reads the rendered widgets from the page: the view of the summariser (a
+Python guest, ``summarise.py``) appears, the streamed tokens grow, the
+progress bar and the file coverage move and end full, the status reads
+``completed`` and the result is shown. Then it adds a cell with a longer job
+(the C summariser), clicks that view's Cancel button while the cell is still
 waiting, and checks the view ends ``cancelled``. Last, a cell runs a small
 guest with ``--debug``: the view's debug bar appears, clicking Step changes
 the command panel (while the cell waits), Continue runs it to the end, and
 the slider over the finished job's events appears.
+
+A second test types a ``%%tensorjob --lang python`` cell (the guest's source
+in the cell) into a new notebook and checks its view the same way: it
+appears, streams tokens, its progress and file panels move, the guest's
+``print`` lines show in its log, and it ends ``completed`` with the result.
 
 Screenshots of the running and the finished view are kept as test artifacts
 in ``test-artifacts/browser/``; with ``TENSORJOB_UPDATE_SCREENSHOTS=1`` a
@@ -41,6 +47,8 @@ from pathlib import Path
 
 import pytest
 
+from tensorjob_jupyter.sandbox.python import interpreter
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
@@ -48,8 +56,9 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 NOTEBOOK = "notebooks/01-quick-start.ipynb"
-# The quick-start's code cells: 1 loads the extension, 3 reads the text, 5 runs the summariser.
+# The quick-start's code cells: 1 loads the extension, 3 reads the text, 5 runs the summariser (summarise.py).
 LOAD_CELL, TEXT_CELL, JOB_CELL = 1, 3, 5
+JOB_GUEST = "summarise.py"
 LONG_JOB = ("%tensorjob run ../guests/examples/summarise.c --read ../examples/data "
             "--input '{\"path\": \"../examples/data/lighthouse.txt\", \"window\": 256, \"max_tokens\": 64}'")
 
@@ -107,7 +116,12 @@ def _fresh_notebooks(root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def jupyterlab(tmp_path_factory):
-    """A JupyterLab server of our own; yields (base URL, tmp dir, server log path)."""
+    """A JupyterLab server of our own; yields (base URL, tmp dir, server log path).
+
+    The Python guests' interpreter is built first (a minute, once per machine;
+    a no-op when it is cached), so the jobs' deadlines below measure the jobs.
+    """
+    interpreter.ensure(False)
     tmp = tmp_path_factory.mktemp("browser")
     root = tmp / "root"
     root.mkdir()
@@ -170,6 +184,7 @@ SNAPSHOT_JS = """() => [...document.querySelectorAll('.tensorjob-view')].map(v =
     files: [...v.querySelectorAll('.tj-file code')].map(e => e.textContent),
     coverage: [...v.querySelectorAll('.tj-coverage')].map(e => parseFloat(e.dataset.covered)),
     result: (v.querySelector('.tj-result') || {}).textContent || null,
+    log: (v.querySelector('.tj-log') || {}).textContent || null,
     error: (v.querySelector('.tj-error') || {}).textContent || null,
     button: button ? {text: button.textContent.trim(), disabled: button.disabled} : null,
     where: (v.querySelector('.tj-debug-where') || {}).textContent || null,
@@ -177,6 +192,22 @@ SNAPSHOT_JS = """() => [...document.querySelectorAll('.tensorjob-view')].map(v =
     scrub: !!v.querySelector('.tj-scrub input, .tj-scrub .slider') && v.querySelector('.tj-scrub').offsetParent !== null,
   };
 })"""
+#: The Python cell the second test types into a new notebook: the guest's source under ``%%tensorjob``.
+PY_NOTEBOOK = "notebooks/python-cell.ipynb"
+PY_CELL = """%%tensorjob --lang python --read ../examples/data --input '{"path": "../examples/data/lighthouse.txt"}'
+import tensorjob as tj
+
+def main(input):
+    with tj.open(input["path"]) as f:
+        first = f.read(600)
+        print("read", f.tell(), "of", f.size, "bytes")
+    tj.emit(done=1, total=2)
+    tokens = []
+    for token in tj.infer("What is this text about? One sentence.\\n" + first + "\\nAnswer:", max_tokens=32):
+        tokens.append(token)
+    tj.emit(done=2, total=2)
+    return {"tokens": len(tokens), "answer": "".join(tokens).strip()}
+"""
 #: A guest for the debugging part: two commands, then done.
 DEBUG_GUEST = "debug-guest.wat"
 DEBUG_JOB = f"%tensorjob run {DEBUG_GUEST} --debug"
@@ -281,6 +312,8 @@ def test_the_live_view_in_jupyterlab(jupyterlab):
             _wait_executed(page, LOAD_CELL, 60, "the %load_ext cell")
             _run_cell(page, TEXT_CELL)
             _wait_executed(page, TEXT_CELL, 60, "the cell that reads lighthouse.txt")
+            job_source = _cell(page, JOB_CELL).locator(".jp-InputArea-editor").inner_text()
+            assert JOB_GUEST in job_source, f"the quick start's job cell does not run {JOB_GUEST}: {job_source!r}"
             started = time.monotonic()
             _run_cell(page, JOB_CELL)
             job_view = _cell(page, JOB_CELL).locator(".tensorjob-view")
@@ -344,7 +377,7 @@ def test_the_live_view_in_jupyterlab(jupyterlab):
                 f"the Cancel button did not end disabled as 'Completed': {final['button']}")
             output = _wait_executed(page, JOB_CELL, 30, "the job cell")
             # Shown once, by the view: no plain summary line under it (issue 23).
-            assert "tensorjob summarise.c: completed" not in output, f"a summary line repeats the view:\n{output}"
+            assert f"tensorjob {JOB_GUEST}: completed" not in output, f"a summary line repeats the view:\n{output}"
             assert running_shot, (f"no moment with status 'running' and a part-full progress bar for the running "
                                   f"screenshot: progress {progress}, statuses {statuses}")
             page.wait_for_timeout(300)  # let the last paint land
@@ -461,3 +494,97 @@ def test_the_live_view_in_jupyterlab(jupyterlab):
             shutil.copyfile(shots / name, DOCS / name)
     print(f"\njob view: {len(seen)} polls, {job_s:.1f} s, token lengths {len(lengths)} distinct, progress {progress}, "
           f"coverage {coverage}; cancel took effect {cancel_s:.2f} s after the click; screenshots in {shots}")
+
+
+def test_a_python_cell_in_jupyterlab(jupyterlab):
+    """A ``%%tensorjob --lang python`` cell, typed and run as a user would: its live view appears and finishes."""
+    base, tmp, server_log = jupyterlab
+    root = tmp / "root"
+    (root / PY_NOTEBOOK).write_text(json.dumps({
+        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+                   "source": "%load_ext tensorjob_jupyter"}],
+        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+        "nbformat": 4, "nbformat_minor": 5}, indent=1))
+    shots = tmp / "screenshots-python"
+    shots.mkdir()
+    print(f"JupyterLab log: {server_log}\nscreenshots: {shots}")
+    console: list[str] = []
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp / "chromium-profile-python"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 900})
+        page = context.pages[0] if context.pages else context.new_page()
+        try:
+            page.set_default_timeout(60_000)
+            page.on("console", lambda m: m.type == "error" and console.append(f"console error: {m.text}"))
+            page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+            # A workspace of its own: the default one would reopen notebook 01 beside it.
+            page.goto(f"{base}/lab/workspaces/python-cell/tree/{PY_NOTEBOOK}")
+            page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell")
+            page.wait_for_function(KERNEL_READY_JS, timeout=90_000)
+            _run_cell(page, 0)
+            _wait_executed(page, 0, 60, "the %load_ext cell")
+
+            # Shift+Enter on the last cell left a new empty cell below it: type the guest there and run it.
+            page.wait_for_function("() => document.querySelectorAll('.jp-NotebookPanel .jp-Notebook .jp-Cell')"
+                                   ".length > 1")
+            page.keyboard.press("Escape")
+            _cell(page, 1).locator(".jp-InputPrompt").click()
+            page.keyboard.press("Enter")
+            page.keyboard.insert_text(PY_CELL)
+            typed = _cell(page, 1).locator(".jp-InputArea-editor").inner_text().replace("\u00a0", " ")
+            lines = lambda text: [ln.rstrip() for ln in text.splitlines() if ln.strip()]  # noqa: E731
+            assert lines(typed) == lines(PY_CELL), (  # innerText doubles an empty line: compare the others
+                f"the new cell does not hold the Python guest as typed:\n{typed}")
+            started = time.monotonic()
+            page.keyboard.press("Shift+Enter")
+            view = _cell(page, 1).locator(".tensorjob-view")
+
+            seen: list[dict] = []
+            deadline = started + 180
+            while time.monotonic() < deadline:
+                views = _views(page)
+                if views:
+                    v = views[0]
+                    seen.append(v)
+                    if v["status"] in ("completed", "failed", "cancelled"):
+                        seen.extend(_settle(page, 0))
+                        break
+                time.sleep(0.05)
+            job_s = time.monotonic() - started
+            assert seen, (f"no .tensorjob-view appeared within 180 s of running the Python cell; cell text:\n"
+                          f"{_cell(page, 1).inner_text()[-2000:]}\nbrowser errors: {console[-10:]}")
+            final = seen[-1]
+            statuses = _distinct(v["status"] for v in seen)
+            assert final["status"] == "completed", (
+                f"the Python cell's view ended {final['status']!r} (statuses seen {statuses}); error panel: "
+                f"{final['error']!r}; cell text:\n{_cell(page, 1).inner_text()[-2000:]}")
+            assert "running" in statuses, f"the view never showed 'running' while the job ran: statuses {statuses}"
+            running_lengths = _distinct(len(v["tokens"]) for v in seen if v["status"] == "running")
+            assert len(set(running_lengths)) >= 2, (
+                f"the token text never grew while the Python guest's infer ran: lengths seen while running "
+                f"{running_lengths} in {len(seen)} polls over {job_s:.1f} s")
+            progress = _distinct(v["progress"] for v in seen if v["progress"] is not None)
+            assert 50 in progress and progress[-1] == 100 and progress == sorted(progress), (
+                f"the progress bar did not go 1/2 then 2/2: widths seen {progress}")
+            assert any("lighthouse.txt" in f for f in final["files"]), f"no lighthouse.txt in {final['files']}"
+            assert final["coverage"] and 0 < final["coverage"][0] < 100, (
+                f"the guest read 600 of 1488 bytes, but the coverage reads {final['coverage']}")
+            assert final["log"] and re.search(r"read \d+ of 1488 bytes", final["log"]), (
+                f"the guest's print() line is not in the view's log: {final['log']!r}")
+            assert final["result"] and "answer" in final["result"] and "tokens" in final["result"], (
+                f"the result panel (.tj-result) does not show the guest's result: {final['result']!r}")
+            assert final["button"] == {"text": "Completed", "disabled": True}, final["button"]
+            output = _wait_executed(page, 1, 30, "the Python cell")
+            assert "JobFailed" not in output and "Traceback" not in output, output
+            page.wait_for_timeout(300)
+            view.screenshot(path=str(shots / "live-view-python.png"))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(shots / "failure.png"))
+            raise
+        finally:
+            context.close()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(shots / "live-view-python.png", ARTIFACTS / "live-view-python.png")
+    print(f"\nPython cell view: {len(seen)} polls, {job_s:.1f} s, statuses {statuses}, progress {progress}")

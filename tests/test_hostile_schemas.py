@@ -487,10 +487,12 @@ def test_after_a_hostile_schema_the_next_jobs_infer_runs_at_once(echo, smollm, n
         except Exception:  # noqa: BLE001 - refused, or cancelled in the queue
             pass
     left_after = time.monotonic() - ended
-    after = infer_seconds(echo, smollm)
+    # a model held hostage delays every infer after it by minutes; one decode step here can take seconds when
+    # the machine's other work peaks, so the better of the next two infers is compared
+    after = min(infer_seconds(echo, smollm) for _ in range(2))
     baseline = max(baseline, min(infer_seconds(echo, smollm) for _ in range(2)))  # the load may have changed
     assert left_after < max(baseline, 1.0), (left_after, baseline)  # a 4-token infer is several decode steps
-    assert after < max(3 * baseline, baseline + 2.0), (after, baseline)
+    assert after < max(3 * baseline, baseline + 3.0), (after, baseline)
     if job_timeout_s:
         assert ended - started < job_timeout_s + max(baseline, 1.5)
 

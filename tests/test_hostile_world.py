@@ -173,6 +173,34 @@ def test_cancel_mid_fetch_leaves_nothing(hostile, path):
     assert_nothing_left(hostile, threads_before, sockets_before)
 
 
+def test_a_host_that_never_completes_the_connect_leaves_no_thread(tmp_path):
+    # A listening socket whose backlog is full and never accepted: the kernel drops further SYNs,
+    # so a connect to it hangs until its own timeout -- the case no socket shutdown can reach.
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    fillers = []
+    try:
+        for _ in range(4):  # fill the accept queue
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            fillers.append(s)
+        for _ in range(2):
+            t0 = time.monotonic()
+            job = tj.Job(fetch_guest(port, "/x"), backend=None, fetch=[url(port, "/")],
+                         limits=tj.Limits(job_timeout_s=1.0)).start()
+            env = job.wait(30)
+            assert env.error.code in (codes.TIMEOUT, codes.UNSUPPORTED), env
+            assert time.monotonic() - t0 < 4
+            assert settled(lambda: not fetch_threads(), 3.0), f"fetch threads left: {fetch_threads()}"
+    finally:
+        for s in fillers:
+            s.close()
+        server.close()
+
+
 # --- item 4: the document engine dies with its host ------------------------------------------------
 
 

@@ -63,7 +63,11 @@ def _function_level_imports():
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             for inner in ast.walk(node):
-                if isinstance(inner, ast.ImportFrom) and (inner.module or "").startswith("tensorjob_jupyter"):
+                ours = (isinstance(inner, ast.ImportFrom) and (inner.level > 0 or
+                                                             (inner.module or "").startswith("tensorjob_jupyter"))
+                        or isinstance(inner, ast.Import) and any(a.name.startswith("tensorjob_jupyter")
+                                                                 for a in inner.names))
+                if ours:
                     yield path.relative_to(ROOT), inner.lineno, lines[inner.lineno - 1]
 
 

@@ -245,6 +245,34 @@ def test_batched_serving_runs_every_request(tiny):
                                                      for lora in [(), (LoraChoice("a"),), ()]]
 
 
+def test_a_late_listener_sits_steps_out_and_never_holds_the_batch(tiny):
+    """A sequence whose listener is not ready (a job thread late to judge) keeps its token out of the
+    decode steps; the others run on, and the late one's text is what it would have been."""
+    from tensorjob_jupyter.inference.base import Pending
+
+    alone = {p: gen(tiny, p, 10)[0].text for p in ("the cat 0", "the cat 1")}
+    late_ok = threading.Event()
+    done = {}
+    late, prompt = Collector(), GenerateRequest("the cat 0", 10)
+
+    def finished(name):
+        def record(result, error):
+            done[name] = (result, error, len(late.pieces))
+            late_ok.set()  # the punctual one is answered: the late listener catches up
+        return record
+
+    items = [Pending(prompt, late, finished("late"), ready=lambda timeout: late_ok.wait(timeout)),
+             Pending(GenerateRequest("the cat 1", 10), Collector(), finished("punctual"))]
+    queue = list(items[1:])
+    tiny.serve(items[0], lambda wait=0.0: queue.pop(0) if queue else None)
+    assert done["punctual"][1] is None and done["punctual"][0].usage.completion_tokens == 10
+    assert done["punctual"][2] == 0  # the late listener had been handed nothing while the other ran to its end
+    assert done["punctual"][0].text == alone["the cat 1"]
+    result, error, _ = done["late"]
+    assert error is None and result.usage.completion_tokens == 10
+    assert result.text == "".join(late.pieces) == alone["the cat 0"]
+
+
 def test_llama_cpp_chatter_stays_out_of_the_output(tiny_files, capfd, caplog):  # noqa: F811
     import logging
 

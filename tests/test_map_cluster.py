@@ -11,6 +11,7 @@ where the map leans on a default client. The in-process tests, with a
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -362,3 +363,60 @@ def test_the_magic_in_a_fresh_kernel_maps_on_the_cluster(cluster, guest, data, k
     assert content["status"] == "error" and content["ename"] == "UsageError"
     assert f"cannot reach the Dask scheduler at {address}" in content["evalue"] and "\n" not in content["evalue"]
     assert not (tmp_path / "nowhere").exists()
+
+
+# --- a Python guest on the cluster ----------------------------------------------------------------
+
+
+def test_a_python_guest_maps_on_the_cluster_and_the_workers_reuse_the_compiled_interpreter(tmp_path,
+                                                                                             tmp_path_factory):
+    """``tensorjob map wordcount.py --cluster ADDR``: the guest travels as bytes, each worker runs it in its own
+    CPython-in-wasm, and finds the interpreter already built and compiled in its cache dir (``TENSORJOB_CACHE``,
+    shared by every process on a machine) instead of building it again (a minute, once per machine).
+
+    The workers' cache dir is a copy of this machine's interpreter files, apart from the one the command itself
+    uses, so what happens there is the workers' alone: every worker's first Python guest takes the cache's lock
+    (``build.lock`` appears) and leaves the built and compiled files exactly as they were."""
+    from tensorjob_jupyter.sandbox.python import interpreter
+
+    interpreter.ensure(False)  # this machine's interpreter (no-op when cached); the command checks syntax with it
+    source = interpreter.cache_root()
+    workers_cache = tmp_path / "workers-cache"
+    (workers_cache / "python").mkdir(parents=True)
+    key = interpreter.build_key()
+    for f in source.glob(f"interpreter-{key}*"):
+        shutil.copy2(f, workers_cache / "python" / f.name)
+
+    def files():
+        return {p.name: (p.stat().st_ino, p.stat().st_size, p.stat().st_mtime_ns)
+                for p in (workers_cache / "python").iterdir()}
+
+    before = files()
+    assert any(name.endswith("-nofuel.cwasm") for name in before), before
+
+    data = tmp_path / "docs"
+    data.mkdir()
+    texts = {f"d{i}.txt": " ".join(f"w{j}" for j in range(i * 37 + 1)) + "\n" * i for i in range(8)}
+    for name, text in texts.items():
+        (data / name).write_text(text, encoding="utf-8")
+    manifest = write_manifest(tmp_path / "m.jsonl", [{"path": str(data / name), "window": 64} for name in texts])
+    guest = Path(__file__).resolve().parent.parent / "guests" / "examples" / "wordcount.py"
+
+    env = worker_env(TENSORJOB_CACHE=str(workers_cache))
+    with ProcessCluster(tmp_path_factory.mktemp("py-cluster"), workers=2, env=env) as cluster:
+        code, out, err, seconds = tensorjob("map", guest, "--over", manifest, "--read", data, "--run-dir", "run",
+                                            "--cluster", cluster.address, cwd=tmp_path, timeout=600)
+        worker_logs = "\n".join(cluster.log(f"worker-{i}")[-1500:] for i in range(2))
+    assert code == 0, err + worker_logs
+    n = len(texts)
+    assert f"{n} items: {n} completed, 0 failed ({n} ran, 0 skipped)" in out, out
+    assert sessions(tmp_path / "run")[0]["where"] == f"dask {cluster.address}"
+    results = {json.loads(line)["item"]: json.loads(line)["result"]
+               for line in sorted_lines(tmp_path / "run" / "results.jsonl")}
+    for i, (name, text) in enumerate(texts.items()):
+        assert results[i] == {"path": str(data / name), "words": len(text.split()), "bytes": len(text.encode())}
+    assert job_dirs(tmp_path / "run") == n
+    # The workers used their cache dir, and built and compiled nothing: the files are the same files.
+    after = files()
+    assert "build.lock" in after, after
+    assert {k: v for k, v in after.items() if k != "build.lock"} == before, (before, after)

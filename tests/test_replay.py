@@ -31,7 +31,7 @@ from tensorjob_jupyter.history.runs import RunError, list_runs, prune, resolve_r
 from tensorjob_jupyter.inference.base import QueueFull, Sampler
 from tensorjob_jupyter.inference.scripted import ScriptedBackend
 from tensorjob_jupyter.history.replay import ReplayJob, replay
-from tensorjob_jupyter.history.recorded import ReplayError
+from tensorjob_jupyter.history.replay_setup import ReplayError
 from tensorjob_jupyter.history.show import Playback
 from tensorjob_jupyter.record.transcript import EventReader
 from tensorjob_jupyter.record.recording import COMMANDS, Recording
@@ -862,3 +862,56 @@ def test_a_full_queue_during_replay_live_is_busy_too_many_requests(tmp_path):
     assert errors and errors[-1]["error_type"] == "too_many_requests" and errors[-1]["code"] == "busy"
     failed = [e for e in replaying.events if e["type"] == "response.failed"]
     assert failed and failed[-1]["response"]["error"]["code"] == "rate_limit_exceeded"
+
+
+# --- an infer replays through the live path's own plan and checks -----------------------------------------
+
+ECHO_GUEST = Path(__file__).parent / "guests" / "infer_echo.c"
+WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "The weather in a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                                               "unit": {"enum": ["C", "F"]}},
+                               "required": ["city", "unit"]}}
+
+
+def test_a_tool_call_replays_with_its_call_and_its_id(tmp_path):
+    call = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}'
+    guest_input = {"prompt": "hi", "max_tokens": 64, "options": {"tools": [WEATHER_TOOL], "tool_choice": "required"}}
+    job = record(ECHO_GUEST, backend=ScriptedBackend(call), input=guest_input, runs_dir=tmp_path / "runs")
+    calls = job.result["event"]["tool_calls"]
+    assert calls and calls[0]["name"] == "get_weather"
+    report = replay(ECHO_GUEST, job.run_dir)
+    assert report.same_result and report.divergence is None, report.lines()
+    assert report.result["event"]["tool_calls"] == calls  # the same call id the guest saw
+    assert report.result["streamed"] == job.result["streamed"]  # every piece through cf_on_token again
+    kinds = [e["type"] for e in report.job.events if e["type"].startswith("response.function_call")]
+    assert "response.function_call_arguments.done" in kinds
+
+
+def test_a_json_answer_cut_at_its_limit_replays_as_it_failed(tmp_path):
+    guest = wat.script_guest([{"cmd": "infer", "prompt": "p", "max_tokens": 3, "format": {"type": "json_object"}},
+                              {"cmd": "done", "result": 1}])
+    job = record(guest, backend=ScriptedBackend('{"a": 1, "b": 2, "c": 3}'), runs_dir=tmp_path / "runs")
+    assert job.envelope.error.code == "limit_exceeded"
+    report = replay(guest, job.run_dir)
+    assert report.same_result and report.envelope.error.code == "limit_exceeded", report.lines()
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"format": {"type": "json_schema", "name": "b", "schema": {"type": "object"}}}, "another format"),
+    ({"seed": 7}, "another seed"),
+    ({"temperature": 0.5}, "another temperature"),
+])
+def test_an_infer_with_another_format_or_sampling_of_its_own_diverges(tmp_path, change, why):
+    first = {"cmd": "infer", "prompt": "p", "max_tokens": 8, "format": {"type": "json_object"}}
+    job = record(wat.script_guest([first, {"cmd": "done", "result": 1}]), backend=ScriptedBackend('{"a": 1}'),
+                 runs_dir=tmp_path / "runs")
+    changed = wat.script_guest([{**first, **change}, {"cmd": "done", "result": 1}])
+    report = replay(changed, job.run_dir)
+    assert report.stopped and report.divergence.why == why, report.lines()
+
+
+def test_live_diverges_where_the_model_now_ends_before_the_recorded_pieces(tmp_path):
+    job, wants_all, words = _recorded_two_of_many(tmp_path)
+    report = replay(wants_all, job.run_dir, live=True, backend=ScriptedBackend("w0"))
+    assert report.envelope.error.code == "replay_divergence"
+    assert "the model's answer ends there" in report.envelope.error.message

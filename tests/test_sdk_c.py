@@ -26,13 +26,25 @@ TRICKY = ('quote " backslash \\ slash / newline \n tab \t cr \r backspace \b for
           'esc \x1b us \x1f del \x7f é ß 日本語 emoji 😀 🎉 line-sep \u2028 end')
 
 
+_ENGINE = wasmtime.Engine()
+_MODULES: dict[bytes, wasmtime.Module] = {}
+
+
+def _module(wasm: bytes) -> wasmtime.Module:
+    """``wasm`` compiled once a session (most of a second for a Zig guest); every guest still gets its own store."""
+    module = _MODULES.get(wasm)
+    if module is None:
+        module = _MODULES[wasm] = wasmtime.Module(_ENGINE, wasm)
+    return module
+
+
 class RawGuest:
     """A guest instance driven through the ABI by hand (no host, no parsing)."""
 
     def __init__(self, wasm: bytes, *, input_bytes: bytes = b""):
-        self.engine = wasmtime.Engine()
+        self.engine = _ENGINE
         self.store = wasmtime.Store(self.engine)
-        module = wasmtime.Module(self.engine, wasm)
+        module = _module(bytes(wasm))
         linker = wasmtime.Linker(self.engine)
         self.chunks: list[bytes] = []
         self.input_bytes = input_bytes

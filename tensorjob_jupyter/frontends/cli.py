@@ -19,7 +19,7 @@ the problem, never a traceback. Events are printed by ``EventPrinter``, the
 same for a live job and for a transcript shown again (``tensorjob show``).
 
 ``run --debug`` (and ``--break-on``) drives the job from a line prompt on
-stdin/stderr at each pause (``debug.prompt``: step, step to the next infer,
+stdin/stderr at each pause (``frontends.prompt``: step, step to the next infer,
 continue, quit); with stdin closed the job runs on without pausing again.
 """
 
@@ -41,8 +41,8 @@ from tensorjob_jupyter.host.jobs import Job
 from tensorjob_jupyter.frontends.options import (
     BY_NAME, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobOptions, OptionError, add_job_arguments,
 )
-from tensorjob_jupyter.history.recorded import ReplayError
-from tensorjob_jupyter.text import for_terminal, json_text
+from tensorjob_jupyter.history.replay_setup import ReplayError
+from tensorjob_jupyter.text import clip, for_terminal, json_text
 from tensorjob_jupyter.record.event_checks import TranscriptError
 from tensorjob_jupyter.inference.lazy import model_backend
 from tensorjob_jupyter.sandbox.compile import cache_dir, cache_usage, clear_cache
@@ -144,8 +144,12 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
         args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args, out, err)
     except (OptionError, RunError, TranscriptError, ReplayError) as e:
-        err.write(f"tensorjob: error: {for_terminal(str(e), one_line=True)}\n")
+        err.write(f"tensorjob: error: {clip(for_terminal(str(e), one_line=True), MAX_ERROR_CHARS)}\n")
         return EXIT_USAGE
+
+
+#: Characters of a usage error's line (its text may come from a file from anywhere).
+MAX_ERROR_CHARS = 2000
 
 
 if __name__ == "__main__":  # pragma: no cover

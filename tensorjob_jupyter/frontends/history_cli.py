@@ -8,7 +8,7 @@
 A RUN is a run's id (or a unique prefix of one) in the runs folder, or the
 path of a run folder. ``runs`` lists (``history/runs.py``), ``show`` plays a
 transcript through the same printer as ``tensorjob run`` (``history/show.py``,
-``cli.EventPrinter``), ``replay`` runs a guest against a recording
+``frontends.terminal.EventPrinter``), ``replay`` runs a guest against a recording
 (``history/replay.py``; it takes the same job options as ``run``, each replacing the
 recorded one) and prints how the replay compares with the run, and ``diff``
 compares two runs (``history/diff.py``). Exit statuses are ``run``'s: ``show`` 0
@@ -35,7 +35,7 @@ from tensorjob_jupyter.history.runs import RunList, list_runs, prune
 from tensorjob_jupyter.history.runs import resolve_run
 from tensorjob_jupyter.history.show import Playback, check_speed
 from tensorjob_jupyter.history.replay import ReplayJob
-from tensorjob_jupyter.history.recorded import load_recording
+from tensorjob_jupyter.history.replay_setup import load_recording
 from tensorjob_jupyter.frontends.options import options_for
 from tensorjob_jupyter.history.diff import diff_runs
 

@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import shlex
 import sys
-from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
@@ -79,14 +78,14 @@ from tensorjob_jupyter.frontends.prompt import prompt as debug_prompt
 from tensorjob_jupyter.frontends.terminal import load_guest
 from tensorjob_jupyter.frontends.view.summary import map_summary, summary
 from tensorjob_jupyter.history.report import ReplayReport
-from tensorjob_jupyter.history.recorded import ReplayError
+from tensorjob_jupyter.history.replay_setup import ReplayError
 from tensorjob_jupyter.history.runs import RunError, prune
 from tensorjob_jupyter.host.jobs import Job, get_job, jobs
 from tensorjob_jupyter.inference.base import ModelError
 from tensorjob_jupyter.inference.lazy import model_backend
 from tensorjob_jupyter.record.event_checks import TranscriptError
 from tensorjob_jupyter.sandbox.compile import GuestSource, cache_dir, cache_usage, clear_cache
-from tensorjob_jupyter.text import for_terminal
+from tensorjob_jupyter.text import clip, for_terminal
 
 #: The job options' defaults, one traitlet per row of ``options.OPTIONS`` that has one.
 JobSettings = type("JobSettings", (Configurable,), {"__doc__": "Defaults of the job options.",
@@ -96,6 +95,13 @@ JobSettings = type("JobSettings", (Configurable,), {"__doc__": "Defaults of the 
 QUOTING = ("quote a value once, as in a shell: --input '{\"path\": \"a.txt\"}' or --input \"{'path': 'a.txt'}\"")
 #: Errors of the layers below that stop a subcommand before it starts: each is one UsageError line.
 REFUSALS = (OptionError, RunError, TranscriptError, ReplayError)
+#: Characters of a refusal the cell shows (the text may come from a file from anywhere).
+MAX_REFUSAL_CHARS = 1000
+
+
+def refusal_line(e: Exception) -> str:
+    """Why a job could not start, as one short, inert line."""
+    return clip(for_terminal(" ".join(str(e).split()), one_line=True), MAX_REFUSAL_CHARS)
 
 
 @magics_class
@@ -344,7 +350,7 @@ class TensorJob(Magics, JobSettings):
         try:
             return self._line_action(args)
         except REFUSALS as e:
-            raise UsageError(" ".join(str(e).split())) from None
+            raise UsageError(refusal_line(e)) from None
 
     def _line_action(self, args):
         if args.action == "runs":
@@ -381,7 +387,7 @@ class TensorJob(Magics, JobSettings):
         try:
             return self._map(self._guest(options, cell=cell, lang=args.lang), options, args)
         except REFUSALS as e:
-            raise UsageError(" ".join(str(e).split())) from None
+            raise UsageError(refusal_line(e)) from None
 
     def _map(self, guest: GuestSource, options: JobOptions, args) -> "MapResult":
         if getattr(args, "input", None) is not None:

@@ -42,7 +42,7 @@ from tensorjob_jupyter.world.fetch import FetchGrants
 from tensorjob_jupyter.inference.base import LoraChoice, Sampler
 from tensorjob_jupyter.host.reactor import InferOptions
 from tensorjob_jupyter.sandbox.compile import GuestSource
-from tensorjob_jupyter.history.recorded import (
+from tensorjob_jupyter.history.replay_setup import (
     RECORDED, ReplayError, recorded_infer_options, recorded_limits, recorded_read,
 )
 from tensorjob_jupyter.record.recording import Recording

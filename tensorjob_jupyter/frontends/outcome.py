@@ -25,7 +25,10 @@ from IPython import get_ipython
 
 from tensorjob_jupyter.abi import Envelope, JobFailure, JobStatus, codes
 from tensorjob_jupyter.frontends.view.summary import error_text
-from tensorjob_jupyter.text import for_terminal
+from tensorjob_jupyter.text import clip, for_terminal
+
+#: Characters of the error line a failed cell shows (a guest's ``fail`` message may be 16 KiB).
+MAX_LINE_CHARS = 300
 
 
 class CellEnvelope(Envelope):
@@ -80,7 +83,7 @@ class JobFailed(CellError, JobFailure):
         code, message = (error.code, error.message) if error is not None else (codes.INTERNAL_ERROR, "no error given")
         JobFailure.__init__(self, code, message)
         self.envelope = envelope
-        text = error_text(code, message)
+        text = clip(error_text(code, message), MAX_LINE_CHARS)  # the whole message is in .envelope
         status = "" if envelope.status.value in text.split() else f" {envelope.status.value}"
         self.args = (f"{name}{status}: {text}",)  # "g.c failed: timeout: ...", "g.c: job cancelled"
 

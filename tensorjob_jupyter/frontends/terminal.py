@@ -51,7 +51,7 @@ class EventPrinter:
         self.chunks_to_stdout = chunks_to_stdout
         self._chunk_decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._in_text = False
-        #: A debug prompt shows the pauses itself (``debug.prompt``); the printer then only counts them.
+        #: A debug prompt shows the pauses itself (``frontends.prompt``); the printer then only counts them.
         self.prompting = False
         self.last_pause = 0
 

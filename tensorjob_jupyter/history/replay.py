@@ -51,7 +51,6 @@ prompts and cannot be replayed (``tensorjob show`` still shows them).
 from __future__ import annotations
 
 import base64
-import dataclasses
 import hashlib
 import os
 from concurrent.futures import Future
@@ -61,18 +60,18 @@ from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import Envelope, JobFailure, codes, event_types
 from tensorjob_jupyter.world.grants import AccessError
 from tensorjob_jupyter.inference.base import (
-    FINISH_CANCELLED, FINISH_GUEST_STOP, FINISH_LENGTH, FINISH_STOP, Backend, GenerateRequest, ModelError,
+    FINISH_CANCELLED, FINISH_GUEST_STOP, FINISH_LENGTH, FINISH_STOP, Backend, GenerateResult, GenerateUsage, ModelError,
 )
 from tensorjob_jupyter.host.jobs import Job
 from tensorjob_jupyter.history.report import Divergence, ReplayReport
-from tensorjob_jupyter.history.recorded import (
+from tensorjob_jupyter.history.replay_setup import (
     RECORDED, ReplayError, adoption_lines, load_recording, recorded_cwd, recorded_infer_options, recorded_limits,
     recorded_read, sampling_of,
 )
 from tensorjob_jupyter.limits import Limits
 from tensorjob_jupyter.record.responses import ResponseStream
-from tensorjob_jupyter.host.reactor import PREVIEW_BYTES, PREVIEW_CHARS, InferOptions, Reactor
-from tensorjob_jupyter.host.structured import OutputSpec, SchemaError
+from tensorjob_jupyter.host.reactor import PREVIEW_BYTES, PREVIEW_CHARS, InferOptions, InferPlan, Reactor
+from tensorjob_jupyter.host.structured import OutputRouter
 from tensorjob_jupyter.host.tokens import ModelTokens, PrefixMismatch, RecordedTokens
 from tensorjob_jupyter.sandbox.python.guest import Determinism
 from tensorjob_jupyter.text import for_terminal
@@ -236,58 +235,51 @@ class ReplayReactor(Reactor):
     # -- infer from the recording ---------------------------------------------------------------
 
     def _replay_infer(self, cmd: abi.Infer, step: Step) -> abi.Event:
+        """An infer answered from the recording through the live path's own steps: the same plan
+        (format, tools, sampling, budget), the same router and the same checks of the answer."""
         answer = step.infer or InferAnswer()
         sampling = sampling_of(self.infer_options)
         if sampling != self._recorded_sampling:
             return self._diverge(Divergence(step.number, "other sampling settings",
                                             _json_line(self._recorded_sampling), _json_line(sampling)), cmd)
-        remaining = self.limits.max_tokens - self.usage.tokens_out
-        if remaining <= 0:
-            raise JobFailure(codes.LIMIT_EXCEEDED,
-                         f"the job's token budget of {self.limits.max_tokens} tokens is spent (max_tokens)")
-        max_tokens = min(cmd.max_tokens, remaining)
+        plan = self._plan_infer(cmd)
+        max_tokens = plan.request.max_tokens
         if not _same_budget(answer, max_tokens):
             return self._diverge(Divergence(step.number, "another token limit",
                                             f"infer of at most {answer.max_output_tokens} tokens "
                                             f"({_answer_text(answer)})", f"infer of at most {max_tokens} tokens"), cmd)
         self.cursor += 1
-        opts = self.infer_options
-        response = ResponseStream(self.stream, model=answer.model or self.usage.model, max_output_tokens=max_tokens,
-                                  temperature=opts.sampler.temperature, top_p=opts.sampler.top_p,
-                                  index=self.stats.infers)
-        self.stats.infers += 1
-        response.start(command=cmd.to_json())
+        response = self._open_response(cmd, plan, answer.model or self.usage.model, call_id=answer.call_id)
+        router = OutputRouter(plan.spec, response)
         pieces = answer.pieces
         recorded_stop = answer.guest_stopped_after if answer.reason == FINISH_GUEST_STOP else None
         source = RecordedTokens(pieces, recorded_stop=recorded_stop, tokens_in=answer.tokens_in)
-        delivery = self._token_loop(response, response.delta).run(source)
+        delivery = self._token_loop(response, router.delta).run(source)
         stopped_after = delivery.stopped_after
         if stopped_after is not None and stopped_after != recorded_stop:
-            # sooner than the recorded guest: the answer ends with this token
-            text = "".join(pieces[:stopped_after])
-            self._count_tokens(answer.tokens_in, stopped_after)
-            response.finish(text, usage=response.usage_json(answer.tokens_in, stopped_after, answer.cached_tokens),
-                            reason=FINISH_GUEST_STOP, extra={"timing": None, "guest_stopped_after": stopped_after})
-            return abi.InferDone(text, stopped_after)
+            # sooner than the recorded guest: the answer ends with this token (the model's greedy
+            # output has this prefix)
+            usage = GenerateUsage(answer.tokens_in, stopped_after, answer.cached_tokens)
+            return self._answer(plan, router, response, GenerateResult("".join(pieces[:stopped_after]),
+                                                                       FINISH_STOP, usage), delivery)
         if recorded_stop is not None and stopped_after is None:
             divergence = Divergence(step.number, "more tokens than were recorded",
                                     f"an answer the guest stopped after {recorded_stop} tokens",
                                     f"more: the guest did not stop after token {recorded_stop}")
-            return self._more_than_recorded(cmd, response, answer, max_tokens, divergence)
+            return self._more_than_recorded(plan, router, response, answer, divergence)
         if answer.status in ("completed", "incomplete") and answer.reason != FINISH_CANCELLED:
-            self._count_tokens(answer.tokens_in, answer.tokens_out)
-            text = answer.text if answer.text is not None else "".join(pieces)
-            response.finish(text, usage=response.usage_json(answer.tokens_in, answer.tokens_out, answer.cached_tokens),
-                            reason=answer.reason or FINISH_STOP,
-                            extra={"timing": answer.timing, "guest_stopped_after": stopped_after})
-            return abi.InferDone(text, answer.tokens_out)
+            # what the recorded model said it made, never fewer than the pieces it delivered
+            usage = GenerateUsage(answer.tokens_in, max(answer.tokens_out, len(pieces)), answer.cached_tokens,
+                                  *_recorded_timing(answer))
+            reason = FINISH_LENGTH if answer.reason == FINISH_LENGTH else FINISH_STOP
+            return self._answer(plan, router, response, GenerateResult("".join(pieces), reason, usage), delivery)
         if answer.status is None:  # the transcript stops inside this answer
             divergence = Divergence(step.number, "the transcript ends inside this answer",
                                     f"{len(pieces)} tokens and no end", "the rest of the answer", "end")
-            return self._more_than_recorded(cmd, response, answer, max_tokens, divergence)
+            return self._more_than_recorded(plan, router, response, answer, divergence)
         # The run ended during this answer: cancelled, timed out, or the model failed.
         if answer.reason == FINISH_CANCELLED:
-            response.finish("".join(pieces), usage=answer.usage or response.usage_json(answer.tokens_in, len(pieces)),
+            response.finish("".join(pieces), usage=response.usage_json(answer.tokens_in, len(pieces)),
                             reason=FINISH_CANCELLED)
         else:
             error = answer.error or {}
@@ -299,8 +291,8 @@ class ReplayReactor(Reactor):
         self._reproduce_end(end)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _more_than_recorded(self, cmd: abi.Infer, response: ResponseStream, answer: InferAnswer, max_tokens: int,
-                            divergence: Divergence) -> abi.Event:
+    def _more_than_recorded(self, plan: InferPlan, router: OutputRouter, response: ResponseStream,
+                            answer: InferAnswer, divergence: Divergence) -> abi.Event:
         """The guest wants more of an answer than the recording holds: stop, or (live) let the model go on.
 
         Live, the model answers the same request again and the one token loop
@@ -310,59 +302,38 @@ class ReplayReactor(Reactor):
         be repeated: that answer stops with the divergence.
         """
         self.divergence = divergence
-        request = self._request(cmd, max_tokens)
-        if self.live and request.sampler.temperature > 0:
+        temperature = plan.request.sampler.temperature
+        if self.live and temperature > 0:
             self.divergence = divergence = Divergence(
                 divergence.step, divergence.why, divergence.recorded,
                 f"{divergence.asked}; --live cannot continue an answer sampled at temperature "
-                f"{request.sampler.temperature:g} from its middle (only greedy answers repeat)", divergence.kind)
-        if not self.live or request.sampler.temperature > 0:
-            self._count_tokens(answer.tokens_in, len(response.text_parts))
+                f"{temperature:g} from its middle (only greedy answers repeat)", divergence.kind)
+        if not self.live or temperature > 0:
+            self._count_tokens(answer.tokens_in, len(answer.pieces))
             response.fail(divergence.message(), code=codes.REPLAY_DIVERGENCE, error_type="server_error")
             self._publish("stopped")
             raise JobFailure(codes.REPLAY_DIVERGENCE, divergence.message())
         self.live_from = divergence.step
         self._publish("live")
-        return self._live_rest(cmd, request, response, already=list(response.text_parts))
+        return self._live_rest(plan, router, response, already=list(answer.pieces))
 
-    def _request(self, cmd: abi.Infer, max_tokens: int) -> GenerateRequest:
-        """The model request a live run would have made for ``cmd`` (its format, tools and sampling too)."""
-        try:
-            spec = OutputSpec.of(cmd)
-        except SchemaError as e:
-            raise JobFailure(codes.SCHEMA_VALIDATION_FAILED, f"infer: {e}") from None
-        opts = self.infer_options
-        sampler = dataclasses.replace(opts.sampler, **cmd.sampling())
-        return GenerateRequest(cmd.prompt, max_tokens, sampler, opts.cache_prompt, opts.lora, opts.chat,
-                               constraint=spec.constraint, system=spec.system)
-
-    def _live_rest(self, cmd: abi.Infer, request: GenerateRequest, response: ResponseStream, *,
+    def _live_rest(self, plan: InferPlan, router: OutputRouter, response: ResponseStream, *,
                    already: list[str]) -> abi.Event:
         """The rest of an answer from the model, past the pieces ``already`` judged from the recording."""
-        source = ModelTokens(self._backend(), request, self.cancel, response)
+        source = ModelTokens(self._backend(), plan.request, self.cancel, response)
         try:
-            delivery = self._token_loop(response, response.delta).run(source, already=already)
+            delivery = self._token_loop(response, router.delta).run(source, already=already)
         except PrefixMismatch as e:
             divergence = Divergence(self.divergence.step, "the model answered otherwise",
                                     f"token {e.index + 1} {_json_line(e.expected)}",
-                                    f"the model now gives {_json_line(e.got)} there, so the rest cannot follow "
-                                    f"the recording", "answer")
+                                    ("the model's answer ends there" if e.got is None else
+                                     f"the model gives {_json_line(e.got)} there") +
+                                    ", so the rest cannot follow the recording", "answer")
             self.divergence = divergence
             self._count_tokens(0, len(already))
             response.fail(divergence.message(), code=codes.REPLAY_DIVERGENCE, error_type="server_error")
             raise JobFailure(codes.REPLAY_DIVERGENCE, divergence.message()) from None
-        result = source.result(response)
-        u = result.usage
-        self._count_tokens(u.prompt_tokens, u.completion_tokens)
-        reason = FINISH_GUEST_STOP if delivery.stopped_after is not None else (
-            FINISH_LENGTH if result.finish_reason == FINISH_LENGTH else FINISH_STOP)
-        text = result.text
-        response.finish(text, usage=response.usage_json(u.prompt_tokens, u.completion_tokens, u.cached_tokens),
-                        reason=reason, extra={"timing": {
-                            "time_to_first_token_s": u.time_to_first_token_s,
-                            "tokens_per_second": u.tokens_per_second},
-                            "guest_stopped_after": delivery.stopped_after and len(already) + delivery.stopped_after})
-        return abi.InferDone(text, u.completion_tokens)
+        return self._answer(plan, router, response, source.result(response), delivery, already=already)
 
     # -- embed from the recording -----------------------------------------------------------------
 
@@ -371,6 +342,8 @@ class ReplayReactor(Reactor):
         if len(cmd.texts) > self.limits.max_embed_texts or size > self.limits.max_embed_bytes:
             return super()._embed(cmd)  # the same limit_exceeded as a live run
         vectors = step.outcome.get("vectors")
+        if isinstance(vectors, list):
+            vectors = [v.tolist() for v in vectors]  # the recording keeps them as arrays
         if not isinstance(vectors, list):
             return self._diverge(Divergence(step.number, "the recording lacks the vectors", "an embed without its "
                                             "vectors", describe(normalise(cmd.to_json())), "end"), cmd)
@@ -389,6 +362,13 @@ def _same_budget(answer: InferAnswer, max_tokens: int) -> bool:
         return True
     natural = answer.reason in (FINISH_STOP, FINISH_GUEST_STOP)  # the model ended it, or the guest did
     return natural and answer.tokens_out < max_tokens
+
+
+def _recorded_timing(answer: InferAnswer) -> tuple[float | None, float | None]:
+    """(time to first token, tokens per second) as recorded, when they are numbers."""
+    timing = answer.timing if isinstance(answer.timing, dict) else {}
+    values = [timing.get("time_to_first_token_s"), timing.get("tokens_per_second")]
+    return tuple(v if isinstance(v, (int, float)) and not isinstance(v, bool) else None for v in values)
 
 
 def _answer_text(answer: InferAnswer) -> str:

@@ -11,7 +11,7 @@ index to keep in step: runs are written by many processes, copied between
 machines and deleted by hand, and the folder itself is always the truth.
 
 A run without an envelope is ``running`` while a job still holds its
-transcript's lock (``record.runs.is_live``), else ``interrupted`` (its process died).
+transcript's lock (``record.run_folder.is_live``), else ``interrupted`` (its process died).
 Everything a listing shows is read through the checked reader
 (``record/transcript.py``): a folder whose transcript is damaged, planted or
 from a newer tensorjob is one ``unreadable`` line saying why, never the end
@@ -41,7 +41,7 @@ from typing import Any
 import orjson
 
 from tensorjob_jupyter.text import for_html, for_terminal
-from tensorjob_jupyter.record.runs import EVENTS_FILE, RUN_FILES, is_live, runs_folder
+from tensorjob_jupyter.record.run_folder import EVENTS_FILE, RUN_FILES, is_live, runs_folder
 from tensorjob_jupyter.record.transcript import read_header
 from tensorjob_jupyter.record.event_checks import TranscriptError
 

@@ -11,7 +11,7 @@ time, so a ``ViewState`` folding the events (the widget, ``view.widget.JobView``
 takes the playback in place of a job) shows the run's own elapsed time and
 token rate. ``cancel()`` (the view's Cancel button, or Ctrl-C) skips to the
 end. For the terminal, ``Playback.events()`` feeds the same printer
-``tensorjob run`` uses (``cli.EventPrinter``).
+``tensorjob run`` uses (``frontends.terminal.EventPrinter``).
 
 A transcript that stops before the job's end ends with a ``job.interrupted``
 event made here, marked ``"synthetic": true`` and never written anywhere:
@@ -35,7 +35,7 @@ from typing import Any, Iterator
 
 from tensorjob_jupyter.abi import event_types
 from tensorjob_jupyter.record.events import ReadsEvents
-from tensorjob_jupyter.record.runs import is_live
+from tensorjob_jupyter.record.run_folder import is_live
 from tensorjob_jupyter.record.transcript import EventReader, read_header
 
 #: The slowest a recorded run plays (a thousandth of its speed); 0 plays it at once.

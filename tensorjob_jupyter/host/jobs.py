@@ -39,7 +39,7 @@ from typing import Any, Iterable
 import orjson
 
 from tensorjob_jupyter import abi
-from tensorjob_jupyter.abi import Envelope, JobStatus, event_types
+from tensorjob_jupyter.abi import Envelope, JobError, JobFailure, JobStatus, Usage, event_types
 from tensorjob_jupyter.world.grants import Grants
 from tensorjob_jupyter.host.debugger import Debugger, parse_break_on
 from tensorjob_jupyter.record.events import TRANSCRIPT_VERSION, EventStream, Subscription
@@ -49,7 +49,7 @@ from tensorjob_jupyter.limits import Limits, with_keywords
 from tensorjob_jupyter.host.reactor import InferOptions, JobStats, Reactor, internal_error
 from tensorjob_jupyter.world.fetch import FetchGrants
 from tensorjob_jupyter.inference.lazy import model_backend
-from tensorjob_jupyter.record.runs import ENVELOPE_FILE, EVENTS_FILE, default_runs_dir, new_job_id
+from tensorjob_jupyter.record.run_folder import ENVELOPE_FILE, EVENTS_FILE, default_runs_dir, new_job_id
 from tensorjob_jupyter.sandbox.compile import GuestSource
 
 log = logging.getLogger("tensorjob_jupyter")
@@ -103,7 +103,7 @@ class Job:
         self.id = new_job_id()
         self.limits = with_keywords(limits, limit_keywords, "Job")
         break_on = parse_break_on(break_on)  # ValueError names a kind that is not a command
-        #: The job's ``debug.Debugger`` when it is being debugged (``debug``, ``break_on``), else None.
+        #: The job's ``host.debugger.Debugger`` when it is being debugged (``debug``, ``break_on``), else None.
         self.debugger = (Debugger(start_paused=bool(debug), break_on=break_on, max_paused_s=self.limits.max_paused_s)
                          if debug or break_on else None)
         self.input, input_json = abi.checked_value({} if input is None else input, "the job input",
@@ -119,33 +119,38 @@ class Job:
         self.backend = backend
         self.run_dir = Path(runs_dir if runs_dir is not None else default_runs_dir()) / self.id
         self.stream = EventStream(self.id, self.run_dir, max_bytes=self.limits.max_event_bytes)
-        self._cancel = threading.Event()
-        self._reactor = self._make_reactor(job_id=self.id, wasm=wasm, input_json=input_json, grants=self.grants,
-                                           backend=backend, limits=self.limits, stream=self.stream,
-                                           cancel=self._cancel, input_bytes=input_bytes, infer=infer,
-                                           fetch=self.fetch_grants, debugger=self.debugger)
-        self._envelope_json: bytes | None = None
-        self._status: JobStatus | None = None
-        self._done = threading.Event()
-        self._callbacks: list = []
-        self._callbacks_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self.started_at: float | None = None
-        self.started_monotonic: float | None = None
-        self.finished_at: float | None = None
-        self.stream.publish(event_types.JOB_CREATED, transcript_version=TRANSCRIPT_VERSION, created_at=round(time.time(), 3),
-                            name=self.name,
-                            guest={"name": source.name, "language": source.language, "origin": source.origin,
-                                   "sha256": self.guest_sha256, "bytes": len(wasm)},
-                            input=self.input, grants=[str(r) for r in self.grants.roots],
-                            read=sorted({name for root in self.grants.grants for name in root.names}),
-                            cwd=str(self.grants.cwd),
-                            input_bytes={"bytes": len(input_bytes), "sha256": hashlib.sha256(input_bytes).hexdigest()},
-                            limits=self.limits.to_json(), model=backend.model_name if backend else None,
-                            **_model_server(backend),
-                            infer=self._reactor.infer_options.to_json(), fetch=self.fetch_grants.prefixes,
-                            **({"debug": self.debugger.to_json()} if self.debugger is not None else {}),
-                            **self._created_fields())
+        try:
+            self._cancel = threading.Event()
+            self._reactor = self._make_reactor(job_id=self.id, wasm=wasm, input_json=input_json, grants=self.grants,
+                                               backend=backend, limits=self.limits, stream=self.stream,
+                                               cancel=self._cancel, input_bytes=input_bytes, infer=infer,
+                                               fetch=self.fetch_grants, debugger=self.debugger)
+            self._envelope_json: bytes | None = None
+            self._status: JobStatus | None = None
+            self._done = threading.Event()
+            self._callbacks: list = []
+            self._callbacks_lock = threading.Lock()
+            self._thread: threading.Thread | None = None
+            self.started_at: float | None = None
+            self.started_monotonic: float | None = None
+            self.finished_at: float | None = None
+            self.stream.publish(event_types.JOB_CREATED, transcript_version=TRANSCRIPT_VERSION, created_at=round(time.time(), 3),
+                                name=self.name,
+                                guest={"name": source.name, "language": source.language, "origin": source.origin,
+                                       "sha256": self.guest_sha256, "bytes": len(wasm)},
+                                input=self.input, grants=[str(r) for r in self.grants.roots],
+                                read=sorted({name for root in self.grants.grants for name in root.names}),
+                                cwd=str(self.grants.cwd),
+                                input_bytes={"bytes": len(input_bytes), "sha256": hashlib.sha256(input_bytes).hexdigest()},
+                                limits=self.limits.to_json(), model=backend.model_name if backend else None,
+                                **_model_server(backend),
+                                infer=self._reactor.infer_options.to_json(), fetch=self.fetch_grants.prefixes,
+                                **({"debug": self.debugger.to_json()} if self.debugger is not None else {}),
+                                **self._created_fields())
+        except BaseException as e:  # the job cannot start: its folder is a failed run, not a locked one
+            error = JobError(e.code, e.message) if isinstance(e, JobFailure) else internal_error(self.id, e)
+            self.stream.close(_encode_envelope(self.id, Envelope(JobStatus.FAILED, Usage(), error=error)))
+            raise
         _register(self)
 
     def _make_reactor(self, **kwargs: Any) -> Reactor:

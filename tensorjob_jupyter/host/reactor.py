@@ -14,7 +14,7 @@ tokens are counted against their budgets, and cancellation needs no
 cooperation from the guest -- between steps the reactor simply stops, and
 inside a step ``Guest.interrupt`` ends the call.
 
-A job being debugged (``debug.Debugger``) may pause at the loop's stop
+A job being debugged (``host.debugger.Debugger``) may pause at the loop's stop
 points: before ``cf_init``, and after the guest returned a command, before
 it is carried out -- between commands, never on the per-token path. Paused
 time moves the job's deadline on (``paused_for``); a job without a debugger
@@ -44,7 +44,7 @@ import time
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import Envelope, JobError, JobFailure, JobStatus, Usage, codes, event_types
@@ -157,7 +157,7 @@ class Reactor:
         self.pending_command: str | None = None
         self._started = 0.0
         self.deadline: float | None = None
-        #: A ``debug.Debugger`` when the job is being debugged, else None.
+        #: A ``host.debugger.Debugger`` when the job is being debugged, else None.
         self.debugger = debugger
 
     # -- cancellation (any thread) ----------------------------------------------------
@@ -456,27 +456,29 @@ class Reactor:
                                   constraint=spec.constraint, system=spec.system)
         return InferPlan(spec, request)
 
-    def _open_response(self, cmd: abi.Infer, plan: "InferPlan", model: str) -> ResponseStream:
-        """The infer's Open Responses response, created and in progress."""
+    def _open_response(self, cmd: abi.Infer, plan: "InferPlan", model: str, *,
+                       call_id: str | None = None) -> ResponseStream:
+        """The infer's Open Responses response, created and in progress (``call_id``: a function call's id,
+        when a replay gives the recorded one)."""
         sampler = plan.request.sampler
         response = ResponseStream(self.stream, model=model, max_output_tokens=plan.request.max_tokens,
                                   temperature=sampler.temperature, top_p=sampler.top_p,
                                   index=self.stats.infers, output=plan.spec.response_fields(),
-                                  sampler=sampler.to_json())
+                                  sampler=sampler.to_json(), call_id=call_id)
         self.stats.infers += 1
         response.start(command=cmd.to_json())  # the request as the guest sent it, for replay
         return response
 
     def _answer(self, plan: "InferPlan", router: OutputRouter, response: ResponseStream, result: GenerateResult,
-                delivery: Delivery, *, judged_before: int = 0) -> abi.Event:
+                delivery: Delivery, *, already: Sequence[str] = ()) -> abi.Event:
         """The model's answer, counted, checked against the infer's format and closed: the guest's ``infer_done``.
 
-        ``judged_before``: pieces of this answer the guest judged before ``delivery`` began (a replay that
+        ``already``: pieces of this answer the guest judged before ``delivery`` began (a replay that
         went on live from the middle of an answer)."""
         spec, max_tokens = plan.spec, plan.request.max_tokens
         u = result.usage
         self._count_tokens(u.prompt_tokens, u.completion_tokens)
-        stopped_after = None if delivery.stopped_after is None else judged_before + delivery.stopped_after
+        stopped_after = None if delivery.stopped_after is None else len(already) + delivery.stopped_after
         reason = FINISH_GUEST_STOP if stopped_after is not None else (
             FINISH_LENGTH if result.finish_reason == FINISH_LENGTH else FINISH_STOP)
         usage = response.usage_json(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
@@ -492,6 +494,8 @@ class Reactor:
             tool_calls = tuple(c.to_json() for c in calls) if calls else None
         elif router.is_call:
             text = ""  # a call cut short (guest stop): no message, and no call to report
+        if router.is_call:  # no text delta carries a call's model text: keep its pieces, for replay
+            extra["raw_pieces"] = [*already, *delivery.pieces]
         response.finish(text, usage=usage, reason=reason, extra=extra)
         if reason == FINISH_LENGTH and (spec.constrained or router.is_call):
             what = "tool call" if router.is_call else "JSON"

@@ -37,7 +37,7 @@ import queue
 import threading
 import time
 from concurrent.futures import CancelledError, Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 from tensorjob_jupyter.abi import JobFailure, codes
@@ -55,7 +55,8 @@ LOOKAHEAD_WAIT_S = 0.05
 PARTIAL_USAGE_WAIT_S = 0.5
 _END = object()
 #: The ``error`` event's type for a model failure, by its code (Open Responses' words).
-_ERROR_TYPES = {codes.BUSY: "too_many_requests", codes.TIMEOUT: "server_error"}
+_ERROR_TYPES = {codes.BUSY: "too_many_requests", codes.TIMEOUT: "server_error",
+                codes.SCHEMA_VALIDATION_FAILED: "invalid_request"}
 
 
 class TokenSource(Protocol):
@@ -168,10 +169,11 @@ class ModelTokens:
         """The model's answer; its failure closes ``response`` and raises the job's ``JobFailure``."""
         try:
             return self.future.result()
-        except CancelledError:
+        except CancelledError:  # cancelled while it waited in the queue: no token was made
+            response.finish("".join(response.text_parts), usage=response.usage_json(0, 0), reason=FINISH_CANCELLED)
             raise JobFailure(codes.CANCELLED, "cancelled during inference") from None
         except ConstraintError as e:  # llama.cpp refused the grammar: before any token
-            response.fail(e.message, code=e.code, error_type="invalid_request")
+            response.fail(e.message, code=e.code, error_type=_ERROR_TYPES[e.code])
             raise JobFailure(e.code, f"infer: {e.message}") from None
         except JobFailure as e:  # ModelError (model_load_failed), QueueFull (busy), ModelTimeout (timeout)
             response.fail(e.message, code=e.code, error_type=_ERROR_TYPES.get(e.code, "model_error"))
@@ -220,7 +222,7 @@ class RecordedTokens:
 class PrefixMismatch(Exception):
     """The model's answer does not begin with the pieces the guest already judged."""
 
-    def __init__(self, index: int, expected: str, got: str):
+    def __init__(self, index: int, expected: str, got: str | None):  # None: the answer ended there
         super().__init__(f"piece {index + 1}")
         self.index, self.expected, self.got = index, expected, got
 
@@ -231,6 +233,7 @@ class Delivery:
 
     delivered: int = 0  # pieces published (and, until a stop, judged)
     stopped_after: int | None = None  # pieces the guest had judged when it said stop
+    pieces: list[str] = field(default_factory=list)  # the pieces published, in order
 
 
 class TokenLoop:
@@ -270,6 +273,8 @@ class TokenLoop:
             if piece is None:
                 continue
             if piece is _END:
+                if seen < len(already):  # the model ended before repeating what the guest judged
+                    raise PrefixMismatch(seen, already[seen], None)
                 return
             index = seen
             seen += 1
@@ -279,7 +284,12 @@ class TokenLoop:
                     raise PrefixMismatch(index, already[index], piece)
                 source.judged(index)
                 continue
-            self.publish(piece)
+            try:
+                self.publish(piece)
+            except JobFailure as e:  # the transcript is full or broken: the answer ends, counted
+                source.stop(out.delivered)
+                raise self._end_early(source, out, e) from None
+            out.pieces.append(piece)
             out.delivered += 1
             if out.stopped_after is None:
                 try:
@@ -302,9 +312,12 @@ class TokenLoop:
         source.end()
         tokens_in, tokens_out = source.partial_usage(out.delivered)
         self.count(tokens_in, tokens_out)
-        if e.code == codes.CANCELLED:
-            self.response.finish("".join(self.response.text_parts),
-                                 usage=self.response.usage_json(tokens_in, tokens_out), reason=FINISH_CANCELLED)
-            return JobFailure(codes.CANCELLED, "cancelled during inference")
-        self.response.fail(e.message, code=e.code, error_type="server_error")
+        try:
+            if e.code == codes.CANCELLED:
+                self.response.finish("".join(self.response.text_parts),
+                                     usage=self.response.usage_json(tokens_in, tokens_out), reason=FINISH_CANCELLED)
+                return JobFailure(codes.CANCELLED, "cancelled during inference")
+            self.response.fail(e.message, code=e.code, error_type=_ERROR_TYPES.get(e.code, "server_error"))
+        except JobFailure:  # the transcript itself failed: the job's end says why, the response cannot
+            pass
         return e

@@ -29,10 +29,12 @@ On determinism: llama.cpp's kernels are not bitwise invariant to batch shape
 or to where a sequence sits in the KV cache (on this CPU build a batch of
 more than ~32 tokens takes another matmul path, and a sequence placed after
 another one's cells attends in other blocks; logits move by a few tenths).
-So each slot has a KV stream of its own, and the last prompt token is always
-decoded on its own: a repeated prompt gives exactly what a cold run gives,
-from the cache or not, and decode steps of a few sequences together match a
-lone sequence. A prompt that merely shares a prefix with an earlier one
+So each slot has a KV stream of its own, and the last prompt token is never
+decoded with the rest of its prompt but in a decode step, as every generated
+token is (a prompt's first token costs no decode of its own, and requests
+admitted together take theirs together): a repeated prompt gives exactly what
+a cold run gives, from the cache or not, and decode steps of a few sequences
+together match a lone sequence. A prompt that merely shares a prefix with an earlier one
 reuses KV computed in another batch shape and can differ from a cold run at
 a near tie. Across machines, builds (instruction sets, GPU) and thread
 counts greedy text is *not* the same; nothing in the suite depends on it.
@@ -450,24 +452,19 @@ class LlamaEngine:
                             limit, started)
             slot.busy = True
             try:
-                idx = self._prefill(slot, tokens, reuse, key)
+                self._prefill(slot, tokens, reuse, key)
             except BaseException:
                 self._release(seq)
                 self._drop_slot(slot)
                 raise
-            try:
-                token = sampler.sample(self._ctx, idx)
-            except BaseException:  # the prompt's KV is whole: the slot keeps it for the next request
-                self._release(seq)
-                raise
-        except Abandoned:  # its job ended while the grammar chose the first token
+        except Abandoned:  # its job ended while the grammar was being built
             item.done(GenerateResult("", FINISH_CANCELLED, GenerateUsage()), None)
             return True
         except BaseException as e:  # noqa: BLE001 - answered through the request
             item.done(None, e if isinstance(e, ModelError) else ModelError(f"{type(e).__name__}: {e}"))
             return True
-        if not self._accept(seq, token):
-            active.append(seq)
+        seq.next_token = tokens[-1]  # decoded in the next step, with the batch: the first token comes from it
+        active.append(seq)
         return True
 
     def _pick_slot(self, tokens: list[int], key: LoraKey, use_cache: bool) -> tuple[_Slot, int]:
@@ -492,24 +489,22 @@ class LlamaEngine:
         self._ctx.kv_cache_seq_rm(slot.seq_id, 0, -1)
         slot.tokens = []
 
-    def _prefill(self, slot: _Slot, tokens: list[int], reuse: int, key: LoraKey) -> int:
-        """Bring ``slot``'s KV to ``tokens``; returns the batch index of the last token's logits."""
+    def _prefill(self, slot: _Slot, tokens: list[int], reuse: int, key: LoraKey) -> None:
+        """Bring ``slot``'s KV to all of ``tokens`` but the last, which the next decode step takes."""
         if not self._ctx.kv_cache_seq_rm(slot.seq_id, reuse, -1):
             self._drop_slot(slot)
             reuse = 0
         slot.tokens = tokens[:reuse]
         slot.lora = key
-        todo = tokens[reuse:]
-        # The last prompt token is always decoded on its own: llama.cpp's kernels
-        # are not bitwise batch-size invariant, so this makes a repeated prompt
-        # (served from the cache) give exactly what a cold run gives.
-        body = todo[:-1]
+        # The last prompt token is never decoded with the rest: llama.cpp's kernels
+        # are not bitwise batch-size invariant, so it goes with a decode step, as
+        # every generated token does, and a repeated prompt (served from the
+        # cache) gives exactly what a cold run gives.
+        body = tokens[reuse:-1]
         for start in range(0, len(body), self.n_batch):
-            self._decode_run(slot, body[start:start + self.n_batch], want_logits=False)
-        self._decode_run(slot, todo[-1:], want_logits=True)
-        return 0
+            self._decode_run(slot, body[start:start + self.n_batch])
 
-    def _decode_run(self, slot: _Slot, chunk: list[int], *, want_logits: bool) -> None:
+    def _decode_run(self, slot: _Slot, chunk: list[int]) -> None:
         batch = self._batch.batch
         pos = len(slot.tokens)
         batch.n_tokens = len(chunk)
@@ -519,7 +514,6 @@ class LlamaEngine:
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = slot.seq_id
             batch.logits[i] = False
-        batch.logits[len(chunk) - 1] = want_logits
         self._decode()
         slot.tokens.extend(chunk)
 

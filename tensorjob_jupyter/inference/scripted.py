@@ -10,7 +10,7 @@ and can be told to pause between tokens or to fail, so every path of the
 host can be tested without a model. Embeddings are stable pseudo-random unit vectors.
 
 Why a test double ships in the installed package: it is public API.
-README names ``ScriptedBackend`` as the backend to run a guest without a
+The documentation names ``ScriptedBackend`` as the backend to run a guest without a
 model, so a guest author's own tests import it from the installed package
 (never from our ``tests/``); and a map on a Dask cluster hands worker
 *processes* a pickled ``functools.partial(ScriptedBackend, ...)``: pickle

@@ -27,7 +27,7 @@ import orjson
 
 from tensorjob_jupyter.abi import MAX_DEPTH, TERMINAL_EVENT_TYPES, JobStatus, dumps, event_types
 from tensorjob_jupyter.record.events import TRANSCRIPT_VERSION
-from tensorjob_jupyter.record.runs import EVENTS_FILE
+from tensorjob_jupyter.record.run_folder import EVENTS_FILE
 from tensorjob_jupyter.text import for_terminal
 
 #: Bytes of one line of ``events.jsonl`` a reader accepts, its newline included; a longer line is
@@ -232,12 +232,17 @@ def check_envelope(envelope: Any, prefix: str = "") -> str | None:
     if not isinstance(status, str) or status not in ENVELOPE_STATUSES:
         return f"its {prefix}status is not one of {', '.join(sorted(ENVELOPE_STATUSES))}"
     error = envelope.get("error")
+    ended_badly = status in (JobStatus.FAILED.value, JobStatus.CANCELLED.value)
+    if ended_badly != (error is not None):  # as the host writes it: an error exactly when it failed
+        return f"its {prefix}error is {'missing' if ended_badly else 'there'} for a {status} job"
+    if status != JobStatus.COMPLETED.value and envelope.get("result") is not None:
+        return f"its {prefix}result is there for a {status} job"
     if error is not None:
         if not isinstance(error, dict):
             return f"its {prefix}error is not an object"
-        problem = _check_fields(error, {"code": TEXT, "message": TEXT}, prefix + "error.")
-        if problem is not None:
-            return problem
+        for key in ("code", "message"):
+            if not isinstance(error.get(key), str):
+                return f"its {prefix}error.{key} is not text"
     return check_usage(envelope.get("usage"), prefix + "usage.")
 
 

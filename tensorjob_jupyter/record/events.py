@@ -29,7 +29,7 @@ per event.
 
 **The format is versioned.** ``job.created`` (sequence 0) carries
 ``transcript_version`` (``TRANSCRIPT_VERSION``); readers refuse a version
-they do not know (``record/transcript.py``). README's "Transcripts" section lists
+they do not know (``record/transcript.py``). The documentation's "Transcripts" page (docs/transcripts.md) lists
 the events and the fields replay relies on.
 
 While the job runs, its transcript file holds an exclusive ``flock``, so
@@ -52,7 +52,7 @@ from typing import Any, Iterator
 import orjson
 
 from tensorjob_jupyter.abi import TERMINAL_EVENT_TYPES, JobFailure, codes
-from tensorjob_jupyter.record.runs import ENVELOPE_FILE, ENVELOPE_TMP_FILE, EVENTS_FILE, lock_transcript
+from tensorjob_jupyter.record.run_folder import ENVELOPE_FILE, ENVELOPE_TMP_FILE, EVENTS_FILE, lock_transcript
 
 
 #: The transcript format this host writes (``job.created``'s ``transcript_version``).
@@ -91,9 +91,13 @@ class _FileLog:
 
     def __init__(self, path: Path):
         self.path = path
-        self._file = open(path, "wb")
+        # Created under another name, locked, then renamed into place: no reader ever sees the
+        # transcript unlocked while it is written. The lock goes when the file closes or the process dies.
+        staging = path.with_name(path.name + ".new")
+        self._file = open(staging, "wb")
+        lock_transcript(self._file.fileno())
+        os.replace(staging, path)
         self.position = 0
-        lock_transcript(self._file.fileno())  # released when the file closes, or the process dies
 
     def append(self, line: bytes) -> None:
         self._file.write(line)

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
+
 
 from tensorjob_jupyter.abi import TERMINAL_EVENT_TYPES, dumps, event_types
 from tensorjob_jupyter.record.event_checks import TranscriptError, shown_run
@@ -53,6 +55,7 @@ class InferAnswer:
     timing: dict | None = None
     guest_stopped_after: int | None = None
     error: dict | None = None
+    call_id: str | None = None  # a function call's id, which the guest saw
 
     def _usage(self, key: str, within: str | None = None) -> int:
         usage = self.usage if isinstance(self.usage, dict) else {}
@@ -130,8 +133,10 @@ def _step_of(event: dict) -> tuple[dict, dict] | None:
                    "offset": event.get("offset"), "len": event.get("requested")}
         return command, _pick(event, "length", "next_offset", "preview_base64" if binary else "preview")
     if kind == event_types.JOB_EMBEDDED:
-        return ({"cmd": "embed", "texts_sha256": event.get("text_sha256")},
-                {"vectors": event.get("vectors")} if "vectors" in event else {})
+        vectors = event.get("vectors")
+        # kept as arrays: 8 bytes a number, where parsed JSON floats cost about 32 (a replay holds them all)
+        outcome = {"vectors": [np.asarray(v, dtype=np.float64) for v in vectors]} if isinstance(vectors, list) else {}
+        return {"cmd": "embed", "texts_sha256": event.get("text_sha256")}, outcome
     if kind == event_types.JOB_DOCUMENT_PAGE:
         command = {"cmd": event.get("command"), "handle": event.get("handle")}
         if event.get("page") is not None:
@@ -263,6 +268,11 @@ def _fold_answer(answer: InferAnswer, event: dict) -> None:
     kind = event["type"]
     if kind == event_types.RESPONSE_OUTPUT_TEXT_DELTA:
         answer.pieces.append(str(event.get("delta", "")))
+    elif kind == event_types.RESPONSE_OUTPUT_ITEM_ADDED:
+        item = event.get("item") if isinstance(event.get("item"), dict) else {}
+        call_id = item.get("call_id")
+        if item.get("type") == "function_call" and isinstance(call_id, str) and len(call_id) <= 128:
+            answer.call_id = call_id
     elif kind in (event_types.RESPONSE_COMPLETED, event_types.RESPONSE_INCOMPLETE):
         response = event.get("response") or {}
         answer.status = kind.split(".", 1)[1]
@@ -279,6 +289,9 @@ def _fold_answer(answer: InferAnswer, event: dict) -> None:
         answer.text = text if isinstance(text, str) else "".join(answer.pieces)
         answer.usage = response.get("usage")
         answer.timing = event.get("timing")
+        raw = event.get("raw_pieces")  # a function call's model text, which no text delta carries
+        if isinstance(raw, list) and all(isinstance(x, str) for x in raw):
+            answer.pieces = list(raw)
         stopped = event.get("guest_stopped_after")
         answer.guest_stopped_after = stopped if isinstance(stopped, int) and not isinstance(stopped, bool) else None
     elif kind == event_types.ERROR:
@@ -361,6 +374,10 @@ def _around(text: str, at: int, before: int = 20, after: int = 40) -> str:
     return ("…" if start else "") + for_terminal(part, one_line=True) + ("…" if at + after < len(text) else "")
 
 
+def _json(value: Any) -> str:
+    return "absent" if value is None else dumps(value)
+
+
 def compare_commands(recorded: dict, asked: dict, *, max_tokens: bool = True) -> tuple[str, str, str] | None:
     """None when ``asked`` is the command ``recorded``; else (why, what was recorded, what was asked),
     each one inert line. ``max_tokens=False`` leaves an infer's token limit to the caller."""
@@ -377,6 +394,10 @@ def compare_commands(recorded: dict, asked: dict, *, max_tokens: bool = True) ->
             return "other images", describe(recorded), describe(asked)
         if max_tokens and recorded.get("max_tokens") != asked.get("max_tokens"):
             return "another token limit", describe(recorded), describe(asked)
+        for key in sorted((set(recorded) | set(asked)) - {"cmd", "prompt", "images", "max_tokens"}):
+            if recorded.get(key) != asked.get(key):  # a format, tools or sampling of the infer's own
+                return (f"another {key.replace('_', ' ')}", f"infer, {key} {_quote(_json(recorded.get(key)), 200)}",
+                        f"infer, {key} {_quote(_json(asked.get(key)), 200)}")
         return None
     if recorded == asked:
         return None

@@ -58,7 +58,7 @@ class ResponseStream:
 
     def __init__(self, stream: EventStream, *, model: str, max_output_tokens: int,
                  temperature: float | None = None, top_p: float | None = None, index: int = 0,
-                 output: dict | None = None, sampler: dict | None = None):
+                 output: dict | None = None, sampler: dict | None = None, call_id: str | None = None):
         self.stream = stream
         self.id = _id("resp")
         self.item_id = _id("msg")
@@ -76,6 +76,7 @@ class ResponseStream:
         # a function_call item, once the model has named the function
         self.call_name: str | None = None
         self.call_id: str | None = None
+        self._given_call_id = call_id  # the id a function call gets, when it is not to be a new one
         self.call_item_id: str | None = None
         self.call_parts: list[str] = []
 
@@ -157,7 +158,7 @@ class ResponseStream:
         if self.call_open:
             return
         self.call_name = name
-        self.call_id = call_id or f"call_{uuid.uuid4().hex[:24]}"
+        self.call_id = call_id or self._given_call_id or f"call_{uuid.uuid4().hex[:24]}"
         self.call_item_id = _id("fc")
         self.stream.publish(event_types.RESPONSE_OUTPUT_ITEM_ADDED, output_index=0, item=self._call_item("in_progress", ""))
 

@@ -39,7 +39,7 @@ from tensorjob_jupyter.record.event_checks import (
     MAX_LINE_BYTES, TranscriptError, check_envelope, check_shape, check_version, parse_event, shown_run,
 )
 from tensorjob_jupyter.record.events import TRANSCRIPT_VERSION
-from tensorjob_jupyter.record.runs import ENVELOPE_FILE, EVENTS_FILE
+from tensorjob_jupyter.record.run_folder import ENVELOPE_FILE, EVENTS_FILE
 
 #: Bytes of the first line (``job.created``) a listing reads at most; a job
 #: whose input is larger is listed without its name.

@@ -79,6 +79,8 @@ from tensorjob_jupyter.version import __version__
 POLL_S = 0.02
 #: How long the job's thread waits for a stopped helper thread to end.
 JOIN_S = 2.0
+#: The longest one TCP connect attempt may take (under ``JOIN_S``): see ``_Download._send``.
+CONNECT_ATTEMPT_S = 1.0
 MAX_URL_BYTES = 8192
 DEFAULT_PORTS = {"http": 80, "https": 443}
 _FORBIDDEN = re.compile(r"[\x00-\x20\x7f\\]")
@@ -302,16 +304,25 @@ class _Download:
             raise _Stopped
         return left
 
+    def _send(self, client: httpx.Client, url: httpx.URL) -> httpx.Response:
+        """The response's head. A TCP connect cannot be shut down before it completes, so it is tried in
+        attempts of at most ``CONNECT_ATTEMPT_S``: a stop or the deadline reaches the helper between them
+        (a host that drops SYNs never holds it past ``JOIN_S``)."""
+        while True:
+            left = self._remaining()
+            timeout = httpx.Timeout(left, connect=min(left, CONNECT_ATTEMPT_S))
+            request = client.build_request("GET", url, timeout=timeout, extensions={"trace": self._trace})
+            try:
+                return client.send(request, stream=True)
+            except httpx.ConnectTimeout:
+                continue
+
     def _fetch(self) -> Fetched:
         headers = {"User-Agent": f"tensorjob/{__version__}", "Accept-Encoding": "gzip, deflate;q=0.5, identity"}
         current = self.target
         with httpx.Client(follow_redirects=False, trust_env=False, headers=headers) as client:
             for redirects in range(self.limits.max_fetch_redirects + 1):
-                left = self._remaining()
-                timeout = httpx.Timeout(left, connect=min(left, 10.0))
-                request = client.build_request("GET", current.url, timeout=timeout,
-                                               extensions={"trace": self._trace})
-                response = client.send(request, stream=True)
+                response = self._send(client, current.url)
                 try:
                     if self.stop.is_set():
                         raise _Stopped

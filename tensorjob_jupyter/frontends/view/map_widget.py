@@ -69,7 +69,7 @@ def item_row(event: dict) -> dict:
 
 def render_header(name: str, p: MapProgress) -> str:
     link = ""
-    if p.dashboard_link:
+    if p.dashboard_link and p.dashboard_link.lower().startswith(("http://", "https://")):  # never javascript:
         href = for_html(p.dashboard_link)
         link = f' · <a href="{href}" target="_blank" rel="noopener" class="tj-dashboard">Dask dashboard</a>'
     rate = f" · {p.rate}" if p.rate else ""

@@ -28,7 +28,7 @@ from typing import Iterable, Iterator
 
 from tensorjob_jupyter.frontends.view.state import ViewState
 from tensorjob_jupyter.record.event_checks import MAX_LINE_BYTES, TranscriptError, parse_event
-from tensorjob_jupyter.record.runs import EVENTS_FILE
+from tensorjob_jupyter.record.run_folder import EVENTS_FILE
 from tensorjob_jupyter.record.transcript import read_line
 
 #: Events between checkpoints at first (doubling as needed to stay within MAX_CHECKPOINTS).

@@ -21,7 +21,7 @@ Continue, Step (one command), Step to next infer, Pause -- and a panel with the
 latest pause (``render.debug``). The buttons' clicks go through the same
 side channel as Cancel (``side_channel``), so they act while the cell
 waits; their handlers only call the job's non-blocking controls
-(``debug.Debugger``), and their labels and states are the host's own: the
+(``host.debugger.Debugger``), and their labels and states are the host's own: the
 updater enables Continue and the Steps while the job is paused, Pause while
 it runs, nothing once it has ended.
 

@@ -12,7 +12,9 @@ replay took, before it runs. ``RECORDED`` is the keyword value that means
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from typing import Any, Iterable
 
 from tensorjob_jupyter.inference.base import (
@@ -22,11 +24,16 @@ from tensorjob_jupyter.limits import FIELDS as LIMIT_FIELDS
 from tensorjob_jupyter.limits import Limits
 from tensorjob_jupyter.limits import check as limits_check
 from tensorjob_jupyter.host.reactor import InferOptions
+from tensorjob_jupyter.record.event_checks import MAX_COUNT
 from tensorjob_jupyter.text import for_terminal
 from tensorjob_jupyter.record.recording import (
     Recording,
 )
 from tensorjob_jupyter.history.runs import resolve_run
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+
 
 class ReplayError(ValueError):
     """A replay that cannot start: its run cannot be replayed, or what it needs was not given (one line)."""
@@ -55,8 +62,14 @@ def load_recording(run: Any, runs: str | os.PathLike | None = None) -> Recording
         for key in ("read", "grants", "fetch"):
             if not all(isinstance(x, str) for x in created.get(key) or []):
                 raise ValueError(f"{key} is not a list of strings")
-        if not isinstance(created.get("input_bytes") or {}, dict):
+        staged = created.get("input_bytes") or {}
+        if not isinstance(staged, dict):
             raise ValueError("input_bytes is not an object")
+        size, digest = staged.get("bytes", 0), staged.get("sha256", _EMPTY_SHA256)
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_COUNT:
+            raise ValueError("input_bytes.bytes is not a count")
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            raise ValueError("input_bytes.sha256 is not a SHA-256")
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ReplayError(f"{for_terminal(recording.id, one_line=True)}: its job.created cannot be replayed: "
                           f"{for_terminal(str(e), one_line=True)[:200]}") from None

@@ -31,7 +31,7 @@ EVENTS_FILE = "events.jsonl"
 ENVELOPE_FILE = "envelope.json"
 ENVELOPE_TMP_FILE = ENVELOPE_FILE + ".tmp"
 #: The files a job writes in its run folder (prune removes these and nothing else).
-RUN_FILES = frozenset({EVENTS_FILE, ENVELOPE_FILE, ENVELOPE_TMP_FILE})
+RUN_FILES = frozenset({EVENTS_FILE, EVENTS_FILE + ".new", ENVELOPE_FILE, ENVELOPE_TMP_FILE})
 
 
 def default_runs_dir() -> Path:
@@ -54,10 +54,8 @@ def lock_transcript(fileno: int) -> None:
     """Mark a transcript as being written (its writer calls this once, on the open file)."""
     if fcntl is None:  # pragma: no cover
         return
-    try:
-        fcntl.flock(fileno, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        pass
+    # The writer locks the file before anyone can see it (see ``events._FileLog``), so this never waits.
+    fcntl.flock(fileno, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def is_live(run_dir: str | os.PathLike) -> bool:
