@@ -771,10 +771,15 @@ env = tj.Job(echo, input={{"prompt": "Write a long story.", "max_tokens": 2000, 
 assert env.error is not None and env.error.code == "timeout", env
 print(time.monotonic() - started - 2.0)
 """
-    out = {}
+    out: dict = {"exit_codes": []}
     for kind in ("plain", "json"):
-        past = [float(subprocess.run([sys.executable, "-c", script, kind], capture_output=True, text=True,
-                                     timeout=600, check=True).stdout.split()[-1]) for _ in range(1 if quick else 3)]
+        past = []
+        for _ in range(1 if quick else 3):
+            # the exit code is kept, not checked: a process that exits while its model's worker thread is
+            # still in llama.cpp can crash on the way out, after it has printed its figure
+            done = subprocess.run([sys.executable, "-c", script, kind], capture_output=True, text=True, timeout=600)
+            out["exit_codes"].append(done.returncode)
+            past.append(float(done.stdout.split()[-1]))
         out[kind] = statistics.median(past)
     print(f"a job with job_timeout_s=2 in a fresh process ends {out['json']:.2f} s past it with a JSON format "
           f"(the first schema check imports jsonschema on the job's thread), {out['plain']:.2f} s without one",

@@ -318,7 +318,7 @@ def test_the_cell_magic_shows_warnings_and_the_cache(own_cache, capsys):
     ip = globalipapp.get_ipython()
     ip.run_line_magic("load_ext", "tensorjob_jupyter")
     value = ip.run_cell_magic("tensorjob", "--cflags=-Wall --quiet", WARNS.replace("tj_done(input)", "tj_done(tj_jsonf(\"7\"))"))
-    assert value == 7
+    assert value.result == 7  # the cell's value is the envelope
     assert "unused_here" in capsys.readouterr().err
     ip.run_line_magic("tensorjob", "cache")
     assert str(own_cache) in capsys.readouterr().out

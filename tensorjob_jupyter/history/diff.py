@@ -23,6 +23,7 @@ values' types and ranges, and every line printed is made inert and clipped.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +97,10 @@ def _answer(step: Step) -> Any:
     if step.infer is not None:
         return {"text": step.infer.text if step.infer.text is not None else "".join(step.infer.pieces),
                 "status": step.infer.status, "reason": step.infer.reason}
+    if isinstance(step.outcome.get("vectors"), list):  # an embed's vectors, compared by their digest
+        vectors = step.outcome["vectors"]
+        digest = hashlib.sha256(b"".join(v.tobytes() for v in vectors)).hexdigest()
+        return {**step.outcome, "vectors": f"{len(vectors)} vectors, SHA-256 {digest[:16]}"}
     return step.outcome
 
 
