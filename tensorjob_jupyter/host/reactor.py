@@ -448,7 +448,8 @@ class Reactor:
         max_tokens = min(cmd.max_tokens, remaining)
         opts = self.infer_options
         try:
-            spec = OutputSpec.of(cmd)  # a schema the grammar cannot enforce ends here, before any token
+            # a schema the grammar cannot enforce ends here, before any token; a slow check ends at the deadline
+            spec = OutputSpec.of(cmd, check_running=self._check_running)
         except SchemaError as e:
             raise JobFailure(codes.SCHEMA_VALIDATION_FAILED, f"infer: {e}") from None
         sampler = dataclasses.replace(opts.sampler, **cmd.sampling())

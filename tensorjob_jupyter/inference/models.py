@@ -24,6 +24,7 @@ registry key, so changing it builds a fresh worker.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
 import threading
@@ -147,3 +148,14 @@ def shutdown(timeout: float | None = 10.0) -> None:
         engine = worker.engine
         if engine is not None and hasattr(engine, "close") and not worker.alive:
             engine.close()
+
+
+#: How long the process waits at exit for a generation still running (see ``_close_at_exit``).
+EXIT_WAIT_S = 2.0
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Stop every worker before the interpreter tears down: a daemon thread still inside llama.cpp while
+    Python finalises crashes the process (a CLI whose job timed out would exit with SIGSEGV, not its code)."""
+    shutdown(timeout=EXIT_WAIT_S)
