@@ -591,7 +591,8 @@ def hostile_pattern(engine) -> dict:
     import numpy as np
 
     from tensorjob_jupyter import abi
-    from tensorjob_jupyter.host.structured import OutputSpec, SchemaError
+    from tensorjob_jupyter.host.structured import OutputSpec
+    from tensorjob_jupyter.host.schemas import SchemaError
     from tensorjob_jupyter.inference import grammar as g
     from tensorjob_jupyter.inference.grammar_stacks import GrammarStacks, ParsedGrammar
 
@@ -689,7 +690,7 @@ def abandon_latency(engine, quick: bool) -> dict:
 def schema_memory(runs_dir: str, tiny_model: Path) -> dict:
     """Eight jobs with the largest schemas allowed: memory kept after them, against the memos' bounds and against
     what caches bounded in entries held for the same schemas (the old way: each kept parsed)."""
-    from tensorjob_jupyter.host import structured
+    from tensorjob_jupyter.host import schemas, structured
     from tensorjob_jupyter.inference import grammar as g
     from tensorjob_jupyter.inference.models import get_backend
     from tensorjob_jupyter.sandbox.compile import GuestSource
@@ -698,8 +699,8 @@ def schema_memory(runs_dir: str, tiny_model: Path) -> dict:
     backend = get_backend(str(tiny_model), n_ctx=256)
 
     def largest(i):
-        count = structured.MAX_ENUM_VALUES
-        width = (structured.MAX_SCHEMA_BYTES - 2048) // count - 4
+        count = schemas.MAX_ENUM_VALUES
+        width = (schemas.MAX_SCHEMA_BYTES - 2048) // count - 4
         return {"enum": [f"{i:02d}-{j:05d}-" + "x" * (width - 10) for j in range(count)]}
 
     def run(schema):
@@ -735,12 +736,12 @@ def schema_memory(runs_dir: str, tiny_model: Path) -> dict:
                       "tool_choice": "none"})
     spec = copy.deepcopy(json.loads(key)["format"]["schema"])
     schema_json = json.dumps(spec, sort_keys=True)
-    old_entries = (key, spec, schema_json, structured._make_validator(schema_json, True))
+    old_entries = (key, spec, schema_json, schemas._make_validator(schema_json, True))
     gc.collect()
     old_one = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     del old_entries, spec, key, schema_json
-    memos = {"specs": structured._specs, "validators": structured._validators, "grammars": g._grammars,
+    memos = {"specs": structured._specs, "validators": schemas._validators, "grammars": g._grammars,
              "parsed": g._parsed}
     bound = sum(m.max_bytes for m in memos.values())
     out = {"found_refused_ms": refused_ms, "found_parsed_mib": one_found_parsed / MiB,
@@ -748,7 +749,7 @@ def schema_memory(runs_dir: str, tiny_model: Path) -> dict:
            "ratio": kept / (8 * old_one), "memos_mib": {k: m.bytes / MiB for k, m in memos.items()}}
     print(f"a 1,024-value enum of 15 KB strings: refused in {refused_ms:.0f} ms; entry-bounded caches kept "
           f"{old_one / MiB:.0f} MiB for one job with it, {8 * old_one / MiB:.0f} MiB for eight", flush=True)
-    print(f"eight jobs with the largest schemas now allowed ({structured.MAX_SCHEMA_BYTES // 1024} KiB each) keep "
+    print(f"eight jobs with the largest schemas now allowed ({schemas.MAX_SCHEMA_BYTES // 1024} KiB each) keep "
           f"{kept / MiB:.1f} MiB (memos bounded at {bound / MiB:.0f} MiB in all; ratio to eight as found "
           f"{kept / (8 * old_one):.3f})", flush=True)
     return out

@@ -45,8 +45,9 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 import tensorjob_jupyter as tj
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import codes
-from tensorjob_jupyter.host import structured
-from tensorjob_jupyter.host.structured import OutputSpec, SchemaError
+from tensorjob_jupyter.host import schemas as schema_checks, structured
+from tensorjob_jupyter.host.structured import OutputSpec
+from tensorjob_jupyter.host.schemas import SchemaError
 from tensorjob_jupyter.inference import ScriptedBackend, grammar, grammar_stacks, memo
 from tensorjob_jupyter.inference.base import (
     FINISH_CANCELLED, ConstraintError, GenerateRequest, Sampler,
@@ -373,8 +374,8 @@ def test_a_running_request_whose_job_ended_is_answered_cancelled_before_its_next
 
 def largest_schema(job: int) -> dict:
     """An enum just under the schema size bound, different for each job (no memo serves two)."""
-    count = structured.MAX_ENUM_VALUES
-    width = (structured.MAX_SCHEMA_BYTES - 2048) // count - 4  # each value is written "...",
+    count = schema_checks.MAX_ENUM_VALUES
+    width = (schema_checks.MAX_SCHEMA_BYTES - 2048) // count - 4  # each value is written "...",
     return {"enum": [f"{job:02d}-{i:05d}-" + "x" * (width - 10) for i in range(count)]}
 
 
@@ -386,11 +387,11 @@ def test_eight_jobs_with_the_largest_schemas_leave_memory_within_the_memos_bound
     found = {"enum": ["x" * 15_000 + str(i) for i in range(1024)]}
     job = run_echo(echo, backend, json_format(found), max_tokens=2)
     assert job.envelope.error.code == codes.SCHEMA_VALIDATION_FAILED
-    assert f"over the {structured.MAX_SCHEMA_BYTES} a schema may take" in job.envelope.error.message
+    assert f"over the {schema_checks.MAX_SCHEMA_BYTES} a schema may take" in job.envelope.error.message
     del job, found
     run_echo(echo, backend, json_format({"type": "string"}), max_tokens=2)  # warm: the engine, its tables
 
-    memos = {"specs": structured._specs, "validators": structured._validators, "grammars": grammar._grammars,
+    memos = {"specs": structured._specs, "validators": schema_checks._validators, "grammars": grammar._grammars,
              "parsed": grammar._parsed}
     bound = sum(m.max_bytes for m in memos.values())
     gc.collect()

@@ -27,7 +27,8 @@ from tensorjob_jupyter.abi import AbiError, codes
 from tensorjob_jupyter.sandbox.compile import GuestSource
 from tensorjob_jupyter.inference import ScriptedBackend
 from tensorjob_jupyter.inference.base import Constraint, GenerateRequest, ModelError, Sampler
-from tensorjob_jupyter.host.structured import CallScanner, OutputSpec, SchemaError
+from tensorjob_jupyter.host.structured import CallScanner, OutputSpec
+from tensorjob_jupyter.host.schemas import SchemaError
 
 from llama_support import Collector, smollm, tiny_files  # noqa: F401
 
@@ -643,15 +644,15 @@ def test_lora_and_no_prompt_cache_reach_the_engine_from_the_options(tiny_files, 
 
 
 def test_the_largest_schemas_the_checks_allow_are_grammars_llama_cpp_parses(tiny_engine):
-    from tensorjob_jupyter.host import structured
+    from tensorjob_jupyter.host import schemas
 
     largest = {"type": "object", "properties": {
-        "s": {"type": "string", "minLength": 1, "maxLength": structured.MAX_LENGTH},
-        "a": {"type": "array", "items": {"type": "boolean"}, "maxItems": structured.MAX_REPEAT},
-        "i": {"type": "integer", "minimum": 0, "maximum": structured.MAX_INT_RANGE - 1},
-        "p": {"type": "string", "pattern": f"^[a-z]{{1,{structured.MAX_REPEAT}}}$"},
-        "e": {"enum": [f"v{i}" for i in range(structured.MAX_ENUM_VALUES)]},
-        "any": {"anyOf": [{"const": i} for i in range(structured.MAX_ALTERNATIVES)]}},
+        "s": {"type": "string", "minLength": 1, "maxLength": schemas.MAX_LENGTH},
+        "a": {"type": "array", "items": {"type": "boolean"}, "maxItems": schemas.MAX_REPEAT},
+        "i": {"type": "integer", "minimum": 0, "maximum": schemas.MAX_INT_RANGE - 1},
+        "p": {"type": "string", "pattern": f"^[a-z]{{1,{schemas.MAX_REPEAT}}}$"},
+        "e": {"enum": [f"v{i}" for i in range(schemas.MAX_ENUM_VALUES)]},
+        "any": {"anyOf": [{"const": i} for i in range(schemas.MAX_ALTERNATIVES)]}},
         "required": ["s", "a", "i", "p", "e", "any"]}
     result, _ = constrained(tiny_engine, largest, max_tokens=4)
     assert result.finish_reason == "length" and result.text.startswith("{")

@@ -3,7 +3,7 @@
 Owns: ``reactor`` (the step loop: every command checked and carried out),
 ``tokens`` (the one token loop of an ``infer``, used live and in replay),
 ``jobs`` (``Job``: a reactor on its own thread, the transcript, the registry),
-``debugger`` (pauses between commands), ``structured`` (schemas to grammars,
+``debugger`` (pauses between commands), ``structured`` (with ``schemas``) (schemas to grammars,
 answers checked).
 May import: ``sandbox``, ``world``, ``record``, ``inference``, and the wire
 modules (``abi``, ``limits``, ``text``, ``version``). Never ``history``,

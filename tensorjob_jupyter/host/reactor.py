@@ -62,7 +62,8 @@ from tensorjob_jupyter.limits import Limits
 from tensorjob_jupyter.text import clip
 from tensorjob_jupyter.record.responses import ResponseStream
 from tensorjob_jupyter.sandbox.streaming import StreamingHost
-from tensorjob_jupyter.host.structured import OutputRouter, OutputSpec, SchemaError
+from tensorjob_jupyter.host.structured import OutputRouter, OutputSpec
+from tensorjob_jupyter.host.schemas import SchemaError
 from tensorjob_jupyter.host.tokens import POLL_S, Delivery, ModelTokens, TokenLoop
 from tensorjob_jupyter.world.fetch import FetchGrants, fetch_url
 
