@@ -56,6 +56,9 @@ failed load become part of the ``ModelError``.
 
 Which llama-cpp-python is used, and the check that it has everything used
 here and in ``grammar.py``, is ``library.py``: the pin.
+
+This module is one class on purpose: the decode loop, the slots, the samplers and the embedding
+context all share one llama.cpp context's state, which only this class touches.
 """
 
 from __future__ import annotations

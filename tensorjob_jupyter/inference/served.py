@@ -77,6 +77,10 @@ whose message is about the schema or ``response_format``) ->
 named by ``api_key_env`` (``OPENAI_API_KEY`` by default) when the backend is
 built -- in each process, so a map's Dask workers read their own -- and is
 never stored anywhere a transcript, a pickle or a message reaches.
+
+It is longer than most rooms because it is a whole client: the request mapping, the stream's
+reader with its bounds, the connection's life, and the error mapping belong to one request's life
+and change together when a server changes.
 """
 
 from __future__ import annotations

@@ -35,6 +35,9 @@ Why it is shaped so:
   (``GuestSource.warnings``), and shown by the CLI and the magic.
 * Diagnostics keep the compiler's ``file:line:col`` but name the file as the
   user knows it (``cell.c``), never the temporary directory it was built in.
+
+It holds the four languages' compilers side by side (one cache, one error shape), which is why
+it runs a little past the others' length.
 """
 
 from __future__ import annotations

@@ -45,6 +45,9 @@ Guarantees, each tested (tests/test_python_guest*.py):
   that ends the guest's call, and the reactor sees a ``GuestTrap``.
 * ``print()`` lines go to the job's log (``job.log`` events), bounded per line
   and per job.
+
+It is longer than most rooms because it is the whole adapter: the interpreter's thread, the
+hand-over of each command, the host calls it serves and the deadline it arms all change together.
 """
 
 from __future__ import annotations

@@ -34,6 +34,9 @@ paths only, read through windows), no network (``fetch`` goes through the
 grants), an empty environment, and a clock and random source that the host
 supplies and records, so a replay of the job sees the same values.
 ``print()`` goes to the job's log.
+
+It is one file on purpose: it is the module a guest imports, built into the interpreter's
+snapshot, and a guest sees its whole API in one place.
 """
 
 import base64 as _base64
