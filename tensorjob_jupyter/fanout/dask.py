@@ -68,8 +68,6 @@ from tensorjob_jupyter.version import __version__
 from tensorjob_jupyter.host.reactor import internal_error
 from tensorjob_jupyter.fanout.errors import ClusterError
 from tensorjob_jupyter.fanout.items import WORKER_LOST, BackendSpec, ItemSpec, failed_outcome, process_backend, run_item
-from tensorjob_jupyter.inference.models import resolve_model_path
-from tensorjob_jupyter.inference.models import default_model_path
 from tensorjob_jupyter.inference.served import is_served
 
 WINDOW_REFRESH_S = 2.0
@@ -324,8 +322,10 @@ def _worker_probe():
         try:
             import importlib
 
+            # by name, here: this runs on a worker that may lack the package, which is what it checks
             importlib.import_module("tensorjob_jupyter.fanout.dask")  # what every task imports
             version = importlib.import_module("tensorjob_jupyter.version").__version__
+            models = importlib.import_module("tensorjob_jupyter.inference.models")
         except Exception as e:  # noqa: BLE001
             report["package_error"] = f"{type(e).__name__}: {e}"
             return report
@@ -340,7 +340,7 @@ def _worker_probe():
         if needs_model:
             if model is not None and model.startswith("hf:"):  # from the worker's Hugging Face cache, or fetched
                 try:
-                    report["model"] = str(resolve_model_path(model, progress=False))
+                    report["model"] = str(models.resolve_model_path(model, progress=False))
                 except Exception as e:  # noqa: BLE001
                     report["model_error"] = " ".join(str(e).split())
             elif model is not None:
@@ -348,7 +348,7 @@ def _worker_probe():
                     report["model_error"] = f"no such file: {model}"
             else:
                 try:
-                    report["model"] = str(default_model_path())
+                    report["model"] = str(models.default_model_path())
                 except Exception as e:  # noqa: BLE001
                     report["model_error"] = " ".join(str(e).split())
         return report
