@@ -27,12 +27,21 @@ delta event, the transcript, the subscribers' queues.
    backend (2N threads: every handoff is a thread of its own).
 3. With ``--breakdown``, one instrumented job: the share of each part of a
    token's way through the host.
-4. With ``--real``, the real model (the embedded one, or ``--model PATH``):
-   four jobs at once, batched by the inference worker (four sequences per
-   ``llama_decode``), against llama.cpp's own four-sequence batched decode
-   driven through llama-cpp-python's C API in the same process (greedy,
-   argmax of each sequence's logits, the same prompts, lengths and thread
-   counts). Goal: at least 0.9.
+4. With ``--real``, the real model (the embedded one, or ``--model PATH``),
+   ``--rounds`` rounds (default 5), each in a fresh process: four ``tj.run``
+   calls started together from four threads (the defaults, less the chat
+   template and the repetition penalty: greedy, 128 tokens each, ``--quick``
+   64), batched by the inference worker, against llama.cpp's own
+   four-sequence batched decode driven through llama-cpp-python's C API in
+   the same process (each prompt prefilled on its own, then one
+   ``llama_decode`` a step for every running sequence, argmax, a sequence
+   ending at an end-of-generation token as the engine's does; the same
+   prompts and thread counts); which side goes first alternates. The model
+   is loaded by a 4-token job on another prompt first. Goal: the median of
+   the rounds at least 0.9. Each round also shows the engine's decode steps
+   by batch size, the step each request joined at and how long after the
+   first it arrived, how many tokens sat a step out (a job thread late for
+   its lookahead credit), and one job against one sequence.
 
 Runs are interleaved and the medians reported; ratios are against baselines
 measured in the same process. The last line is a one-line JSON summary.

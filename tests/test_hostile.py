@@ -37,7 +37,7 @@ def run_raw(commands, **kwargs):
     """Run the input-script guest over raw command bytes; returns the finished job."""
     kwargs.setdefault("backend", ScriptedBackend("a b c"))
     job = tj.Job(wat.input_script_guest(), input_bytes=wat.pack_commands(commands), **kwargs).start()
-    job.wait(30)
+    job.wait(120)  # a shared machine under load can take long over 16 MiB of events
     return job
 
 

@@ -480,8 +480,11 @@ def test_after_a_hostile_schema_the_next_jobs_infer_runs_at_once(echo, smollm, n
     job = run_echo(echo, smollm, {**json_format(schema), "sampling": {"temperature": 1.0}}, prompt=PROMPT,
                    max_tokens=400, **limits)
     ended = time.monotonic()
-    expected = codes.TIMEOUT if job_timeout_s else codes.SCHEMA_VALIDATION_FAILED
-    assert job.envelope.error is not None and job.envelope.error.code == expected, job.envelope
+    if job_timeout_s:  # sampled: the model may also close its string before the limit, and then it is free
+        assert job.envelope.ok or job.envelope.error.code == codes.TIMEOUT, job.envelope
+    else:
+        assert job.envelope.error is not None and job.envelope.error.code == codes.SCHEMA_VALIDATION_FAILED, \
+            job.envelope
     for fut in futures:  # the hostile request: done within a decode step of the job's end
         try:
             fut.result(baseline + 30)

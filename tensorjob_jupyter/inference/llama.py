@@ -88,9 +88,10 @@ log.addHandler(logging.NullHandler())
 
 PENALTY_LAST_N = 64
 EMBED_SEQS = 64
-#: Before a batch's first decode step, how long to wait for another request: requests sent together
-#: (jobs started at once) arrive a few milliseconds apart, and one that misses the first steps costs
-#: the batch as many extra steps at its end. Waited again after each arrival, never once decoding.
+#: Before a batch's first decode step, once a second request has come with the first, how long to wait
+#: for another: requests sent together (jobs started at once) arrive a few milliseconds apart, and one
+#: that misses the first steps costs the batch as many extra steps at its end. Waited again after each
+#: arrival; never for a lone request, never once decoding.
 ADMIT_WINDOW_S = 0.005
 #: While every sequence waits for its listener: how long to wait on the one (a listener bounds its own
 #: wait), or on each in turn when several wait.
@@ -380,14 +381,14 @@ class LlamaEngine:
             raise error
         return result
 
-    def serve(self, first: Pending, admit: Callable[[], Pending | None] | None = None) -> None:
+    def serve(self, first: Pending, admit: Callable[..., Pending | None] | None = None) -> None:
         """Run ``first`` and whatever ``admit`` hands over meanwhile, batched, to completion.
 
         Between decode steps, while a slot is free, ``admit()`` is asked for
-        another request (None: nothing now); before the first step it may wait
-        ``ADMIT_WINDOW_S`` for each (``admit(wait)``), so requests sent together
-        start together. Each request's ``done`` is called
-        as soon as it finishes. A request whose LoRA selection differs from the
+        another request (None: nothing now); before the first step, once two
+        have come together, ``admit(ADMIT_WINDOW_S)`` waits a little for each
+        next one, so requests sent together start together. Each request's
+        ``done`` is called as soon as it finishes. A request whose LoRA selection differs from the
         running batch's waits until the batch drains; nothing is admitted past
         a waiting request, so order is kept.
         """
@@ -400,7 +401,7 @@ class LlamaEngine:
                     break
                 waiting.popleft()
             while admit is not None and not waiting and len(active) < self.n_slots:
-                item = admit(ADMIT_WINDOW_S) if gather and active else admit()
+                item = admit(ADMIT_WINDOW_S) if gather and len(active) > 1 else admit()
                 if item is None:
                     break
                 if not self._try_start(item, active):
