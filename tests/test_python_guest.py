@@ -16,13 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from python_guest_support import Outcome, TOKENS, drive, ensure_interpreter, src
+from python_guest_support import TOKENS, drive, ensure_interpreter
 
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import codes
 from tensorjob_jupyter.limits import Limits
 from tensorjob_jupyter.sandbox.python import PythonSyntaxError
-from tensorjob_jupyter.sandbox.python.guest import MAX_LOG_BYTES, Determinism, PythonGuest, check_syntax
+from tensorjob_jupyter.sandbox.python.guest import MAX_LOG_BYTES, Determinism, check_syntax
 from tensorjob_jupyter.sandbox.python.program import PythonProgram, is_program
 
 
