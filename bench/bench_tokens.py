@@ -36,8 +36,8 @@ delta event, the transcript, the subscribers' queues.
    the same process (each prompt prefilled on its own, then one
    ``llama_decode`` a step for every running sequence, argmax, a sequence
    ending at an end-of-generation token as the engine's does; the same
-   prompts and thread counts); which side goes first alternates. The model
-   is loaded by a 4-token job on another prompt first. Goal: the median of
+   prompts and thread counts); which side goes first alternates. Both sides
+   are warmed first with 4 tokens of another prompt (loading the model). Goal: the median of
    the rounds at least 0.9. Each round also shows the engine's decode steps
    by batch size, the step each request joined at and how long after the
    first it arrived, how many tokens sat a step out (a job thread late for
@@ -380,6 +380,10 @@ def real_round(model: str | None, n_tokens: int, ours_first: bool) -> dict:
     llama_cpp.llama_backend_init()
     native_model = llama_cpp.llama_model_load_from_file(str(engine.model_path).encode(),
                                                         llama_cpp.llama_model_default_params())
+    # Warm the native side too: llama.cpp's OpenMP threads belong to the thread that decodes (the worker's,
+    # this one's), and OpenMP spins less at its barriers once the process holds more threads than cores,
+    # so whichever side ran first would otherwise decode under other rules than the second.
+    native_decode(llama_cpp, native_model, [WARM_PROMPT], 4, threads)
     log = StepLog(get_backend(model))
     out: dict = {"threads": threads, "load": open("/proc/loadavg").read().split()[0]}
     try:
