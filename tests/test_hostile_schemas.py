@@ -503,9 +503,13 @@ def test_after_a_hostile_schema_the_next_jobs_infer_runs_at_once(echo, smollm, n
 
 @pytest.mark.slow
 def test_constrained_decoding_ends_a_moment_after_the_job_time_limit(echo, smollm):  # noqa: F811
-    schema = {"type": "object", "properties": {"story": {"type": "string", "maxLength": 512},
-                                               "mood": {"enum": [f"mood-{i}" for i in range(1024)]}},
-              "required": ["story", "mood"]}
+    # the grammar forces well over a thousand characters (hundreds of tokens), so even a fast machine is still
+    # generating when the limit comes; the 1024-way enum keeps every step's grammar work heavy
+    schema = {"type": "object",
+              "properties": {"stories": {"type": "array", "minItems": 4, "maxItems": 4,
+                                         "items": {"type": "string", "minLength": 400, "maxLength": 512}},
+                             "mood": {"enum": [f"mood-{i}" for i in range(1024)]}},
+              "required": ["stories", "mood"]}
     options = {**json_format(schema), "sampling": {"temperature": 1.0}}
     run_echo(echo, smollm, options, prompt=PROMPT, max_tokens=2)  # warm: the prompt's KV, the grammar
     limit = 2.0
