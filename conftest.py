@@ -12,8 +12,10 @@ finished job's view adds its static HTML to its output with a display update,
 which nbval ignores, so the HTML a notebook stores is never what nbval sees
 (the view's ``text/plain`` line is, and is compared).
 
-The fast loop runs in parallel: ``pytest -m "not slow" -n auto`` (pytest-xdist;
-never in ``addopts``, so the full suite and CI run as they always did). Every
+The fast loop runs in parallel: ``pytest -m "not slow"`` starts pytest-xdist
+workers by itself (``pytest_cmdline_main`` below; ``-n 0`` runs it in one
+process, ``-n N`` picks the count). The full suite and CI stay in one process
+(the notebooks' kernels and the browser are slow and timing-sensitive). Every
 test is independent of the others and of where it runs: its files under its
 own ``tmp_path``, its ports from the OS. Two things here make it quick:
 
@@ -39,6 +41,19 @@ if sys.dont_write_bytecode:
     sys.dont_write_bytecode = False
 
 
+FAST_LOOP = "not slow"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """The fast loop (``-m "not slow"``, nothing else selecting workers) runs on pytest-xdist's ``-n auto``."""
+    if (config.getoption("markexpr", "").strip() != FAST_LOOP or hasattr(config, "workerinput")
+            or not config.pluginmanager.hasplugin("xdist") or config.getoption("numprocesses", None) is not None
+            or config.getoption("collectonly") or config.getoption("usepdb")):
+        return
+    config.option.numprocesses = "auto"
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: a worker a core, and one more; ``PYTEST_XDIST_AUTO_NUM_WORKERS`` decides when set."""
@@ -46,6 +61,13 @@ def pytest_xdist_auto_num_workers(config):
         return None  # pytest-xdist's own hook reads it
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return cores + 1
+
+
+def pytest_ignore_collect(collection_path, config):
+    """The fast loop never parses the notebooks: every cell of theirs is slow (deselected) anyway."""
+    if collection_path.suffix == ".ipynb" and config.getoption("markexpr", "").strip() == FAST_LOOP:
+        return True
+    return None
 
 
 def pytest_collectstart(collector):

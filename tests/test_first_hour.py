@@ -80,6 +80,7 @@ def test_the_rate_reads_right_from_the_first_item():
     assert rate_text(3, 1.5) == "2.0 items/s"
 
 
+@pytest.mark.slow
 def test_a_changed_guest_is_refused_naming_restart_and_restart_starts_over(tmp_path):
     manifest = tmp_path / "m.jsonl"
     manifest.write_text('{"i": 1}\n{"i": 2}\n')

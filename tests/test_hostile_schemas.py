@@ -257,6 +257,7 @@ HOSTILE_EXAMPLES = [
 ]
 
 
+@pytest.mark.slow
 @settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(schema=schemas(), seed=st.integers(0, 2**16))
 @example(schema=HOSTILE_EXAMPLES[0], seed=0)
@@ -379,6 +380,7 @@ def largest_schema(job: int) -> dict:
     return {"enum": [f"{job:02d}-{i:05d}-" + "x" * (width - 10) for i in range(count)]}
 
 
+@pytest.mark.slow
 def test_eight_jobs_with_the_largest_schemas_leave_memory_within_the_memos_bounds(echo, tiny_files):  # noqa: F811
     from tensorjob_jupyter.inference.models import get_backend
 

@@ -157,6 +157,7 @@ def set_usage(value):
     return edit
 
 
+@pytest.mark.slow
 def test_usage_fields_with_escapes_are_refused_not_printed(recorded, tmp_path):
     run, _ = recorded
     runs = tmp_path / "runs"
@@ -206,6 +207,7 @@ def ip():
 # --- 6. numbers from elsewhere crash the CLI ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_numbers_from_elsewhere_are_one_line_and_never_end_the_listing(recorded, tmp_path):
     run, _ = recorded
     runs = tmp_path / "runs"
@@ -239,6 +241,7 @@ def test_numbers_from_elsewhere_are_one_line_and_never_end_the_listing(recorded,
 # --- 7. the debug prompt ignores max_paused_s ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_terminal_debug_prompt_ends_with_its_job_when_stdin_stays_silent(tmp_path):
     guest = tmp_path / "g.wasm"
     guest.write_bytes(wat.script_guest([{"cmd": "emit", "progress": "x"}, {"cmd": "done", "result": 1}]))
@@ -288,6 +291,7 @@ def test_the_magic_s_prompt_ends_with_its_job(ip, monkeypatch, tmp_path):
     assert envelope["error"]["code"] == "paused_too_long"
 
 
+@pytest.mark.slow
 def test_a_blocked_prompt_returns_when_the_pause_ends_and_a_real_ctrl_c_still_cancels():
     guest = wat.script_guest([{"cmd": "emit", "progress": "x"}, {"cmd": "done", "result": 1}])
     read_line, fds = _blocking_pipe_reader()
@@ -426,6 +430,7 @@ def test_prune_goes_by_the_file_system_not_by_the_time_a_run_claims(tmp_path):
 # --- weak: manifests held whole, read from anything -----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_manifest_is_streamed_capped_and_only_a_regular_file(tmp_path):
     guest = tmp_path / "g.wasm"
     guest.write_bytes(wat.script_guest([{"cmd": "done", "result": 1}]))
@@ -547,6 +552,7 @@ def _planted_folder(base: Path, events: bytes, envelope: bytes | None, tmp: str)
     return runs, planted
 
 
+@pytest.mark.slow
 @settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_any_bytes_give_a_listing_line_a_show_and_a_diff_that_end_inert_in_bounded_memory(base_run, data):

@@ -393,6 +393,7 @@ def test_recursion_past_the_wasm_stack_is_a_trap_not_a_crash(healthy):
     assert out.trap is not None and out.trap.code == codes.WASM_TRAP and "stack overflow" in out.trap.message
 
 
+@pytest.mark.slow
 def test_a_print_flood_is_bounded():
     out = drive("""
         def main(input):

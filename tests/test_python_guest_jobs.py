@@ -231,6 +231,7 @@ def test_a_map_runs_a_python_guest_over_items(tmp_path):
 # --- the examples ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_wordcount_py_matches_str_split(tmp_path):
     p = tmp_path / "w.txt"
     data = "".join(f"w{i} é " + ("\n" if i % 17 == 0 else "") for i in range(30_000))

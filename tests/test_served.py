@@ -264,6 +264,7 @@ def test_a_job_timeout_closes_the_connection(fake):
     assert wait_until(lambda: not connections_to(fake.port), 2)
 
 
+@pytest.mark.slow
 def test_a_silent_server_and_an_endless_stream_of_pings_are_timeouts(fake):
     fake.mode = "stall"
     job, env = run_job(backend_for(fake, read_timeout_s=0.5))
@@ -421,6 +422,7 @@ def test_a_map_s_items_share_the_one_server(fake, tmp_path):
     assert len([r for r in fake.requests if r["path"] == "/v1/chat/completions"]) == 5
 
 
+@pytest.mark.slow
 def test_the_command_line_runs_a_job_on_a_served_model(fake, tmp_path):
     import subprocess
     import sys
