@@ -235,7 +235,7 @@ class Reactor:
         # A wasm Guest, or a PythonGuest for a Python program (same interface; its log,
         # clock readings and seed go to the event stream).
         self.guest = open_guest(self.wasm, self.limits, [streaming], deadline=self.deadline,
-                                publish=self.stream.publish, determinism=self.guest_determinism())
+                                publish=self.stream.publish, determinism=self.guest_determinism)
         if self.cancel.is_set():
             self.guest.interrupt()
         debugger = self.debugger

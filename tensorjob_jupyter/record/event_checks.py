@@ -259,19 +259,21 @@ def check_event(event: dict) -> str | None:
 def parse_event(line: bytes, n: int, run_dir: Path) -> dict:
     """Line ``n + 1`` of a transcript as event ``n``, checked (shape, JSON, numbering, fields);
     ``TranscriptError`` if it is not one. The one parser every reader of ``events.jsonl`` uses."""
-    where = f"{shown_run(run_dir)}: line {n + 1} of {EVENTS_FILE}"
+    def where() -> str:  # named only when the line is refused: a good line costs no formatting
+        return f"{shown_run(run_dir)}: line {n + 1} of {EVENTS_FILE}"
+
     if len(line) > MAX_LINE_BYTES:
-        raise TranscriptError(f"{where} is longer than {MAX_LINE_BYTES} bytes (MAX_LINE_BYTES); "
+        raise TranscriptError(f"{where()} is longer than {MAX_LINE_BYTES} bytes (MAX_LINE_BYTES); "
                               f"the transcript is damaged")
     problem = check_shape(line)
     if problem is not None:
-        raise TranscriptError(f"{where} {problem}; the transcript is damaged")
+        raise TranscriptError(f"{where()} {problem}; the transcript is damaged")
     try:
         event = orjson.loads(line)
     except orjson.JSONDecodeError:
         if n == 0:
             raise TranscriptError(f"{shown_run(run_dir)}: the first line of {EVENTS_FILE} is not JSON") from None
-        raise TranscriptError(f"{where} is not JSON; the transcript is damaged") from None
+        raise TranscriptError(f"{where()} is not JSON; the transcript is damaged") from None
     numbered = isinstance(event, dict) and _is_count(event.get("sequence_number")) and event["sequence_number"] == n
     if n == 0:
         if not numbered or event.get("type") != event_types.JOB_CREATED:
@@ -279,11 +281,11 @@ def parse_event(line: bytes, n: int, run_dir: Path) -> dict:
                                   f"not a tensorjob transcript")
         check_version(event, run_dir)
     elif not numbered or not isinstance(event.get("type"), str):
-        raise TranscriptError(f"{where} is not event {n}; the transcript is damaged")
+        raise TranscriptError(f"{where()} is not event {n}; the transcript is damaged")
     problem = check_event(event)
     if problem is not None:
         kind = for_terminal(event["type"], one_line=True)[:60]
-        raise TranscriptError(f"{where} ({kind}): {problem}; the transcript is damaged")
+        raise TranscriptError(f"{where()} ({kind}): {problem}; the transcript is damaged")
     return event
 
 

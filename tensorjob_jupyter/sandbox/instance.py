@@ -23,8 +23,11 @@ def open_guest(blob: bytes, limits: Limits | None = None, imports: Iterable[Any]
                deadline: float | None = None, **python: Any) -> Guest | PythonGuest:
     """The guest for ``blob``: a ``PythonGuest`` for a Python program, else the wasm ``Guest``.
 
-    ``python`` (``publish``, ``determinism``, ``progress``) applies to Python guests only.
+    ``python`` (``publish``, ``determinism``, ``progress``) applies to Python guests only; ``determinism``
+    may be a function giving it, called only for a Python guest (a replay reads it from its whole recording).
     """
     if is_program(blob):
+        if callable(python.get("determinism")):
+            python["determinism"] = python["determinism"]()
         return PythonGuest(blob, limits, imports, deadline=deadline, **python)
     return Guest(blob, limits, imports, deadline=deadline)
