@@ -375,15 +375,27 @@ def real_round(model: str | None, n_tokens: int, ours_first: bool) -> dict:
 
     env = tj.run(guest(WARM_PROMPT, 4), infer=infer, **model_kw)  # loads the shared model
     assert env.ok, env
-    engine = get_backend(model).engine
+    worker = get_backend(model)
+    engine = worker.engine
     threads = (engine.n_threads, engine.n_threads_batch)
     llama_cpp.llama_backend_init()
     native_model = llama_cpp.llama_model_load_from_file(str(engine.model_path).encode(),
                                                         llama_cpp.llama_model_default_params())
-    # Warm the native side too: llama.cpp's OpenMP threads belong to the thread that decodes (the worker's,
-    # this one's), and OpenMP spins less at its barriers once the process holds more threads than cores,
-    # so whichever side ran first would otherwise decode under other rules than the second.
-    native_decode(llama_cpp, native_model, [WARM_PROMPT], 4, threads)
+
+    def on_worker(fn):
+        """``fn()`` on the model's worker thread, in turn with its requests (as an embed request the engine
+        answers with ``fn``). llama.cpp's OpenMP team belongs to the thread that decodes: a baseline decoding
+        from this thread would start a second team, and two teams in one process slow whichever decodes
+        second (its barriers wait on the first team's idle threads, or spin less once the process holds more
+        threads than cores: measured here, the side that ran first won by up to 0.3 either way). On the
+        worker's thread the baseline uses the one team the engine uses, as in a process that only decodes."""
+        engine.embed = lambda _texts: fn()
+        try:
+            return worker.embed(["baseline"]).result()
+        finally:
+            del engine.embed
+
+    on_worker(lambda: native_decode(llama_cpp, native_model, [WARM_PROMPT], 4, threads))
     log = StepLog(get_backend(model))
     out: dict = {"threads": threads, "load": open("/proc/loadavg").read().split()[0]}
     try:
@@ -394,7 +406,8 @@ def real_round(model: str | None, n_tokens: int, ours_first: bool) -> dict:
                     log.take()
                     out[f"ours{n}"] = ours(prompts) | log.take()
                 else:
-                    out[f"native{n}"] = native_decode(llama_cpp, native_model, prompts, n_tokens, threads)
+                    out[f"native{n}"] = on_worker(lambda: native_decode(llama_cpp, native_model, prompts, n_tokens,
+                                                                        threads))
             out[f"ratio{n}"] = out[f"ours{n}"]["tokens_per_s"] / out[f"native{n}"]["tokens_per_s"]
     finally:
         llama_cpp.llama_model_free(native_model)
