@@ -124,6 +124,33 @@ class _EpochClock:
 _CLOCK = _EpochClock()
 
 
+class EpochTicked:
+    """What every guest kind shares with the one epoch clock: its wasmtime engine (``_engine``) ticks
+    while the guest is live (``_start_ticks``/``_stop_ticks``), and a cancel from any thread
+    (``interrupt``) pushes it past every deadline at once (``_burst``), where the guest's next call
+    (or the one running) traps. The wasm ``Guest`` and the ``PythonGuest`` both are one."""
+
+    _engine: wasmtime.Engine
+    _interrupted: bool = False
+    _deadline_ticks_max: int = 0
+
+    def _start_ticks(self, call_timeout_s: float) -> None:
+        self._deadline_ticks_max = math.ceil(call_timeout_s / TICK_S) + 2
+        _CLOCK.register(self)
+
+    def _stop_ticks(self) -> None:
+        _CLOCK.unregister(self)
+
+    def interrupt(self) -> None:
+        """Stop the guest as soon as possible, from any thread (for cancel)."""
+        self._interrupted = True
+        _CLOCK.interrupt(self)
+
+    def _burst(self) -> None:
+        for _ in range(self._deadline_ticks_max):
+            self._engine.increment_epoch()
+
+
 # --- compiled-module cache -------------------------------------------------------
 
 
@@ -249,7 +276,7 @@ def module_digest(wasm: bytes) -> str:
 # --- the guest -------------------------------------------------------------------------
 
 
-class Guest:
+class Guest(EpochTicked):
     """A live guest instance. Not thread-safe except ``interrupt()``."""
 
     def __init__(self, wasm: bytes, limits: Limits | None = None,
@@ -270,7 +297,6 @@ class Guest:
 
         cfg, key = _engine_config(self.limits)
         self._engine = wasmtime.Engine(cfg)
-        self._deadline_ticks_max = math.ceil(self.limits.call_timeout_s / TICK_S) + 2
         try:
             module = cache.load(self._engine, key, wasm, self.digest)
         except wasmtime.WasmtimeError as e:
@@ -288,7 +314,7 @@ class Guest:
         linker = wasmtime.Linker(self._engine)
         for imp in imports:
             imp.define(linker)
-        _CLOCK.register(self)
+        self._start_ticks(self.limits.call_timeout_s)
         self._export = "instantiate"
         try:
             self._arm()
@@ -312,15 +338,6 @@ class Guest:
         self._note_memory()
 
     # -- deadlines and interruption ---------------------------------------------------
-
-    def interrupt(self) -> None:
-        """Stop the guest as soon as possible, from any thread (for cancel)."""
-        self._interrupted = True
-        _CLOCK.interrupt(self)
-
-    def _burst(self) -> None:
-        for _ in range(self._deadline_ticks_max):
-            self._engine.increment_epoch()
 
     def _arm(self) -> None:
         if self._interrupted:
@@ -443,7 +460,7 @@ class Guest:
         if self._closed:
             return
         self._closed = True
-        _CLOCK.unregister(self)
+        self._stop_ticks()
         for attr in ("_memory", "_alloc", "_init", "_step", "_on_token"):
             self.__dict__.pop(attr, None)
         store = self.__dict__.pop("_store", None)

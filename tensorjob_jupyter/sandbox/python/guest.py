@@ -69,7 +69,7 @@ from wasmtime import component
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import codes
 from tensorjob_jupyter.limits import Limits
-from tensorjob_jupyter.sandbox.guest import _CLOCK, TICK_S, GuestTrap
+from tensorjob_jupyter.sandbox.guest import TICK_S, EpochTicked, GuestTrap
 from tensorjob_jupyter.sandbox.python import hostcall, interpreter
 from tensorjob_jupyter.sandbox.python.program import MAX_SOURCE_BYTES, PythonProgram, format_syntax_error
 from tensorjob_jupyter.sandbox.streaming import DISABLED, DISCONNECTED, OK, REFUSED, StreamingHost
@@ -208,7 +208,7 @@ def _first_error_line(e: BaseException) -> str:
     return lines[0] if lines else type(e).__name__
 
 
-class PythonGuest:
+class PythonGuest(EpochTicked):
     """A live Python guest: the interface of ``sandbox.guest.Guest``, for CPython-in-wasm."""
 
     has_on_token = True
@@ -244,7 +244,6 @@ class PythonGuest:
         self._log_partial = {1: "", 2: ""}
         self._log_extra = {1: 0, 2: 0}
         self.fuel = self.limits.fuel is not None
-        self._deadline_ticks_max = math.ceil(self.limits.call_timeout_s / TICK_S) + 2
         self._call_ticks = max(1, math.ceil(self.limits.call_timeout_s / TICK_S)) + 1
 
         if len(program.source.encode("utf-8")) > MAX_SOURCE_BYTES:
@@ -267,7 +266,7 @@ class PythonGuest:
         self._store.set_limits(memory_size=self.limits.memory_bytes, table_elements=1_000_000)
         if self.fuel:
             self._store.set_fuel(STARTUP_FUEL)
-        _CLOCK.register(self)
+        self._start_ticks(self.limits.call_timeout_s)
         try:
             self._arm(self._store)
             instance = self._linker.instantiate(self._store, comp)
@@ -525,15 +524,6 @@ class PythonGuest:
 
     # -- deadlines and interruption ------------------------------------------------------------
 
-    def interrupt(self) -> None:
-        """Stop the guest as soon as possible, from any thread (for cancel)."""
-        self._interrupted = True
-        _CLOCK.interrupt(self)
-
-    def _burst(self) -> None:
-        for _ in range(self._deadline_ticks_max):
-            self._engine.increment_epoch()
-
     def _budget(self) -> tuple[float, str]:
         budget, cause = self.limits.call_timeout_s, "call"
         if self.deadline is not None:
@@ -731,7 +721,7 @@ class PythonGuest:
         if self._closed:
             return
         self._closed = True
-        _CLOCK.unregister(self)
+        self._stop_ticks()
         thread = self._thread
         if thread is not None and thread.is_alive():
             self._to_guest.put(("close",))
