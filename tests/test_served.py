@@ -364,6 +364,25 @@ def test_a_served_run_replays_without_the_server(tmp_path):
     assert replayed == fake.pieces
 
 
+def test_replay_live_of_a_served_run_names_the_server_and_never_sends_to_it_unasked(tmp_path):
+    """A transcript may come from anywhere: ``--live`` never takes its server (nor the key variable it
+    names) on its own; it says which server the run used and that ``--model URL`` names one."""
+    from tensorjob_jupyter.history.replay_setup import ReplayError
+
+    with FakeServer() as fake:
+        guest = infer_guest()
+        job, env = run_job(backend_for(fake))
+        assert env.ok
+        sent = len(fake.requests)
+        with pytest.raises(ReplayError) as refused:
+            tj.replay(guest, job.id, live=True, timeout=30)
+        message = str(refused.value)
+        assert fake.url in message and "--model URL" in message and "fake-model" in message, message
+        assert len(fake.requests) == sent  # nothing went to the recorded server
+        report = tj.replay(guest, job.id, live=True, model=fake.url, timeout=30)  # named: accepted
+        assert report.envelope.ok and report.divergence is None, report.envelope
+
+
 # --- naming a served model everywhere: Job, the options, tj.map, the command line ---------------------------
 
 

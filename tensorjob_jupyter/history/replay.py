@@ -457,8 +457,7 @@ class ReplayJob(Job):
         if live:
             if backend is None:
                 if model is None and recording.model not in (None, DEFAULT_MODEL_NAME):
-                    raise ReplayError(f"--live: the run used the model {for_terminal(str(recording.model), one_line=True)}; "
-                                      f"name its GGUF file with --model PATH")
+                    raise ReplayError(live_model_needed(recording))
                 backend = model_backend(model)
         else:
             backend = RecordedModel(recording.model or "")
@@ -497,6 +496,20 @@ class ReplayJob(Job):
         reactor: ReplayReactor = self._reactor  # type: ignore[assignment]
         return ReplayReport(self, envelope, self.recording.envelope, reactor.divergence,
                             reactor.then == "stopped", reactor.live_from, reactor.reproduced_end)
+
+
+def live_model_needed(recording: Recording) -> str:
+    """Why ``--live`` needs a model named: the recorded one is not the embedded model. A served run's
+    server is named but never adopted: a transcript may come from anywhere, and must not choose where a
+    request (with the key of a variable it names) is sent."""
+    model = for_terminal(str(recording.model), one_line=True)[:200]
+    server = recording.created.get("model_server")
+    url = server.get("url") if isinstance(server, dict) else None
+    if isinstance(url, str):
+        shown = for_terminal(url, one_line=True)[:200]
+        return (f"--live: the run used the model {model} on the server {shown}; name the server to send its "
+                f"infers to with --model URL (a replay never takes a server from its transcript)")
+    return f"--live: the run used the model {model}; name its GGUF file with --model PATH"
 
 
 def replay(guest: Any, run: Any, *, live: bool = False, timeout: float | None = None, **kwargs: Any) -> ReplayReport:
