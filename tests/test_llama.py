@@ -245,6 +245,37 @@ def test_batched_serving_runs_every_request(tiny):
                                                      for lora in [(), (LoraChoice("a"),), ()]]
 
 
+def test_a_batch_lists_its_sequences_in_slot_order_whatever_order_they_came_in(tiny):
+    """llama.cpp cuts a batch over separate KV streams into one micro-batch per run of consecutive
+    sequence ids: requests whose slots came out [1, 2, 3, 0] (the first three took the empty slots, the
+    last the one a finished request left) would cost two graph computes a step. The engine lists them
+    in slot order, so every step of four is one."""
+    from tensorjob_jupyter.inference.base import Pending
+
+    gen(tiny, "a dog ran", 4)  # a slot holds this request's tokens; the next four take the others first
+    batches = []
+    decode = tiny._decode
+
+    def recording_decode():
+        b = tiny._batch.batch
+        batches.append([b.seq_id[i][0] for i in range(b.n_tokens)])
+        decode()
+
+    done = {}
+    items = [Pending(GenerateRequest(f"{i} the cat", 6, cache_prompt=False), lambda _t: True,
+                     lambda r, e, i=i: done.__setitem__(i, (r, e))) for i in range(4)]
+    queue = list(items[1:])
+    tiny._decode = recording_decode
+    try:
+        tiny.serve(items[0], lambda wait=0.0: queue.pop(0) if queue else None)
+    finally:
+        del tiny._decode
+    assert all(error is None and result.usage.completion_tokens == 6 for result, error in done.values())
+    steps = [ids for ids in batches if len(ids) > 1 and len(set(ids)) == len(ids)]  # steps, not prefills
+    assert steps and all(ids == sorted(ids) for ids in steps), batches
+    assert steps[0] == list(range(4)), batches  # all four slots, consecutive: one micro-batch
+
+
 def test_a_late_listener_sits_steps_out_and_never_holds_the_batch(tiny):
     """A sequence whose listener is not ready (a job thread late to judge) keeps its token out of the
     decode steps; the others run on, and the late one's text is what it would have been."""

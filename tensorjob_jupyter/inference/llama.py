@@ -580,7 +580,9 @@ class LlamaEngine:
             active.remove(seq)
             self._finish(seq, FINISH_CANCELLED, "", time.perf_counter())
         self._deliver_held(active)
-        decoding = [seq for seq in active if seq.held is None]
+        # in slot order: llama.cpp cuts a batch over separate KV streams into one micro-batch per run of
+        # consecutive sequence ids, in batch order ([1, 2, 3, 0] is two graph computes, [0, 1, 2, 3] one)
+        decoding = sorted((seq for seq in active if seq.held is None), key=_by_slot)
         if not decoding:
             return
         batch = self._batch.batch
@@ -756,6 +758,10 @@ class LlamaEngine:
             self._embed_batch = self._internals.LlamaBatch(n_tokens=n, embd=0, n_seq_max=1, verbose=False)
             self._embed_ctx = ctx
         return self._embed_ctx, self._embed_batch
+
+
+def _by_slot(seq: _Sequence) -> int:
+    return seq.slot.seq_id
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
