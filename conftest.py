@@ -44,12 +44,21 @@ if sys.dont_write_bytecode:
 FAST_LOOP = "not slow"
 
 
+#: Options under which the fast loop stays in one process: a debugger needs the terminal (a worker's stdin is
+#: not it), a listing or plan runs no test, and ``--tx`` names its own workers.
+_ONE_PROCESS_OPTIONS = ("collectonly", "usepdb", "trace", "showfixtures", "show_fixtures_per_test", "setupplan",
+                        "setuponly", "tx")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
-    """The fast loop (``-m "not slow"``, nothing else selecting workers) runs on pytest-xdist's ``-n auto``."""
+    """The fast loop (``-m "not slow"``, nothing else selecting workers) runs on pytest-xdist's ``-n auto``;
+    a run of named tests only (``path::test``) stays in one process, where it starts at once."""
     if (config.getoption("markexpr", "").strip() != FAST_LOOP or hasattr(config, "workerinput")
             or not config.pluginmanager.hasplugin("xdist") or config.getoption("numprocesses", None) is not None
-            or config.getoption("collectonly") or config.getoption("usepdb")):
+            or any(config.getoption(name, None) for name in _ONE_PROCESS_OPTIONS)
+            or config.getoption("capture", "fd") == "no"
+            or (config.args and all("::" in arg for arg in config.args))):
         return
     config.option.numprocesses = "auto"
 

@@ -50,6 +50,7 @@ measured in the same process. The last line is a one-line JSON summary.
 from __future__ import annotations
 
 import argparse
+from concurrent import futures
 import ctypes
 import json
 import os
@@ -390,9 +391,11 @@ def real_round(model: str | None, n_tokens: int, ours_first: bool) -> dict:
         threads than cores: measured here, the side that ran first won by up to 0.3 either way). On the
         worker's thread the baseline uses the one team the engine uses, as in a process that only decodes."""
         engine.embed = lambda _texts: fn()
+        future = worker.embed(["baseline"])
         try:
-            return worker.embed(["baseline"]).result()
+            return future.result()
         finally:
+            futures.wait([future])  # interrupted (Ctrl-C): never unshadow, or free the model, under the worker
             del engine.embed
 
     on_worker(lambda: native_decode(llama_cpp, native_model, [WARM_PROMPT], 4, threads))

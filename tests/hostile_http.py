@@ -5,10 +5,12 @@ test process holds only the client's threads and sockets and can count them.
 It speaks raw sockets on 127.0.0.1, one thread per connection, by path:
 
 * ``/continue``: ``HTTP/1.1 100 Continue`` forever, every 2 ms;
-* ``/trickle``: a status line and headers, one byte a second;
+* ``/trickle``: a status line and headers, one byte every 50 ms (well inside any per-read timeout, so only a
+  limit on the whole fetch ends it);
 * ``/silent``: headers announcing 1000 bytes, then nothing;
 * ``/body/N``: a 200 with N bytes of body;
-* ``/stats``: ``{"open": K}``, the connections (other than this one) still open.
+* ``/stats``: ``{"open": K, "requests": {path: n}}``, the connections (other than this one) still open
+  and the requests read for each path.
 
 Every hostile answer stops as soon as the client closes or shuts down its
 side, and ``/stats`` then no longer counts it: the server's view of whether
@@ -26,8 +28,10 @@ from typing import Iterator
 
 SOURCE = r'''
 import json, select, socket, sys, threading, time
+TRICKLE_S = 0.05
 
 open_connections = 0
+requests = {}  # path -> requests read for it
 lock = threading.Lock()
 
 
@@ -52,9 +56,11 @@ def serve(conn):
                 return
             request += data
         path = request.split(b" ", 2)[1].decode()
+        with lock:
+            requests[path] = requests.get(path, 0) + 1
         if path == "/stats":
             with lock:
-                body = json.dumps({"open": open_connections - 1}).encode()
+                body = json.dumps({"open": open_connections - 1, "requests": requests}).encode()
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
                          + body)
         elif path.startswith("/body/"):
@@ -73,7 +79,7 @@ def serve(conn):
                 conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
         elif path == "/trickle":
             for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello" * 100:
-                if closed(conn, 1.0):
+                if closed(conn, TRICKLE_S):
                     break
                 conn.sendall(bytes([byte]))
         elif path == "/silent":
@@ -116,11 +122,22 @@ def url(port: int, path: str) -> str:
     return f"http://127.0.0.1:{port}{path}"
 
 
-def open_connections(port: int) -> int:
-    """How many connections the server still holds open (not counting the one asking)."""
+def stats(port: int) -> dict:
+    """The server's ``/stats``: the connections it still holds open (not counting the one asking) and
+    the requests it has read, by path."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall(b"GET /stats HTTP/1.1\r\nHost: x\r\n\r\n")
         data = b""
         while chunk := s.recv(4096):
             data += chunk
-    return json.loads(data.split(b"\r\n\r\n", 1)[1])["open"]
+    return json.loads(data.split(b"\r\n\r\n", 1)[1])
+
+
+def open_connections(port: int) -> int:
+    """How many connections the server still holds open (not counting the one asking)."""
+    return stats(port)["open"]
+
+
+def requests_for(port: int, path: str) -> int:
+    """How many requests for ``path`` the server has read."""
+    return stats(port)["requests"].get(path, 0)

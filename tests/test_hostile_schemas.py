@@ -506,7 +506,7 @@ def test_after_a_hostile_schema_the_next_jobs_infer_runs_at_once(echo, smollm, n
 @pytest.mark.slow
 def test_constrained_decoding_ends_a_moment_after_the_job_time_limit(echo, smollm):  # noqa: F811
     # the grammar forces well over a thousand characters (hundreds of tokens), so even a fast machine is still
-    # generating when the limit comes; the 1024-way enum keeps every step's grammar work heavy
+    # generating when the limit comes; the 1024-way enum makes the grammar itself a large one
     schema = {"type": "object",
               "properties": {"stories": {"type": "array", "minItems": 4, "maxItems": 4,
                                          "items": {"type": "string", "minLength": 400, "maxLength": 512}},

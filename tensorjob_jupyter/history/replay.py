@@ -456,7 +456,8 @@ class ReplayJob(Job):
                               f"({recorded_bytes.get('bytes')} bytes, SHA-256 {str(recorded_bytes.get('sha256'))[:16]}…)")
         if live:
             if backend is None:
-                if model is None and recording.model not in (None, DEFAULT_MODEL_NAME):
+                if model is None and (recording.model not in (None, DEFAULT_MODEL_NAME)
+                                      or recording.created.get("model_server") is not None):
                     raise ReplayError(live_model_needed(recording))
                 backend = model_backend(model)
         else:
@@ -499,9 +500,9 @@ class ReplayJob(Job):
 
 
 def live_model_needed(recording: Recording) -> str:
-    """Why ``--live`` needs a model named: the recorded one is not the embedded model. A served run's
-    server is named but never adopted: a transcript may come from anywhere, and must not choose where a
-    request (with the key of a variable it names) is sent."""
+    """Why ``--live`` needs a model named: the recorded one is not the embedded model, or it ran on a
+    server. A served run's server is named but never adopted: a transcript may come from anywhere, and
+    must not choose where a request (with the key of a variable it names) is sent."""
     model = for_terminal(str(recording.model), one_line=True)[:200]
     server = recording.created.get("model_server")
     url = server.get("url") if isinstance(server, dict) else None
