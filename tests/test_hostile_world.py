@@ -61,7 +61,7 @@ REPEAT = 3
 LIMIT_S = 0.3
 #: The job time limit of the deadline cases: long enough that the guest's fetch is under way when it
 #: comes, on a loaded machine too (the test checks that it was).
-JOB_LIMIT_S = 1.0
+JOB_LIMIT_S = 0.6
 IDLE_S = 0.5  # how long the process is watched for a helper still burning CPU
 
 # --- a hostile HTTP server, in its own process (tests/hostile_http.py) ----------------------------
