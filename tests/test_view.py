@@ -180,6 +180,20 @@ def test_the_map_view_shows_counts_the_latest_items_and_the_rate(tmp_path):
     assert view._repr_mimebundle_()["text/plain"].startswith("tensorjob map view")
 
 
+def test_a_map_view_shown_once_the_map_has_ended_still_lists_its_items(tmp_path):
+    """The map starts before its view subscribes; quick items may end first. The view gets them anyway."""
+    from tensorjob_jupyter.fanout import start_map
+    from tensorjob_jupyter.frontends.view.map_widget import MapView
+
+    run = start_map(wat.script_guest([{"cmd": "done", "result": {"v": 1}}]), [{"doc": d} for d in "ab"],
+                    tmp_path / "run")
+    assert run.wait(30).completed == 2
+    view = MapView(run, "late.wasm", refresh_hz=20).start()
+    view.join(10)
+    static = view.static_html()
+    assert static.count("<tr>") == 2 and "{&quot;doc&quot;:&quot;b&quot;}" in static, static
+
+
 def test_the_map_view_cancel_button_stops_the_map(tmp_path):
     from tensorjob_jupyter.fanout import start_map
     from tensorjob_jupyter.frontends.view.map_widget import MapView

@@ -31,6 +31,8 @@ class MapRun:
     """
 
     RECENT = 1000
+    #: Item events a subscriber that comes late (a view shown once the map runs) is given first.
+    REPLAYED_EVENTS = 16
 
     def __init__(self, folder: RunFolder, manifest: Manifest, executor: Any):
         self.folder = folder
@@ -38,6 +40,7 @@ class MapRun:
         self.executor = executor
         self._times = ItemTimes()
         self._recent: collections.deque[dict] = collections.deque(maxlen=self.RECENT)
+        self._latest_events: collections.deque[dict] = collections.deque(maxlen=self.REPLAYED_EVENTS)
         self._cond = threading.Condition()
         self._subscribers: list[Callable[[dict], None]] = []
         self._cancel = threading.Event()
@@ -104,13 +107,20 @@ class MapRun:
         "result"|"error", "progress"}`` and ``{"type": "map.finished",
         "progress"}``. Callbacks run on the map's thread: keep them quick (a
         view should throttle), and treat ``input`` and ``result`` as read-only.
+        A subscriber that comes once items have ended is first given the latest
+        ``REPLAYED_EVENTS`` of their events (on the caller's thread), each event
+        exactly once: the map starts before its view can subscribe.
         """
         with self._cond:
+            earlier = list(self._latest_events)
             finished = self._finished_event
             if finished is None:
                 self._subscribers.append(callback)
-        if finished is not None:
-            callback(finished)
+        for event in earlier + ([finished] if finished is not None else []):
+            try:
+                callback(event)
+            except Exception:  # noqa: BLE001 - as in _notify: a broken view must not break its caller
+                pass
 
         def unsubscribe() -> None:
             with self._cond:
@@ -169,7 +179,7 @@ class MapRun:
             event["result"] = outcome.get("result")
         else:
             event["error"] = outcome["error"]
-        self._notify(event)
+        self._notify(event, remember=True)
 
     def _account(self, outcome: dict, latency: float) -> None:
         with self._cond:
@@ -191,8 +201,10 @@ class MapRun:
             self._cond.notify_all()
             return self._progress
 
-    def _notify(self, event: dict) -> None:
-        with self._cond:
+    def _notify(self, event: dict, *, remember: bool = False) -> None:
+        with self._cond:  # remembered and sent to the subscribers of the moment at once: never both or neither
+            if remember:
+                self._latest_events.append(event)
             subscribers = list(self._subscribers)
         for callback in subscribers:
             try:
