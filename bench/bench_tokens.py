@@ -33,7 +33,8 @@ delta event, the transcript, the subscribers' queues.
    template and the repetition penalty: greedy, 128 tokens each, ``--quick``
    64), batched by the inference worker, against llama.cpp's own
    four-sequence batched decode driven through llama-cpp-python's C API in
-   the same process (each prompt prefilled on its own, then one
+   the same process, on the model's worker thread (one OpenMP team, as in
+   any decoding process; see ``on_worker``) (each prompt prefilled on its own, then one
    ``llama_decode`` a step for every running sequence, argmax, a sequence
    ending at an end-of-generation token as the engine's does; the same
    prompts and thread counts); which side goes first alternates. Both sides
