@@ -36,12 +36,27 @@ from pathlib import Path
 
 import pytest
 
+# nbval is loaded here (``-p no:nbval`` in addopts keeps its entry point out), after rfc3987_syntax is hidden:
+# nbval imports nbformat, which imports jsonschema, which imports every format checker's library it finds,
+# and rfc3987_syntax (the ``iri`` format, which nothing here checks) builds a parser as it loads -- about 2 s
+# of CPU in each pytest process, four in the fast loop. The package hides it the same way for a job's first
+# schema check (``host/schemas.py``). Once every plugin is loaded, it is importable again.
+_HIDE_IRI = "rfc3987_syntax" not in sys.modules and "jsonschema" not in sys.modules
+if _HIDE_IRI:
+    sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]  # its import raises ImportError
+pytest_plugins = ["nbval.plugin"]
+
 if sys.dont_write_bytecode:
     sys.pycache_prefix = sys.pycache_prefix or str(Path(__file__).resolve().parent / ".pytest_cache" / "pycache")
     sys.dont_write_bytecode = False
 
 
 FAST_LOOP = "not slow"
+
+
+def pytest_configure(config):
+    if _HIDE_IRI and sys.modules.get("rfc3987_syntax", False) is None:
+        del sys.modules["rfc3987_syntax"]
 
 
 #: Options under which the fast loop stays in one process: a debugger needs the terminal (a worker's stdin is
