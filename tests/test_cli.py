@@ -2,6 +2,7 @@
 
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -132,6 +133,33 @@ def test_ctrl_c_cancels_the_job_and_exits_130(guest_file, tmp_path):
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 130, err
+    assert json.loads(out)["status"] == "cancelled"
+
+
+TGKILL = {"x86_64": 234, "aarch64": 131}.get(os.uname().machine)
+
+
+@pytest.mark.skipif(TGKILL is None or not sys.platform.startswith("linux"), reason="tgkill: Linux x86-64/arm64")
+def test_ctrl_c_handed_to_another_thread_still_cancels_the_job(guest_file, tmp_path):
+    """The kernel may hand a Ctrl-C to any thread of the process; its handler runs on the main thread
+    only once that thread is back in Python, so the CLI never waits for a job without a timeout."""
+    import ctypes
+
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "run", guest_file([DONE],
+                             init_body=wat.SPIN), "--json", "--runs", str(runs)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(runs.glob("*/events.jsonl")) and time.monotonic() < deadline:  # the job has started
+        time.sleep(0.05)
+    others = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
+    assert others, "the CLI runs its job on a thread of its own"
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(TGKILL, proc.pid, others[0], signal.SIGINT) == 0, ctypes.get_errno()
+    started = time.monotonic()
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130, err
+    assert time.monotonic() - started < 5  # not the guest's 10 s call deadline
     assert json.loads(out)["status"] == "cancelled"
 
 

@@ -75,7 +75,7 @@ from tensorjob_jupyter.frontends.map_cli import start_map_run
 from tensorjob_jupyter.frontends.options import JobOptions, OptionError, job_arguments
 from tensorjob_jupyter.frontends.outcome import CellEnvelope, GuestDoesNotCompile, JobFailed
 from tensorjob_jupyter.frontends.prompt import prompt as debug_prompt
-from tensorjob_jupyter.frontends.terminal import load_guest
+from tensorjob_jupyter.frontends.terminal import SIGNAL_CHECK_S, load_guest
 from tensorjob_jupyter.frontends.view.summary import map_summary, summary
 from tensorjob_jupyter.history.report import ReplayReport
 from tensorjob_jupyter.history.replay_setup import ReplayError
@@ -206,7 +206,7 @@ class TensorJob(Magics, JobSettings):
             if prompt:
                 debug_prompt(job, read_line=_input_line, write=lambda text: print(text, end="", flush=True))
             while not job.done:
-                job.wait_done(0.1)
+                job.wait_done(SIGNAL_CHECK_S)
         except KeyboardInterrupt:
             job.cancel()
         return job.wait()
@@ -408,7 +408,7 @@ class TensorJob(Magics, JobSettings):
             return run
         try:
             while not run.done:
-                run.wait_for_update(timeout=0.1)
+                run.wait_for_update(timeout=SIGNAL_CHECK_S)
         except KeyboardInterrupt:
             run.cancel()
         result = run.wait()
@@ -460,7 +460,8 @@ class TensorJob(Magics, JobSettings):
             envelope = last.get("envelope") or {"status": "interrupted"}
         else:
             try:
-                view.join()
+                while view.alive:  # woken often: a kernel interrupt handed to another thread runs only in Python
+                    view.join(SIGNAL_CHECK_S)
             except KeyboardInterrupt:
                 playback.cancel()
                 view.join(10)

@@ -21,7 +21,7 @@ from tensorjob_jupyter.fanout.errors import MapError
 from tensorjob_jupyter.fanout.progress import MapResult, rate_text
 from tensorjob_jupyter.fanout.run import MapRun
 from tensorjob_jupyter.fanout.start import DEFAULT_CONCURRENCY, start_map
-from tensorjob_jupyter.frontends.terminal import load_guest
+from tensorjob_jupyter.frontends.terminal import SIGNAL_CHECK_S, load_guest
 from tensorjob_jupyter.sandbox.compile import GuestSource
 from tensorjob_jupyter.text import for_terminal, json_text
 
@@ -64,6 +64,8 @@ def cmd_map(args, out: TextIO, err: TextIO) -> int:
     printer = _ProgressPrinter(err, quiet=args.quiet)
     run.subscribe(printer)
     try:
+        while not run.done:  # woken often: a Ctrl-C handed to another thread runs once this one is in Python
+            run.wait_for_update(timeout=SIGNAL_CHECK_S)
         result = run.wait()
     except KeyboardInterrupt:
         run.cancel()

@@ -179,6 +179,12 @@ class LivePrinter(EventPrinter):
 _stdin_line = StdinLines()
 
 
+#: How often the main thread wakes while it waits for a job: a Ctrl-C that the kernel hands to another of the
+#: process's threads (the job's, the epoch clock's) runs its handler only once the main thread is back in
+#: Python, and a wait without a timeout would hold it until the job ended on its own.
+SIGNAL_CHECK_S = 0.1
+
+
 def wait_for_job(job: Job, printer: LivePrinter, err: TextIO):
     """Wait for the job (a debug job: through the prompt on stdin/stderr); Ctrl-C cancels it."""
     try:
@@ -190,6 +196,8 @@ def wait_for_job(job: Job, printer: LivePrinter, err: TextIO):
                 err.flush()
 
             prompt(job, read_line=_stdin_line, write=write, before=printer.caught_up)
+        while not job.wait_done(SIGNAL_CHECK_S):
+            pass
         return job.wait()
     except KeyboardInterrupt:
         job.cancel()

@@ -101,3 +101,8 @@ class LiveView:
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the view is still updating (its job or map has not ended)."""
+        return self._thread.is_alive()
