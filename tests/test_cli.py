@@ -122,14 +122,20 @@ def test_the_console_script_runs_as_a_subprocess(guest_file):
     assert json.loads(proc.stdout)["result"] == {"answer": 42}
 
 
-def test_ctrl_c_cancels_the_job_and_exits_130(guest_file, tmp_path):
+def spinning_cli_job(guest_file, tmp_path) -> subprocess.Popen:
+    """``tensorjob run --json`` of a guest that spins in ``cf_init``, once its job has started."""
     runs = tmp_path / "runs"
     proc = subprocess.Popen([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "run", guest_file([DONE],
                              init_body=wat.SPIN), "--json", "--runs", str(runs)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while not list(runs.glob("*/events.jsonl")) and time.monotonic() < deadline:  # the job has started
+    while not list(runs.glob("*/events.jsonl")) and time.monotonic() < deadline:
         time.sleep(0.05)
+    return proc
+
+
+def test_ctrl_c_cancels_the_job_and_exits_130(guest_file, tmp_path):
+    proc = spinning_cli_job(guest_file, tmp_path)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 130, err
@@ -145,13 +151,7 @@ def test_ctrl_c_handed_to_another_thread_still_cancels_the_job(guest_file, tmp_p
     only once that thread is back in Python, so the CLI never waits for a job without a timeout."""
     import ctypes
 
-    runs = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "run", guest_file([DONE],
-                             init_body=wat.SPIN), "--json", "--runs", str(runs)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not list(runs.glob("*/events.jsonl")) and time.monotonic() < deadline:  # the job has started
-        time.sleep(0.05)
+    proc = spinning_cli_job(guest_file, tmp_path)
     others = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
     assert others, "the CLI runs its job on a thread of its own"
     libc = ctypes.CDLL(None, use_errno=True)

@@ -249,12 +249,7 @@ class Normaliser:
 
     def _array(self, node, out, path, root, where, depth):
         self._only(node, {"items", "prefixItems", "minItems", "maxItems", "uniqueItems"}, path, where, "array")
-        low, high = node.get("minItems", 0), node.get("maxItems")
-        for name, bound in (("minItems", low), ("maxItems", high)):
-            if bound is not None and bound > MAX_REPEAT:
-                raise self._fail(where, path, f"{name} over {MAX_REPEAT} is not supported")
-        if high is not None and low > high:
-            raise self._fail(where, path, "minItems is greater than maxItems: no array matches")
+        low, high = self._bounds(node, ("minItems", "maxItems"), MAX_REPEAT, "array", path, where)
         if "prefixItems" in node:
             if "items" in node or "minItems" in node or "maxItems" in node:
                 raise self._fail(where, path, "prefixItems with items, minItems or maxItems is not supported: "
@@ -281,6 +276,18 @@ class Normaliser:
             out["maxItems"] = high
         return out
 
+    def _bounds(self, node, keys: tuple[str, str], cap: int, kind: str, path, where) -> tuple[int, int | None]:
+        """A length range (``minItems``/``maxItems``, ``minLength``/``maxLength``): each bound at most ``cap``
+        (the grammar repeats what it bounds), the low one not above the high one."""
+        (low_key, high_key) = keys
+        low, high = node.get(low_key, 0), node.get(high_key)
+        for name, bound in ((low_key, low), (high_key, high)):
+            if bound is not None and bound > cap:
+                raise self._fail(where, path, f"{name} over {cap} is not supported")
+        if high is not None and low > high:
+            raise self._fail(where, path, f"{low_key} is greater than {high_key}: no {kind} matches")
+        return low, high
+
     def _string(self, node, out, path, root, where, depth):
         self._only(node, {"minLength", "maxLength", "pattern", "format"}, path, where, "string")
         given = [k for k in ("pattern", "format") if k in node] + (
@@ -303,12 +310,7 @@ class Normaliser:
                 self._patterns.add(pattern)
             out["pattern"] = pattern
         else:
-            low, high = node.get("minLength", 0), node.get("maxLength")
-            for name, bound in (("minLength", low), ("maxLength", high)):
-                if bound is not None and bound > MAX_LENGTH:
-                    raise self._fail(where, path, f"{name} over {MAX_LENGTH} is not supported")
-            if high is not None and low > high:
-                raise self._fail(where, path, "minLength is greater than maxLength: no string matches")
+            low, high = self._bounds(node, ("minLength", "maxLength"), MAX_LENGTH, "string", path, where)
             if "minLength" in node:
                 out["minLength"] = low
             if high is not None:
