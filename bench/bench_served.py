@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         local = get_backend(n_threads=threads, n_threads_batch=threads)
         print(f"model {default_model_path().name}; {threads} llama.cpp threads on each side; "
               f"{n_tokens} tokens x {reps} repetitions; load {open('/proc/loadavg').read().split()[0]}")
-        with LlamaServer(default_model_path(), Path(tmp) / "server.log", threads=threads) as server:
+        with LlamaServer(default_model_path(), Path(tmp) / "server.log", threads=threads,
+                         extra=("--flash_attn", "True")) as server:  # the in-process engine's attention kernel
             served = ServedBackend(server.url, api_key_env="TENSORJOB_BENCH_NO_KEY")
             for backend in (local, served):  # warm both (model load, connection, chat template)
                 run_job(backend, PROMPTS[0], 4)

@@ -73,14 +73,14 @@ class LlamaServer:
     """``python -m llama_cpp.server`` on ``model`` at ``url``; ``close()`` kills it."""
 
     def __init__(self, model: str | os.PathLike, log_path: str | os.PathLike, *, threads: int = 2,
-                 n_ctx: int = 2048, embedding: bool = False, timeout: float = 120.0):
+                 n_ctx: int = 2048, embedding: bool = False, timeout: float = 120.0, extra: tuple = ()):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.log_path = Path(log_path)
         self._log = open(self.log_path, "wb")
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
                "--port", str(self.port), "--n_threads", str(threads), "--n_threads_batch", str(threads),
-               "--n_ctx", str(n_ctx), "--interrupt_requests", "False", "--embedding", str(embedding)]
+               "--n_ctx", str(n_ctx), "--interrupt_requests", "False", "--embedding", str(embedding), *extra]
         self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
@@ -209,7 +209,8 @@ class FakeServer:
     piece every ``delay_s``), ``endless`` (pieces forever), ``pings`` (SSE comments forever),
     ``stall`` (headers, then nothing), ``no_headers`` (nothing at all), ``truncated`` (two pieces,
     then the connection ends), ``malformed`` (a data line that is not JSON), ``status`` (HTTP
-    ``status`` with an error body ``error_message``), ``embed`` (answers /embeddings).
+    ``status`` with an error body ``error_message``), ``embed`` (answers /embeddings), ``deltas``
+    (each of ``deltas`` as a chat delta, as given: tool calls; then finish ``tool_calls``).
     """
 
     class _Server(ThreadingHTTPServer):
@@ -226,6 +227,7 @@ class FakeServer:
         self.usage = {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12,
                       "prompt_tokens_details": {"cached_tokens": 3}}
         self.delay_s = 0.05
+        self.deltas: list[dict] = []
         self.status = 500
         self.error_message = "boom"
         self.requests: list[dict] = []
@@ -270,6 +272,12 @@ class FakeServer:
                 h.write(sse(chunk(f" w{i}", chat=chat)))
                 i += 1
                 time.sleep(0.002)
+            return
+        if mode == "deltas":  # each of ``deltas`` as a chat delta as it stands (tool calls)
+            for delta in self.deltas:
+                h.write(sse({**chunk(finish=None), "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}))
+            h.write(sse(chunk(finish="tool_calls")))
+            h.write(sse(b"[DONE]"))
             return
         pieces = self.pieces[:2] if mode == "truncated" else self.pieces
         for piece in pieces:

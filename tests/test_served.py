@@ -16,13 +16,16 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tensorjob_jupyter as tj
 from tensorjob_jupyter.abi import codes
+from tensorjob_jupyter.host.reactor import InferOptions
 from tensorjob_jupyter.inference.base import (Constraint, GenerateRequest, ModelError, ModelTimeout, QueueFull,
                                               Sampler)
-from tensorjob_jupyter.inference.served import (DIALECTS, ServedBackend, ServerBusy, is_served, normalise_url,
-                                                served_backend)
+from tensorjob_jupyter.inference.served import (DIALECTS, ServedBackend, ServerBusy, _CallText, is_served,
+                                                normalise_url, served_backend)
 
 from served_support import KEY, FakeServer, connections_to, free_port, served_threads, wait_until
 from wat import script_guest
@@ -196,6 +199,115 @@ def test_llama_cpp_python_gets_its_json_object_with_a_schema_and_tools_travel_in
         job, env = run_job(backend_for(fake), infer_guest(tools=[tool], tool_choice="auto"))
         assert "response_format" not in fake.requests[-1]["body"]
         assert env.error.code == codes.SCHEMA_VALIDATION_FAILED, env
+
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def call_deltas(*arguments, name="get_weather"):
+    """OpenAI's streamed shape of one call: the name and id first, then the arguments in pieces."""
+    first = {"role": "assistant", "content": None, "tool_calls": [
+        {"index": 0, "id": "call_abc", "type": "function", "function": {"name": name, "arguments": ""}}]}
+    return [first] + [{"tool_calls": [{"index": 0, "function": {"arguments": a}}]} for a in arguments]
+
+
+def test_tools_go_to_the_server_as_tools_and_its_streamed_call_is_the_job_s_function_call(fake):
+    fake.mode = "deltas"
+    fake.deltas = call_deltas('{"city": ', '"Oslo"}')
+    job, env = run_job(backend_for(fake), infer_guest(tools=[WEATHER], tool_choice="required"))
+    assert env.ok, env
+    body = fake.requests[-1]["body"]
+    assert body["tools"] == [{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city.", "parameters": WEATHER["parameters"]}}]
+    assert body["tool_choice"] == "required" and body["parallel_tool_calls"] is False
+    # the server renders its tools: no response_format and no instructions of the host's own
+    assert "response_format" not in body and [m["role"] for m in body["messages"]] == ["user"]
+    [item] = [e["item"] for e in of_type(job, "response.output_item.done")]
+    assert item["type"] == "function_call" and item["name"] == "get_weather"
+    assert json.loads(item["arguments"]) == {"city": "Oslo"}
+    assert "".join(e["delta"] for e in of_type(job, "response.function_call_arguments.delta")) == '{"city": "Oslo"}'
+    assert env.usage.tokens_out == 3  # the name, then two pieces of arguments
+    # one function by name; arguments that break its parameters are schema_validation_failed, never accepted
+    fake.deltas = call_deltas('{"town": "Oslo"}')
+    job, env = run_job(backend_for(fake), infer_guest(tools=[WEATHER], tool_choice={"type": "function",
+                                                                                      "name": "get_weather"}))
+    assert fake.requests[-1]["body"]["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert env.error.code == codes.SCHEMA_VALIDATION_FAILED and "city" in env.error.message, env
+    # "auto": the server may answer in text
+    fake.mode = "ok"
+    job, env = run_job(backend_for(fake), infer_guest(tools=[WEATHER], tool_choice="auto"))
+    assert env.ok and fake.requests[-1]["body"]["tool_choice"] == "auto", env
+    assert "".join(e["delta"] for e in of_type(job, "response.output_text.delta")) == "".join(fake.pieces)
+
+
+@pytest.mark.parametrize("deltas,says", [
+    ([{"content": "Let me look."}] + call_deltas('{"city": "Oslo"}'), "text and then a tool call"),
+    (call_deltas('{"city": "Oslo"}') + [{"content": "Done."}], "a tool call and then text"),
+    ([{"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}], "without a name"),
+    (call_deltas("{}") + [{"tool_calls": [{"index": 0, "function": {"name": "other"}}]}], "changes its name"),
+    ([{"tool_calls": {"index": 0}}], "not a list"),
+])
+def test_a_call_the_host_cannot_read_as_one_call_is_model_load_failed(fake, deltas, says):
+    fake.mode = "deltas"
+    fake.deltas = deltas
+    job, env = run_job(backend_for(fake), infer_guest(tools=[WEATHER], tool_choice="auto"))
+    assert env.error.code == codes.MODEL_LOAD_FAILED and says in env.error.message, env
+
+
+def test_blanks_before_a_call_are_dropped_and_a_second_call_ends_the_answer_with_the_first(fake):
+    fake.mode = "deltas"
+    second = {"tool_calls": [{"index": 1, "id": "call_2", "type": "function",
+                              "function": {"name": "get_weather", "arguments": '{"city": "Bergen"}'}}]}
+    fake.deltas = [{"content": "\n "}] + call_deltas('{"city": "Oslo"}') + [second]
+    job, env = run_job(backend_for(fake), infer_guest(tools=[WEATHER], tool_choice="auto"))
+    assert env.ok, env
+    [item] = [e["item"] for e in of_type(job, "response.output_item.done")]
+    assert item["type"] == "function_call" and json.loads(item["arguments"]) == {"city": "Oslo"}
+
+
+def test_which_tool_choices_each_server_enforces_natively():
+    named = {"type": "function", "name": "get_weather"}
+    # llama-cpp-python: a named function only, and its template does not show tools: the system turn stays
+    with FakeServer(owned_by="me") as fake:
+        fake.mode = "deltas"
+        fake.deltas = call_deltas('{"city": "Oslo"}')
+        job, env = run_job(backend_for(fake), infer_guest(tools=[WEATHER], tool_choice=named))
+        assert env.ok, env
+        body = fake.requests[-1]["body"]
+        assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+        assert "parallel_tool_calls" not in body and "response_format" not in body
+        assert body["messages"][0]["role"] == "system" and "get_weather" in body["messages"][0]["content"]
+    # vLLM: "auto" needs server flags, so it is held to the call JSON here and validated after
+    with FakeServer(owned_by="vllm") as fake:
+        fake.pieces = ['{"name": "get_weather", "arguments": {"city": "Oslo"}}']
+        job, env = run_job(backend_for(fake), infer_guest(tools=[WEATHER], tool_choice="auto"))
+        assert env.ok, env
+        body = fake.requests[-1]["body"]
+        assert "tools" not in body and body["messages"][0]["role"] == "system"
+        run_job(backend_for(fake), infer_guest(tools=[WEATHER], tool_choice="required"))
+        assert fake.requests[-1]["body"]["tool_choice"] == "required"
+    # raw text (chat=False) has no tools field: the call JSON, as before
+    with FakeServer() as fake:
+        fake.pieces = ['{"name": "get_weather", "arguments": {"city": "Oslo"}}']
+        job, env = run_job(backend_for(fake), infer_guest(tools=[WEATHER], tool_choice="required"),
+                           infer=InferOptions(chat=False))
+        assert env.ok and "tools" not in fake.requests[-1]["body"], env
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.text(min_size=1, max_size=20), arguments=st.dictionaries(st.text(max_size=8), st.integers()),
+       cuts=st.lists(st.integers(0, 200), max_size=8), repeat_name=st.booleans())
+def test_any_chunking_of_a_streamed_call_gives_the_call_s_json(name, arguments, cuts, repeat_name):
+    text = json.dumps(arguments, ensure_ascii=False)
+    bounds = sorted({0, len(text), *(min(c, len(text)) for c in cuts)})
+    pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    reader = _CallText()
+    out = reader.feed([{"index": 0, "function": {"name": name, "arguments": ""}}])
+    for piece in pieces:
+        out += reader.feed([{"index": 0, "function": {"name": name if repeat_name else None, "arguments": piece}}])
+    out += reader.close()
+    assert json.loads(out) == {"name": name, "arguments": arguments} and not reader.another
 
 
 def test_embeddings_come_in_input_order_and_unit_length(fake):

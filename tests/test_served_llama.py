@@ -9,9 +9,13 @@ its next request is not held up), nothing left behind in this process, a
 schema the server enforces, embeddings, what the transcript records, and a
 map on a Dask cluster whose workers all send their infers to the one server.
 
-Greedy text is the same on one machine and build only, and llama.cpp's
-numbers move with batch shapes and with the KV a server reuses between
-requests, so answers are compared by their first words, never in full.
+Greedy answers are compared whole. They are the same only where both sides
+run the same kernels: llama.cpp resolves flash attention "auto" to on for
+this model (what the in-process engine asks for), while llama-cpp-python's
+server turns it off unless told, and the two kernels round differently
+enough to flip a near-tie within a few dozen tokens. The test server is
+started with ``--flash_attn True``; then the same prompt gives the same
+tokens, whatever prefix of it either side had cached.
 """
 
 from __future__ import annotations
@@ -38,12 +42,14 @@ pytest.importorskip("uvicorn")
 
 THREADS = 1  # the server's and the local model's: one llama.cpp thread each on a shared 2-core machine
 RAW_GREEDY = InferOptions(sampler=Sampler(repeat_penalty=1.0), chat=False)
+CHAT_GREEDY = InferOptions(sampler=Sampler(repeat_penalty=1.0), chat=True)
 
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("llama-server") / "server.log"
-    with LlamaServer(default_model_path(), log, threads=THREADS, embedding=True) as s:
+    with LlamaServer(default_model_path(), log, threads=THREADS, embedding=True,
+                     extra=("--flash_attn", "True")) as s:  # the in-process engine's attention: see above
         yield s
 
 
@@ -74,15 +80,18 @@ def disconnects(server) -> int:
     return server.log().count("Disconnected from client")
 
 
-def test_the_same_guest_gives_the_same_greedy_answer_locally_and_through_the_server(served):
+@pytest.mark.parametrize("options,prompts", [
+    (RAW_GREEDY, ("The capital of France is", "Once upon a time", "Water boils at")),
+    (CHAT_GREEDY, ("Name three primary colours.", "Write a haiku about the sea.")),
+], ids=["raw", "chat"])
+def test_the_same_guest_gives_the_same_greedy_answer_locally_and_through_the_server(served, options, prompts):
     local = get_backend(n_threads=THREADS, n_threads_batch=THREADS)
-    for prompt in ("The capital of France is", "The three primary colours are"):
-        guest = infer_guest(prompt)
-        local_job, here = run(guest, backend=local, infer=RAW_GREEDY)
-        job, there = run(guest, backend=served, infer=RAW_GREEDY)
+    for prompt in prompts:
+        guest = infer_guest(prompt, max_tokens=48)
+        local_job, here = run(guest, backend=local, infer=options)
+        job, there = run(guest, backend=served, infer=options)
         assert here.ok and there.ok, (here, there)
-        a, b = answer(local_job), answer(job)
-        assert a.split()[:3] == b.split()[:3], (a, b)
+        assert answer(local_job) == answer(job) and len(answer(job)) > 20
         deltas = [e for e in job.events if e["type"] == "response.output_text.delta"]
         assert there.usage.tokens_out == len(deltas) > 0  # llama-cpp-python reports no usage: pieces counted
         assert there.usage.model == served.model_name  # llama-cpp-python's id: the model's path
@@ -128,6 +137,32 @@ def test_the_server_enforces_a_schema_and_the_answer_is_validated(served):
     assert env.ok, env
     value = json.loads(answer(job))
     assert set(value) == {"city", "country"} and all(isinstance(v, str) for v in value.values())
+
+
+def test_a_named_function_is_the_server_s_tool_choice_and_streams_back_as_a_valid_call(served, monkeypatch):
+    sent = []
+    body_of = ServedBackend._body
+
+    def spy(self, request, info, chat):
+        body, extra = body_of(self, request, info, chat)
+        sent.append(body)
+        return body, extra
+
+    monkeypatch.setattr(ServedBackend, "_body", spy)
+    tool = {"type": "function", "name": "get_weather", "description": "The current weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}},
+                           "required": ["city"]}}
+    job, env = run(infer_guest("What is the weather in Oslo?", max_tokens=40, tools=[tool],
+                               tool_choice={"type": "function", "name": "get_weather"}), backend=served)
+    assert env.ok, env
+    assert sent[-1]["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert sent[-1]["tools"][0]["function"]["name"] == "get_weather" and "response_format" not in sent[-1]
+    [item] = [e["item"] for e in job.events if e["type"] == "response.output_item.done"]
+    assert item["type"] == "function_call" and item["name"] == "get_weather"
+    assert set(json.loads(item["arguments"])) == {"city"}
+    # the server streamed the arguments (its tool_calls deltas), and they reached the guest as they came
+    pieces = [e for e in job.events if e["type"] == "response.function_call_arguments.delta"]
+    assert len(pieces) >= 3 and env.usage.tokens_out >= 3
 
 
 def test_embeddings_through_the_server_are_unit_vectors_in_input_order(served):

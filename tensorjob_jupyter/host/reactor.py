@@ -455,7 +455,8 @@ class Reactor:
             raise JobFailure(codes.SCHEMA_VALIDATION_FAILED, f"infer: {e}") from None
         sampler = dataclasses.replace(opts.sampler, **cmd.sampling())
         request = GenerateRequest(cmd.prompt, max_tokens, sampler, opts.cache_prompt, opts.lora, opts.chat,
-                                  constraint=spec.constraint, system=spec.system)
+                                  constraint=spec.constraint, system=spec.system,
+                                  tools=spec.tool_use())
         return InferPlan(spec, request)
 
     def _open_response(self, cmd: abi.Infer, plan: "InferPlan", model: str, *,

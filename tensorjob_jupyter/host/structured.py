@@ -61,7 +61,7 @@ from typing import Any, Callable
 from tensorjob_jupyter.host.schemas import (
     MAX_SCHEMA_BYTES, SPEC_MEMO_BYTES, SchemaError, first_error, Normaliser, validator_for,
 )
-from tensorjob_jupyter.inference.base import Constraint
+from tensorjob_jupyter.inference.base import Constraint, ToolUse
 from tensorjob_jupyter.inference.memo import MISSING, BytesLRU
 
 # --- one infer's output --------------------------------------------------------------------------
@@ -154,6 +154,21 @@ class OutputSpec:
         if error is not None:
             raise SchemaError(f"the arguments of the model's call to {name} do not match its parameters: {error}")
         return "", [ToolCall(call_id or new_call_id(), name, arguments_text(text))]
+
+    def tool_use(self) -> ToolUse | None:
+        """The tools as an engine that takes them natively wants them; None when no call may be made."""
+        if self.kind not in ("call", "auto"):
+            return None
+        functions = []
+        for tool in self.tools:
+            function = {"name": tool["name"]}
+            if tool.get("description") is not None:
+                function["description"] = tool["description"]
+            function["parameters"] = tool["parameters"] if tool["parameters"] is not None else EMPTY_PARAMETERS
+            functions.append(function)
+        if isinstance(self.tool_choice, dict):
+            return ToolUse(json.dumps(functions), "function", self.tool_choice["name"])
+        return ToolUse(json.dumps(functions), self.tool_choice)
 
     def response_fields(self) -> dict:
         """What the response object reports about the output: ``text``, ``tools``, ``tool_choice``."""

@@ -113,6 +113,21 @@ class Constraint:
 
 
 @dataclass(frozen=True)
+class ToolUse:
+    """The functions a model may call, for an engine that takes them natively (a served model's
+    ``tools`` and ``tool_choice``). The local engine does not read it: ``constraint`` and ``system``
+    say the same to its grammar and its prompt.
+
+    ``functions``: JSON text of a list of ``{"name", "description"?, "parameters"}``, the guest's own
+    schemas; ``choice``: ``auto``, ``required``, or ``function`` with ``name`` the one to call.
+    """
+
+    functions: str
+    choice: str
+    name: str | None = None
+
+
+@dataclass(frozen=True)
 class GenerateRequest:
     prompt: str
     max_tokens: int
@@ -126,6 +141,8 @@ class GenerateRequest:
     #: Instructions before the prompt (the tools a model may call): a system turn
     #: in chat form, a paragraph before the prompt in raw form.
     system: str | None = None
+    #: The tools themselves, for an engine that takes them natively; None: no tool may be called.
+    tools: ToolUse | None = None
 
 
 @dataclass

@@ -46,15 +46,23 @@ Ollama) they are not sent -- ``frequency_penalty``/``presence_penalty`` are
 additive and would change the answer, not reproduce it. ``chat`` (or None)
 uses ``/chat/completions`` with the ``system`` text as a system turn;
 ``chat=False`` uses ``/completions`` with the raw prompt, ``system`` before it
-as the local engine does. A ``Constraint`` (a format, or a required tool
-call: the host's ``{"name", "arguments"}`` JSON) becomes ``response_format``:
-``json_schema`` (OpenAI, vLLM, llama.cpp, Ollama) or llama-cpp-python's
-``json_object`` with a ``schema``; the tool descriptions travel in the system
-turn, exactly as for the local model. A free-text-or-call constraint
-(``tool_choice: "auto"``) cannot be expressed as a ``response_format``, so it
-is sent unconstrained. Either way the host validates every finished answer
-against the guest's schema (``host/structured.py``, ``OutputSpec.check``): a
-server that cannot or did not enforce it gives ``schema_validation_failed``,
+as the local engine does. Tools (``GenerateRequest.tools``) go to the server
+as its own ``tools`` and ``tool_choice`` where the dialect enforces that
+choice (OpenAI and llama.cpp: all; vLLM: ``required`` and a named function;
+llama-cpp-python: a named function, with the descriptions also in a system
+turn since its template does not show them). The server's streamed
+``tool_calls`` come back as the host's call text, ``{"name": NAME,
+"arguments": ...}``, piece by piece as they arrive (``_CallText``); one call
+a response, text and a call never mixed. Otherwise a ``Constraint`` (a
+format, or a required tool call: the host's ``{"name", "arguments"}`` JSON)
+becomes ``response_format``: ``json_schema`` (OpenAI, vLLM, llama.cpp,
+Ollama) or llama-cpp-python's ``json_object`` with a ``schema``; the tool
+descriptions travel in the system turn, exactly as for the local model. A
+free-text-or-call constraint (``tool_choice: "auto"``) that is not sent
+natively cannot be expressed as a ``response_format``, so it is sent
+unconstrained. Either way the host validates every finished answer against
+the guest's schema (``host/structured.py``, ``OutputSpec.check``): a server
+that cannot or did not enforce it gives ``schema_validation_failed``,
 never a silently accepted answer. LoRA selection is the server's business: a
 request naming adapters is refused. ``cache_prompt`` is left to the server.
 
@@ -87,6 +95,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import json
 import math
 import os
 import re
@@ -180,6 +189,13 @@ class Dialect:
     #: one text per /embeddings request: llama-cpp-python answers every text of a batch after the first
     #: with the wrong vectors when it returns one vector per token
     embed_one_at_a_time: bool = False
+    #: the ``tool_choice`` kinds sent as native ``tools``/``tool_choice`` (``auto``, ``required``,
+    #: ``function``); any other choice is held to the host's call JSON with ``response_format``
+    native_tools: frozenset[str] = frozenset(("auto", "required", "function"))
+    #: whether the server's chat template shows the model its tools; if not, they travel in a system turn too
+    renders_tools: bool = True
+    #: ``parallel_tool_calls: false`` is understood (a response holds one call)
+    one_call_field: bool = False
 
     def response_format(self, schema: Any) -> dict:
         if self.schema_format == "json_object":
@@ -188,10 +204,14 @@ class Dialect:
 
 
 DIALECTS = {
-    "openai": Dialect("openai"),
+    "openai": Dialect("openai", one_call_field=True),
     "llama.cpp": Dialect("llama.cpp", "repeat_penalty", True, 0),
-    "llama-cpp-python": Dialect("llama-cpp-python", "repeat_penalty", True, 0, "json_object", True),
-    "vllm": Dialect("vllm", "repetition_penalty", True, -1),
+    # llama-cpp-python enforces a named function only (a grammar on its parameters), and its generic
+    # chat handler leaves the tools out of the prompt
+    "llama-cpp-python": Dialect("llama-cpp-python", "repeat_penalty", True, 0, "json_object", True,
+                                native_tools=frozenset(("function",)), renders_tools=False),
+    # vLLM's "auto" needs server flags (--enable-auto-tool-choice); "required" and a named function do not
+    "vllm": Dialect("vllm", "repetition_penalty", True, -1, native_tools=frozenset(("required", "function"))),
 }
 #: ``owned_by`` in ``/v1/models`` -> the dialect; anything else speaks plain OpenAI.
 OWNERS = {"me": "llama-cpp-python", "llamacpp": "llama.cpp", "vllm": "vllm"}
@@ -549,6 +569,7 @@ class ServedBackend:
     # -- generation -------------------------------------------------------------------------------
 
     def _body(self, request: GenerateRequest, info: ServerInfo, chat: bool) -> tuple[dict, dict]:
+        """The request's OpenAI fields, and the extra fields only some servers understand."""
         s = request.sampler
         body: dict[str, Any] = {"model": info.model, "stream": True, "max_tokens": int(request.max_tokens),
                                 "temperature": float(s.temperature), "top_p": float(s.top_p), "seed": int(s.seed),
@@ -563,9 +584,14 @@ class ServedBackend:
             extra["top_k"] = int(s.top_k) if s.top_k and s.top_k > 0 else d.top_k_off
             extra["min_p"] = float(s.min_p)
         c = request.constraint
-        if c is not None and not c.free_text:
-            import json
-
+        if self._native_tools(request, info, chat):
+            tools = request.tools
+            body["tools"] = [{"type": "function", "function": f} for f in json.loads(tools.functions)]
+            body["tool_choice"] = (tools.choice if tools.choice != "function"
+                                   else {"type": "function", "function": {"name": tools.name}})
+            if d.one_call_field:
+                body["parallel_tool_calls"] = False
+        elif c is not None and not c.free_text:
             fmt = d.response_format(json.loads(c.schema))
             if chat:
                 body["response_format"] = fmt
@@ -573,13 +599,21 @@ class ServedBackend:
                 extra["response_format"] = fmt  # not part of the completions API: servers that know it use it
         return body, extra
 
+    @staticmethod
+    def _native_tools(request: GenerateRequest, info: ServerInfo, chat: bool) -> bool:
+        """Whether this request's tools go to the server as ``tools``/``tool_choice``."""
+        return chat and request.tools is not None and request.tools.choice in info.dialect.native_tools
+
     def _generate(self, call: _Call, request: GenerateRequest, on_token: TokenCallback) -> GenerateResult:
         info = self._server_info()
         chat = request.chat is None or bool(request.chat)
         body, extra = self._body(request, info, chat)
         client = self._openai()
+        native = self._native_tools(request, info, chat)
         if chat:
-            messages = ([{"role": "system", "content": request.system}] if request.system is not None else [])
+            # the tools' instructions ask for the host's call JSON: not for a server that renders its tools
+            system = None if native and info.dialect.renders_tools else request.system
+            messages = ([{"role": "system", "content": system}] if system is not None else [])
             messages.append({"role": "user", "content": request.prompt})
             body = {**body, **extra, "messages": messages}
         else:
@@ -591,11 +625,12 @@ class ServedBackend:
 
         stream = client.post("/chat/completions" if chat else "/completions", cast_to=object, body=body,
                              options={"headers": self._headers}, stream=True, stream_cls=openai.Stream[object])
-        return self._read(call, stream, request, on_token, chat)
+        return self._read(call, stream, request, on_token, chat, native)
 
     def _read(self, call: _Call, stream, request: GenerateRequest, on_token: TokenCallback,
-              chat: bool) -> GenerateResult:
+              chat: bool, native_tools: bool = False) -> GenerateResult:
         text_stream = TextStream(request.sampler.stop)
+        tool_call = _CallText() if native_tools else None
         events = 0
         max_events = 4 * request.max_tokens + 64
         finish: str | None = None
@@ -622,9 +657,23 @@ class ServedBackend:
                 for choice in _field(chunk, "choices", list) or ():
                     if not isinstance(choice, dict) or choice.get("index", 0) not in (0, None):
                         continue
-                    piece = choice.get("delta") if chat else choice.get("text")
-                    if chat:
-                        piece = piece.get("content") if isinstance(piece, dict) else None
+                    delta = choice.get("delta") if chat else None
+                    delta = delta if isinstance(delta, dict) else {}
+                    piece = delta.get("content") if chat else choice.get("text")
+                    if tool_call is not None:
+                        piece = tool_call.text_piece(piece)
+                        if delta.get("tool_calls"):
+                            if call.pieces >= request.max_tokens:
+                                return self._result(call, FINISH_LENGTH, usage, None, deliver, tool_call)
+                            text = tool_call.feed(delta["tool_calls"])
+                            if text:
+                                call.pieces += 1
+                                call.last_at = time.perf_counter()
+                                call.first_at = call.first_at or call.last_at
+                                if not deliver(text):
+                                    return self._result(call, FINISH_CANCELLED, None, None, deliver)
+                            if tool_call.another:  # one call a response: the answer is the first
+                                return self._result(call, FINISH_STOP, usage, None, deliver, tool_call)
                     if piece:
                         if not isinstance(piece, str):
                             raise ModelError("the model server's stream is malformed: a text piece is not a string")
@@ -643,9 +692,18 @@ class ServedBackend:
                         finish = FINISH_LENGTH if reason == "length" else FINISH_STOP
         if finish is None:
             raise ModelError("the model server's stream ended before the answer did (no finish_reason)")
-        return self._result(call, finish, usage, text_stream, deliver)
+        return self._result(call, finish, usage, text_stream, deliver, tool_call)
 
-    def _result(self, call: _Call, finish: str, usage, text_stream: TextStream | None, deliver) -> GenerateResult:
+    def _result(self, call: _Call, finish: str, usage, text_stream: TextStream | None, deliver,
+                tool_call: "_CallText | None" = None) -> GenerateResult:
+        if tool_call is not None and tool_call.started:
+            if finish != FINISH_LENGTH:  # a call cut at max_tokens stays open: it fails as the JSON it is
+                deliver(tool_call.close())
+            return GenerateResult("".join(call.parts), finish, self._usage(usage, call))
+        if tool_call is not None and tool_call.held and text_stream is not None:  # an answer of blanks only
+            text, _ = text_stream.push(tool_call.held.encode("utf-8"))
+            if text:
+                deliver(text)
         if text_stream is not None:
             tail = text_stream.flush()
             if tail:
@@ -710,6 +768,82 @@ class ServedBackend:
         if self._key and len(self._key) >= 4:
             text = text.replace(self._key, "***")
         return text
+
+
+class _CallText:
+    """The host's tool-call text, ``{"name": NAME, "arguments": ARGUMENTS}``, from a server's streamed
+    ``tool_calls`` deltas: the name once it is known, then each piece of the arguments as it arrives.
+
+    The host reads, checks and reports that text as it does the local model's (``host/structured.py``),
+    so a call's arguments that are not the JSON its schema asks for fail the same way. One call a
+    response: a delta for another call sets ``another`` and the answer ends with the first.
+    """
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self.index: Any = None
+        self.another = False
+        #: blank text before anything else: it waits until the answer is known to be text, not a call
+        self.held = ""
+        self.text_seen = False
+
+    @property
+    def started(self) -> bool:
+        return self.name is not None
+
+    def text_piece(self, piece: Any) -> Any:
+        """What of a content piece reaches the answer: leading blanks wait (a call may follow them);
+        text once a call has begun is refused."""
+        if not piece or not isinstance(piece, str):
+            return piece
+        if self.started:
+            if piece.strip():
+                raise ModelError("the model server answered with a tool call and then text; "
+                                 "a response holds one or the other")
+            return None
+        if not self.text_seen:
+            if not piece.strip():
+                self.held += piece
+                return None
+            self.text_seen = True
+            piece, self.held = self.held + piece, ""
+        return piece
+
+    def feed(self, deltas: Any) -> str:
+        """The text these deltas add (may be empty)."""
+        if self.text_seen:
+            raise ModelError("the model server answered with text and then a tool call; "
+                             "a response holds one or the other")
+        if not isinstance(deltas, list):
+            raise ModelError("the model server's stream is malformed: tool_calls is not a list")
+        out = []
+        for delta in deltas:
+            if not isinstance(delta, dict):
+                raise ModelError("the model server's stream is malformed: a tool call is not an object")
+            index = delta.get("index", 0)
+            if self.index is None:
+                self.index = index
+            elif index != self.index:
+                self.another = True
+                break
+            function = delta.get("function")
+            function = function if isinstance(function, dict) else {}
+            name, arguments = function.get("name"), function.get("arguments")
+            if self.name is None:
+                if not isinstance(name, str) or not name:
+                    raise ModelError("the model server's stream is malformed: a tool call begins without a name")
+                self.name = name
+                out.append('{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ')
+            elif name not in (None, "", self.name):
+                raise ModelError("the model server's stream is malformed: a tool call changes its name")
+            if arguments:
+                if not isinstance(arguments, str):
+                    raise ModelError("the model server's stream is malformed: a tool call's arguments are not text")
+                out.append(arguments)
+        return "".join(out)
+
+    def close(self) -> str:
+        return "}"
 
 
 def _wrap_stream(inner, call: _Call):

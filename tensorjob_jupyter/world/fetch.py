@@ -67,9 +67,10 @@ import time
 import urllib.parse
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
-import httpx
+if TYPE_CHECKING:
+    import httpx
 
 from tensorjob_jupyter.abi import JobFailure, codes
 from tensorjob_jupyter.world.files import anonymous_file
@@ -121,6 +122,8 @@ def parse_url(text: str) -> Target:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError("it is not valid Unicode") from None
+    import httpx  # deferred: httpx and the CLI it brings (rich) are a quarter of a cold start; most jobs never fetch
+
     try:
         url = httpx.URL(text)
     except Exception as e:  # httpx.InvalidURL, or an IDNA error
@@ -305,6 +308,7 @@ class _Download:
         return left
 
     def _send(self, client: httpx.Client, url: httpx.URL) -> httpx.Response:
+        import httpx  # deferred: see parse_url
         """The response's head. A TCP connect cannot be shut down before it completes, so it is tried in
         attempts of at most ``CONNECT_ATTEMPT_S``: a stop or the deadline reaches the helper between them
         (a host that drops SYNs never holds it past ``JOIN_S``)."""
@@ -318,6 +322,7 @@ class _Download:
                 continue
 
     def _fetch(self) -> Fetched:
+        import httpx  # deferred: see parse_url
         headers = {"User-Agent": f"tensorjob/{__version__}", "Accept-Encoding": "gzip, deflate;q=0.5, identity"}
         current = self.target
         with httpx.Client(follow_redirects=False, trust_env=False, headers=headers) as client:
@@ -447,6 +452,8 @@ def fetch_url(url: str, grants: FetchGrants, limits: Limits, check: Callable[[],
         return download.result
     if isinstance(error, FetchError):
         raise error
+    import httpx  # deferred: see parse_url
+
     if isinstance(error, (_Stopped, httpx.TimeoutException)):
         raise _timeout(target, limits) from None
     raise FetchError(codes.UNSUPPORTED, f"fetching {target.url} failed: {type(error).__name__}: "
