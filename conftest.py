@@ -23,11 +23,15 @@ own ``tmp_path``, its ports from the OS. Two things here make it quick:
   (``pytest_xdist_auto_num_workers``): much of the suite waits -- on timeouts
   it tests, subprocesses, servers -- rather than computes (on 2 cores: 2
   workers 52 s, 3 workers 48 s, 4 workers 54 s for the same 826 tests).
+* ``--dist worksteal``: an idle worker takes tests queued for a busy one.
+  xdist's default hands each worker a quarter of its share up front, in
+  file order, so one worker could hold all of test_hostile_world and
+  test_compile and end 10 s after the others.
 * Bytecode is cached even where ``PYTHONDONTWRITEBYTECODE`` is set (as in some
   containers): without it every run, and every worker, compiles the package
   and rewrites every test module's asserts again (about 7 s of CPU a process).
   The cache goes under ``.pytest_cache/pycache`` (``sys.pycache_prefix``), not
-  next to the sources.
+  next to the sources, and the Python processes the tests start share it.
 """
 
 import os
@@ -49,6 +53,9 @@ pytest_plugins = ["nbval.plugin"]
 if sys.dont_write_bytecode:
     sys.pycache_prefix = sys.pycache_prefix or str(Path(__file__).resolve().parent / ".pytest_cache" / "pycache")
     sys.dont_write_bytecode = False
+    # and in the Python processes the tests start (the CLI, kernels, document engines, servers)
+    os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 FAST_LOOP = "not slow"
@@ -76,6 +83,8 @@ def pytest_cmdline_main(config):
             or (config.args and all("::" in arg for arg in config.args))):
         return
     config.option.numprocesses = "auto"
+    if config.getoption("dist", "no") == "no":
+        config.option.dist = "worksteal"
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -185,9 +185,11 @@ _stdin_line = StdinLines()
 SIGNAL_CHECK_S = 0.1
 
 
-def wait_for_job(job: Job, printer: LivePrinter, err: TextIO):
-    """Wait for the job (a debug job: through the prompt on stdin/stderr); Ctrl-C cancels it."""
+def start_and_wait(job: Job, printer: LivePrinter, err: TextIO):
+    """Start the job and wait for it (a debug job: through the prompt on stdin/stderr); Ctrl-C cancels it,
+    from the moment the job starts: its thread may write the transcript before ``start()`` returns."""
     try:
+        job.start()
         if job.debugging:
             printer.prompting = True
 
@@ -297,8 +299,7 @@ def run_live(job, args, out: TextIO, err: TextIO):
         raise OptionError(f"--events {args.events}: {e.strerror}") from None
     printer = LivePrinter(job, out=out, err=err, quiet=args.quiet, chunks_to_stdout=not args.json)
     printer.thread.start()
-    job.start()
-    envelope = wait_for_job(job, printer, err)
+    envelope = start_and_wait(job, printer, err)
     printer.thread.join()  # everything streamed is written before the result
     if events_file is not None:
         with events_file:
