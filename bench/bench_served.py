@@ -10,10 +10,10 @@
    0.8 x in-process. llama-cpp-python's server decodes one request at a time
    (a lock around its one ``Llama``) while the in-process worker batches the
    four sequences into one ``llama_decode`` per step, so with that server the
-   ratio is bounded by what batching buys; ``--batching-server`` also runs
-   the four jobs against a server that batches (the in-process worker behind
-   a minimal OpenAI-compatible starlette app in its own process), which
-   isolates the served path's own cost.
+   ratio is bounded by what batching buys. **2b** runs the four jobs against
+   a server that batches, ``tensorjob serve`` (frontends/serve.py: the same
+   worker behind the API, in its own process), alternating with four more
+   in-process: the served path's own cost when the server is not the limit.
 3. **Host overhead per token of the served path**: the CPU time the
    backend's request threads spend (the openai SDK, SSE parsing, the socket,
    this package's code and the job's token callback) divided by the text
@@ -26,7 +26,7 @@
 Both sides run in one process, alternating, with the server and the local
 model using the same llama.cpp thread count; medians of the repetitions are
 reported with the absolute numbers. The last line is a JSON summary.
-Run ``python bench/bench_served.py [--quick] [--batching-server]``.
+Run ``python bench/bench_served.py [--quick]``.
 """
 
 from __future__ import annotations
@@ -57,52 +57,6 @@ PROMPTS = ["Write a long story about a dragon who learns to cook.",
            "Explain in detail how the printing press changed Europe.",
            "Give a detailed recipe for bread, step by step.",
            "Describe a walk through a busy harbour at dawn, in detail."]
-
-#: A batching OpenAI-compatible server for ``--batching-server``: the in-process worker behind starlette.
-BATCHING_SERVER = r'''
-import json, sys, threading, queue
-sys.path.insert(0, sys.argv[3])
-import uvicorn
-from starlette.applications import Starlette
-from starlette.responses import JSONResponse, StreamingResponse
-from starlette.routing import Route
-from tensorjob_jupyter.inference.base import GenerateRequest, Sampler
-from tensorjob_jupyter.inference.models import get_backend
-
-backend = get_backend(n_threads=int(sys.argv[2]), n_threads_batch=int(sys.argv[2]))
-
-async def models(request):
-    return JSONResponse({"object": "list", "data": [{"id": "smollm2", "object": "model", "owned_by": "llamacpp"}]})
-
-async def chat(request):
-    body = await request.json()
-    prompt = body["messages"][-1]["content"]
-    sampler = Sampler(temperature=body.get("temperature", 0.0), repeat_penalty=body.get("repeat_penalty", 1.0),
-                      seed=body.get("seed", 0))
-    pieces = queue.SimpleQueue()
-    def on_token(p):
-        pieces.put(p)
-        return True
-    fut = backend.generate_stream(GenerateRequest(prompt, body["max_tokens"], sampler, chat=True), on_token)
-    fut.add_done_callback(lambda f: pieces.put(None))
-    def chunk(**delta):
-        return "data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "smollm2",
-                                      "choices": [{"index": 0, **delta}]}) + "\n\n"
-    def events():
-        while True:
-            p = pieces.get()
-            if p is None:
-                break
-            yield chunk(delta={"content": p}, finish_reason=None)
-        r = fut.result()
-        yield chunk(delta={}, finish_reason=r.finish_reason if r.finish_reason == "length" else "stop")
-        yield "data: [DONE]\n\n"
-    return StreamingResponse(events(), media_type="text/event-stream")
-
-app = Starlette(routes=[Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"])])
-uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
-'''
-
 
 def guest_for(prompt: str, max_tokens: int) -> bytes:
     return script_guest([{"cmd": "infer", "prompt": prompt, "max_tokens": max_tokens},
@@ -136,22 +90,18 @@ def run_four(backend, max_tokens: int) -> tuple[int, float]:
     return sum(n for n, _ in results), wall
 
 
-class BatchingServer:
-    def __init__(self, threads: int, log):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/v1"
-        self.process = subprocess.Popen([sys.executable, "-c", BATCHING_SERVER, str(self.port), str(threads),
-                                         str(ROOT)], stdout=log, stderr=subprocess.STDOUT)
-        import urllib.request
+class TensorjobServer:
+    """``tensorjob serve`` (frontends/serve.py) in its own process: the batching worker behind the API."""
 
-        def up():
-            try:
-                return urllib.request.urlopen(self.url + "/models", timeout=1).status == 200
-            except OSError:
-                return False
-        if not wait_until(up, 120, 0.2):
+    def __init__(self, threads: int, log):
+        self.process = subprocess.Popen([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "serve", "--port",
+                                         "0", "--threads", str(threads)], stdout=subprocess.PIPE, stderr=log,
+                                        text=True, cwd=ROOT)
+        line = self.process.stdout.readline()  # "serving at http://127.0.0.1:PORT/v1 ..." once the model is loaded
+        if not line.startswith("serving at "):
             self.close()
-            raise RuntimeError("the batching server did not start")
+            raise RuntimeError(f"tensorjob serve did not start: {line!r}")
+        self.url = line.split()[2]
 
     def close(self) -> None:
         self.process.kill()
@@ -184,8 +134,6 @@ def median_rate(samples: list[tuple[int, float]]) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer, shorter runs")
-    parser.add_argument("--batching-server", action="store_true",
-                        help="also run four jobs against a batching server (the in-process worker behind starlette)")
     args = parser.parse_args(argv)
     n_tokens, reps = (48, 2) if args.quick else (128, 3)
     threads = physical_cores()
@@ -223,23 +171,22 @@ def main(argv: list[str] | None = None) -> int:
         summary.update(one_ratio=os_ / ol, one_served_tok_s=os_, one_local_tok_s=ol, four_ratio=fs / fl,
                        four_served_tok_s=fs, four_local_tok_s=fl, served_us_per_token=per_token_us,
                        served_us_per_piece=piece_us, served_ms_per_request=request_ms)
-        if args.batching_server:
-            with open(Path(tmp) / "batching.log", "wb") as log:
-                server = BatchingServer(threads, log)
-                try:
-                    batched = ServedBackend(server.url, api_key_env="TENSORJOB_BENCH_NO_KEY")
-                    run_job(batched, PROMPTS[0], 4)
-                    four_batched, four_local2 = [], []
-                    for _ in range(reps):
-                        four_batched.append(run_four(batched, n_tokens))
-                        four_local2.append(run_four(local, n_tokens))
-                    batched.close()
-                finally:
-                    server.close()
-            fb, fl2 = median_rate(four_batched), median_rate(four_local2)
-            print(f"[2b] four jobs at once, batching server vs in-process: ratio {fb / fl2:.3f} (goal >= 0.8)  "
-                  f"served {fb:.1f} tok/s aggregate, in-process {fl2:.1f} tok/s aggregate")
-            summary.update(four_batching_ratio=fb / fl2, four_batching_served_tok_s=fb, four_local2_tok_s=fl2)
+        with open(Path(tmp) / "serve.log", "wb") as log:
+            server = TensorjobServer(threads, log)
+            try:
+                batched = ServedBackend(server.url, api_key_env="TENSORJOB_BENCH_NO_KEY")
+                run_job(batched, PROMPTS[0], 4)
+                four_batched, four_local2 = [], []
+                for _ in range(reps):
+                    four_batched.append(run_four(batched, n_tokens))
+                    four_local2.append(run_four(local, n_tokens))
+                batched.close()
+            finally:
+                server.close()
+        fb, fl2 = median_rate(four_batched), median_rate(four_local2)
+        print(f"[2b] four jobs at once, tensorjob serve vs in-process: ratio {fb / fl2:.3f} (goal >= 0.8)  "
+              f"served {fb:.1f} tok/s aggregate, in-process {fl2:.1f} tok/s aggregate")
+        summary.update(four_batching_ratio=fb / fl2, four_batching_served_tok_s=fb, four_local2_tok_s=fl2)
     print(json.dumps(summary))
     return 0
 

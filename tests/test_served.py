@@ -461,7 +461,7 @@ def test_concurrent_requests_run_on_at_most_concurrency_threads(fake):
 
 def test_exceptions_the_reactor_maps():
     assert issubclass(ServerBusy, QueueFull) and issubclass(ModelTimeout, ModelError)
-    assert set(DIALECTS) == {"openai", "llama.cpp", "llama-cpp-python", "vllm"}
+    assert set(DIALECTS) == {"openai", "llama.cpp", "llama-cpp-python", "vllm", "tensorjob"}
     assert Constraint("{}").free_text is False
 
 

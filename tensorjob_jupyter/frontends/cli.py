@@ -4,6 +4,7 @@
     tensorjob map GUEST --over manifest.jsonl --run-dir DIR [job options] [--concurrency N] [--cluster ADDRESS]
     tensorjob compile FILE [-o OUT] [--cflags FLAGS] [--zigflags FLAGS] [--force]
     tensorjob cache [--clear]
+    tensorjob serve [--model PATH] [--host H] [--port P] [--slots N]   (serve.py: the model for other kernels)
     tensorjob runs | show RUN | replay GUEST --from RUN | diff RUN_A RUN_B   (history_cli.py)
 
 The job options (``--read``, ``--input``, ``--model``, every limit, ...) are
@@ -32,6 +33,7 @@ from typing import Sequence, TextIO
 
 from tensorjob_jupyter.version import __version__
 from tensorjob_jupyter.frontends.map_cli import add_map_parser, cmd_map
+from tensorjob_jupyter.frontends.serve import add_serve_parser, cmd_serve
 from tensorjob_jupyter.history.runs import RunError
 from tensorjob_jupyter.frontends.history_cli import COMMANDS as HISTORY_COMMANDS
 from tensorjob_jupyter.frontends.history_cli import add_history_parsers
@@ -66,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", "-q", action="store_true", help="no live progress on stderr")
 
     add_map_parser(sub)
+    add_serve_parser(sub)
 
     comp = sub.add_parser("compile", help="compile a .c, .zig or .wat guest to .wasm",
                           description="Compile a guest source file to a .wasm module (cached by content).")
@@ -134,7 +137,8 @@ def cmd_cache(args, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"run": cmd_run, "map": cmd_map, "compile": cmd_compile, "cache": cmd_cache, **HISTORY_COMMANDS}
+COMMANDS = {"run": cmd_run, "map": cmd_map, "serve": cmd_serve, "compile": cmd_compile, "cache": cmd_cache,
+            **HISTORY_COMMANDS}
 
 
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None) -> int:

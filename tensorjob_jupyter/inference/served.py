@@ -212,9 +212,11 @@ DIALECTS = {
                                 native_tools=frozenset(("function",)), renders_tools=False),
     # vLLM's "auto" needs server flags (--enable-auto-tool-choice); "required" and a named function do not
     "vllm": Dialect("vllm", "repetition_penalty", True, -1, native_tools=frozenset(("required", "function"))),
+    # this package's own server (frontends/serve.py): the local engine's sampling; calls held to a schema
+    "tensorjob": Dialect("tensorjob", "repeat_penalty", True, 0, native_tools=frozenset()),
 }
 #: ``owned_by`` in ``/v1/models`` -> the dialect; anything else speaks plain OpenAI.
-OWNERS = {"me": "llama-cpp-python", "llamacpp": "llama.cpp", "vllm": "vllm"}
+OWNERS = {"me": "llama-cpp-python", "llamacpp": "llama.cpp", "vllm": "vllm", "tensorjob": "tensorjob"}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,437 @@
+"""``tensorjob serve``: this package's model worker behind an OpenAI-compatible API, for many kernels.
+
+Twenty notebooks that each load the model hold twenty copies and decode one
+sequence each. Pointed at ``tensorjob serve`` (``--model
+http://HOST:PORT/v1``, ``inference/served.py``), they share one copy, and
+the worker batches their sequences into one decode step
+(``inference/worker.py``): what llama.cpp's ``llama-server --parallel``
+or vLLM do, with nothing to install but this package's ``serve`` extra.
+
+Why it is shaped so:
+
+* **An OpenAI request is checked as a guest's infer is.** Its prompt,
+  ``max_tokens``, sampling, stop strings and ``response_format`` become an
+  ``infer`` command and go through the same checks (``abi.command_from_json``,
+  then ``host/structured.py`` for the schema, which must be one the grammar can
+  enforce); what they refuse is HTTP 400 with their message. What is served
+  is what the client in ``inference/served.py`` sends: one user message after
+  an optional system message (chat), or one prompt (completions), and
+  embeddings. ``tools`` are refused (the client holds a call to a
+  ``response_format`` for this server instead: its dialect says so).
+* **No thread per request.** The worker's thread hands each token to the
+  request's asyncio queue (``call_soon_threadsafe``); the response streams
+  it as a server-sent event. A client that leaves stops its sequence at the
+  next token (the token callback's verdict), so a cancelled job frees its
+  slot at once.
+* **Bounded.** A body over ``MAX_BODY_BYTES`` is 413; a full worker queue is
+  429 at once (the client maps it to ``busy``); ``max_tokens`` is capped by
+  the job limits' own bound and the model's context.
+* **Loopback unless told.** It binds 127.0.0.1 by default; with
+  ``--api-key-env VAR`` every request must carry ``Authorization: Bearer``
+  and the value of ``$VAR`` (compared in constant time), and the key is
+  never printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from tensorjob_jupyter import abi
+from tensorjob_jupyter.host.schemas import SchemaError
+from tensorjob_jupyter.host.structured import OutputSpec
+from tensorjob_jupyter.inference.base import (FINISH_LENGTH, Backend, ConstraintError, GenerateRequest, GenerateResult,
+                                              ModelError, QueueFull, Sampler)
+from tensorjob_jupyter.inference import hub, served
+from tensorjob_jupyter.inference.models import get_backend
+from tensorjob_jupyter.frontends.options import EXIT_FAILED, EXIT_OK, OptionError
+
+#: The largest request body read (a prompt and a schema fit many times over).
+MAX_BODY_BYTES = 4 << 20
+#: ``max_tokens`` when a request gives none.
+DEFAULT_MAX_TOKENS = 256
+#: How often a non-streaming request looks whether its client is still there.
+DISCONNECT_POLL_S = 0.25
+#: The most texts one ``/embeddings`` request embeds.
+MAX_EMBED_TEXTS = 256
+OWNER = "tensorjob"
+
+
+class RequestError(Exception):
+    """A request this server answers with an HTTP error: ``status`` and a one-line message."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One checked generation request, and what its answer reports."""
+
+    request: GenerateRequest
+    stream: bool
+    include_usage: bool
+    chat: bool
+
+
+# --- an OpenAI request as an infer -------------------------------------------------------------
+
+
+def _response_format(value: Any) -> dict | None:
+    """OpenAI's ``response_format`` (and llama-cpp-python's json_object with a schema) as an infer's format."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise RequestError(400, "response_format must be an object")
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        if isinstance(value.get("schema"), dict):
+            return {"type": "json_schema", "name": "output", "schema": value["schema"]}
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise RequestError(400, "response_format json_schema needs json_schema.schema, an object")
+        return {"type": "json_schema", "name": str(spec.get("name") or "output")[:64], "schema": spec["schema"]}
+    raise RequestError(400, f"response_format.type must be text, json_object or json_schema, not {str(kind)[:40]!r}")
+
+
+def _chat_prompt(messages: Any) -> tuple[str, str | None]:
+    """(the user's text, the system text) of a chat request: one user message after an optional system one."""
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(400, "messages must be a non-empty array")
+    system = None
+    if isinstance(messages[0], dict) and messages[0].get("role") in ("system", "developer") and len(messages) == 2:
+        system = _content(messages[0])
+        messages = messages[1:]
+    if len(messages) != 1 or not isinstance(messages[0], dict) or messages[0].get("role") != "user":
+        raise RequestError(400, "tensorjob serve takes one user message, after an optional system message "
+                                "(a conversation's turns are the client's to fold into them)")
+    return _content(messages[0]), system
+
+
+def _content(message: dict) -> str:
+    content = message.get("content")
+    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in content):
+            raise RequestError(400, "only text content is served (no images or audio)")
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise RequestError(400, "a message's content must be a string")
+    return content
+
+
+def plan(body: Any, *, chat: bool) -> Planned:
+    """Check one ``/chat/completions`` or ``/completions`` body; ``RequestError`` says what is wrong."""
+    if not isinstance(body, dict):
+        raise RequestError(400, "the request body must be a JSON object")
+    if body.get("tools") or body.get("functions"):
+        raise RequestError(400, "tensorjob serve does not take tools: hold the call to a response_format "
+                                "(tensorjob's own client does)")
+    if body.get("n", 1) != 1:
+        raise RequestError(400, "n must be 1")
+    if chat:
+        prompt, system = _chat_prompt(body.get("messages"))
+    else:
+        prompt, system = body.get("prompt"), None
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise RequestError(400, "prompt must be a string (one prompt a request)")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    infer = {"cmd": "infer", "prompt": prompt, "max_tokens": DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+             "format": _response_format(body.get("response_format"))}
+    for name in abi.INFER_SAMPLING:
+        if body.get(name) is not None:
+            infer[name] = body[name]
+    try:
+        command = abi.command_from_json(infer)
+        spec = OutputSpec.of(command)
+    except (abi.AbiError, SchemaError) as e:
+        raise RequestError(400, str(e).replace("`infer.", "`").replace("infer: ", "")) from None
+    options = body.get("stream_options")
+    request = GenerateRequest(command.prompt, command.max_tokens, Sampler(**command.sampling()), chat=chat,
+                              constraint=spec.constraint, system=system)
+    return Planned(request, bool(body.get("stream")),
+                   isinstance(options, dict) and bool(options.get("include_usage")), chat)
+
+
+# --- answers ----------------------------------------------------------------------------------
+
+
+class Answer:
+    """The OpenAI objects of one answer: chunks while it streams, the whole at its end."""
+
+    def __init__(self, planned: Planned, model: str):
+        self.chat = planned.chat
+        self.model = model
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + secrets.token_hex(12)
+        self.created = int(time.time())
+
+    def _envelope(self, choices: list, *, whole: bool) -> dict:
+        kind = ("chat.completion" if whole else "chat.completion.chunk") if self.chat else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
+
+    def piece(self, text: str) -> bytes:
+        choice = ({"index": 0, "delta": {"content": text}, "finish_reason": None} if self.chat
+                  else {"index": 0, "text": text, "finish_reason": None})
+        return _event(self._envelope([choice], whole=False))
+
+    def end(self, result: GenerateResult, include_usage: bool) -> bytes:
+        finish = _finish(result)
+        choice = ({"index": 0, "delta": {}, "finish_reason": finish} if self.chat
+                  else {"index": 0, "text": "", "finish_reason": finish})
+        out = _event(self._envelope([choice], whole=False))
+        if include_usage:
+            out += _event({**self._envelope([], whole=False), "usage": _usage(result)})
+        return out + b"data: [DONE]\n\n"
+
+    def whole(self, result: GenerateResult) -> dict:
+        choice = ({"index": 0, "message": {"role": "assistant", "content": result.text}, "finish_reason": _finish(result)}
+                  if self.chat else {"index": 0, "text": result.text, "finish_reason": _finish(result)})
+        return {**self._envelope([choice], whole=True), "usage": _usage(result)}
+
+
+def _finish(result: GenerateResult) -> str:
+    return "length" if result.finish_reason == FINISH_LENGTH else "stop"
+
+
+def _usage(result: GenerateResult) -> dict:
+    u = result.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+
+def _event(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
+
+
+def _error_body(status: int, message: str, kind: str) -> dict:
+    return {"error": {"message": message, "type": kind, "code": status}}
+
+
+def _model_failure(e: BaseException) -> RequestError:
+    if isinstance(e, QueueFull):
+        return RequestError(429, str(e), "rate_limit_error")
+    if isinstance(e, ConstraintError):
+        return RequestError(400, str(e))
+    if isinstance(e, ModelError) and "n_ctx" in str(e):  # the prompt does not fit the context
+        return RequestError(400, str(e))
+    return RequestError(500, f"{type(e).__name__}: {e}" if not isinstance(e, ModelError) else str(e), "server_error")
+
+
+# --- the app ----------------------------------------------------------------------------------
+
+
+def build_app(backend: Backend, model: str, *, api_key: str | None = None):
+    """The Starlette app serving ``backend`` under the id ``model``."""
+    from starlette.applications import Starlette  # deferred: starlette is the serve extra's
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    def error(e: RequestError) -> Response:
+        return JSONResponse(_error_body(e.status, e.message, e.kind), status_code=e.status)
+
+    def authorised(request) -> bool:
+        if api_key is None:
+            return True
+        given = request.headers.get("authorization", "")
+        return hmac.compare_digest(given.encode("utf-8", "replace"), f"Bearer {api_key}".encode("utf-8"))
+
+    async def read_json(request) -> Any:
+        if not authorised(request):
+            raise RequestError(401, "a valid Authorization: Bearer key is needed", "authentication_error")
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            raise RequestError(413, f"the request body is over {MAX_BODY_BYTES} bytes")
+        data = bytearray()
+        async for part in request.stream():
+            data += part
+            if len(data) > MAX_BODY_BYTES:
+                raise RequestError(413, f"the request body is over {MAX_BODY_BYTES} bytes")
+        try:
+            return json.loads(data)
+        except ValueError as e:
+            raise RequestError(400, f"the request body is not JSON: {e}") from None
+
+    async def models(request) -> Response:
+        if not authorised(request):
+            return error(RequestError(401, "a valid Authorization: Bearer key is needed", "authentication_error"))
+        return JSONResponse({"object": "list", "data": [
+            {"id": model, "object": "model", "created": 0, "owned_by": OWNER}]})
+
+    async def generate(request, chat: bool) -> Response:
+        try:
+            planned = plan(await read_json(request), chat=chat)
+        except RequestError as e:
+            return error(e)
+        loop = asyncio.get_running_loop()
+        pieces: asyncio.Queue = asyncio.Queue()
+        gone = False
+
+        def on_token(text: str) -> bool:  # the worker's thread
+            if gone:
+                return False
+            loop.call_soon_threadsafe(pieces.put_nowait, text)
+            return True
+
+        try:
+            future = backend.generate_stream(planned.request, on_token)
+        except Exception as e:  # noqa: BLE001 - QueueFull and a model that fails to load, answered
+            return error(_model_failure(e))
+        future.add_done_callback(lambda _f: loop.call_soon_threadsafe(pieces.put_nowait, None))
+        answer = Answer(planned, model)
+
+        if not planned.stream:
+            waiter = asyncio.wrap_future(future)
+            while not (await asyncio.wait({waiter}, timeout=DISCONNECT_POLL_S))[0]:
+                if await request.is_disconnected():  # nobody to answer: stop the sequence
+                    gone = True
+                    future.cancel()
+                    return Response(status_code=499)
+            try:
+                result = waiter.result()
+            except Exception as e:  # noqa: BLE001
+                return error(_model_failure(e))
+            return JSONResponse(answer.whole(result))
+
+        async def events():
+            nonlocal gone
+            try:
+                while True:
+                    text = await pieces.get()
+                    if text is None:
+                        break
+                    yield answer.piece(text)
+                try:
+                    result = future.result()
+                except Exception as e:  # noqa: BLE001 - the stream has begun: an error event ends it
+                    failure = _model_failure(e)
+                    yield _event(_error_body(failure.status, failure.message, failure.kind))
+                    return
+                yield answer.end(result, planned.include_usage)
+            finally:
+                gone = True  # a client that left (this generator closed early) stops the sequence
+                future.cancel()
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    async def chat_completions(request) -> Response:
+        return await generate(request, True)
+
+    async def completions(request) -> Response:
+        return await generate(request, False)
+
+    async def embeddings(request) -> Response:
+        try:
+            body = await read_json(request)
+            texts = body.get("input") if isinstance(body, dict) else None
+            texts = [texts] if isinstance(texts, str) else texts
+            if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+                raise RequestError(400, "input must be a string or a non-empty array of strings")
+            if len(texts) > MAX_EMBED_TEXTS:
+                raise RequestError(400, f"input takes at most {MAX_EMBED_TEXTS} texts")
+            try:
+                vectors = await asyncio.wrap_future(backend.embed(texts))
+            except Exception as e:  # noqa: BLE001
+                raise _model_failure(e) from None
+        except RequestError as e:
+            return error(e)
+        return JSONResponse({"object": "list", "model": model, "data": [
+            {"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+            "usage": {"prompt_tokens": 0, "total_tokens": 0}})
+
+    return Starlette(routes=[
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
+    ])
+
+
+# --- the command --------------------------------------------------------------------------------
+
+
+def add_serve_parser(sub) -> None:
+    serve = sub.add_parser("serve", help="serve the model to other kernels (an OpenAI-compatible API)",
+                           description="Serve a model over an OpenAI-compatible HTTP API; jobs elsewhere use it "
+                                       "with --model http://HOST:PORT/v1 and share one copy, batched.")
+    serve.add_argument("--model", default=None, metavar="PATH",
+                       help="a GGUF file or hf:ORG/REPO[:QUANT] (default: the embedded SmolLM2)")
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="the port (default: 8000; 0 picks a free one)")
+    serve.add_argument("--slots", type=int, default=4, help="sequences decoded together (default: 4)")
+    serve.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: the physical cores)")
+    serve.add_argument("--n-ctx", type=int, default=2048, help="the context of each slot (default: 2048)")
+    serve.add_argument("--api-key-env", default=None, metavar="VAR",
+                       help="require Authorization: Bearer $VAR on every request")
+
+
+def cmd_serve(args, out: TextIO, err: TextIO) -> int:
+    try:
+        import starlette  # noqa: F401  (deferred: the serve extra's, checked before the model loads)
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        err.write(f"tensorjob: error: tensorjob serve needs the serve extra ({e.name} is missing): "
+                  "pip install 'tensorjob-jupyter[serve]'\n")
+        return EXIT_FAILED
+    if served.is_served(args.model):
+        raise OptionError("--model: tensorjob serve serves a model file, not another server")
+    for name in ("slots", "n_ctx", "port"):
+        value = getattr(args, name)
+        if value < (0 if name == "port" else 1) or (name == "port" and value > 65535):
+            raise OptionError(f"--{name.replace('_', '-')} {value}: out of range")
+    api_key = None
+    if args.api_key_env is not None:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise OptionError(f"--api-key-env {args.api_key_env}: the variable is not set")
+    path = hub.resolve(args.model) if hub.is_hf_ref(args.model) else args.model
+    options: dict[str, Any] = {"slots": args.slots, "n_ctx": args.n_ctx}
+    if args.threads:
+        options.update(n_threads=args.threads, n_threads_batch=args.threads)
+    try:
+        backend = get_backend(path, **options)
+        backend.generate_stream(GenerateRequest("", 1), lambda _t: True).result()  # load it now, fail now
+    except ModelError as e:
+        err.write(f"tensorjob: error: {e}\n")
+        return EXIT_FAILED
+    return _listen(build_app(backend, backend.model_name, api_key=api_key), args, out, err)
+
+
+def _listen(app, args, out: TextIO, err: TextIO) -> int:
+    import socket
+
+    import uvicorn  # deferred: the serve extra's
+
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as e:
+        raise OptionError(f"--host {args.host} --port {args.port}: {e.strerror}") from None
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    out.write(f"serving at http://{shown}:{port}/v1 (jobs: --model http://{shown}:{port}/v1)\n")
+    out.flush()
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                           timeout_graceful_shutdown=5))
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+

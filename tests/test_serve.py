@@ -1,0 +1,184 @@
+"""``tensorjob serve`` as people run it: the command in its own process, jobs elsewhere pointed at it.
+
+The server runs the embedded SmolLM2 with one slot, so a sequence left
+running would hold up the next request: a stop verdict or a cancel that did
+not reach the server shows as a next job that waits. The HTTP API's every
+answer and refusal on a scripted model is tests/test_serve_api.py; the
+served path's figures (four jobs through this server against four
+in-process) are bench/bench_served.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import tensorjob_jupyter as tj
+from tensorjob_jupyter.abi import codes
+from tensorjob_jupyter.host.reactor import InferOptions
+from tensorjob_jupyter.inference.base import Sampler
+from tensorjob_jupyter.inference.models import get_backend
+from tensorjob_jupyter.inference.served import ServedBackend
+
+from served_support import wait_until
+from wat import script_guest
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("uvicorn")
+
+THREADS = 1
+KEY = "tj-serve-test-key-5b1e"
+
+
+class Serve:
+    """``tensorjob serve`` in a subprocess, on a free port; ``close()`` ends it."""
+
+    def __init__(self, *args: str, env: dict | None = None):
+        self.process = subprocess.Popen([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "serve", "--port",
+                                         "0", "--threads", str(THREADS), *args], stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+        line = self.process.stdout.readline()
+        if not line.startswith("serving at "):
+            self.close()
+            raise RuntimeError(f"tensorjob serve did not start: {line!r} {self.process.stderr.read()[-2000:]}")
+        self.url = line.split()[2]
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Serve("--slots", "1")
+    yield s
+    s.close()
+    assert s.process.returncode in (0, -15), s.process.returncode  # Ctrl-C/SIGTERM: a clean stop
+
+
+@pytest.fixture
+def served(server):
+    backend = ServedBackend(server.url)
+    yield backend
+    backend.close()
+
+
+def infer_guest(prompt, max_tokens=24, stop_after_tokens=None, **fields):
+    return script_guest([{"cmd": "infer", "prompt": prompt, "max_tokens": max_tokens, **fields},
+                         {"cmd": "done", "result": "ok"}], stop_after_tokens=stop_after_tokens)
+
+
+def run(guest, timeout=300, **kwargs):
+    job = tj.Job(guest, **kwargs).start()
+    return job, job.wait(timeout)
+
+
+def answer(job) -> str:
+    return "".join(e["delta"] for e in job.events if e["type"] == "response.output_text.delta")
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["raw", "chat"])
+def test_a_job_through_the_server_gives_the_in_process_greedy_answer(served, chat):
+    """The same engine and kernels on both sides: the same tokens, compared whole."""
+    options = InferOptions(sampler=Sampler(repeat_penalty=1.0), chat=chat)
+    local = get_backend(n_threads=THREADS, n_threads_batch=THREADS)
+    for prompt in ("The capital of France is", "Write a haiku about the sea."):
+        local_job, here = run(infer_guest(prompt, max_tokens=40), backend=local, infer=options)
+        job, there = run(infer_guest(prompt, max_tokens=40), backend=served, infer=options)
+        assert here.ok and there.ok, (here, there)
+        assert answer(job) == answer(local_job) and len(answer(job)) > 20
+        assert there.usage.tokens_in > 0 and there.usage.tokens_out == here.usage.tokens_out
+
+
+def test_a_stop_verdict_and_a_cancel_free_the_server_s_one_slot(served):
+    # a count continued as raw text runs to its 2,000 tokens: about half a minute of the one slot, unless the
+    # server stops the sequence
+    raw = InferOptions(sampler=Sampler(repeat_penalty=1.0), chat=False)
+    job, env = run(infer_guest("Count from one to one thousand: one, two, three, four,", max_tokens=2000,
+                               stop_after_tokens=2), backend=served, infer=raw)
+    assert env.ok and env.usage.tokens_out <= 3, env
+    started = time.monotonic()
+    job, env = run(infer_guest("Hi", max_tokens=2), backend=served)
+    assert env.ok and time.monotonic() - started < 8, env
+    job = tj.Job(infer_guest("Count from one to one thousand: one, two, three, four,", max_tokens=2000),
+                 backend=served, infer=raw).start()
+    assert wait_until(lambda: answer(job) != "", 60, 0.05)
+    job.cancel()
+    assert job.wait(10).status.value == "cancelled"
+    started = time.monotonic()
+    job, env = run(infer_guest("Hi", max_tokens=2), backend=served)
+    assert env.ok and time.monotonic() - started < 8, env
+
+
+def test_a_format_and_a_tool_call_are_held_to_their_schemas(served):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}
+    job, env = run(infer_guest("Name a city, as JSON.", max_tokens=40,
+                               format={"type": "json_schema", "name": "place", "schema": schema}), backend=served)
+    assert env.ok and set(json.loads(answer(job))) == {"city"}, env
+    tool = {"type": "function", "name": "get_weather", "parameters": schema}
+    job, env = run(infer_guest("What is the weather in Oslo?", max_tokens=40, tools=[tool], tool_choice="required"),
+                   backend=served)
+    assert env.ok, env
+    [item] = [e["item"] for e in job.events if e["type"] == "response.output_item.done"]
+    assert item["type"] == "function_call" and set(json.loads(item["arguments"])) == {"city"}
+    # a schema the grammar cannot enforce is refused by the server before a token: schema_validation_failed
+    job, env = run(infer_guest("x", format={"type": "json_schema", "name": "n", "schema": {"not": {}}}),
+                   backend=served)
+    assert env.error.code == codes.SCHEMA_VALIDATION_FAILED, env
+
+
+def test_the_command_line_runs_a_job_on_the_server_and_records_where(server, tmp_path):
+    guest = tmp_path / "g.wasm"
+    guest.write_bytes(infer_guest("Say hello.", max_tokens=8))
+    proc = subprocess.run([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "run", str(guest), "--model",
+                           server.url, "--json", "--runs", str(tmp_path / "runs")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["status"] == "completed"
+    [events] = (tmp_path / "runs").glob("*/events.jsonl")
+    created = json.loads(events.read_text().splitlines()[0])
+    assert created["model_server"]["url"] == server.url
+
+
+def test_with_a_key_a_job_needs_it_and_no_message_holds_it(monkeypatch):
+    s = Serve("--api-key-env", "TJ_SERVE_KEY", env={"TJ_SERVE_KEY": KEY})
+    try:
+        monkeypatch.setenv("TJ_SERVE_CLIENT_KEY", KEY)
+        backend = ServedBackend(s.url, api_key_env="TJ_SERVE_CLIENT_KEY")
+        job, env = run(infer_guest("Hi", max_tokens=2), backend=backend)
+        assert env.ok, env
+        backend.close()
+        monkeypatch.setenv("TJ_SERVE_CLIENT_KEY", "wrong-key-0000")
+        backend = ServedBackend(s.url, api_key_env="TJ_SERVE_CLIENT_KEY")
+        job, env = run(infer_guest("Hi", max_tokens=2), backend=backend)
+        assert env.error.code == codes.MODEL_LOAD_FAILED and "refused the key" in env.error.message, env
+        assert KEY not in env.error.message and "wrong-key" not in env.error.message
+        backend.close()
+    finally:
+        s.close()
+    assert KEY not in s.process.stdout.read() + s.process.stderr.read()
+
+
+@pytest.mark.parametrize("args,status,says", [
+    (["--model", "/no/such/model.gguf"], 1, "/no/such/model.gguf"),
+    (["--model", "http://127.0.0.1:9/v1"], 2, "not another server"),
+    (["--port", "70000"], 2, "--port 70000"),
+    (["--slots", "0"], 2, "--slots 0"),
+    (["--api-key-env", "TJ_SURELY_UNSET_VAR"], 2, "not set"),
+])
+def test_a_bad_option_or_model_is_one_line_and_no_server(args, status, says):
+    env = {k: v for k, v in os.environ.items() if k != "TJ_SURELY_UNSET_VAR"}
+    proc = subprocess.run([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "serve", *args],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == status and says in proc.stderr and proc.stdout == "", proc
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

@@ -1,0 +1,203 @@
+"""``tensorjob serve``'s HTTP API (frontends/serve.py), in process, on a scripted backend.
+
+Each request goes through the real Starlette app and its ASGI stack
+(Starlette's ``TestClient``); the model is ``ScriptedBackend``, so every
+answer and every failure is one the test chose. The real server process on
+the real model -- jobs through it, a stop that frees its slot, the key -- is
+tests/test_serve.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tensorjob_jupyter.frontends.serve import MAX_BODY_BYTES, build_app, plan, RequestError
+from tensorjob_jupyter.inference.base import QueueFull
+from tensorjob_jupyter.inference.scripted import ScriptedBackend
+
+pytest.importorskip("starlette")
+from starlette.testclient import TestClient  # noqa: E402
+
+MODEL = "scripted"
+
+
+@pytest.fixture
+def backend():
+    b = ScriptedBackend("Hello there friend")
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def client(backend):
+    with TestClient(build_app(backend, MODEL)) as c:
+        yield c
+
+
+def chat(content="Say hello.", **fields):
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], **fields}
+
+
+def sse_objects(text: str) -> list:
+    out = []
+    for block in text.split("\n\n"):
+        if block.startswith("data: "):
+            data = block[len("data: "):]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def test_models_lists_the_one_model_owned_by_tensorjob(client):
+    answer = client.get("/v1/models").json()
+    assert answer["data"] == [{"id": MODEL, "object": "model", "created": 0, "owned_by": "tensorjob"}]
+
+
+def test_a_streamed_chat_answer_is_pieces_then_the_finish_then_usage_then_done(client, backend):
+    r = client.post("/v1/chat/completions", json=chat(stream=True, max_tokens=16, temperature=0.0, seed=3,
+                                                      stream_options={"include_usage": True}))
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = sse_objects(r.text)
+    assert events[-1] == "[DONE]"
+    pieces = [e["choices"][0]["delta"]["content"] for e in events[:-3]]
+    assert "".join(pieces) == "Hello there friend" and len(pieces) == 3
+    assert events[-3]["choices"][0]["finish_reason"] == "stop"
+    assert events[-2]["choices"] == [] and events[-2]["usage"]["completion_tokens"] == 3
+    assert {e["id"] for e in events[:-1]} == {events[0]["id"]} and events[0]["object"] == "chat.completion.chunk"
+    assert backend.scripted.prompts == ["Say hello."]
+
+
+def test_a_whole_answer_and_a_raw_completion(client):
+    r = client.post("/v1/chat/completions", json=chat(max_tokens=2))
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["choices"][0]["message"] == {
+        "role": "assistant", "content": "Hello there"}
+    assert body["choices"][0]["finish_reason"] == "length" and body["usage"]["completion_tokens"] == 2
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": "Once", "max_tokens": 8})
+    assert r.json()["object"] == "text_completion" and r.json()["choices"][0]["text"] == "Hello there friend"
+
+
+def test_a_system_message_and_text_parts_are_taken_and_sampling_maps_to_the_request():
+    request = plan(chat(max_tokens=5, temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, repeat_penalty=1.2,
+                        seed=11, stop=["\n\n"]) | {"messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}]},
+        chat=True).request
+    assert (request.prompt, request.system, request.max_tokens, request.chat) == ("Hi there", "Be brief.", 5, True)
+    s = request.sampler
+    assert (s.temperature, s.top_p, s.top_k, s.min_p, s.repeat_penalty, s.seed, s.stop) == (
+        0.7, 0.9, 20, 0.05, 1.2, 11, ("\n\n",))
+
+
+def test_response_format_becomes_the_grammar_s_constraint():
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    for fmt in ({"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+                {"type": "json_object", "schema": schema}):  # OpenAI's shape, and llama-cpp-python's
+        request = plan(chat(response_format=fmt), chat=True).request
+        assert json.loads(request.constraint.schema)["properties"]["city"] == {"type": "string"}
+    assert plan(chat(response_format={"type": "json_object"}), chat=True).request.constraint is not None
+    assert plan(chat(response_format={"type": "text"}), chat=True).request.constraint is None
+
+
+@pytest.mark.parametrize("body,says", [
+    (chat(max_tokens=-1), "max_tokens"),
+    (chat(temperature="hot"), "temperature"),
+    (chat(stop=[""]), "stop"),
+    (chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}), "not"),
+    (chat(response_format={"type": "yaml"}), "response_format"),
+    (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
+    (chat(n=2), "n must be 1"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]},
+     "one user message"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text"),
+    ({"model": MODEL, "messages": []}, "non-empty"),
+    ([1, 2], "JSON object"),
+])
+def test_a_request_the_checks_refuse_is_400_with_their_reason(client, body, says):
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_body_that_is_not_json_or_too_large_is_refused(client):
+    r = client.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
+    r = client.post("/v1/chat/completions", content=b"x" * (MAX_BODY_BYTES + 1))
+    assert r.status_code == 413
+
+    def chunked():  # no Content-Length: counted as it arrives
+        for _ in range(MAX_BODY_BYTES // 65536 + 2):
+            yield b" " * 65536
+
+    assert client.post("/v1/chat/completions", content=chunked()).status_code == 413
+
+
+def test_a_full_queue_is_429_and_a_failing_model_is_500(backend):
+    class Full(ScriptedBackend):
+        def generate_stream(self, request, on_token):
+            raise QueueFull("the inference queue is full (64 requests waiting)")
+
+    full = Full()
+    with TestClient(build_app(full, MODEL)) as c:
+        r = c.post("/v1/chat/completions", json=chat())
+        assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
+    full.close()
+    broken = ScriptedBackend(fail="the model broke")
+    with TestClient(build_app(broken, MODEL)) as c:
+        r = c.post("/v1/chat/completions", json=chat())
+        assert r.status_code == 500 and r.json()["error"]["message"] == "the model broke"
+        r = c.post("/v1/chat/completions", json=chat(stream=True))  # the stream has begun: an error event ends it
+        assert r.status_code == 200 and "error" in sse_objects(r.text)[-1]
+    broken.close()
+
+
+def test_embeddings_come_back_in_order(client):
+    r = client.post("/v1/embeddings", json={"model": MODEL, "input": ["a", "b", "a"]})
+    rows = r.json()["data"]
+    assert [row["index"] for row in rows] == [0, 1, 2] and rows[0]["embedding"] == rows[2]["embedding"]
+    assert client.post("/v1/embeddings", json={"input": 3}).status_code == 400
+
+
+def test_with_a_key_every_request_needs_it(backend):
+    with TestClient(build_app(backend, MODEL, api_key="s3cret-key")) as c:
+        assert c.get("/v1/models").status_code == 401
+        r = c.post("/v1/chat/completions", json=chat(), headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401 and "s3cret" not in r.text
+        assert c.get("/v1/models", headers={"Authorization": "Bearer s3cret-key"}).status_code == 200
+        assert c.post("/v1/embeddings", json={"input": "a"}).status_code == 401
+
+
+@settings(max_examples=150, deadline=None)
+@given(body=st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+                         lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+                             st.sampled_from(["messages", "role", "content", "max_tokens", "stream", "prompt",
+                                              "temperature", "stop", "response_format", "type", "json_schema",
+                                              "schema", "seed", "top_k", "n", "text"]), inner, max_size=5),
+                         max_leaves=12))
+def test_any_json_body_is_answered_or_refused_never_a_server_error(body):
+    with _Scripted() as b, TestClient(build_app(b, MODEL)) as c:
+        if True:
+            for path in ("/v1/chat/completions", "/v1/completions"):
+                r = c.post(path, json=body)
+                assert r.status_code in (200, 400), (body, r.text)
+                if r.status_code == 400:
+                    assert r.json()["error"]["message"]
+
+
+class _Scripted(ScriptedBackend):
+    def __init__(self):
+        super().__init__("ok")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def test_plan_refuses_with_request_error_not_anything_else():
+    with pytest.raises(RequestError):
+        plan({"prompt": 3}, chat=False)
