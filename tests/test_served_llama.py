@@ -3,8 +3,8 @@
 The server runs the embedded SmolLM2 as a separate process on a loopback
 port (tests/served_support.py), started once for this module and killed at
 its end. Each guarantee of issue 24 is checked against it: the same greedy
-answer as in-process, a stop verdict and a cancel that end the generation
-on the server (it prints "disconnected" when a client leaves mid-stream, and
+answer as in-process, a stop verdict, a cancel and the job's time limit that
+end the generation on the server (it prints "disconnected" when a client leaves mid-stream, and
 its next request is not held up), nothing left behind in this process, a
 schema the server enforces, embeddings, what the transcript records, and a
 map on a Dask cluster whose workers all send their infers to the one server.
@@ -124,6 +124,18 @@ def test_cancel_closes_the_connection_and_leaves_no_thread_or_socket(server, ser
     env = job.wait(10)
     assert env.status.value == "cancelled" and time.monotonic() - started < 3, env
     assert wait_until(lambda: disconnects(server) > before, 10)
+    assert wait_until(lambda: not connections_to(server.port), 5), connections_to(server.port)
+    assert wait_until(lambda: not served_threads(), 5), served_threads()
+
+
+def test_the_job_time_limit_closes_the_connection_mid_answer(server, served):
+    before = disconnects(server)
+    started = time.monotonic()
+    job, env = run(infer_guest("Count from one to one thousand: one, two, three, four,", max_tokens=2000),
+                   backend=served, infer=RAW_GREEDY, limits=tj.Limits(job_timeout_s=2))
+    assert env.status.value == "failed" and env.error.code == "timeout", env
+    assert time.monotonic() - started < 10 and any(e["type"] == "response.output_text.delta" for e in job.events)
+    assert wait_until(lambda: disconnects(server) > before, 10), "the server never saw the client leave"
     assert wait_until(lambda: not connections_to(server.port), 5), connections_to(server.port)
     assert wait_until(lambda: not served_threads(), 5), served_threads()
 
