@@ -37,7 +37,7 @@ from tensorjob_jupyter.frontends.serve import add_serve_parser, cmd_serve
 from tensorjob_jupyter.history.runs import RunError
 from tensorjob_jupyter.frontends.history_cli import COMMANDS as HISTORY_COMMANDS
 from tensorjob_jupyter.frontends.history_cli import add_history_parsers
-from tensorjob_jupyter.frontends.terminal import exit_status, load_guest, run_live
+from tensorjob_jupyter.frontends.terminal import CtrlCCancels, exit_status, load_guest, run_live
 from tensorjob_jupyter.inference.base import ModelError
 from tensorjob_jupyter.host.jobs import Job
 from tensorjob_jupyter.frontends.options import (
@@ -96,11 +96,13 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
     if guest is None:
         return EXIT_FAILED
     kwargs = options.job_kwargs()
-    try:
-        job = Job(guest, backend=_backend(kwargs.pop("model"), kwargs.pop("model_options")), **kwargs)
-    except ModelError as e:  # a hf: model that cannot be found or fetched
-        raise OptionError(f"--model {options.model}: {e}") from None
-    envelope = run_live(job, args, out, err)
+    with CtrlCCancels() as ctrl_c:
+        try:
+            job = ctrl_c.attach(Job(guest, backend=_backend(kwargs.pop("model"), kwargs.pop("model_options")),
+                                    **kwargs))
+        except ModelError as e:  # a hf: model that cannot be found or fetched
+            raise OptionError(f"--model {options.model}: {e}") from None
+        envelope = run_live(job, args, out, err)
     if args.json:
         out.write(json_text(envelope.to_json()) + "\n")
     elif envelope.ok:

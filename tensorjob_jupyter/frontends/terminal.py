@@ -18,6 +18,7 @@ import base64
 import codecs
 import json
 import os
+import signal
 import threading
 import time
 from typing import Any, TextIO
@@ -183,6 +184,46 @@ _stdin_line = StdinLines()
 #: process's threads (the job's, the epoch clock's) runs its handler only once the main thread is back in
 #: Python, and a wait without a timeout would hold it until the job ended on its own.
 SIGNAL_CHECK_S = 0.1
+
+
+class CtrlCCancels:
+    """While the CLI makes and runs a job, Ctrl-C cancels the job instead of interrupting Python.
+
+    The handler is installed before the job exists, so there is no moment -- making
+    the job (its transcript is written then), starting the printer, starting the job
+    -- at which a Ctrl-C escapes as a traceback: one that comes before the job
+    exists cancels it as soon as it does, and it ends at once, ``cancelled``. A
+    second Ctrl-C interrupts as usual. Off the main thread (where Python cannot set
+    a handler) Ctrl-C stays a ``KeyboardInterrupt``, which ``start_and_wait`` catches.
+    """
+
+    def __init__(self) -> None:
+        self.job: Job | None = None
+        self.pressed = False
+        self._previous: Any = None
+
+    def __enter__(self) -> "CtrlCCancels":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def attach(self, job: Job) -> Job:
+        self.job = job
+        if self.pressed:
+            job.cancel()
+        return job
+
+    def _handler(self, signum, frame) -> None:
+        signal.signal(signal.SIGINT, self._previous)  # a second Ctrl-C: the usual interrupt
+        self._previous = None
+        self.pressed = True
+        if self.job is not None:
+            self.job.cancel()
 
 
 def start_and_wait(job: Job, printer: LivePrinter, err: TextIO):
