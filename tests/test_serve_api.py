@@ -170,6 +170,15 @@ def test_with_a_key_every_request_needs_it(backend):
         assert c.post("/v1/embeddings", json={"input": "a"}).status_code == 401
 
 
+@pytest.fixture(scope="module")
+def shared_client():
+    """One app for every example of the property below (a fresh one per example costs more than the test)."""
+    backend = ScriptedBackend("ok")
+    with TestClient(build_app(backend, MODEL)) as c:
+        yield c
+    backend.close()
+
+
 @settings(max_examples=150, deadline=None)
 @given(body=st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
                          lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
@@ -177,25 +186,12 @@ def test_with_a_key_every_request_needs_it(backend):
                                               "temperature", "stop", "response_format", "type", "json_schema",
                                               "schema", "seed", "top_k", "n", "text"]), inner, max_size=5),
                          max_leaves=12))
-def test_any_json_body_is_answered_or_refused_never_a_server_error(body):
-    with _Scripted() as b, TestClient(build_app(b, MODEL)) as c:
-        if True:
-            for path in ("/v1/chat/completions", "/v1/completions"):
-                r = c.post(path, json=body)
-                assert r.status_code in (200, 400), (body, r.text)
-                if r.status_code == 400:
-                    assert r.json()["error"]["message"]
-
-
-class _Scripted(ScriptedBackend):
-    def __init__(self):
-        super().__init__("ok")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+def test_any_json_body_is_answered_or_refused_never_a_server_error(shared_client, body):
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        r = shared_client.post(path, json=body)
+        assert r.status_code in (200, 400), (body, r.text)
+        if r.status_code == 400:
+            assert r.json()["error"]["message"]
 
 
 def test_plan_refuses_with_request_error_not_anything_else():

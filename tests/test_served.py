@@ -295,7 +295,7 @@ def test_which_tool_choices_each_server_enforces_natively():
         assert env.ok and "tools" not in fake.requests[-1]["body"], env
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(name=st.text(min_size=1, max_size=20), arguments=st.dictionaries(st.text(max_size=8), st.integers()),
        cuts=st.lists(st.integers(0, 200), max_size=8), repeat_name=st.booleans())
 def test_any_chunking_of_a_streamed_call_gives_the_call_s_json(name, arguments, cuts, repeat_name):
