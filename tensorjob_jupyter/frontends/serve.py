@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 import os
 import secrets
@@ -409,10 +410,10 @@ def cmd_serve(args, out: TextIO, err: TextIO) -> int:
     except ModelError as e:
         err.write(f"tensorjob: error: {e}\n")
         return EXIT_FAILED
-    return _listen(build_app(backend, backend.model_name, api_key=api_key), args, out, err)
+    return _listen(build_app(backend, backend.model_name, api_key=api_key), args, out, err, keyed=api_key is not None)
 
 
-def _listen(app, args, out: TextIO, err: TextIO) -> int:
+def _listen(app, args, out: TextIO, err: TextIO, *, keyed: bool) -> int:
     import socket
 
     import uvicorn  # deferred: the serve extra's
@@ -424,6 +425,9 @@ def _listen(app, args, out: TextIO, err: TextIO) -> int:
     except OSError as e:
         raise OptionError(f"--host {args.host} --port {args.port}: {e.strerror}") from None
     host, port = sock.getsockname()[:2]
+    if not keyed and not ipaddress.ip_address(host).is_loopback:
+        err.write(f"tensorjob: warning: serving on {host} without --api-key-env: anyone who can reach this port "
+                  "can use the model\n")
     shown = f"[{host}]" if ":" in host else host
     out.write(f"serving at http://{shown}:{port}/v1 (jobs: --model http://{shown}:{port}/v1)\n")
     out.flush()
