@@ -35,6 +35,7 @@ own ``tmp_path``, its ports from the OS. Two things here make it quick:
 """
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -96,10 +97,24 @@ def pytest_xdist_auto_num_workers(config):
     return cores + 1
 
 
+_SLOW_MODULE = re.compile(r"^pytestmark = pytest\.mark\.slow\b", re.MULTILINE)
+
+
 def pytest_ignore_collect(collection_path, config):
-    """The fast loop never parses the notebooks: every cell of theirs is slow (deselected) anyway."""
-    if collection_path.suffix == ".ipynb" and config.getoption("markexpr", "").strip() == FAST_LOOP:
+    """The fast loop never parses the notebooks, nor imports a test module marked slow as a whole
+    (a line ``pytestmark = pytest.mark.slow``): every test of theirs is deselected anyway,
+    and importing them (Dask, distributed) costs each worker process a third of a second."""
+    if config.getoption("markexpr", "").strip() != FAST_LOOP:
+        return None
+    if collection_path.suffix == ".ipynb":
         return True
+    if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        try:
+            text = collection_path.read_text(encoding="utf-8")
+        except OSError:
+            return None
+        if _SLOW_MODULE.search(text):
+            return True
     return None
 
 

@@ -113,7 +113,7 @@ def test_grants_apply_to_a_python_guest(tmp_path):
 def test_tj_run_takes_a_py_path_and_the_limits(tmp_path):
     f = tmp_path / "spin.py"
     f.write_text("def main(input):\n    while True:\n        pass\n")
-    env = tj.run(f, backend=None, call_timeout_s=1, runs_dir=tmp_path / "runs", timeout=60)
+    env = tj.run(f, backend=None, call_timeout_s=0.5, runs_dir=tmp_path / "runs", timeout=60)
     assert env.error.code == codes.TIMEOUT
 
 
