@@ -8,12 +8,16 @@ discriminated by ``type``); events of other types are the project's own.
 
 from __future__ import annotations
 
+import functools
 import typing
 
-from openai.types.responses import ResponseStreamEvent
 
+@functools.cache
+def models() -> dict[str, type]:
+    """The SDK's model for each event type, built on first use: importing the SDK takes most of a second,
+    which the pytest process that only hands tests to workers never needs to spend."""
+    from openai.types.responses import ResponseStreamEvent
 
-def _models() -> dict[str, type]:
     union = typing.get_args(ResponseStreamEvent)[0]
     out = {}
     for model in typing.get_args(union):
@@ -22,15 +26,12 @@ def _models() -> dict[str, type]:
     return out
 
 
-MODELS = _models()
-
-
 def is_open_responses(event_type: str) -> bool:
-    return event_type in MODELS
+    return event_type.startswith("response.") or event_type == "error"
 
 
 def validate(event: dict) -> None:
     """Raise pydantic's ``ValidationError`` if an Open Responses event is not of the spec's shape."""
-    model = MODELS.get(event["type"])
+    model = models().get(event["type"])
     if model is not None:
         model.model_validate(event)
