@@ -124,7 +124,11 @@ def test_a_request_the_checks_refuse_is_400_with_their_reason(client, body, says
 
 def test_a_body_that_is_not_json_or_too_large_is_refused(client):
     r = client.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
-    assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    for body, says in ((b"[" * 100_000 + b"]" * 100_000, "deep"), (b'{"a": 1, "a": 2}', "duplicate"),
+                       (b'{"temperature": NaN}', "NaN"), (b'"\xff"', "UTF-8")):
+        r = client.post("/v1/chat/completions", content=body)
+        assert r.status_code == 400 and says in r.json()["error"]["message"], (body[:20], r.text)
     r = client.post("/v1/chat/completions", content=b"x" * (MAX_BODY_BYTES + 1))
     assert r.status_code == 413
 

@@ -263,10 +263,10 @@ def build_app(backend: Backend, model: str, *, api_key: str | None = None):
             data += part
             if len(data) > MAX_BODY_BYTES:
                 raise RequestError(413, f"the request body is over {MAX_BODY_BYTES} bytes")
-        try:
-            return json.loads(data)
-        except ValueError as e:
-            raise RequestError(400, f"the request body is not JSON: {e}") from None
+        try:  # bounded as a guest's command is: depth, values, no NaN, no duplicate keys, valid UTF-8
+            return abi.loads_strict(data, what="the request body")
+        except abi.AbiError as e:
+            raise RequestError(400, str(e)) from None
 
     async def models(request) -> Response:
         if not authorised(request):
