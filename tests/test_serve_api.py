@@ -23,6 +23,7 @@ pytest.importorskip("starlette")
 from starlette.testclient import TestClient  # noqa: E402
 
 MODEL = "scripted"
+JSON = {"content-type": "application/json"}
 
 
 @pytest.fixture
@@ -127,16 +128,28 @@ def test_a_body_that_is_not_json_or_too_large_is_refused(client):
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
     for body, says in ((b"[" * 100_000 + b"]" * 100_000, "deep"), (b'{"a": 1, "a": 2}', "duplicate"),
                        (b'{"temperature": NaN}', "NaN"), (b'"\xff"', "UTF-8")):
-        r = client.post("/v1/chat/completions", content=body)
+        r = client.post("/v1/chat/completions", content=body, headers=JSON)
         assert r.status_code == 400 and says in r.json()["error"]["message"], (body[:20], r.text)
-    r = client.post("/v1/chat/completions", content=b"x" * (MAX_BODY_BYTES + 1))
+    r = client.post("/v1/chat/completions", content=b"x" * (MAX_BODY_BYTES + 1), headers=JSON)
     assert r.status_code == 413
 
     def chunked():  # no Content-Length: counted as it arrives
         for _ in range(MAX_BODY_BYTES // 65536 + 2):
             yield b" " * 65536
 
-    assert client.post("/v1/chat/completions", content=chunked()).status_code == 413
+    assert client.post("/v1/chat/completions", content=chunked(), headers=JSON).status_code == 413
+
+
+def test_a_web_page_cannot_use_a_loopback_server(backend):
+    """A page may POST text/plain anywhere without a preflight, and may rebind its own name to 127.0.0.1."""
+    with TestClient(build_app(backend, MODEL, loopback_only=True), base_url="http://127.0.0.1:8000") as c:
+        assert c.post("/v1/chat/completions", json=chat()).status_code == 200
+        r = c.post("/v1/chat/completions", content=json.dumps(chat()), headers={"content-type": "text/plain"})
+        assert r.status_code == 415
+        r = c.post("/v1/chat/completions", json=chat(), headers={"host": "evil.example:8000"})
+        assert r.status_code == 403 and c.get("/v1/models", headers={"host": "evil.example"}).status_code == 403
+        for host in ("localhost:8000", "[::1]:8000", "127.0.0.1"):
+            assert c.get("/v1/models", headers={"host": host}).status_code == 200, host
 
 
 def test_a_full_queue_is_429_and_a_failing_model_is_500(backend):
@@ -192,7 +205,7 @@ def shared_client():
                          max_leaves=12))
 def test_any_json_body_is_answered_or_refused_never_a_server_error(shared_client, body):
     for path in ("/v1/chat/completions", "/v1/completions"):
-        r = shared_client.post(path, json=body)
+        r = shared_client.post(path, content=json.dumps(body), headers=JSON)
         assert r.status_code in (200, 400), (body, r.text)
         if r.status_code == 400:
             assert r.json()["error"]["message"]

@@ -241,18 +241,39 @@ def test_tools_go_to_the_server_as_tools_and_its_streamed_call_is_the_job_s_func
     assert "".join(e["delta"] for e in of_type(job, "response.output_text.delta")) == "".join(fake.pieces)
 
 
-@pytest.mark.parametrize("deltas,says", [
-    ([{"content": "Let me look."}] + call_deltas('{"city": "Oslo"}'), "text and then a tool call"),
-    (call_deltas('{"city": "Oslo"}') + [{"content": "Done."}], "a tool call and then text"),
-    ([{"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}], "without a name"),
-    (call_deltas("{}") + [{"tool_calls": [{"index": 0, "function": {"name": "other"}}]}], "changes its name"),
-    ([{"tool_calls": {"index": 0}}], "not a list"),
+@pytest.mark.parametrize("deltas,code,says", [
+    # the model's output breaking its shape, as a bad call would
+    ([{"content": "Let me look."}] + call_deltas('{"city": "Oslo"}'), codes.SCHEMA_VALIDATION_FAILED,
+     "text and then a tool call"),
+    (call_deltas('{"city": "Oslo"}') + [{"content": "Done."}], codes.SCHEMA_VALIDATION_FAILED,
+     "a tool call and then text"),
+    # the server's stream breaking the protocol
+    ([{"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}], codes.MODEL_LOAD_FAILED, "without a name"),
+    (call_deltas("{}") + [{"tool_calls": [{"index": 0, "function": {"name": "other"}}]}], codes.MODEL_LOAD_FAILED,
+     "changes its name"),
+    ([{"tool_calls": {"index": 0}}], codes.MODEL_LOAD_FAILED, "not a list"),
 ])
-def test_a_call_the_host_cannot_read_as_one_call_is_model_load_failed(fake, deltas, says):
+def test_a_call_the_host_cannot_read_as_one_call_fails_with_what_broke(fake, deltas, code, says):
     fake.mode = "deltas"
     fake.deltas = deltas
     job, env = run_job(backend_for(fake), infer_guest(tools=[WEATHER], tool_choice="auto"))
-    assert env.error.code == codes.MODEL_LOAD_FAILED and says in env.error.message, env
+    assert env.error.code == code and says in env.error.message, env
+
+
+def test_a_call_without_indexes_is_one_call_and_a_new_id_at_the_same_index_is_another():
+    reader = _CallText()
+    text = reader.feed([{"index": None, "id": "c1", "function": {"name": "f", "arguments": '{"a"'}}])
+    text += reader.feed([{"function": {"arguments": ": 1}"}}])  # no index, no id: the same call
+    assert not reader.another and json.loads(text + reader.close()) == {"name": "f", "arguments": {"a": 1}}
+    reader.feed([{"index": 0, "id": "c2", "function": {"name": "f", "arguments": "{}"}}])
+    assert reader.another
+
+
+def test_a_call_cut_at_max_tokens_stays_open_and_fails_as_the_local_one_does(fake):
+    fake.mode = "deltas"
+    fake.deltas = call_deltas('{"city": ', '"Os', 'lo"}')
+    job, env = run_job(backend_for(fake), infer_guest(max_tokens=2, tools=[WEATHER], tool_choice="required"))
+    assert env.error.code == codes.LIMIT_EXCEEDED and "max_tokens" in env.error.message, env
 
 
 def test_blanks_before_a_call_are_dropped_and_a_second_call_ends_the_answer_with_the_first(fake):
@@ -278,6 +299,12 @@ def test_which_tool_choices_each_server_enforces_natively():
         assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
         assert "parallel_tool_calls" not in body and "response_format" not in body
         assert body["messages"][0]["role"] == "system" and "get_weather" in body["messages"][0]["content"]
+    # Ollama ignores tool_choice: every call is held to the call JSON, as for the local model
+    with FakeServer(owned_by="library") as fake:
+        fake.pieces = ['{"name": "get_weather", "arguments": {"city": "Oslo"}}']
+        job, env = run_job(backend_for(fake), infer_guest(tools=[WEATHER], tool_choice="required"))
+        body = fake.requests[-1]["body"]
+        assert env.ok and "tools" not in body and body["response_format"]["type"] == "json_schema", env
     # vLLM: "auto" needs server flags, so it is held to the call JSON here and validated after
     with FakeServer(owned_by="vllm") as fake:
         fake.pieces = ['{"name": "get_weather", "arguments": {"city": "Oslo"}}']
@@ -461,7 +488,7 @@ def test_concurrent_requests_run_on_at_most_concurrency_threads(fake):
 
 def test_exceptions_the_reactor_maps():
     assert issubclass(ServerBusy, QueueFull) and issubclass(ModelTimeout, ModelError)
-    assert set(DIALECTS) == {"openai", "llama.cpp", "llama-cpp-python", "vllm", "tensorjob"}
+    assert set(DIALECTS) == {"openai", "llama.cpp", "llama-cpp-python", "vllm", "tensorjob", "ollama"}
     assert Constraint("{}").free_text is False
 
 

@@ -96,11 +96,14 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
     if guest is None:
         return EXIT_FAILED
     kwargs = options.job_kwargs()
+    try:  # a hf: model is fetched here, before Ctrl-C means "cancel the job"
+        backend = _backend(kwargs.pop("model"), kwargs.pop("model_options"))
+    except ModelError as e:  # a hf: model that cannot be found or fetched
+        raise OptionError(f"--model {options.model}: {e}") from None
     with CtrlCCancels() as ctrl_c:
         try:
-            job = ctrl_c.attach(Job(guest, backend=_backend(kwargs.pop("model"), kwargs.pop("model_options")),
-                                    **kwargs))
-        except ModelError as e:  # a hf: model that cannot be found or fetched
+            job = ctrl_c.attach(Job(guest, backend=backend, **kwargs))
+        except ModelError as e:
             raise OptionError(f"--model {options.model}: {e}") from None
         envelope = run_live(job, args, out, err)
     if args.json:

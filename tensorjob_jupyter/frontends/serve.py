@@ -23,10 +23,16 @@ Why it is shaped so:
   it as a server-sent event. A client that leaves stops its sequence at the
   next token (the token callback's verdict), so a cancelled job frees its
   slot at once.
-* **Bounded.** A body over ``MAX_BODY_BYTES`` is 413; a full worker queue is
-  429 at once (the client maps it to ``busy``); ``max_tokens`` is capped by
-  the job limits' own bound and the model's context.
-* **Loopback unless told.** It binds 127.0.0.1 by default; with
+* **Bounded.** A body over ``MAX_BODY_BYTES`` is 413, and it is parsed as a
+  guest's command is (depth, values, no NaN); the checks and the parse run
+  off the event loop, so one costly body does not stall the other streams; a
+  full worker queue is 429 at once (the client maps it to ``busy``); an
+  answer ends at ``max_tokens`` or where the model's context does.
+* **Loopback unless told, and not for web pages.** It binds 127.0.0.1 by
+  default and then answers only requests addressed to a loopback name (the
+  ``Host`` header: a page that rebinds its own name to 127.0.0.1 is refused);
+  a POST must say ``Content-Type: application/json``, which a page cannot
+  send to another origin without a preflight this server never answers. With
   ``--api-key-env VAR`` every request must carry ``Authorization: Bearer``
   and the value of ``$VAR`` (compared in constant time), and the key is
   never printed.
@@ -220,6 +226,21 @@ def _event(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
 
 
+def _host_name(header: str) -> str:
+    """The name in a ``Host`` header, without its port (``[::1]:8000`` -> ``[::1]``)."""
+    if header.startswith("["):
+        return header.split("]", 1)[0] + "]"
+    return header.rsplit(":", 1)[0]
+
+
+def _parse_body(data: bytes) -> Any:
+    """A request body, bounded as a guest's command is: depth, values, no NaN, no duplicate keys, UTF-8."""
+    try:
+        return abi.loads_strict(data, what="the request body")
+    except abi.AbiError as e:
+        raise RequestError(400, str(e)) from None
+
+
 def _error_body(status: int, message: str, kind: str) -> dict:
     return {"error": {"message": message, "type": kind, "code": status}}
 
@@ -237,46 +258,59 @@ def _model_failure(e: BaseException) -> RequestError:
 # --- the app ----------------------------------------------------------------------------------
 
 
-def build_app(backend: Backend, model: str, *, api_key: str | None = None):
-    """The Starlette app serving ``backend`` under the id ``model``."""
+LOOPBACK_NAMES = frozenset(("127.0.0.1", "localhost", "::1", "[::1]"))
+
+
+def build_app(backend: Backend, model: str, *, api_key: str | None = None, loopback_only: bool = False):
+    """The Starlette app serving ``backend`` under the id ``model``; ``loopback_only``: answer only
+    requests whose ``Host`` is a loopback name."""
     from starlette.applications import Starlette  # deferred: starlette is the serve extra's
+    from starlette.requests import ClientDisconnect
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
     def error(e: RequestError) -> Response:
         return JSONResponse(_error_body(e.status, e.message, e.kind), status_code=e.status)
 
-    def authorised(request) -> bool:
-        if api_key is None:
-            return True
-        given = request.headers.get("authorization", "")
-        return hmac.compare_digest(given.encode("utf-8", "replace"), f"Bearer {api_key}".encode("utf-8"))
+    def admit(request) -> None:
+        """Who may ask: the Host (when loopback only) and the key; ``RequestError`` if not."""
+        if loopback_only:
+            if _host_name(request.headers.get("host", "")) not in LOOPBACK_NAMES:
+                raise RequestError(403, "this server answers requests to a loopback address only",
+                                   "permission_error")
+        if api_key is not None:
+            given = request.headers.get("authorization", "").encode("latin-1", "replace")  # as Starlette decoded it
+            if not hmac.compare_digest(given, f"Bearer {api_key}".encode("ascii")):
+                raise RequestError(401, "a valid Authorization: Bearer key is needed", "authentication_error")
 
     async def read_json(request) -> Any:
-        if not authorised(request):
-            raise RequestError(401, "a valid Authorization: Bearer key is needed", "authentication_error")
+        admit(request)
+        if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+            raise RequestError(415, "the request body must be sent as Content-Type: application/json")
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             raise RequestError(413, f"the request body is over {MAX_BODY_BYTES} bytes")
         data = bytearray()
-        async for part in request.stream():
-            data += part
-            if len(data) > MAX_BODY_BYTES:
-                raise RequestError(413, f"the request body is over {MAX_BODY_BYTES} bytes")
-        try:  # bounded as a guest's command is: depth, values, no NaN, no duplicate keys, valid UTF-8
-            return abi.loads_strict(data, what="the request body")
-        except abi.AbiError as e:
-            raise RequestError(400, str(e)) from None
+        try:
+            async for part in request.stream():
+                data += part
+                if len(data) > MAX_BODY_BYTES:
+                    raise RequestError(413, f"the request body is over {MAX_BODY_BYTES} bytes")
+        except ClientDisconnect:
+            raise RequestError(499, "the client left before its request was read") from None
+        return await asyncio.to_thread(_parse_body, bytes(data))
 
     async def models(request) -> Response:
-        if not authorised(request):
-            return error(RequestError(401, "a valid Authorization: Bearer key is needed", "authentication_error"))
+        try:
+            admit(request)
+        except RequestError as e:
+            return error(e)
         return JSONResponse({"object": "list", "data": [
             {"id": model, "object": "model", "created": 0, "owned_by": OWNER}]})
 
     async def generate(request, chat: bool) -> Response:
         try:
-            planned = plan(await read_json(request), chat=chat)
+            planned = await asyncio.to_thread(plan, await read_json(request), chat=chat)  # schema checks: off the loop
         except RequestError as e:
             return error(e)
         loop = asyncio.get_running_loop()
@@ -391,29 +425,31 @@ def cmd_serve(args, out: TextIO, err: TextIO) -> int:
         return EXIT_FAILED
     if served.is_served(args.model):
         raise OptionError("--model: tensorjob serve serves a model file, not another server")
-    for name in ("slots", "n_ctx", "port"):
+    for name, low, high in (("slots", 1, 256), ("n_ctx", 16, 1 << 20), ("port", 0, 65535), ("threads", 1, 1024)):
         value = getattr(args, name)
-        if value < (0 if name == "port" else 1) or (name == "port" and value > 65535):
-            raise OptionError(f"--{name.replace('_', '-')} {value}: out of range")
+        if value is not None and not low <= value <= high:
+            raise OptionError(f"--{name.replace('_', '-')} {value}: out of range ({low} to {high})")
     api_key = None
     if args.api_key_env is not None:
         api_key = os.environ.get(args.api_key_env)
         if not api_key:
             raise OptionError(f"--api-key-env {args.api_key_env}: the variable is not set")
-    path = hub.resolve(args.model) if hub.is_hf_ref(args.model) else args.model
+        if not api_key.isascii() or not api_key.isprintable():
+            raise OptionError(f"--api-key-env {args.api_key_env}: a key is printable ASCII (an HTTP header carries it)")
     options: dict[str, Any] = {"slots": args.slots, "n_ctx": args.n_ctx}
-    if args.threads:
+    if args.threads is not None:
         options.update(n_threads=args.threads, n_threads_batch=args.threads)
     try:
+        path = hub.resolve(args.model) if hub.is_hf_ref(args.model) else args.model
         backend = get_backend(path, **options)
         backend.generate_stream(GenerateRequest("", 1), lambda _t: True).result()  # load it now, fail now
     except ModelError as e:
         err.write(f"tensorjob: error: {e}\n")
         return EXIT_FAILED
-    return _listen(build_app(backend, backend.model_name, api_key=api_key), args, out, err, keyed=api_key is not None)
+    return _listen(backend, api_key, args, out, err)
 
 
-def _listen(app, args, out: TextIO, err: TextIO, *, keyed: bool) -> int:
+def _listen(backend: Backend, api_key: str | None, args, out: TextIO, err: TextIO) -> int:
     import socket
 
     import uvicorn  # deferred: the serve extra's
@@ -425,7 +461,9 @@ def _listen(app, args, out: TextIO, err: TextIO, *, keyed: bool) -> int:
     except OSError as e:
         raise OptionError(f"--host {args.host} --port {args.port}: {e.strerror}") from None
     host, port = sock.getsockname()[:2]
-    if not keyed and not ipaddress.ip_address(host).is_loopback:
+    loopback = ipaddress.ip_address(host).is_loopback
+    app = build_app(backend, backend.model_name, api_key=api_key, loopback_only=loopback)
+    if api_key is None and not loopback:
         err.write(f"tensorjob: warning: serving on {host} without --api-key-env: anyone who can reach this port "
                   "can use the model\n")
     shown = f"[{host}]" if ":" in host else host

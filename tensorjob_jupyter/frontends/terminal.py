@@ -193,8 +193,10 @@ class CtrlCCancels:
     the job (its transcript is written then), starting the printer, starting the job
     -- at which a Ctrl-C escapes as a traceback: one that comes before the job
     exists cancels it as soon as it does, and it ends at once, ``cancelled``. A
-    second Ctrl-C interrupts as usual. Off the main thread (where Python cannot set
-    a handler) Ctrl-C stays a ``KeyboardInterrupt``, which ``start_and_wait`` catches.
+    second Ctrl-C interrupts as usual. Only Python's own handler is replaced: where
+    SIGINT is ignored (``nohup``, a background job of a script) or handled by someone
+    else, and off the main thread, nothing changes (a ``KeyboardInterrupt`` there is
+    caught by ``start_and_wait``).
     """
 
     def __init__(self) -> None:
@@ -203,7 +205,8 @@ class CtrlCCancels:
         self._previous: Any = None
 
     def __enter__(self) -> "CtrlCCancels":
-        if threading.current_thread() is threading.main_thread():
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
             self._previous = signal.signal(signal.SIGINT, self._handler)
         return self
 

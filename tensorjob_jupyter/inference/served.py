@@ -50,7 +50,8 @@ as the local engine does. Tools (``GenerateRequest.tools``) go to the server
 as its own ``tools`` and ``tool_choice`` where the dialect enforces that
 choice (OpenAI and llama.cpp: all; vLLM: ``required`` and a named function;
 llama-cpp-python: a named function, with the descriptions also in a system
-turn since its template does not show them). The server's streamed
+turn since its template does not show them; Ollama, which ignores
+``tool_choice``, and this package's own server: none). The server's streamed
 ``tool_calls`` come back as the host's call text, ``{"name": NAME,
 "arguments": ...}``, piece by piece as they arrive (``_CallText``); one call
 a response, text and a call never mixed. Otherwise a ``Constraint`` (a
@@ -214,9 +215,12 @@ DIALECTS = {
     "vllm": Dialect("vllm", "repetition_penalty", True, -1, native_tools=frozenset(("required", "function"))),
     # this package's own server (frontends/serve.py): the local engine's sampling; calls held to a schema
     "tensorjob": Dialect("tensorjob", "repeat_penalty", True, 0, native_tools=frozenset()),
+    # Ollama ignores tool_choice, and a model without a tool template refuses tools: calls held to a schema
+    "ollama": Dialect("ollama", native_tools=frozenset()),
 }
 #: ``owned_by`` in ``/v1/models`` -> the dialect; anything else speaks plain OpenAI.
-OWNERS = {"me": "llama-cpp-python", "llamacpp": "llama.cpp", "vllm": "vllm", "tensorjob": "tensorjob"}
+OWNERS = {"me": "llama-cpp-python", "llamacpp": "llama.cpp", "vllm": "vllm", "tensorjob": "tensorjob",
+          "library": "ollama", "ollama": "ollama"}
 
 
 @dataclass(frozen=True)
@@ -778,12 +782,15 @@ class _CallText:
 
     The host reads, checks and reports that text as it does the local model's (``host/structured.py``),
     so a call's arguments that are not the JSON its schema asks for fail the same way. One call a
-    response: a delta for another call sets ``another`` and the answer ends with the first.
+    response: a delta for another call (another index, or the same index with another id) sets
+    ``another`` and the answer ends with the first. Text and a call in one answer is the model's
+    output breaking its shape: ``ConstraintError`` (``schema_validation_failed``), like a bad call.
     """
 
     def __init__(self) -> None:
         self.name: str | None = None
         self.index: Any = None
+        self.id: Any = None
         self.another = False
         #: blank text before anything else: it waits until the answer is known to be text, not a call
         self.held = ""
@@ -800,8 +807,8 @@ class _CallText:
             return piece
         if self.started:
             if piece.strip():
-                raise ModelError("the model server answered with a tool call and then text; "
-                                 "a response holds one or the other")
+                raise ConstraintError("the model answered with a tool call and then text; "
+                                      "a response holds one or the other")
             return None
         if not self.text_seen:
             if not piece.strip():
@@ -814,19 +821,21 @@ class _CallText:
     def feed(self, deltas: Any) -> str:
         """The text these deltas add (may be empty)."""
         if self.text_seen:
-            raise ModelError("the model server answered with text and then a tool call; "
-                             "a response holds one or the other")
+            raise ConstraintError("the model answered with text and then a tool call; "
+                                  "a response holds one or the other")
         if not isinstance(deltas, list):
             raise ModelError("the model server's stream is malformed: tool_calls is not a list")
         out = []
         for delta in deltas:
             if not isinstance(delta, dict):
                 raise ModelError("the model server's stream is malformed: a tool call is not an object")
-            index = delta.get("index", 0)
-            if self.index is None:
-                self.index = index
-            elif index != self.index:
-                self.another = True
+            index = delta.get("index")
+            index = 0 if index is None else index  # a server that sends no index streams one call
+            call_id = delta.get("id")
+            if self.name is None:
+                self.index, self.id = index, call_id
+            elif index != self.index or (call_id and self.id and call_id != self.id):
+                self.another = True  # another call: a new index, or the same index with a new id
                 break
             function = delta.get("function")
             function = function if isinstance(function, dict) else {}

@@ -308,10 +308,11 @@ class _Download:
         return left
 
     def _send(self, client: httpx.Client, url: httpx.URL) -> httpx.Response:
-        import httpx  # deferred: see parse_url
         """The response's head. A TCP connect cannot be shut down before it completes, so it is tried in
         attempts of at most ``CONNECT_ATTEMPT_S``: a stop or the deadline reaches the helper between them
         (a host that drops SYNs never holds it past ``JOIN_S``)."""
+        import httpx  # deferred: see parse_url
+
         while True:
             left = self._remaining()
             timeout = httpx.Timeout(left, connect=min(left, CONNECT_ATTEMPT_S))
