@@ -462,8 +462,10 @@ def test_the_live_view_in_jupyterlab(jupyterlab):
             def step_button():  # by its text ("Step to next infer" also starts with Step)
                 return debug_view.locator("button", has_text=re.compile(r"^\s*Step\s*$"))
 
-            first = debug_snapshot(lambda v: v["where"] and "before cf_init" in v["where"], "its first pause")
-            assert first["command"] is None and first["status"] == "paused", first
+            # the view's parts update one after another: wait for the pause's place and status together
+            first = debug_snapshot(lambda v: v["where"] and "before cf_init" in v["where"] and v["status"] == "paused",
+                                   "its first pause")
+            assert first["command"] is None, first
             page.wait_for_function("b => !b.disabled", arg=step_button().element_handle())
             step_button().click()
             one = debug_snapshot(lambda v: v["command"] and "first step" in v["command"], "step 1's command")
