@@ -34,6 +34,7 @@ own ``tmp_path``, its ports from the OS. Two things here make it quick:
   next to the sources, and the Python processes the tests start share it.
 """
 
+import gc
 import os
 import re
 import sys
@@ -127,3 +128,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.suffix == ".ipynb" or item.get_closest_marker("browser") is not None:
             item.add_marker(pytest.mark.slow)
+
+
+def pytest_collection_finish(session):
+    """What collection built (modules, test items, fixtures) lives to the end: set it aside from the garbage
+    collector, whose full passes would otherwise walk it again and again while the tests run."""
+    gc.collect()
+    gc.freeze()
