@@ -17,7 +17,7 @@ workers by itself (``pytest_cmdline_main`` below; ``-n 0`` runs it in one
 process, ``-n N`` picks the count). The full suite and CI stay in one process
 (the notebooks' kernels and the browser are slow and timing-sensitive). Every
 test is independent of the others and of where it runs: its files under its
-own ``tmp_path``, its ports from the OS. Two things here make it quick:
+own ``tmp_path``, its ports from the OS. What here makes it quick:
 
 * ``-n auto`` starts a worker more than there are cores
   (``pytest_xdist_auto_num_workers``): much of the suite waits -- on timeouts
@@ -32,6 +32,8 @@ own ``tmp_path``, its ports from the OS. Two things here make it quick:
   and rewrites every test module's asserts again (about 7 s of CPU a process).
   The cache goes under ``.pytest_cache/pycache`` (``sys.pycache_prefix``), not
   next to the sources, and the Python processes the tests start share it.
+* A module marked slow as a whole is not imported, and what collection built
+  is frozen out of the garbage collector's full passes (``gc.freeze``).
 """
 
 import gc
