@@ -192,8 +192,10 @@ class CtrlCCancels:
     The handler is installed before the job exists, so there is no moment -- making
     the job (its transcript is written then), starting the printer, starting the job
     -- at which a Ctrl-C escapes as a traceback: one that comes before the job
-    exists cancels it as soon as it does, and it ends at once, ``cancelled``. A
-    second Ctrl-C interrupts as usual. Only Python's own handler is replaced: where
+    exists cancels it as soon as it does, and it ends at once, ``cancelled``. After
+    the first, Python's handler is back: a second Ctrl-C is a ``KeyboardInterrupt``
+    (``start_and_wait`` cancels and waits again; a third leaves at once, should a job
+    not end). Only Python's own handler is replaced: where
     SIGINT is ignored (``nohup``, a background job of a script) or handled by someone
     else, and off the main thread, nothing changes (a ``KeyboardInterrupt`` there is
     caught by ``start_and_wait``).
@@ -222,7 +224,7 @@ class CtrlCCancels:
         return job
 
     def _handler(self, signum, frame) -> None:
-        signal.signal(signal.SIGINT, self._previous)  # a second Ctrl-C: the usual interrupt
+        signal.signal(signal.SIGINT, self._previous)  # a second Ctrl-C: a KeyboardInterrupt again
         self._previous = None
         self.pressed = True
         if self.job is not None:
