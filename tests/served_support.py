@@ -15,7 +15,9 @@ connection closed, so a test sees from the server's side that a stop or a
 cancel really closed the connection.
 
 ``served_threads`` and ``connections_to`` are what "no thread or socket
-outlives the job" is checked with.
+outlives the job" is checked with; ``infer_guest``, ``run`` and ``answer``
+are the one-infer jobs the real-server tests send (test_served_llama.py,
+test_serve.py).
 """
 
 from __future__ import annotations
@@ -35,6 +37,30 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 KEY = "sk-test-4242-do-not-print-me"
+
+
+# --- one-infer jobs ------------------------------------------------------------------------------------
+
+
+def infer_guest(prompt, max_tokens=24, stop_after_tokens=None, **fields) -> bytes:
+    """A guest that infers ``prompt`` once (``fields``: the infer's other fields) and is done."""
+    from wat import script_guest
+
+    return script_guest([{"cmd": "infer", "prompt": prompt, "max_tokens": max_tokens, **fields},
+                         {"cmd": "done", "result": "ok"}], stop_after_tokens=stop_after_tokens)
+
+
+def run(guest, timeout=300, **kwargs):
+    """(the job, its envelope) of ``guest`` run to its end with ``tj.Job(guest, **kwargs)``."""
+    import tensorjob_jupyter as tj
+
+    job = tj.Job(guest, **kwargs).start()
+    return job, job.wait(timeout)
+
+
+def answer(job) -> str:
+    """The text the job's model streamed."""
+    return "".join(e["delta"] for e in job.events if e["type"] == "response.output_text.delta")
 
 
 def free_port() -> int:

@@ -27,8 +27,7 @@ from tensorjob_jupyter.inference.base import Sampler
 from tensorjob_jupyter.inference.models import get_backend
 from tensorjob_jupyter.inference.served import ServedBackend
 
-from served_support import wait_until
-from wat import script_guest
+from served_support import answer, infer_guest, run, wait_until
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("uvicorn")
@@ -73,20 +72,6 @@ def served(server):
     backend = ServedBackend(server.url)
     yield backend
     backend.close()
-
-
-def infer_guest(prompt, max_tokens=24, stop_after_tokens=None, **fields):
-    return script_guest([{"cmd": "infer", "prompt": prompt, "max_tokens": max_tokens, **fields},
-                         {"cmd": "done", "result": "ok"}], stop_after_tokens=stop_after_tokens)
-
-
-def run(guest, timeout=300, **kwargs):
-    job = tj.Job(guest, **kwargs).start()
-    return job, job.wait(timeout)
-
-
-def answer(job) -> str:
-    return "".join(e["delta"] for e in job.events if e["type"] == "response.output_text.delta")
 
 
 @pytest.mark.parametrize("chat", [False, True], ids=["raw", "chat"])

@@ -33,8 +33,8 @@ from tensorjob_jupyter.inference.base import Sampler
 from tensorjob_jupyter.inference.models import default_model_path, get_backend
 from tensorjob_jupyter.inference.served import ServedBackend
 
-from served_support import KEY, LlamaServer, connections_to, served_threads, wait_until
-from wat import script_guest
+from served_support import (KEY, LlamaServer, answer, connections_to, infer_guest, run, served_threads,
+                            wait_until)
 
 pytestmark = pytest.mark.slow
 psutil = pytest.importorskip("psutil")
@@ -60,20 +60,6 @@ def served(server):
     backend.close()
     assert wait_until(lambda: not served_threads(), 5), served_threads()
     assert wait_until(lambda: not connections_to(server.port), 5), connections_to(server.port)
-
-
-def infer_guest(prompt, max_tokens=24, stop_after_tokens=None, **fields):
-    return script_guest([{"cmd": "infer", "prompt": prompt, "max_tokens": max_tokens, **fields},
-                         {"cmd": "done", "result": "ok"}], stop_after_tokens=stop_after_tokens)
-
-
-def run(guest, timeout=300, **kwargs):
-    job = tj.Job(guest, **kwargs).start()
-    return job, job.wait(timeout)
-
-
-def answer(job) -> str:
-    return "".join(e["delta"] for e in job.events if e["type"] == "response.output_text.delta")
 
 
 def disconnects(server) -> int:

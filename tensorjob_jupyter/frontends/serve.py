@@ -67,7 +67,6 @@ DEFAULT_MAX_TOKENS = 256
 DISCONNECT_POLL_S = 0.25
 #: The most texts one ``/embeddings`` request embeds.
 MAX_EMBED_TEXTS = 256
-OWNER = "tensorjob"
 
 
 class RequestError(Exception):
@@ -206,8 +205,9 @@ class Answer:
         return out + b"data: [DONE]\n\n"
 
     def whole(self, result: GenerateResult) -> dict:
-        choice = ({"index": 0, "message": {"role": "assistant", "content": result.text}, "finish_reason": _finish(result)}
-                  if self.chat else {"index": 0, "text": result.text, "finish_reason": _finish(result)})
+        finish = _finish(result)
+        choice = ({"index": 0, "message": {"role": "assistant", "content": result.text}, "finish_reason": finish}
+                  if self.chat else {"index": 0, "text": result.text, "finish_reason": finish})
         return {**self._envelope([choice], whole=True), "usage": _usage(result)}
 
 
@@ -306,7 +306,7 @@ def build_app(backend: Backend, model: str, *, api_key: str | None = None, loopb
         except RequestError as e:
             return error(e)
         return JSONResponse({"object": "list", "data": [
-            {"id": model, "object": "model", "created": 0, "owned_by": OWNER}]})
+            {"id": model, "object": "model", "created": 0, "owned_by": served.TENSORJOB_OWNER}]})
 
     async def generate(request, chat: bool) -> Response:
         try:

@@ -114,6 +114,8 @@ from tensorjob_jupyter.inference.base import (FINISH_CANCELLED, FINISH_LENGTH, F
 from tensorjob_jupyter.inference.text_stream import TextStream
 
 DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
+#: ``owned_by`` in this package's own server's ``/v1/models`` (``frontends/serve.py``), and its dialect's name.
+TENSORJOB_OWNER = "tensorjob"
 #: Bytes of response body allowed per requested token (an SSE chunk of one token is a few hundred).
 MAX_BODY_BYTES_PER_TOKEN = 16 * 1024
 MAX_BODY_BYTES_FLOOR = 1 << 20
@@ -214,12 +216,12 @@ DIALECTS = {
     # vLLM's "auto" needs server flags (--enable-auto-tool-choice); "required" and a named function do not
     "vllm": Dialect("vllm", "repetition_penalty", True, -1, native_tools=frozenset(("required", "function"))),
     # this package's own server (frontends/serve.py): the local engine's sampling; calls held to a schema
-    "tensorjob": Dialect("tensorjob", "repeat_penalty", True, 0, native_tools=frozenset()),
+    TENSORJOB_OWNER: Dialect(TENSORJOB_OWNER, "repeat_penalty", True, 0, native_tools=frozenset()),
     # Ollama ignores tool_choice, and a model without a tool template refuses tools: calls held to a schema
     "ollama": Dialect("ollama", native_tools=frozenset()),
 }
 #: ``owned_by`` in ``/v1/models`` -> the dialect; anything else speaks plain OpenAI.
-OWNERS = {"me": "llama-cpp-python", "llamacpp": "llama.cpp", "vllm": "vllm", "tensorjob": "tensorjob",
+OWNERS = {"me": "llama-cpp-python", "llamacpp": "llama.cpp", "vllm": "vllm", TENSORJOB_OWNER: TENSORJOB_OWNER,
           "library": "ollama", "ollama": "ollama"}
 
 
@@ -258,6 +260,12 @@ class _Call:
         self.started = self.first_at = self.last_at = None
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
+
+    def arrived(self) -> None:
+        """One more piece of the answer arrived, now (for max_tokens and the usage's timings)."""
+        self.pieces += 1
+        self.last_at = time.perf_counter()
+        self.first_at = self.first_at or self.last_at
 
     def abort(self) -> None:
         with self._lock:
@@ -673,9 +681,7 @@ class ServedBackend:
                                 return self._result(call, FINISH_LENGTH, usage, None, deliver, tool_call)
                             text = tool_call.feed(delta["tool_calls"])
                             if text:
-                                call.pieces += 1
-                                call.last_at = time.perf_counter()
-                                call.first_at = call.first_at or call.last_at
+                                call.arrived()
                                 if not deliver(text):
                                     return self._result(call, FINISH_CANCELLED, None, None, deliver)
                             if tool_call.another:  # one call a response: the answer is the first
@@ -685,9 +691,7 @@ class ServedBackend:
                             raise ModelError("the model server's stream is malformed: a text piece is not a string")
                         if call.pieces >= request.max_tokens:  # the server ignores max_tokens: cut it here
                             return self._result(call, FINISH_LENGTH, usage, text_stream, deliver)
-                        call.pieces += 1
-                        call.last_at = time.perf_counter()
-                        call.first_at = call.first_at or call.last_at
+                        call.arrived()
                         text, stopped = text_stream.push(piece.encode("utf-8", "replace"))
                         if text and not deliver(text):
                             return self._result(call, FINISH_CANCELLED, None, None, deliver)
