@@ -51,7 +51,7 @@ INTERNALS_USED = {
     "LlamaModel": (("path_model", "params", "verbose"),
                    ("close", "n_ctx_train", "n_vocab", "n_embd", "token_bos", "token_eos", "token_get_text",
                     "metadata", "tokenize")),
-    "LlamaContext": (("model", "params", "verbose"), ("close", "kv_cache_seq_rm", "kv_cache_clear")),
+    "LlamaContext": (("model", "params", "verbose"), ("close", "kv_cache_seq_rm", "kv_cache_seq_cp", "kv_cache_clear")),
     "LlamaBatch": (("n_tokens", "embd", "n_seq_max", "verbose"), ("close", "reset", "add_sequence")),
     "LlamaSampler": ((), ("close", "add_penalties", "add_greedy", "add_top_k", "add_top_p", "add_min_p",
                           "add_temp", "add_dist", "accept", "sample")),
