@@ -28,6 +28,8 @@ RESULTS = "results.jsonl"
 FAILURES = "failures.jsonl"
 JOBS = "jobs"
 LEDGER_FORMAT = "tensorjob-map/1"
+#: What scoring (``scoring.py``) keeps here: expected answers, the scorer's name, the scores.
+SCORING_FILES = ("expected.jsonl", "scoring.json", "scores.jsonl")
 #: How to start a refused folder over, in the front ends' words.
 RESTART_HINT = "start this one over with --restart (restart=True in Python), which keeps none of its results"
 
@@ -125,7 +127,7 @@ class RunFolder:
 
         Only under the lock, so a running map's folder is never cleared; a symbolic link in their place is
         removed as a link, never followed."""
-        for name in (LEDGER, RESULTS, FAILURES, LEDGER + ".tmp", FAILURES + ".tmp"):
+        for name in (LEDGER, RESULTS, FAILURES, LEDGER + ".tmp", FAILURES + ".tmp", *SCORING_FILES):
             (self.path / name).unlink(missing_ok=True)
         if self.jobs_path.is_symlink():
             self.jobs_path.unlink()

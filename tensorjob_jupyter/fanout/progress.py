@@ -6,16 +6,23 @@ a fresh ``MapProgress`` per change (its ``version`` says which) and copies
 of ``ItemTimes``. ``MapResult`` reads results back from the run folder's
 files rather than keeping them, since the files are the record; with the
 manifest's inputs it makes the table a notebook wants (``rows()``, and
-``to_pandas()`` where pandas is installed: the optional extra ``[pandas]``).
+``to_pandas()`` where pandas is installed: the optional extra ``[pandas]``), with each item's
+expected answer and score when the map was scored (``scoring.py``); ``MapResult.from_folder`` reads a
+finished map's folder back (a past map, compared or replayed).
 """
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-from tensorjob_jupyter.fanout.folder import FAILURES, RESULTS, read_records
+from tensorjob_jupyter.fanout.errors import MapError
+from tensorjob_jupyter.fanout.folder import FAILURES, LEDGER, RESULTS, read_records
+from tensorjob_jupyter.fanout.manifest import read_manifest
+from tensorjob_jupyter.fanout.scoring import Expected, ItemScore, ScoreSummary, read_scores, scorer_name
 
 #: What ``MapResult.rows`` says of an item the map never concluded (it was cancelled first).
 NOT_RUN = "not run"
@@ -44,9 +51,17 @@ class MapProgress:
     cancelled: int = 0
     peak_running: int = 0
     elapsed_s: float = 0.0
-    status: str = "running"  # running | finished | cancelled | error
+    status: str = "running"  # running | finished | cancelled | stopped (the token budget) | error
     dashboard_link: str | None = None
     version: int = 0
+    tokens: int = 0  # tokens in and out of this session's items, as each ends
+    scored: int = 0  # items with a score (expected answers: the whole folder's, not only this session's)
+    score_sum: float = 0.0
+    score_passed: int = 0
+
+    @property
+    def mean_score(self) -> float | None:
+        return self.score_sum / self.scored if self.scored else None
 
     @property
     def skipped(self) -> int:
@@ -72,7 +87,8 @@ class MapProgress:
 
     def to_json(self) -> dict:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        out.update(skipped=self.skipped, remaining=self.remaining, throughput=round(self.throughput, 3))
+        out.update(skipped=self.skipped, remaining=self.remaining, throughput=round(self.throughput, 3),
+                   mean_score=None if self.mean_score is None else round(self.mean_score, 6))
         return out
 
 
@@ -96,7 +112,8 @@ class MapResult:
     throughput: float
     error: str | None = None
     #: each item's input, in manifest order (the manifest is read again on every run, so it is at hand)
-    inputs: tuple = field(default=(), compare=False)
+    inputs: Sequence = field(default=(), compare=False)
+    tokens: int = 0  # tokens in and out of this session's items
 
     @property
     def ok(self) -> bool:
@@ -118,25 +135,69 @@ class MapResult:
         """Each failed item's error (``code``, ``message``), by item number."""
         return {r["item"]: r.get("error") for r in read_records(self.failures_path)}
 
+    def scores(self) -> dict[int, ItemScore] | None:
+        """Each scored item's score, by item; None when the map was not scored."""
+        return read_scores(self.run_dir, self.total)
+
+    def expected(self) -> Expected | None:
+        """The expected answers the run folder keeps; None when the map was not given any."""
+        return Expected.from_folder(self.run_dir, self.total)
+
+    def score_summary(self) -> ScoreSummary | None:
+        """The scores in all (mean, passed, failed, per-field accuracy); None when the map was not scored."""
+        scores = self.scores()
+        if scores is None:
+            return None
+        return ScoreSummary.of(scorer_name(self.run_dir) or "?", self.total, scores.values())
+
     def rows(self) -> list[dict[str, Any]]:
         """One dict per item, in item order, every one with the same keys: ``item``; the input's fields as
         ``input.NAME`` (a non-object input is ``input``); ``status`` (``completed``, ``failed`` or ``not run``);
         ``error_code`` and ``error_message``; the result's fields as ``result.NAME`` (a non-object result is
-        ``result``) -- flattened one level, deeper values kept as they are."""
+        ``result``) -- flattened one level, deeper values kept as they are. A scored map adds the expected
+        answer's fields (``expected.NAME``), ``score`` (0 to 1), ``passed``, each field's verdict
+        (``score.NAME``: True or False, for ``json_fields`` and for scorers that report fields) and
+        ``score_error``; an item without a score has None there."""
         results, failures = self.results(), self.failures()
         inputs = [_flattened("input", self.inputs[i]) if i < len(self.inputs) else {} for i in range(self.total)]
         outputs = [_flattened("result", results[i]) if i in results else {} for i in range(self.total)]
         input_keys = dict.fromkeys(key for flat in inputs for key in flat)
         output_keys = dict.fromkeys(key for flat in outputs for key in flat)
+        scored = self._score_columns()
         rows = []
         for index in range(self.total):
             error = failures.get(index) if index not in results else None
             error = error if isinstance(error, dict) else {}
             status = "completed" if index in results else "failed" if index in failures else NOT_RUN
-            rows.append({"item": index, **{key: inputs[index].get(key) for key in input_keys}, "status": status,
-                         "error_code": error.get("code"), "error_message": error.get("message"),
-                         **{key: outputs[index].get(key) for key in output_keys}})
+            row = {"item": index, **{key: inputs[index].get(key) for key in input_keys}, "status": status,
+                   "error_code": error.get("code"), "error_message": error.get("message"),
+                   **{key: outputs[index].get(key) for key in output_keys}}
+            if scored is not None:
+                row.update(scored(index))
+            rows.append(row)
         return rows
+
+    def _score_columns(self):
+        """A function giving an item's scoring columns, all rows with the same keys; None when unscored."""
+        scores, expected = self.scores(), self.expected()
+        if scores is None and expected is None:
+            return None
+        scores = scores or {}
+        wanted = {}
+        if expected is not None:
+            wanted = {i: _flattened("expected", v) for i, v in expected.items()}
+        expected_keys = dict.fromkeys(key for flat in wanted.values() for key in flat)
+        field_keys = dict.fromkeys(f"score.{name}" for s in scores.values() for name in (s.fields or {}))
+
+        def columns(index: int) -> dict[str, Any]:
+            s = scores.get(index)
+            flat = wanted.get(index, {})
+            fields = {f"score.{k}": v for k, v in (s.fields or {}).items()} if s is not None else {}
+            return {**{key: flat.get(key) for key in expected_keys},
+                    "score": s.score if s is not None else None, "passed": s.passed if s is not None else None,
+                    **{key: fields.get(key) for key in field_keys},
+                    "score_error": s.error if s is not None else None}
+        return columns
 
     def to_pandas(self):
         """``rows()`` as a pandas DataFrame indexed by item, with pandas' nullable dtypes (needs the ``[pandas]``
@@ -149,6 +210,38 @@ class MapResult:
         # Nullable dtypes: a count stays a whole number where some items have none (not 1.0 and NaN).
         return pandas.DataFrame(self.rows()).convert_dtypes().set_index("item")
 
+    @classmethod
+    def from_folder(cls, run_dir: str | os.PathLike) -> "MapResult":
+        """A map's result read back from its run folder (a finished map, or one that stopped): counts from
+        its results files, status from its ledger's last session, inputs from its manifest when that file is
+        still there unchanged (else the rows have no input columns). ``MapError`` if it is not a run folder."""
+        path = Path(run_dir).absolute()
+        try:
+            ledger = json.loads((path / LEDGER).read_text(encoding="utf-8"))
+            total, sha, source = (ledger["manifest"]["items"], ledger["manifest"]["sha256"],
+                                  ledger["manifest"]["source"])
+            sessions = ledger.get("sessions") or []
+            if not isinstance(total, int) or isinstance(total, bool) or total < 1 or not isinstance(sessions, list):
+                raise ValueError("bad counts")
+        except (OSError, ValueError, KeyError, TypeError):
+            raise MapError(f"{path} is not a map's run folder (no readable {LEDGER})") from None
+        completed = {r["item"] for r in read_records(path / RESULTS) if _in_range(r["item"], total)}
+        failed = {r["item"] for r in read_records(path / FAILURES) if _in_range(r["item"], total)} - completed
+        last = sessions[-1] if sessions and isinstance(sessions[-1], dict) else {}
+        status = last.get("status") if isinstance(last.get("status"), str) else (
+            "interrupted" if sessions else "not run")
+        inputs: Sequence = ()
+        if isinstance(source, str) and source != "<list>" and os.path.isfile(source):
+            try:
+                manifest = read_manifest(source)
+                if manifest.sha256 == sha:
+                    inputs = manifest.items
+            except MapError:
+                pass
+        return cls(run_dir=path, total=total, completed=len(completed), failed=len(failed), skipped=0,
+                   ran=len(completed) + len(failed), status=status[:40], elapsed_s=0.0, throughput=0.0,
+                   inputs=inputs)
+
     def __repr__(self) -> str:
         rate = rate_text(self.ran, self.elapsed_s)
         skipped = f", {self.skipped} skipped" if self.skipped else ""
@@ -160,7 +253,12 @@ class MapResult:
                 "failures": str(self.failures_path), "total": self.total, "completed": self.completed,
                 "failed": self.failed, "skipped": self.skipped, "ran": self.ran,
                 "elapsed_s": round(self.elapsed_s, 3), "throughput": round(self.throughput, 3),
-                "error": self.error}
+                "error": self.error, "tokens": self.tokens,
+                "score": summary.to_json() if (summary := self.score_summary()) is not None else None}
+
+
+def _in_range(item: Any, total: int) -> bool:
+    return isinstance(item, int) and not isinstance(item, bool) and 0 <= item < total
 
 
 def _flattened(prefix: str, value: Any) -> dict[str, Any]:
