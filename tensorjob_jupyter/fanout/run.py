@@ -217,7 +217,7 @@ class MapRun:
 
     def _check_budget(self, progress: MapProgress) -> None:
         budget = self.max_total_tokens
-        if budget is not None and not self._budget_spent and progress.tokens >= budget:
+        if budget is not None and not self._budget_spent and progress.tokens >= budget and progress.remaining:
             self._budget_spent = True
             self.cancel()
 

@@ -319,8 +319,8 @@ class Expected:
         if isinstance(spec, (str, os.PathLike)) or isinstance(spec, Sequence):
             try:
                 manifest = read_manifest(spec)
-            except MapError as e:
-                raise ScoringError(f"expected answers: {e}") from None
+            except MapError as e:  # its words are a manifest's: say whose they are
+                raise ScoringError("expected answers: " + str(e).replace("manifest ", "", 1)) from None
             if len(manifest) != total:
                 raise ScoringError(f"expected answers {manifest.source}: {len(manifest)} values for a manifest of "
                                    f"{total} items (one expected value a line, in the manifest's order)")

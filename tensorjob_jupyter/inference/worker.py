@@ -99,6 +99,11 @@ class InferenceWorker:
     def embed(self, texts: Sequence[str]) -> "Future[list[list[float]]]":
         return self._submit("embed", list(texts))
 
+    def prompt_tokens(self, request: GenerateRequest) -> "Future[list[int]]":
+        """The tokens ``request``'s prompt is for this model (its chat template applied), from the engine's
+        tokenizer on the worker's thread: nothing is decoded (what a map's ``--estimate`` counts)."""
+        return self._submit("tokens", request)
+
     def close(self, timeout: float | None = 5.0) -> None:
         """Stop the worker: waiting requests fail, the running one finishes."""
         if self._closed:
@@ -184,8 +189,11 @@ class InferenceWorker:
                 if kind == "generate" and self.batching and hasattr(engine, "serve"):
                     engine.serve(self._pending(payload, on_token, done, fut), self._admit)
                     continue
-                result = (engine.generate(payload, _guarded(on_token)) if kind == "generate"
-                          else engine.embed(payload))
+                if kind == "tokens":
+                    result = engine.prompt_tokens(payload)
+                else:
+                    result = (engine.generate(payload, _guarded(on_token)) if kind == "generate"
+                              else engine.embed(payload))
             except BaseException as e:  # noqa: BLE001 - reported through the future
                 if not fut.done():
                     done(None, e)
