@@ -159,8 +159,8 @@ class MapResult:
         (``score.NAME``: True or False, for ``json_fields`` and for scorers that report fields) and
         ``score_error``; an item without a score has None there."""
         results, failures = self.results(), self.failures()
-        inputs = [_flattened("input", self.inputs[i]) if i < len(self.inputs) else {} for i in range(self.total)]
-        outputs = [_flattened("result", results[i]) if i in results else {} for i in range(self.total)]
+        inputs = [flattened("input", self.inputs[i]) if i < len(self.inputs) else {} for i in range(self.total)]
+        outputs = [flattened("result", results[i]) if i in results else {} for i in range(self.total)]
         input_keys = dict.fromkeys(key for flat in inputs for key in flat)
         output_keys = dict.fromkeys(key for flat in outputs for key in flat)
         scored = self._score_columns()
@@ -185,7 +185,7 @@ class MapResult:
         scores = scores or {}
         wanted = {}
         if expected is not None:
-            wanted = {i: _flattened("expected", v) for i, v in expected.items()}
+            wanted = {i: flattened("expected", v) for i, v in expected.items()}
         expected_keys = dict.fromkeys(key for flat in wanted.values() for key in flat)
         field_keys = dict.fromkeys(f"score.{name}" for s in scores.values() for name in (s.fields or {}))
 
@@ -261,7 +261,8 @@ def _in_range(item: Any, total: int) -> bool:
     return isinstance(item, int) and not isinstance(item, bool) and 0 <= item < total
 
 
-def _flattened(prefix: str, value: Any) -> dict[str, Any]:
+def flattened(prefix: str, value: Any) -> dict[str, Any]:
+    """A value as table columns: an object's fields as ``PREFIX.NAME`` (one level), anything else as ``PREFIX``."""
     if isinstance(value, dict):
         return {f"{prefix}.{key}": item for key, item in value.items()}
     return {prefix: value}
