@@ -39,6 +39,7 @@ from typing import Any, Iterable, Sequence
 from tensorjob_jupyter.abi import JobStatus
 from tensorjob_jupyter.host.jobs import Job
 from tensorjob_jupyter.inference.base import GenerateRequest, ModelError
+from tensorjob_jupyter.limits import with_keywords
 from tensorjob_jupyter.record.event_checks import TranscriptError
 from tensorjob_jupyter.record.run_folder import runs_folder
 from tensorjob_jupyter.record.transcript import EventReader
@@ -209,8 +210,6 @@ def estimate_map(guest: Any, manifest: str | os.PathLike | Sequence[Any], *, rea
                  **limit_keywords: Any) -> MapEstimate:
     """Estimate the map ``start_map`` would run with the same arguments (see the module doc). ``run_dir``:
     the map's run folder, whose recorded items (a map run before) measure the speed first."""
-    from tensorjob_jupyter.limits import with_keywords
-
     items = read_manifest(manifest).items
     if sample < 1:
         raise ValueError(f"sample must be at least 1, got {sample}")
