@@ -199,6 +199,10 @@ class MapEstimate:
     def __str__(self) -> str:
         return "\n".join(self.lines())
 
+    def _repr_pretty_(self, printer, cycle: bool) -> None:
+        """IPython shows the lines (a notebook's ``Out[]``)."""
+        printer.text(str(self))
+
     def __repr__(self) -> str:
         return f"<MapEstimate {self.items} items, {self.prompt_tokens} prompt tokens>"
 

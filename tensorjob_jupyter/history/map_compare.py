@@ -198,6 +198,10 @@ class MapComparison:
     def __str__(self) -> str:
         return "\n".join(self.lines())
 
+    def _repr_pretty_(self, printer, cycle: bool) -> None:
+        """IPython shows the lines (a notebook's ``Out[]``)."""
+        printer.text(str(self))
+
     def __repr__(self) -> str:
         s = self.summary()
         return f"<{type(self).__name__} {s['items']} items, {s['changed']} changed>"
