@@ -243,7 +243,11 @@ def estimate_map(guest: Any, manifest: str | os.PathLike | Sequence[Any], *, rea
                     "it completed without one" if envelope.status is JobStatus.COMPLETED else envelope.status.value)
                 sampled.append(ItemEstimate(index, None, None, " ".join(why.split())[:300]))
                 continue
-            tokens = _tokens(model_backend, request)
+            try:
+                tokens = _tokens(model_backend, request)
+            except ModelError as e:  # its prompt does not fit the model's context: the item would fail
+                sampled.append(ItemEstimate(index, None, request.max_tokens, " ".join(str(e).split())[:300]))
+                continue
             if tokens is None:
                 counted_by = "characters"
                 text = (request.system or "") + request.prompt
@@ -266,7 +270,8 @@ def _spread(total: int, sample: int) -> list[int]:
 
 
 def _tokens(backend: Any, request: GenerateRequest) -> list[int] | None:
-    """The request's prompt tokens from the model's tokenizer; None where there is none."""
+    """The request's prompt tokens from the model's tokenizer; None where there is none; ``ModelError``
+    when the prompt is longer than the model's context."""
     count = getattr(backend, "prompt_tokens", None)
     if count is None:
         return None
@@ -274,7 +279,7 @@ def _tokens(backend: Any, request: GenerateRequest) -> list[int] | None:
         return list(count(request).result(DRY_RUN_TIMEOUT_S))
     except ModelError as e:
         if "context window" in str(e):
-            raise ModelError(f"an item's prompt is too long for the model: {e}") from None
+            raise
         return None
     except Exception:  # noqa: BLE001 - no tokenizer after all (a served model behind a lazy backend)
         return None

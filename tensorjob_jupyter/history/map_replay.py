@@ -14,7 +14,8 @@ as for one replay). The first command an item's recording cannot answer -- anoth
 window, more tokens than were recorded -- is that item's divergence: the item *needs the model*, and its
 job stops there with ``replay_divergence``; with ``live=True`` (``--live``) the model answers it from that
 step on, so only the items whose prompts changed touch the model. An item the recorded map never
-concluded is not run; one that failed before its job started (no transcript) needs the model.
+concluded is not run; a concluded one with no readable transcript (it failed before its job
+started, or the file is gone) needs the model.
 
 The replay is itself a map (``fanout.MapRun``, with this module's ``ReplayExecutor`` running its items,
 ``concurrency`` at a time on threads), into its own run folder (``out``; default ``RUN_DIR/replay``),
@@ -101,6 +102,7 @@ class ReplayExecutor:
         self.concurrency = concurrency
         self.job_options = job_options or (lambda recording: {})
         self.where = WHERE + str(recorded.path)
+        self.concluded = set(recorded.result.results()) | set(recorded.result.failures())
         self.details: dict[int, ItemReplay] = {}
         self._cancel = threading.Event()
         self._jobs: dict[int, ReplayJob] = {}
@@ -137,9 +139,10 @@ class ReplayExecutor:
         started = time.perf_counter()
         found = self.recorded.item_run(index)
         if found is None:
-            if index not in self.recorded.result.failures():
+            if index not in self.concluded:
                 return {"item": index, "status": JobStatus.CANCELLED.value}, None  # never concluded: not run
-            why = "the recorded map has no job for this item (it failed before its job started)"
+            why = ("the recorded map has no readable transcript for this item (it failed before its job started, "
+                   "or the transcript is gone or damaged)")
             return (failed_outcome(index, codes.REPLAY_DIVERGENCE, f"{why}: it needs the model"),
                     ItemReplay(index, None, needs_model=True, divergence=why))
         try:
