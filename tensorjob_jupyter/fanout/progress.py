@@ -207,8 +207,9 @@ class MapResult:
         except ImportError:
             raise ImportError("MapResult.to_pandas() needs pandas: pip install 'tensorjob-jupyter[pandas]' "
                               "(or use .rows(), a list of dicts)") from None
-        # Nullable dtypes: a count stays a whole number where some items have none (not 1.0 and NaN).
-        return pandas.DataFrame(self.rows()).convert_dtypes().set_index("item")
+        # Nullable dtypes: a count stays a whole number where some items have none (not 1.0 and NaN);
+        # a score stays a fraction even where every one is whole.
+        return float_scores(pandas.DataFrame(self.rows()).convert_dtypes().set_index("item"))
 
     @classmethod
     def from_folder(cls, run_dir: str | os.PathLike) -> "MapResult":
@@ -255,6 +256,15 @@ class MapResult:
                 "elapsed_s": round(self.elapsed_s, 3), "throughput": round(self.throughput, 3),
                 "error": self.error, "tokens": self.tokens,
                 "score": summary.to_json() if (summary := self.score_summary()) is not None else None}
+
+
+def float_scores(table):
+    """A table's score columns (``score``, ``score_*``) as nullable floats (``convert_dtypes`` makes scores that
+    are all whole numbers integers)."""
+    for column in table.columns:
+        if column == "score" or column.startswith("score_") and column != "score_error":
+            table[column] = table[column].astype("Float64")
+    return table
 
 
 def _in_range(item: Any, total: int) -> bool:

@@ -26,7 +26,7 @@ from typing import Any, Iterable
 
 from tensorjob_jupyter.abi import dumps
 from tensorjob_jupyter.fanout.errors import MapError
-from tensorjob_jupyter.fanout.progress import MapResult, flattened
+from tensorjob_jupyter.fanout.progress import MapResult, flattened, float_scores
 from tensorjob_jupyter.fanout.scoring import same
 from tensorjob_jupyter.history.maps import RecordedMap
 from tensorjob_jupyter.text import for_terminal
@@ -123,7 +123,7 @@ class MapComparison:
         except ImportError:
             raise ImportError("to_pandas() needs pandas: pip install 'tensorjob-jupyter[pandas]' "
                               "(or use .rows(), a list of dicts)") from None
-        return pandas.DataFrame(self.rows()).convert_dtypes().set_index("item")
+        return float_scores(pandas.DataFrame(self.rows()).convert_dtypes().set_index("item"))
 
     # -- in all ----------------------------------------------------------------------------------------
 
