@@ -19,6 +19,8 @@ import shutil
 import time
 from pathlib import Path
 
+import orjson
+
 from tensorjob_jupyter.abi import JobStatus, dumps
 from tensorjob_jupyter.fanout.errors import ResumeRefused
 from tensorjob_jupyter.fanout.manifest import Manifest
@@ -70,7 +72,7 @@ def read_records(path: Path, *, repair: bool = False) -> list[dict]:
     records = []
     for number, line in enumerate(data.splitlines(), start=1):
         try:
-            record = json.loads(line)
+            record = orjson.loads(line)  # a map's files may be large: about five times json's speed
             int(record["item"])
         except (ValueError, KeyError, TypeError):
             raise ResumeRefused(f"{path}: line {number} is not a record this map wrote; "

@@ -17,7 +17,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from tensorjob_jupyter.fanout.errors import MapError
 from tensorjob_jupyter.fanout.folder import FAILURES, LEDGER, RESULTS, read_records
@@ -158,24 +158,27 @@ class MapResult:
         answer's fields (``expected.NAME``), ``score`` (0 to 1), ``passed``, each field's verdict
         (``score.NAME``: True or False, for ``json_fields`` and for scorers that report fields) and
         ``score_error``; an item without a score has None there."""
+        return list(self._rows())
+
+    def _rows(self) -> Iterator[dict[str, Any]]:
+        """``rows()`` one at a time: a table built from them never holds them all as dicts."""
         results, failures = self.results(), self.failures()
         inputs = [flattened("input", self.inputs[i]) if i < len(self.inputs) else {} for i in range(self.total)]
-        outputs = [flattened("result", results[i]) if i in results else {} for i in range(self.total)]
         input_keys = dict.fromkeys(key for flat in inputs for key in flat)
-        output_keys = dict.fromkeys(key for flat in outputs for key in flat)
+        output_keys = dict.fromkeys(key for result in results.values() for key in flattened("result", result))
         scored = self._score_columns()
-        rows = []
         for index in range(self.total):
             error = failures.get(index) if index not in results else None
             error = error if isinstance(error, dict) else {}
             status = "completed" if index in results else "failed" if index in failures else NOT_RUN
+            output = flattened("result", results[index]) if index in results else {}
             row = {"item": index, **{key: inputs[index].get(key) for key in input_keys}, "status": status,
                    "error_code": error.get("code"), "error_message": error.get("message"),
-                   **{key: outputs[index].get(key) for key in output_keys}}
+                   **{key: output.get(key) for key in output_keys}}
             if scored is not None:
                 row.update(scored(index))
-            rows.append(row)
-        return rows
+            inputs[index] = None  # done with: a large map's table is built as its rows go by
+            yield row
 
     def _score_columns(self):
         """A function giving an item's scoring columns, all rows with the same keys; None when unscored."""
@@ -209,7 +212,11 @@ class MapResult:
                               "(or use .rows(), a list of dicts)") from None
         # Nullable dtypes: a count stays a whole number where some items have none (not 1.0 and NaN);
         # a score stays a fraction even where every one is whole.
-        return float_scores(pandas.DataFrame(self.rows()).convert_dtypes().set_index("item"))
+        columns: dict[str, list] = {}
+        for row in self._rows():  # column by column: never every row as a dict and the table at once
+            for key, value in row.items():
+                columns.setdefault(key, []).append(value)
+        return float_scores(pandas.DataFrame(columns).convert_dtypes().set_index("item"))
 
     @classmethod
     def from_folder(cls, run_dir: str | os.PathLike) -> "MapResult":
