@@ -179,14 +179,26 @@ def test_tensorjob_replay_map_is_the_regression_gate(recorded):
     code, out, err = cli("replay", "--map", "run", "v3.py", "--run-dir", "v3-replay", "--quiet", cwd=folder)
     assert code == 1 and "need the model (their prompts changed): items 1, 3, 5" in out
     assert (folder / "v3-replay" / "ledger.json").exists()
+    code, out, err = cli("replay", "--map", "run", "v2.py", "--run-dir", "run", cwd=folder)
+    assert code == 2 and err.count("\n") == 1 and "recorded map's own run folder" in err, err
+
+
+def test_replay_map_refusals_are_one_line_and_exit_2(recorded, monkeypatch):
+    import io
+
+    from tensorjob_jupyter.frontends.cli import main
+
+    folder, _ = recorded
+    monkeypatch.chdir(folder)
     for argv, says in [(["replay", "v2.py"], "--from RUN, or --map RUN_DIR"),
                        (["replay", "--map", "run", "v2.py", "--fail-under", "2"], "a score from 0 to 1"),
                        (["replay", "--map", "run", "v2.py", "--input", "{}"], "not --input"),
-                       (["replay", "--map", "run", "v2.py", "--run-dir", "run"], "recorded map's own run folder"),
+                       (["replay", "--map", "run", "v2.py", "--concurrency", "0"], "at least 1"),
                        (["replay", "--from", "x", "v2.py", "--fail-under", "1"], "--fail-under is for replay --map"),
                        (["replay", "--map", "nowhere", "v2.py"], "not a map's run folder")]:
-        code, out, err = cli(*argv, cwd=folder)
-        assert code == 2 and err.count("\n") == 1 and says in err, (argv, err)
+        out, err = io.StringIO(), io.StringIO()
+        assert main(argv, out=out, err=err) == 2, argv
+        assert err.getvalue().count("\n") == 1 and says in err.getvalue(), (argv, err.getvalue())
 
 
 def test_tensorjob_diff_map_compares_two_maps_item_by_item(recorded):

@@ -291,9 +291,25 @@ def test_tensorjob_map_with_expected_answers_prints_the_score(guest, tmp_path):
     assert "  title: 0.600" in out and "  year: 0.600" in out
     code, out, err = cli("map", "g.wasm", "--over", "m.jsonl", "--run-dir", "run", "--json", cwd=tmp_path)
     assert json.loads(out)["score"]["mean"] == pytest.approx(0.6)
-    for extra, says in [(["--expected", "m.jsonl", "--scorer", "fuzzy"], "unknown scorer 'fuzzy'"),
-                        (["--expected", "short.jsonl"], "expected answers"),
+    code, out, err = cli("map", "g.wasm", "--over", "m.jsonl", "--run-dir", "other", "--expected", "m.jsonl",
+                         "--scorer", "fuzzy", cwd=tmp_path)
+    assert code == 2 and err.count("\n") == 1 and "unknown scorer 'fuzzy'" in err, err
+
+
+def test_map_scoring_refusals_are_one_line_and_exit_2(guest, tmp_path, monkeypatch):
+    import io
+
+    from tensorjob_jupyter.frontends.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "g.wasm").write_bytes(guest)
+    write_manifest(tmp_path / "m.jsonl", ITEMS)
+    write_manifest(tmp_path / "short.jsonl", EXPECTED[:2])
+    for extra, says in [(["--expected", "short.jsonl"], "expected answers"),
+                        (["--expected", "nope.jsonl"], "expected answers: cannot read"),
+                        (["--scorer", "exact"], "a scorer needs expected answers"),
                         (["--max-total-tokens", "0"], "--max-total-tokens must be at least 1")]:
-        write_manifest(tmp_path / "short.jsonl", EXPECTED[:2])
-        code, out, err = cli("map", "g.wasm", "--over", "m.jsonl", "--run-dir", "other", *extra, cwd=tmp_path)
-        assert code == 2 and err.count("\n") == 1 and says in err, err
+        out, err = io.StringIO(), io.StringIO()
+        assert main(["map", "g.wasm", "--over", "m.jsonl", "--run-dir", "other", *extra], out=out, err=err) == 2
+        assert err.getvalue().count("\n") == 1 and says in err.getvalue(), (extra, err.getvalue())
+    assert not (tmp_path / "other").exists()  # nothing started
