@@ -65,7 +65,7 @@ class MapRun:
                                      skipped_failed=len(folder.failed),
                                      dashboard_link=getattr(executor, "dashboard_link", None))
         if scoring is not None:
-            self._progress = replace(self._progress, **_tally(scoring.scores.values()))
+            self._progress = replace(self._progress, **scoring.tally())
         self._started = time.monotonic()
         self._error: str | None = None
         self._result: MapResult | None = None
@@ -85,11 +85,6 @@ class MapRun:
     @property
     def cancelled(self) -> bool:
         return self._cancel.is_set()
-
-    @property
-    def budget_spent(self) -> bool:
-        """Whether the token budget (``max_total_tokens``) stopped the map."""
-        return self._budget_spent
 
     @property
     def done(self) -> bool:
@@ -198,7 +193,7 @@ class MapRun:
         score = self._score(index, ok, outcome.get("result"))
         progress = self._update(lambda p: replace(p, running=p.running - 1, completed=p.completed + ok,
                                                   failed=p.failed + (not ok), tokens=p.tokens + tokens,
-                                                  **(_tally(self.scoring.scores.values()) if score else {})))
+                                                  **(self.scoring.tally() if score else {})))
         event = {"type": "item.completed" if ok else "item.failed", "item": index,
                  "input": self.manifest.items[index], "progress": progress.to_json()}
         if ok:
@@ -299,9 +294,3 @@ def _tokens(outcome: dict) -> int:
     return sum(v for v in (usage.get("tokens_in"), usage.get("tokens_out"))
                if isinstance(v, int) and not isinstance(v, bool) and v > 0)
 
-
-def _tally(scores) -> dict:
-    """The running score's fields of a ``MapProgress``."""
-    numbers = [s for s in scores if s.score is not None]
-    return {"scored": len(numbers), "score_sum": sum(s.score for s in numbers),
-            "score_passed": sum(s.passed for s in numbers)}

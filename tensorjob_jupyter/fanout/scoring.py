@@ -446,6 +446,7 @@ class Scoring:
         self.scorer = scorer
         self.expected = expected
         self.scores: dict[int, ItemScore] = {}
+        self._tally = [0, 0.0, 0]  # scored, sum of scores, passed: kept as items are scored
 
     @classmethod
     def of(cls, expected: Any, scorer: Any, total: int, run_dir: str | os.PathLike | None) -> "Scoring | None":
@@ -484,8 +485,21 @@ class Scoring:
         has, expected = self.expected.get(item)
         if not has:
             return None
+        self._count(self.scores.get(item), -1)
         score = self.scores[item] = score_item(self.scorer, item, completed, result, expected)
+        self._count(score, 1)
         return score
+
+    def _count(self, score: ItemScore | None, sign: int) -> None:
+        if score is not None and score.score is not None:
+            self._tally[0] += sign
+            self._tally[1] += sign * score.score
+            self._tally[2] += sign * score.passed
+
+    def tally(self) -> dict:
+        """The running score, as ``MapProgress`` fields: items scored, the sum of their scores, how many passed."""
+        scored, total, passed = self._tally
+        return {"scored": scored, "score_sum": total if scored else 0.0, "score_passed": passed}
 
     def summary(self, items: int) -> ScoreSummary:
         return ScoreSummary.of(self.scorer.name, items, self.scores.values())
