@@ -39,17 +39,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from tensorjob_jupyter.abi import JobStatus, codes
 from tensorjob_jupyter.fanout.errors import MapError
 from tensorjob_jupyter.fanout.folder import JOBS, LEDGER, RunFolder
 from tensorjob_jupyter.fanout.items import failed_outcome
+from tensorjob_jupyter.fanout.local import LocalExecutor
 from tensorjob_jupyter.fanout.manifest import read_manifest
 from tensorjob_jupyter.fanout.progress import MapResult
 from tensorjob_jupyter.fanout.run import MapRun
@@ -85,66 +84,34 @@ class ItemReplay:
     divergence: str | None = None
     live_from: int | None = None
 
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
 
-
-class ReplayExecutor:
-    """A map's executor whose items are replays of a recorded map's jobs, ``concurrency`` at a time."""
+class ReplayExecutor(LocalExecutor):
+    """A map's executor whose items are replays of a recorded map's jobs, ``concurrency`` at a time on threads
+    (``LocalExecutor``'s loop, with each item a ``ReplayJob``); ``details`` says how each one went."""
 
     def __init__(self, recorded: RecordedMap, guest: Any, *, live: bool, backend: Any, jobs_dir: Path,
                  concurrency: int, job_options: Callable[[Any], dict] | None = None):
+        super().__init__(spec=None, backend=backend, concurrency=concurrency)
         self.recorded = recorded
         self.guest = resolve_guest(guest)
         self.live = live
-        self.backend = backend
         self.jobs_dir = jobs_dir
-        self.concurrency = concurrency
         self.job_options = job_options or (lambda recording: {})
         self.where = WHERE + str(recorded.path)
         self.concluded = set(recorded.result.results()) | set(recorded.result.failures())
-        self.details: dict[int, ItemReplay] = {}
-        self._cancel = threading.Event()
-        self._jobs: dict[int, ReplayJob] = {}
-        self._lock = threading.Lock()
+        self.details: dict[int, ItemReplay] = {}  # written by the pool's threads, one item each
 
-    def run(self, todo: Iterable[tuple[int, Any]], sink: MapRun) -> None:
-        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="tensorjob-replay-item") as pool:
-            in_flight: set = set()
-            try:
-                for index, _item in todo:
-                    if len(in_flight) >= self.concurrency:
-                        in_flight = self._report_some(in_flight, sink)
-                    if sink.cancelled:
-                        break
-                    sink.started(index)
-                    in_flight.add(pool.submit(self._replay_item, index))
-                while in_flight:
-                    in_flight = self._report_some(in_flight, sink)
-            except BaseException:
-                sink.cancel()
-                raise
-
-    def _report_some(self, in_flight: set, sink: MapRun) -> set:
-        finished, pending = wait(in_flight, return_when=FIRST_COMPLETED)
-        for future in finished:
-            outcome, detail = future.result()
-            if detail is not None:
-                self.details[detail.item] = detail
-            sink.finished(outcome)
-        return pending
-
-    def _replay_item(self, index: int) -> tuple[dict, ItemReplay | None]:
-        """One item's replay: its outcome for the map, and how it went. Never raises."""
+    def run_item(self, index: int, item: Any, cancelled: Callable[[], bool]) -> dict:
+        """One item's replay: its outcome for the map (never raises); how it went goes to ``details``."""
         started = time.perf_counter()
         found = self.recorded.item_run(index)
         if found is None:
             if index not in self.concluded:
-                return {"item": index, "status": JobStatus.CANCELLED.value}, None  # never concluded: not run
+                return {"item": index, "status": JobStatus.CANCELLED.value}  # never concluded: not run
             why = ("the recorded map has no readable transcript for this item (it failed before its job started, "
                    "or the transcript is gone or damaged)")
-            return (failed_outcome(index, codes.REPLAY_DIVERGENCE, f"{why}: it needs the model"),
-                    ItemReplay(index, None, needs_model=True, divergence=why))
+            self.details[index] = ItemReplay(index, None, needs_model=True, divergence=why)
+            return failed_outcome(index, codes.REPLAY_DIVERGENCE, f"{why}: it needs the model")
         try:
             recording = load_recording(found.path)
             job = ReplayJob(self.guest, recording, live=self.live, backend=self.backend if self.live else None,
@@ -152,49 +119,39 @@ class ReplayExecutor:
                             **self.job_options(recording))
         except (ReplayError, MapError, ValueError, OSError) as e:
             why = " ".join(f"cannot replay its recording: {e}".split())[:300]
-            return (failed_outcome(index, codes.REPLAY_DIVERGENCE, f"{why}; it needs the model"),
-                    ItemReplay(index, found.job_id, needs_model=True, divergence=why))
+            self.details[index] = ItemReplay(index, found.job_id, needs_model=True, divergence=why)
+            return failed_outcome(index, codes.REPLAY_DIVERGENCE, f"{why}; it needs the model")
         except Exception as e:  # noqa: BLE001 - a host error fails this item only
             error = internal_error(f"replay of item {index}", e)
-            return failed_outcome(index, error.code, error.message), ItemReplay(index, found.job_id)
+            self.details[index] = ItemReplay(index, found.job_id)
+            return failed_outcome(index, error.code, error.message)
         ready = time.perf_counter()
-        with self._lock:
-            self._jobs[index] = job
-        try:
-            job.start()
-            envelope = self._await(job)
-        finally:
-            with self._lock:
-                self._jobs.pop(index, None)
+        envelope = _await(job.start(), cancelled)
         report = job.report
         divergence = report.divergence if report is not None else None
+        self.details[index] = ItemReplay(
+            index, found.job_id, job.id, needs_model=bool(report and report.stopped),
+            diverged_at=divergence.step if divergence else None,
+            divergence=for_terminal(divergence.message(), one_line=True)[:500] if divergence else None,
+            live_from=report.live_from if report else None)
         outcome = {"item": index, "status": envelope.status.value, "job_id": job.id, "pid": os.getpid(),
                    "usage": envelope.usage.to_json(), "setup_s": ready - started, "run_s": time.perf_counter() - ready}
         if envelope.ok:
             outcome["result"] = envelope.result
         elif envelope.error is not None:
             outcome["error"] = envelope.error.to_json()
-        detail = ItemReplay(index, found.job_id, job.id, needs_model=bool(report and report.stopped),
-                            diverged_at=divergence.step if divergence else None,
-                            divergence=for_terminal(divergence.message(), one_line=True)[:500] if divergence else None,
-                            live_from=report.live_from if report else None)
-        return outcome, detail
+        return outcome
 
-    def _await(self, job: ReplayJob):
-        while True:
-            try:
-                return job.wait(CANCEL_POLL_S)
-            except TimeoutError:
-                if self._cancel.is_set():
-                    job.cancel()
-                    return job.wait()
 
-    def cancel(self) -> None:
-        self._cancel.set()
-        with self._lock:
-            jobs = list(self._jobs.values())
-        for job in jobs:
-            job.cancel()
+def _await(job: ReplayJob, cancelled: Callable[[], bool]):
+    """The job's envelope; it is cancelled once the map is."""
+    while True:
+        try:
+            return job.wait(CANCEL_POLL_S)
+        except TimeoutError:
+            if cancelled():
+                job.cancel()
+                return job.wait()
 
 
 class MapReplay(MapComparison):
