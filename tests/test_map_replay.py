@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
 
 import tensorjob_jupyter as tj
 from tensorjob_jupyter.fanout import MapError
@@ -22,6 +23,7 @@ from tensorjob_jupyter.history.replay_setup import ReplayError
 from tensorjob_jupyter.inference import ScriptedBackend
 from llama_support import tiny_files  # noqa: F401
 from test_map import done, puppet_guest
+from test_scoring import json_values
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -297,3 +299,11 @@ def test_tensorjob_map_estimate_runs_nothing(tiny_files, tmp_path):  # noqa: F81
     code, out, err = cli("map", "g.wasm", "--over", "m.jsonl", "--run-dir", "run", "--model", tiny_files["model"],
                          "--estimate", "--json", cwd=tmp_path)
     assert json.loads(out)["prompt_tokens"] > 0
+
+
+@given(json_values, json_values)
+def test_changed_fields_are_empty_exactly_when_the_results_are_the_same(a, b):
+    from tensorjob_jupyter.fanout.scoring import same
+
+    assert changed_fields(a, a) == []
+    assert (changed_fields(a, b) == []) == same(a, b)

@@ -313,3 +313,19 @@ def test_map_scoring_refusals_are_one_line_and_exit_2(guest, tmp_path, monkeypat
         assert main(["map", "g.wasm", "--over", "m.jsonl", "--run-dir", "other", *extra], out=out, err=err) == 2
         assert err.getvalue().count("\n") == 1 and says in err.getvalue(), (extra, err.getvalue())
     assert not (tmp_path / "other").exists()  # nothing started
+
+
+def test_tensorjob_map_max_total_tokens_stops_and_the_same_command_goes_on(guest, tmp_path):
+    from llama_support import write_tiny_gguf
+
+    tiny = write_tiny_gguf(tmp_path / "tiny.gguf")
+    (tmp_path / "g.wasm").write_bytes(guest)
+    write_manifest(tmp_path / "m.jsonl", [infer(f"the cat {i}", 2) for i in range(4)])
+    argv = ["map", "g.wasm", "--over", "m.jsonl", "--run-dir", "run", "--model", tiny, "--concurrency", "1",
+            "--quiet"]
+    code, out, err = cli(*argv, "--max-total-tokens", "5", cwd=tmp_path)
+    assert code == 1, err
+    assert "-- stopped" in out and "stopped: the token budget is spent" in out and "run the same map again" in out
+    code, out, err = cli(*argv, cwd=tmp_path)
+    assert code == 0, err
+    assert "4 items: 4 completed, 0 failed (3 ran, 1 skipped)" in out
