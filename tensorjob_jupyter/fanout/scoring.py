@@ -316,7 +316,7 @@ class Expected:
                 values[index] = value
             data = _records_jsonl((i, values[i]) for i in sorted(values))
             return cls(values, total, "<dict>", hashlib.sha256(data).hexdigest())
-        if isinstance(spec, (str, os.PathLike)) or isinstance(spec, Sequence):
+        if isinstance(spec, (str, os.PathLike, Sequence)) and not isinstance(spec, (bytes, bytearray)):
             try:
                 manifest = read_manifest(spec)
             except MapError as e:  # its words are a manifest's: say whose they are
@@ -500,9 +500,6 @@ class Scoring:
         """The running score, as ``MapProgress`` fields: items scored, the sum of their scores, how many passed."""
         scored, total, passed = self._tally
         return {"scored": scored, "score_sum": total if scored else 0.0, "score_passed": passed}
-
-    def summary(self, items: int) -> ScoreSummary:
-        return ScoreSummary.of(self.scorer.name, items, self.scores.values())
 
     def finish(self, run_dir: Path) -> None:
         fsync_write(Path(run_dir) / SCORES,
