@@ -178,11 +178,22 @@ def test_tensorjob_replay_map_is_the_regression_gate(recorded):
     assert code == 0, err
     report = json.loads(out)
     assert report["passed"] and report["summary"]["changed"] == 0 and len(report["rows"]) == N
-    code, out, err = cli("replay", "--map", "run", "v3.py", "--run-dir", "v3-replay", "--quiet", cwd=folder)
-    assert code == 1 and "need the model (their prompts changed): items 1, 3, 5" in out
-    assert (folder / "v3-replay" / "ledger.json").exists()
     code, out, err = cli("replay", "--map", "run", "v2.py", "--run-dir", "run", cwd=folder)
     assert code == 2 and err.count("\n") == 1 and "recorded map's own run folder" in err, err
+
+
+def test_tensorjob_replay_map_lists_the_items_that_need_the_model(recorded, monkeypatch):
+    import io
+
+    from tensorjob_jupyter.frontends.cli import main
+
+    folder, _ = recorded
+    monkeypatch.chdir(folder)
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["replay", "--map", "run", "v3.py", "--run-dir", "v3-replay", "--quiet"], out=out, err=err) == 1
+    assert "need the model (their prompts changed): items 1, 3, 5" in out.getvalue()
+    assert "1     completed -> needs the model  1.00 -> -" in out.getvalue()
+    assert (folder / "v3-replay" / "ledger.json").exists()
 
 
 def test_replay_map_refusals_are_one_line_and_exit_2(recorded, monkeypatch):
@@ -212,9 +223,14 @@ def test_tensorjob_diff_map_compares_two_maps_item_by_item(recorded):
     assert "score: 1.000 -> 0.500 over the 6 items both scored (6 -> 0 passed; 0 better, 6 worse)" in out
     code, out, err = cli("diff", "--map", "run", "run", "--json", cwd=folder)
     assert code == 0 and json.loads(out)["summary"]["same"] == N
+    import io
+
+    from tensorjob_jupyter.frontends.cli import main
+
     other = tj.map(puppet_guest(), [done(1)], folder / "other")
-    code, out, err = cli("diff", "--map", "run", other.run_dir, cwd=folder)
-    assert code == 2 and "mapped different manifests" in err
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["diff", "--map", str(folder / "run"), str(other.run_dir)], out=out, err=err) == 2
+    assert "mapped different manifests" in err.getvalue()
 
 
 def test_compare_reports_tokens_time_and_the_fields_that_changed(recorded):
