@@ -538,7 +538,9 @@ def memory_bench(args) -> dict:
                 for i in range(n):
                     f.write(json.dumps(record(i)) + "\n")
 
-        facts = lambda i: {"title": f"Report {i}", "year": 1900 + i % 100, "keywords": ["bridge", "river"]}  # noqa: E731
+        def facts(i: int) -> dict:
+            return {"title": f"Report {i}", "year": 1900 + i % 100, "keywords": ["bridge", "river"]}
+
         write("results.jsonl", lambda i: {"item": i, "result": {"path": f"reports/r{i:06d}.txt", "facts": facts(i)}})
         (run / "failures.jsonl").write_text("")
         write("expected.jsonl", lambda i: {"item": i, "expected": {"facts": {"title": f"Report {i}", "year": 1900}}})
@@ -567,7 +569,8 @@ def memory_bench(args) -> dict:
                "table_kept": kept - base, "table_peak": peak - base, "table_deep": deep,
                "rows_s": rows_s, "table_s": table_s}
         mb = 1 << 20
-        print(f"\nmemory of a {n:,}-item scored map's result (results.jsonl {size / mb:.1f} MiB; times under tracemalloc):")
+        print(f"\nmemory of a {n:,}-item scored map's result (results.jsonl {size / mb:.1f} MiB; times under "
+              f"tracemalloc):")
         print(f"  rows()      kept {rows_kept / mb:7.1f} MiB, peak {rows_peak / mb:7.1f} MiB "
               f"({rows_peak / size:.1f}x the results file, {rows_peak / n:.0f} bytes an item), {rows_s:.1f} s")
         print(f"  to_pandas() kept {(kept - base) / mb:7.1f} MiB, peak {(peak - base) / mb:7.1f} MiB "

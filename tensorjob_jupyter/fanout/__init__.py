@@ -70,5 +70,6 @@ from tensorjob_jupyter.fanout.scoring import Scored, ScoreSummary, ScoringError
 from tensorjob_jupyter.fanout.start import map, start_map
 
 __all__ = ["BackendSpec", "ClusterError", "ItemSpec", "Manifest", "ManifestError", "MapError", "MapProgress",
-           "MapResult", "MapRun", "ResumeRefused", "RunFolder", "Scored", "ScoreSummary", "ScoringError", "WORKER_LOST", "map",
+           "MapResult", "MapRun", "ResumeRefused", "RunFolder", "Scored", "ScoreSummary", "ScoringError",
+           "WORKER_LOST", "map",
            "parse_manifest", "process_backend", "read_manifest", "run_item", "start_map"]

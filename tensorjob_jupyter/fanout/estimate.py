@@ -177,9 +177,9 @@ class MapEstimate:
                        "few items first (--max-total-tokens N bounds what they spend)")
         elif self.seconds is not None:
             s = self.speed
-            out.append(f"time: at most about {_duration(self.seconds)} one item at a time, at {s.prompt_tokens_per_s:.0f} "
-                       f"prompt and {s.output_tokens_per_s:.1f} generated tokens/s (measured from {s.infers} "
-                       f"recorded infers on this machine)")
+            out.append(f"time: at most about {_duration(self.seconds)} one item at a time, at "
+                       f"{s.prompt_tokens_per_s:.0f} prompt and {s.output_tokens_per_s:.1f} generated tokens/s "
+                       f"(measured from {s.infers} recorded infers on this machine)")
         failed = [e for e in self.sampled if e.prompt_tokens is None]
         for e in failed[:5]:
             out.append(f"item {e.item} never reaches an infer: {e.error}")
