@@ -28,10 +28,11 @@ high-level loop cannot give us what the host needs:
   source computed, at the same positions, so what a request decodes from a
   copy equals what it decodes from its own slot's cache (and, on this CPU
   build, a cold run's: bench/bench_map.py ``--prefix`` measures it). A
-  unified KV cache would share the cells with no copy, but costs more than
-  it saves here: each sequence then attends over every slot's cells (a
-  decode step of one sequence about 8 times slower on 2 cores) and its
-  logits depend on where its cells sit.
+  unified KV cache would share the cells with no copy, but measured it saves
+  nothing here and gives up the per-slot numerics: each sequence attends
+  over every slot's cells (a decode step no faster, up to twice as slow
+  under other load on 2 cores), and its logits depend on where its cells
+  sit (up to 0.73 from a cold run's).
 * **Runtime LoRA.** Adapters named at creation are loaded once
   (``llama_adapter_lora_init``) and set per request with their scales
   (``llama_set_adapters_lora``); an unknown name is an error, never ignored.
