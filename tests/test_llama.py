@@ -503,9 +503,11 @@ def test_repeated_prefix_is_not_evaluated_again(smollm):  # noqa: F811
 @pytest.mark.slow  # the real model
 def test_requests_sent_together_decode_their_shared_prefix_once_on_the_real_model(smollm):  # noqa: F811
     """Three requests with a ~300-token common beginning, sent at once (a map's items starting): one decodes
-    it, the two others copy its KV and decode only their own ends; a repeat of each, from the cache, answers
-    the same. (That an answer from a copy is the answer from the request's own slot is exact on the tiny
-    model: test_a_prefix_shared_with_a_busy_slot_is_copied_once_and_answers_as_its_own_cache_does.)"""
+    it, the two others copy its KV and decode only their own ends, and a repeat of each is served from its own
+    slot. (That an answer from a copy is the answer from the request's own slot is checked exactly on the tiny
+    model, test_a_prefix_shared_with_a_busy_slot_is_copied_once_and_answers_as_its_own_cache_does: here the
+    repeat decodes its last token alone, where the three decoded theirs in one step, and the real model's
+    greedy text may turn at a near tie between batch shapes on another machine.)"""
     copies = smollm.engine.prefix_copies if smollm.engine is not None else 0
     prefix = f"Notes {uuid.uuid4().hex}: " + " ".join(f"item {i} is fine and the report says so." for i in range(30))
     requests = [GenerateRequest(prefix + tail, 4) for tail in (" The first item", " The second item", " The last")]
@@ -518,7 +520,7 @@ def test_requests_sent_together_decode_their_shared_prefix_once_on_the_real_mode
     assert all("".join(c.pieces) == r.text for c, r in zip(collectors, together))
     for request, answer in zip(requests, together):
         again, _ = run_request(smollm, request)
-        assert again.usage.cached_tokens == again.usage.prompt_tokens - 1 and again.text == answer.text
+        assert again.usage.cached_tokens == again.usage.prompt_tokens - 1, (again.usage, answer.usage)
 
 
 @pytest.mark.slow  # the real model
