@@ -141,6 +141,10 @@ class MapRun:
         if cancel is not None:
             cancel()
 
+    def wait_done(self, timeout: float | None = None) -> bool:
+        """Block until the map ends or ``timeout`` passes; True if it ended (as ``Job.wait_done``)."""
+        return self._done.wait(timeout)
+
     def wait(self, timeout: float | None = None) -> MapResult:
         if not self._done.wait(timeout):
             raise TimeoutError(f"map into {self.run_dir} still running after {timeout} s")

@@ -407,8 +407,8 @@ class TensorJob(Magics, JobSettings):
         if args.bg:
             return run
         try:
-            while not run.done:
-                run.wait_for_update(timeout=SIGNAL_CHECK_S)
+            while not run.wait_done(SIGNAL_CHECK_S):
+                pass
         except KeyboardInterrupt:
             run.cancel()
         result = run.wait()

@@ -64,8 +64,8 @@ def cmd_map(args, out: TextIO, err: TextIO) -> int:
     printer = _ProgressPrinter(err, quiet=args.quiet)
     run.subscribe(printer)
     try:
-        while not run.done:  # woken often: a Ctrl-C handed to another thread runs once this one is in Python
-            run.wait_for_update(timeout=SIGNAL_CHECK_S)
+        while not run.wait_done(SIGNAL_CHECK_S):  # woken often: a Ctrl-C handed to another thread runs once this one is in Python
+            pass
         result = run.wait()
     except KeyboardInterrupt:
         run.cancel()
