@@ -59,9 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tensorjob {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    run = sub.add_parser("run", help="run a guest (.wasm, .c, .zig or .wat)",
+    run = sub.add_parser("run", help="run a guest (.py, .wasm, .c, .zig or .wat)",
                          description="Run a guest to the end, showing its progress live.")
-    run.add_argument("guest", help="the guest: a .wasm module, or .c / .zig / .wat source to compile")
+    run.add_argument("guest", help="the guest: a .py script, a .wasm module, or .c / .zig / .wat source to compile")
     add_job_arguments(run)
     run.add_argument("--events", default=None, metavar="FILE", help="write every event as one JSON line to FILE")
     run.add_argument("--json", action="store_true", help="print the envelope as JSON on stdout, nothing else")

@@ -79,7 +79,7 @@ def add_history_parsers(sub) -> None:
                                         "grants. The first command the recording lacks stops the replay (or, with "
                                         "--live, the model answers from there). Job options replace the recorded "
                                         "ones; the bytes of --input-file must be given again.")
-    replay.add_argument("guest", help="the guest: a .wasm module, or .c / .zig / .wat source to compile")
+    replay.add_argument("guest", help="the guest: a .py script, a .wasm module, or .c / .zig / .wat source to compile")
     replay.add_argument("--from", dest="from_run", required=True, metavar="RUN",
                         help="the recorded run: an id (or a unique prefix), or a run folder")
     replay.add_argument("--live", action="store_true", help="from the first divergence on, run the model")

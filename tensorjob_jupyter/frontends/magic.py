@@ -316,7 +316,7 @@ class TensorJob(Magics, JobSettings):
     def tensorjob_line(self, line: str):
         """Run a guest file, map one over a manifest, list or cancel jobs, see the compile cache.
 
-        %tensorjob run PATH [options]   run a .wasm, .c, .zig or .wat file as a job; the value is
+        %tensorjob run PATH [options]   run a .py, .wasm, .c, .zig or .wat file as a job; the value is
                                         its envelope, and a failed or cancelled job raises JobFailed
                                         (--no-raise: return the envelope)
         %tensorjob map PATH --over MANIFEST --run-dir DIR [options]

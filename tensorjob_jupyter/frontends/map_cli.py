@@ -33,7 +33,7 @@ def add_map_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("map", help="run a guest once per line of a JSONL manifest",
                               description="Run a guest once per manifest line (each line's JSON value is "
                                           "that item's input), resumably, here or on a Dask cluster.")
-    p.add_argument("guest", help="the guest: a .wasm module, or .c / .zig / .wat source to compile")
+    p.add_argument("guest", help="the guest: a .py script, a .wasm module, or .c / .zig / .wat source to compile")
     p.add_argument("--over", required=True, metavar="MANIFEST", help="the items: a JSONL file, one input a line")
     p.add_argument("--run-dir", required=True, metavar="DIR",
                    help="where results.jsonl, failures.jsonl and the ledger go; rerun to resume")
