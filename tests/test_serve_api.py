@@ -9,13 +9,15 @@ tests/test_serve.py.
 
 from __future__ import annotations
 
+import io
 import json
+import re
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensorjob_jupyter.frontends.serve import MAX_BODY_BYTES, build_app, plan, RequestError
+from tensorjob_jupyter.frontends.serve import MAX_BODY_BYTES, RequestError, RequestLog, build_app, plan
 from tensorjob_jupyter.inference.base import QueueFull
 from tensorjob_jupyter.inference.scripted import ScriptedBackend
 
@@ -69,6 +71,24 @@ def test_a_streamed_chat_answer_is_pieces_then_the_finish_then_usage_then_done(c
     assert events[-2]["choices"] == [] and events[-2]["usage"]["completion_tokens"] == 3
     assert {e["id"] for e in events[:-1]} == {events[0]["id"]} and events[0]["object"] == "chat.completion.chunk"
     assert backend.scripted.prompts == ["Say hello."]
+
+
+def test_each_request_is_one_log_line_with_its_status_tokens_and_time(backend):
+    out = io.StringIO()
+    with TestClient(build_app(backend, MODEL, log=RequestLog(out))) as c:
+        c.get("/v1/models")
+        c.post("/v1/chat/completions", json=chat(max_tokens=2))
+        c.post("/v1/chat/completions", json=chat(stream=True, max_tokens=16))
+        c.post("/v1/completions", json={"model": MODEL, "prompt": "Once", "max_tokens": -1})
+        c.post("/v1/embeddings", json={"model": MODEL, "input": ["a", "b"]})
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 5, lines
+    stamp = r"\d\d:\d\d:\d\d "
+    assert re.fullmatch(stamp + r"GET /v1/models 200 \d+ ms", lines[0]), lines[0]
+    assert re.fullmatch(stamp + r"POST /v1/chat/completions 200 \d+\+2 tokens \d+ ms", lines[1]), lines[1]
+    assert re.fullmatch(stamp + r"POST /v1/chat/completions 200 \d+\+3 tokens \d+ ms", lines[2]), lines[2]
+    assert re.fullmatch(stamp + r"POST /v1/completions 400 \d+ ms", lines[3]), lines[3]
+    assert re.fullmatch(stamp + r"POST /v1/embeddings 200 2 texts \d+ ms", lines[4]), lines[4]
 
 
 def test_a_whole_answer_and_a_raw_completion(client):

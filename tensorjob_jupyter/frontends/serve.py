@@ -36,6 +36,10 @@ Why it is shaped so:
   ``--api-key-env VAR`` every request must carry ``Authorization: Bearer``
   and the value of ``$VAR`` (compared in constant time), and the key is
   never printed.
+* **One line per request** on stdout (``RequestLog``): method, path, status,
+  tokens and milliseconds, written when the answer has been sent -- for a
+  stream, when it ends -- so the line holds what the request cost; ``--quiet``
+  leaves it out. Only the path is logged, never a query, a body or a header.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from tensorjob_jupyter.inference.base import (FINISH_LENGTH, Backend, Constraint
 from tensorjob_jupyter.inference import hub, served
 from tensorjob_jupyter.inference.models import get_backend
 from tensorjob_jupyter.frontends.options import EXIT_FAILED, EXIT_OK, OptionError
+from tensorjob_jupyter.text import for_terminal
 
 #: The largest request body read (a prompt and a schema fit many times over).
 MAX_BODY_BYTES = 4 << 20
@@ -261,9 +266,58 @@ def _model_failure(e: BaseException) -> RequestError:
 LOOPBACK_NAMES = frozenset(("127.0.0.1", "localhost", "::1", "[::1]"))
 
 
-def build_app(backend: Backend, model: str, *, api_key: str | None = None, loopback_only: bool = False):
+class RequestLog:
+    """Writes one line per answered request: ``POST /v1/chat/completions 200 161+21 tokens 812 ms``.
+
+    A handler notes what the request used (``request.state.tokens``: prompt and completion tokens, or
+    texts embedded); the line is written once the response is sent, a stream's when it ends (a client
+    that left is said so)."""
+
+    def __init__(self, out: TextIO):
+        self.out = out
+
+    def route(self, handler):
+        """``handler`` wrapped so that each request it answers writes its line."""
+        from starlette.responses import StreamingResponse  # deferred: starlette is the serve extra's
+
+        async def logged(request):
+            started = time.perf_counter()
+            request.state.tokens = None
+            request.state.left = False
+            response = await handler(request)
+            if not isinstance(response, StreamingResponse):
+                self.write(request, response.status_code, started)
+                return response
+            body = response.body_iterator
+
+            async def logged_body():
+                try:
+                    async for chunk in body:
+                        yield chunk
+                finally:
+                    self.write(request, response.status_code, started)
+            response.body_iterator = logged_body()
+            return response
+        return logged
+
+    def write(self, request, status: int, started: float) -> None:
+        tokens = request.state.tokens
+        used = f" {tokens[0]}+{tokens[1]} tokens" if isinstance(tokens, tuple) else (
+            f" {tokens} texts" if isinstance(tokens, int) else "")
+        left = " (the client left)" if request.state.left else ""
+        ms = 1000 * (time.perf_counter() - started)
+        path = for_terminal(request.url.path[:200], one_line=True)
+        try:
+            self.out.write(f"{time.strftime('%H:%M:%S')} {request.method} {path} {status}{used} {ms:.0f} ms{left}\n")
+            self.out.flush()
+        except (OSError, ValueError):  # stdout closed or gone: serving goes on
+            pass
+
+
+def build_app(backend: Backend, model: str, *, api_key: str | None = None, loopback_only: bool = False,
+              log: RequestLog | None = None):
     """The Starlette app serving ``backend`` under the id ``model``; ``loopback_only``: answer only
-    requests whose ``Host`` is a loopback name."""
+    requests whose ``Host`` is a loopback name; ``log``: a line per request there."""
     from starlette.applications import Starlette  # deferred: starlette is the serve extra's
     from starlette.requests import ClientDisconnect
     from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -335,16 +389,19 @@ def build_app(backend: Backend, model: str, *, api_key: str | None = None, loopb
             while not (await asyncio.wait({waiter}, timeout=DISCONNECT_POLL_S))[0]:
                 if await request.is_disconnected():  # nobody to answer: stop the sequence
                     gone = True
+                    request.state.left = True
                     future.cancel()
                     return Response(status_code=499)
             try:
                 result = waiter.result()
             except Exception as e:  # noqa: BLE001
                 return error(_model_failure(e))
+            request.state.tokens = (result.usage.prompt_tokens, result.usage.completion_tokens)
             return JSONResponse(answer.whole(result))
 
         async def events():
             nonlocal gone
+            ended = False
             try:
                 while True:
                     text = await pieces.get()
@@ -356,9 +413,13 @@ def build_app(backend: Backend, model: str, *, api_key: str | None = None, loopb
                 except Exception as e:  # noqa: BLE001 - the stream has begun: an error event ends it
                     failure = _model_failure(e)
                     yield _event(_error_body(failure.status, failure.message, failure.kind))
+                    ended = True
                     return
+                request.state.tokens = (result.usage.prompt_tokens, result.usage.completion_tokens)
                 yield answer.end(result, planned.include_usage)
+                ended = True
             finally:
+                request.state.left = not ended
                 gone = True  # a client that left (this generator closed early) stops the sequence
                 future.cancel()
 
@@ -383,17 +444,19 @@ def build_app(backend: Backend, model: str, *, api_key: str | None = None, loopb
                 vectors = await asyncio.wrap_future(backend.embed(texts))
             except Exception as e:  # noqa: BLE001
                 raise _model_failure(e) from None
+            request.state.tokens = len(texts)
         except RequestError as e:
             return error(e)
         return JSONResponse({"object": "list", "model": model, "data": [
             {"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
             "usage": {"prompt_tokens": 0, "total_tokens": 0}})
 
+    logged = log.route if log is not None else (lambda handler: handler)
     return Starlette(routes=[
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/embeddings", embeddings, methods=["POST"]),
+        Route("/v1/models", logged(models), methods=["GET"]),
+        Route("/v1/chat/completions", logged(chat_completions), methods=["POST"]),
+        Route("/v1/completions", logged(completions), methods=["POST"]),
+        Route("/v1/embeddings", logged(embeddings), methods=["POST"]),
     ])
 
 
@@ -413,6 +476,8 @@ def add_serve_parser(sub) -> None:
     serve.add_argument("--n-ctx", type=int, default=2048, help="the context of each slot (default: 2048)")
     serve.add_argument("--api-key-env", default=None, metavar="VAR",
                        help="require Authorization: Bearer $VAR on every request")
+    serve.add_argument("--quiet", "-q", action="store_true",
+                       help="no line per request on stdout (method, path, status, tokens, ms)")
 
 
 def cmd_serve(args, out: TextIO, err: TextIO) -> int:
@@ -462,7 +527,8 @@ def _listen(backend: Backend, api_key: str | None, args, out: TextIO, err: TextI
         raise OptionError(f"--host {args.host} --port {args.port}: {e.strerror}") from None
     host, port = sock.getsockname()[:2]
     loopback = ipaddress.ip_address(host).is_loopback
-    app = build_app(backend, backend.model_name, api_key=api_key, loopback_only=loopback)
+    app = build_app(backend, backend.model_name, api_key=api_key, loopback_only=loopback,
+                    log=None if args.quiet else RequestLog(out))
     if api_key is None and not loopback:
         err.write(f"tensorjob: warning: serving on {host} without --api-key-env: anyone who can reach this port "
                   "can use the model\n")
