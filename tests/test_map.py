@@ -109,13 +109,13 @@ def test_results_and_failures_files_are_exact(guest, tmp_path):
 
     assert (result.total, result.completed, result.failed, result.ran, result.skipped) == (5, 3, 2, 5, 0)
     assert result.status == "finished" and not result.ok
-    assert sorted_lines(result.results_path) == sorted([
-        '{"item":0,"result":{"n":0}}',
-        '{"item":2,"result":[1,"ü"]}',
-        '{"item":4,"result":{"event":"infer_done","text":"a b","tokens_out":2}}',
-    ])
-    failures = [json.loads(line) for line in sorted_lines(result.failures_path)]
-    assert failures[0] == {"item": 1, "error": {"code": "bad_item", "message": "item 1 is bad"}}
+    assert result.results_path.read_text(encoding="utf-8").splitlines() == [  # in manifest order
+        '{"item":0,"key":"0","result":{"n":0}}',
+        '{"item":2,"key":"2","result":[1,"ü"]}',
+        '{"item":4,"key":"4","result":{"event":"infer_done","text":"a b","tokens_out":2}}',
+    ]
+    failures = [json.loads(line) for line in result.failures_path.read_text(encoding="utf-8").splitlines()]
+    assert failures[0] == {"item": 1, "key": "1", "error": {"code": "bad_item", "message": "item 1 is bad"}}
     assert failures[1]["item"] == 3 and failures[1]["error"]["code"] == "wasm_trap"
     assert result.results() == {0: {"n": 0}, 2: [1, "ü"],
                                 4: {"event": "infer_done", "text": "a b", "tokens_out": 2}}
@@ -124,6 +124,28 @@ def test_results_and_failures_files_are_exact(guest, tmp_path):
     assert ledger["manifest"]["items"] == 5
     assert ledger["sessions"][0]["completed"] == 3 and ledger["sessions"][0]["finished_at"]
     assert job_dirs(tmp_path / "run") == 5  # every item is an ordinary job with its transcript
+
+
+def test_results_are_in_manifest_order_with_each_item_s_key_whatever_order_items_finish(guest, tmp_path):
+    # item 0 generates for a while; the others end at once and finish first
+    items = [{**infer("slow", 8), "path": "reports/a.txt"}, {**done(1), "id": 17}, {**done(2), "name": "third"},
+             {**fail("bad", "no"), "url": "https://example.org/d"}, done(4)]
+    manifest = write_manifest(tmp_path / "m.jsonl", items)
+    finished = []
+    run = start_map(guest, manifest, tmp_path / "run", backend=slow_backend(0.05), concurrency=5)
+    run.subscribe(lambda event: finished.append(event.get("item")))
+    result = run.wait(60)
+    assert finished.index(0) > finished.index(1)  # the files were appended out of order...
+    records = [json.loads(line) for line in result.results_path.read_text(encoding="utf-8").splitlines()]
+    assert [(r["item"], r["key"]) for r in records] == [(0, "reports/a.txt"), (1, "17"), (2, "third"), (4, "4")]
+    [failure] = [json.loads(line) for line in result.failures_path.read_text(encoding="utf-8").splitlines()]
+    assert (failure["item"], failure["key"]) == (3, "https://example.org/d")
+    rows = result.rows()  # ...and the table has the keys too
+    assert [row["key"] for row in rows] == ["reports/a.txt", "17", "third", "https://example.org/d", "4"]
+    again = fanout.MapResult.read(tmp_path / "run")  # read back from the folder alone
+    assert (again.total, again.completed, again.failed, again.status) == (5, 4, 1, "finished")
+    assert [row["key"] for row in again.rows()] == [row["key"] for row in rows]
+    assert [row["status"] for row in again.rows()] == ["completed"] * 3 + ["failed", "completed"]
 
 
 def test_item_numbers_count_only_non_blank_lines(guest, tmp_path):
@@ -289,7 +311,7 @@ def test_a_run_folder_in_use_is_refused(guest, tmp_path):
 
 
 def test_a_broken_run_folder_ends_the_map_as_an_error_not_a_hang(guest, tmp_path, monkeypatch):
-    def disk_full(self, outcome):
+    def disk_full(self, outcome, key):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(fanout.RunFolder, "record", disk_full)

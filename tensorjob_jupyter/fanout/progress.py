@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tensorjob_jupyter.fanout.folder import FAILURES, RESULTS, read_records
+from tensorjob_jupyter.fanout.errors import ManifestError
+from tensorjob_jupyter.fanout.folder import FAILURES, RESULTS, read_ledger, read_records
+from tensorjob_jupyter.fanout.manifest import MAX_KEY_CHARS, item_key, read_manifest
 
 #: What ``MapResult.rows`` says of an item the map never concluded (it was cancelled first).
 NOT_RUN = "not run"
@@ -118,12 +120,39 @@ class MapResult:
         """Each failed item's error (``code``, ``message``), by item number."""
         return {r["item"]: r.get("error") for r in read_records(self.failures_path)}
 
+    @classmethod
+    def read(cls, run_dir: str | Path) -> "MapResult":
+        """The map in ``run_dir`` as its files tell it, whether it finished, stopped or still runs: the counts
+        from the results files, the status from the ledger's last session, and the inputs from the manifest
+        when the file the ledger names is still the one it pins (else rows have no ``input`` columns).
+        ``ManifestError``/``ResumeRefused`` name what is wrong with a folder that is not a map's."""
+        run_dir = Path(run_dir).absolute()
+        ledger = read_ledger(run_dir)
+        total, session = ledger["items"], ledger["session"]
+        done = {r["item"] for r in read_records(run_dir / RESULTS) if 0 <= r["item"] < total}
+        failed = {r["item"] for r in read_records(run_dir / FAILURES) if 0 <= r["item"] < total} - done
+        inputs: tuple = ()
+        source = ledger["manifest_source"]
+        if source and Path(source).is_file():
+            try:
+                manifest = read_manifest(source)
+            except ManifestError:
+                manifest = None
+            if manifest is not None and manifest.sha256 == ledger["manifest_sha256"] and len(manifest) == total:
+                inputs = tuple(manifest.items)
+        return cls(run_dir=run_dir, total=total, completed=len(done), failed=len(failed),
+                   skipped=session.get("skipped", 0), ran=session.get("completed", 0) + session.get("failed", 0),
+                   status=session.get("status", "running"), elapsed_s=session.get("elapsed_s", 0.0),
+                   throughput=0.0, error=session.get("error"), inputs=inputs)
+
     def rows(self) -> list[dict[str, Any]]:
-        """One dict per item, in item order, every one with the same keys: ``item``; the input's fields as
-        ``input.NAME`` (a non-object input is ``input``); ``status`` (``completed``, ``failed`` or ``not run``);
-        ``error_code`` and ``error_message``; the result's fields as ``result.NAME`` (a non-object result is
-        ``result``) -- flattened one level, deeper values kept as they are."""
+        """One dict per item, in item order, every one with the same keys: ``item``; ``key``, what names the
+        item (``manifest.item_key``); the input's fields as ``input.NAME`` (a non-object input is ``input``);
+        ``status`` (``completed``, ``failed`` or ``not run``); ``error_code`` and ``error_message``; the
+        result's fields as ``result.NAME`` (a non-object result is ``result``) -- flattened one level, deeper
+        values kept as they are."""
         results, failures = self.results(), self.failures()
+        keys = self._keys()
         inputs = [_flattened("input", self.inputs[i]) if i < len(self.inputs) else {} for i in range(self.total)]
         outputs = [_flattened("result", results[i]) if i in results else {} for i in range(self.total)]
         input_keys = dict.fromkeys(key for flat in inputs for key in flat)
@@ -133,10 +162,23 @@ class MapResult:
             error = failures.get(index) if index not in results else None
             error = error if isinstance(error, dict) else {}
             status = "completed" if index in results else "failed" if index in failures else NOT_RUN
-            rows.append({"item": index, **{key: inputs[index].get(key) for key in input_keys}, "status": status,
+            rows.append({"item": index, "key": keys[index], **{key: inputs[index].get(key) for key in input_keys},
+                         "status": status,
                          "error_code": error.get("code"), "error_message": error.get("message"),
                          **{key: outputs[index].get(key) for key in output_keys}})
         return rows
+
+    def _keys(self) -> list[str]:
+        """Each item's key: from its input where the inputs are at hand, else as the results files recorded it."""
+        if len(self.inputs) >= self.total:
+            return [item_key(self.inputs[i], i) for i in range(self.total)]
+        keys = [str(i) for i in range(self.total)]
+        for path in (self.failures_path, self.results_path):  # a completed item's record wins
+            for record in read_records(path):
+                index, key = record["item"], record.get("key")
+                if 0 <= index < self.total and isinstance(key, str):
+                    keys[index] = key[:MAX_KEY_CHARS]
+        return keys
 
     def to_pandas(self):
         """``rows()`` as a pandas DataFrame indexed by item, with pandas' nullable dtypes (needs the ``[pandas]``

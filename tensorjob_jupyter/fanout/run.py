@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 
 from tensorjob_jupyter.abi import JobStatus
 from tensorjob_jupyter.fanout.folder import RunFolder
-from tensorjob_jupyter.fanout.manifest import Manifest
+from tensorjob_jupyter.fanout.manifest import Manifest, item_key
 from tensorjob_jupyter.fanout.progress import ItemTimes, MapProgress, MapResult
 
 
@@ -173,7 +173,7 @@ class MapRun:
         if status == JobStatus.CANCELLED.value:
             self._update(lambda p: replace(p, running=p.running - 1, cancelled=p.cancelled + 1))
             return
-        self.folder.record(outcome)
+        self.folder.record(outcome, item_key(self.manifest.items[index], index))
         ok = status == JobStatus.COMPLETED.value
         progress = self._update(lambda p: replace(p, running=p.running - 1, completed=p.completed + ok,
                                                   failed=p.failed + (not ok)))

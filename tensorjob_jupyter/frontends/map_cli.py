@@ -4,13 +4,15 @@ A thin shell over ``start_map``, so the command and ``tj.map`` cannot drift
 apart (``start_map_run`` is shared with ``%tensorjob map``). Anything that keeps a map from starting (a missing file, a bad
 number, a changed manifest, an unreachable cluster) is one line on stderr
 and exit 2; live progress goes to stderr, throttled, with the first few
-failures; the summary (or ``--json``) goes to stdout. Exit codes: 0 every
+failures; a table of the items (``frontends/table.py``) and the summary (or
+``--json``) go to stdout. Exit codes: 0 every
 item completed, 1 some failed, 2 usage error, 130 Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from typing import TextIO
 
@@ -21,6 +23,7 @@ from tensorjob_jupyter.fanout.errors import MapError
 from tensorjob_jupyter.fanout.progress import MapResult, rate_text
 from tensorjob_jupyter.fanout.run import MapRun
 from tensorjob_jupyter.fanout.start import DEFAULT_CONCURRENCY, start_map
+from tensorjob_jupyter.frontends.table import map_table
 from tensorjob_jupyter.frontends.terminal import SIGNAL_CHECK_S, load_guest
 from tensorjob_jupyter.sandbox.compile import GuestSource
 from tensorjob_jupyter.text import for_terminal, json_text
@@ -73,6 +76,8 @@ def cmd_map(args, out: TextIO, err: TextIO) -> int:
     if args.json:
         out.write(json_text(result.to_json()) + "\n")
     else:
+        out.write(map_table(result.rows(), width=shutil.get_terminal_size().columns,
+                            more=f"tensorjob runs --table {result.run_dir}") + "\n\n")
         out.write(for_terminal(_summary_text(result)) + "\n")
     out.flush()
     if result.status == "cancelled":
