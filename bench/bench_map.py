@@ -2,6 +2,7 @@
 
     python bench/bench_map.py [--quick] [--items N] [--token-delay S] [--model PATH|default] [--no-dask]
     python bench/bench_map.py --documents [--items 12] [--max-tokens 48]
+    python bench/bench_map.py --vs-plain [--sizes 6,32] [--rounds 3] [--sweep] [--concurrency N|auto]
 
 **Overhead** (the default): every scenario maps the same guest -- one short
 ``infer`` (4 tokens), then ``done`` -- over the same manifest, against a
@@ -27,6 +28,11 @@ outnumber the cores, and, to tell the two effects apart, one item at a time
 here on a model with one worker's share of threads. Models are loaded before
 the timed runs (reported), and the scenarios are interleaved over
 ``--rounds`` (each row is its median round; every round is printed).
+
+**Against a plain loop** (``--vs-plain``, ``bench/map_vs_plain.py``): a
+schema-constrained map of short reports as ``tensorjob map``, as ``tj.map``
+and as 15 lines of llama-cpp-python with the same prompt, schema and
+sampling; the start-up tax of a one-item map; and where an item's time goes.
 
 For each it prints items/s, ratios, and per item: job setup (building the
 Job), run (start to envelope), reactor (of which the guest and inference),
@@ -277,9 +283,23 @@ def main(argv=None) -> int:
     parser.add_argument("--documents", action="store_true",
                         help="summarise short documents on the embedded model: local 1, local 4, two dask workers")
     parser.add_argument("--max-tokens", type=int, default=48, help="--documents: tokens per summary (default 48)")
-    parser.add_argument("--rounds", type=int, default=2, help="--documents: interleaved rounds (default 2)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="--documents, --vs-plain: interleaved rounds (default 2; --vs-plain 3)")
+    parser.add_argument("--vs-plain", action="store_true",
+                        help="a schema-constrained map as tensorjob map and tj.map against a plain llama-cpp-python "
+                             "loop (bench/map_vs_plain.py)")
+    parser.add_argument("--sizes", default="6,32", help="--vs-plain: map sizes (default 6,32)")
+    parser.add_argument("--sweep", action="store_true", help="--vs-plain: tj.map at concurrency 1, 2 and 4 too")
+    parser.add_argument("--concurrency", default=None, metavar="N|auto",
+                        help="--vs-plain: the maps' concurrency (default: the map's own default)")
     parser.add_argument("--json", action="store_true", help="also print the rows as JSON")
     args = parser.parse_args(argv)
+    if args.vs_plain:
+        from map_vs_plain import vs_plain_bench  # bench/map_vs_plain.py
+
+        args.rounds = args.rounds or 3
+        return vs_plain_bench(args)
+    args.rounds = args.rounds or 2
     if args.documents:
         return documents_bench(args)
     n = args.items or (60 if args.quick else 200)
