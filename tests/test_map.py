@@ -20,7 +20,10 @@ import wasmtime
 import tensorjob_jupyter as tj
 from tensorjob_jupyter import fanout
 from tensorjob_jupyter.fanout import ManifestError, ResumeRefused, map as tj_map, read_manifest, start_map
+from tensorjob_jupyter.fanout import concurrency
+from tensorjob_jupyter.frontends.cli import main as cli_main
 from tensorjob_jupyter.frontends.map_cli import add_map_parser, cmd_map
+from tensorjob_jupyter.inference.topology import physical_cores
 from tensorjob_jupyter.inference import ScriptedBackend
 
 # --- the puppet guest ----------------------------------------------------------------
@@ -444,8 +447,32 @@ def test_cli_usage_errors_are_one_line_and_exit_two(guest_file, tmp_path):
     assert code == 2 and "guest file not found" in err
 
     ok = write_manifest(tmp_path / "ok.jsonl", [done(1)])
-    code, _, err = run_cli(guest_file, "--over", str(ok), "--run-dir", str(tmp_path / "r"), "--concurrency", "0")
-    assert code == 2 and "--concurrency" in err
+    for bad_number in ("0", "-2", "many", "2.5"):
+        out, err = io.StringIO(), io.StringIO()
+        code = cli_main(["map", guest_file, "--over", str(ok), "--run-dir", str(tmp_path / "r"), "--concurrency",
+                         bad_number], out=out, err=err)
+        assert code == 2 and err.getvalue().count("\n") == 1, err.getvalue()
+        assert "--concurrency" in err.getvalue() and "neither auto nor a whole number" in err.getvalue()
+
+
+def test_concurrency_auto_is_the_model_s_width_at_most_twice_the_cores(guest, tmp_path, monkeypatch):
+    def ledger_concurrency(run_dir):
+        return json.loads((run_dir / "ledger.json").read_text())["sessions"][-1]["concurrency"]
+
+    backend = ScriptedBackend("a b")
+    tj_map(guest, [done(1)], tmp_path / "default", backend=backend)
+    assert ledger_concurrency(tmp_path / "default") == concurrency.auto_concurrency() == min(4, 2 * physical_cores())
+    backend.slots = 2  # a backend that batches two sequences says so
+    tj_map(guest, [done(1)], tmp_path / "two", backend=backend, concurrency="auto")
+    assert ledger_concurrency(tmp_path / "two") == 2
+    tj_map(guest, [done(1)], tmp_path / "told", backend=backend, concurrency=3)
+    assert ledger_concurrency(tmp_path / "told") == 3
+    assert concurrency.auto_concurrency({"slots": 8}) == min(8, 2 * physical_cores())
+    monkeypatch.setattr(concurrency, "physical_cores", lambda: 1)
+    assert concurrency.auto_concurrency({"slots": 8}) == 2 and concurrency.auto_concurrency() == 2
+    for wrong in (0, -1, 2.0, True, "four"):
+        with pytest.raises(ValueError, match="concurrency must be a whole number at least 1 or 'auto'"):
+            tj_map(guest, [done(1)], tmp_path / "wrong", backend=backend, concurrency=wrong)
 
 
 def test_cli_refuses_a_changed_manifest(guest_file, tmp_path):

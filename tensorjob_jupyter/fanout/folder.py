@@ -146,7 +146,7 @@ class RunFolder:
         self._failures = None
 
     def open(self, manifest: Manifest, wasm_sha256: str, *, retry_failed: bool, where: str,
-             restart: bool = False) -> None:
+             restart: bool = False, concurrency: int | None = None) -> None:
         """Create or resume the folder; refuses a different manifest or guest. ``restart``: start the
         folder over first, keeping nothing of an earlier map (its ledger, results and item transcripts)."""
         self.path.mkdir(parents=True, exist_ok=True)
@@ -162,7 +162,8 @@ class RunFolder:
                 _fsync_write(self.failures_path, "")
                 failures = []
             self.failed = {r["item"] for r in failures}
-            self._ledger["sessions"].append({"started_at": _now(), "finished_at": None, "where": where})
+            self._ledger["sessions"].append({"started_at": _now(), "finished_at": None, "where": where,
+                                             **({"concurrency": concurrency} if concurrency else {})})
             _fsync_write(self.path / LEDGER, json.dumps(self._ledger, indent=2) + "\n")
             self.jobs_path.mkdir(exist_ok=True)
             append = os.O_WRONLY | os.O_CREAT | os.O_APPEND

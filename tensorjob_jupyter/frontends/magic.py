@@ -71,7 +71,7 @@ from tensorjob_jupyter.abi import Envelope
 from tensorjob_jupyter.fanout import MapResult
 from tensorjob_jupyter.frontends import options as job_options
 from tensorjob_jupyter.frontends.history_cli import find_runs, open_playback, start_replay
-from tensorjob_jupyter.frontends.map_cli import start_map_run
+from tensorjob_jupyter.frontends.map_cli import CONCURRENCY_HELP, concurrency_value, start_map_run
 from tensorjob_jupyter.frontends.options import JobOptions, OptionError, job_arguments
 from tensorjob_jupyter.frontends.outcome import CellEnvelope, GuestDoesNotCompile, JobFailed
 from tensorjob_jupyter.frontends.prompt import prompt as debug_prompt
@@ -297,7 +297,7 @@ class TensorJob(Magics, JobSettings):
     @argument("--prune", type=int, default=None, metavar="KEEP", help="runs: delete all but the newest KEEP runs")
     @argument("--over", default=None, metavar="MANIFEST", help="map: the JSONL manifest, one input per line")
     @argument("--run-dir", default=None, metavar="DIR", help="map: the run folder (results.jsonl, failures.jsonl)")
-    @argument("--concurrency", type=int, default=None, metavar="N", help="map: items at once (default 4)")
+    @argument("--concurrency", type=concurrency_value, default=None, metavar="N|auto", help="map: " + CONCURRENCY_HELP)
     @argument("--cluster", default=None, metavar="ADDRESS", help="map: a Dask scheduler to run the items on")
     @argument("--retry-failed", action="store_true", help="map: run items that failed before again")
     @argument("--restart", action="store_true",
@@ -321,7 +321,7 @@ class TensorJob(Magics, JobSettings):
                                         (--no-raise: return the envelope)
         %tensorjob map PATH --over MANIFEST --run-dir DIR [options]
                                         run the guest once per manifest line (resumable;
-                                        --concurrency N locally, --cluster ADDRESS on Dask;
+                                        --concurrency N|auto locally, --cluster ADDRESS on Dask;
                                         --restart starts the run folder over); the value is the
                                         MapResult (.rows(), .to_pandas()). In a cell,
                                         %%tensorjob map --over MANIFEST --run-dir DIR maps the cell

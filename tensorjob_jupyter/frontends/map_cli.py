@@ -22,7 +22,8 @@ from tensorjob_jupyter.frontends.options import (
 from tensorjob_jupyter.fanout.errors import MapError
 from tensorjob_jupyter.fanout.progress import MapResult, rate_text
 from tensorjob_jupyter.fanout.run import MapRun
-from tensorjob_jupyter.fanout.start import DEFAULT_CONCURRENCY, start_map
+from tensorjob_jupyter.fanout.concurrency import AUTO
+from tensorjob_jupyter.fanout.start import start_map
 from tensorjob_jupyter.frontends.table import map_table
 from tensorjob_jupyter.frontends.terminal import SIGNAL_CHECK_S, load_guest
 from tensorjob_jupyter.sandbox.compile import GuestSource
@@ -40,8 +41,8 @@ def add_map_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--over", required=True, metavar="MANIFEST", help="the items: a JSONL file, one input a line")
     p.add_argument("--run-dir", required=True, metavar="DIR",
                    help="where results.jsonl, failures.jsonl and the ledger go; rerun to resume")
-    p.add_argument("--concurrency", type=int, default=None, metavar="N",
-                   help=f"items at once (default {DEFAULT_CONCURRENCY}; on a cluster, in flight)")
+    p.add_argument("--concurrency", type=concurrency_value, default=None, metavar="N|auto",
+                   help=CONCURRENCY_HELP)
     p.add_argument("--cluster", default=None, metavar="ADDRESS", help="run items on this Dask scheduler")
     p.add_argument("--retry-failed", action="store_true", help="on resume, run the failed items again")
     p.add_argument("--restart", action="store_true",
@@ -90,8 +91,6 @@ def start_map_run(guest: GuestSource, args, options: JobOptions) -> MapRun:
     ``--retry-failed``, ``--restart``) with ``options``; whatever keeps it from starting -- a bad number, a
     manifest, a refused run folder, a cluster that cannot be reached -- is one ``OptionError`` line.
     ``tensorjob map`` and ``%tensorjob map`` both start here."""
-    if args.concurrency is not None and args.concurrency < 1:
-        raise OptionError("--concurrency must be at least 1")
     try:
         return start_map(guest, args.over, args.run_dir, concurrency=args.concurrency, cluster=args.cluster,
                          retry_failed=args.retry_failed, restart=args.restart, **options.map_kwargs())
@@ -99,6 +98,26 @@ def start_map_run(guest: GuestSource, args, options: JobOptions) -> MapRun:
         raise OptionError(_one_line(e)) from None
     except Exception as e:  # noqa: BLE001 - e.g. the cluster cannot be reached
         raise OptionError(f"{type(e).__name__}: {_one_line(e)}") from None
+
+
+#: ``--concurrency``'s help, the same in the terminal and the magic.
+CONCURRENCY_HELP = ("items at once: a number, or auto (the default: as many as the model decodes together -- "
+                    "its slots, 4 unless set -- at most twice the physical cores); on a cluster, items in flight "
+                    "(default twice its threads)")
+
+
+def concurrency_value(text: str) -> int | str:
+    """``--concurrency``: ``auto`` or a whole number at least 1; anything else is one usage line."""
+    text = text.strip()
+    if text == AUTO:
+        return AUTO
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither auto nor a whole number at least 1")
+    return value
 
 
 def _one_line(e: object) -> str:
