@@ -88,17 +88,27 @@ class MapResult:
     """
 
     run_dir: Path
+    """The run folder: ``ledger.json``, ``results.jsonl``, ``failures.jsonl``, ``jobs/``."""
     total: int
+    """Items in the manifest."""
     completed: int
+    """Items completed, in this session or an earlier one."""
     failed: int
+    """Items failed, in this session or an earlier one."""
     skipped: int
+    """Items this session did not run: concluded by an earlier one (resume)."""
     ran: int
+    """Items this session ran to a conclusion."""
     status: str
+    """``finished``, ``cancelled`` or ``error`` (the map itself broke: see ``error``)."""
     elapsed_s: float
+    """This session's wall time."""
     throughput: float
+    """Items this session concluded per second."""
     error: str | None = None
-    #: each item's input, in manifest order (the manifest is read again on every run, so it is at hand)
+    """What broke the map itself (not an item: items fail in ``failures()``); None when it did not break."""
     inputs: tuple = field(default=(), compare=False)
+    """Each item's input, in manifest order (the manifest is read again on every run, so it is at hand)."""
 
     @property
     def ok(self) -> bool:

@@ -91,7 +91,27 @@ def _model_server(backend: Any) -> dict:
 
 
 class Job:
-    """A tensor job. Construct, ``start()``, then ``wait()`` or ``cancel()``."""
+    """A tensor job. Construct, ``start()``, then ``wait()`` or ``cancel()``.
+
+    Keywords (each is the job option of the same name in a magic and a terminal):
+
+    * ``guest``: wasm bytes, a ``GuestSource``, or a path -- a ``.py`` script, a ``.wasm``, or ``.c``, ``.zig``
+      or ``.wat`` source compiled on the way;
+    * ``input``: the job input, a JSON value (default ``{}``);
+    * ``read``: paths the guest may read (files or folders); ``fetch``: http(s) URL prefixes it may fetch;
+    * ``backend``: the model -- by default the process's shared backend for ``model`` (a GGUF path,
+      ``hf:ORG/REPO[:FILE_OR_QUANT]``, or an OpenAI-compatible server's URL; None: the embedded model) with
+      ``model_options``; ``backend=None`` for a job with no model;
+    * ``limits``: a ``Limits``, and any limit as a keyword of its own (``max_tokens=64``, ``job_timeout_s=30``);
+    * ``infer``: an ``InferOptions`` -- sampling, the chat template, LoRA -- for every infer;
+    * ``input_bytes``: bytes staged for the guest's ``read-input``;
+    * ``runs_dir``: where the transcript goes (default ``./tensorjob-runs``); ``cwd``: what relative paths are
+      relative to; ``name``: the job's name in views and listings;
+    * ``debug``, ``break_on``: start paused, or pause before such commands (``host/debugger.py``).
+
+    Bad options raise at once (``ValueError``, ``FileNotFoundError``, ``GuestDoesNotCompile``, ``TypeError``
+    for an unknown keyword), before anything runs.
+    """
 
     def __init__(self, guest: "GuestSource | bytes | str | os.PathLike", *, input: Any = None,
                  read: Iterable[str | os.PathLike] = (), backend: Backend | None | _DefaultModel = DEFAULT_MODEL,
@@ -391,7 +411,9 @@ def get_job(job_id: str) -> Job:
 
 
 def run(guest: bytes | str | os.PathLike, *, timeout: float | None = None, **kwargs: Any) -> Envelope:
-    """Run a job to the end and return its envelope (see ``Job`` for options)."""
+    """Run a job to the end and return its envelope. Every keyword is ``Job``'s (``input``, ``read``, ``model``,
+    ``limits`` and any limit, ...); ``timeout``: raise ``TimeoutError`` if it has not ended by then (it goes on).
+    Ctrl-C cancels it and returns its envelope."""
     job = Job(guest, **kwargs).start()
     try:
         return job.wait(timeout)
