@@ -2,7 +2,7 @@
 
     python bench/bench_map.py [--quick] [--items N] [--token-delay S] [--model PATH|default] [--no-dask]
     python bench/bench_map.py --documents [--items 12] [--max-tokens 48]
-    python bench/bench_map.py --vs-plain [--sizes 6,32] [--rounds 3] [--sweep] [--concurrency N|auto]
+    python bench/bench_map.py --vs-plain [--sizes 6,32] [--rounds 3] [--sweep] [--notebook] [--concurrency N|auto]
 
 **Overhead** (the default): every scenario maps the same guest -- one short
 ``infer`` (4 tokens), then ``done`` -- over the same manifest, against a
@@ -290,6 +290,8 @@ def main(argv=None) -> int:
                              "loop (bench/map_vs_plain.py)")
     parser.add_argument("--sizes", default="6,32", help="--vs-plain: map sizes (default 6,32)")
     parser.add_argument("--sweep", action="store_true", help="--vs-plain: tj.map at concurrency 1, 2 and 4 too")
+    parser.add_argument("--notebook", action="store_true",
+                        help="--vs-plain: the map as a fresh kernel's first %%tensorjob map too (nbclient)")
     parser.add_argument("--concurrency", default=None, metavar="N|auto",
                         help="--vs-plain: the maps' concurrency (default: the map's own default)")
     parser.add_argument("--json", action="store_true", help="also print the rows as JSON")

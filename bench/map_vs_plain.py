@@ -14,7 +14,10 @@ interleaved over ``--rounds`` (each figure is its median round):
 - ``tensorjob map``: the command, as a user types it (``--json -q``);
 - ``tj.map``: in a Python process whose model is already loaded, as in a
   notebook after its first map; with ``--sweep``, also at concurrency 1, 2
-  and 4 (where batching helps, and where it does not).
+  and 4 (where batching helps, and where it does not);
+- ``%tensorjob map`` (``--notebook``): the first map of a fresh kernel, run
+  as nbclient runs a notebook -- the cell's own time (model load included,
+  the view live) and the kernel's start.
 
 Two ratios, each between like and like: *whole process* (start, imports,
 model load, every item: what a terminal user waits for) for ``tensorjob
@@ -153,6 +156,34 @@ print(json.dumps({"load_s": loaded - started, "items_wall_s": done - loaded, "sp
 '''
 
 
+def notebook_map(folder: Path, manifest: Path, docs: str, run_dir: Path, concurrency: list[str]) -> dict:
+    """The map as the first cell of work in a fresh kernel (nbclient, as nbconvert --execute runs it): the map
+    cell's own seconds, from its execute_input to its reply, and the whole run's, kernel start included."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    cells = ["%load_ext tensorjob_jupyter",
+             f"result = %tensorjob map {GUEST} --over {manifest} --read {docs} --run-dir {run_dir} "
+             + " ".join(concurrency), "print(result.completed)"]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    env_path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = env_path
+    started = time.perf_counter()
+    try:
+        NotebookClient(nb, timeout=1200, kernel_name="python3", resources={"metadata": {"path": str(folder)}}).execute()
+    finally:
+        os.environ.pop("PYTHONPATH") if before is None else os.environ.__setitem__("PYTHONPATH", before)
+    whole = time.perf_counter() - started
+    timing = nb.cells[1].metadata["execution"]
+    from datetime import datetime
+
+    def at(key: str) -> float:
+        return datetime.fromisoformat(timing[key].replace("Z", "+00:00")).timestamp()
+    return {"cell_s": at("shell.execute_reply") - at("iopub.execute_input"), "process_s": whole,
+            "completed": int("".join(o.get("text", "") for o in nb.cells[2].outputs).strip() or 0)}
+
+
 def python(script: str, payload: dict, timeout: float = 1200) -> tuple[dict, float]:
     """Run ``script`` in a fresh Python process; its JSON line, and the process's wall time."""
     started = time.perf_counter()
@@ -243,6 +274,11 @@ def vs_plain_bench(args) -> int:
                 "process_s": cli_wall, "items_wall_s": summary["elapsed_s"], "startup_s": cli_wall - summary["elapsed_s"],
                 "tokens_out": sum(u["tokens_out"] for u in tokens), "breakdown": transcript_breakdown(run_dir),
                 "load": os.getloadavg()[0]})
+            if args.notebook:
+                manifest = reports(folder, n, f"nb{n}-{r}", args.max_tokens)
+                out = notebook_map(folder, manifest, docs, folder / f"nb{n}-{r}", concurrency)
+                assert out["completed"] == n, out
+                rows.setdefault("%tensorjob map", []).append({**out, "load": os.getloadavg()[0]})
             for c in [None] + sweep:
                 name = "tj.map" if c is None else f"tj.map, concurrency {c}"
                 manifest = reports(folder, n, f"tj{c}-{n}-{r}", args.max_tokens)
@@ -282,6 +318,13 @@ def report(figures: dict, sizes: list[int], args, loads: list[float]) -> None:
         print(f"{'tensorjob map':<26}{n / cli['process_s']:>9.2f}{plain_process['process_s'] / cli['process_s']:>9.2f}"
               f"{cli['process_s']:>11.2f}{plain_process['process_s'] / cli['process_s']:>9.2f}{cli['tokens_out']:>12}   "
               + " ".join(f"{n / x['process_s']:.2f}" for x in rows["tensorjob map"]) + "  (whole process)")
+        if "%tensorjob map" in rows:
+            row = median_row(rows["%tensorjob map"], "cell_s")
+            print(f"{'%tensorjob map (cell)':<26}{n / row['cell_s']:>9.2f}{plain_process['process_s'] / row['cell_s']:>9.2f}"
+                  f"{row['cell_s']:>11.2f}{plain_process['process_s'] / row['cell_s']:>9.2f}{'':>12}   "
+                  + " ".join(f"{n / x['cell_s']:.2f}" for x in rows["%tensorjob map"])
+                  + f"  (a fresh kernel's first map, model load included; with the kernel's start "
+                    f"{row['process_s']:.1f} s)")
         for name in [k for k in rows if k.startswith("tj.map")]:
             row = median_row(rows[name], "items_wall_s")
             print(f"{name:<26}{n / row['items_wall_s']:>9.2f}{plain['items_wall_s'] / row['items_wall_s']:>9.2f}"
