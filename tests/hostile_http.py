@@ -44,7 +44,7 @@ from typing import Iterator
 
 MODELS_TRICKLE_S = 0.5
 LONG_ID_CHARS = 500_000
-KEY_ECHO_PAD = 170
+KEY_ECHO_PAD = 180
 
 SOURCE = r'''
 import json, select, socket, sys, threading, time

@@ -17,7 +17,10 @@ Why it is shaped so:
   is what the client in ``inference/served.py`` sends: one user message after
   an optional system message (chat), or one prompt (completions), and
   embeddings. ``tools`` are refused (the client holds a call to a
-  ``response_format`` for this server instead: its dialect says so).
+  ``response_format`` for this server instead: its dialect says so), and so
+  is every field that would change the answer and is not honoured
+  (``logprobs``, ``logit_bias``, penalties, ``echo``...: ``UNSERVED_FIELDS``),
+  rather than ignored.
 * **No thread per request.** The worker's thread hands each token to the
   request's asyncio queue (``call_soon_threadsafe``); the response streams
   it as a server-sent event. A client that leaves stops its sequence at the
@@ -27,10 +30,20 @@ Why it is shaped so:
   guest's command is (depth, values, no NaN); the checks and the parse run
   off the event loop, so one costly body does not stall the other streams; a
   full worker queue is 429 at once (the client maps it to ``busy``); an
-  answer ends at ``max_tokens`` or where the model's context does.
+  answer ends at ``max_tokens`` or where the model's context does. An embed
+  holds at most the engine's token budget (more is 400), runs in pieces the
+  worker interleaves with generation, and stops when its client hangs up.
+* **Bounded connections.** uvicorn's own settings cap concurrent requests
+  (``limit_concurrency``: 503 past it), idle kept-alive connections and the
+  size of a header block; what they leave open is closed here
+  (``_bounded_h11``): at most ``MAX_CONNECTIONS`` connections, and a request
+  whose headers, then whose body, take longer than ``--header-timeout`` /
+  ``--body-timeout`` in all (a byte now and then) is dropped. The bodies being
+  received hold at most ``MAX_PENDING_BODY_BYTES`` together (503 past it).
 * **Loopback unless told, and not for web pages.** It binds 127.0.0.1 by
   default and then answers only requests addressed to a loopback name (the
-  ``Host`` header: a page that rebinds its own name to 127.0.0.1 is refused);
+  ``Host`` header, a name and at most a numeric port: a page that rebinds its
+  own name to 127.0.0.1 is refused, and so is ``localhost:evil``);
   a POST must say ``Content-Type: application/json``, which a page cannot
   send to another origin without a preflight this server never answers. With
   ``--api-key-env VAR`` every request must carry ``Authorization: Bearer``

@@ -703,7 +703,8 @@ class LlamaEngine:
         Texts longer than the embedding context are truncated to it; an empty text is embedded as the
         BOS token alone. ``RequestTooLarge`` if the texts come to more than ``EMBED_MAX_TOKENS``.
         """
-        limit = self._embedding_n_ctx
+        self._embedding_context()
+        limit = self._embedding_n_ctx  # the model's training context at most
         seqs = []
         for text in texts:
             toks = self.tokenize(text)[:limit] if text else []

@@ -29,10 +29,26 @@ Why it is shaped so:
   HTTP client's ``trace`` hook.)
 * **Bounded.** ``connect_timeout_s`` (unreachable: ``model_load_failed``),
   ``read_timeout_s`` between bytes and ``request_timeout_s`` for the whole
-  answer (``timeout``); at most ``max_tokens`` text pieces (a server that sends
-  more is cut there, finish ``length``), at most ``4 * max_tokens + 64`` SSE
-  events and ``MAX_BODY_BYTES_PER_TOKEN`` bytes a token (more is a malformed
-  stream, ``model_load_failed``).
+  answer (``timeout``), kept by a timer that shuts the socket down, so a
+  server that trickles a byte now and then ends on time; at most
+  ``max_tokens`` text pieces (a server that sends more is cut there, finish
+  ``length``), at most ``4 * max_tokens + 64`` SSE events and
+  ``MAX_BODY_BYTES_PER_TOKEN`` bytes a token (more is a malformed stream,
+  ``model_load_failed``); every other answer -- an error's body, the
+  embeddings -- is bounded in bytes too.
+* **Nothing is asked of the server on the caller's thread.** Which model it
+  serves (``/v1/models``, when no ``--model-name`` is given) is asked on a
+  request thread (``resolve_model``) that the job waits for under its
+  deadline and cancel before its first infer or embed; the listing has its
+  own bounds, ``MAX_MODELS_BYTES`` and ``MODELS_TIMEOUT_S`` in all. A job
+  created before the answer records ``?`` in ``job.created``; its responses
+  and its usage name the model.
+* **What the server says is checked where it arrives.** A usage count is a
+  whole number from 0 to 2^53 (the transcript's own rule; anything else is
+  not taken, and the text pieces are counted instead), completion tokens are
+  at most the tokens asked and cached tokens at most the prompt's; a model
+  id is recorded clipped to ``MAX_MODEL_ID_CHARS``. So whatever a server
+  sends, what the job writes can be read back.
 * **Only whole, final text reaches the guest.** Stop strings are sent to the
   server *and* cut here (``TextStream``), so a server that ignores some (the
   OpenAI API takes four) never shows the guest text a stop string takes back.
@@ -76,7 +92,8 @@ cached tokens from ``prompt_tokens_details``); a server that reports none
 (llama-cpp-python) gets the text pieces counted as completion tokens and 0
 prompt tokens.
 
-Errors are one line and never hold the key: unreachable, refused, 4xx, 5xx,
+Errors are one line and never hold the key (it is scrubbed from the server's text before that is
+clipped, and so is any run of ``KEY_RUN_CHARS`` of its characters): unreachable, refused, 4xx, 5xx,
 a malformed or truncated stream -> ``ModelError`` (``model_load_failed``);
 HTTP 429 and 503 -> ``ServerBusy`` (a ``QueueFull``: ``busy``); no byte for
 ``read_timeout_s``, the answer past ``request_timeout_s``, HTTP 408 and 504 ->
@@ -306,9 +323,12 @@ class _Call:
         past an enclosing bound's deadline; ``limit`` names the setting); the enclosing bounds come
         back after it."""
         saved = self.max_bytes, self.bytes, self.deadline, self.what, self.too_late
-        self.deadline = min(self.deadline, time.monotonic() + timeout_s)
         self.max_bytes, self.bytes, self.what = max_bytes, 0, what
-        self.too_late = message = f"the model server's {what} took longer than {timeout_s:g} s ({limit})"
+        own = time.monotonic() + timeout_s
+        if own < self.deadline:  # else the enclosing bound comes first, and says so
+            self.deadline = own
+            self.too_late = f"the model server's {what} took longer than {timeout_s:g} s ({limit})"
+        message = self.too_late
         timer = threading.Timer(max(0.0, self.deadline - time.monotonic()), self._expire, (message,))
         timer.name, timer.daemon = f"{_THREAD_PREFIX}-deadline", True
         timer.start()
@@ -343,8 +363,10 @@ class _Call:
             raise ModelTimeout(self.expired or self.too_late)
         self.bytes += n
         if self.bytes > self.max_bytes:
-            raise ModelError(f"the model server's {self.what} is malformed: more than {self.max_bytes} bytes"
-                             + (" for the tokens asked" if self.what == "answer" else ""))
+            if self.what == "answer":
+                raise ModelError(f"the model server's stream is malformed: more than {self.max_bytes} bytes "
+                                 "for the tokens asked")
+            raise ModelError(f"the model server's {self.what} is more than {self.max_bytes} bytes")
 
 
 def _shutdown(sock: socket.socket) -> None:
