@@ -341,6 +341,49 @@ def test_the_batching_worker_keeps_order_around_embeds_and_adapters(tiny_files):
         worker.close()
 
 
+def test_an_embed_runs_in_pieces_that_waiting_generations_pass_between_and_an_abandoned_one_stops(tiny_files):  # noqa: F811
+    worker = InferenceWorker(lambda: LlamaEngine(tiny_files["model"], n_ctx=64, slots=2))
+    try:
+        worker.generate_stream(GenerateRequest("the cat", 2), Collector()).result(30)  # loaded
+        texts = ["the cat " * 200] * 64  # each cut to the tiny model's 256-token context: a piece each
+        started = time.monotonic()
+        alone = worker.embed(texts).result(120)
+        alone_s = time.monotonic() - started
+        embed = worker.embed(texts)
+        chat = worker.generate_stream(GenerateRequest("the cat", 3), Collector())
+        assert chat.result(60).usage.completion_tokens == 3
+        assert not embed.done(), "the generation waited for the whole embed"
+        assert embed.result(120) == alone  # served between its pieces, the embed gives the same vectors
+        # a caller that leaves: the embed stops at its next piece, and the model is free at once
+        embed = worker.embed(texts)
+        assert wait_for(embed.running, 30)
+        started = time.monotonic()
+        assert not embed.cancel()  # running: abandoned instead
+        with pytest.raises(ModelError, match="abandoned"):
+            embed.result(60)
+        assert time.monotonic() - started < max(0.5, alone_s / 4), (time.monotonic() - started, alone_s)
+        assert worker.generate_stream(GenerateRequest("the cat", 2), Collector()).result(30).text
+        # a request past the token budget is refused before any piece
+        from tensorjob_jupyter.inference.base import RequestTooLarge
+        from tensorjob_jupyter.inference.llama import EMBED_MAX_TOKENS, EMBED_PIECE_TOKENS
+
+        assert EMBED_PIECE_TOKENS == 256
+        with pytest.raises(RequestTooLarge, match="EMBED_MAX_TOKENS") as refused:
+            worker.embed(texts * 3).result(30)
+        assert refused.value.code == "limit_exceeded" and len(texts * 3) * 256 > EMBED_MAX_TOKENS
+    finally:
+        worker.close()
+
+
+def wait_for(predicate, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.001)
+    return True
+
+
 # -- the real model ------------------------------------------------------------------------------
 
 

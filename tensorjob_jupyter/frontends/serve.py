@@ -580,6 +580,7 @@ def _listen(backend: Backend, api_key: str | None, args, out: TextIO, err: TextI
         sock.bind((args.host, args.port))
     except OSError as e:
         raise OptionError(f"--host {args.host} --port {args.port}: {e.strerror}") from None
+    sock.listen(2048)  # before "serving at": a client that connects at once is queued, not refused
     host, port = sock.getsockname()[:2]
     loopback = ipaddress.ip_address(host).is_loopback
     app = build_app(backend, backend.model_name, api_key=api_key, loopback_only=loopback)
