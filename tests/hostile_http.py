@@ -27,6 +27,7 @@ And, under a first path segment that names the mode, a hostile OpenAI-compatible
 * ``key-echo``: every POST is HTTP 401 whose message is ``KEY_ECHO_PAD`` characters and then the bearer key
   the request carried (a server that quotes the key back, after enough text that a message clipped first
   and scrubbed after keeps most of it); ``key-echo-part``: the same with the key's first 20 characters only.
+* any other mode: an honest server (``m`` listed, one piece, honest usage), for baselines.
 
 Every hostile answer stops as soon as the client closes or shuts down its
 side, and ``/stats`` then no longer counts it: the server's view of whether
