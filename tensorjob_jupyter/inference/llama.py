@@ -48,7 +48,11 @@ counts greedy text is *not* the same; nothing in the suite depends on it.
   a token to reach its callback.
 
 Embeddings use a second context on the same model weights (``embeddings``
-on, mean pooling), created on first use; vectors are L2-normalised.
+on, per-token outputs mean-pooled here), created on first use; vectors are
+L2-normalised. An embed is decoded in pieces of at most ``EMBED_PIECE_TOKENS``
+(``Embedding``: a long text's KV stays between its pieces), so the worker can
+serve generation requests between them, and one request holds at most
+``EMBED_MAX_TOKENS``.
 
 llama.cpp's log lines are routed to the ``tensorjob_jupyter.llama`` logger
 (silent unless configured) instead of stderr, and the error lines of a
@@ -794,11 +798,11 @@ class Embedding:
         lc = engine._lc
         ctx, batch = engine._embedding_context()
         piece, causal, n_seqs = engine._embed_piece, engine._embed_causal, engine._embed_seqs
-        if self._fresh:
-            ctx.kv_cache_clear()  # whatever an abandoned embedding left
+        if self._fresh or not causal:  # what an abandoned embedding left; an encoder's texts never span pieces
+            ctx.kv_cache_clear()
             self._fresh = False
+        batch.reset()
         b = batch.batch
-        b.n_tokens = 0
         taken: list[tuple[int, int, int, bool]] = []  # (text, its first row, rows, last piece of it)
         index, offset = self._next, self._offset
         while index < len(self._seqs) and b.n_tokens < piece and len(taken) < n_seqs:
@@ -837,8 +841,8 @@ class Embedding:
             vec = total / len(self._seqs[text])
             norm = float(np.linalg.norm(vec))
             self._out.append((vec / norm if norm > 0 else vec).tolist())
-            if ctx.memory is not None:
-                lc.llama_memory_seq_rm(ctx.memory, text % n_seqs, -1, -1)
+            if causal:
+                ctx.kv_cache_seq_rm(text % n_seqs, -1, -1)
         self._next, self._offset = index, offset
         return self.done
 

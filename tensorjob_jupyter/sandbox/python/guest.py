@@ -32,7 +32,10 @@ Guarantees, each tested (tests/test_python_guest*.py):
   (``host.ready``) the store's fuel is set to the job's ``fuel``.
 * **Memory.** The store's memory limit is the job's ``memory_bytes``: past it
   ``memory.grow`` fails and the guest sees ``MemoryError`` (or, when CPython
-  cannot even raise it, the job ends ``limit_exceeded``).
+  cannot even raise it, the job ends ``limit_exceeded``). A raw WIT binding
+  called with a value its type cannot hold aborts the interpreter too; the
+  trap's backtrace shows the binding runtime's panic, and that is
+  ``wasm_trap`` naming the binding, not memory.
 * **Nothing of the host.** WASI is there because CPython needs it, with nothing
   granted: no preopened directory, no environment, no arguments, sockets
   refused, ``exit`` ends the job, and the clocks and the random source are

@@ -28,6 +28,11 @@ machine built the file; ``load_component`` checks the compiled file against
 it before wasmtime maps it (once per process per file: deserializing is
 trusting native code). A file that does not match is deleted and rebuilt.
 
+The cache's files are read only if they are regular files (``open_regular``):
+a FIFO planted where the manifest belongs would otherwise hang a guest's
+start waiting for a writer; it is refused, ``tensorjob cache --clear``
+removes it.
+
 Building and compiling run under a lock file, so parallel processes (a map,
 pytest workers) build once. ``ensure(progress=...)`` reports the stages for a
 progress bar or a notebook line; ``prepare_in_background()`` starts it on a
