@@ -340,9 +340,10 @@ def build_app(backend: Backend, model: str, *, api_key: str | None = None, loopb
             if not hmac.compare_digest(given, f"Bearer {api_key}".encode("ascii")):
                 raise RequestError(401, "a valid Authorization: Bearer key is needed", "authentication_error")
 
-    pending = [0]  # bytes of request bodies received and not yet parsed, all requests together
+    pending = 0  # bytes of request bodies received and not yet parsed, all requests together
 
     async def read_json(request) -> Any:
+        nonlocal pending
         admit(request)
         if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
             raise RequestError(415, "the request body must be sent as Content-Type: application/json")
@@ -353,17 +354,17 @@ def build_app(backend: Backend, model: str, *, api_key: str | None = None, loopb
         try:
             async for part in request.stream():
                 data += part
-                pending[0] += len(part)
+                pending += len(part)
                 if len(data) > MAX_BODY_BYTES:
                     raise RequestError(413, f"the request body is over {MAX_BODY_BYTES} bytes")
-                if pending[0] > MAX_PENDING_BODY_BYTES:
+                if pending > MAX_PENDING_BODY_BYTES:
                     raise RequestError(503, "the server is receiving too many request bodies at once; "
                                             "try again later", "server_busy")
             return await asyncio.to_thread(_parse_body, bytes(data))
         except ClientDisconnect:
             raise RequestError(499, "the client left before its request was read") from None
         finally:
-            pending[0] -= len(data)
+            pending -= len(data)
 
     async def models(request) -> Response:
         try:
@@ -497,7 +498,7 @@ def cmd_serve(args, out: TextIO, err: TextIO) -> int:
                             ("header_timeout", 0.1, 3600), ("body_timeout", 0.1, 3600)):
         value = getattr(args, name)
         if value is not None and not low <= value <= high:  # a NaN is never in range
-            raise OptionError(f"--{name.replace('_', '-')} {value:g}: out of range ({low:g} to {high:g})")
+            raise OptionError(f"--{name.replace('_', '-')} {value}: out of range ({low} to {high})")
     api_key = None
     if args.api_key_env is not None:
         api_key = os.environ.get(args.api_key_env)

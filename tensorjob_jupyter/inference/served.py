@@ -656,7 +656,8 @@ class ServedBackend:
             if not listed:
                 raise ModelError(f"the model server at {self.url} lists no models; name one with --model-name")
             if len(listed) > 1:
-                names = ", ".join(_clip(n, 80, self._scrub) for n in listed[:20]) + (", ..." if len(listed) > 20 else "")
+                names = ", ".join(_clip(n, 80, self._scrub) for n in listed[:20])
+                names += ", ..." if len(listed) > 20 else ""
                 raise ModelError(f"the model server at {self.url} serves {len(listed)} models ({names}); "
                                  "name one with --model-name")
             model = listed[0]
