@@ -1043,7 +1043,7 @@ def serve_connections(tmp: Path) -> dict:
 
 def abandoned_embed_wait(quick: bool) -> dict:
     words = " ".join(f"lighthouse{i % 97} keeper watched the sea" for i in range(300))  # 1,500 words
-    proc, url = _serve("--threads", "2")
+    proc, url = _serve("--threads", "1")
     port = int(url.rsplit(":", 1)[1].split("/")[0])
     chat = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
     out: dict = {}

@@ -198,7 +198,7 @@ WORDS_1500 = " ".join(f"lighthouse{i % 97} keeper watched the sea" for i in rang
 
 @pytest.fixture(scope="module")
 def smollm_serve():
-    s = Serve("--threads", "2")
+    s = Serve("--threads", "1")
     yield s
     s.close()
 

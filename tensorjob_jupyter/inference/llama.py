@@ -95,7 +95,7 @@ PENALTY_LAST_N = 64
 EMBED_SEQS = 64
 #: Tokens one embedding decode takes at most (causal models): the longest the worker is held by an embed
 #: before it serves waiting generation requests.
-EMBED_PIECE_TOKENS = 256
+EMBED_PIECE_TOKENS = 128
 #: Tokens one embed request may hold in all (after each text is cut to the embedding context).
 EMBED_MAX_TOKENS = 32_768
 #: Before a batch's first decode step, once a second request has come with the first, how long to wait
