@@ -1051,7 +1051,8 @@ def abandoned_embed_wait(quick: bool) -> dict:
         _post(url, "/chat/completions", chat, 120)  # warm
         alone = statistics.median(_post(url, "/chat/completions", chat, 120)[1] for _ in range(3))
         waits = []
-        for _ in range(1 if quick else 3):
+        rounds = 1 if quick else 3
+        for round_ in range(rounds):
             body = json.dumps({"input": [words] * 8}).encode()
             s = socket.create_connection(("127.0.0.1", port), timeout=10)
             s.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -1060,7 +1061,8 @@ def abandoned_embed_wait(quick: bool) -> dict:
             s.close()
             status, waited = _post(url, "/chat/completions", chat, 180)
             waits.append(waited if status == 200 else float("inf"))
-            _post(url, "/embeddings", {"input": ["settle"]}, 600)  # whatever is left of it, before the next round
+            if round_ + 1 < rounds:
+                _post(url, "/embeddings", {"input": ["settle"]}, 600)  # whatever is left of it, before the next
         wait = statistics.median(waits)
         out["innocent_chat"] = {"alone_s": alone, "behind_abandoned_embed_s": wait, "extra_s": wait - alone,
                                 "ratio": wait / alone}
