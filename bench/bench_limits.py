@@ -1050,6 +1050,9 @@ def abandoned_embed_wait(quick: bool) -> dict:
     try:
         _post(url, "/chat/completions", chat, 120)  # warm
         alone = statistics.median(_post(url, "/chat/completions", chat, 120)[1] for _ in range(3))
+        piece = " ".join(words.split()[:90])  # about 128 tokens: one piece of an embed (issue 31's engine)
+        _post(url, "/embeddings", {"input": [piece]}, 120)
+        piece_s = statistics.median(_post(url, "/embeddings", {"input": [piece]}, 120)[1] for _ in range(3))
         waits = []
         rounds = 1 if quick else 3
         for round_ in range(rounds):
@@ -1065,9 +1068,12 @@ def abandoned_embed_wait(quick: bool) -> dict:
                 _post(url, "/embeddings", {"input": ["settle"]}, 600)  # whatever is left of it, before the next
         wait = statistics.median(waits)
         out["innocent_chat"] = {"alone_s": alone, "behind_abandoned_embed_s": wait, "extra_s": wait - alone,
-                                "ratio": wait / alone}
+                                "ratio": wait / alone, "one_piece_s": piece_s,
+                                "extra_in_pieces": (wait - alone) / piece_s}
         print(f"serve: a 4-token chat just after an abandoned /embeddings of 8 x 1,500 words: {wait:.2f} s, against "
-              f"{alone:.2f} s alone ({wait / alone:.1f} x; {wait - alone:+.2f} s; goal: under 1 s more)", flush=True)
+              f"{alone:.2f} s alone ({wait / alone:.1f} x; {wait - alone:+.2f} s; goal: under 1 s more); an embed of "
+              f"one 128-token text takes {piece_s:.2f} s here, so the chat waited {(wait - alone) / piece_s:.1f} of "
+              f"those", flush=True)
         status, seconds = _post(url, "/embeddings", {"input": [words] * 32}, 10)
         out["embed_32_texts"] = {"status": status, "seconds": seconds}
         print(f"serve: /embeddings of 32 x 1,500 words: "
