@@ -227,6 +227,28 @@ def test_the_internal_error_path_cannot_fail(tmp_path):
     assert internal_error("j", Unprintable()).code == codes.INTERNAL_ERROR
 
 
+JSON_NUMBERS = st.one_of(st.integers(min_value=-(10 ** 30), max_value=10 ** 30), st.integers(), st.floats(),
+                        st.booleans(), st.none(), st.text(max_size=4), st.lists(st.integers(), max_size=2))
+
+
+@settings(max_examples=300, deadline=None)
+@given(usage=st.dictionaries(st.sampled_from(["prompt_tokens", "completion_tokens", "total_tokens",
+                                              "prompt_tokens_details"]),
+                             JSON_NUMBERS | st.dictionaries(st.just("cached_tokens"), JSON_NUMBERS), max_size=4),
+       max_tokens=st.integers(1, 100_000), pieces=st.integers(0, 100))
+def test_any_usage_a_server_sends_becomes_counts_a_transcript_holds(usage, max_tokens, pieces):
+    b = ServedBackend("http://127.0.0.1:9/v1")
+    call = served._Call("generate", 1 << 20, max_tokens)
+    call.pieces = pieces
+    got = b._usage(usage, call)
+    for value in (got.prompt_tokens, got.completion_tokens, got.cached_tokens):
+        assert type(value) is int and 0 <= value <= MAX_COUNT
+    assert got.completion_tokens <= max(max_tokens, pieces) and got.cached_tokens <= got.prompt_tokens
+    written = json.loads(jobs_module._encode_envelope("j", Envelope(JobStatus.COMPLETED, Usage(
+        got.prompt_tokens, got.completion_tokens, 1, b.model_name))))
+    assert written["status"] == "completed" and check_envelope(written) is None
+
+
 # --- the key --------------------------------------------------------------------------------------------
 
 
