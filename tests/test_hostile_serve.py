@@ -17,7 +17,6 @@ on the embedded SmolLM2, where texts of 1,500 words cost the model real time.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -34,11 +33,7 @@ from served_support import wait_until
 pytestmark = pytest.mark.slow
 pytest.importorskip("uvicorn")
 
-from tensorjob_jupyter.frontends.serve import MAX_BODY_BYTES  # noqa: E402
-
-#: tensorjob serve's own bounds (frontends/serve.py), as a client sees them.
-MAX_CONNECTIONS = 256
-MAX_PENDING_BODY_BYTES = 64 << 20
+from tensorjob_jupyter.frontends.serve import MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_PENDING_BODY_BYTES  # noqa: E402
 
 
 class Serve:
