@@ -76,10 +76,13 @@ Run from the repository root::
    400 clients that send half their headers -- file descriptors the server
    holds at once and 12 s later (the header deadline is 10 s); 100 uploads of
    4 MiB that stall before their last byte -- the server's memory growth. And
-   on the embedded model: an innocent 4-token chat sent just after an
-   ``/embeddings`` request of 8 texts of 1,500 words whose client left after
-   0.3 s -- how long the chat waits, against the same chat alone (goal:
-   under 1 s more), and how long a 32-text request takes to be answered.
+   on the embedded model (one llama.cpp thread: on a loaded machine more
+   threads stall at their barriers): an innocent 4-token chat sent just
+   after an ``/embeddings`` request of 8 texts of 1,500 words whose client
+   left after 0.3 s -- how long the chat waits, against the same chat alone
+   (goal: under 1 s more), and in pieces of an embed (an embed of one
+   128-token text, timed in the same run); and how long a 32-text request
+   takes to be answered.
    Run on the code before issue 31 the same way, from a copy of the
    repository at that commit, for the before -> after table.
 

@@ -1,4 +1,5 @@
-"""A hostile HTTP server for fetch tests and benchmarks: it breaks HTTP as no server library would.
+"""A hostile HTTP server for fetch and model-server tests and benchmarks: it breaks HTTP as no
+server library would.
 
 Run in its own process (``serve()`` starts it and yields its port), so the
 test process holds only the client's threads and sockets and can count them.
