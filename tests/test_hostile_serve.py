@@ -129,10 +129,11 @@ def test_half_sent_headers_are_capped_and_dropped_at_the_header_deadline(tiny_se
     try:
         held = tiny_serve.fds() - baseline
         assert held <= MAX_CONNECTIONS + 8, f"{held} connections held"
-        started = time.monotonic()
-        assert settles(lambda: tiny_serve.fds() - baseline, 8, 10), f"{tiny_serve.fds() - baseline} still held"
-        assert time.monotonic() - started < 8
-        assert all(closed_by_server(s, 2) for s in socks[:20])
+        # every one is closed by the server: past the cap at once, the others at the header deadline (3 s)
+        end = time.monotonic() + 15
+        still_open = [s for s in socks if not closed_by_server(s, max(0.01, end - time.monotonic()))]
+        assert not still_open, f"{len(still_open)} of 400 half-sent requests still held after 15 s"
+        assert settles(lambda: tiny_serve.fds() - baseline, 8, 5), f"{tiny_serve.fds() - baseline} still held"
         # and it still serves
         assert request(tiny_serve.url, "/models")[0] == 200
     finally:
