@@ -564,6 +564,11 @@ Event = Union[InferDone, Opened, Sliced, SlicedBytes, Embedded, Emitted, PageTex
 
 # --- usage and the envelope --------------------------------------------------
 
+#: The largest count a transcript records (tokens, bytes, milliseconds, steps): 2^53, the largest whole
+#: number every JSON reader holds exactly. Counts from elsewhere (a model server's usage) are checked
+#: against it where they arrive, and the job's totals stop there.
+MAX_COUNT = 2 ** 53
+
 
 @dataclass
 class Usage:
