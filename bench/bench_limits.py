@@ -60,6 +60,32 @@ Run from the repository root::
    JSON format and ``job_timeout_s=2`` in a fresh process, against a plain one:
    how far past the limit each ends.
 
+6. **A served model's and ``tensorjob serve``'s bounds** (issue 31;
+   ``--only served``). A hostile model server (tests/hostile_http.py, its own
+   process) against ``tensorjob run`` in a fresh process: a ``/v1/models``
+   that never ends -- the peak resident set and the seconds until the run
+   ends (the bench kills it at 1.5 GiB or 30 s), against the same run on an
+   honest server; one that trickles a byte every half second -- how long
+   ``tj.Job(...)`` takes to return (given up at 40 s) and when a job with
+   ``job_timeout_s=2`` ends; a usage count of 10**4000 and of 2**63 and a
+   500,000-character model id -- whether the run ends with an envelope and
+   ``tensorjob show`` reads it back; an error quoting the key after 180
+   characters -- the longest run of the key left in the message. Twelve
+   finished jobs with 15 MB inputs: what stays in memory against what
+   ``jobs()`` counts. ``tensorjob serve`` in its own process (a tiny model):
+   400 clients that send half their headers -- file descriptors the server
+   holds at once and 12 s later (the header deadline is 10 s); 100 uploads of
+   4 MiB that stall before their last byte -- the server's memory growth. And
+   on the embedded model (one llama.cpp thread: on a loaded machine more
+   threads stall at their barriers): an innocent 4-token chat sent just
+   after an ``/embeddings`` request of 8 texts of 1,500 words whose client
+   left after 0.3 s -- how long the chat waits, against the same chat alone
+   (goal: under 1 s more), and in pieces of an embed (an embed of one
+   128-token text, timed in the same run); and how long a 32-text request
+   takes to be answered.
+   Run on the code before issue 31 the same way, from a copy of the
+   repository at that commit, for the before -> after table.
+
 Ratios are against baselines measured in the same process. The last line is
 a one-line JSON summary.
 """
@@ -74,6 +100,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -798,6 +825,278 @@ else:
     return out
 
 
+# --- 6. a served model's and tensorjob serve's bounds (issue 31) ----------------------------------------
+
+CLI = [sys.executable, "-m", "tensorjob_jupyter.frontends.cli"]
+HOSTILE_KEY = "sk-bench-0123456789abcdefghijKLMNOP"
+
+
+def _watched(argv: list[str], limit_bytes: int, limit_s: float, env: dict | None = None) -> dict:
+    """Run ``argv``, sampling its resident set: exit status, peak MiB, seconds (killed past the limits)."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), **(env or {})})
+    peak, killed = 0, False
+    while proc.poll() is None:
+        try:
+            peak = max(peak, psutil.Process(proc.pid).memory_info().rss)
+        except psutil.Error:
+            pass
+        if peak > limit_bytes or time.perf_counter() - started > limit_s:
+            proc.kill()
+            killed = True
+        time.sleep(0.02)
+    out, err = proc.communicate()
+    return {"exit": proc.returncode, "peak_mib": peak / MiB, "seconds": time.perf_counter() - started,
+            "killed": killed, "stdout": out, "stderr": err}
+
+
+def _longest_key_run(text: str, key: str) -> int:
+    best = 0
+    for i in range(len(key)):
+        for j in range(i + best + 1, len(key) + 1):
+            if key[i:j] not in text:
+                break
+            best = j - i
+    return best
+
+
+def hostile_model_server(tmp: Path) -> dict:
+    guest = tmp / "infer.wasm"
+    guest.write_bytes(wat.script_guest([{"cmd": "infer", "prompt": "hi", "max_tokens": 4},
+                                        {"cmd": "done", "result": "ok"}]))
+    env = {"OPENAI_API_KEY": HOSTILE_KEY}
+    out: dict = {}
+    with hostile_http.serve() as port:
+        def run(mode: str, **limits) -> dict:
+            return _watched([*CLI, "run", str(guest), "--model", hostile_http.model_url(port, mode), "--json",
+                             "--runs", str(tmp / "runs" / mode)], **limits, env=env)
+
+        honest = run("honest", limit_bytes=3 << 30, limit_s=120)
+        endless = run("models-endless", limit_bytes=3 << 29, limit_s=30)
+        out["listing_endless"] = {"peak_mib": endless["peak_mib"], "seconds": endless["seconds"],
+                                  "killed_by_the_bench": endless["killed"], "honest_peak_mib": honest["peak_mib"],
+                                  "honest_seconds": honest["seconds"]}
+        print(f"served: `tensorjob run` on an endless /v1/models: peak {endless['peak_mib']:.0f} MiB "
+              f"({endless['peak_mib'] / honest['peak_mib']:.2f} x an honest server's {honest['peak_mib']:.0f} MiB), "
+              f"{endless['seconds']:.1f} s{' (killed by the bench)' if endless['killed'] else ''}", flush=True)
+
+        url = hostile_http.model_url(port, "models-trickle")
+        box: list = []
+        started = time.perf_counter()
+        maker = threading.Thread(target=lambda: box.append(tj.Job(wat.script_guest([
+            {"cmd": "infer", "prompt": "hi", "max_tokens": 4}, {"cmd": "done", "result": "ok"}]), model=url,
+            runs_dir=str(tmp / "runs" / "trickle"), job_timeout_s=2.0)), daemon=True)
+        maker.start()
+        maker.join(40)
+        created_s = time.perf_counter() - started
+        ended_s = None
+        if box:
+            box[0].start().wait(60)
+            ended_s = time.perf_counter() - started
+        out["listing_trickle"] = {"job_created_s": created_s, "given_up": not box, "job_ended_s": ended_s}
+        print(f"served: a /v1/models trickling a byte every {hostile_http.MODELS_TRICKLE_S} s: tj.Job(...) returned "
+              f"after {created_s:.1f} s{' (given up: it was still blocked)' if not box else ''}; the job with "
+              f"job_timeout_s=2 ended at {ended_s if ended_s is None else round(ended_s, 1)} s", flush=True)
+
+        for mode in ("usage-huge", "usage-big", "long-id"):
+            r = run(mode, limit_bytes=3 << 30, limit_s=120)
+            runs = list((tmp / "runs" / mode).iterdir())
+            show = subprocess.run([*CLI, "show", str(runs[0]), "--quiet"], capture_output=True, text=True,
+                                  timeout=120) if runs else None
+            enveloped = r["stdout"].lstrip().startswith("{")
+            readable = show is not None and show.returncode == 0
+            out[mode] = {"exit": r["exit"], "envelope": enveloped, "traceback": "Traceback" in r["stderr"],
+                         "show_reads_it": readable}
+            print(f"served: {mode:10s}: `tensorjob run` exit {r['exit']}, envelope {'yes' if enveloped else 'NO'}"
+                  f"{', a traceback' if 'Traceback' in r['stderr'] else ''}; `tensorjob show` "
+                  f"{'reads it' if readable else 'calls it damaged'}", flush=True)
+        r = run("key-echo", limit_bytes=3 << 30, limit_s=120)
+        longest = _longest_key_run(r["stdout"] + r["stderr"], HOSTILE_KEY)
+        out["key_echo"] = {"longest_key_run": longest, "key_chars": len(HOSTILE_KEY)}
+        print(f"served: an error quoting the key after {hostile_http.KEY_ECHO_PAD} characters: the longest run of "
+              f"the key left in what `tensorjob run` printed: {longest} of {len(HOSTILE_KEY)} characters", flush=True)
+    return out
+
+
+def finished_jobs_kept(tmp: Path) -> dict:
+    from tensorjob_jupyter.host import jobs as jobs_module
+
+    guest = wat.script_guest([{"cmd": "done", "result": "ok"}])
+    tj.Job(guest, backend=None, runs_dir=str(tmp)).start().wait(60)
+    gc.collect()
+    rss_before = rss_trimmed()
+    for i in range(12):
+        job = tj.Job(guest, backend=None, runs_dir=str(tmp), input="x" * 15_000_000)
+        job.start().wait(120)
+    del job
+    gc.collect()
+    kept = (rss_trimmed() - rss_before) / MiB
+    finished = [j for j in jobs_module.jobs() if j.done]
+    accounted = sum(j.retained_bytes for j in finished) / MiB
+    print(f"jobs(): after 12 jobs with 15 MB inputs, {len(finished)} finished jobs kept; resident set +{kept:.0f} MiB, "
+          f"counted {accounted:.1f} MiB", flush=True)
+    return {"kept_mib": kept, "counted_mib": accounted, "finished_jobs": len(finished)}
+
+
+def _serve(*args: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([*CLI, "serve", "--port", "0", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    line = proc.stdout.readline()
+    if not line.startswith("serving at "):
+        proc.kill()
+        raise RuntimeError(f"tensorjob serve did not start: {line!r} {proc.stderr.read()[-2000:]}")
+    url = line.split()[2]
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # listening (the code before issue 31 printed the line first)
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    return proc, url
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def _post(url: str, path: str, body: dict, timeout: float) -> tuple[int | None, float]:
+    import urllib.error
+    import urllib.request
+
+    started = time.perf_counter()
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            r.read()
+            status = r.status
+    except urllib.error.HTTPError as e:
+        status = e.code
+    except OSError:
+        status = None
+    return status, time.perf_counter() - started
+
+
+def serve_connections(tmp: Path) -> dict:
+    from llama_support import write_tiny_gguf  # tests/llama_support.py
+
+    proc, url = _serve("--model", str(write_tiny_gguf(tmp / "tiny.gguf")), "--threads", "1")
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    server = psutil.Process(proc.pid)
+    out: dict = {}
+    try:
+        base = server.num_fds()
+        socks = []
+        for _ in range(400):
+            try:
+                s = socket.create_connection(("127.0.0.1", port), timeout=5)
+                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-")
+                socks.append(s)
+            except OSError:
+                pass
+        time.sleep(0.5)
+        at_once = server.num_fds() - base
+        time.sleep(12)
+        later = server.num_fds() - base
+        for s in socks:
+            s.close()
+        out["half_sent_headers"] = {"fds_at_once": at_once, "fds_after_12_s": later}
+        print(f"serve: 400 clients sending half their headers: {at_once} file descriptors held at once, {later} "
+              f"after 12 s", flush=True)
+        time.sleep(1)
+        rss = server.memory_info().rss
+        size = 4 * MiB
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {size}\r\n\r\n").encode()
+        body = b" " * (size - 1)
+        stalled: list = []
+
+        def stall() -> None:
+            try:
+                s = socket.create_connection(("127.0.0.1", port), timeout=10)
+                stalled.append(s)
+                s.sendall(head + body)
+            except OSError:
+                pass
+
+        senders = [threading.Thread(target=stall) for _ in range(100)]
+        for t in senders:
+            t.start()
+        for t in senders:
+            t.join(30)
+        time.sleep(0.5)
+        grown = (server.memory_info().rss - rss) / MiB
+        for s in stalled:
+            s.close()
+        out["stalled_uploads"] = {"rss_growth_mib": grown}
+        print(f"serve: 100 uploads of 4 MiB stalled before their last byte: the server grew {grown:.0f} MiB",
+              flush=True)
+    finally:
+        _stop(proc)
+    return out
+
+
+def abandoned_embed_wait(quick: bool) -> dict:
+    words = " ".join(f"lighthouse{i % 97} keeper watched the sea" for i in range(300))  # 1,500 words
+    proc, url = _serve("--threads", "1")
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    chat = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
+    out: dict = {}
+    try:
+        _post(url, "/chat/completions", chat, 120)  # warm
+        alone = statistics.median(_post(url, "/chat/completions", chat, 120)[1] for _ in range(3))
+        piece = " ".join(words.split()[:90])  # about 128 tokens: one piece of an embed (issue 31's engine)
+        _post(url, "/embeddings", {"input": [piece]}, 120)
+        piece_s = statistics.median(_post(url, "/embeddings", {"input": [piece]}, 120)[1] for _ in range(3))
+        waits = []
+        rounds = 1 if quick else 3
+        for round_ in range(rounds):
+            body = json.dumps({"input": [words] * 8}).encode()
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            time.sleep(0.3)
+            s.close()
+            status, waited = _post(url, "/chat/completions", chat, 180)
+            waits.append(waited if status == 200 else float("inf"))
+            if round_ + 1 < rounds:
+                _post(url, "/embeddings", {"input": ["settle"]}, 600)  # whatever is left of it, before the next
+        wait = statistics.median(waits)
+        out["innocent_chat"] = {"alone_s": alone, "behind_abandoned_embed_s": wait, "extra_s": wait - alone,
+                                "ratio": wait / alone, "one_piece_s": piece_s,
+                                "extra_in_pieces": (wait - alone) / piece_s}
+        print(f"serve: a 4-token chat just after an abandoned /embeddings of 8 x 1,500 words: {wait:.2f} s, against "
+              f"{alone:.2f} s alone ({wait / alone:.1f} x; {wait - alone:+.2f} s; goal: under 1 s more); an embed of "
+              f"one 128-token text takes {piece_s:.2f} s here, so the chat waited {(wait - alone) / piece_s:.1f} of "
+              f"those", flush=True)
+        status, seconds = _post(url, "/embeddings", {"input": [words] * 32}, 10)
+        out["embed_32_texts"] = {"status": status, "seconds": seconds}
+        print(f"serve: /embeddings of 32 x 1,500 words: "
+              f"{'HTTP %s after %.2f s' % (status, seconds) if status else 'no answer within 10 s'}", flush=True)
+    finally:
+        _stop(proc)
+    return out
+
+
+def served_bounds(quick: bool) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        out = hostile_model_server(tmp)
+        (tmp / "kept").mkdir()
+        out["jobs"] = finished_jobs_kept(tmp / "kept")
+        out["serve"] = serve_connections(tmp)
+        out["serve"].update(abandoned_embed_wait(quick))
+    return out
+
+
 def model_bounds(runs_dir: str, quick: bool) -> dict:
     from tensorjob_jupyter.inference.llama import LlamaEngine
     from tensorjob_jupyter.inference.models import default_model_path
@@ -817,21 +1116,36 @@ def model_bounds(runs_dir: str, quick: bool) -> dict:
     return out
 
 
+SECTIONS = ("memory", "open", "world", "transcripts", "model", "served")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", choices=SECTIONS, action="append", help="run only these sections (repeatable)")
     args = parser.parse_args()
+    only = set(args.only or SECTIONS)
     sizes = [1, 4, 16] if args.quick else [1, 4, 16, 64]
     print(f"cores: {psutil.cpu_count()}, load: {open('/proc/loadavg').read().split()[:3]}")
+    summary: dict = {}
     with tempfile.TemporaryDirectory() as runs_dir:
-        summary = {"memory": memory_after_jobs(sizes, runs_dir), "open": open_huge_path(runs_dir)}
-        summary["world"] = world_bounds(runs_dir, args.quick)
-        with tempfile.TemporaryDirectory() as tmp:
-            summary["transcripts"] = transcript_bounds(Path(tmp), args.quick)
-        summary["model"] = model_bounds(runs_dir, args.quick)
-    kept = [row["kept_mib"] for row in summary["memory"]]
-    print(f"kept after a job: {min(kept):.2f} to {max(kept):.2f} MiB while published grew "
-          f"{summary['memory'][0]['published_mib']:.0f} -> {summary['memory'][-1]['published_mib']:.0f} MiB")
+        if "memory" in only:
+            summary["memory"] = memory_after_jobs(sizes, runs_dir)
+            kept = [row["kept_mib"] for row in summary["memory"]]
+            print(f"kept after a job: {min(kept):.2f} to {max(kept):.2f} MiB while published grew "
+                  f"{summary['memory'][0]['published_mib']:.0f} -> {summary['memory'][-1]['published_mib']:.0f} MiB")
+        if "open" in only:
+            summary["open"] = open_huge_path(runs_dir)
+        if "world" in only:
+            summary["world"] = world_bounds(runs_dir, args.quick)
+        if "transcripts" in only:
+            with tempfile.TemporaryDirectory() as tmp:
+                summary["transcripts"] = transcript_bounds(Path(tmp), args.quick)
+        if "model" in only:
+            summary["model"] = model_bounds(runs_dir, args.quick)
+        if "served" in only:
+            summary["served"] = served_bounds(args.quick)
+    print(f"load at the end: {open('/proc/loadavg').read().split()[:3]}")
     print(json.dumps(summary))
 
 

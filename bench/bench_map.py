@@ -2,6 +2,7 @@
 
     python bench/bench_map.py [--quick] [--items N] [--token-delay S] [--model PATH|default] [--no-dask]
     python bench/bench_map.py --documents [--items 12] [--max-tokens 48]
+    python bench/bench_map.py --vs-plain [--sizes 6,32] [--rounds 3] [--sweep] [--notebook] [--concurrency N|auto]
     python bench/bench_map.py --replay [--items 100] | --prefix [--items 32] | --memory | --experiments
 
 **Overhead** (the default): every scenario maps the same guest -- one short
@@ -28,6 +29,11 @@ outnumber the cores, and, to tell the two effects apart, one item at a time
 here on a model with one worker's share of threads. Models are loaded before
 the timed runs (reported), and the scenarios are interleaved over
 ``--rounds`` (each row is its median round; every round is printed).
+
+**Against a plain loop** (``--vs-plain``, ``bench/map_vs_plain.py``): a
+schema-constrained map of short reports as ``tensorjob map``, as ``tj.map``
+and as 15 lines of llama-cpp-python with the same prompt, schema and
+sampling; the start-up tax of a one-item map; and where an item's time goes.
 
 For each it prints items/s, ratios, and per item: job setup (building the
 Job), run (start to envelope), reactor (of which the guest and inference),
@@ -548,7 +554,7 @@ def memory_bench(args) -> dict:
                                                                               "facts.year": i % 100 == 0}})
         (run / "scoring.json").write_text(json.dumps({"scorer": "json_fields"}))
         size = (run / "results.jsonl").stat().st_size
-        result = MapResult.from_folder(run)
+        result = MapResult.read(run)
         gc.collect()
         tracemalloc.start()
         started = time.perf_counter()
@@ -591,7 +597,17 @@ def main(argv=None) -> int:
     parser.add_argument("--documents", action="store_true",
                         help="summarise short documents on the embedded model: local 1, local 4, two dask workers")
     parser.add_argument("--max-tokens", type=int, default=48, help="--documents: tokens per summary (default 48)")
-    parser.add_argument("--rounds", type=int, default=2, help="--documents: interleaved rounds (default 2)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="--documents, --vs-plain: interleaved rounds (default 2; --vs-plain 3)")
+    parser.add_argument("--vs-plain", action="store_true",
+                        help="a schema-constrained map as tensorjob map and tj.map against a plain llama-cpp-python "
+                             "loop (bench/map_vs_plain.py)")
+    parser.add_argument("--sizes", default="6,32", help="--vs-plain: map sizes (default 6,32)")
+    parser.add_argument("--sweep", action="store_true", help="--vs-plain: tj.map at concurrency 1, 2 and 4 too")
+    parser.add_argument("--notebook", action="store_true",
+                        help="--vs-plain: the map as a fresh kernel's first %%tensorjob map too (nbclient)")
+    parser.add_argument("--concurrency", default=None, metavar="N|auto",
+                        help="--vs-plain: the maps' concurrency (default: the map's own default)")
     parser.add_argument("--replay", action="store_true",
                         help="a recorded 100-item map against its replay by a changed parser, with no model")
     parser.add_argument("--prefix", action="store_true",
@@ -600,6 +616,12 @@ def main(argv=None) -> int:
     parser.add_argument("--experiments", action="store_true", help="--replay, --prefix and --memory")
     parser.add_argument("--json", action="store_true", help="also print the rows as JSON")
     args = parser.parse_args(argv)
+    if args.vs_plain:
+        from map_vs_plain import vs_plain_bench  # bench/map_vs_plain.py
+
+        args.rounds = args.rounds or 3
+        return vs_plain_bench(args)
+    args.rounds = args.rounds or 2
     if args.documents:
         return documents_bench(args)
     if args.replay or args.prefix or args.memory or args.experiments:

@@ -564,13 +564,24 @@ Event = Union[InferDone, Opened, Sliced, SlicedBytes, Embedded, Emitted, PageTex
 
 # --- usage and the envelope --------------------------------------------------
 
+#: The largest count a transcript records (tokens, bytes, milliseconds, steps): 2^53, the largest whole
+#: number every JSON reader holds exactly. Counts from elsewhere (a model server's usage) are checked
+#: against it where they arrive, and the job's totals stop there.
+MAX_COUNT = 2 ** 53
+
 
 @dataclass
 class Usage:
+    """What a job used: every envelope carries one, whatever the job's status."""
+
     tokens_in: int = 0
+    """Prompt tokens of all its infers."""
     tokens_out: int = 0
+    """Tokens its infers generated."""
     duration_ms: int = 0
+    """Wall time of the job, start to end, in milliseconds."""
     model: str = ""
+    """The model's name (empty when the job had none)."""
 
     def to_json(self) -> dict:
         return {"tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
@@ -584,6 +595,8 @@ class Usage:
 
 @dataclass(frozen=True)
 class JobError:
+    """A job's error: ``code`` (one of ``abi.codes``, cuttlefish's strings) and a one-line ``message``."""
+
     code: str
     message: str
 
@@ -593,10 +606,20 @@ class JobError:
 
 @dataclass
 class Envelope:
+    """How a job ended, as cuttlefish's envelope: ``job.wait()``, ``tj.run`` and ``envelope.json`` give it.
+
+    ``ok`` is True when it completed; ``to_json()``/``from_json()`` are the wire form (``result`` only when
+    completed, ``error`` only when failed or cancelled, ``usage`` always).
+    """
+
     status: JobStatus
+    """``completed``, ``failed`` or ``cancelled`` (``JobStatus``)."""
     usage: Usage = field(default_factory=Usage)
+    """Tokens in and out, the wall time and the model (``Usage``)."""
     result: Any = None
+    """The guest's ``done`` value, a JSON value; only when completed."""
     error: JobError | None = None
+    """Why it did not complete: ``code`` (one of ``abi.codes``) and ``message``; None when completed."""
 
     def __post_init__(self) -> None:
         self.status = JobStatus(self.status)

@@ -107,6 +107,23 @@ class Limits:
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Limits)}
 
 
+def reference_table() -> str:
+    """Every limit as a Markdown table: ``Limits``' docstring (``tj.Limits?`` in a notebook) and the API
+    reference page (``tools/docs_hooks.py``) show this one table."""
+    rows = ["| limit | default | unit | what it bounds |", "|---|---|---|---|"]
+    for f in FIELDS.values():
+        default = "off" if f.default is None else f"{f.default:,}"
+        rows.append(f"| `{f.name}` | {default} | {f.metadata['unit']} | {f.metadata['help']} |")
+    return "\n".join(rows)
+
+
+# The class's docstring is made from the table, so what a notebook shows cannot drift from the fields.
+Limits.__doc__ = ("Every bound a job runs under, each with its default: a frozen value "
+                  "(``Limits(max_tokens=64)``, ``limits.replace(...)``); each is also a keyword of ``Job``, "
+                  "``tj.run`` and ``tj.map``, and a flag of the magics and the command line.\n\n"
+                  + reference_table())
+
+
 def check(name: str, value) -> None:
     """Raise ``ValueError`` if ``value`` is not a valid ``name`` limit (the message
     says what is wrong, not where it came from: callers name their own flag)."""

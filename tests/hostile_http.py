@@ -1,4 +1,5 @@
-"""A hostile HTTP server for fetch tests and benchmarks: it breaks HTTP as no server library would.
+"""A hostile HTTP server for fetch and model-server tests and benchmarks: it breaks HTTP as no
+server library would.
 
 Run in its own process (``serve()`` starts it and yields its port), so the
 test process holds only the client's threads and sockets and can count them.
@@ -11,6 +12,23 @@ It speaks raw sockets on 127.0.0.1, one thread per connection, by path:
 * ``/body/N``: a 200 with N bytes of body;
 * ``/stats``: ``{"open": K, "requests": {path: n}}``, the connections (other than this one) still open
   and the requests read for each path.
+
+And, under a first path segment that names the mode, a hostile OpenAI-compatible model server
+(``model_url(port, mode)`` is its base URL, ``.../MODE/v1``):
+
+* ``models-endless``: ``/models`` answers 200 and then ``{"data": [{"id": "aaaa...`` without end, as fast
+  as the client reads;
+* ``models-trickle``: ``/models`` answers 200 and then one byte of a listing every ``MODELS_TRICKLE_S``
+  (each well inside any per-read timeout), never finishing;
+* ``usage-huge``, ``usage-big``: ``/models`` lists ``m``; a chat answer is one piece, then a usage chunk
+  whose ``prompt_tokens`` is 10**4000 (past any 64-bit integer) or whose ``completion_tokens`` is 2**63
+  (past 2**53, the largest count every JSON reader holds exactly);
+* ``long-id``: ``/models`` lists one model whose id is ``LONG_ID_CHARS`` characters; chat answers as above,
+  with honest usage;
+* ``key-echo``: every POST is HTTP 401 whose message is ``KEY_ECHO_PAD`` characters and then the bearer key
+  the request carried (a server that quotes the key back, after enough text that a message clipped first
+  and scrubbed after keeps most of it); ``key-echo-part``: the same with the key's first 20 characters only.
+* any other mode: an honest server (``m`` listed, one piece, honest usage), for baselines.
 
 Every hostile answer stops as soon as the client closes or shuts down its
 side, and ``/stats`` then no longer counts it: the server's view of whether
@@ -26,9 +44,14 @@ import subprocess
 import sys
 from typing import Iterator
 
+MODELS_TRICKLE_S = 0.5
+LONG_ID_CHARS = 500_000
+KEY_ECHO_PAD = 180
+
 SOURCE = r'''
 import json, select, socket, sys, threading, time
 TRICKLE_S = 0.05
+MODELS_TRICKLE_S, LONG_ID_CHARS, KEY_ECHO_PAD = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 
 open_connections = 0
 requests = {}  # path -> requests read for it
@@ -46,6 +69,54 @@ def closed(conn, wait):
         return True
 
 
+def answer_json(conn, status, obj):
+    body = json.dumps(obj).encode()
+    conn.sendall(b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                 b"Connection: close\r\n\r\n" % (status, len(body)) + body)
+
+
+def sse_answer(conn, usage):
+    """One streamed chat answer: a piece, the finish, the usage chunk, [DONE]."""
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+    base = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    for chunk in ({**base, "choices": [{"index": 0, "delta": {"content": "hello"}, "finish_reason": None}]},
+                  {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+                  {**base, "choices": [], "usage": usage}):
+        conn.sendall(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+    conn.sendall(b"data: [DONE]\n\n")
+
+
+def model_server(conn, mode, rest, headers):
+    """The hostile OpenAI-compatible modes (see the module docstring)."""
+    if rest == "/v1/models":
+        if mode == "models-endless":
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
+                         b'{"object": "list", "data": [{"id": "')
+            block = b"a" * 65536
+            while True:
+                conn.sendall(block)
+        if mode == "models-trickle":
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n")
+            for byte in b'{"object": "list", "data": [' + b" " * 10**6:
+                if closed(conn, MODELS_TRICKLE_S):
+                    return
+                conn.sendall(bytes([byte]))
+            return
+        model = "m" * LONG_ID_CHARS if mode == "long-id" else "m"
+        return answer_json(conn, 200, {"object": "list", "data": [{"id": model, "object": "model",
+                                                                    "owned_by": "someone", "created": 1}]})
+    if mode.startswith("key-echo"):
+        key = headers.get("authorization", "").removeprefix("Bearer ")
+        key = key[:20] if mode == "key-echo-part" else key
+        return answer_json(conn, 401, {"error": {"message": "x" * KEY_ECHO_PAD + " " + key}})
+    usage = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+    if mode == "usage-huge":
+        usage["prompt_tokens"] = 10 ** 4000
+    elif mode == "usage-big":
+        usage["completion_tokens"] = 2 ** 63
+    sse_answer(conn, usage)
+
+
 def serve(conn):
     global open_connections
     try:
@@ -55,10 +126,23 @@ def serve(conn):
             if not data:
                 return
             request += data
-        path = request.split(b" ", 2)[1].decode()
+        head, body = request.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        path = lines[0].split(" ", 2)[1]
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        length = int(headers.get("content-length") or 0)
+        while len(body) < length:  # read the whole request, so closing never resets the answer away
+            data = conn.recv(65536)
+            if not data:
+                return
+            body += data
         with lock:
             requests[path] = requests.get(path, 0) + 1
-        if path == "/stats":
+        mode, _, rest = path[1:].partition("/")
+        if "/" + rest in ("/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
+            model_server(conn, mode, "/" + rest, headers)
+            closed(conn, 30)
+        elif path == "/stats":
             with lock:
                 body = json.dumps({"open": open_connections - 1, "requests": requests}).encode()
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
@@ -96,7 +180,7 @@ def serve(conn):
 listener = socket.socket()
 listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 listener.bind(("127.0.0.1", 0))
-listener.listen(64)
+listener.listen(256)
 print(listener.getsockname()[1], flush=True)
 while True:
     conn, _ = listener.accept()
@@ -109,7 +193,8 @@ while True:
 @contextlib.contextmanager
 def serve() -> Iterator[int]:
     """Start the server in a child process; yield its port; kill it on exit."""
-    proc = subprocess.Popen([sys.executable, "-c", SOURCE], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", SOURCE, str(MODELS_TRICKLE_S), str(LONG_ID_CHARS),
+                             str(KEY_ECHO_PAD)], stdout=subprocess.PIPE, text=True)
     try:
         yield int(proc.stdout.readline())
     finally:
@@ -120,6 +205,11 @@ def serve() -> Iterator[int]:
 
 def url(port: int, path: str) -> str:
     return f"http://127.0.0.1:{port}{path}"
+
+
+def model_url(port: int, mode: str) -> str:
+    """The base URL of the hostile model server ``mode`` (see the module docstring)."""
+    return f"http://127.0.0.1:{port}/{mode}/v1"
 
 
 def stats(port: int) -> dict:

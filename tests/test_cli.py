@@ -71,6 +71,19 @@ def test_read_input_and_timeout_options_reach_the_job(guest_file, tmp_path):
     assert json.loads(out)["error"]["code"] == "capability_denied"
 
 
+def test_the_input_may_be_written_as_a_python_literal(tmp_path):
+    """What a notebook line takes, a terminal takes too: the console script in a subprocess, a Python guest."""
+    echo = tmp_path / "echo.py"
+    echo.write_text("def main(input):\n    return input\n")
+    proc = subprocess.run([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "run", str(echo), "--json",
+                           "--input", "{'path': 'a.txt', 'n': 3, 'ok': True, 'none': None}"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["result"] == {"path": "a.txt", "n": 3, "ok": True, "none": None}
+    code, _, err = run_cli("run", str(echo), "--input", "$params")  # a variable needs a notebook
+    assert code == 2 and "only in a notebook" in err
+
+
 def test_input_file_is_staged_for_read_input(tmp_path):
     staged = tmp_path / "staged.bin"
     staged.write_bytes(b"0123456789")

@@ -8,6 +8,7 @@ moved there from README carry README's old checks: the limits table is the
 ``Limits`` dataclass, and the error codes listed are the codes.
 """
 
+import html
 import os
 import re
 import subprocess
@@ -34,6 +35,18 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
     for name in ("tensorjob_jupyter.run", "tensorjob_jupyter.Job", "tensorjob_jupyter.MapResult"):
         assert f'id="{name}"' in api, name  # the API page is made from the docstrings
     assert "to_pandas" in api and (tmp_path / "site" / "limits" / "index.html").exists()
+    text = re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", api)))
+    # the reference is rendered, not empty: Job's keywords, the envelope's, usage's and the map result's fields
+    # with what each means, and every limit with its default
+    for keyword in ("guest", "input", "read", "fetch", "backend", "model", "model_options", "limits", "infer",
+                    "input_bytes", "runs_dir", "cwd", "name", "debug", "break_on"):
+        assert f"{keyword} :" in text or f"{keyword} =" in text, keyword
+    for field, says in [("status", "completed , failed or cancelled"), ("tokens_in", "Prompt tokens"),
+                        ("result", "The guest's done value"), ("total", "Items in the manifest"),
+                        ("skipped", "Items this session did not run"), ("throughput", "Items this session concluded per second")]:
+        assert re.search(rf"{field}\b[^¶]*¶ {re.escape(says)}", text), field
+    for name, f in FIELDS.items():
+        assert f"{name} " in text and f.metadata["help"] in text, name
 
 
 def test_every_page_is_in_the_navigation():

@@ -49,8 +49,9 @@ def test_a_map_result_is_rows_a_dataframe_and_a_short_repr(finished_map):
     result, bad, tmp_path = finished_map
     rows = result.rows()
     assert [r["item"] for r in rows] == [0, 1]
-    assert list(rows[0]) == ["item", "input.path", "input.n", "status", "error_code", "error_message",
+    assert list(rows[0]) == ["item", "key", "input.path", "input.n", "status", "error_code", "error_message",
                              "result.label", "result.nested"]
+    assert [r["key"] for r in rows] == ["a.txt", "b.txt"]
     assert rows[1]["input.n"] is None and rows[1]["status"] == "completed"
     assert rows[0]["result.nested"] == {"deep": [1, 2]}  # flattened one level only
     frame = result.to_pandas()
@@ -64,6 +65,7 @@ def test_a_map_result_is_rows_a_dataframe_and_a_short_repr(finished_map):
     assert (first["status"], first["error_code"], first["error_message"]) == ("failed", "not_found",
                                                                               "no such document")
     assert second["input"] == 7 and first["input.path"] == "gone.txt"  # an input that is no object: "input"
+    assert (first["key"], second["key"]) == ("gone.txt", "7")
 
 
 def test_to_pandas_without_pandas_names_the_extra(finished_map, monkeypatch):

@@ -405,6 +405,72 @@ def test_the_batching_worker_keeps_order_around_embeds_and_adapters(tiny_files):
         worker.close()
 
 
+def test_an_embed_runs_in_pieces_that_waiting_generations_pass_between_and_an_abandoned_one_stops(  # noqa: F811
+        tiny_files, monkeypatch):
+    from tensorjob_jupyter.inference import llama
+
+    pieces: list[int] = []
+    gate = threading.Event()
+    step = llama.Embedding.step
+
+    def counted(self):  # each piece counted; the first of each embed waits for the gate
+        if self._next == 0 and self._offset == 0:
+            assert gate.wait(30)
+        pieces.append(self._next)
+        return step(self)
+
+    monkeypatch.setattr(llama.Embedding, "step", counted)
+    worker = InferenceWorker(lambda: LlamaEngine(tiny_files["model"], n_ctx=64, slots=2))
+    try:
+        worker.generate_stream(GenerateRequest("the cat", 2), Collector()).result(30)  # loaded
+        texts = ["the cat " * 200] * 16  # each cut to the tiny model's 256-token context
+        gate.set()
+        alone = worker.embed(texts).result(120)
+        per_embed = len(pieces)
+        assert per_embed >= 16
+        # a generation that comes while an embed runs is served after the embed's piece, not its end
+        gate.clear()
+        pieces.clear()
+        embed = worker.embed(texts)
+        assert wait_for(embed.running, 30)
+        chat = worker.generate_stream(GenerateRequest("the cat", 3), Collector())
+        gate.set()
+        assert chat.result(60).usage.completion_tokens == 3
+        assert len(pieces) <= 2, f"the generation waited for {len(pieces)} of the embed's {per_embed} pieces"
+        assert embed.result(120) == alone  # served between its pieces, the embed gives the same vectors
+        # a caller that leaves: the embed stops at its next piece, and the model is free at once
+        gate.clear()
+        pieces.clear()
+        embed = worker.embed(texts)
+        assert wait_for(embed.running, 30)
+        assert not embed.cancel()  # running: abandoned instead
+        gate.set()
+        with pytest.raises(ModelError, match="abandoned"):
+            embed.result(60)
+        assert len(pieces) <= 1, f"{len(pieces)} pieces ran for a caller that had left"
+        assert worker.generate_stream(GenerateRequest("the cat", 2), Collector()).result(30).text
+        # a request past the token budget is refused before any piece
+        from tensorjob_jupyter.inference.base import RequestTooLarge
+        from tensorjob_jupyter.inference.llama import EMBED_MAX_TOKENS
+
+        pieces.clear()
+        with pytest.raises(RequestTooLarge, match="EMBED_MAX_TOKENS") as refused:
+            worker.embed(texts * 9).result(30)
+        assert refused.value.code == "limit_exceeded" and len(texts * 9) * 256 > EMBED_MAX_TOKENS and not pieces
+    finally:
+        gate.set()
+        worker.close()
+
+
+def wait_for(predicate, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.001)
+    return True
+
+
 # -- the real model ------------------------------------------------------------------------------
 
 

@@ -20,7 +20,10 @@ import wasmtime
 import tensorjob_jupyter as tj
 from tensorjob_jupyter import fanout
 from tensorjob_jupyter.fanout import ManifestError, ResumeRefused, map as tj_map, read_manifest, start_map
+from tensorjob_jupyter.fanout import concurrency
+from tensorjob_jupyter.frontends.cli import main as cli_main
 from tensorjob_jupyter.frontends.map_cli import add_map_parser, cmd_map
+from tensorjob_jupyter.inference.topology import physical_cores
 from tensorjob_jupyter.inference import ScriptedBackend
 
 # --- the puppet guest ----------------------------------------------------------------
@@ -109,13 +112,13 @@ def test_results_and_failures_files_are_exact(guest, tmp_path):
 
     assert (result.total, result.completed, result.failed, result.ran, result.skipped) == (5, 3, 2, 5, 0)
     assert result.status == "finished" and not result.ok
-    assert sorted_lines(result.results_path) == sorted([
-        '{"item":0,"result":{"n":0}}',
-        '{"item":2,"result":[1,"ü"]}',
-        '{"item":4,"result":{"event":"infer_done","text":"a b","tokens_out":2}}',
-    ])
-    failures = [json.loads(line) for line in sorted_lines(result.failures_path)]
-    assert failures[0] == {"item": 1, "error": {"code": "bad_item", "message": "item 1 is bad"}}
+    assert result.results_path.read_text(encoding="utf-8").splitlines() == [  # in manifest order
+        '{"item":0,"key":"0","result":{"n":0}}',
+        '{"item":2,"key":"2","result":[1,"ü"]}',
+        '{"item":4,"key":"4","result":{"event":"infer_done","text":"a b","tokens_out":2}}',
+    ]
+    failures = [json.loads(line) for line in result.failures_path.read_text(encoding="utf-8").splitlines()]
+    assert failures[0] == {"item": 1, "key": "1", "error": {"code": "bad_item", "message": "item 1 is bad"}}
     assert failures[1]["item"] == 3 and failures[1]["error"]["code"] == "wasm_trap"
     assert result.results() == {0: {"n": 0}, 2: [1, "ü"],
                                 4: {"event": "infer_done", "text": "a b", "tokens_out": 2}}
@@ -124,6 +127,28 @@ def test_results_and_failures_files_are_exact(guest, tmp_path):
     assert ledger["manifest"]["items"] == 5
     assert ledger["sessions"][0]["completed"] == 3 and ledger["sessions"][0]["finished_at"]
     assert job_dirs(tmp_path / "run") == 5  # every item is an ordinary job with its transcript
+
+
+def test_results_are_in_manifest_order_with_each_item_s_key_whatever_order_items_finish(guest, tmp_path):
+    # item 0 generates for a while; the others end at once and finish first
+    items = [{**infer("slow", 8), "path": "reports/a.txt"}, {**done(1), "id": 17}, {**done(2), "name": "third"},
+             {**fail("bad", "no"), "url": "https://example.org/d"}, done(4)]
+    manifest = write_manifest(tmp_path / "m.jsonl", items)
+    finished = []
+    run = start_map(guest, manifest, tmp_path / "run", backend=slow_backend(0.05), concurrency=5)
+    run.subscribe(lambda event: finished.append(event.get("item")))
+    result = run.wait(60)
+    assert finished.index(0) > finished.index(1)  # the files were appended out of order...
+    records = [json.loads(line) for line in result.results_path.read_text(encoding="utf-8").splitlines()]
+    assert [(r["item"], r["key"]) for r in records] == [(0, "reports/a.txt"), (1, "17"), (2, "third"), (4, "4")]
+    [failure] = [json.loads(line) for line in result.failures_path.read_text(encoding="utf-8").splitlines()]
+    assert (failure["item"], failure["key"]) == (3, "https://example.org/d")
+    rows = result.rows()  # ...and the table has the keys too
+    assert [row["key"] for row in rows] == ["reports/a.txt", "17", "third", "https://example.org/d", "4"]
+    again = fanout.MapResult.read(tmp_path / "run")  # read back from the folder alone
+    assert (again.total, again.completed, again.failed, again.status) == (5, 4, 1, "finished")
+    assert [row["key"] for row in again.rows()] == [row["key"] for row in rows]
+    assert [row["status"] for row in again.rows()] == ["completed"] * 3 + ["failed", "completed"]
 
 
 def test_item_numbers_count_only_non_blank_lines(guest, tmp_path):
@@ -289,7 +314,7 @@ def test_a_run_folder_in_use_is_refused(guest, tmp_path):
 
 
 def test_a_broken_run_folder_ends_the_map_as_an_error_not_a_hang(guest, tmp_path, monkeypatch):
-    def disk_full(self, outcome):
+    def disk_full(self, outcome, key):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(fanout.RunFolder, "record", disk_full)
@@ -422,8 +447,32 @@ def test_cli_usage_errors_are_one_line_and_exit_two(guest_file, tmp_path):
     assert code == 2 and "guest file not found" in err
 
     ok = write_manifest(tmp_path / "ok.jsonl", [done(1)])
-    code, _, err = run_cli(guest_file, "--over", str(ok), "--run-dir", str(tmp_path / "r"), "--concurrency", "0")
-    assert code == 2 and "--concurrency" in err
+    for bad_number in ("0", "-2", "many", "2.5"):
+        out, err = io.StringIO(), io.StringIO()
+        code = cli_main(["map", guest_file, "--over", str(ok), "--run-dir", str(tmp_path / "r"), "--concurrency",
+                         bad_number], out=out, err=err)
+        assert code == 2 and err.getvalue().count("\n") == 1, err.getvalue()
+        assert "--concurrency" in err.getvalue() and "neither auto nor a whole number" in err.getvalue()
+
+
+def test_concurrency_auto_is_the_model_s_width_at_most_twice_the_cores(guest, tmp_path, monkeypatch):
+    def ledger_concurrency(run_dir):
+        return json.loads((run_dir / "ledger.json").read_text())["sessions"][-1]["concurrency"]
+
+    backend = ScriptedBackend("a b")
+    tj_map(guest, [done(1)], tmp_path / "default", backend=backend)
+    assert ledger_concurrency(tmp_path / "default") == concurrency.auto_concurrency() == min(4, 2 * physical_cores())
+    backend.slots = 2  # a backend that batches two sequences says so
+    tj_map(guest, [done(1)], tmp_path / "two", backend=backend, concurrency="auto")
+    assert ledger_concurrency(tmp_path / "two") == 2
+    tj_map(guest, [done(1)], tmp_path / "told", backend=backend, concurrency=3)
+    assert ledger_concurrency(tmp_path / "told") == 3
+    assert concurrency.auto_concurrency({"slots": 8}) == min(8, 2 * physical_cores())
+    monkeypatch.setattr(concurrency, "physical_cores", lambda: 1)
+    assert concurrency.auto_concurrency({"slots": 8}) == 2 and concurrency.auto_concurrency() == 2
+    for wrong in (0, -1, 2.0, True, "four"):
+        with pytest.raises(ValueError, match="concurrency must be a whole number at least 1 or 'auto'"):
+            tj_map(guest, [done(1)], tmp_path / "wrong", backend=backend, concurrency=wrong)
 
 
 def test_cli_refuses_a_changed_manifest(guest_file, tmp_path):

@@ -497,6 +497,23 @@ def test_sys_modules_tricks_reach_only_the_protocol():
     assert out.failure.code == codes.SCRIPT_ERROR
 
 
+@pytest.mark.parametrize("call,binding", [("host.log(300, 'x')", "log"), ("host.read_input(-1, 2)", "read-input"),
+                                          ("host.read_input(2 ** 40, 2)", "read-input"), ("host.sleep(-5)", "sleep"),
+                                          ("host.command(5, False)", "command")])
+def test_a_raw_binding_called_with_a_value_out_of_its_range_is_a_wasm_trap_not_out_of_memory(call, binding):
+    # componentize-py's bindings abort the interpreter on a value their WIT type cannot hold: the
+    # guest's doing, reported as a trap in the binding it called -- memory has nothing to do with it
+    out = drive(f"""
+        import sys
+        def main(input):
+            host = sys.modules["wit_world.imports.host"]
+            {call}
+    """)
+    assert out.trap.code == codes.WASM_TRAP, out.trap
+    assert f"(`{binding}`)" in out.trap.message and "memory" not in out.trap.message
+    assert drive("def main(input):\n    return 1\n").result == 1  # the next guest is unharmed
+
+
 def test_interpreters_are_isolated_from_each_other():
     a = drive("import tensorjob as tj\ndef main(input):\n    tj.SECRET = 1\n    return 1\n")
     b = drive("import tensorjob as tj\ndef main(input):\n    return hasattr(tj, 'SECRET')\n")

@@ -359,3 +359,52 @@ def test_the_first_build_shows_its_progress_and_never_runs_at_start_up(monkeypat
     # Loading the extension builds nothing: a kernel starts at once.
     import tensorjob_jupyter.frontends.magic  # noqa: F401
     assert not any(t.name == "tensorjob-python-build" for t in threading.enumerate())
+
+
+def test_a_cache_manifest_that_is_not_a_regular_file_is_refused_at_once(tmp_path, monkeypatch):
+    """A FIFO where the interpreter's manifest belongs: opening it to read would wait for a writer for ever."""
+    from tensorjob_jupyter.sandbox.python import interpreter
+
+    monkeypatch.setenv("TENSORJOB_CACHE", str(tmp_path / "cache"))
+    paths = interpreter._paths()
+    paths.root.mkdir(parents=True)
+    os.mkfifo(paths.manifest)
+    box: list = []
+
+    def start() -> None:
+        try:
+            interpreter.ensure(False)
+        except Exception as e:  # noqa: BLE001
+            box.append(e)
+
+    worker = threading.Thread(target=start, daemon=True)
+    worker.start()
+    worker.join(10)
+    if worker.is_alive():  # stuck opening the FIFO: let it go (a writer that closes at once), then fail
+        os.close(os.open(paths.manifest, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(10)
+        pytest.fail("starting a Python guest hung on a FIFO in the interpreter's cache")
+    [error] = box
+    assert isinstance(error, interpreter.InterpreterError) and "not a regular file" in str(error)
+    assert "tensorjob cache --clear" in str(error)
+    assert not interpreter.is_ready(False)
+    assert interpreter.clear()[0] == 1 and not paths.manifest.exists()  # --clear takes it away
+
+
+@pytest.mark.slow
+def test_tensorjob_run_of_a_python_guest_with_a_fifo_in_its_cache_fails_in_one_line(tmp_path):
+    from tensorjob_jupyter.sandbox.python import interpreter
+
+    env = {**os.environ, "TENSORJOB_CACHE": str(tmp_path / "cache")}
+    root = tmp_path / "cache" / "python"
+    root.mkdir(parents=True)
+    guest = tmp_path / "g.py"
+    guest.write_text("def main(input):\n    return 1\n")
+    key = interpreter.build_key()
+    os.mkfifo(root / f"interpreter-{key}.json")
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "run", str(guest), "--json",
+                           "--runs", str(tmp_path / "runs")], env=env, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert time.monotonic() - started < 60 and proc.returncode != 0, proc
+    assert "not a regular file" in proc.stdout + proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]

@@ -35,3 +35,19 @@ def test_every_page_it_links_to_is_there():
     assert len(set(linked)) >= 9
     for path in linked:
         assert (ROOT / path).is_file(), path
+
+
+NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+                "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"]
+
+
+def test_the_tutorials_listed_are_the_notebooks_in_order_and_no_page_miscounts_them():
+    notebooks = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+    listed = re.findall(r"^\d+\. \[[^\]]+\]\(notebooks/([^)]+\.ipynb)\)", README, re.M)
+    assert listed == notebooks
+    for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "binder").glob("*")]:
+        text = path.read_text(encoding="utf-8", errors="replace").lower()
+        for number in re.findall(r"\b(\w+) (?:tutorials|tutorial notebooks)\b", text):
+            if number in NUMBER_WORDS or number.isdigit():
+                count = NUMBER_WORDS.index(number) if number in NUMBER_WORDS else int(number)
+                assert count == len(notebooks), f"{path.name} says {number} tutorials; there are {len(notebooks)}"

@@ -169,7 +169,7 @@ def test_a_scored_map_has_score_columns_a_summary_and_keeps_its_expected_answers
     run = tmp_path / "run"
     assert {"expected.jsonl", "scoring.json", "scores.jsonl"} <= {p.name for p in run.iterdir()}
     assert json.loads((run / "scoring.json").read_text())["scorer"] == "json_fields"
-    assert tj.MapResult.from_folder(run).score_summary() == summary  # read back from the folder alone
+    assert tj.MapResult.read(run).score_summary() == summary  # read back from the folder alone
 
 
 def test_an_unscored_map_has_no_score_columns(guest, tmp_path):

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -48,6 +50,19 @@ class Serve:
             self.close()
             raise RuntimeError(f"tensorjob serve did not start: {line!r} {self.process.stderr.read()[-2000:]}")
         self.url = line.split()[2]
+        #: What it printed after the first line (its request log), read as it comes: a full pipe would stall it.
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def output(self) -> str:
+        """Everything it printed after the first line, once it has ended."""
+        self._reader.join(15)
+        return "\n".join(self.lines)
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -142,6 +157,24 @@ def test_the_command_line_runs_a_job_on_the_server_and_records_where(server, tmp
     assert created["model_server"]["url"] == server.url
 
 
+def test_each_request_is_one_line_on_stdout_unless_quiet(server, served):
+    job, env = run(infer_guest("Say hello.", max_tokens=4), backend=served)
+    assert env.ok, env
+    line = re.compile(r"\d\d:\d\d:\d\d POST /v1/(chat/)?completions 200 (\d+)\+(\d+) tokens \d+ ms")
+    assert wait_until(lambda: any(line.fullmatch(x) for x in server.lines), 10, 0.05), server.lines
+    [logged] = [m for m in map(line.fullmatch, server.lines) if m][-1:]
+    assert int(logged.group(2)) == env.usage.tokens_in and int(logged.group(3)) == env.usage.tokens_out
+    quiet = Serve("--quiet")
+    try:
+        backend = ServedBackend(quiet.url)
+        job, env = run(infer_guest("Say hello.", max_tokens=2), backend=backend)
+        assert env.ok, env
+        backend.close()
+    finally:
+        quiet.close()
+    assert quiet.output() == ""
+
+
 def test_with_a_key_a_job_needs_it_and_no_message_holds_it(monkeypatch):
     s = Serve("--api-key-env", "TJ_SERVE_KEY", env={"TJ_SERVE_KEY": KEY})
     try:
@@ -158,7 +191,7 @@ def test_with_a_key_a_job_needs_it_and_no_message_holds_it(monkeypatch):
         backend.close()
     finally:
         s.close()
-    assert KEY not in s.process.stdout.read() + s.process.stderr.read()
+    assert KEY not in s.output() + s.process.stderr.read()
 
 
 @pytest.mark.parametrize("args,status,says", [

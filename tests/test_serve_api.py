@@ -9,13 +9,15 @@ tests/test_serve.py.
 
 from __future__ import annotations
 
+import io
 import json
+import re
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensorjob_jupyter.frontends.serve import MAX_BODY_BYTES, build_app, plan, RequestError
+from tensorjob_jupyter.frontends.serve import MAX_BODY_BYTES, RequestError, RequestLog, build_app, plan
 from tensorjob_jupyter.inference.base import QueueFull
 from tensorjob_jupyter.inference.scripted import ScriptedBackend
 
@@ -71,6 +73,24 @@ def test_a_streamed_chat_answer_is_pieces_then_the_finish_then_usage_then_done(c
     assert backend.scripted.prompts == ["Say hello."]
 
 
+def test_each_request_is_one_log_line_with_its_status_tokens_and_time(backend):
+    out = io.StringIO()
+    with TestClient(build_app(backend, MODEL, log=RequestLog(out))) as c:
+        c.get("/v1/models")
+        c.post("/v1/chat/completions", json=chat(max_tokens=2))
+        c.post("/v1/chat/completions", json=chat(stream=True, max_tokens=16))
+        c.post("/v1/completions", json={"model": MODEL, "prompt": "Once", "max_tokens": -1})
+        c.post("/v1/embeddings", json={"model": MODEL, "input": ["a", "b"]})
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 5, lines
+    stamp = r"\d\d:\d\d:\d\d "
+    assert re.fullmatch(stamp + r"GET /v1/models 200 \d+ ms", lines[0]), lines[0]
+    assert re.fullmatch(stamp + r"POST /v1/chat/completions 200 \d+\+2 tokens \d+ ms", lines[1]), lines[1]
+    assert re.fullmatch(stamp + r"POST /v1/chat/completions 200 \d+\+3 tokens \d+ ms", lines[2]), lines[2]
+    assert re.fullmatch(stamp + r"POST /v1/completions 400 \d+ ms", lines[3]), lines[3]
+    assert re.fullmatch(stamp + r"POST /v1/embeddings 200 2 texts \d+ ms", lines[4]), lines[4]
+
+
 def test_a_whole_answer_and_a_raw_completion(client):
     r = client.post("/v1/chat/completions", json=chat(max_tokens=2))
     body = r.json()
@@ -111,6 +131,12 @@ def test_response_format_becomes_the_grammar_s_constraint():
     (chat(response_format={"type": "yaml"}), "response_format"),
     (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
     (chat(n=2), "n must be 1"),
+    (chat(logprobs=True), "logprobs"),
+    (chat(logprobs=True, top_logprobs=3), "logprobs"),
+    (chat(logit_bias={"50256": -100}), "logit_bias"),
+    (chat(presence_penalty=0.5), "presence_penalty"),
+    (chat(frequency_penalty=1), "frequency_penalty"),
+    (chat(logprobs=1), "logprobs"),  # not the boolean off
     ({"model": MODEL, "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]},
      "one user message"),
     ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text"),
@@ -148,8 +174,47 @@ def test_a_web_page_cannot_use_a_loopback_server(backend):
         assert r.status_code == 415
         r = c.post("/v1/chat/completions", json=chat(), headers={"host": "evil.example:8000"})
         assert r.status_code == 403 and c.get("/v1/models", headers={"host": "evil.example"}).status_code == 403
-        for host in ("localhost:8000", "[::1]:8000", "127.0.0.1"):
+        for host in ("localhost:8000", "[::1]:8000", "127.0.0.1", "LOCALHOST"):
             assert c.get("/v1/models", headers={"host": host}).status_code == 200, host
+        # a loopback name with anything but a port after it is not a loopback name
+        for host in ("localhost:evil", "localhost:8000:1", "127.0.0.1:", "[::1]x", "[::1]:99999", "localhost.:80",
+                     "127.0.0.1.evil.example", "", "[::1", "localhost :80"):
+            assert c.get("/v1/models", headers={"host": host}).status_code == 403, host
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.sampled_from(["localhost", "127.0.0.1", "[::1]"]), rest=st.text(max_size=12))
+def test_a_loopback_name_with_anything_but_a_port_after_it_is_not_loopback(name, rest):
+    from tensorjob_jupyter.frontends.serve import LOOPBACK_NAMES, _host_name
+
+    port = rest[1:] if rest.startswith(":") else None
+    is_port = rest == "" or (port is not None and port.isascii() and port.isdigit() and len(port) <= 5
+                             and int(port) <= 65535)
+    assert (_host_name(name + rest) in LOOPBACK_NAMES) == is_port or (name + rest).lower() in LOOPBACK_NAMES
+
+
+def test_what_is_not_honoured_is_refused_and_what_changes_nothing_is_served(client):
+    for fields in ({"logprobs": False}, {"logprobs": None, "top_logprobs": None}, {"logit_bias": {}},
+                   {"presence_penalty": 0, "frequency_penalty": 0.0}):
+        assert client.post("/v1/chat/completions", json=chat(**fields)).status_code == 200, fields
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": "Once", "echo": True})
+    assert r.status_code == 400 and "echo" in r.json()["error"]["message"]
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": "Once", "best_of": 3})
+    assert r.status_code == 400 and "best_of" in r.json()["error"]["message"]
+
+
+def test_an_embed_past_the_engine_s_budget_is_400(backend):
+    from tensorjob_jupyter.inference.base import RequestTooLarge
+
+    class Budget(ScriptedBackend):
+        def embed(self, texts):
+            raise RequestTooLarge("the texts to embed are 99999 tokens, more than one request may embed")
+
+    budget = Budget()
+    with TestClient(build_app(budget, MODEL)) as c:
+        r = c.post("/v1/embeddings", json={"input": ["a"] * 3})
+        assert r.status_code == 400 and "99999 tokens" in r.json()["error"]["message"]
+    budget.close()
 
 
 def test_a_full_queue_is_429_and_a_failing_model_is_500(backend):

@@ -88,10 +88,11 @@ def test_a_url_names_a_served_model_and_is_recorded_without_credentials():
 
 def test_the_only_model_is_the_default_and_several_are_listed_by_name():
     with FakeServer(models=["only-one"]) as fake:
-        assert backend_for(fake).model_name == "only-one"
+        backend = backend_for(fake)
+        assert backend.model_name == "?" and not fake.requests  # naming it asks nothing of the server
+        assert backend.resolve_model().result(10) == "only-one" == backend.model_name
     with FakeServer(models=["a-7b", "b-13b"]) as fake:
         backend = backend_for(fake)
-        assert backend.model_name == "?"  # the job records what it can; its infer says why
         job, env = run_job(backend)
         assert env.error.code == codes.MODEL_LOAD_FAILED
         assert "2 models (a-7b, b-13b)" in env.error.message and "--model-name" in env.error.message
@@ -123,7 +124,7 @@ def test_tokens_stream_to_the_guest_and_usage_and_cached_tokens_reach_the_envelo
     assert done["usage"]["input_tokens_details"]["cached_tokens"] == 3
     assert env.usage.tokens_in == 7 and env.usage.tokens_out == 5 and env.usage.model == "fake-model"
     created = of_type(job, "job.created")[0]
-    assert created["model"] == "fake-model"
+    assert created["model"] == "?"  # not yet asked when the job was created (its first infer asked)
     [request] = fake.requests
     assert request["path"] == "/v1/chat/completions"
     assert request["headers"]["authorization"] == f"Bearer {KEY}"  # sent to the server, and nowhere else
@@ -530,8 +531,13 @@ def test_a_job_names_its_served_model_by_url_and_records_the_url_and_id_never_th
     env = job.wait(30)
     assert env.ok, env
     created = of_type(job, "job.created")[0]
-    assert created["model"] == "fake-model"
+    # the server is asked which model it serves on the job's thread, before the first infer: the job
+    # created first records "?" there, the answer and the usage name the model, and so do later jobs
+    assert created["model"] == "?"
+    assert of_type(job, "response.created")[0]["response"]["model"] == "fake-model" == env.usage.model
     assert created["model_server"] == {"url": fake.url, "api_key_env": "TJ_TEST_KEY"}
+    assert of_type(tj.Job(infer_guest(), model=fake.url, model_options={"api_key_env": "TJ_TEST_KEY"}),
+                   "job.created")[0]["model"] == "fake-model"
     assert fake.requests[-1]["headers"]["authorization"] == f"Bearer {KEY}"
     assert all(KEY not in p.read_text(errors="replace") for p in job.run_dir.rglob("*") if p.is_file())
 

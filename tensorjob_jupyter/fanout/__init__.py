@@ -14,13 +14,16 @@ The run folder is the map's ledger (cuttlefish's fan-out, reference §9.5):
 
     ledger.json      what this folder is: the manifest's SHA-256, the guest's
                      SHA-256, the item count, one entry per session
-    results.jsonl    {"item": i, "result": ...}                       per completed item
-    failures.jsonl   {"item": i, "error": {"code": ..., "message": ...}} per failed item
+    results.jsonl    {"item": i, "key": k, "result": ...}                       per completed item
+    failures.jsonl   {"item": i, "key": k, "error": {"code": ..., "message": ...}} per failed item
     jobs/            each item's job transcript (events.jsonl, envelope.json)
 
 Lines are appended, flushed and fsynced as each item finishes, so a crash
 loses nothing already finished (a torn last line is cut off on resume and
-its item runs again). Lines are in finishing order, not item order. Running
+its item runs again). Lines are appended in finishing order; when the map
+ends they are rewritten in item order (manifest order). ``k`` is the item's
+key, what names it to a person (``manifest.item_key``: its ``id``, ``key``,
+``name``, ``path``, ``file`` or ``url`` field, else its number). Running
 the same map into the same folder resumes it: items already *concluded*
 (completed or failed, as in cuttlefish) are skipped; ``retry_failed=True``
 runs the failed ones again. A folder started with a different manifest or a

@@ -5,7 +5,10 @@ ledger pins the manifest's and the guest's SHA-256 (another of either is
 ``ResumeRefused``, since mixing them would make the results files lie), an
 advisory lock keeps a second map out, each concluded item is appended,
 flushed and fsynced as it finishes, and a torn last line left by a crash is
-cut off on resume so that its item runs again. Only the map's own thread
+cut off on resume so that its item runs again. When a map ends (finished,
+failed or cancelled) the results files are rewritten in item order, so a
+finished folder reads in manifest order whatever order items finished in; each
+record carries the item's ``key`` (``manifest.item_key``) beside its number. Only the map's own thread
 writes here (see ``run.MapRun``). A refused folder can be started over
 (``restart``: under the lock, the map's own files are removed first, and
 nothing else in the folder is touched); the refusal says so.
@@ -32,6 +35,8 @@ JOBS = "jobs"
 LEDGER_FORMAT = "tensorjob-map/1"
 #: What scoring (``scoring.py``) keeps here: expected answers, the scorer's name, the scores.
 SCORING_FILES = ("expected.jsonl", "scoring.json", "scores.jsonl")
+#: The largest ledger read back (one small entry per session: megabytes are not a ledger).
+MAX_LEDGER_BYTES = 8 * 1024 * 1024
 #: How to start a refused folder over, in the front ends' words.
 RESTART_HINT = "start this one over with --restart (restart=True in Python), which keeps none of its results"
 
@@ -81,6 +86,53 @@ def read_records(path: Path, *, repair: bool = False) -> list[dict]:
     return records
 
 
+#: What a ledger's last session may say of how it ended.
+SESSION_STATUSES = ("running", "finished", "cancelled", "stopped", "error")
+
+
+def read_ledger(run_dir: Path) -> dict:
+    """What a run folder's ledger says, checked as input from anywhere: ``items`` (how many), the
+    ``manifest_source`` and ``manifest_sha256`` it pins, and its last ``session``'s summary (counts, status,
+    error, ``elapsed_s``), each value of the type it must have or left out. ``ResumeRefused`` if ``run_dir``
+    holds no ledger of this format."""
+    path = run_dir / LEDGER
+    try:
+        with _open_own(path, os.O_RDONLY, "rb") as f:
+            data = f.read(MAX_LEDGER_BYTES + 1)
+        if len(data) > MAX_LEDGER_BYTES:
+            raise ValueError("too large")
+        ledger = json.loads(data)
+        items, manifest = ledger["manifest"]["items"], ledger["manifest"]
+        if ledger.get("format") != LEDGER_FORMAT or not _count(items):
+            raise ValueError("not this format")
+    except ResumeRefused:
+        raise ResumeRefused(f"{run_dir} is not a map's run folder: it has no {LEDGER}") from None
+    except (ValueError, KeyError, TypeError, RecursionError):
+        raise ResumeRefused(f"{path} is not a tensorjob map ledger") from None
+    sessions = ledger.get("sessions") if isinstance(ledger.get("sessions"), list) else []
+    last = sessions[-1] if sessions and isinstance(sessions[-1], dict) else {}
+    session = {k: last[k] for k in ("completed", "failed", "skipped") if _count(last.get(k))}
+    if last.get("status") in SESSION_STATUSES:
+        session["status"] = last["status"]
+    if isinstance(last.get("error"), str):
+        session["error"] = last["error"][:2000]
+    session["elapsed_s"] = _elapsed(last.get("started_at"), last.get("finished_at"))
+    return {"items": items, "session": session,
+            "manifest_source": manifest.get("source") if isinstance(manifest.get("source"), str) else None,
+            "manifest_sha256": manifest.get("sha256") if isinstance(manifest.get("sha256"), str) else None}
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2 ** 53
+
+
+def _elapsed(started, finished) -> float:
+    try:
+        return max(0.0, time.mktime(time.strptime(finished, _TIME)) - time.mktime(time.strptime(started, _TIME)))
+    except (TypeError, ValueError, OverflowError):
+        return 0.0
+
+
 class RunFolder:
     """The ledger, the results files and the lock of one map's run folder."""
 
@@ -98,7 +150,7 @@ class RunFolder:
         self._failures = None
 
     def open(self, manifest: Manifest, wasm_sha256: str, *, retry_failed: bool, where: str,
-             restart: bool = False) -> None:
+             restart: bool = False, concurrency: int | None = None) -> None:
         """Create or resume the folder; refuses a different manifest or guest. ``restart``: start the
         folder over first, keeping nothing of an earlier map (its ledger, results and item transcripts)."""
         self.path.mkdir(parents=True, exist_ok=True)
@@ -114,7 +166,8 @@ class RunFolder:
                 _fsync_write(self.failures_path, "")
                 failures = []
             self.failed = {r["item"] for r in failures}
-            self._ledger["sessions"].append({"started_at": _now(), "finished_at": None, "where": where})
+            self._ledger["sessions"].append({"started_at": _now(), "finished_at": None, "where": where,
+                                             **({"concurrency": concurrency} if concurrency else {})})
             _fsync_write(self.path / LEDGER, json.dumps(self._ledger, indent=2) + "\n")
             self.jobs_path.mkdir(exist_ok=True)
             append = os.O_WRONLY | os.O_CREAT | os.O_APPEND
@@ -175,16 +228,16 @@ class RunFolder:
                 f"or {RESTART_HINT}")
         return ledger
 
-    def record(self, outcome: dict) -> bool:
-        """Append a concluded item; False (nothing written) if it already was."""
+    def record(self, outcome: dict, key: str) -> bool:
+        """Append a concluded item, named ``key``; False (nothing written) if it already was."""
         index = outcome["item"]
         if index in self.completed or index in self.failed:
             return False
         if outcome["status"] == JobStatus.COMPLETED.value:
-            f, line = self._results, {"item": index, "result": outcome.get("result")}
+            f, line = self._results, {"item": index, "key": key, "result": outcome.get("result")}
             self.completed.add(index)
         else:
-            f, line = self._failures, {"item": index, "error": outcome["error"]}
+            f, line = self._failures, {"item": index, "key": key, "error": outcome["error"]}
             self.failed.add(index)
         f.write(dumps(line) + "\n")
         f.flush()
@@ -193,9 +246,24 @@ class RunFolder:
         return True
 
     def finish(self, summary: dict) -> None:
+        """End this session: the results files in item order, then the ledger's summary."""
+        self._put_in_item_order()
         if self._ledger.get("sessions"):
             self._ledger["sessions"][-1].update(finished_at=_now(), **summary)
             _fsync_write(self.path / LEDGER, json.dumps(self._ledger, indent=2) + "\n")
+
+    def _put_in_item_order(self) -> None:
+        """Rewrite both results files sorted by item (each atomically, fsynced), under the lock."""
+        for name, path in (("_results", self.results_path), ("_failures", self.failures_path)):
+            f = getattr(self, name)
+            if f is None:
+                continue
+            f.close()
+            setattr(self, name, None)
+            records = read_records(path)
+            if any(a["item"] > b["item"] for a, b in zip(records, records[1:])):
+                records.sort(key=lambda r: r["item"])
+                _fsync_write(path, "".join(dumps(r) + "\n" for r in records))
 
     def close(self) -> None:
         for f in (self._results, self._failures, self._lock_file):
@@ -204,5 +272,8 @@ class RunFolder:
         self._results = self._failures = self._lock_file = None
 
 
+_TIME = "%Y-%m-%dT%H:%M:%S%z"
+
+
 def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    return time.strftime(_TIME)

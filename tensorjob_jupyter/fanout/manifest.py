@@ -16,6 +16,11 @@ would block, ``/dev/zero`` never ends); and items are kept as their JSON
 bytes in one buffer (``ManifestItems``), parsed again when a map asks for
 one -- parsed JSON costs about 25 bytes of memory a byte, a million ``{}``
 lines 44 times their size, while bytes and an offset cost about 3 times.
+
+Each item also has a *key* (``item_key``), what names it to a person in a
+table or a results file: its input's ``id``, ``key``, ``name``, ``path``,
+``file`` or ``url`` field, the input itself when it is a string or a number,
+else its number. The item number stays the identity (keys may repeat).
 """
 
 from __future__ import annotations
@@ -36,6 +41,28 @@ from tensorjob_jupyter.fanout.errors import ManifestError
 #: Bytes of one manifest line (its newline aside): an item is one job's input, and a guest's command
 #: is at most 16 MiB (``max_command_bytes``) too.
 MAX_LINE_BYTES = 16 * 1024 * 1024
+
+
+#: The input fields that name an item, in the order they are looked for (``item_key``).
+KEY_FIELDS = ("id", "key", "name", "path", "file", "url")
+#: The longest key kept (a key is for reading, not for joining on).
+MAX_KEY_CHARS = 200
+
+
+def item_key(value: Any, index: int) -> str:
+    """What names item ``index`` to a person: its input's first ``KEY_FIELDS`` field that is a string or a
+    whole number, the input itself when it is one, else the item number -- as text of at most
+    ``MAX_KEY_CHARS`` characters."""
+    if isinstance(value, dict):
+        value = next((value[f] for f in KEY_FIELDS if _names(value.get(f))), None)
+    if not _names(value):
+        return str(index)
+    text = str(value)
+    return text if len(text) <= MAX_KEY_CHARS else text[:MAX_KEY_CHARS - 1] + "…"
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, (str, int)) and not isinstance(value, bool) and value != ""
 
 
 class ManifestItems(SequenceABC):

@@ -7,21 +7,18 @@ of ``ItemTimes``. ``MapResult`` reads results back from the run folder's
 files rather than keeping them, since the files are the record; with the
 manifest's inputs it makes the table a notebook wants (``rows()``, and
 ``to_pandas()`` where pandas is installed: the optional extra ``[pandas]``), with each item's
-expected answer and score when the map was scored (``scoring.py``); ``MapResult.from_folder`` reads a
-finished map's folder back (a past map, compared or replayed).
+expected answer and score when the map was scored (``scoring.py``).
 """
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from tensorjob_jupyter.fanout.errors import MapError
-from tensorjob_jupyter.fanout.folder import FAILURES, LEDGER, RESULTS, read_records
-from tensorjob_jupyter.fanout.manifest import read_manifest
+from tensorjob_jupyter.fanout.errors import ManifestError
+from tensorjob_jupyter.fanout.folder import FAILURES, RESULTS, read_ledger, read_records
+from tensorjob_jupyter.fanout.manifest import MAX_KEY_CHARS, item_key, read_manifest
 from tensorjob_jupyter.fanout.scoring import Expected, ItemScore, ScoreSummary, read_scores, scorer_name
 
 #: What ``MapResult.rows`` says of an item the map never concluded (it was cancelled first).
@@ -102,18 +99,30 @@ class MapResult:
     """
 
     run_dir: Path
+    """The run folder: ``ledger.json``, ``results.jsonl``, ``failures.jsonl``, ``jobs/``."""
     total: int
+    """Items in the manifest."""
     completed: int
+    """Items completed, in this session or an earlier one."""
     failed: int
+    """Items failed, in this session or an earlier one."""
     skipped: int
+    """Items this session did not run: concluded by an earlier one (resume)."""
     ran: int
+    """Items this session ran to a conclusion."""
     status: str
+    """``finished``, ``cancelled``, ``stopped`` (its token budget was spent) or ``error`` (the map itself broke:
+    see ``error``)."""
     elapsed_s: float
+    """This session's wall time."""
     throughput: float
+    """Items this session concluded per second."""
     error: str | None = None
-    #: each item's input, in manifest order (the manifest is read again on every run, so it is at hand)
+    """What broke the map itself (not an item: items fail in ``failures()``); None when it did not break."""
     inputs: Sequence = field(default=(), compare=False)
-    tokens: int = 0  # tokens in and out of this session's items
+    """Each item's input, in manifest order (the manifest is read again on every run, so it is at hand)."""
+    tokens: int = 0
+    """Tokens in and out of this session's items."""
 
     @property
     def ok(self) -> bool:
@@ -150,19 +159,45 @@ class MapResult:
             return None
         return ScoreSummary.of(scorer_name(self.run_dir) or "?", self.total, scores.values())
 
+    @classmethod
+    def read(cls, run_dir: str | Path) -> "MapResult":
+        """The map in ``run_dir`` as its files tell it, whether it finished, stopped or still runs: the counts
+        from the results files, the status from the ledger's last session, and the inputs from the manifest
+        when the file the ledger names is still the one it pins (else rows have no ``input`` columns).
+        ``ManifestError``/``ResumeRefused`` name what is wrong with a folder that is not a map's."""
+        run_dir = Path(run_dir).absolute()
+        ledger = read_ledger(run_dir)
+        total, session = ledger["items"], ledger["session"]
+        done = {r["item"] for r in read_records(run_dir / RESULTS) if 0 <= r["item"] < total}
+        failed = {r["item"] for r in read_records(run_dir / FAILURES) if 0 <= r["item"] < total} - done
+        inputs: tuple = ()
+        source = ledger["manifest_source"]
+        if source and Path(source).is_file():
+            try:
+                manifest = read_manifest(source)
+            except ManifestError:
+                manifest = None
+            if manifest is not None and manifest.sha256 == ledger["manifest_sha256"] and len(manifest) == total:
+                inputs = tuple(manifest.items)
+        return cls(run_dir=run_dir, total=total, completed=len(done), failed=len(failed),
+                   skipped=session.get("skipped", 0), ran=session.get("completed", 0) + session.get("failed", 0),
+                   status=session.get("status", "running"), elapsed_s=session.get("elapsed_s", 0.0),
+                   throughput=0.0, error=session.get("error"), inputs=inputs)
+
     def rows(self) -> list[dict[str, Any]]:
-        """One dict per item, in item order, every one with the same keys: ``item``; the input's fields as
-        ``input.NAME`` (a non-object input is ``input``); ``status`` (``completed``, ``failed`` or ``not run``);
-        ``error_code`` and ``error_message``; the result's fields as ``result.NAME`` (a non-object result is
-        ``result``) -- flattened one level, deeper values kept as they are. A scored map adds the expected
-        answer's fields (``expected.NAME``), ``score`` (0 to 1), ``passed``, each field's verdict
-        (``score.NAME``: True or False, for ``json_fields`` and for scorers that report fields) and
-        ``score_error``; an item without a score has None there."""
+        """One dict per item, in item order, every one with the same keys: ``item``; ``key``, what names the
+        item (``manifest.item_key``); the input's fields as ``input.NAME`` (a non-object input is ``input``);
+        ``status`` (``completed``, ``failed`` or ``not run``); ``error_code`` and ``error_message``; the
+        result's fields as ``result.NAME`` (a non-object result is ``result``) -- flattened one level, deeper
+        values kept as they are. A scored map adds the expected answer's fields (``expected.NAME``), ``score``
+        (0 to 1), ``passed``, each field's verdict (``score.NAME``: True or False, for ``json_fields`` and for
+        scorers that report fields) and ``score_error``; an item without a score has None there."""
         return list(self._rows())
 
     def _rows(self) -> Iterator[dict[str, Any]]:
         """``rows()`` one at a time: a table built from them never holds them all as dicts."""
         results, failures = self.results(), self.failures()
+        keys = self._keys()
         inputs = [flattened("input", self.inputs[i]) if i < len(self.inputs) else {} for i in range(self.total)]
         input_keys = dict.fromkeys(key for flat in inputs for key in flat)
         output_keys = dict.fromkeys(key for result in results.values() for key in flattened("result", result))
@@ -172,8 +207,8 @@ class MapResult:
             error = error if isinstance(error, dict) else {}
             status = "completed" if index in results else "failed" if index in failures else NOT_RUN
             output = flattened("result", results[index]) if index in results else {}
-            row = {"item": index, **{key: inputs[index].get(key) for key in input_keys}, "status": status,
-                   "error_code": error.get("code"), "error_message": error.get("message"),
+            row = {"item": index, "key": keys[index], **{key: inputs[index].get(key) for key in input_keys},
+                   "status": status, "error_code": error.get("code"), "error_message": error.get("message"),
                    **{key: output.get(key) for key in output_keys}}
             if scored is not None:
                 row.update(scored(index))
@@ -202,6 +237,18 @@ class MapResult:
                     "score_error": s.error if s is not None else None}
         return columns
 
+    def _keys(self) -> list[str]:
+        """Each item's key: from its input where the inputs are at hand, else as the results files recorded it."""
+        if len(self.inputs) >= self.total:
+            return [item_key(self.inputs[i], i) for i in range(self.total)]
+        keys = [str(i) for i in range(self.total)]
+        for path in (self.failures_path, self.results_path):  # a completed item's record wins
+            for record in read_records(path):
+                index, key = record["item"], record.get("key")
+                if 0 <= index < self.total and isinstance(key, str):
+                    keys[index] = key[:MAX_KEY_CHARS]
+        return keys
+
     def to_pandas(self):
         """``rows()`` as a pandas DataFrame indexed by item, with pandas' nullable dtypes (needs the ``[pandas]``
         extra)."""
@@ -217,38 +264,6 @@ class MapResult:
             for key, value in row.items():
                 columns.setdefault(key, []).append(value)
         return float_scores(pandas.DataFrame(columns).convert_dtypes().set_index("item"))
-
-    @classmethod
-    def from_folder(cls, run_dir: str | os.PathLike) -> "MapResult":
-        """A map's result read back from its run folder (a finished map, or one that stopped): counts from
-        its results files, status from its ledger's last session, inputs from its manifest when that file is
-        still there unchanged (else the rows have no input columns). ``MapError`` if it is not a run folder."""
-        path = Path(run_dir).absolute()
-        try:
-            ledger = json.loads((path / LEDGER).read_text(encoding="utf-8"))
-            total, sha, source = (ledger["manifest"]["items"], ledger["manifest"]["sha256"],
-                                  ledger["manifest"]["source"])
-            sessions = ledger.get("sessions") or []
-            if not isinstance(total, int) or isinstance(total, bool) or total < 1 or not isinstance(sessions, list):
-                raise ValueError("bad counts")
-        except (OSError, ValueError, KeyError, TypeError):
-            raise MapError(f"{path} is not a map's run folder (no readable {LEDGER})") from None
-        completed = {r["item"] for r in read_records(path / RESULTS) if _in_range(r["item"], total)}
-        failed = {r["item"] for r in read_records(path / FAILURES) if _in_range(r["item"], total)} - completed
-        last = sessions[-1] if sessions and isinstance(sessions[-1], dict) else {}
-        status = last.get("status") if isinstance(last.get("status"), str) else (
-            "interrupted" if sessions else "not run")
-        inputs: Sequence = ()
-        if isinstance(source, str) and source != "<list>" and os.path.isfile(source):
-            try:
-                manifest = read_manifest(source)
-                if manifest.sha256 == sha:
-                    inputs = manifest.items
-            except MapError:
-                pass
-        return cls(run_dir=path, total=total, completed=len(completed), failed=len(failed), skipped=0,
-                   ran=len(completed) + len(failed), status=status[:40], elapsed_s=0.0, throughput=0.0,
-                   inputs=inputs)
 
     def __repr__(self) -> str:
         rate = rate_text(self.ran, self.elapsed_s)
@@ -272,10 +287,6 @@ def float_scores(table):
         if column == "score" or column.startswith("score_") and column != "score_error":
             table[column] = table[column].astype("Float64")
     return table
-
-
-def _in_range(item: Any, total: int) -> bool:
-    return isinstance(item, int) and not isinstance(item, bool) and 0 <= item < total
 
 
 def flattened(prefix: str, value: Any) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator
 
 from tensorjob_jupyter.abi import JobStatus
 from tensorjob_jupyter.fanout.folder import RunFolder
-from tensorjob_jupyter.fanout.manifest import Manifest
+from tensorjob_jupyter.fanout.manifest import Manifest, item_key
 from tensorjob_jupyter.fanout.progress import ItemTimes, MapProgress, MapResult
 from tensorjob_jupyter.fanout.scoring import ItemScore, Scoring
 
@@ -158,6 +158,10 @@ class MapRun:
         if cancel is not None:
             cancel()
 
+    def wait_done(self, timeout: float | None = None) -> bool:
+        """Block until the map ends or ``timeout`` passes; True if it ended (as ``Job.wait_done``)."""
+        return self._done.wait(timeout)
+
     def wait(self, timeout: float | None = None) -> MapResult:
         if not self._done.wait(timeout):
             raise TimeoutError(f"map into {self.run_dir} still running after {timeout} s")
@@ -188,7 +192,7 @@ class MapRun:
             self._update(lambda p: replace(p, running=p.running - 1, cancelled=p.cancelled + 1,
                                            tokens=p.tokens + tokens))
             return
-        self.folder.record(outcome)
+        self.folder.record(outcome, item_key(self.manifest.items[index], index))
         ok = status == JobStatus.COMPLETED.value
         score = self._score(index, ok, outcome.get("result"))
         progress = self._update(lambda p: replace(p, running=p.running - 1, completed=p.completed + ok,

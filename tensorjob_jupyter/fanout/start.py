@@ -22,6 +22,7 @@ from tensorjob_jupyter.host.jobs import resolve_guest
 from tensorjob_jupyter.limits import Limits, with_keywords
 from tensorjob_jupyter.host.reactor import InferOptions
 from tensorjob_jupyter.world.fetch import FetchGrants
+from tensorjob_jupyter.fanout.concurrency import AUTO, auto_concurrency, check_concurrency
 from tensorjob_jupyter.fanout.errors import ClusterError
 from tensorjob_jupyter.fanout.folder import JOBS, RunFolder
 from tensorjob_jupyter.fanout.items import BackendSpec, ItemSpec, process_backend
@@ -34,7 +35,8 @@ from tensorjob_jupyter.fanout.scoring import Scoring
 if TYPE_CHECKING:
     from tensorjob_jupyter.sandbox.compile import GuestSource
 
-DEFAULT_CONCURRENCY = 4
+#: What a map runs locally at once unless told: chosen from the model and the cores (``fanout.concurrency``).
+DEFAULT_CONCURRENCY = AUTO
 
 
 def start_map(guest: "GuestSource | bytes | str | os.PathLike", manifest: str | os.PathLike | Sequence[Any],
@@ -42,7 +44,7 @@ def start_map(guest: "GuestSource | bytes | str | os.PathLike", manifest: str | 
               fetch: Iterable[str] = (), limits: Limits | None = None, backend: Backend | Callable[[], Backend] | None = None,
               model: str | os.PathLike | None = None, model_options: dict | None = None,
               infer: InferOptions | None = None, input_bytes: bytes = b"", runs_dir: str | os.PathLike | None = None,
-              concurrency: int | None = None, cluster: Any = None, retry_failed: bool = False, restart: bool = False,
+              concurrency: int | str | None = None, cluster: Any = None, retry_failed: bool = False, restart: bool = False,
               retries: int = 1, fsync: bool = True, expected: Any = None, scorer: Any = None,
               max_total_tokens: int | None = None, **limit_keywords: Any) -> MapRun:
     """Check everything, open the run folder and start the map on a background thread.
@@ -55,8 +57,10 @@ def start_map(guest: "GuestSource | bytes | str | os.PathLike", manifest: str | 
     that outnumber the cores spin against each other). ``model`` may also be
     the http(s) URL of an OpenAI-compatible server that every process sends
     its infers to, with ``model_options`` ``{"model_name": ..., "api_key_env": ...}``.
-    ``concurrency``: items at once locally (default 4); on Dask, items in
-    flight (default twice the cluster's threads). ``cluster``: None (this
+    ``concurrency``: items at once locally -- a number, or ``"auto"`` (the
+    default: the model's batch width, at most twice the cores;
+    ``fanout.concurrency``); on Dask, items in flight (default twice the
+    cluster's threads). ``cluster``: None (this
     process), a scheduler address, a ``distributed.Client`` or a Dask cluster
     object; this process needs no Dask client of its own, and a ``model``
     path must exist on every worker (the embedded model comes with the
@@ -80,8 +84,7 @@ def start_map(guest: "GuestSource | bytes | str | os.PathLike", manifest: str | 
     before any item runs.
     """
     items = read_manifest(manifest)
-    if concurrency is not None and concurrency < 1:
-        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+    concurrency = check_concurrency(concurrency)
     if max_total_tokens is not None and (isinstance(max_total_tokens, bool) or not isinstance(max_total_tokens, int)
                                          or max_total_tokens < 1):
         raise ValueError(f"max_total_tokens must be a whole number of at least 1, got {max_total_tokens!r}")
@@ -93,7 +96,7 @@ def start_map(guest: "GuestSource | bytes | str | os.PathLike", manifest: str | 
     executor = _executor(spec, instance, concurrency, cluster, retries)
     try:
         folder.open(items, spec.sha256, retry_failed=retry_failed, restart=restart,
-                    where=getattr(executor, "where", "local"))
+                    where=getattr(executor, "where", "local"), concurrency=getattr(executor, "concurrency", None))
         if scoring is not None:
             try:
                 scoring.begin(folder.path)
@@ -141,10 +144,13 @@ def _item_spec(guest, read, fetch, limits, backend, model, model_options, infer,
     return spec, instance
 
 
-def _executor(spec: ItemSpec, instance: Backend | None, concurrency: int | None, cluster: Any, retries: int):
+def _executor(spec: ItemSpec, instance: Backend | None, concurrency: int | str, cluster: Any, retries: int):
     if cluster is None:
         backend = instance if instance is not None else process_backend(spec.backend)
-        return LocalExecutor(spec, backend, concurrency or DEFAULT_CONCURRENCY)
+        if concurrency == AUTO:
+            concurrency = auto_concurrency(spec.backend.model_options, instance)
+        return LocalExecutor(spec, backend, concurrency)
+    concurrency = None if concurrency == AUTO else concurrency
     if instance is not None:
         raise ValueError("a backend object cannot be sent to Dask workers (it holds threads); pass a "
                          "picklable factory, e.g. functools.partial(ScriptedBackend, reply=...), or model=PATH")

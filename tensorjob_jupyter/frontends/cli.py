@@ -6,6 +6,7 @@
     tensorjob cache [--clear]
     tensorjob serve [--model PATH] [--host H] [--port P] [--slots N]   (serve.py: the model for other kernels)
     tensorjob runs | show RUN | replay GUEST --from RUN | diff RUN_A RUN_B   (history_cli.py)
+    tensorjob export NOTEBOOK [-o OUT] [--to html|ipynb] [--execute]   (export.py: views as static HTML)
 
 The job options (``--read``, ``--input``, ``--model``, every limit, ...) are
 the table in ``frontends/options.py``, shared with the magics and the Python API.
@@ -35,6 +36,7 @@ from tensorjob_jupyter.version import __version__
 from tensorjob_jupyter.frontends.map_cli import add_map_parser, cmd_map
 from tensorjob_jupyter.frontends.serve import add_serve_parser, cmd_serve
 from tensorjob_jupyter.history.runs import RunError
+from tensorjob_jupyter.frontends.export import add_export_parser, cmd_export
 from tensorjob_jupyter.frontends.history_cli import COMMANDS as HISTORY_COMMANDS
 from tensorjob_jupyter.frontends.history_cli import add_history_parsers
 from tensorjob_jupyter.frontends.terminal import CtrlCCancels, exit_status, load_guest, run_live
@@ -59,9 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tensorjob {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    run = sub.add_parser("run", help="run a guest (.wasm, .c, .zig or .wat)",
+    run = sub.add_parser("run", help="run a guest (.py, .wasm, .c, .zig or .wat)",
                          description="Run a guest to the end, showing its progress live.")
-    run.add_argument("guest", help="the guest: a .wasm module, or .c / .zig / .wat source to compile")
+    run.add_argument("guest", help="the guest: a .py script, a .wasm module, or .c / .zig / .wat source to compile")
     add_job_arguments(run)
     run.add_argument("--events", default=None, metavar="FILE", help="write every event as one JSON line to FILE")
     run.add_argument("--json", action="store_true", help="print the envelope as JSON on stdout, nothing else")
@@ -69,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_map_parser(sub)
     add_serve_parser(sub)
+    add_export_parser(sub)
 
     comp = sub.add_parser("compile", help="compile a .c, .zig or .wat guest to .wasm",
                           description="Compile a guest source file to a .wasm module (cached by content).")
@@ -143,7 +146,7 @@ def cmd_cache(args, out: TextIO, err: TextIO) -> int:
 
 
 COMMANDS = {"run": cmd_run, "map": cmd_map, "serve": cmd_serve, "compile": cmd_compile, "cache": cmd_cache,
-            **HISTORY_COMMANDS}
+            "export": cmd_export, **HISTORY_COMMANDS}
 
 
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None) -> int:

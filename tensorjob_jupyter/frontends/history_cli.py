@@ -1,6 +1,7 @@
 """``tensorjob runs | show | replay | diff``: past runs from a terminal.
 
     tensorjob runs [--runs DIR] [--limit N] [--status S] [--prune KEEP] [--json]
+    tensorjob runs --table MAP_RUN_DIR [--csv | --json]
     tensorjob show RUN [--runs DIR] [--speed S] [--json] [--quiet]
     tensorjob replay GUEST --from RUN [job options] [--live] [--events FILE] [--json] [--quiet]
     tensorjob replay --map RUN_DIR GUEST [--run-dir OUT] [--live] [--fail-under X] [job options] [--json]
@@ -8,7 +9,9 @@
     tensorjob diff --map RUN_DIR_A RUN_DIR_B [--json]
 
 A RUN is a run's id (or a unique prefix of one) in the runs folder, or the
-path of a run folder. ``runs`` lists (``history/runs.py``), ``show`` plays a
+path of a run folder. ``runs`` lists (``history/runs.py``) -- or with ``--table``
+shows a map's run folder as a table of its items (``fanout.MapResult.read``,
+``frontends/table.py``), as CSV with ``--csv`` --, ``show`` plays a
 transcript through the same printer as ``tensorjob run`` (``history/show.py``,
 ``frontends.terminal.EventPrinter``), ``replay`` runs a guest against a recording
 (``history/replay.py``; it takes the same job options as ``run``, each replacing the
@@ -32,7 +35,13 @@ things the same way.
 
 from __future__ import annotations
 
+import shutil
 from typing import Any, Mapping, TextIO
+
+from tensorjob_jupyter.fanout.concurrency import AUTO
+from tensorjob_jupyter.fanout.errors import MapError
+from tensorjob_jupyter.fanout.progress import MapResult
+from tensorjob_jupyter.frontends.table import map_table, rows_csv
 
 from tensorjob_jupyter.frontends.options import (
     BY_NAME, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, JobOptions, OptionError, add_job_arguments,
@@ -75,7 +84,12 @@ def add_history_parsers(sub) -> None:
                       help="only runs that ended so: completed, failed, cancelled, running, interrupted, unreadable")
     runs.add_argument("--prune", type=int, default=None, metavar="KEEP",
                       help="delete all but the newest KEEP runs (safely: only run folders, never a running one)")
-    runs.add_argument("--json", action="store_true", help="one JSON object a run instead of a table")
+    runs.add_argument("--json", action="store_true", help="one JSON object a run (with --table: an item) "
+                                                          "instead of a table")
+    runs.add_argument("--table", default=None, metavar="MAP_RUN_DIR",
+                      help="a map's run folder as a table of its items (item, key, status, result fields), "
+                           "in manifest order")
+    runs.add_argument("--csv", action="store_true", help="with --table: every column of every item as CSV")
 
     show = sub.add_parser("show", help="show a past run again, as `run` showed it",
                           description="Print a recorded run's progress, file reads, tokens and result again, at "
@@ -93,7 +107,7 @@ def add_history_parsers(sub) -> None:
                                         "grants. The first command the recording lacks stops the replay (or, with "
                                         "--live, the model answers from there). Job options replace the recorded "
                                         "ones; the bytes of --input-file must be given again.")
-    replay.add_argument("guest", help="the guest: a .wasm module, or .py / .c / .zig / .wat source to compile")
+    replay.add_argument("guest", help="the guest: a .py script, a .wasm module, or .c / .zig / .wat source to compile")
     replay.add_argument("--from", dest="from_run", default=None, metavar="RUN",
                         help="the recorded run: an id (or a unique prefix), or a run folder")
     replay.add_argument("--map", dest="map_run", default=None, metavar="RUN_DIR",
@@ -150,7 +164,28 @@ def find_runs(runs: str | None, *, status: str | None, limit: int | None) -> tup
     return listing, total
 
 
+def map_rows(run_dir: str) -> list[dict]:
+    """The rows of the map in ``run_dir`` (``MapResult.rows()``); a folder that is not a map's is one
+    ``OptionError``."""
+    try:
+        return MapResult.read(run_dir).rows()
+    except (MapError, OSError) as e:
+        raise OptionError(f"--table {run_dir}: {' '.join(str(e).split())}") from None
+
+
 def cmd_runs(args, out: TextIO, err: TextIO) -> int:
+    if args.csv and args.table is None:
+        raise OptionError("--csv goes with --table MAP_RUN_DIR")
+    if args.table is not None:
+        rows = map_rows(args.table)
+        if args.csv:
+            out.write(rows_csv(rows))
+        elif args.json:
+            for row in rows:
+                out.write(json_text(row, pretty=False) + "\n")
+        else:
+            out.write(map_table(rows, width=shutil.get_terminal_size().columns, max_rows=len(rows)) + "\n")
+        return EXIT_OK
     if args.prune is not None:
         report = prune(args.prune, args.runs, status=args.status)
         if args.json:
@@ -283,7 +318,8 @@ def start_map_replay_run(guest: str, run_dir: Any, args, err: TextIO, *, default
         raise OptionError("replay --map takes each item's input from its recording, not --input")
     if getattr(args, "debug", None) or getattr(args, "break_on", None):
         raise OptionError("replay --map does not debug its items: replay one item's run with --from RUN --debug")
-    if args.concurrency is not None and args.concurrency < 1:
+    concurrency = None if args.concurrency in (None, AUTO) else args.concurrency  # the magic's may be auto
+    if concurrency is not None and concurrency < 1:
         raise OptionError("--concurrency must be at least 1")
     fail_under(args.fail_under)
     options = JobOptions.from_args(args, defaults=defaults, variables=variables)
@@ -299,7 +335,7 @@ def start_map_replay_run(guest: str, run_dir: Any, args, err: TextIO, *, default
 
     try:
         return start_map_replay(run_dir, source, out=args.run_dir, live=args.live, model=options.model,
-                                concurrency=args.concurrency, expected=args.expected,
+                                concurrency=concurrency, expected=args.expected,
                                 scorer=scorer if scorer is not None else args.scorer, job_options=job_options)
     except (MapError, ReplayError, OSError, ValueError) as e:
         raise OptionError(" ".join(str(e).split())) from None

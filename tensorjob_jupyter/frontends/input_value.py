@@ -1,9 +1,9 @@
-"""The job input (``--input``) as people write it: JSON, a ``$name``, or in a notebook a Python literal.
+"""The job input (``--input``) as people write it: JSON, a Python literal, or in a notebook a ``$name``.
 
-A terminal's ``--input`` is JSON, as the shell handed it over. A notebook
-line is read the way a shell reads it too (the magic splits it with
-``shlex``: quotes are taken off once, ``\\"`` inside double quotes is a quote),
-and then the value may be written as Python writes it as well:
+A terminal's ``--input`` is the text the shell handed over; a notebook line is
+read the way a shell reads it too (the magic splits it with ``shlex``: quotes
+are taken off once, ``\\"`` inside double quotes is a quote). Either way the
+value is JSON, or written as Python writes it:
 ``--input "{'path': 'a.txt', 'n': 3}"``, ``--input True``, ``--input None``
 -- read with ``ast.literal_eval``, which builds values and never runs code
 (and only on text of at most ``MAX_LITERAL_CHARS``). ``$name`` is a notebook
@@ -37,15 +37,13 @@ class InputError(ValueError):
 
 
 def read_input(text: str, variables: Mapping[str, Any] | None) -> Any:
-    """The job input ``text`` means; ``variables`` are the notebook's (None: a terminal, JSON only)."""
+    """The job input ``text`` means; ``variables`` are the notebook's (None: a terminal, no ``$name``)."""
     text = text.strip()
     if text.startswith("$") and text[1:].isidentifier():
         return _checked(_variable(text[1:], variables))
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        if variables is None:
-            raise InputError(f"--input is not valid JSON: {e.msg} at column {e.colno}") from None
         value = _literal(text, f"{e.msg} at column {e.colno}")
     if _holds_a_container(value):
         shown = value if len(value) <= 40 else value[:40] + "..."

@@ -80,7 +80,7 @@ from tensorjob_jupyter.frontends import options as job_options
 from tensorjob_jupyter.frontends.history_cli import (
     fail_under, find_runs, open_playback, start_map_replay_run, start_replay,
 )
-from tensorjob_jupyter.frontends.map_cli import estimate_map_run, start_map_run
+from tensorjob_jupyter.frontends.map_cli import CONCURRENCY_HELP, concurrency_value, estimate_map_run, start_map_run
 from tensorjob_jupyter.frontends.options import JobOptions, OptionError, job_arguments
 from tensorjob_jupyter.frontends.outcome import CellEnvelope, GateFailed, GuestDoesNotCompile, JobFailed
 from tensorjob_jupyter.frontends.prompt import prompt as debug_prompt
@@ -308,8 +308,8 @@ class TensorJob(Magics, JobSettings):
     @argument("--over", default=None, metavar="MANIFEST", help="map: the JSONL manifest, one input per line")
     @argument("--run-dir", default=None, metavar="DIR",
               help="map: the run folder (results.jsonl, failures.jsonl); replay --map: the replay's own")
-    @argument("--concurrency", type=int, default=None, metavar="N",
-              help="map: items at once (default 4); replay --map: items replayed at once")
+    @argument("--concurrency", type=concurrency_value, default=None, metavar="N|auto",
+              help="map: " + CONCURRENCY_HELP + "; replay --map: items replayed at once")
     @argument("--cluster", default=None, metavar="ADDRESS", help="map: a Dask scheduler to run the items on")
     @argument("--retry-failed", action="store_true", help="map: run items that failed before again")
     @argument("--restart", action="store_true",
@@ -340,12 +340,12 @@ class TensorJob(Magics, JobSettings):
     def tensorjob_line(self, line: str):
         """Run a guest file, map one over a manifest, list or cancel jobs, see the compile cache.
 
-        %tensorjob run PATH [options]   run a .wasm, .c, .zig or .wat file as a job; the value is
+        %tensorjob run PATH [options]   run a .py, .wasm, .c, .zig or .wat file as a job; the value is
                                         its envelope, and a failed or cancelled job raises JobFailed
                                         (--no-raise: return the envelope)
         %tensorjob map PATH --over MANIFEST --run-dir DIR [options]
                                         run the guest once per manifest line (resumable;
-                                        --concurrency N locally, --cluster ADDRESS on Dask;
+                                        --concurrency N|auto locally, --cluster ADDRESS on Dask;
                                         --restart starts the run folder over); the value is the
                                         MapResult (.rows(), .to_pandas()). In a cell,
                                         %%tensorjob map --over MANIFEST --run-dir DIR maps the cell
@@ -442,8 +442,8 @@ class TensorJob(Magics, JobSettings):
         if args.bg:
             return run
         try:
-            while not run.done:
-                run.wait_for_update(timeout=SIGNAL_CHECK_S)
+            while not run.wait_done(SIGNAL_CHECK_S):
+                pass
         except KeyboardInterrupt:
             run.cancel()
         result = run.wait()

@@ -4,17 +4,19 @@ A thin shell over ``start_map``, so the command and ``tj.map`` cannot drift
 apart (``start_map_run`` is shared with ``%tensorjob map``). Anything that keeps a map from starting (a missing file, a bad
 number, a changed manifest, an unreachable cluster) is one line on stderr
 and exit 2; live progress goes to stderr, throttled, with the first few
-failures; the summary (or ``--json``) goes to stdout, with the score when the
-map has expected answers (``--expected FILE.jsonl``, ``--scorer NAME``).
-``--estimate`` prints what the map would cost and runs nothing (``fanout.estimate``);
-``--max-total-tokens N`` stops it, resumably, once its items have used N
-tokens. Exit codes: 0 every item completed, 1 some failed (or the token
-budget stopped the map), 2 usage error, 130 Ctrl-C.
+failures; a table of the items (``frontends/table.py``) and the summary (or
+``--json``) go to stdout, with the score when the map has expected answers
+(``--expected FILE.jsonl``, ``--scorer NAME``). ``--estimate`` prints what the
+map would cost and runs nothing (``fanout.estimate``); ``--max-total-tokens N``
+stops it, resumably, once its items have used N tokens. Exit codes: 0 every
+item completed, 1 some failed (or the token budget stopped the map), 2 usage
+error, 130 Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from typing import TextIO
 
@@ -25,8 +27,10 @@ from tensorjob_jupyter.fanout.errors import MapError
 from tensorjob_jupyter.fanout.estimate import MapEstimate, estimate_map
 from tensorjob_jupyter.fanout.progress import MapResult, rate_text
 from tensorjob_jupyter.fanout.run import STOPPED, MapRun
+from tensorjob_jupyter.fanout.concurrency import AUTO
 from tensorjob_jupyter.fanout.scoring import BUILTINS, DEFAULT_SCORER
-from tensorjob_jupyter.fanout.start import DEFAULT_CONCURRENCY, start_map
+from tensorjob_jupyter.fanout.start import start_map
+from tensorjob_jupyter.frontends.table import map_table
 from tensorjob_jupyter.frontends.terminal import SIGNAL_CHECK_S, load_guest
 from tensorjob_jupyter.sandbox.compile import GuestSource
 from tensorjob_jupyter.text import for_terminal, json_text
@@ -39,12 +43,12 @@ def add_map_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("map", help="run a guest once per line of a JSONL manifest",
                               description="Run a guest once per manifest line (each line's JSON value is "
                                           "that item's input), resumably, here or on a Dask cluster.")
-    p.add_argument("guest", help="the guest: a .wasm module, or .c / .zig / .wat source to compile")
+    p.add_argument("guest", help="the guest: a .py script, a .wasm module, or .c / .zig / .wat source to compile")
     p.add_argument("--over", required=True, metavar="MANIFEST", help="the items: a JSONL file, one input a line")
     p.add_argument("--run-dir", required=True, metavar="DIR",
                    help="where results.jsonl, failures.jsonl and the ledger go; rerun to resume")
-    p.add_argument("--concurrency", type=int, default=None, metavar="N",
-                   help=f"items at once (default {DEFAULT_CONCURRENCY}; on a cluster, in flight)")
+    p.add_argument("--concurrency", type=concurrency_value, default=None, metavar="N|auto",
+                   help=CONCURRENCY_HELP)
     p.add_argument("--cluster", default=None, metavar="ADDRESS", help="run items on this Dask scheduler")
     p.add_argument("--retry-failed", action="store_true", help="on resume, run the failed items again")
     p.add_argument("--restart", action="store_true",
@@ -89,8 +93,8 @@ def cmd_map(args, out: TextIO, err: TextIO) -> int:
     printer = _ProgressPrinter(err, quiet=args.quiet)
     run.subscribe(printer)
     try:
-        while not run.done:  # woken often: a Ctrl-C handed to another thread runs once this one is in Python
-            run.wait_for_update(timeout=SIGNAL_CHECK_S)
+        while not run.wait_done(SIGNAL_CHECK_S):  # woken often: a Ctrl-C handed to another thread runs once this one is in Python
+            pass
         result = run.wait()
     except KeyboardInterrupt:
         run.cancel()
@@ -98,6 +102,8 @@ def cmd_map(args, out: TextIO, err: TextIO) -> int:
     if args.json:
         out.write(json_text(result.to_json()) + "\n")
     else:
+        out.write(map_table(result.rows(), width=shutil.get_terminal_size().columns,
+                            more=f"tensorjob runs --table {result.run_dir}") + "\n\n")
         out.write(for_terminal(_summary_text(result)) + "\n")
     out.flush()
     if result.status == "cancelled":
@@ -111,8 +117,6 @@ def start_map_run(guest: GuestSource, args, options: JobOptions, *, scorer=None)
     ``scorer`` (a Python function, from a notebook) replaces ``--scorer``. Whatever keeps it from starting -- a
     bad number, a manifest, a refused run folder, a cluster that cannot be reached, expected answers that do
     not fit -- is one ``OptionError`` line. ``tensorjob map`` and ``%tensorjob map`` both start here."""
-    if args.concurrency is not None and args.concurrency < 1:
-        raise OptionError("--concurrency must be at least 1")
     if args.max_total_tokens is not None and args.max_total_tokens < 1:
         raise OptionError("--max-total-tokens must be at least 1")
     try:
@@ -132,6 +136,26 @@ def estimate_map_run(guest: GuestSource, args, options: JobOptions) -> MapEstima
         return estimate_map(guest, args.over, run_dir=args.run_dir, **options.map_kwargs())
     except (MapError, OSError, ValueError) as e:
         raise OptionError(_one_line(e)) from None
+
+
+#: ``--concurrency``'s help, the same in the terminal and the magic.
+CONCURRENCY_HELP = ("items at once: a number, or auto (the default: as many as the model decodes together -- "
+                    "its slots, 4 unless set -- at most twice the physical cores); on a cluster, items in flight "
+                    "(default twice its threads)")
+
+
+def concurrency_value(text: str) -> int | str:
+    """``--concurrency``: ``auto`` or a whole number at least 1; anything else is one usage line."""
+    text = text.strip()
+    if text == AUTO:
+        return AUTO
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither auto nor a whole number at least 1")
+    return value
 
 
 def _one_line(e: object) -> str:

@@ -15,8 +15,8 @@ way:
   underneath; see ``job_arguments``).
 * ``JobOptions`` is the value: ``from_args`` reads a parsed namespace over
   defaults (the traitlets in a notebook, the built-in ones elsewhere) and
-  checks everything -- files exist, the input is JSON (or in a notebook
-  ``$name``, a variable, or a Python literal: ``input_value``) held to the
+  checks everything -- files exist, the input is JSON or a Python literal
+  (or in a notebook ``$name``, a variable: ``input_value``) held to the
   guest rule, each limit is valid -- or raises
   one ``OptionError`` naming the flag. ``job_kwargs`` and ``map_kwargs`` are
   what ``Job`` and ``start_map`` take.
@@ -111,8 +111,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("read", "--read", "grant read access to a file or directory (repeatable)", "PATH", "paths"),
     Option("fetch", "--fetch", "let the guest fetch URLs under this http(s) prefix (repeatable)", "PREFIX",
            "paths"),
-    Option("input", "--input", "the job input: a JSON value (in a notebook also $name, a variable, or a Python "
-           "literal such as \"{'path': 'a.txt'}\")", "JSON", "json", one_job=True),
+    Option("input", "--input", "the job input: a JSON value, or a Python literal such as \"{'path': 'a.txt'}\" "
+           "(in a notebook also $name, a variable)", "JSON", "json", one_job=True),
     Option("input_file", "--input-file", "stage F's bytes for the guest's wasi:tensor read-input", "F", "path"),
     Option("model", "--model", "a GGUF model file, a Hugging Face model hf:ORG/REPO[:FILE_OR_QUANT] (from its "
            "cache, else downloaded), or the http(s)://HOST:PORT/v1 URL of an OpenAI-compatible server (vLLM, "

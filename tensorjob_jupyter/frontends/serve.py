@@ -17,7 +17,10 @@ Why it is shaped so:
   is what the client in ``inference/served.py`` sends: one user message after
   an optional system message (chat), or one prompt (completions), and
   embeddings. ``tools`` are refused (the client holds a call to a
-  ``response_format`` for this server instead: its dialect says so).
+  ``response_format`` for this server instead: its dialect says so), and so
+  is every field that would change the answer and is not honoured
+  (``logprobs``, ``logit_bias``, penalties, ``echo``...: ``UNSERVED_FIELDS``),
+  rather than ignored.
 * **No thread per request.** The worker's thread hands each token to the
   request's asyncio queue (``call_soon_threadsafe``); the response streams
   it as a server-sent event. A client that leaves stops its sequence at the
@@ -27,15 +30,29 @@ Why it is shaped so:
   guest's command is (depth, values, no NaN); the checks and the parse run
   off the event loop, so one costly body does not stall the other streams; a
   full worker queue is 429 at once (the client maps it to ``busy``); an
-  answer ends at ``max_tokens`` or where the model's context does.
+  answer ends at ``max_tokens`` or where the model's context does. An embed
+  holds at most the engine's token budget (more is 400), runs in pieces the
+  worker interleaves with generation, and stops when its client hangs up.
+* **Bounded connections.** uvicorn's own settings cap concurrent requests
+  (``limit_concurrency``: 503 past it), idle kept-alive connections and the
+  size of a header block; what they leave open is closed here
+  (``_bounded_h11``): at most ``MAX_CONNECTIONS`` connections, and a request
+  whose headers, then whose body, take longer than ``--header-timeout`` /
+  ``--body-timeout`` in all (a byte now and then) is dropped. The bodies being
+  received hold at most ``MAX_PENDING_BODY_BYTES`` together (503 past it).
 * **Loopback unless told, and not for web pages.** It binds 127.0.0.1 by
   default and then answers only requests addressed to a loopback name (the
-  ``Host`` header: a page that rebinds its own name to 127.0.0.1 is refused);
+  ``Host`` header, a name and at most a numeric port: a page that rebinds its
+  own name to 127.0.0.1 is refused, and so is ``localhost:evil``);
   a POST must say ``Content-Type: application/json``, which a page cannot
   send to another origin without a preflight this server never answers. With
   ``--api-key-env VAR`` every request must carry ``Authorization: Bearer``
   and the value of ``$VAR`` (compared in constant time), and the key is
   never printed.
+* **One line per request** on stdout (``RequestLog``): method, path, status,
+  tokens and milliseconds, written when the answer has been sent -- for a
+  stream, when it ends -- so the line holds what the request cost; ``--quiet``
+  leaves it out. Only the path is logged, never a query, a body or a header.
 """
 
 from __future__ import annotations
@@ -45,6 +62,7 @@ import hmac
 import ipaddress
 import json
 import os
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -54,10 +72,11 @@ from tensorjob_jupyter import abi
 from tensorjob_jupyter.host.schemas import SchemaError
 from tensorjob_jupyter.host.structured import OutputSpec
 from tensorjob_jupyter.inference.base import (FINISH_LENGTH, Backend, ConstraintError, GenerateRequest, GenerateResult,
-                                              ModelError, QueueFull, Sampler)
+                                              ModelError, QueueFull, RequestTooLarge, Sampler)
 from tensorjob_jupyter.inference import hub, served
 from tensorjob_jupyter.inference.models import get_backend
 from tensorjob_jupyter.frontends.options import EXIT_FAILED, EXIT_OK, OptionError
+from tensorjob_jupyter.text import for_terminal
 
 #: The largest request body read (a prompt and a schema fit many times over).
 MAX_BODY_BYTES = 4 << 20
@@ -65,8 +84,30 @@ MAX_BODY_BYTES = 4 << 20
 DEFAULT_MAX_TOKENS = 256
 #: How often a non-streaming request looks whether its client is still there.
 DISCONNECT_POLL_S = 0.25
-#: The most texts one ``/embeddings`` request embeds.
+#: The most texts one ``/embeddings`` request embeds (and the engine's token budget bounds them together).
 MAX_EMBED_TEXTS = 256
+#: Connections held at once; past it a new one is closed as it comes (and uvicorn answers 503 from
+#: ``limit_concurrency`` on): so many half-sent requests cannot take every file descriptor.
+MAX_CONNECTIONS = 256
+#: Seconds a client may take to send a request's headers, and then its body, each in all (``--header-timeout``,
+#: ``--body-timeout``); a connection past them is closed. An idle kept-alive connection closes after
+#: ``KEEP_ALIVE_S``; a request's header block is at most ``MAX_HEADER_BYTES``.
+HEADER_TIMEOUT_S = 10.0
+BODY_TIMEOUT_S = 60.0
+KEEP_ALIVE_S = 5
+MAX_HEADER_BYTES = 16 * 1024
+#: Bytes of request bodies being received that all requests together may hold; past it a request is
+#: 503 (busy), so stalled uploads cannot pile up ``MAX_CONNECTIONS`` x ``MAX_BODY_BYTES``.
+MAX_PENDING_BODY_BYTES = 64 << 20
+#: Fields that change an answer and that this server does not honour: refused, never silently ignored
+#: (the value each may have and still be served).
+UNSERVED_FIELDS = {"logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None, {}),
+                   "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
+                   "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1)}
+
+
+class ClientLeft(Exception):
+    """The client hung up before its answer was ready."""
 
 
 class RequestError(Exception):
@@ -148,6 +189,11 @@ def plan(body: Any, *, chat: bool) -> Planned:
                                 "(tensorjob's own client does)")
     if body.get("n", 1) != 1:
         raise RequestError(400, "n must be 1")
+    for name, served_values in UNSERVED_FIELDS.items():
+        value = body.get(name)
+        if not any(value == v and type(value) is type(v) for v in served_values):
+            raise RequestError(400, f"tensorjob serve does not take {name} (it would be ignored, and the answer "
+                                    f"would not be what was asked)")
     if chat:
         prompt, system = _chat_prompt(body.get("messages"))
     else:
@@ -226,11 +272,17 @@ def _event(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
 
 
-def _host_name(header: str) -> str:
-    """The name in a ``Host`` header, without its port (``[::1]:8000`` -> ``[::1]``)."""
-    if header.startswith("["):
-        return header.split("]", 1)[0] + "]"
-    return header.rsplit(":", 1)[0]
+#: A ``Host`` header: a name, an IPv4 address or a bracketed IPv6 address, then an optional port of digits.
+_HOST = re.compile(r"(?P<name>\[[0-9A-Fa-f:.]+\]|[^\[\]:]+)(?::(?P<port>[0-9]{1,5}))?")
+
+
+def _host_name(header: str) -> str | None:
+    """The name in a ``Host`` header, without its port (``[::1]:8000`` -> ``[::1]``); None when the header is
+    not a host and an optional port (``localhost:evil``, ``a:b:c``)."""
+    match = _HOST.fullmatch(header)
+    if match is None or (match["port"] is not None and int(match["port"]) > 65535):
+        return None
+    return match["name"].lower()
 
 
 def _parse_body(data: bytes) -> Any:
@@ -248,7 +300,7 @@ def _error_body(status: int, message: str, kind: str) -> dict:
 def _model_failure(e: BaseException) -> RequestError:
     if isinstance(e, QueueFull):
         return RequestError(429, str(e), "rate_limit_error")
-    if isinstance(e, ConstraintError):
+    if isinstance(e, (ConstraintError, RequestTooLarge)):
         return RequestError(400, str(e))
     if isinstance(e, ModelError) and "n_ctx" in str(e):  # the prompt does not fit the context
         return RequestError(400, str(e))
@@ -261,9 +313,58 @@ def _model_failure(e: BaseException) -> RequestError:
 LOOPBACK_NAMES = frozenset(("127.0.0.1", "localhost", "::1", "[::1]"))
 
 
-def build_app(backend: Backend, model: str, *, api_key: str | None = None, loopback_only: bool = False):
+class RequestLog:
+    """Writes one line per answered request: ``POST /v1/chat/completions 200 161+21 tokens 812 ms``.
+
+    A handler notes what the request used (``request.state.tokens``: prompt and completion tokens, or
+    texts embedded); the line is written once the response is sent, a stream's when it ends (a client
+    that left is said so)."""
+
+    def __init__(self, out: TextIO):
+        self.out = out
+
+    def route(self, handler):
+        """``handler`` wrapped so that each request it answers writes its line."""
+        from starlette.responses import StreamingResponse  # deferred: starlette is the serve extra's
+
+        async def logged(request):
+            started = time.perf_counter()
+            request.state.tokens = None
+            request.state.left = False
+            response = await handler(request)
+            if not isinstance(response, StreamingResponse):
+                self.write(request, response.status_code, started)
+                return response
+            body = response.body_iterator
+
+            async def logged_body():
+                try:
+                    async for chunk in body:
+                        yield chunk
+                finally:
+                    self.write(request, response.status_code, started)
+            response.body_iterator = logged_body()
+            return response
+        return logged
+
+    def write(self, request, status: int, started: float) -> None:
+        tokens = request.state.tokens
+        used = f" {tokens[0]}+{tokens[1]} tokens" if isinstance(tokens, tuple) else (
+            f" {tokens} texts" if isinstance(tokens, int) else "")
+        left = " (the client left)" if request.state.left else ""
+        ms = 1000 * (time.perf_counter() - started)
+        path = for_terminal(request.url.path[:200], one_line=True)
+        try:
+            self.out.write(f"{time.strftime('%H:%M:%S')} {request.method} {path} {status}{used} {ms:.0f} ms{left}\n")
+            self.out.flush()
+        except (OSError, ValueError):  # stdout closed or gone: serving goes on
+            pass
+
+
+def build_app(backend: Backend, model: str, *, api_key: str | None = None, loopback_only: bool = False,
+              log: RequestLog | None = None):
     """The Starlette app serving ``backend`` under the id ``model``; ``loopback_only``: answer only
-    requests whose ``Host`` is a loopback name."""
+    requests whose ``Host`` is a loopback name; ``log``: a line per request there."""
     from starlette.applications import Starlette  # deferred: starlette is the serve extra's
     from starlette.requests import ClientDisconnect
     from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -271,6 +372,16 @@ def build_app(backend: Backend, model: str, *, api_key: str | None = None, loopb
 
     def error(e: RequestError) -> Response:
         return JSONResponse(_error_body(e.status, e.message, e.kind), status_code=e.status)
+
+    async def answered(request, future) -> Any:
+        """The model's answer to a request that is not streamed; ``ClientLeft`` (the request cancelled, so
+        the model stops it) if its client hangs up first."""
+        waiter = asyncio.wrap_future(future)
+        while not (await asyncio.wait({waiter}, timeout=DISCONNECT_POLL_S))[0]:
+            if await request.is_disconnected():
+                future.cancel()
+                raise ClientLeft()
+        return waiter.result()
 
     def admit(request) -> None:
         """Who may ask: the Host (when loopback only) and the key; ``RequestError`` if not."""
@@ -283,7 +394,10 @@ def build_app(backend: Backend, model: str, *, api_key: str | None = None, loopb
             if not hmac.compare_digest(given, f"Bearer {api_key}".encode("ascii")):
                 raise RequestError(401, "a valid Authorization: Bearer key is needed", "authentication_error")
 
+    pending = 0  # bytes of request bodies received and not yet parsed, all requests together
+
     async def read_json(request) -> Any:
+        nonlocal pending
         admit(request)
         if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
             raise RequestError(415, "the request body must be sent as Content-Type: application/json")
@@ -294,11 +408,17 @@ def build_app(backend: Backend, model: str, *, api_key: str | None = None, loopb
         try:
             async for part in request.stream():
                 data += part
+                pending += len(part)
                 if len(data) > MAX_BODY_BYTES:
                     raise RequestError(413, f"the request body is over {MAX_BODY_BYTES} bytes")
+                if pending > MAX_PENDING_BODY_BYTES:
+                    raise RequestError(503, "the server is receiving too many request bodies at once; "
+                                            "try again later", "server_busy")
+            return await asyncio.to_thread(_parse_body, bytes(data))
         except ClientDisconnect:
             raise RequestError(499, "the client left before its request was read") from None
-        return await asyncio.to_thread(_parse_body, bytes(data))
+        finally:
+            pending -= len(data)
 
     async def models(request) -> Response:
         try:
@@ -331,20 +451,20 @@ def build_app(backend: Backend, model: str, *, api_key: str | None = None, loopb
         answer = Answer(planned, model)
 
         if not planned.stream:
-            waiter = asyncio.wrap_future(future)
-            while not (await asyncio.wait({waiter}, timeout=DISCONNECT_POLL_S))[0]:
-                if await request.is_disconnected():  # nobody to answer: stop the sequence
-                    gone = True
-                    future.cancel()
-                    return Response(status_code=499)
             try:
-                result = waiter.result()
+                result = await answered(request, future)
+            except ClientLeft:  # nobody to answer: the sequence was stopped
+                gone = True
+                request.state.left = True
+                return Response(status_code=499)
             except Exception as e:  # noqa: BLE001
                 return error(_model_failure(e))
+            request.state.tokens = (result.usage.prompt_tokens, result.usage.completion_tokens)
             return JSONResponse(answer.whole(result))
 
         async def events():
             nonlocal gone
+            ended = False
             try:
                 while True:
                     text = await pieces.get()
@@ -356,9 +476,13 @@ def build_app(backend: Backend, model: str, *, api_key: str | None = None, loopb
                 except Exception as e:  # noqa: BLE001 - the stream has begun: an error event ends it
                     failure = _model_failure(e)
                     yield _event(_error_body(failure.status, failure.message, failure.kind))
+                    ended = True
                     return
+                request.state.tokens = (result.usage.prompt_tokens, result.usage.completion_tokens)
                 yield answer.end(result, planned.include_usage)
+                ended = True
             finally:
+                request.state.left = not ended
                 gone = True  # a client that left (this generator closed early) stops the sequence
                 future.cancel()
 
@@ -380,20 +504,25 @@ def build_app(backend: Backend, model: str, *, api_key: str | None = None, loopb
             if len(texts) > MAX_EMBED_TEXTS:
                 raise RequestError(400, f"input takes at most {MAX_EMBED_TEXTS} texts")
             try:
-                vectors = await asyncio.wrap_future(backend.embed(texts))
+                vectors = await answered(request, backend.embed(texts))
+            except ClientLeft:  # the worker stops the embed at its next piece
+                request.state.left = True
+                return Response(status_code=499)
             except Exception as e:  # noqa: BLE001
                 raise _model_failure(e) from None
+            request.state.tokens = len(texts)
         except RequestError as e:
             return error(e)
         return JSONResponse({"object": "list", "model": model, "data": [
             {"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
             "usage": {"prompt_tokens": 0, "total_tokens": 0}})
 
+    logged = log.route if log is not None else (lambda handler: handler)
     return Starlette(routes=[
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/embeddings", embeddings, methods=["POST"]),
+        Route("/v1/models", logged(models), methods=["GET"]),
+        Route("/v1/chat/completions", logged(chat_completions), methods=["POST"]),
+        Route("/v1/completions", logged(completions), methods=["POST"]),
+        Route("/v1/embeddings", logged(embeddings), methods=["POST"]),
     ])
 
 
@@ -413,6 +542,12 @@ def add_serve_parser(sub) -> None:
     serve.add_argument("--n-ctx", type=int, default=2048, help="the context of each slot (default: 2048)")
     serve.add_argument("--api-key-env", default=None, metavar="VAR",
                        help="require Authorization: Bearer $VAR on every request")
+    serve.add_argument("--header-timeout", type=float, default=HEADER_TIMEOUT_S, metavar="S",
+                       help=f"seconds a client may take to send a request's headers (default: {HEADER_TIMEOUT_S:g})")
+    serve.add_argument("--body-timeout", type=float, default=BODY_TIMEOUT_S, metavar="S",
+                       help=f"seconds a client may take to send a request's body (default: {BODY_TIMEOUT_S:g})")
+    serve.add_argument("--quiet", "-q", action="store_true",
+                       help="no line per request on stdout (method, path, status, tokens, ms)")
 
 
 def cmd_serve(args, out: TextIO, err: TextIO) -> int:
@@ -425,9 +560,10 @@ def cmd_serve(args, out: TextIO, err: TextIO) -> int:
         return EXIT_FAILED
     if served.is_served(args.model):
         raise OptionError("--model: tensorjob serve serves a model file, not another server")
-    for name, low, high in (("slots", 1, 256), ("n_ctx", 16, 1 << 20), ("port", 0, 65535), ("threads", 1, 1024)):
+    for name, low, high in (("slots", 1, 256), ("n_ctx", 16, 1 << 20), ("port", 0, 65535), ("threads", 1, 1024),
+                            ("header_timeout", 0.1, 3600), ("body_timeout", 0.1, 3600)):
         value = getattr(args, name)
-        if value is not None and not low <= value <= high:
+        if value is not None and not low <= value <= high:  # a NaN is never in range
             raise OptionError(f"--{name.replace('_', '-')} {value}: out of range ({low} to {high})")
     api_key = None
     if args.api_key_env is not None:
@@ -449,6 +585,57 @@ def cmd_serve(args, out: TextIO, err: TextIO) -> int:
     return _listen(backend, api_key, args, out, err)
 
 
+def _bounded_h11(header_timeout_s: float, body_timeout_s: float) -> type:
+    """uvicorn's h11 protocol with what uvicorn's settings do not bound: at most ``MAX_CONNECTIONS`` at once
+    (a connection past it is closed as it comes), and a deadline on sending a request's headers and then its
+    body, each in all (uvicorn times out only an idle kept-alive connection; a client that sends half its
+    headers, a byte now and then, would be held for ever)."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class BoundedH11(H11Protocol):
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._reading: str | None = None
+            self._read_timer: asyncio.TimerHandle | None = None
+            if len(self.connections) > MAX_CONNECTIONS:
+                transport.close()
+                return
+            self._deadline("headers", header_timeout_s)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            state = self.conn.their_state
+            if state is h11.IDLE:  # (part of) the next request's headers
+                self._deadline("headers", header_timeout_s)
+            elif state is h11.SEND_BODY:
+                self._deadline("body", body_timeout_s)
+            else:  # the request is in: the answer is the app's
+                self._deadline(None, 0)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._deadline(None, 0)
+            super().connection_lost(exc)
+
+        def _deadline(self, reading: str | None, seconds: float) -> None:
+            """Keep (or start, or stop) the deadline for what the client is sending now."""
+            if reading == self._reading:
+                return
+            if self._read_timer is not None:
+                self._read_timer.cancel()
+                self._read_timer = None
+            self._reading = reading
+            if reading is not None:
+                self._read_timer = self.loop.call_later(seconds, self._too_slow)
+
+        def _too_slow(self) -> None:
+            self._read_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return BoundedH11
+
+
 def _listen(backend: Backend, api_key: str | None, args, out: TextIO, err: TextIO) -> int:
     import socket
 
@@ -460,17 +647,21 @@ def _listen(backend: Backend, api_key: str | None, args, out: TextIO, err: TextI
         sock.bind((args.host, args.port))
     except OSError as e:
         raise OptionError(f"--host {args.host} --port {args.port}: {e.strerror}") from None
+    sock.listen(2048)  # before "serving at": a client that connects at once is queued, not refused
     host, port = sock.getsockname()[:2]
     loopback = ipaddress.ip_address(host).is_loopback
-    app = build_app(backend, backend.model_name, api_key=api_key, loopback_only=loopback)
+    app = build_app(backend, backend.model_name, api_key=api_key, loopback_only=loopback,
+                    log=None if args.quiet else RequestLog(out))
     if api_key is None and not loopback:
         err.write(f"tensorjob: warning: serving on {host} without --api-key-env: anyone who can reach this port "
                   "can use the model\n")
     shown = f"[{host}]" if ":" in host else host
     out.write(f"serving at http://{shown}:{port}/v1 (jobs: --model http://{shown}:{port}/v1)\n")
     out.flush()
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                           timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5,
+        http=_bounded_h11(args.header_timeout, args.body_timeout), limit_concurrency=MAX_CONNECTIONS,
+        timeout_keep_alive=KEEP_ALIVE_S, h11_max_incomplete_event_size=MAX_HEADER_BYTES))
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:

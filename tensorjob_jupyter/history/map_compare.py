@@ -75,7 +75,7 @@ class MapComparison:
     columns_b = "b"
 
     def __init__(self, a: RecordedMap, b: RecordedMap):
-        if a.result.total != b.result.total or a.manifest_sha256 != b.manifest_sha256:
+        if a.result.total != b.result.total or a.ledger["manifest_sha256"] != b.ledger["manifest_sha256"]:
             raise MapError(f"{a.path} and {b.path} mapped different manifests ({a.result.total} and "
                            f"{b.result.total} items); a comparison is item by item over the same manifest")
         self.a, self.b = a, b

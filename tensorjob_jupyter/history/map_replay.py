@@ -46,7 +46,7 @@ from typing import Any, Callable
 
 from tensorjob_jupyter.abi import JobStatus, codes
 from tensorjob_jupyter.fanout.errors import MapError
-from tensorjob_jupyter.fanout.folder import JOBS, LEDGER, RunFolder
+from tensorjob_jupyter.fanout.folder import JOBS, LEDGER, MAX_LEDGER_BYTES, RunFolder
 from tensorjob_jupyter.fanout.items import failed_outcome
 from tensorjob_jupyter.fanout.local import LocalExecutor
 from tensorjob_jupyter.fanout.manifest import read_manifest
@@ -324,9 +324,11 @@ def _check_target(target: Path, recorded: Path) -> None:
     ledger = target / LEDGER
     if ledger.exists():
         try:
+            if ledger.stat().st_size > MAX_LEDGER_BYTES:
+                raise ValueError("too large to be a ledger")
             sessions = json.loads(ledger.read_text(encoding="utf-8")).get("sessions") or []
             where = sessions[-1].get("where") if sessions else WHERE
-        except (OSError, ValueError, AttributeError, TypeError):
+        except (OSError, ValueError, AttributeError, TypeError, RecursionError):
             where = None
         if not (isinstance(where, str) and where.startswith(WHERE)):
             raise MapError(f"{target} is a map's run folder, not a replay's; a replay starts its folder over, "
@@ -364,7 +366,7 @@ def _scoring(recorded: RecordedMap, expected: Any, scorer: Any) -> Scoring | Non
 def _manifest(recorded: RecordedMap):
     """The recorded map's manifest: its items under the SHA-256 its ledger pins, so the replay's folder says it
     is a map of the same items."""
-    source = json.loads((recorded.path / LEDGER).read_text(encoding="utf-8"))["manifest"]["source"]
+    ledger = recorded.ledger
     manifest = read_manifest(list(recorded.inputs()))
-    return dataclasses.replace(manifest, sha256=recorded.manifest_sha256 or manifest.sha256,
-                               source=source if isinstance(source, str) else manifest.source)
+    return dataclasses.replace(manifest, sha256=ledger["manifest_sha256"] or manifest.sha256,
+                               source=ledger["manifest_source"] or manifest.source)

@@ -13,14 +13,13 @@ the map does not have, is skipped (that item then has no recording), never trust
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from tensorjob_jupyter.fanout.folder import JOBS, LEDGER
+from tensorjob_jupyter.fanout.folder import JOBS, read_ledger
 from tensorjob_jupyter.fanout.progress import MapResult
 from tensorjob_jupyter.history.runs import RunInfo, run_info
 from tensorjob_jupyter.record.event_checks import TranscriptError
@@ -65,7 +64,7 @@ class RecordedMap:
     ``i`` concluded in (None where there is none: the item never ran, or failed before its job started)."""
 
     def __init__(self, run_dir: str | os.PathLike):
-        self.result = MapResult.from_folder(run_dir)  # MapError if it is not a map's folder
+        self.result = MapResult.read(run_dir)  # ResumeRefused (a MapError) if it is not a map's folder
         self.path = self.result.run_dir
         self._runs: dict[int, ItemRun] | None = None
         self._inputs: list[Any] | None = None
@@ -75,13 +74,9 @@ class RecordedMap:
         return self.result.total
 
     @property
-    def manifest_sha256(self) -> str | None:
-        """The SHA-256 of the manifest the map ran over, as its ledger pins it."""
-        try:
-            sha = json.loads((self.path / LEDGER).read_text(encoding="utf-8"))["manifest"]["sha256"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-        return sha if isinstance(sha, str) else None
+    def ledger(self) -> dict:
+        """What the map's ledger says (``folder.read_ledger``: checked, as a file from anywhere)."""
+        return read_ledger(self.path)
 
     def item_runs(self) -> dict[int, ItemRun]:
         """Every concluded item's job, by item (read once: two small reads a transcript)."""

@@ -19,11 +19,12 @@ thread.
 Whatever the guest does, the job ends: ``wait()`` returns by the job's time
 limit plus a moment, with the terminal event and ``envelope.json`` written.
 And what a finished job keeps in memory is bounded by constants, not by what
-it published: its envelope as compact JSON (the result is at most
-``max_result_bytes``), its stats and its names; its events are in the
-transcript, read back on demand (``events``, ``subscribe``). This process
-remembers its newest finished jobs for ``jobs()`` up to ``KEEP_FINISHED_JOBS``
-of them and ``KEEP_FINISHED_BYTES`` of envelopes in all.
+it published: its envelope and its input as compact JSON (the result is at
+most ``max_result_bytes``), its stats and its names; its events are in the
+transcript, read back on demand (``events``, ``subscribe``), and its guest,
+staged input bytes and handles are let go. This process remembers its newest
+finished jobs for ``jobs()`` up to ``KEEP_FINISHED_JOBS`` of them and
+``KEEP_FINISHED_BYTES`` of envelopes and inputs in all.
 """
 
 from __future__ import annotations
@@ -91,7 +92,27 @@ def _model_server(backend: Any) -> dict:
 
 
 class Job:
-    """A tensor job. Construct, ``start()``, then ``wait()`` or ``cancel()``."""
+    """A tensor job. Construct, ``start()``, then ``wait()`` or ``cancel()``.
+
+    Keywords (each is the job option of the same name in a magic and a terminal):
+
+    * ``guest``: wasm bytes, a ``GuestSource``, or a path -- a ``.py`` script, a ``.wasm``, or ``.c``, ``.zig``
+      or ``.wat`` source compiled on the way;
+    * ``input``: the job input, a JSON value (default ``{}``);
+    * ``read``: paths the guest may read (files or folders); ``fetch``: http(s) URL prefixes it may fetch;
+    * ``backend``: the model -- by default the process's shared backend for ``model`` (a GGUF path,
+      ``hf:ORG/REPO[:FILE_OR_QUANT]``, or an OpenAI-compatible server's URL; None: the embedded model) with
+      ``model_options``; ``backend=None`` for a job with no model;
+    * ``limits``: a ``Limits``, and any limit as a keyword of its own (``max_tokens=64``, ``job_timeout_s=30``);
+    * ``infer``: an ``InferOptions`` -- sampling, the chat template, LoRA -- for every infer;
+    * ``input_bytes``: bytes staged for the guest's ``read-input``;
+    * ``runs_dir``: where the transcript goes (default ``./tensorjob-runs``); ``cwd``: what relative paths are
+      relative to; ``name``: the job's name in views and listings;
+    * ``debug``, ``break_on``: start paused, or pause before such commands (``host/debugger.py``).
+
+    Bad options raise at once (``ValueError``, ``FileNotFoundError``, ``GuestDoesNotCompile``, ``TypeError``
+    for an unknown keyword), before anything runs.
+    """
 
     def __init__(self, guest: "GuestSource | bytes | str | os.PathLike", *, input: Any = None,
                  read: Iterable[str | os.PathLike] = (), backend: Backend | None | _DefaultModel = DEFAULT_MODEL,
@@ -106,8 +127,9 @@ class Job:
         #: The job's ``host.debugger.Debugger`` when it is being debugged (``debug``, ``break_on``), else None.
         self.debugger = (Debugger(start_paused=bool(debug), break_on=break_on, max_paused_s=self.limits.max_paused_s)
                          if debug or break_on else None)
-        self.input, input_json = abi.checked_value({} if input is None else input, "the job input",
-                                                   max_values=self.limits.max_command_values)
+        input_value, input_json = abi.checked_value({} if input is None else input, "the job input",
+                                                    max_values=self.limits.max_command_values)
+        self._input_json = input_json  # kept as bytes, counted in ``retained_bytes``: not as parsed values
         source = resolve_guest(guest)
         self.name = name or source.name
         wasm = source.wasm
@@ -138,7 +160,7 @@ class Job:
                                 name=self.name,
                                 guest={"name": source.name, "language": source.language, "origin": source.origin,
                                        "sha256": self.guest_sha256, "bytes": len(wasm)},
-                                input=self.input, grants=[str(r) for r in self.grants.roots],
+                                input=input_value, grants=[str(r) for r in self.grants.roots],
                                 read=sorted({name for root in self.grants.grants for name in root.names}),
                                 cwd=str(self.grants.cwd),
                                 input_bytes={"bytes": len(input_bytes), "sha256": hashlib.sha256(input_bytes).hexdigest()},
@@ -180,16 +202,19 @@ class Job:
             except BaseException as e:  # noqa: BLE001 - the reactor ends every job itself; this is a bug
                 envelope = Envelope(JobStatus.FAILED, self._reactor.usage, error=internal_error(self.id, e))
             envelope_json = _encode_envelope(self.id, envelope)
-            self._status = envelope.status
+            written = orjson.loads(envelope_json)  # what was written, which may be the internal error's
+            self._status = JobStatus(written["status"])
             self.finished_at = time.time()
             try:
-                self.stream.publish(JOB_END_EVENT[envelope.status], envelope=orjson.loads(envelope_json),
+                self.stream.publish(JOB_END_EVENT[self._status], envelope=written,
                                     stats=self._reactor.stats.to_json(),
                                     ended_during=self._reactor.pending_command)
             except Exception:  # noqa: BLE001 - the transcript broke (disk full?): the job still ends
                 log.exception("tensorjob: could not write the end of job %s", self.id)
             self._envelope_json = envelope_json
         finally:
+            if self._envelope_json is None:  # a host bug past every fallback: the job still ends, failed
+                self._status, self._envelope_json = JobStatus.FAILED, _LAST_RESORT_ENVELOPE
             try:
                 self.stream.close(self._envelope_json)
             except Exception:  # noqa: BLE001
@@ -315,9 +340,15 @@ class Job:
         return envelope.result if envelope is not None else None
 
     @property
+    def input(self) -> Any:
+        """The job input, as checked (decoded afresh on each access from the JSON the job keeps)."""
+        return orjson.loads(self._input_json)
+
+    @property
     def retained_bytes(self) -> int:
-        """Roughly what this finished job keeps in memory beyond a fixed size: its envelope."""
-        return len(self._envelope_json or b"")
+        """Roughly what this finished job keeps in memory beyond a fixed size: its envelope and its input,
+        each as compact JSON."""
+        return len(self._envelope_json or b"") + len(self._input_json)
 
     @property
     def stats(self) -> JobStats:
@@ -344,7 +375,7 @@ class Job:
 
 
 #: Finished jobs this process remembers for ``jobs()``, at most, and the most
-#: bytes of envelopes they may hold in all; the oldest finished are forgotten first.
+#: bytes of envelopes and inputs they may hold in all; the oldest finished are forgotten first.
 KEEP_FINISHED_JOBS = 100
 KEEP_FINISHED_BYTES = 16 * 1024 * 1024
 
@@ -368,12 +399,31 @@ def _forget_old_jobs() -> None:
 
 
 def _encode_envelope(job_id: str, envelope: Envelope) -> bytes:
-    """Compact JSON of the envelope; if even that fails (a host bug), an internal error's."""
+    """Compact JSON of the envelope; if even that fails (a host bug), an internal error's, with only
+    the usage's counts that a transcript can hold; and if that fails too, a fixed one. Never fails."""
     try:
         return abi.encode_json(envelope.to_json())
     except Exception as e:  # noqa: BLE001
-        fallback = Envelope(JobStatus.FAILED, envelope.usage, error=internal_error(job_id, e))
-        return abi.encode_json(fallback.to_json())
+        try:
+            fallback = Envelope(JobStatus.FAILED, _recordable_usage(envelope.usage), error=internal_error(job_id, e))
+            return abi.encode_json(fallback.to_json())
+        except Exception:  # noqa: BLE001
+            return _LAST_RESORT_ENVELOPE
+
+
+def _recordable_usage(usage: Any) -> Usage:
+    """``usage`` with each count a transcript cannot hold (not a whole number from 0 to 2^53) as 0."""
+    def count(value: Any) -> int:
+        return value if type(value) is int and 0 <= value <= abi.MAX_COUNT else 0
+
+    model = getattr(usage, "model", "")
+    return Usage(count(getattr(usage, "tokens_in", 0)), count(getattr(usage, "tokens_out", 0)),
+                 count(getattr(usage, "duration_ms", 0)), model if isinstance(model, str) else "")
+
+
+_LAST_RESORT_ENVELOPE = abi.encode_json(Envelope(JobStatus.FAILED, Usage(), error=JobError(
+    abi.codes.INTERNAL_ERROR, "internal error in the host (not the guest): the job's envelope could not be "
+                              "written; the traceback is in the tensorjob_jupyter log")).to_json())
 
 
 def jobs() -> list[Job]:
@@ -391,7 +441,9 @@ def get_job(job_id: str) -> Job:
 
 
 def run(guest: bytes | str | os.PathLike, *, timeout: float | None = None, **kwargs: Any) -> Envelope:
-    """Run a job to the end and return its envelope (see ``Job`` for options)."""
+    """Run a job to the end and return its envelope. Every keyword is ``Job``'s (``input``, ``read``, ``model``,
+    ``limits`` and any limit, ...); ``timeout``: raise ``TimeoutError`` if it has not ended by then (it goes on).
+    Ctrl-C cancels it and returns its envelope."""
     job = Job(guest, **kwargs).start()
     try:
         return job.wait(timeout)

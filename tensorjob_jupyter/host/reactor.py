@@ -149,6 +149,7 @@ class Reactor:
         self.infer_options = infer or InferOptions()
         self.stats = JobStats()
         self.usage = Usage(model=backend.model_name if backend is not None else "")
+        self._model_named = False  # ``_backend``: the backend has said which model it serves
         self.handles = Handles(limits.max_handles, limits.max_window_bytes, limits.max_handle_bytes)
         self.fetch_grants = fetch or FetchGrants(())
         self.documents: JobDocuments | None = None  # started on the first document or image command
@@ -216,6 +217,7 @@ class Reactor:
             self.guest = None
             self.wasm = b""
             self.input_bytes = b""
+            self.input_json = b""
             try:
                 if self.documents is not None:
                     self.documents.close()
@@ -382,8 +384,14 @@ class Reactor:
                             bytes_base64=base64.b64encode(data).decode("ascii"), text=text)
 
     def _backend(self) -> Backend:
+        """The job's model, named: a backend that must ask which model it serves (a server's only model:
+        ``resolve_model``) is asked here, on the job's thread, under its deadline and cancel."""
         if self.backend is None:
             raise JobFailure(codes.MODEL_LOAD_FAILED, "this job has no model, so it cannot infer or embed")
+        resolve = getattr(self.backend, "resolve_model", None)
+        if resolve is not None and not self._model_named:
+            self.usage.model = self._await(resolve())
+            self._model_named = True
         return self.backend
 
     def _await(self, fut: Future) -> Any:
@@ -407,8 +415,9 @@ class Reactor:
                          count=self._count_tokens)
 
     def _count_tokens(self, tokens_in: int, tokens_out: int) -> None:
-        self.usage.tokens_in += tokens_in
-        self.usage.tokens_out += tokens_out
+        """Add to the job's usage; the totals stop at ``MAX_COUNT``, the largest count a transcript records."""
+        self.usage.tokens_in = min(abi.MAX_COUNT, self.usage.tokens_in + tokens_in)
+        self.usage.tokens_out = min(abi.MAX_COUNT, self.usage.tokens_out + tokens_out)
 
     def _embed(self, cmd: abi.Embed) -> abi.Event:
         size = sum(len(t.encode("utf-8")) for t in cmd.texts)
@@ -518,7 +527,15 @@ class InferPlan:
 
 
 def internal_error(job_id: str, e: BaseException) -> JobError:
-    """The error of a job ended by a bug in the host; the traceback goes to the log."""
-    log.error("tensorjob: internal error in job %s", job_id, exc_info=(type(e), e, e.__traceback__))
+    """The error of a job ended by a bug in the host; the traceback goes to the log. Never fails: an
+    exception whose text cannot be made (or logged) is named by its type alone."""
+    try:
+        log.error("tensorjob: internal error in job %s", job_id, exc_info=(type(e), e, e.__traceback__))
+    except Exception:  # noqa: BLE001 - a logging handler that breaks must not break the job's end
+        pass
+    try:
+        said = clip(str(e), 1000).encode("utf-8", "replace").decode("utf-8")
+    except Exception:  # noqa: BLE001 - an exception whose str() fails (or is not text)
+        said = "(its message cannot be shown)"
     return JobError(codes.INTERNAL_ERROR, f"internal error in the host (not the guest): {type(e).__name__}: "
-                                          f"{clip(str(e), 1000)}; the traceback is in the tensorjob_jupyter log")
+                                          f"{said}; the traceback is in the tensorjob_jupyter log")

@@ -57,6 +57,13 @@ class ConstraintError(ModelError):
     CODE = codes.SCHEMA_VALIDATION_FAILED
 
 
+class RequestTooLarge(ModelError):
+    """One request asks more of the shared model than a request may (an embed past its token budget);
+    it was not run: ``limit_exceeded``."""
+
+    CODE = codes.LIMIT_EXCEEDED
+
+
 class ModelTimeout(ModelError):
     """The model did not answer in time (a served model's server went silent or ran past its limit): ``timeout``."""
 
@@ -190,6 +197,11 @@ class ModelEngine(Protocol):
     steps (``wait``: seconds to wait for one to arrive, default 0), calling
     each ``Pending.done`` as it finishes (continuous batching). The worker uses
     it when present.
+
+    And ``embedding(texts)``: an embed in pieces, an object whose ``step()``
+    decodes one bounded piece and says whether it is finished, with the
+    vectors then in ``vectors``. The worker serves waiting generation requests
+    between the pieces and stops an abandoned embed there.
     """
 
     model_name: str

@@ -53,7 +53,7 @@ INTERNALS_USED = {
                     "metadata", "tokenize")),
     "LlamaContext": (("model", "params", "verbose"),
                      ("close", "kv_cache_seq_rm", "kv_cache_seq_cp", "kv_cache_clear")),
-    "LlamaBatch": (("n_tokens", "embd", "n_seq_max", "verbose"), ("close", "reset", "add_sequence")),
+    "LlamaBatch": (("n_tokens", "embd", "n_seq_max", "verbose"), ("close", "reset")),
     "LlamaSampler": ((), ("close", "add_penalties", "add_greedy", "add_top_k", "add_top_p", "add_min_p",
                           "add_temp", "add_dist", "accept", "sample")),
 }
@@ -65,7 +65,7 @@ LIBRARY_USED = ("llama_log_callback", "llama_log_set", "llama_backend_init", "ll
                 "llama_max_parallel_sequences", "llama_model_default_params", "llama_context_default_params",
                 "llama_n_ctx_seq", "llama_adapter_lora_init", "llama_adapter_lora_p_ctypes",
                 "llama_set_adapters_lora", "llama_token_to_piece", "llama_vocab_is_eog", "llama_decode",
-                "llama_get_embeddings_seq", "LLAMA_POOLING_TYPE_MEAN", "llama_context_params",
+                "llama_get_embeddings", "llama_get_causal_attn", "LLAMA_POOLING_TYPE_NONE", "llama_context_params",
                 # constrained decoding (GrammarSampler)
                 "llama_sampler_init_grammar", "llama_sampler_apply", "llama_sampler_accept", "llama_sampler_free",
                 "llama_get_logits_ith", "llama_token_data", "llama_token_data_array")

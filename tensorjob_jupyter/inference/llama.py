@@ -65,7 +65,11 @@ counts greedy text is *not* the same; nothing in the suite depends on it.
   a token to reach its callback.
 
 Embeddings use a second context on the same model weights (``embeddings``
-on, mean pooling), created on first use; vectors are L2-normalised.
+on, per-token outputs mean-pooled here), created on first use; vectors are
+L2-normalised. An embed is decoded in pieces of at most ``EMBED_PIECE_TOKENS``
+(``Embedding``: a long text's KV stays between its pieces), so the worker can
+serve generation requests between them, and one request holds at most
+``EMBED_MAX_TOKENS``.
 
 llama.cpp's log lines are routed to the ``tensorjob_jupyter.llama`` logger
 (silent unless configured) instead of stderr, and the error lines of a
@@ -92,7 +96,7 @@ import numpy as np
 
 from tensorjob_jupyter.inference.base import (
     FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, Constraint, ConstraintError, GenerateRequest, GenerateResult,
-    GenerateUsage, LoraChoice, ModelError, Pending, TokenCallback,
+    GenerateUsage, LoraChoice, ModelError, Pending, RequestTooLarge, TokenCallback,
 )
 from tensorjob_jupyter.inference.gguf import check_gguf
 from tensorjob_jupyter.inference.grammar import Abandoned, GrammarSampler, Utf8Table, constraint_grammar
@@ -104,7 +108,13 @@ log = logging.getLogger("tensorjob_jupyter.llama")
 log.addHandler(logging.NullHandler())
 
 PENALTY_LAST_N = 64
+#: Texts one embedding decode may hold.
 EMBED_SEQS = 64
+#: Tokens one embedding decode takes at most (causal models): the longest the worker is held by an embed
+#: before it serves waiting generation requests.
+EMBED_PIECE_TOKENS = 128
+#: Tokens one embed request may hold in all (after each text is cut to the embedding context).
+EMBED_MAX_TOKENS = 32_768
 #: Before a batch's first decode step, once a second request has come with the first, how long to wait
 #: for another: requests sent together (jobs started at once) arrive a few milliseconds apart, and one
 #: that misses the first steps costs the batch as many extra steps at its end. Waited again after each
@@ -727,80 +737,157 @@ class LlamaEngine:
     # -- embeddings ----------------------------------------------------------------------------
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        """One L2-normalised, mean-pooled vector per text, in input order.
+        """One L2-normalised, mean-pooled vector per text, in input order (``embedding`` run to its end)."""
+        embedding = self.embedding(texts)
+        while not embedding.step():
+            pass
+        return embedding.vectors
 
-        Texts longer than the embedding context are truncated to it; an empty
-        text is embedded as the BOS token alone.
+    def embedding(self, texts: Sequence[str]) -> "Embedding":
+        """An embed to be decoded a piece at a time (``Embedding.step``), so that the worker can serve
+        generation requests between its pieces and notice a client that left.
+
+        Texts longer than the embedding context are truncated to it; an empty text is embedded as the
+        BOS token alone. ``RequestTooLarge`` if the texts come to more than ``EMBED_MAX_TOKENS``.
         """
-        texts = list(texts)
-        if not texts:
-            return []
-        ctx, batch = self._embedding_context()
-        lc = self._lc
-        limit = self._embedding_n_ctx
+        self._embedding_context()
+        limit = self._embedding_n_ctx  # the model's training context at most
         seqs = []
         for text in texts:
             toks = self.tokenize(text)[:limit] if text else []
             if not toks:
                 toks = [self._bos] if self._bos >= 0 else self.tokenize(" ")[:1]
             seqs.append(toks)
-        n_embd = self._model.n_embd()
-        out: list[list[float]] = []
-        group: list[list[int]] = []
-
-        def run() -> None:
-            ctx.kv_cache_clear()
-            batch.reset()
-            for seq_id, toks in enumerate(group):
-                batch.add_sequence(toks, seq_id, True)
-            rc = lc.llama_decode(ctx.ctx, batch.batch)
-            if rc != 0:
-                raise ModelError(f"embedding failed: llama_decode returned {rc}")
-            for seq_id in range(len(group)):
-                ptr = lc.llama_get_embeddings_seq(ctx.ctx, seq_id)
-                if not ptr:
-                    raise ModelError("embedding failed: llama.cpp returned no pooled vector")
-                vec = np.ctypeslib.as_array(ptr, shape=(n_embd,)).astype(np.float64)
-                norm = float(np.linalg.norm(vec))
-                out.append((vec / norm if norm > 0 else vec).tolist())
-            group.clear()
-
-        used = 0
-        for toks in seqs:
-            if group and (used + len(toks) > limit or len(group) >= self._embed_seqs):
-                run()
-                used = 0
-            group.append(toks)
-            used += len(toks)
-        run()
-        return out
+        total = sum(len(t) for t in seqs)
+        if total > EMBED_MAX_TOKENS:
+            raise RequestTooLarge(f"the texts to embed are {total} tokens, more than one request may embed "
+                                  f"({EMBED_MAX_TOKENS}, EMBED_MAX_TOKENS); send fewer or shorter texts at a time")
+        return Embedding(self, seqs)
 
     def _embedding_context(self):
+        """The embedding context: per-token outputs (no pooling: ``Embedding`` pools them), a unified KV
+        cache that holds one text at the longest plus a piece, and pieces of ``EMBED_PIECE_TOKENS`` --
+        unless the model's attention is not causal (an encoder: a text's tokens see the ones after
+        them), whose texts are decoded whole, a text or more a piece."""
         if self._embed_ctx is None:
             lc = self._lc
-            cp = lc.llama_context_default_params()
-            n = min(self._embedding_n_ctx, self.n_ctx_train)
-            self._embedding_n_ctx = n
-            cp.n_ctx = n
-            cp.n_batch = n
-            cp.n_ubatch = n
+            n = self._embedding_n_ctx = min(self._embedding_n_ctx, self.n_ctx_train)
             self._embed_seqs = min(EMBED_SEQS, int(lc.llama_max_parallel_sequences()))
-            cp.n_seq_max = self._embed_seqs
-            cp.kv_unified = True
-            cp.embeddings = True
-            cp.pooling_type = lc.LLAMA_POOLING_TYPE_MEAN
-            cp.n_threads = self.n_threads
-            cp.n_threads_batch = self.n_threads_batch
-            cp.no_perf = True
-            with CaptureLog() as lines:
-                try:
-                    ctx = self._internals.LlamaContext(model=self._model, params=cp, verbose=False)
-                except Exception as e:  # noqa: BLE001
-                    raise ModelError(f"could not create an embedding context for {self.model_path}: "
-                                     f"{log_reason(lines) or e}") from None
-            self._embed_batch = self._internals.LlamaBatch(n_tokens=n, embd=0, n_seq_max=1, verbose=False)
+            ctx = self._new_embedding_context(min(EMBED_PIECE_TOKENS, n), n)
+            self._embed_causal = bool(lc.llama_get_causal_attn(ctx.ctx))
+            if not self._embed_causal:
+                ctx.close()
+                ctx = self._new_embedding_context(n, n)
+            self._embed_piece = min(EMBED_PIECE_TOKENS, n) if self._embed_causal else n
+            self._embed_batch = self._internals.LlamaBatch(n_tokens=self._embed_piece, embd=0, n_seq_max=1,
+                                                           verbose=False)
             self._embed_ctx = ctx
         return self._embed_ctx, self._embed_batch
+
+    def _new_embedding_context(self, piece: int, longest: int):
+        lc = self._lc
+        cp = lc.llama_context_default_params()
+        cp.n_ctx = longest + piece
+        cp.n_batch = piece
+        cp.n_ubatch = piece
+        cp.n_seq_max = self._embed_seqs
+        cp.kv_unified = True
+        cp.embeddings = True
+        cp.pooling_type = lc.LLAMA_POOLING_TYPE_NONE
+        cp.n_threads = self.n_threads
+        cp.n_threads_batch = self.n_threads_batch
+        cp.no_perf = True
+        with CaptureLog() as lines:
+            try:
+                return self._internals.LlamaContext(model=self._model, params=cp, verbose=False)
+            except Exception as e:  # noqa: BLE001
+                raise ModelError(f"could not create an embedding context for {self.model_path}: "
+                                 f"{log_reason(lines) or e}") from None
+
+
+class Embedding:
+    """One embed request in pieces: each ``step()`` is one decode of at most the engine's piece of tokens,
+    and says whether every vector is made (``vectors``).
+
+    The texts are decoded in order. With causal attention a text may run over several pieces: its
+    KV stays in the embedding context between them, each piece's per-token outputs are summed, and its
+    vector is the mean of all of them -- what llama.cpp's mean pooling computes over one decode, here
+    over as many as the text needs, so no decode is longer than a piece whatever the text. A text's
+    cells are freed once it is done; each piece starts from what the one before left."""
+
+    def __init__(self, engine: LlamaEngine, seqs: list[list[int]]):
+        self._engine = engine
+        self._seqs = seqs
+        self._next = 0  # the first text not yet wholly decoded
+        self._offset = 0  # its tokens decoded so far
+        self._sums: dict[int, np.ndarray] = {}
+        self._out: list[list[float]] = []
+        self._fresh = True
+
+    @property
+    def done(self) -> bool:
+        return self._next >= len(self._seqs)
+
+    @property
+    def vectors(self) -> list[list[float]]:
+        assert self.done, "the embedding is not finished"
+        return self._out
+
+    def step(self) -> bool:
+        """Decode the next piece; True once every text is embedded."""
+        if self.done:
+            return True
+        engine = self._engine
+        lc = engine._lc
+        ctx, batch = engine._embedding_context()
+        piece, causal, n_seqs = engine._embed_piece, engine._embed_causal, engine._embed_seqs
+        if self._fresh or not causal:  # what an abandoned embedding left; an encoder's texts never span pieces
+            ctx.kv_cache_clear()
+            self._fresh = False
+        batch.reset()
+        b = batch.batch
+        taken: list[tuple[int, int, int, bool]] = []  # (text, its first row, rows, last piece of it)
+        index, offset = self._next, self._offset
+        while index < len(self._seqs) and b.n_tokens < piece and len(taken) < n_seqs:
+            toks = self._seqs[index]
+            n = min(len(toks) - offset, piece - b.n_tokens)
+            if not causal and n < len(toks) - offset:
+                break  # a text is decoded whole: it waits for a piece of its own
+            seq_id = index % n_seqs  # at most n_seqs texts a piece, in order: distinct
+            for j in range(n):
+                row = b.n_tokens + j
+                b.token[row] = toks[offset + j]
+                b.pos[row] = offset + j
+                b.seq_id[row][0] = seq_id
+                b.n_seq_id[row] = 1
+                b.logits[row] = True
+            taken.append((index, b.n_tokens, n, offset + n == len(toks)))
+            b.n_tokens += n
+            if offset + n < len(toks):
+                offset += n
+                break
+            index, offset = index + 1, 0
+        rc = lc.llama_decode(ctx.ctx, b)
+        if rc != 0:
+            raise ModelError(f"embedding failed: llama_decode returned {rc}")
+        ptr = lc.llama_get_embeddings(ctx.ctx)
+        if not ptr:
+            raise ModelError("embedding failed: llama.cpp returned no embeddings")
+        rows = np.ctypeslib.as_array(ptr, shape=(b.n_tokens, engine._model.n_embd()))
+        for text, first, n, last in taken:
+            part = rows[first:first + n].sum(axis=0, dtype=np.float64)
+            total = self._sums.pop(text, None)
+            total = part if total is None else total + part
+            if not last:
+                self._sums[text] = total
+                continue
+            vec = total / len(self._seqs[text])
+            norm = float(np.linalg.norm(vec))
+            self._out.append((vec / norm if norm > 0 else vec).tolist())
+            if causal:
+                ctx.kv_cache_seq_rm(text % n_seqs, -1, -1)
+        self._next, self._offset = index, offset
+        return self.done
 
 
 def _by_slot(seq: _Sequence) -> int:

@@ -29,10 +29,26 @@ Why it is shaped so:
   HTTP client's ``trace`` hook.)
 * **Bounded.** ``connect_timeout_s`` (unreachable: ``model_load_failed``),
   ``read_timeout_s`` between bytes and ``request_timeout_s`` for the whole
-  answer (``timeout``); at most ``max_tokens`` text pieces (a server that sends
-  more is cut there, finish ``length``), at most ``4 * max_tokens + 64`` SSE
-  events and ``MAX_BODY_BYTES_PER_TOKEN`` bytes a token (more is a malformed
-  stream, ``model_load_failed``).
+  answer (``timeout``), kept by a timer that shuts the socket down, so a
+  server that trickles a byte now and then ends on time; at most
+  ``max_tokens`` text pieces (a server that sends more is cut there, finish
+  ``length``), at most ``4 * max_tokens + 64`` SSE events and
+  ``MAX_BODY_BYTES_PER_TOKEN`` bytes a token (more is a malformed stream,
+  ``model_load_failed``); every other answer -- an error's body, the
+  embeddings -- is bounded in bytes too.
+* **Nothing is asked of the server on the caller's thread.** Which model it
+  serves (``/v1/models``, when no ``--model-name`` is given) is asked on a
+  request thread (``resolve_model``) that the job waits for under its
+  deadline and cancel before its first infer or embed; the listing has its
+  own bounds, ``MAX_MODELS_BYTES`` and ``MODELS_TIMEOUT_S`` in all. A job
+  created before the answer records ``?`` in ``job.created``; its responses
+  and its usage name the model.
+* **What the server says is checked where it arrives.** A usage count is a
+  whole number from 0 to 2^53 (the transcript's own rule; anything else is
+  not taken, and the text pieces are counted instead), completion tokens are
+  at most the tokens asked and cached tokens at most the prompt's; a model
+  id is recorded clipped to ``MAX_MODEL_ID_CHARS``. So whatever a server
+  sends, what the job writes can be read back.
 * **Only whole, final text reaches the guest.** Stop strings are sent to the
   server *and* cut here (``TextStream``), so a server that ignores some (the
   OpenAI API takes four) never shows the guest text a stop string takes back.
@@ -76,7 +92,8 @@ cached tokens from ``prompt_tokens_details``); a server that reports none
 (llama-cpp-python) gets the text pieces counted as completion tokens and 0
 prompt tokens.
 
-Errors are one line and never hold the key: unreachable, refused, 4xx, 5xx,
+Errors are one line and never hold the key (it is scrubbed from the server's text before that is
+clipped, and so is any run of ``KEY_RUN_CHARS`` of its characters): unreachable, refused, 4xx, 5xx,
 a malformed or truncated stream -> ``ModelError`` (``model_load_failed``);
 HTTP 429 and 503 -> ``ServerBusy`` (a ``QueueFull``: ``busy``); no byte for
 ``read_timeout_s``, the answer past ``request_timeout_s``, HTTP 408 and 504 ->
@@ -95,6 +112,7 @@ and change together when a server changes.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import json
 import math
@@ -108,6 +126,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
+from tensorjob_jupyter.abi import MAX_COUNT
 from tensorjob_jupyter.inference.base import (FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, ConstraintError,
                                               GenerateRequest, GenerateResult, GenerateUsage, ModelError,
                                               ModelTimeout, QueueFull, TokenCallback)
@@ -121,8 +140,13 @@ MAX_BODY_BYTES_PER_TOKEN = 16 * 1024
 MAX_BODY_BYTES_FLOOR = 1 << 20
 #: How much of a server's own error text a message quotes.
 MAX_SERVER_TEXT = 200
-#: The longest wait for ``/v1/models`` (it may run on the thread that creates a job, to name the model).
+#: The whole of a ``/v1/models`` answer: at most this long in all, and this many bytes.
 MODELS_TIMEOUT_S = 10.0
+MAX_MODELS_BYTES = 1 << 20
+#: The longest model id a transcript records (the server's own id is what requests carry).
+MAX_MODEL_ID_CHARS = 256
+#: A run of this many characters of the key (or the whole key, if shorter) is scrubbed from every message.
+KEY_RUN_CHARS = 6
 #: The OpenAI API takes at most four stop strings; the rest are cut here only.
 MAX_SERVER_STOPS = 4
 _THREAD_PREFIX = "tensorjob-served"
@@ -245,15 +269,25 @@ class ServedStats:
 
 
 class _Call:
-    """One request in flight: abort it from any thread, bound its bytes and its time."""
+    """One request in flight: abort it from any thread, bound its bytes and its time.
 
-    def __init__(self, kind: str, max_bytes: int, timeout_s: float):
+    ``bounded(...)`` sets what the answer being read may cost -- bytes, and seconds in all, kept by
+    a timer that shuts the socket down when they are spent, so a server that trickles a byte now and
+    then or goes silent ends on time, not at its next byte or its next read timeout. The model
+    listing nests its own, smaller bounds inside a request's."""
+
+    def __init__(self, kind: str, max_bytes: int, max_tokens: int = 0):
         self.kind = kind
         self.deadline = math.inf
         self.max_bytes = max_bytes
-        self.timeout_s = timeout_s
+        self.what = "answer"
+        self.too_late = ""
+        #: the tokens asked for: no answer has more (a usage that says otherwise is clipped to it)
+        self.max_tokens = max_tokens
         self.bytes = 0
         self.aborted = False
+        #: why the request ran out of time (set by the timer), for the error it ends with
+        self.expired: str | None = None
         #: what reached the listener so far, and when: the answer of a request aborted mid-stream
         self.parts: list[str] = []
         self.pieces = 0
@@ -270,9 +304,41 @@ class _Call:
     def abort(self) -> None:
         with self._lock:
             self.aborted = True
+        self._shutdown_sockets()
+
+    def _shutdown_sockets(self) -> None:
+        with self._lock:
             sockets = list(self._sockets)
         for sock in sockets:
             _shutdown(sock)
+
+    def _expire(self, message: str) -> None:
+        """The timer's: this answer's time is spent; end its read now."""
+        self.expired = message
+        self._shutdown_sockets()
+
+    @contextlib.contextmanager
+    def bounded(self, max_bytes: int, timeout_s: float, what: str, limit: str):
+        """Bound the answer read inside: ``max_bytes`` of body, ``timeout_s`` seconds in all (never
+        past an enclosing bound's deadline; ``limit`` names the setting); the enclosing bounds come
+        back after it."""
+        saved = self.max_bytes, self.bytes, self.deadline, self.what, self.too_late
+        self.max_bytes, self.bytes, self.what = max_bytes, 0, what
+        own = time.monotonic() + timeout_s
+        if own < self.deadline:  # else the enclosing bound comes first, and says so
+            self.deadline = own
+            self.too_late = f"the model server's {what} took longer than {timeout_s:g} s ({limit})"
+        message = self.too_late
+        timer = threading.Timer(max(0.0, self.deadline - time.monotonic()), self._expire, (message,))
+        timer.name, timer.daemon = f"{_THREAD_PREFIX}-deadline", True
+        timer.start()
+        try:
+            yield
+            if self.expired == message:  # the timer fired as the answer ended: it ended in time
+                self.expired = None
+        finally:
+            timer.cancel()
+            self.max_bytes, self.bytes, self.deadline, self.what, self.too_late = saved
 
     def trace(self, name: str, info: dict) -> None:
         """The HTTP client's trace hook, on the request's thread: catch each socket as it connects."""
@@ -293,13 +359,14 @@ class _Call:
         """Before each piece of the body is used: aborted, too late, or too much?"""
         if self.aborted:
             raise _Aborted()
-        if time.monotonic() > self.deadline:
-            raise ModelTimeout(f"the model server's answer took longer than {self.timeout_s:g} s "
-                               "(request_timeout_s)")
+        if self.expired or time.monotonic() > self.deadline:
+            raise ModelTimeout(self.expired or self.too_late)
         self.bytes += n
         if self.bytes > self.max_bytes:
-            raise ModelError(f"the model server's stream is malformed: more than {self.max_bytes} bytes "
-                             "for the tokens asked")
+            if self.what == "answer":
+                raise ModelError(f"the model server's stream is malformed: more than {self.max_bytes} bytes "
+                                 "for the tokens asked")
+            raise ModelError(f"the model server's {self.what} is more than {self.max_bytes} bytes")
 
 
 def _shutdown(sock: socket.socket) -> None:
@@ -391,14 +458,26 @@ class ServedBackend:
 
     @property
     def model_name(self) -> str:
-        """The served model's id: as given, else the server's only model (asked once); the URL's
-        ``?`` stands in while the server cannot be asked (the job's infer then says why)."""
+        """The served model's id as a transcript records it (clipped, never the key): as given, else the
+        server's only model once ``resolve_model`` has asked for it; ``?`` stands in until then. Never
+        touches the network: a job is created on its caller's thread, which no server may hold."""
         if self._requested_model:
-            return self._requested_model
-        try:
-            return self._server_info().model
-        except ModelError:
-            return "?"
+            return self._recorded(self._requested_model)
+        info = self._info
+        return self._recorded(info.model) if info is not None else "?"
+
+    def resolve_model(self) -> "Future[str]":
+        """``model_name``, once the server has been asked which model it serves (``/v1/models``, on a request
+        thread, under its own bounds: ``MAX_MODELS_BYTES``, ``MODELS_TIMEOUT_S`` in all); a job waits for it
+        under its deadline and its cancel before its first infer or embed. ``ModelError`` if it cannot say."""
+        if self._requested_model or self._info is not None:
+            known: Future = Future()
+            known.set_result(self.model_name)
+            return known
+        return self._submit("models", None, None, 0)
+
+    def _recorded(self, model: str) -> str:
+        return _clip(model, MAX_MODEL_ID_CHARS, self._scrub)
 
     @property
     def server(self) -> dict:
@@ -424,8 +503,8 @@ class ServedBackend:
 
     def _submit(self, kind: str, payload: Any, on_token: TokenCallback | None, tokens: int) -> Future:
         max_bytes = max(MAX_BODY_BYTES_FLOOR, MAX_BODY_BYTES_PER_TOKEN * max(1, int(tokens)))
-        call = _Call(kind, max_bytes, self.request_timeout_s)
-        work = self._generate if kind == "generate" else self._embed
+        call = _Call(kind, max_bytes, int(tokens))
+        work = {"generate": self._generate, "embed": self._embed, "models": self._list}[kind]
         future = _ServedFuture(call)
         with self._lock:
             if self._closed:
@@ -453,12 +532,12 @@ class ServedBackend:
                     self._accepted -= 1
                     continue  # cancelled while it waited
                 self._running.add(call)
-            call.deadline = time.monotonic() + self.request_timeout_s
             call.started = time.perf_counter()
             cpu = time.thread_time()
             self._local.call = call
             try:
-                outcome = work(call, payload, on_token)
+                with call.bounded(call.max_bytes, self.request_timeout_s, "answer", "request_timeout_s"):
+                    outcome = work(call, payload, on_token)
             except BaseException as e:  # noqa: BLE001 - every failure answers the future
                 outcome = self._error(e, call)
             finally:
@@ -538,46 +617,57 @@ class ServedBackend:
 
     # -- which model, which dialect ------------------------------------------------------------------
 
+    def _list(self, call: _Call, _payload: None, _on_token: None) -> str:
+        self._server_info()
+        return self.model_name
+
     def _server_info(self) -> ServerInfo:
-        """The model id and the dialect, asked of ``/v1/models`` once (a failure is asked again next time)."""
+        """The model id and the dialect, asked of ``/v1/models`` once (a failure is asked again next time).
+
+        Only on a request thread, inside its request's bounds and abort, with bounds of its own
+        (``MAX_MODELS_BYTES``, ``MODELS_TIMEOUT_S`` in all). No lock is held while asking: two first
+        requests may both ask, and a request aborted meanwhile ends at once."""
         info = self._info
         if info is not None:
             return info
         client = self._openai()
-        with self._info_lock:
-            if self._info is not None:
-                return self._info
-            owners: dict[str, str] = {}
-            listed: list[str] | None = None
-            try:
+        call: _Call = self._local.call
+        owners: dict[str, str] = {}
+        listed: list[str] | None = None
+        try:
+            with call.bounded(MAX_MODELS_BYTES, MODELS_TIMEOUT_S, "list of models (/models)", "MODELS_TIMEOUT_S"):
                 page = client.get("/models", cast_to=object, options={
                     "headers": self._headers, "timeout": min(self.read_timeout_s, MODELS_TIMEOUT_S)})
-                listed = []
-                for m in _field(page, "data", list) or ():
-                    model_id = _field(m, "id", str)
-                    if model_id:
-                        listed.append(model_id)
-                        owners[model_id] = _field(m, "owned_by", str) or ""
-            except Exception as e:  # noqa: BLE001 - classified below
-                error = self._error(e, None)
-                if not (self._requested_model and isinstance(error, ModelError)
-                        and getattr(error, "status", None) == 404):
-                    raise error from None
-            model = self._requested_model
-            if model is None:
-                if not listed:
-                    raise ModelError(f"the model server at {self.url} lists no models; name one with --model-name")
-                if len(listed) > 1:
-                    names = ", ".join(_clip(n, 80) for n in listed[:20]) + (", ..." if len(listed) > 20 else "")
-                    raise ModelError(f"the model server at {self.url} serves {len(listed)} models ({names}); "
-                                     "name one with --model-name")
-                model = listed[0]
-            elif listed is not None and model not in listed:
-                names = ", ".join(_clip(n, 80) for n in listed[:20]) or "none"
-                raise ModelError(f"the model server at {self.url} does not serve {_clip(model, 80)!r} "
-                                 f"(it serves: {names})")
-            dialect = DIALECTS[self._dialect_name or OWNERS.get(owners.get(model, ""), "openai")]
-            self._info = ServerInfo(model, dialect)
+            listed = []
+            for m in _field(page, "data", list) or ():
+                model_id = _field(m, "id", str)
+                if model_id:
+                    listed.append(model_id)
+                    owners[model_id] = _field(m, "owned_by", str) or ""
+        except Exception as e:  # noqa: BLE001 - classified below
+            if call.aborted or call.expired:
+                raise  # the request's own error path answers
+            error = self._error(e, None)
+            if not (self._requested_model and isinstance(error, ModelError)
+                    and getattr(error, "status", None) == 404):
+                raise error from None
+        model = self._requested_model
+        if model is None:
+            if not listed:
+                raise ModelError(f"the model server at {self.url} lists no models; name one with --model-name")
+            if len(listed) > 1:
+                names = ", ".join(_clip(n, 80, self._scrub) for n in listed[:20])
+                names += ", ..." if len(listed) > 20 else ""
+                raise ModelError(f"the model server at {self.url} serves {len(listed)} models ({names}); "
+                                 "name one with --model-name")
+            model = listed[0]
+        elif listed is not None and model not in listed:
+            names = ", ".join(_clip(n, 80, self._scrub) for n in listed[:20]) or "none"
+            raise ModelError(f"the model server at {self.url} does not serve {_clip(model, 80, self._scrub)!r} "
+                             f"(it serves: {names})")
+        dialect = DIALECTS[self._dialect_name or OWNERS.get(owners.get(model, ""), "openai")]
+        with self._info_lock:
+            self._info = self._info or ServerInfo(model, dialect)
             return self._info
 
     # -- generation -------------------------------------------------------------------------------
@@ -724,9 +814,15 @@ class ServedBackend:
         with self._lock:
             self.stats.pieces += call.pieces
         pieces, started, first_at, last_at = call.pieces, call.started, call.first_at, call.last_at
+        # the server's counts, each a whole number from 0 to 2^53 or not taken; no answer has more tokens
+        # than were asked for, and no prompt more cached tokens than it has
         prompt = _count(_field(usage, "prompt_tokens", int))
         completion = _count(_field(usage, "completion_tokens", int))
+        if completion is not None and call.max_tokens:
+            completion = min(completion, call.max_tokens)
         cached = _count(_field(_field(usage, "prompt_tokens_details", dict), "cached_tokens", int))
+        if cached is not None:
+            cached = min(cached, prompt or 0)
         tps = (pieces - 1) / (last_at - first_at) if pieces > 1 and last_at and last_at > first_at else None
         return GenerateUsage(prompt_tokens=prompt or 0, completion_tokens=completion if usage is not None
                              and completion is not None else pieces, cached_tokens=cached or 0,
@@ -768,16 +864,21 @@ class ServedBackend:
             if call.kind == "generate":
                 return GenerateResult("".join(call.parts), FINISH_CANCELLED, self._usage(None, call))
             return ModelError("the request to the model server was cancelled")
-        error = _classify(e, self.url, self.api_key_env)
+        if call is not None and call.expired:
+            return ModelTimeout(call.expired)
+        error = _classify(e, self.url, self.api_key_env, self._scrub)
         message = self._scrub(str(error))
         if message != str(error):
+            status = getattr(error, "status", None)
             error = type(error)(message)
+            if status is not None:
+                error.status = status  # type: ignore[attr-defined]
         return error
 
     def _scrub(self, text: str) -> str:
-        if self._key and len(self._key) >= 4:
-            text = text.replace(self._key, "***")
-        return text
+        """``text`` without the key: the whole key, and any run of ``KEY_RUN_CHARS`` of its characters
+        (a server that quotes part of it), each becomes ``***``."""
+        return scrub_key(text, self._key)
 
 
 class _CallText:
@@ -891,16 +992,43 @@ def _field(obj: Any, key: str, kind: type) -> Any:
 
 
 def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    """A count from the server as a transcript may record it (a whole number from 0 to 2^53), else None."""
+    return value if type(value) is int and 0 <= value <= MAX_COUNT else None
 
 
-def _clip(text: str, n: int = MAX_SERVER_TEXT) -> str:
-    text = " ".join(str(text).split())
+def scrub_key(text: str, key: str, run: int = KEY_RUN_CHARS) -> str:
+    """``text`` with the whole of ``key``, and every run of ``run`` or more of its consecutive characters,
+    replaced by ``***`` (a key shorter than 4 characters is not looked for)."""
+    if not key or len(key) < 4 or not text:
+        return text
+    text = text.replace(key, "***")
+    run = min(run, len(key))
+    pieces = {key[i:i + run] for i in range(len(key) - run + 1)}
+    spans: list[list[int]] = []  # the runs found, overlapping and touching ones merged
+    for i in range(len(text) - run + 1):
+        if text[i:i + run] in pieces:
+            if spans and i <= spans[-1][1]:
+                spans[-1][1] = i + run
+            else:
+                spans.append([i, i + run])
+    out, at = [], 0
+    for start, end in spans:
+        out += [text[at:start], "***"]
+        at = end
+    return "".join(out) + text[at:]
+
+
+def _clip(text: Any, n: int = MAX_SERVER_TEXT, scrub=None) -> str:
+    """``text`` as one printable line of at most ``n`` characters; ``scrub`` (the key's) runs before it is
+    cut, so no cut leaves part of a key behind. Bounded work for any length of text."""
+    text = " ".join(str(text)[:8 * n + 256].split())
     text = "".join(c for c in text if c.isprintable())
+    if scrub is not None:
+        text = scrub(text)
     return text if len(text) <= n else text[:n] + "…"
 
 
-def _server_text(e: Any) -> str:
+def _server_text(e: Any, scrub=None) -> str:
     body = getattr(e, "body", None)
     message = None
     if isinstance(body, dict):
@@ -908,29 +1036,30 @@ def _server_text(e: Any) -> str:
         message = inner.get("message") if isinstance(inner, dict) else inner
         if message is None and isinstance(body.get("detail"), (str, list)):
             message = body["detail"]
-    return _clip(message if message is not None else getattr(e, "message", "") or "")
+    return _clip(message if message is not None else getattr(e, "message", "") or "", scrub=scrub)
 
 
-def _classify(e: BaseException, url: str, key_env: str) -> BaseException:
-    """A request's exception as one the reactor maps to a code (see the module docstring)."""
+def _classify(e: BaseException, url: str, key_env: str, scrub=None) -> BaseException:
+    """A request's exception as one the reactor maps to a code (see the module docstring); ``scrub``
+    takes the key out of the server's text before it is clipped."""
     if isinstance(e, (ModelError, QueueFull)):
         return e
     try:
         import httpx2
         import openai
     except ImportError:  # pragma: no cover
-        return ModelError(f"{type(e).__name__}: {_clip(str(e))}")
+        return ModelError(f"{type(e).__name__}: {_clip(str(e), scrub=scrub)}")
     cause = e.__cause__ if isinstance(e, openai.APIConnectionError) else e
     if isinstance(cause, (httpx2.ConnectError, httpx2.ConnectTimeout)) or isinstance(e, _Aborted):
         why = "it did not answer in time" if isinstance(cause, httpx2.ConnectTimeout) else "connection refused"
         if isinstance(cause, httpx2.ConnectError) and "refused" not in str(cause).lower():
-            why = _clip(str(cause), 120) or "cannot connect"
+            why = _clip(str(cause), 120, scrub) or "cannot connect"
         return ModelError(f"cannot reach the model server at {url}: {why}")
     if isinstance(e, openai.APITimeoutError) or isinstance(cause, httpx2.TimeoutException):
         return ModelTimeout(f"the model server at {url} sent nothing for too long (read_timeout_s)")
     if isinstance(e, openai.APIStatusError):
         status = e.status_code
-        said = _server_text(e)
+        said = _server_text(e, scrub)
         said = f": {said}" if said else ""
         if status in (429, 503):
             return ServerBusy(f"the model server at {url} is busy (HTTP {status}){said}; try again later")
@@ -947,10 +1076,11 @@ def _classify(e: BaseException, url: str, key_env: str) -> BaseException:
         return ModelError(f"the model server at {url} dropped the connection mid-answer"
                           + (f" ({type(cause).__name__})" if cause is not None else ""))
     if isinstance(e, openai.APIError):
-        return ModelError(f"the model server at {url} reported an error in its stream: {_clip(str(e))}")
+        return ModelError(f"the model server at {url} reported an error in its stream: {_clip(str(e), scrub=scrub)}")
     if isinstance(e, (ValueError, TypeError, AttributeError, KeyError)):  # bad JSON, a chunk of the wrong shape
-        return ModelError(f"the model server's stream is malformed ({type(e).__name__}: {_clip(str(e), 120)})")
-    return ModelError(f"the request to the model server at {url} failed: {type(e).__name__}: {_clip(str(e))}")
+        return ModelError(f"the model server's stream is malformed ({type(e).__name__}: {_clip(str(e), 120, scrub)})")
+    return ModelError(f"the request to the model server at {url} failed: {type(e).__name__}: "
+                      f"{_clip(str(e), scrub=scrub)}")
 
 
 # --- one backend per server, model and key variable in a process ---------------------------------

@@ -11,6 +11,12 @@ admission until the batch drains, so order is kept. The queue is bounded: when i
 full a request fails at once with ``QueueFull`` instead of blocking the
 caller forever.
 
+An embed runs in pieces when the engine can cut it (``embedding``): after
+each piece, the generation requests already waiting run (one batch, to its
+end) before the next piece, so a long embed holds the others back by one
+piece, not by all of its texts; and an embed whose caller left (its future
+cancelled: a job that ended, a client that hung up) stops at the next piece.
+
 The engine is built on the worker thread on first use, so a model that fails
 to load fails the requests that needed it (``ModelError`` with the reason)
 and nothing else. A token callback that raises -- a job that died mid-request
@@ -180,25 +186,67 @@ class InferenceWorker:
             item = self._take()
             if item is _STOP:
                 return
-            kind, payload, on_token, fut = item
-            if not fut.set_running_or_notify_cancel():
-                continue  # cancelled while it waited in the queue
-            done = self._resolver(fut)
-            try:
-                engine = self._load()
-                if kind == "generate" and self.batching and hasattr(engine, "serve"):
-                    engine.serve(self._pending(payload, on_token, done, fut), self._admit)
-                    continue
-                if kind == "tokens":
-                    result = engine.prompt_tokens(payload)
-                else:
-                    result = (engine.generate(payload, _guarded(on_token)) if kind == "generate"
-                              else engine.embed(payload))
-            except BaseException as e:  # noqa: BLE001 - reported through the future
-                if not fut.done():
-                    done(None, e)
+            self._serve_one(item, self._admit)
+
+    def _serve_one(self, item: tuple, admit: Callable[..., Pending | None]) -> None:
+        """Run one request (a generation with whatever ``admit`` lets join it) and answer its future."""
+        kind, payload, on_token, fut = item
+        if not fut.set_running_or_notify_cancel():
+            return  # cancelled while it waited in the queue
+        done = self._resolver(fut)
+        try:
+            engine = self._load()
+            if kind == "generate" and self.batching and hasattr(engine, "serve"):
+                engine.serve(self._pending(payload, on_token, done, fut), admit)
+                return
+            if kind == "generate":
+                result = engine.generate(payload, _guarded(on_token))
+            elif kind == "tokens":
+                result = engine.prompt_tokens(payload)
+            elif hasattr(engine, "embedding"):
+                result = self._embed_in_pieces(engine, payload, fut)
             else:
-                done(result, None)
+                result = engine.embed(payload)
+        except BaseException as e:  # noqa: BLE001 - reported through the future
+            if not fut.done():
+                done(None, e)
+        else:
+            done(result, None)
+
+    def _embed_in_pieces(self, engine: ModelEngine, texts: list[str], fut: Request) -> list[list[float]]:
+        """An embed a piece at a time, serving the generation requests waiting after each piece; an
+        abandoned one stops before its next piece."""
+        embedding = engine.embedding(texts)  # type: ignore[attr-defined]
+        while True:
+            if fut.abandoned.is_set():
+                raise ModelError("the embed was abandoned (its caller left) and stopped")
+            if embedding.step():
+                return embedding.vectors
+            self._serve_waiting()
+
+    def _serve_waiting(self) -> None:
+        """Between an embed's pieces: run the generation requests waiting now -- not the ones that come
+        while they run, so the embed goes on after them -- as one batch. A request of another kind
+        waits, in its place, for the embed to finish."""
+        left = self._queue.qsize()
+
+        def admit(wait: float = 0.0) -> Pending | None:
+            nonlocal left
+            if left <= 0:
+                return None
+            left -= 1
+            return self._admit()
+
+        while left > 0 and not self._deferred:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            left -= 1
+            if item is _STOP or item[0] != "generate":
+                self._deferred.append(item)  # after the embed, in order
+                return
+            self._serve_one(item, admit)
 
 
 def _guarded(on_token: TokenCallback) -> TokenCallback:

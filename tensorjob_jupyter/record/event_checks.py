@@ -25,7 +25,7 @@ from typing import Any, Callable
 import numpy as np
 import orjson
 
-from tensorjob_jupyter.abi import MAX_DEPTH, TERMINAL_EVENT_TYPES, JobStatus, dumps, event_types
+from tensorjob_jupyter.abi import MAX_COUNT, MAX_DEPTH, TERMINAL_EVENT_TYPES, JobStatus, dumps, event_types
 from tensorjob_jupyter.record.events import TRANSCRIPT_VERSION
 from tensorjob_jupyter.record.run_folder import EVENTS_FILE
 from tensorjob_jupyter.text import for_terminal
@@ -41,9 +41,6 @@ MAX_EVENT_VALUES = 2_000_000
 #: Levels of nesting one event may have: a guest's value (at most ``abi.MAX_DEPTH``) inside the
 #: event's own few.
 MAX_EVENT_DEPTH = MAX_DEPTH + 8
-#: The largest count a transcript may record (tokens, bytes, milliseconds, steps): 2^53, the largest
-#: whole number every JSON reader holds exactly.
-MAX_COUNT = 2 ** 53
 #: The latest recorded time (``t_ms``, milliseconds since the job started) a transcript may hold: a
 #: year. Later is damage, not a job (a paced ``show`` would wait for it).
 MAX_T_MS = 366 * 24 * 3600 * 1000

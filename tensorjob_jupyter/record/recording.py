@@ -189,7 +189,10 @@ class Recording:
 
     @property
     def model(self) -> str | None:
-        return self.created.get("model")
+        """The model the run used: its envelope's (a served model is named once its server has been asked,
+        after ``job.created``), else the one ``job.created`` names."""
+        used = ((self.envelope or {}).get("usage") or {}).get("model")
+        return used if isinstance(used, str) and used else self.created.get("model")
 
     @property
     def status(self) -> str:

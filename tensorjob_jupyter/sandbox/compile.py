@@ -58,7 +58,7 @@ from typing import Iterable, Sequence
 
 import wasmtime
 
-from tensorjob_jupyter.sandbox.cache import cache_dir
+from tensorjob_jupyter.sandbox.cache import cache_dir, read_regular
 from tensorjob_jupyter.sandbox.guest import WASM_MAGIC, GuestTrap
 from tensorjob_jupyter.sandbox.python.guest import check_syntax
 from tensorjob_jupyter.sandbox.python.program import PythonProgram, PythonSyntaxError, is_program
@@ -287,7 +287,7 @@ def _cache_key(lang: str, source: str, flags: Sequence[str], filename: str, deps
 def _cache_get(key: str) -> bytes | None:
     path = cache_dir() / key[:2] / f"{key}.wasm"
     try:
-        data = path.read_bytes()
+        data = read_regular(path)  # a FIFO planted there is a miss, never a hang
     except OSError:
         return None
     return data if data.startswith(WASM_MAGIC) else None

@@ -13,8 +13,10 @@ ended, ``finish_display()`` updates that output to carry, beside the
 widget, a static HTML rendering of the final view (``static_html``): a
 front end with the widget manager keeps showing the live widget, while
 nbconvert's HTML, GitHub and nbviewer -- which cannot run the widget --
-show the static view. (nbconvert prefers the widget only when the notebook
-saved the widgets' state, which it then renders from that state.)
+show the static view. (nbconvert prefers the widget when the notebook saved
+the widgets' state, as nbclient and papermill do, and only its JavaScript can
+draw it; ``tensorjob export`` and ``--to tensorjob-html`` export the static
+view instead: ``frontends/export.py``.)
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Callable
 import ipywidgets as w
 from IPython.display import display
 
+from tensorjob_jupyter.frontends.export import STATIC_VIEW
 from tensorjob_jupyter.frontends.view.render import LIGHT_GREY
 from tensorjob_jupyter.frontends.view.side_channel import route_clicks_to_side_thread
 
@@ -92,8 +95,9 @@ class LiveView:
         if self._display is None:
             return
         html = self.static_html()
-        if html:
-            self._display.update({**self._repr_mimebundle_(), "text/html": html}, raw=True)
+        if html:  # marked, for exports that must show it without the widget (frontends/export.py)
+            self._display.update({**self._repr_mimebundle_(), "text/html": html}, raw=True,
+                                 metadata={STATIC_VIEW: True})
 
     def start(self):
         self._thread.start()

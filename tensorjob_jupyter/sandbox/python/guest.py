@@ -32,7 +32,10 @@ Guarantees, each tested (tests/test_python_guest*.py):
   (``host.ready``) the store's fuel is set to the job's ``fuel``.
 * **Memory.** The store's memory limit is the job's ``memory_bytes``: past it
   ``memory.grow`` fails and the guest sees ``MemoryError`` (or, when CPython
-  cannot even raise it, the job ends ``limit_exceeded``).
+  cannot even raise it, the job ends ``limit_exceeded``). A raw WIT binding
+  called with a value its type cannot hold aborts the interpreter too; the
+  trap's backtrace shows the binding runtime's panic, and that is
+  ``wasm_trap`` naming the binding, not memory.
 * **Nothing of the host.** WASI is there because CPython needs it, with nothing
   granted: no preopened directory, no environment, no arguments, sockets
   refused, ``exit`` ends the job, and the clocks and the random source are
@@ -58,6 +61,7 @@ import json
 import math
 import queue
 import random
+import re
 import threading
 import time
 from typing import Any, Callable, Iterable
@@ -192,6 +196,26 @@ def _record(**fields: Any) -> component.Record:
     r = component.Record()
     r.__dict__.update(fields)
     return r
+
+
+#: In a trap's wasm backtrace: the interpreter's binding runtime (componentize-py's, Rust) panicked...
+_RUNTIME_PANIC = re.compile(r"componentize_py_runtime\.wasm!(?:core::panicking|core::result::unwrap_failed|"
+                            r"std::panicking)")
+#: ... and not because an allocation failed (that abort is the job's memory running out).
+_ALLOCATION_FAILED = re.compile(r"alloc_error|rust_oom|handle_alloc_error")
+#: The host function whose adapter was running: ``<unknown>!adapter log``.
+_ADAPTER = re.compile(r"!adapter ([a-z][a-z0-9-]{0,40})")
+
+
+def _binding_panic(text: str) -> bool:
+    """Whether a trap's backtrace shows the binding runtime rejecting a value (a raw WIT binding called
+    with an argument out of its type's range: a guest's error, not the memory limit)."""
+    return _RUNTIME_PANIC.search(text) is not None and _ALLOCATION_FAILED.search(text) is None
+
+
+def _binding_name(text: str) -> str | None:
+    match = _ADAPTER.search(text)
+    return match.group(1) if match else None
 
 
 def _first_error_line(e: BaseException) -> str:
@@ -568,6 +592,11 @@ class PythonGuest(EpochTicked):
                                               f"{self.limits.stack_bytes}-byte wasm stack; raise stack_bytes)")
         if "host protocol" in text or "a guest cannot" in text or "random bytes" in text or "time.sleep" in text:
             return GuestTrap(codes.WASM_TRAP, _first_error_line(e).removeprefix("tensorjob: "))
+        if "unreachable" in text and _binding_panic(text):
+            name = _binding_name(text)
+            return GuestTrap(codes.WASM_TRAP, f"the guest called a raw host binding{f' (`{name}`)' if name else ''} "
+                                              f"with a value it cannot take, and the Python interpreter aborted in "
+                                              f"{where}")
         if "unreachable" in text:
             return GuestTrap(codes.LIMIT_EXCEEDED,
                              f"the Python interpreter aborted in {where} (out of memory: memory_bytes is "

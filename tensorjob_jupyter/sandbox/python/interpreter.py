@@ -28,6 +28,11 @@ machine built the file; ``load_component`` checks the compiled file against
 it before wasmtime maps it (once per process per file: deserializing is
 trusting native code). A file that does not match is deleted and rebuilt.
 
+The cache's files are read only if they are regular files (``open_regular``):
+a FIFO planted where the manifest belongs would otherwise hang a guest's
+start waiting for a writer; it is refused, ``tensorjob cache --clear``
+removes it.
+
 Building and compiling run under a lock file, so parallel processes (a map,
 pytest workers) build once. ``ensure(progress=...)`` reports the stages for a
 progress bar or a notebook line; ``prepare_in_background()`` starts it on a
@@ -54,7 +59,7 @@ from typing import Callable
 import wasmtime
 from wasmtime import component
 
-from tensorjob_jupyter.sandbox.cache import cache_dir
+from tensorjob_jupyter.sandbox.cache import NotARegularFile, cache_dir, open_regular, read_regular
 
 #: The componentize-py this interpreter is built with (pyproject pins the same).
 COMPONENTIZE_PY = "componentize-py"
@@ -62,6 +67,8 @@ COMPONENTIZE_PY_VERSION = "0.25.1"
 #: Bump when the build changes in a way the hashed inputs do not capture.
 _BUILD_FORMAT = 1
 BUILD_TIMEOUT_S = 600
+#: The largest manifest read (it holds a few hashes and sizes); a longer one is damage.
+MAX_MANIFEST_BYTES = 64 * 1024
 HERE = Path(__file__).resolve().parent
 WIT = HERE / "wit" / "guest.wit"
 RUNTIME = HERE / "runtime"
@@ -116,11 +123,18 @@ def engine_config(fuel: bool, stack_bytes: int) -> wasmtime.Config:
     return cfg
 
 
+def _damaged(e: NotARegularFile) -> InterpreterError:
+    return InterpreterError(f"{e}: the Python interpreter's cache is damaged; `tensorjob cache --clear` empties it")
+
+
 def _sha256_file(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+    try:
+        with open_regular(path) as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except NotARegularFile as e:
+        raise _damaged(e) from None
     return h.hexdigest()
 
 
@@ -150,9 +164,13 @@ def _paths() -> Paths:
 
 
 def _read_manifest(paths: Paths) -> dict:
+    """The manifest ({} when there is none, or it is not JSON: the build writes it again);
+    ``InterpreterError`` when it is not a regular file (a FIFO would hang the read) or is too long."""
     try:
-        data = json.loads(paths.manifest.read_text())
+        data = json.loads(read_regular(paths.manifest, MAX_MANIFEST_BYTES))
         return data if isinstance(data, dict) else {}
+    except NotARegularFile as e:
+        raise _damaged(e) from None
     except (OSError, ValueError):
         return {}
 
@@ -361,7 +379,7 @@ def is_ready(fuel: bool = False) -> bool:
         paths = _paths()
         return paths.compiled(engine_key(fuel)).is_file() and engine_key(fuel) in _read_manifest(paths).get(
             "compiled", {})
-    except OSError:
+    except (OSError, InterpreterError):
         return False
 
 
@@ -391,9 +409,9 @@ def clear() -> tuple[int, int]:
         _verified.clear()
     if root.is_dir():
         for p in root.iterdir():
-            if p.is_file() and p.name != "build.lock":
+            if not p.is_dir() and p.name != "build.lock":  # a FIFO or a link planted there goes too
                 try:
-                    size += p.stat().st_size
+                    size += p.lstat().st_size
                     p.unlink()
                     files += 1
                 except OSError:

@@ -1,0 +1,120 @@
+"""Notebooks exported with each finished view as static HTML, whether or not widget state was saved.
+
+Once a job or a map ends, its view's output carries the final view twice: as
+the live widget (``application/vnd.jupyter.widget-view+json``) and as inert
+HTML (``text/html``, ``LiveView.finish_display``), marked in the output's
+metadata (``STATIC_VIEW``). A notebook saved without widget state exports
+the HTML; but nbclient, papermill and ``nbconvert --execute`` save the
+state by default, and nbconvert then prefers the widget, which only its
+JavaScript (fetched from a CDN) can draw: offline, the view is blank.
+
+``static_views(nb)`` settles it: in the outputs of our views it keeps the
+static HTML and drops the widget, so any exporter shows the finished view
+with no script at all. Every other output, widgets of the user's own
+included, is left as it is. It comes three ways:
+
+* ``tensorjob export NOTEBOOK [-o OUT] [--execute]`` (here) -- HTML, or with
+  ``--to ipynb`` the notebook itself, views made static;
+* ``jupyter nbconvert --to tensorjob-html NOTEBOOK`` -- the exporter
+  ``nbconvert_static.StaticHTMLExporter``, an nbconvert exporter entry point;
+* ``c.HTMLExporter.preprocessors = ["tensorjob_jupyter.frontends.nbconvert_static.StaticViews"]``
+  in an nbconvert configuration, for any exporter.
+
+nbconvert is imported only when an export runs (``nbconvert_static``), so the
+command line starts as fast without it.
+
+Only outputs whose static HTML is the view's own (``tensorjob-view tj-static``
+or ``tensorjob-map-view tj-static``, as ``render.static`` and the map view
+write it) count, besides the metadata mark, so a notebook saved before the
+mark existed exports the same way.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TextIO
+
+from tensorjob_jupyter.frontends.options import EXIT_FAILED, EXIT_OK, OptionError
+
+#: The output metadata key a finished view's output carries (``LiveView.finish_display``).
+STATIC_VIEW = "tensorjob_static_view"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+_STATIC_MARKERS = ('class="tensorjob-view tj-static"', 'class="tensorjob-map-view tj-static"')
+
+def is_static_view(output) -> bool:
+    """Whether ``output`` is a finished view's: the widget beside its own static HTML."""
+    data = output.get("data") or {}
+    if WIDGET_VIEW not in data or not isinstance(data.get("text/html"), (str, list)):
+        return False
+    if (output.get("metadata") or {}).get(STATIC_VIEW):
+        return True
+    html = data["text/html"] if isinstance(data["text/html"], str) else "".join(data["text/html"])
+    return html.lstrip().startswith("<div") and any(m in html[:200] for m in _STATIC_MARKERS)
+
+
+def static_views(nb):
+    """``nb`` with every finished view's widget dropped from its output, its static HTML kept (in place)."""
+    for cell in nb.get("cells", []):
+        for output in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
+            if is_static_view(output):
+                del output["data"][WIDGET_VIEW]
+    return nb
+
+
+# --- tensorjob export ------------------------------------------------------------------------------------
+
+
+def add_export_parser(sub) -> None:
+    p = sub.add_parser("export", help="a notebook as HTML with each finished job or map view as static HTML",
+                       description="Export a notebook so that every finished tensorjob view shows without the "
+                                   "widget's JavaScript -- offline, on GitHub, in nbviewer -- even when widget "
+                                   "state was saved (nbclient, papermill and nbconvert --execute save it).")
+    p.add_argument("notebook", help="the .ipynb file")
+    p.add_argument("-o", "--output", default=None, metavar="OUT",
+                   help="where to write (default: NOTEBOOK with .html, or .static.ipynb with --to ipynb)")
+    p.add_argument("--to", choices=("html", "ipynb"), default="html",
+                   help="html (default), or the notebook itself with its views made static")
+    p.add_argument("--execute", action="store_true",
+                   help="run the notebook first, in a fresh kernel (as nbconvert --execute does)")
+    p.add_argument("--timeout", type=float, default=600, metavar="S",
+                   help="with --execute: the longest a cell may run (default 600 s)")
+
+
+def cmd_export(args, out: TextIO, err: TextIO) -> int:
+    """``tensorjob export``: 0 once written, 1 when a cell failed under ``--execute``, 2 a usage error."""
+    try:
+        import nbformat
+        from nbconvert.exporters import HTMLExporter  # noqa: F401  (checked here, used below)
+    except ImportError as e:
+        raise OptionError(f"tensorjob export needs nbconvert ({e.name} is missing): pip install nbconvert") from None
+    source = Path(args.notebook)
+    if not source.is_file():
+        raise OptionError(f"{args.notebook}: no such notebook")
+    try:
+        nb = nbformat.read(source, as_version=4)
+    except Exception as e:  # noqa: BLE001 - not JSON, not a notebook
+        raise OptionError(f"{args.notebook} is not a notebook: {' '.join(str(e).split())[:300]}") from None
+    if args.execute:
+        from nbclient import NotebookClient
+        from nbclient.exceptions import CellExecutionError
+
+        try:
+            NotebookClient(nb, timeout=args.timeout, resources={"metadata": {"path": str(source.parent.absolute())}}
+                           ).execute()
+        except CellExecutionError as e:
+            err.write(f"tensorjob: a cell failed: {' '.join(str(e).split())[:500]}\n")
+            return EXIT_FAILED
+    static_views(nb)
+    if args.to == "ipynb":
+        target = Path(args.output or source.with_suffix(".static.ipynb"))
+        nbformat.write(nb, target)
+    else:
+        from tensorjob_jupyter.frontends.nbconvert_static import StaticHTMLExporter  # deferred: nbconvert
+
+        target = Path(args.output or source.with_suffix(".html"))
+        body, _ = StaticHTMLExporter().from_notebook_node(nb, resources={"metadata": {"name": source.stem}})
+        target.write_text(body, encoding="utf-8")
+    out.write(f"{os.fspath(target)}\n")
+    return EXIT_OK
+
