@@ -3,6 +3,7 @@
     python bench/bench_map.py [--quick] [--items N] [--token-delay S] [--model PATH|default] [--no-dask]
     python bench/bench_map.py --documents [--items 12] [--max-tokens 48]
     python bench/bench_map.py --vs-plain [--sizes 6,32] [--rounds 3] [--sweep] [--notebook] [--concurrency N|auto]
+    python bench/bench_map.py --replay [--items 100] | --prefix [--items 32] | --memory | --experiments
 
 **Overhead** (the default): every scenario maps the same guest -- one short
 ``infer`` (4 tokens), then ``done`` -- over the same manifest, against a
@@ -41,6 +42,33 @@ was not running a job, ``(wall x slots - sum(setup + run)) / items`` -- for
 Dask that is scheduler round trips, transfers and recording. ``--documents``
 adds tokens in and out per item (from the job envelopes) and tokens out per
 second of wall time.
+
+**Maps as experiments** (issue 29; ``--experiments`` runs all three):
+
+- ``--replay``: a 100-item map of guests/examples/extract.py (one schema-held
+  extraction, a title and a year, from the first 320 bytes of each short
+  document) on the embedded model -- the baseline, its wall time -- then the
+  same map replayed with a changed parser (the same prompts; the title
+  lower-cased) by ``tj.replay_map``, with no
+  model: wall time against the original map (goal >= 50x faster) and model
+  calls made (goal 0, counted on the model's worker).
+- ``--prefix``: 32 items whose prompts share a 600-token prefix before a
+  100-token document of their own (the puppet guest: each item is one infer),
+  on the embedded model, four at a time: items/s with the prefix shared
+  (decoded once, its KV copied to the other slots) against the same map
+  without prompt reuse (``cache_prompt`` off; goal >= 2x), with reuse only
+  within a slot (no copy across slots), and through llama.cpp's server as
+  llama-cpp-python ships it (``python -m llama_cpp.server``, a separate
+  process: it reuses its one sequence's longest common prefix, its
+  ``cache_prompt``, and decodes one request at a time). Every scenario has its
+  own prefix, so none is helped by another's cache. Then the KV layout: a
+  prefix copied across per-slot KV streams against the same prompt decoded
+  cold (largest logit difference; the copy's cost), and one decode step with
+  the unified layout against per-slot streams.
+- ``--memory``: a 100,000-item scored map's result (a run folder written
+  directly: results, expected answers, scores) read back by ``MapResult``:
+  the memory ``rows()`` keeps and peaks at, and the same for ``to_pandas()``
+  (tracemalloc), against the size of its results file.
 """
 
 from __future__ import annotations
@@ -50,6 +78,7 @@ import functools
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -201,7 +230,7 @@ def documents_bench(args) -> int:
     """Local concurrency 1 (the baseline), local 4 and two dask workers, interleaved ``--rounds`` times:
     the machines are shared, so each scenario meets the same load; each row is its median round."""
     from tensorjob_jupyter.sandbox.compile import load_guest
-    from tensorjob_jupyter.inference.llama import physical_cores
+    from tensorjob_jupyter.inference.topology import physical_cores
 
     n = args.items or 12
     wasm = load_guest(str(ROOT / "guests" / "examples" / "summarise.c"))
@@ -272,6 +301,291 @@ def documents_bench(args) -> int:
     return 0
 
 
+# --- maps as experiments: replay, prefix sharing, memory (issue 29) ---------------------------------------------
+
+V2_PARSER = ('    facts = reply.json()\n'
+             '    facts["title"] = facts["title"].strip().lower()\n'
+             '    return {"path": path, "facts": facts}\n')
+#: What the replay benchmark's items ask for: a short title and a year from a short document.
+REPLAY_SCHEMA = {"type": "object", "properties": {"title": {"type": "string", "maxLength": 40},
+                                                  "year": {"type": "integer"}}, "required": ["title", "year"]}
+
+
+def replay_bench(args) -> dict:
+    """A recorded 100-item map of extract.py against its replay by a changed parser (no model)."""
+    import tensorjob_jupyter as tj
+    from tensorjob_jupyter.inference.models import get_backend
+
+    n = args.items or 100
+    folder = Path(tempfile.mkdtemp(prefix="bench-map-replay-"))
+    try:
+        docs = folder / "docs"
+        manifest = documents(docs, n, 0, "replay")
+        lines = [json.loads(line) for line in manifest.read_text().splitlines()]
+        manifest.write_text("".join(json.dumps({"path": item["path"], "schema": REPLAY_SCHEMA, "window": 320,
+                                                "max_tokens": 48}) + "\n" for item in lines))
+        v1 = ROOT / "guests" / "examples" / "extract.py"
+        v2 = folder / "extract_v2.py"
+        source = v1.read_text(encoding="utf-8")
+        v2.write_text(source.replace('    return {"path": path, "facts": reply.json()}\n', V2_PARSER), encoding="utf-8")
+        assert v2.read_text() != source, "the changed parser was not written"
+        warm = documents(docs, 1, 0, "warm")  # the model and the interpreter, loaded before timing
+        tj.map(v1, warm, folder / "warm", read=[docs])
+        backend = get_backend()
+        load = os.getloadavg()[0]
+        started = time.perf_counter()
+        recorded = tj.map(v1, manifest, folder / "run", read=[docs])
+        original_s = time.perf_counter() - started
+        calls = backend.requests_served
+        started = time.perf_counter()
+        replay = tj.replay_map(folder / "run", v2)
+        replay_s = time.perf_counter() - started
+        calls = backend.requests_served - calls
+        s = replay.summary()
+        row = {"items": n, "completed": recorded.completed, "original_s": original_s, "replay_s": replay_s,
+               "speedup": original_s / replay_s, "model_calls": calls, "needs_model": s["needs_model"],
+               "changed": s["changed"], "load": [load, os.getloadavg()[0]]}
+        print(f"\nreplay of a {n}-item map (extract.py, a title and a year from each document, on the embedded model; "
+              f"{recorded.completed} completed) with a changed parser, no model:")
+        print(f"  original map  {original_s:8.1f} s  ({n / original_s:.2f} items/s)")
+        print(f"  replay        {replay_s:8.2f} s  ({n / replay_s:.1f} items/s)  -> {row['speedup']:.0f}x faster "
+              f"(goal >= 50x); model calls {calls} (goal 0); {s['needs_model']} items needed the model; "
+              f"{s['changed']} results changed")
+        print(f"  1-min load average {load:.1f} before, {os.getloadavg()[0]:.1f} after")
+        return row
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def shared_prefix_items(engine, tag: str, n: int, prefix_tokens: int, doc_tokens: int) -> tuple[list[dict], int]:
+    """``n`` infer commands whose prompts share a ``prefix_tokens``-token prefix (about) and end in a
+    ``doc_tokens``-token document of their own; and the prefix's token count."""
+    sentences = [f"Rule {i} for {tag}: answer in one short line, name the document's subject, and keep to the facts "
+                 f"it states." for i in range(200)]
+    prefix = ""
+    for sentence in sentences:
+        if len(engine.tokenize(prefix)) >= prefix_tokens:
+            break
+        prefix += sentence + " "
+    items = []
+    for i in range(n):
+        words = []
+        while len(engine.tokenize(" ".join(words), add_bos=False)) < doc_tokens:
+            words.append(f"item{i}-{tag} w{len(words)}")
+        items.append({"cmd": "infer", "prompt": f"{prefix}\nDocument {i}: {' '.join(words)}\nSubject:",
+                      "max_tokens": 8})
+    return items, len(engine.tokenize(prefix))
+
+
+def prefix_bench(args) -> dict:
+    """Items/s of a map whose prompts share a long prefix: shared, not reused, reused per slot, and the server."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from served_support import LlamaServer  # tests/served_support.py
+    from test_map import puppet_guest  # tests/test_map.py: each item's input is its command
+
+    from tensorjob_jupyter.host.reactor import InferOptions
+    from tensorjob_jupyter.inference import llama
+    from tensorjob_jupyter.inference.models import default_model_path, get_backend
+    from tensorjob_jupyter.inference.topology import default_threads
+
+    n = args.items or 32
+    guest = puppet_guest()
+    backend = get_backend()
+    folder = Path(tempfile.mkdtemp(prefix="bench-map-prefix-"))
+    server = None
+    rows = []
+    try:
+        tj_map = __import__("tensorjob_jupyter").map
+        tj_map(guest, [{"cmd": "infer", "prompt": "warm up", "max_tokens": 2}], folder / "warm", backend=backend)
+        engine = backend.engine
+
+        def scenario(name: str, tag: str, **kwargs) -> dict:
+            items, prefix_n = shared_prefix_items(engine, tag, n, 600, 100)
+            copies = engine.prefix_copies
+            load = os.getloadavg()[0]
+            started = time.perf_counter()
+            result = tj_map(guest, items, folder / tag, concurrency=4, **kwargs)
+            wall = time.perf_counter() - started
+            assert result.ok, result.failures()
+            usage = [json.loads(p.read_text())["usage"] for p in (folder / tag).glob("jobs/*/envelope.json")]
+            row = {"name": name, "items_s": n / wall, "wall_s": wall, "prefix_tokens": prefix_n,
+                   "prompt_tokens": sum(u["tokens_in"] for u in usage) / n, "copies": engine.prefix_copies - copies,
+                   "load": load}
+            rows.append(row)
+            prompts = f"{row['prompt_tokens']:.0f} tokens" if row["prompt_tokens"] else "not counted by the server"
+            print(f"  {name:<44}{row['items_s']:>6.2f} items/s {wall:>7.1f} s  (prefix {prefix_n} tokens, prompts "
+                  f"{prompts}; {row['copies']} prefix copies; load {load:.1f})", flush=True)
+            return row
+
+        print(f"\n{n} items, prompts of a ~600-token shared prefix + a ~100-token document each, 8 tokens out, "
+              f"4 at a time, embedded model:")
+        shared = scenario("shared prefix (decoded once, copied)", "shared", backend=backend)
+        cold = scenario("no prompt reuse (cache_prompt off)", "cold", backend=backend,
+                        infer=InferOptions(cache_prompt=False))
+        saved = llama.PREFIX_COPY_MIN_TOKENS
+        llama.PREFIX_COPY_MIN_TOKENS = 1 << 30  # reuse within a slot only
+        try:
+            per_slot = scenario("reuse within a slot only (no copy)", "per-slot", backend=backend)
+        finally:
+            llama.PREFIX_COPY_MIN_TOKENS = saved
+        threads = default_threads()[0]
+        server = LlamaServer(default_model_path(), folder / "server.log", threads=threads, n_ctx=2048)
+        served = scenario("llama-cpp-python server (its prompt reuse)", "served", model=server.url)
+        print(f"  shared / no reuse: {shared['items_s'] / cold['items_s']:.2f}x (goal >= 2x); shared / within a slot: "
+              f"{shared['items_s'] / per_slot['items_s']:.2f}x; shared / llama-cpp-python server: "
+              f"{shared['items_s'] / served['items_s']:.2f}x")
+        layout = kv_layout_probe(engine)
+        return {"rows": rows, "shared_vs_cold": shared["items_s"] / cold["items_s"],
+                "shared_vs_per_slot": shared["items_s"] / per_slot["items_s"],
+                "shared_vs_server": shared["items_s"] / served["items_s"], "layout": layout}
+    finally:
+        if server is not None:
+            server.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def kv_layout_probe(engine) -> dict:
+    """A 600-token prefix copied across per-slot KV streams vs decoded cold (logits, cost); one decode step
+    with the unified layout vs per-slot streams. On the engine's model, in contexts of this probe's own."""
+    import numpy as np
+    import llama_cpp as lc
+    from llama_cpp import _internals
+
+    def context(unified: bool):
+        cp = lc.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch = engine.n_ctx * 4, engine.n_batch, engine.n_batch
+        cp.n_threads, cp.n_threads_batch, cp.n_seq_max = engine.n_threads, engine.n_threads_batch, 4
+        cp.kv_unified, cp.no_perf = unified, True
+        return _internals.LlamaContext(model=engine._model, params=cp, verbose=False)
+
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    prefix = engine.tokenize(" ".join(words[i % 12] for i in range(700)))[:600]
+    doc_a = engine.tokenize(" A: " + " ".join(words[(i * 7) % 12] for i in range(120)), add_bos=False)[:100]
+    doc_b = engine.tokenize(" B: " + " ".join(words[(i * 5) % 12] for i in range(120)), add_bos=False)[:100]
+    out = {}
+    for unified in (False, True):
+        ctx = context(unified)
+        batch = _internals.LlamaBatch(n_tokens=engine.n_batch, embd=0, n_seq_max=1, verbose=False)
+        mem = lc.llama_get_memory(ctx.ctx)
+
+        def decode(seq, toks, pos0, last=False):
+            for start in range(0, len(toks), engine.n_batch):
+                chunk = toks[start:start + engine.n_batch]
+                b = batch.batch
+                b.n_tokens = len(chunk)
+                for i, t in enumerate(chunk):
+                    b.token[i], b.pos[i], b.n_seq_id[i] = t, pos0 + start + i, 1
+                    b.seq_id[i][0], b.logits[i] = seq, last and start + i == len(toks) - 1
+                assert lc.llama_decode(ctx.ctx, b) == 0
+
+        def logits():
+            return np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx.ctx, -1), shape=(engine.n_vocab,)).copy()
+
+        full_a, full_b = prefix + doc_a, prefix + doc_b
+        decode(0, full_a[:-1], 0)
+        decode(0, full_a[-1:], len(full_a) - 1, True)
+        started = time.perf_counter()
+        decode(2, full_b[:-1], 0)
+        cold_s = time.perf_counter() - started
+        decode(2, full_b[-1:], len(full_b) - 1, True)
+        cold = logits()
+        started = time.perf_counter()
+        lc.llama_memory_seq_cp(mem, 0, 1, -1, -1)
+        lc.llama_memory_seq_rm(mem, 1, len(prefix), -1)
+        decode(1, full_b[len(prefix):-1], len(prefix))
+        copied_s = time.perf_counter() - started
+        decode(1, full_b[-1:], len(full_b) - 1, True)
+        copied = logits()
+        steps = []
+        for k in range(5):
+            started = time.perf_counter()
+            decode(1, [doc_b[k]], len(full_b) + k, True)
+            steps.append(time.perf_counter() - started)
+        name = "unified" if unified else "per-slot"
+        out[name] = {"max_logit_diff": float(np.abs(cold - copied).max()), "same_argmax": int(cold.argmax()) ==
+                     int(copied.argmax()), "cold_prefill_s": cold_s, "from_copy_s": copied_s,
+                     "decode_step_ms": 1000 * statistics.median(steps)}
+        batch.close()
+        ctx.close()
+    p, u = out["per-slot"], out["unified"]
+    print("\nKV layout (4 sequences of 2048 cells; a 600-token prefix + a 100-token document):")
+    print(f"  per-slot streams: prefix copied across streams then the document {p['from_copy_s']:.2f} s vs the whole "
+          f"prompt cold {p['cold_prefill_s']:.2f} s; largest logit difference copy vs cold {p['max_logit_diff']:.3g} "
+          f"(same greedy token: {p['same_argmax']}); one decode step {p['decode_step_ms']:.1f} ms")
+    print(f"  unified:          copied (cells shared) then the document {u['from_copy_s']:.2f} s vs cold "
+          f"{u['cold_prefill_s']:.2f} s; largest logit difference {u['max_logit_diff']:.3g} (same greedy token: "
+          f"{u['same_argmax']}); one decode step {u['decode_step_ms']:.1f} ms "
+          f"({u['decode_step_ms'] / p['decode_step_ms']:.1f}x per-slot's)")
+    return out
+
+
+def memory_bench(args) -> dict:
+    """The memory of a 100,000-item scored map's result and its DataFrame."""
+    import gc
+    import hashlib
+    import tracemalloc
+
+    from tensorjob_jupyter.fanout import MapResult
+
+    n = args.items or 100_000
+    folder = Path(tempfile.mkdtemp(prefix="bench-map-memory-"))
+    try:
+        run = folder / "run"
+        run.mkdir()
+        manifest = folder / "m.jsonl"
+        manifest.write_text("".join(json.dumps({"path": f"reports/r{i:06d}.txt"}) + "\n" for i in range(n)))
+        sha = hashlib.sha256(manifest.read_bytes()).hexdigest()
+        (run / "ledger.json").write_text(json.dumps({"format": "tensorjob-map/1", "manifest": {
+            "source": str(manifest), "sha256": sha, "items": n}, "guest": {"sha256": "0" * 64},
+            "sessions": [{"status": "finished"}]}))
+
+        def write(name: str, record) -> None:
+            with open(run / name, "w", encoding="utf-8") as f:
+                for i in range(n):
+                    f.write(json.dumps(record(i)) + "\n")
+
+        def facts(i: int) -> dict:
+            return {"title": f"Report {i}", "year": 1900 + i % 100, "keywords": ["bridge", "river"]}
+
+        write("results.jsonl", lambda i: {"item": i, "result": {"path": f"reports/r{i:06d}.txt", "facts": facts(i)}})
+        (run / "failures.jsonl").write_text("")
+        write("expected.jsonl", lambda i: {"item": i, "expected": {"facts": {"title": f"Report {i}", "year": 1900}}})
+        write("scores.jsonl", lambda i: {"item": i, "score": 0.5, "fields": {"facts.title": True,
+                                                                              "facts.year": i % 100 == 0}})
+        (run / "scoring.json").write_text(json.dumps({"scorer": "json_fields"}))
+        size = (run / "results.jsonl").stat().st_size
+        result = MapResult.read(run)
+        gc.collect()
+        tracemalloc.start()
+        started = time.perf_counter()
+        rows = result.rows()
+        rows_s = time.perf_counter() - started
+        rows_kept, rows_peak = tracemalloc.get_traced_memory()
+        del rows
+        gc.collect()
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        started = time.perf_counter()
+        table = result.to_pandas()
+        table_s = time.perf_counter() - started
+        kept, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        deep = int(table.memory_usage(deep=True).sum())
+        row = {"items": n, "results_bytes": size, "rows_kept": rows_kept, "rows_peak": rows_peak,
+               "table_kept": kept - base, "table_peak": peak - base, "table_deep": deep,
+               "rows_s": rows_s, "table_s": table_s}
+        mb = 1 << 20
+        print(f"\nmemory of a {n:,}-item scored map's result (results.jsonl {size / mb:.1f} MiB; times under "
+              f"tracemalloc):")
+        print(f"  rows()      kept {rows_kept / mb:7.1f} MiB, peak {rows_peak / mb:7.1f} MiB "
+              f"({rows_peak / size:.1f}x the results file, {rows_peak / n:.0f} bytes an item), {rows_s:.1f} s")
+        print(f"  to_pandas() kept {(kept - base) / mb:7.1f} MiB, peak {(peak - base) / mb:7.1f} MiB "
+              f"({(peak - base) / size:.1f}x the results file), DataFrame {deep / mb:.1f} MiB deep, {table_s:.1f} s")
+        return row
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="60 items instead of 200")
@@ -294,6 +608,12 @@ def main(argv=None) -> int:
                         help="--vs-plain: the map as a fresh kernel's first %%tensorjob map too (nbclient)")
     parser.add_argument("--concurrency", default=None, metavar="N|auto",
                         help="--vs-plain: the maps' concurrency (default: the map's own default)")
+    parser.add_argument("--replay", action="store_true",
+                        help="a recorded 100-item map against its replay by a changed parser, with no model")
+    parser.add_argument("--prefix", action="store_true",
+                        help="32 items sharing a 600-token prompt prefix: shared vs not reused vs the llama.cpp server")
+    parser.add_argument("--memory", action="store_true", help="the memory of a 100,000-item map's result and table")
+    parser.add_argument("--experiments", action="store_true", help="--replay, --prefix and --memory")
     parser.add_argument("--json", action="store_true", help="also print the rows as JSON")
     args = parser.parse_args(argv)
     if args.vs_plain:
@@ -304,6 +624,14 @@ def main(argv=None) -> int:
     args.rounds = args.rounds or 2
     if args.documents:
         return documents_bench(args)
+    if args.replay or args.prefix or args.memory or args.experiments:
+        figures = {}
+        for flag, bench in (("replay", replay_bench), ("prefix", prefix_bench), ("memory", memory_bench)):
+            if getattr(args, flag) or args.experiments:
+                figures[flag] = bench(args)
+        print(f"\nmachine: {os.cpu_count()} CPUs; 1-min load average now {os.getloadavg()[0]:.1f}")
+        print(json.dumps(figures, default=str))
+        return 0
     n = args.items or (60 if args.quick else 200)
     wasm = guest()
     kwargs = backend_kwargs(args)

@@ -7,10 +7,17 @@ steps the guest again, publishing every move as an ordered event stream.
     import tensorjob_jupyter as tj
     envelope = tj.run("guests/examples/wordcount.c", input={"path": "book.txt"}, read=["book.txt"])
     report = tj.replay("guests/examples/wordcount.c", run_id)   # again, against the recorded run
+
+    answers = tj.map("guests/examples/extract.py", "reports.jsonl", "runs/reports", read=["reports"],
+                     expected="answers.jsonl", scorer="json_fields")          # a scored map
+    diff = tj.replay_map("runs/reports", "extract_v2.py")   # a changed guest over it, with no model
+    tj.compare("runs/reports", "runs/reports-v2")           # two maps, item by item
 """
 
 from tensorjob_jupyter.abi import Envelope, JobError, JobFailure, JobStatus, TokenAction, Usage, codes
 from tensorjob_jupyter.fanout import ManifestError, MapResult, MapRun, ResumeRefused, map, start_map
+from tensorjob_jupyter.fanout.estimate import MapEstimate, estimate_map
+from tensorjob_jupyter.fanout.scoring import Scored, ScoreSummary
 from tensorjob_jupyter.host.jobs import Job, get_job, jobs, run
 from tensorjob_jupyter.limits import Limits
 from tensorjob_jupyter.host.reactor import InferOptions, JobStats
@@ -18,12 +25,16 @@ from tensorjob_jupyter.history.runs import list_runs
 from tensorjob_jupyter.history.replay import ReplayJob, replay
 from tensorjob_jupyter.history.report import ReplayReport
 from tensorjob_jupyter.history.diff import diff_runs
+from tensorjob_jupyter.history.map_compare import MapComparison, compare
+from tensorjob_jupyter.history.map_replay import MapReplay, replay_map, start_map_replay
 
 from tensorjob_jupyter.version import __version__
 
 __all__ = ["Envelope", "InferOptions", "Job", "JobError", "JobFailure", "JobStats", "JobStatus", "Limits", "ManifestError",
            "MapResult", "MapRun", "ResumeRefused", "TokenAction", "Usage", "codes", "get_job", "jobs", "map", "run",
-           "start_map", "list_runs", "replay", "ReplayJob", "ReplayReport", "diff_runs", "__version__"]
+           "start_map", "list_runs", "replay", "ReplayJob", "ReplayReport", "diff_runs", "__version__",
+           "MapEstimate", "estimate_map", "Scored", "ScoreSummary", "MapComparison", "compare", "MapReplay",
+           "replay_map", "start_map_replay"]
 
 
 def load_ipython_extension(ipython):

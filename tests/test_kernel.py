@@ -437,3 +437,51 @@ def test_a_map_takes_its_guest_from_the_cell_and_restart_starts_a_changed_one_ov
     assert reply["content"]["status"] == "ok", reply["content"]
     reply, messages = run(kc, "[(row['input.doc'], row['status'], row['result.v']) for row in _.rows()]")
     assert result_text(messages) == "[('a', 'completed', 2), ('b', 'completed', 2)]"
+
+
+# --- maps as experiments (issue 29): expected answers, a replay over a map, the gate, the estimate ---------------
+
+
+def test_a_scored_map_its_replay_by_a_changed_guest_and_the_gate_in_a_kernel(kernel, tmp_path):
+    from llama_support import write_tiny_gguf
+
+    _, kc = kernel
+    tiny = write_tiny_gguf(tmp_path / "tiny.gguf")
+    guest = ('import tensorjob as tj\n\ndef main(input):\n'
+             '    reply = tj.infer(PROMPT + input["doc"], max_tokens=3)\n'
+             '    return {"words": len(reply.text.split()) * SCALE, "n": input["n"]}\n')
+    for name, head in [("v1.py", 'PROMPT = "Say: "\nSCALE = 1\n'), ("v2.py", 'PROMPT = "Say: "\nSCALE = 0\n'),
+                       ("v3.py", 'PROMPT = "Say: "\nSCALE = 1\n')]:
+        body = guest if name != "v3.py" else guest.replace('PROMPT + input["doc"]',
+                                                            '("Tell: " if input["n"] % 2 else PROMPT) + input["doc"]')
+        (tmp_path / name).write_text(head + body, encoding="utf-8")
+    manifest, expected, run_dir = tmp_path / "m.jsonl", tmp_path / "e.jsonl", tmp_path / "run"
+    manifest.write_text("".join(f'{{"doc": "the cat {i}", "n": {i}}}\n' for i in range(4)), encoding="utf-8")
+    expected.write_text("".join(f'{{"n": {i}}}\n' for i in range(4)), encoding="utf-8")
+    reply, messages = run(kc, "def same_n(result, expected):\n    return result['n'] == expected['n']\n"
+                              f"m = %tensorjob map {tmp_path / 'v1.py'} --over {manifest} --run-dir {run_dir} "
+                              f"--model {tiny} --expected {expected} --scorer $same_n\n"
+                              "print(m.score_summary().mean, m.to_pandas()['score'].tolist())", timeout=180)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert stdout(messages) == "1.0 [1.0, 1.0, 1.0, 1.0]\n"
+    [static] = static_views(messages)
+    assert 'class="tj-map-score"' in static and "score <b>1.00</b> (4/4 passed)" in static
+    reply, messages = run(kc, f"r = %tensorjob replay {tmp_path / 'v2.py'} --map {run_dir} --quiet --scorer $same_n\n"
+                              "print(r.needs_model, r.summary()['scored_both'], r.passed('recorded'), "
+                              "list(r.to_pandas()['changed_fields'].map(tuple)))", timeout=120)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    changed = stdout(messages)
+    assert changed.startswith("[] 4 True [") and "('words',)" in changed  # the parser changed, the score did not
+    reply, messages = run(kc, f"%tensorjob replay {tmp_path / 'v3.py'} --map {run_dir} --run-dir {tmp_path / 'v3'} "
+                              f"--quiet --scorer $same_n --fail-under recorded", timeout=120)
+    ename, evalue, traceback = error_of(reply, messages)
+    assert ename == "GateFailed" and evalue.startswith("gate: not passed -- 2 item(s) need the model")
+    assert len(traceback) == 1
+    reply, messages = run(kc, f"e = %tensorjob map {tmp_path / 'v1.py'} --over {manifest} --run-dir {run_dir} "
+                              f"--model {tiny} --estimate\nprint(e.prompt_tokens > 0, e.speed is not None, "
+                              f"e.items)", timeout=120)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert stdout(messages) == "True True 4\n"
+    reply, messages = run(kc, f"%tensorjob map {tmp_path / 'v1.py'} --over {manifest} --run-dir {run_dir} "
+                              "--scorer $nothing_here")
+    assert reply["content"]["status"] == "error" and "no variable named 'nothing_here'" in stderr(messages)

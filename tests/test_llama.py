@@ -276,6 +276,70 @@ def test_a_batch_lists_its_sequences_in_slot_order_whatever_order_they_came_in(t
     assert steps[0] == list(range(4)), batches  # all four slots, consecutive: one micro-batch
 
 
+def _serve_together(engine, requests):
+    """``requests`` admitted into one batch, as jobs started together are; {index: (result, error)}."""
+    from tensorjob_jupyter.inference.base import Pending
+
+    done = {}
+    items = [Pending(r, Collector(), lambda res, err, i=i: done.__setitem__(i, (res, err)))
+             for i, r in enumerate(requests)]
+    queue = list(items[1:])
+    engine.serve(items[0], lambda wait=0.0: queue.pop(0) if queue else None)
+    return done
+
+
+SHARED = "the cat " * 12 + "sat on the mat, and then "  # about 70 tokens of the tiny model
+
+
+def test_a_prefix_shared_with_a_busy_slot_is_copied_once_and_answers_as_its_own_cache_does(tiny_files):
+    """Requests that start together with the same beginning: the first decodes it, the others copy its KV
+    into their own slots and decode only their own ends; each answer is the one the request gets after the
+    first request's prompt in one slot (its own cache), and the one it gets alone."""
+    tails = ["the cat ran", "a dog hid", "the cat sat", "it rained"]
+    fresh = LlamaEngine(tiny_files["model"], slots=4)
+    try:
+        alone = [gen(fresh, SHARED + t, 8, cache_prompt=False)[0].text for t in tails]
+        own_cache = []
+        for t in tails:
+            for slot in fresh._slots:
+                fresh._drop_slot(slot)
+            gen(fresh, SHARED + tails[0], 1)  # the first request's KV in one slot, then this one after it
+            own_cache.append(gen(fresh, SHARED + t, 8)[0])
+        assert fresh.prefix_copies == 0  # one at a time, each reuses its own slot: nothing to copy
+        for slot in fresh._slots:
+            fresh._drop_slot(slot)
+        done = _serve_together(fresh, [GenerateRequest(SHARED + t, 8) for t in tails])
+        assert fresh.prefix_copies == 3  # decoded once, copied to the three other slots
+        shared = len(fresh.tokenize(SHARED)) - 2  # the tokens every prompt begins with (the cut may merge)
+        for i, t in enumerate(tails):
+            result, error = done[i]
+            assert error is None
+            assert (result.usage.cached_tokens >= shared) == (i > 0), (i, result.usage)
+            assert result.text == own_cache[i].text == alone[i]
+    finally:
+        fresh.close()
+
+
+def test_no_copy_for_a_short_shared_prefix_another_adapter_or_no_prompt_cache(tiny_files):
+    from tensorjob_jupyter.inference.llama import PREFIX_COPY_MIN_TOKENS
+
+    fresh = LlamaEngine(tiny_files["model"], slots=4, loras={"a": tiny_files["lora_a"]})
+    try:
+        short = "the cat "  # a few tokens in common: not worth a copy of the whole stream
+        assert len(fresh.tokenize(short)) < PREFIX_COPY_MIN_TOKENS
+        done = _serve_together(fresh, [GenerateRequest(short + t, 4) for t in ("ran", "hid")])
+        assert fresh.prefix_copies == 0 and done[1][0].usage.cached_tokens == 0
+        for lora, cache in (((LoraChoice("a"),), True), ((), False)):
+            for slot in fresh._slots:
+                fresh._drop_slot(slot)
+            done = _serve_together(fresh, [GenerateRequest(SHARED + "ran", 4),
+                                           GenerateRequest(SHARED + "hid", 4, lora=lora, cache_prompt=cache)])
+            assert fresh.prefix_copies == 0 and done[1][0].usage.cached_tokens == 0
+            assert all(error is None for _, error in done.values())
+    finally:
+        fresh.close()
+
+
 def test_a_late_listener_sits_steps_out_and_never_holds_the_batch(tiny):
     """A sequence whose listener is not ready (a job thread late to judge) keeps its token out of the
     decode steps; the others run on, and the late one's text is what it would have been."""
@@ -500,6 +564,29 @@ def test_repeated_prefix_is_not_evaluated_again(smollm):  # noqa: F811
     assert again.usage.cached_tokens == cold.usage.prompt_tokens - 1
     assert uncached.usage.cached_tokens == 0
     assert again.text == uncached.text == cold.text
+
+
+@pytest.mark.slow  # the real model
+def test_requests_sent_together_decode_their_shared_prefix_once_on_the_real_model(smollm):  # noqa: F811
+    """Three requests with a ~300-token common beginning, sent at once (a map's items starting): one decodes
+    it, the two others copy its KV and decode only their own ends, and a repeat of each is served from its own
+    slot. (That an answer from a copy is the answer from the request's own slot is checked exactly on the tiny
+    model, test_a_prefix_shared_with_a_busy_slot_is_copied_once_and_answers_as_its_own_cache_does: here the
+    repeat decodes its last token alone, where the three decoded theirs in one step, and the real model's
+    greedy text may turn at a near tie between batch shapes on another machine.)"""
+    copies = smollm.engine.prefix_copies if smollm.engine is not None else 0
+    prefix = f"Notes {uuid.uuid4().hex}: " + " ".join(f"item {i} is fine and the report says so." for i in range(30))
+    requests = [GenerateRequest(prefix + tail, 4) for tail in (" The first item", " The second item", " The last")]
+    collectors = [Collector() for _ in requests]
+    futures = [smollm.generate_stream(r, c) for r, c in zip(requests, collectors)]
+    together = [f.result(300) for f in futures]
+    assert smollm.engine.prefix_copies - copies >= 1  # at least one found the prefix in a busy slot
+    assert sorted(r.usage.cached_tokens > 300 for r in together) == [False, True, True]  # decoded once
+    assert max(r.usage.prompt_tokens for r in together) > 300
+    assert all("".join(c.pieces) == r.text for c, r in zip(collectors, together))
+    for request, answer in zip(requests, together):
+        again, _ = run_request(smollm, request)
+        assert again.usage.cached_tokens == again.usage.prompt_tokens - 1, (again.usage, answer.usage)
 
 
 @pytest.mark.slow  # the real model

@@ -246,6 +246,43 @@ def test_python_map_from_a_fresh_process_with_a_scripted_model(cluster, guest, t
     assert results[4] == {"event": "infer_done", "text": "a b", "tokens_out": 2}  # the factory reached the workers
 
 
+#: A script run as its own process: a scored ``tj.map`` on a cluster; the scorer records where it ran.
+PY_SCORED_MAP = """
+import json, os, sys
+import tensorjob_jupyter as tj
+
+guest, manifest, run_dir, cluster, expected = sys.argv[1:6]
+where = set()
+
+def year_and_title(result, expected):  # a closure over this process: it never travels to a worker
+    where.add(os.getpid())
+    return tj.Scored(sum(result[k] == expected[k] for k in expected) / len(expected),
+                     {k: result[k] == expected[k] for k in expected})
+
+fields = tj.map(guest, manifest, run_dir, cluster=cluster, expected=expected, scorer="json_fields").to_pandas()
+mine = tj.map(guest, manifest, run_dir + "-2", cluster=cluster, expected=expected, scorer=year_and_title)
+print(json.dumps({"score": fields["score"].tolist(), "year": fields["score.year"].tolist(),
+                  "summary": mine.score_summary().to_json(), "scored_here": sorted(where) == [os.getpid()],
+                  "ledger_where": json.load(open(os.path.join(run_dir, "ledger.json")))["sessions"][-1]["where"]}))
+"""
+
+
+def test_a_scored_map_on_the_cluster_has_its_score_columns_and_scores_on_the_maps_side(cluster, guest, tmp_path):
+    items = [done({"title": "A", "year": 1}), done({"title": "B", "year": 2}), done({"title": "C", "year": 3})]
+    manifest = write_manifest(tmp_path / "m.jsonl", items)
+    expected = write_manifest(tmp_path / "e.jsonl", [{"title": "A", "year": 1}, {"title": "B", "year": 9},
+                                                     {"title": "X", "year": 9}])
+    proc = subprocess.run([sys.executable, "-c", PY_SCORED_MAP, str(guest), str(manifest), str(tmp_path / "run"),
+                           cluster.address, str(expected)], env=worker_env(), capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["ledger_where"].startswith("dask ")
+    assert out["score"] == [1.0, 0.5, 0.0] and out["year"] == [True, False, False]
+    assert out["summary"]["passed"] == 1 and out["summary"]["fields"] == {"title": 0.666667, "year": 0.333333}
+    assert out["scored_here"]  # the Python scorer ran in the map's process, never on a worker
+
+
 @pytest.mark.slow
 def test_a_worker_killed_mid_item_loses_nothing_and_the_map_resumes(guest, tmp_path, tmp_path_factory):
     """Two workers without nannies (a worker that dies stays dead, like a machine); one is killed

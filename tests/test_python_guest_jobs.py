@@ -257,6 +257,23 @@ def test_summarise_py_and_summarise_c_make_the_same_commands(tmp_path):
     assert results["summarise.py"] == results["summarise.c"]
 
 
+def test_extract_py_and_extract_c_make_the_same_commands_and_replay_each_others_runs(tmp_path):
+    p = tmp_path / "report.txt"
+    p.write_text("The Stone Bridge\n\nBuilt in 1894 by masons from the valley.\n")
+    answer = '{"title": "The Stone Bridge", "year": 1894, "keywords": ["bridge"]}'
+    jobs = {}
+    for name in ("extract.c", "extract.py"):
+        backend = ScriptedBackend(answer)
+        job, env = run(EXAMPLES / name, input={"path": str(p)}, read=[tmp_path], backend=backend,
+                       runs_dir=tmp_path / "runs")
+        assert env.ok, env
+        jobs[name] = (job, env.result, backend.scripted.prompts)
+    assert jobs["extract.py"][1:] == jobs["extract.c"][1:]
+    assert jobs["extract.py"][1]["facts"] == {"title": "The Stone Bridge", "year": 1894, "keywords": ["bridge"]}
+    report = tj.replay(EXAMPLES / "extract.py", jobs["extract.c"][0].run_dir)
+    assert report.divergence is None and report.same_result  # the twin's run answers it, command for command
+
+
 @pytest.mark.parametrize("kind", ["text", "scanned"])
 def test_pdf_summary_py_matches_the_c_one(tmp_path, kind):
     import pdfgen

@@ -51,11 +51,16 @@ The package, one responsibility a module, each depending only on those above it:
     manifest.py   reading and checking the manifest
     items.py      one item: ItemSpec, the backend per process, run_item
     folder.py     the run folder: ledger, results files, lock
+    scoring.py    expected answers, scorers, each item's score and the summary
     progress.py   MapProgress, MapResult, ItemTimes: what a map reports
     run.py        MapRun: the live map, the run folder's only writer
     local.py      LocalExecutor: items on threads in this process
     dask.py       DaskExecutor: items as Dask tasks (needs distributed)
     start.py      start_map and map: check everything, pick the executor, start
+    estimate.py   estimate_map: what a map will cost, before it runs (nothing decoded)
+
+Past maps read back, compared and replayed with a changed guest are ``history``'s
+(``history/maps.py``, ``map_compare.py``, ``map_replay.py``).
 """
 
 from tensorjob_jupyter.fanout.errors import ClusterError, ManifestError, MapError, ResumeRefused
@@ -64,8 +69,10 @@ from tensorjob_jupyter.fanout.items import WORKER_LOST, BackendSpec, ItemSpec, p
 from tensorjob_jupyter.fanout.manifest import Manifest, parse_manifest, read_manifest
 from tensorjob_jupyter.fanout.progress import MapProgress, MapResult
 from tensorjob_jupyter.fanout.run import MapRun
+from tensorjob_jupyter.fanout.scoring import Scored, ScoreSummary, ScoringError
 from tensorjob_jupyter.fanout.start import map, start_map
 
 __all__ = ["BackendSpec", "ClusterError", "ItemSpec", "Manifest", "ManifestError", "MapError", "MapProgress",
-           "MapResult", "MapRun", "ResumeRefused", "RunFolder", "WORKER_LOST", "map",
+           "MapResult", "MapRun", "ResumeRefused", "RunFolder", "Scored", "ScoreSummary", "ScoringError",
+           "WORKER_LOST", "map",
            "parse_manifest", "process_backend", "read_manifest", "run_item", "start_map"]

@@ -38,12 +38,16 @@ class LocalExecutor:
                     if sink.cancelled:
                         break
                     sink.started(index)
-                    in_flight.add(pool.submit(run_item, self.spec, self.backend, index, item, cancelled))
+                    in_flight.add(pool.submit(self.run_item, index, item, cancelled))
                 while in_flight:
                     in_flight = _report_some(in_flight, sink)
             except BaseException:
                 sink.cancel()  # end the running jobs before the pool waits for them
                 raise
+
+    def run_item(self, index: int, item: Any, cancelled) -> dict:
+        """One item's outcome, on a pool thread (never raises); a replay of a map runs its own here."""
+        return run_item(self.spec, self.backend, index, item, cancelled)
 
 
 def _report_some(in_flight: set, sink: MapRun) -> set:

@@ -6,18 +6,20 @@ a fresh ``MapProgress`` per change (its ``version`` says which) and copies
 of ``ItemTimes``. ``MapResult`` reads results back from the run folder's
 files rather than keeping them, since the files are the record; with the
 manifest's inputs it makes the table a notebook wants (``rows()``, and
-``to_pandas()`` where pandas is installed: the optional extra ``[pandas]``).
+``to_pandas()`` where pandas is installed: the optional extra ``[pandas]``), with each item's
+expected answer and score when the map was scored (``scoring.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 from tensorjob_jupyter.fanout.errors import ManifestError
 from tensorjob_jupyter.fanout.folder import FAILURES, RESULTS, read_ledger, read_records
 from tensorjob_jupyter.fanout.manifest import MAX_KEY_CHARS, item_key, read_manifest
+from tensorjob_jupyter.fanout.scoring import Expected, ItemScore, ScoreSummary, read_scores, scorer_name
 
 #: What ``MapResult.rows`` says of an item the map never concluded (it was cancelled first).
 NOT_RUN = "not run"
@@ -46,9 +48,17 @@ class MapProgress:
     cancelled: int = 0
     peak_running: int = 0
     elapsed_s: float = 0.0
-    status: str = "running"  # running | finished | cancelled | error
+    status: str = "running"  # running | finished | cancelled | stopped (the token budget) | error
     dashboard_link: str | None = None
     version: int = 0
+    tokens: int = 0  # tokens in and out of this session's items, as each ends
+    scored: int = 0  # items with a score (expected answers: the whole folder's, not only this session's)
+    score_sum: float = 0.0
+    score_passed: int = 0
+
+    @property
+    def mean_score(self) -> float | None:
+        return self.score_sum / self.scored if self.scored else None
 
     @property
     def skipped(self) -> int:
@@ -74,7 +84,8 @@ class MapProgress:
 
     def to_json(self) -> dict:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        out.update(skipped=self.skipped, remaining=self.remaining, throughput=round(self.throughput, 3))
+        out.update(skipped=self.skipped, remaining=self.remaining, throughput=round(self.throughput, 3),
+                   mean_score=None if self.mean_score is None else round(self.mean_score, 6))
         return out
 
 
@@ -100,15 +111,18 @@ class MapResult:
     ran: int
     """Items this session ran to a conclusion."""
     status: str
-    """``finished``, ``cancelled`` or ``error`` (the map itself broke: see ``error``)."""
+    """``finished``, ``cancelled``, ``stopped`` (its token budget was spent) or ``error`` (the map itself broke:
+    see ``error``)."""
     elapsed_s: float
     """This session's wall time."""
     throughput: float
     """Items this session concluded per second."""
     error: str | None = None
     """What broke the map itself (not an item: items fail in ``failures()``); None when it did not break."""
-    inputs: tuple = field(default=(), compare=False)
+    inputs: Sequence = field(default=(), compare=False)
     """Each item's input, in manifest order (the manifest is read again on every run, so it is at hand)."""
+    tokens: int = 0
+    """Tokens in and out of this session's items."""
 
     @property
     def ok(self) -> bool:
@@ -129,6 +143,21 @@ class MapResult:
     def failures(self) -> dict[int, dict]:
         """Each failed item's error (``code``, ``message``), by item number."""
         return {r["item"]: r.get("error") for r in read_records(self.failures_path)}
+
+    def scores(self) -> dict[int, ItemScore] | None:
+        """Each scored item's score, by item; None when the map was not scored."""
+        return read_scores(self.run_dir, self.total)
+
+    def expected(self) -> Expected | None:
+        """The expected answers the run folder keeps; None when the map was not given any."""
+        return Expected.from_folder(self.run_dir, self.total)
+
+    def score_summary(self) -> ScoreSummary | None:
+        """The scores in all (mean, passed, failed, per-field accuracy); None when the map was not scored."""
+        scores = self.scores()
+        if scores is None:
+            return None
+        return ScoreSummary.of(scorer_name(self.run_dir) or "?", self.total, scores.values())
 
     @classmethod
     def read(cls, run_dir: str | Path) -> "MapResult":
@@ -160,23 +189,53 @@ class MapResult:
         item (``manifest.item_key``); the input's fields as ``input.NAME`` (a non-object input is ``input``);
         ``status`` (``completed``, ``failed`` or ``not run``); ``error_code`` and ``error_message``; the
         result's fields as ``result.NAME`` (a non-object result is ``result``) -- flattened one level, deeper
-        values kept as they are."""
+        values kept as they are. A scored map adds the expected answer's fields (``expected.NAME``), ``score``
+        (0 to 1), ``passed``, each field's verdict (``score.NAME``: True or False, for ``json_fields`` and for
+        scorers that report fields) and ``score_error``; an item without a score has None there."""
+        return list(self._rows())
+
+    def _rows(self) -> Iterator[dict[str, Any]]:
+        """``rows()`` one at a time: a table built from them never holds them all as dicts."""
         results, failures = self.results(), self.failures()
         keys = self._keys()
-        inputs = [_flattened("input", self.inputs[i]) if i < len(self.inputs) else {} for i in range(self.total)]
-        outputs = [_flattened("result", results[i]) if i in results else {} for i in range(self.total)]
+        inputs = [flattened("input", self.inputs[i]) if i < len(self.inputs) else {} for i in range(self.total)]
         input_keys = dict.fromkeys(key for flat in inputs for key in flat)
-        output_keys = dict.fromkeys(key for flat in outputs for key in flat)
-        rows = []
+        output_keys = dict.fromkeys(key for result in results.values() for key in flattened("result", result))
+        scored = self._score_columns()
         for index in range(self.total):
             error = failures.get(index) if index not in results else None
             error = error if isinstance(error, dict) else {}
             status = "completed" if index in results else "failed" if index in failures else NOT_RUN
-            rows.append({"item": index, "key": keys[index], **{key: inputs[index].get(key) for key in input_keys},
-                         "status": status,
-                         "error_code": error.get("code"), "error_message": error.get("message"),
-                         **{key: outputs[index].get(key) for key in output_keys}})
-        return rows
+            output = flattened("result", results[index]) if index in results else {}
+            row = {"item": index, "key": keys[index], **{key: inputs[index].get(key) for key in input_keys},
+                   "status": status, "error_code": error.get("code"), "error_message": error.get("message"),
+                   **{key: output.get(key) for key in output_keys}}
+            if scored is not None:
+                row.update(scored(index))
+            inputs[index] = None  # done with: a large map's table is built as its rows go by
+            yield row
+
+    def _score_columns(self):
+        """A function giving an item's scoring columns, all rows with the same keys; None when unscored."""
+        scores, expected = self.scores(), self.expected()
+        if scores is None and expected is None:
+            return None
+        scores = scores or {}
+        wanted = {}
+        if expected is not None:
+            wanted = {i: flattened("expected", v) for i, v in expected.items()}
+        expected_keys = dict.fromkeys(key for flat in wanted.values() for key in flat)
+        field_keys = dict.fromkeys(f"score.{name}" for s in scores.values() for name in (s.fields or {}))
+
+        def columns(index: int) -> dict[str, Any]:
+            s = scores.get(index)
+            flat = wanted.get(index, {})
+            fields = {f"score.{k}": v for k, v in (s.fields or {}).items()} if s is not None else {}
+            return {**{key: flat.get(key) for key in expected_keys},
+                    "score": s.score if s is not None else None, "passed": s.passed if s is not None else None,
+                    **{key: fields.get(key) for key in field_keys},
+                    "score_error": s.error if s is not None else None}
+        return columns
 
     def _keys(self) -> list[str]:
         """Each item's key: from its input where the inputs are at hand, else as the results files recorded it."""
@@ -198,8 +257,13 @@ class MapResult:
         except ImportError:
             raise ImportError("MapResult.to_pandas() needs pandas: pip install 'tensorjob-jupyter[pandas]' "
                               "(or use .rows(), a list of dicts)") from None
-        # Nullable dtypes: a count stays a whole number where some items have none (not 1.0 and NaN).
-        return pandas.DataFrame(self.rows()).convert_dtypes().set_index("item")
+        # Nullable dtypes: a count stays a whole number where some items have none (not 1.0 and NaN);
+        # a score stays a fraction even where every one is whole.
+        columns: dict[str, list] = {}
+        for row in self._rows():  # column by column: never every row as a dict and the table at once
+            for key, value in row.items():
+                columns.setdefault(key, []).append(value)
+        return float_scores(pandas.DataFrame(columns).convert_dtypes().set_index("item"))
 
     def __repr__(self) -> str:
         rate = rate_text(self.ran, self.elapsed_s)
@@ -212,10 +276,21 @@ class MapResult:
                 "failures": str(self.failures_path), "total": self.total, "completed": self.completed,
                 "failed": self.failed, "skipped": self.skipped, "ran": self.ran,
                 "elapsed_s": round(self.elapsed_s, 3), "throughput": round(self.throughput, 3),
-                "error": self.error}
+                "error": self.error, "tokens": self.tokens,
+                "score": summary.to_json() if (summary := self.score_summary()) is not None else None}
 
 
-def _flattened(prefix: str, value: Any) -> dict[str, Any]:
+def float_scores(table):
+    """A table's score columns (``score``, ``score_*``) as nullable floats (``convert_dtypes`` makes scores that
+    are all whole numbers integers)."""
+    for column in table.columns:
+        if column == "score" or column.startswith("score_") and column != "score_error":
+            table[column] = table[column].astype("Float64")
+    return table
+
+
+def flattened(prefix: str, value: Any) -> dict[str, Any]:
+    """A value as table columns: an object's fields as ``PREFIX.NAME`` (one level), anything else as ``PREFIX``."""
     if isinstance(value, dict):
         return {f"{prefix}.{key}": item for key, item in value.items()}
     return {prefix: value}

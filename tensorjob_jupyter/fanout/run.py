@@ -6,6 +6,13 @@ folder; so a local run and a Dask run leave the same files, and a retried
 task reported twice is recorded once. Everything a view reads
 (``progress()``, ``subscribe()``, ``wait_for_update()``) is safe from any
 thread.
+
+Two things ride on the map's thread with the recording: the scores, when the map has expected answers
+(``scoring.Scoring``: each concluded item is scored as it is recorded, and the running score is part of
+every ``MapProgress``), and the token budget (``max_total_tokens``): once this session's items have used
+that many tokens (in and out, as their envelopes count them), no item starts and the running ones are
+cancelled -- they are not concluded, so running the map again resumes with them -- and the map ends
+``stopped``. Items in flight are counted only as they end, so the budget can be passed by what they used.
 """
 
 from __future__ import annotations
@@ -21,6 +28,10 @@ from tensorjob_jupyter.abi import JobStatus
 from tensorjob_jupyter.fanout.folder import RunFolder
 from tensorjob_jupyter.fanout.manifest import Manifest, item_key
 from tensorjob_jupyter.fanout.progress import ItemTimes, MapProgress, MapResult
+from tensorjob_jupyter.fanout.scoring import ItemScore, Scoring
+
+#: A map that ended because its token budget (``max_total_tokens``) was spent.
+STOPPED = "stopped"
 
 
 class MapRun:
@@ -34,10 +45,14 @@ class MapRun:
     #: Item events a subscriber that comes late (a view shown once the map runs) is given first.
     REPLAYED_EVENTS = 16
 
-    def __init__(self, folder: RunFolder, manifest: Manifest, executor: Any):
+    def __init__(self, folder: RunFolder, manifest: Manifest, executor: Any, *, scoring: Scoring | None = None,
+                 max_total_tokens: int | None = None):
         self.folder = folder
         self.manifest = manifest
         self.executor = executor
+        self.scoring = scoring
+        self.max_total_tokens = max_total_tokens
+        self._budget_spent = False
         self._times = ItemTimes()
         self._recent: collections.deque[dict] = collections.deque(maxlen=self.RECENT)
         self._latest_events: collections.deque[dict] = collections.deque(maxlen=self.REPLAYED_EVENTS)
@@ -49,6 +64,8 @@ class MapRun:
         self._progress = MapProgress(total=len(manifest), skipped_completed=len(folder.completed),
                                      skipped_failed=len(folder.failed),
                                      dashboard_link=getattr(executor, "dashboard_link", None))
+        if scoring is not None:
+            self._progress = replace(self._progress, **scoring.tally())
         self._started = time.monotonic()
         self._error: str | None = None
         self._result: MapResult | None = None
@@ -169,21 +186,39 @@ class MapRun:
         if submitted is None:
             return  # a duplicate report (a retried task): already handled
         self._account(outcome, time.monotonic() - submitted)
+        tokens = _tokens(outcome)
         status = outcome["status"]
         if status == JobStatus.CANCELLED.value:
-            self._update(lambda p: replace(p, running=p.running - 1, cancelled=p.cancelled + 1))
+            self._update(lambda p: replace(p, running=p.running - 1, cancelled=p.cancelled + 1,
+                                           tokens=p.tokens + tokens))
             return
         self.folder.record(outcome, item_key(self.manifest.items[index], index))
         ok = status == JobStatus.COMPLETED.value
+        score = self._score(index, ok, outcome.get("result"))
         progress = self._update(lambda p: replace(p, running=p.running - 1, completed=p.completed + ok,
-                                                  failed=p.failed + (not ok)))
+                                                  failed=p.failed + (not ok), tokens=p.tokens + tokens,
+                                                  **(self.scoring.tally() if score else {})))
         event = {"type": "item.completed" if ok else "item.failed", "item": index,
                  "input": self.manifest.items[index], "progress": progress.to_json()}
         if ok:
             event["result"] = outcome.get("result")
         else:
             event["error"] = outcome["error"]
+        if score is not None:
+            event["score"] = score.to_json()
         self._notify(event, remember=True)
+        self._check_budget(progress)
+
+    def _score(self, index: int, ok: bool, result: Any) -> ItemScore | None:
+        if self.scoring is None:
+            return None
+        return self.scoring.add(index, ok, result)
+
+    def _check_budget(self, progress: MapProgress) -> None:
+        budget = self.max_total_tokens
+        if budget is not None and not self._budget_spent and progress.tokens >= budget and progress.remaining:
+            self._budget_spent = True
+            self.cancel()
 
     def _account(self, outcome: dict, latency: float) -> None:
         with self._cond:
@@ -225,13 +260,18 @@ class MapRun:
             self._finish()
 
     def _status(self) -> str:
-        return "error" if self._error else "cancelled" if self._cancel.is_set() else "finished"
+        if self._error:
+            return "error"
+        if self._budget_spent:
+            return STOPPED
+        return "cancelled" if self._cancel.is_set() else "finished"
 
     def _finish(self) -> None:
         p = self.progress()
         summary = {"completed": p.completed, "failed": p.failed, "skipped": p.skipped,
                    "status": self._status(), "error": self._error}
-        for step in (lambda: self.folder.finish(summary), self.folder.close,
+        keep_scores = (lambda: self.scoring.finish(self.folder.path)) if self.scoring is not None else (lambda: None)
+        for step in (keep_scores, lambda: self.folder.finish(summary), self.folder.close,
                      getattr(self.executor, "close", lambda: None)):
             try:
                 step()
@@ -243,10 +283,18 @@ class MapRun:
             run_dir=self.run_dir, total=progress.total, completed=len(self.folder.completed),
             failed=len(self.folder.failed), skipped=progress.skipped, ran=progress.completed + progress.failed,
             status=status, elapsed_s=progress.elapsed_s, throughput=progress.throughput, error=self._error,
-            inputs=tuple(self.manifest.items))
+            inputs=tuple(self.manifest.items), tokens=progress.tokens)
         with self._cond:
             self._finished_event = {"type": "map.finished", "progress": progress.to_json()}
         self._notify(self._finished_event)  # before wait() returns: views are complete by then
         with self._cond:
             self._done.set()
             self._cond.notify_all()
+
+
+def _tokens(outcome: dict) -> int:
+    """Tokens in and out an item's envelope counts (0 for an item whose job never ran)."""
+    usage = outcome.get("usage") if isinstance(outcome.get("usage"), dict) else {}
+    return sum(v for v in (usage.get("tokens_in"), usage.get("tokens_out"))
+               if isinstance(v, int) and not isinstance(v, bool) and v > 0)
+

@@ -30,6 +30,7 @@ from tensorjob_jupyter.fanout.local import LocalExecutor
 from tensorjob_jupyter.fanout.manifest import read_manifest
 from tensorjob_jupyter.fanout.progress import MapResult
 from tensorjob_jupyter.fanout.run import MapRun
+from tensorjob_jupyter.fanout.scoring import Scoring
 
 if TYPE_CHECKING:
     from tensorjob_jupyter.sandbox.compile import GuestSource
@@ -44,7 +45,8 @@ def start_map(guest: "GuestSource | bytes | str | os.PathLike", manifest: str | 
               model: str | os.PathLike | None = None, model_options: dict | None = None,
               infer: InferOptions | None = None, input_bytes: bytes = b"", runs_dir: str | os.PathLike | None = None,
               concurrency: int | str | None = None, cluster: Any = None, retry_failed: bool = False, restart: bool = False,
-              retries: int = 1, fsync: bool = True, **limit_keywords: Any) -> MapRun:
+              retries: int = 1, fsync: bool = True, expected: Any = None, scorer: Any = None,
+              max_total_tokens: int | None = None, **limit_keywords: Any) -> MapRun:
     """Check everything, open the run folder and start the map on a background thread.
 
     ``backend``: a backend instance (local runs only), or a picklable factory
@@ -72,11 +74,21 @@ def start_map(guest: "GuestSource | bytes | str | os.PathLike", manifest: str | 
     ``retry_failed``: on resume, run the failed items again; ``restart``:
     start the run folder over, keeping nothing it holds (a folder started
     with another guest or manifest is refused without it).
-    Raises ``ManifestError``/``ResumeRefused``/``ClusterError``/``ValueError``
+    ``expected``: one expected answer per item (a JSONL file or a list in
+    item order, or a dict {item: value}), scored by ``scorer`` (``exact``,
+    the default, ``json_fields``, ``contains``, or a Python function
+    ``(result, expected) -> float | bool``); see ``fanout.scoring``.
+    ``max_total_tokens``: stop the map (resumably) once its items have used
+    that many tokens, in and out.
+    Raises ``ManifestError``/``ResumeRefused``/``ClusterError``/``ScoringError``/``ValueError``
     before any item runs.
     """
     items = read_manifest(manifest)
     concurrency = check_concurrency(concurrency)
+    if max_total_tokens is not None and (isinstance(max_total_tokens, bool) or not isinstance(max_total_tokens, int)
+                                         or max_total_tokens < 1):
+        raise ValueError(f"max_total_tokens must be a whole number of at least 1, got {max_total_tokens!r}")
+    scoring = Scoring.of(expected, scorer, len(items), None if restart else run_dir)
     limits = with_keywords(limits, limit_keywords, "start_map")
     spec, instance = _item_spec(guest, read, fetch, limits, backend, model, model_options, infer, input_bytes,
                                 runs_dir if runs_dir is not None else Path(run_dir).absolute() / JOBS)
@@ -85,12 +97,18 @@ def start_map(guest: "GuestSource | bytes | str | os.PathLike", manifest: str | 
     try:
         folder.open(items, spec.sha256, retry_failed=retry_failed, restart=restart,
                     where=getattr(executor, "where", "local"), concurrency=getattr(executor, "concurrency", None))
+        if scoring is not None:
+            try:
+                scoring.begin(folder.path)
+            except BaseException:
+                folder.close()
+                raise
     except BaseException:
         close = getattr(executor, "close", None)
         if close is not None:
             close()
         raise
-    return MapRun(folder, items, executor).start()
+    return MapRun(folder, items, executor, scoring=scoring, max_total_tokens=max_total_tokens).start()
 
 
 def map(guest: bytes | str | os.PathLike, manifest: str | os.PathLike | Sequence[Any],

@@ -4,7 +4,9 @@
     tensorjob runs --table MAP_RUN_DIR [--csv | --json]
     tensorjob show RUN [--runs DIR] [--speed S] [--json] [--quiet]
     tensorjob replay GUEST --from RUN [job options] [--live] [--events FILE] [--json] [--quiet]
+    tensorjob replay --map RUN_DIR GUEST [--run-dir OUT] [--live] [--fail-under X] [job options] [--json]
     tensorjob diff RUN_A RUN_B [--runs DIR] [--json]
+    tensorjob diff --map RUN_DIR_A RUN_DIR_B [--json]
 
 A RUN is a run's id (or a unique prefix of one) in the runs folder, or the
 path of a run folder. ``runs`` lists (``history/runs.py``) -- or with ``--table``
@@ -14,10 +16,16 @@ transcript through the same printer as ``tensorjob run`` (``history/show.py``,
 ``frontends.terminal.EventPrinter``), ``replay`` runs a guest against a recording
 (``history/replay.py``; it takes the same job options as ``run``, each replacing the
 recorded one) and prints how the replay compares with the run, and ``diff``
-compares two runs (``history/diff.py``). Exit statuses are ``run``'s: ``show`` 0
-once shown, ``replay`` as its job ended (1 also when it stopped at a
-divergence), ``diff`` 0 when the runs are the same and 1 when they differ;
-a problem with a run folder or an argument is one line and exit 2.
+compares two runs (``history/diff.py``). ``replay --map`` re-runs a changed guest
+over a recorded map, each item against its own recording (``history/map_replay.py``),
+and prints the summary and the items that changed or need the model; ``diff --map``
+compares two maps of one manifest item by item (``history/map_compare.py``).
+Exit statuses are ``run``'s: ``show`` 0 once shown, ``replay`` as its job ended
+(1 also when it stopped at a divergence), ``replay --map`` 0 when every item was
+answered from its recording -- with ``--fail-under X``, when also the new mean
+score is at least X (or the recorded one's, ``--fail-under recorded``) -- else 1,
+``diff`` 0 when the runs (or maps) are the same and 1 when they differ; a problem
+with a run folder or an argument is one line and exit 2.
 
 ``find_runs``, ``open_playback`` and ``start_replay`` are the work of
 ``runs``, ``show`` and ``replay`` short of printing; the magic's
@@ -30,6 +38,7 @@ from __future__ import annotations
 import shutil
 from typing import Any, Mapping, TextIO
 
+from tensorjob_jupyter.fanout.concurrency import AUTO
 from tensorjob_jupyter.fanout.errors import MapError
 from tensorjob_jupyter.fanout.progress import MapResult
 from tensorjob_jupyter.frontends.table import map_table, rows_csv
@@ -46,6 +55,12 @@ from tensorjob_jupyter.history.replay import ReplayJob
 from tensorjob_jupyter.history.replay_setup import load_recording
 from tensorjob_jupyter.frontends.options import options_for
 from tensorjob_jupyter.history.diff import diff_runs
+from tensorjob_jupyter.history.map_compare import compare
+from tensorjob_jupyter.history.map_replay import MapReplayRun, start_map_replay
+from tensorjob_jupyter.history.replay_setup import ReplayError
+from tensorjob_jupyter.fanout.errors import MapError
+from tensorjob_jupyter.frontends.map_cli import _ProgressPrinter
+from tensorjob_jupyter.frontends.terminal import SIGNAL_CHECK_S
 
 #: Runs a listing shows unless told otherwise.
 DEFAULT_LIMIT = 20
@@ -93,9 +108,13 @@ def add_history_parsers(sub) -> None:
                                         "--live, the model answers from there). Job options replace the recorded "
                                         "ones; the bytes of --input-file must be given again.")
     replay.add_argument("guest", help="the guest: a .py script, a .wasm module, or .c / .zig / .wat source to compile")
-    replay.add_argument("--from", dest="from_run", required=True, metavar="RUN",
+    replay.add_argument("--from", dest="from_run", default=None, metavar="RUN",
                         help="the recorded run: an id (or a unique prefix), or a run folder")
+    replay.add_argument("--map", dest="map_run", default=None, metavar="RUN_DIR",
+                        help="instead of --from: a recorded map's run folder; every item is replayed against its "
+                             "own recording, and the items whose prompts changed are listed (--live: run only those)")
     replay.add_argument("--live", action="store_true", help="from the first divergence on, run the model")
+    add_map_replay_arguments(replay)
     add_job_arguments(replay)
     replay.add_argument("--events", default=None, metavar="FILE", help="write every event as one JSON line to FILE")
     replay.add_argument("--json", action="store_true",
@@ -109,7 +128,25 @@ def add_history_parsers(sub) -> None:
     diff.add_argument("run_a", metavar="RUN_A")
     diff.add_argument("run_b", metavar="RUN_B")
     _runs_flag(diff)
+    diff.add_argument("--map", action="store_true",
+                      help="RUN_A and RUN_B are maps' run folders (of one manifest): compare them item by item -- "
+                           "results, scores, tokens, time")
     diff.add_argument("--json", action="store_true", help="the comparison as JSON")
+
+
+def add_map_replay_arguments(p) -> None:
+    """What ``replay --map`` takes besides the job options: on ``tensorjob replay`` and ``%tensorjob replay``."""
+    p.add_argument("--run-dir", default=None, metavar="OUT",
+                   help="replay --map: the replay's own run folder, started over (default RUN_DIR/replay)")
+    p.add_argument("--fail-under", default=None, metavar="X",
+                   help="replay --map: exit 1 unless the new mean score is at least X (0 to 1), or the recorded "
+                        "map's ('recorded'), and every item was answered from its recording")
+    p.add_argument("--concurrency", type=int, default=None, metavar="N",
+                   help="replay --map: items replayed at once (default: the CPUs this process may use)")
+    p.add_argument("--expected", default=None, metavar="FILE.jsonl",
+                   help="replay --map: score against these expected answers (default: the recorded map's)")
+    p.add_argument("--scorer", default=None, metavar="NAME",
+                   help="replay --map: exact, json_fields or contains (default: the recorded map's)")
 
 
 # --- runs ------------------------------------------------------------------------------------------
@@ -230,6 +267,13 @@ def start_replay(guest: str, from_run, args, err: TextIO, *, runs: str | None, d
 
 
 def cmd_replay(args, out: TextIO, err: TextIO) -> int:
+    if (args.from_run is None) == (args.map_run is None):
+        raise OptionError("replay needs the recorded run: --from RUN, or --map RUN_DIR for a map (one of them)")
+    if args.map_run is not None:
+        return cmd_replay_map(args, out, err)
+    for name in ("run_dir", "fail_under", "concurrency", "expected", "scorer"):
+        if getattr(args, name) is not None:
+            raise OptionError(f"--{name.replace('_', '-')} is for replay --map RUN_DIR")
     job = start_replay(args.guest, args.from_run, args, err, runs=args.runs)
     if job is None:
         return EXIT_FAILED
@@ -247,10 +291,94 @@ def cmd_replay(args, out: TextIO, err: TextIO) -> int:
     return exit_status(envelope)
 
 
+# --- replay --map ----------------------------------------------------------------------------------
+
+
+def fail_under(text: str | None) -> float | str | None:
+    """``--fail-under``: a score from 0 to 1, or ``recorded``."""
+    if text is None or text.strip().lower() == "recorded":
+        return None if text is None else "recorded"
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise OptionError(f"--fail-under {text}: a score from 0 to 1, or 'recorded' (the recorded map's mean)")
+    return value
+
+
+def start_map_replay_run(guest: str, run_dir: Any, args, err: TextIO, *, defaults: JobOptions | None = None,
+                         variables: Mapping[str, Any] | None = None, scorer: Any = None,
+                         heading: str = DOES_NOT_COMPILE) -> MapReplayRun | None:
+    """The replay of ``guest`` (a file) over the recorded map in ``run_dir``, started; the job options ``args``
+    gives replace each item's recorded ones. None when the guest does not compile (the message is on ``err``).
+    ``tensorjob replay --map`` and ``%tensorjob replay --map`` both start here; anything that keeps it from
+    starting is one ``OptionError`` line."""
+    if getattr(args, "input", None) is not None:
+        raise OptionError("replay --map takes each item's input from its recording, not --input")
+    if getattr(args, "debug", None) or getattr(args, "break_on", None):
+        raise OptionError("replay --map does not debug its items: replay one item's run with --from RUN --debug")
+    concurrency = None if args.concurrency in (None, AUTO) else args.concurrency  # the magic's may be auto
+    if concurrency is not None and concurrency < 1:
+        raise OptionError("--concurrency must be at least 1")
+    fail_under(args.fail_under)
+    options = JobOptions.from_args(args, defaults=defaults, variables=variables)
+    source = load_guest(options, guest, err, heading=heading)
+    if source is None:
+        return None
+
+    def job_options(recording) -> dict:
+        kwargs, _ = options_for(recording, args, defaults=defaults, variables=variables)
+        for key in ("runs_dir", "model", "debug", "break_on"):
+            kwargs.pop(key)
+        return kwargs
+
+    try:
+        return start_map_replay(run_dir, source, out=args.run_dir, live=args.live, model=options.model,
+                                concurrency=concurrency, expected=args.expected,
+                                scorer=scorer if scorer is not None else args.scorer, job_options=job_options)
+    except (MapError, ReplayError, OSError, ValueError) as e:
+        raise OptionError(" ".join(str(e).split())) from None
+
+
+def cmd_replay_map(args, out: TextIO, err: TextIO) -> int:
+    replay_run = start_map_replay_run(args.guest, args.map_run, args, err)
+    if replay_run is None:
+        return EXIT_FAILED
+    run = replay_run.run
+    run.subscribe(_ProgressPrinter(err, quiet=args.quiet))
+    try:
+        while not run.done:  # woken often: a Ctrl-C handed to another thread runs once this one is in Python
+            run.wait_for_update(timeout=SIGNAL_CHECK_S)
+    except KeyboardInterrupt:
+        replay_run.cancel()
+    replay = replay_run.wait()
+    if run.cancelled:
+        out.write(for_terminal(f"replay cancelled: {replay.replayed.completed + replay.replayed.failed} of "
+                               f"{replay.total} items replayed") + "\n")
+        return EXIT_CANCELLED
+    gate = fail_under(args.fail_under)
+    passed, line = replay.gate(gate) if gate is not None else (not replay.needs_model, None)
+    if args.json:
+        out.write(json_text({**replay.to_json(), "passed": passed}, pretty=False) + "\n")
+    else:
+        out.write("\n".join(replay.lines() + ([line] if line else [])) + "\n")
+    out.flush()
+    return EXIT_OK if passed else EXIT_FAILED
+
+
 # --- diff ------------------------------------------------------------------------------------------
 
 
 def cmd_diff(args, out: TextIO, err: TextIO) -> int:
+    if args.map:
+        try:
+            comparison = compare(args.run_a, args.run_b)
+        except MapError as e:
+            raise OptionError(" ".join(str(e).split())) from None
+        out.write((json_text(comparison.to_json(), pretty=False) if args.json else "\n".join(comparison.lines()))
+                  + "\n")
+        return EXIT_OK if comparison.same else EXIT_FAILED
     result = diff_runs(args.run_a, args.run_b, runs=args.runs)
     if args.json:
         out.write(json_text(result.to_json()) + "\n")

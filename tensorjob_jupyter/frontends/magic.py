@@ -16,7 +16,14 @@ lists the runs folder (an HTML table in a notebook; ``--prune KEEP``),
 ``%tensorjob show RUN`` plays a transcript through the live view (``--speed
 1``: as fast as it happened), and ``%tensorjob replay PATH --from RUN`` runs
 a guest against a recorded run with no model (``history/replay.py``); its
-value is the ``ReplayReport``. A RUN may be ``$name``: a notebook variable
+value is the ``ReplayReport``. ``%tensorjob replay PATH --map RUN_DIR`` replays
+a changed guest over a recorded map (``history/map_replay.py``), in the map
+view; its value is the ``MapReplay`` (``.to_pandas()``: the diff, item by
+item), and with ``--fail-under X`` a replay under the gate raises a one-line
+``GateFailed``. A map takes ``--expected FILE.jsonl`` and ``--scorer NAME``
+(or ``--scorer $name``, a notebook function ``(result, expected) -> score``),
+``--max-total-tokens N`` and ``--estimate`` (its value is the ``MapEstimate``;
+nothing runs). A RUN may be ``$name``: a notebook variable
 holding an id, a path or a Job. These three do their work through the same
 functions as ``tensorjob runs|show|replay`` (``history_cli``), and every
 guest is loaded by the one loader the commands use (``terminal.load_guest``).
@@ -70,13 +77,16 @@ from traitlets.config import Configurable
 from tensorjob_jupyter.abi import Envelope
 from tensorjob_jupyter.fanout import MapResult
 from tensorjob_jupyter.frontends import options as job_options
-from tensorjob_jupyter.frontends.history_cli import find_runs, open_playback, start_replay
-from tensorjob_jupyter.frontends.map_cli import CONCURRENCY_HELP, concurrency_value, start_map_run
+from tensorjob_jupyter.frontends.history_cli import (
+    fail_under, find_runs, open_playback, start_map_replay_run, start_replay,
+)
+from tensorjob_jupyter.frontends.map_cli import CONCURRENCY_HELP, concurrency_value, estimate_map_run, start_map_run
 from tensorjob_jupyter.frontends.options import JobOptions, OptionError, job_arguments
-from tensorjob_jupyter.frontends.outcome import CellEnvelope, GuestDoesNotCompile, JobFailed
+from tensorjob_jupyter.frontends.outcome import CellEnvelope, GateFailed, GuestDoesNotCompile, JobFailed
 from tensorjob_jupyter.frontends.prompt import prompt as debug_prompt
 from tensorjob_jupyter.frontends.terminal import SIGNAL_CHECK_S, load_guest
 from tensorjob_jupyter.frontends.view.summary import map_summary, summary
+from tensorjob_jupyter.history.map_replay import MapReplay, MapReplayRun
 from tensorjob_jupyter.history.report import ReplayReport
 from tensorjob_jupyter.history.replay_setup import ReplayError
 from tensorjob_jupyter.history.runs import RunError, prune
@@ -296,12 +306,26 @@ class TensorJob(Magics, JobSettings):
     @argument("--status", default=None, metavar="S", help="runs: only runs with this status")
     @argument("--prune", type=int, default=None, metavar="KEEP", help="runs: delete all but the newest KEEP runs")
     @argument("--over", default=None, metavar="MANIFEST", help="map: the JSONL manifest, one input per line")
-    @argument("--run-dir", default=None, metavar="DIR", help="map: the run folder (results.jsonl, failures.jsonl)")
-    @argument("--concurrency", type=concurrency_value, default=None, metavar="N|auto", help="map: " + CONCURRENCY_HELP)
+    @argument("--run-dir", default=None, metavar="DIR",
+              help="map: the run folder (results.jsonl, failures.jsonl); replay --map: the replay's own")
+    @argument("--concurrency", type=concurrency_value, default=None, metavar="N|auto",
+              help="map: " + CONCURRENCY_HELP + "; replay --map: items replayed at once")
     @argument("--cluster", default=None, metavar="ADDRESS", help="map: a Dask scheduler to run the items on")
     @argument("--retry-failed", action="store_true", help="map: run items that failed before again")
     @argument("--restart", action="store_true",
               help="map: start the run folder over, keeping nothing it holds (e.g. after changing the guest)")
+    @argument("--expected", default=None, metavar="FILE.jsonl",
+              help="map, replay --map: expected answers, one JSON value a line in the manifest's order")
+    @argument("--scorer", default=None, metavar="NAME",
+              help="map, replay --map: exact, json_fields, contains, or $name (a function (result, expected) -> "
+                   "score)")
+    @argument("--max-total-tokens", type=int, default=None, metavar="N",
+              help="map: stop, resumably, once the items have used N tokens")
+    @argument("--estimate", action="store_true", help="map: what it would cost (tokens, time); runs nothing")
+    @argument("--map", dest="map_run", default=None, metavar="RUN_DIR",
+              help="replay: a recorded map's run folder; every item is replayed against its own recording")
+    @argument("--fail-under", default=None, metavar="X",
+              help="replay --map: raise GateFailed unless the new mean score is at least X (or 'recorded')")
     @argument("--lang", choices=["python", "c", "zig", "wat"], default=None,
               help="%%%%tensorjob map: the cell's language (default: recognised from the text)")
     @argument("--out", default=None, metavar="NAME",
@@ -335,6 +359,12 @@ class TensorJob(Magics, JobSettings):
         %tensorjob replay PATH --from RUN [--live] [options]
                                         run a guest against a recorded run, with no model; the
                                         value is the ReplayReport (same_result, divergence, ...)
+        %tensorjob replay PATH --map RUN_DIR [--live] [--run-dir OUT] [--fail-under X]
+                                        a changed guest over a recorded map, each item against its
+                                        own recording; the value is the MapReplay (.to_pandas(),
+                                        .needs_model, .passed(X))
+        Maps with expected answers: --expected FILE.jsonl --scorer json_fields (or $name, a
+        function (result, expected) -> score); --max-total-tokens N; --estimate (runs nothing).
 
         Debugging: run (or a cell) with --debug starts paused before cf_init, --break-on
         infer,open,... pauses before those commands (fail: also before any failure is final);
@@ -397,7 +427,12 @@ class TensorJob(Magics, JobSettings):
                              "%tensorjob run PATH --debug --input '...'")
         if not args.over or not args.run_dir:
             raise UsageError("map needs --over MANIFEST and --run-dir DIR")
-        run = start_map_run(guest, args, options)
+        if args.estimate:
+            estimate = estimate_map_run(guest, args, options)
+            if args.out:
+                self.shell.user_ns[args.out] = estimate
+            return estimate
+        run = start_map_run(guest, args, options, scorer=self._scorer(args))
         view = None
         if not args.quiet and self._use_widgets():
             from tensorjob_jupyter.frontends.view.map_widget import MapView  # deferred: ipywidgets, only for a view
@@ -476,9 +511,62 @@ class TensorJob(Magics, JobSettings):
             print(summary(playback.name, env))
         return self._value(env, args)
 
-    def _replay(self, args) -> "ReplayReport | Job":
+    def _scorer(self, args):
+        """``--scorer $name``: the notebook's function; a name stays a name (checked by the map)."""
+        text = (args.scorer or "").strip().strip("'\"")
+        if not (text.startswith("$") and text[1:].isidentifier()):
+            return None
+        if text[1:] not in self.shell.user_ns:
+            raise UsageError(f"no variable named {text[1:]!r} in the notebook")
+        scorer = self.shell.user_ns[text[1:]]
+        if not callable(scorer):
+            raise UsageError(f"--scorer {text}: {text[1:]} is not a function (result, expected) -> score")
+        return scorer
+
+    def _replay_map(self, args) -> "MapReplay | MapReplayRun":
+        """``%tensorjob replay PATH --map RUN_DIR``: the replay of a changed guest over a recorded map."""
+        if args.from_run:
+            raise UsageError("replay takes --from RUN (one run) or --map RUN_DIR (a map), not both")
+        replay_run = start_map_replay_run(args.target, self._run_arg(args.map_run, "replay --map"), args,
+                                          sys.stderr, defaults=JobOptions.from_settings(self),
+                                          variables=self.shell.user_ns, scorer=self._scorer(args), heading="")
+        if replay_run is None:
+            raise GuestDoesNotCompile("the guest does not compile (the compiler's message is above)")
+        view = None
+        if not args.quiet and self._use_widgets():
+            from tensorjob_jupyter.frontends.view.map_widget import MapView  # deferred: ipywidgets, only for a view
+
+            view = MapView(replay_run.run, f"replay of {args.target}", refresh_hz=min(20.0, self.refresh_hz)).show()
+            view.start()
+        if args.bg:
+            return replay_run
+        try:
+            while not replay_run.run.done:
+                replay_run.run.wait_for_update(timeout=SIGNAL_CHECK_S)
+        except KeyboardInterrupt:
+            replay_run.cancel()
+        replay = replay_run.wait()
+        if view is not None:
+            view.join(10)
+        elif not args.quiet:
+            print("\n".join(replay.lines()))
+        if args.out:
+            self.shell.user_ns[args.out] = replay
+        gate = fail_under(args.fail_under)
+        if gate is not None:
+            passed, line = replay.gate(gate)
+            if not passed:
+                raise GateFailed(line, replay)
+        return replay
+
+    def _replay(self, args) -> "ReplayReport | MapReplay | Job":
         if not args.target:
-            raise UsageError("replay needs a guest file: %tensorjob replay PATH --from RUN")
+            raise UsageError("replay needs a guest file: %tensorjob replay PATH --from RUN (or --map RUN_DIR)")
+        if args.map_run:
+            return self._replay_map(args)
+        for name in ("fail_under", "expected", "scorer"):
+            if getattr(args, name) is not None:
+                raise UsageError(f"--{name.replace('_', '-')} is for replay --map RUN_DIR")
         job = start_replay(args.target, self._run_arg(args.from_run, "replay --from"), args, sys.stderr,
                            runs=self._runs_dir(args), defaults=JobOptions.from_settings(self),
                            variables=self.shell.user_ns, heading="")

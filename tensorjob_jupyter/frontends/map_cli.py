@@ -5,8 +5,12 @@ apart (``start_map_run`` is shared with ``%tensorjob map``). Anything that keeps
 number, a changed manifest, an unreachable cluster) is one line on stderr
 and exit 2; live progress goes to stderr, throttled, with the first few
 failures; a table of the items (``frontends/table.py``) and the summary (or
-``--json``) go to stdout. Exit codes: 0 every
-item completed, 1 some failed, 2 usage error, 130 Ctrl-C.
+``--json``) go to stdout, with the score when the map has expected answers
+(``--expected FILE.jsonl``, ``--scorer NAME``). ``--estimate`` prints what the
+map would cost and runs nothing (``fanout.estimate``); ``--max-total-tokens N``
+stops it, resumably, once its items have used N tokens. Exit codes: 0 every
+item completed, 1 some failed (or the token budget stopped the map), 2 usage
+error, 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ from tensorjob_jupyter.frontends.options import (
     EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobOptions, OptionError, add_job_arguments,
 )
 from tensorjob_jupyter.fanout.errors import MapError
+from tensorjob_jupyter.fanout.estimate import MapEstimate, estimate_map
 from tensorjob_jupyter.fanout.progress import MapResult, rate_text
-from tensorjob_jupyter.fanout.run import MapRun
+from tensorjob_jupyter.fanout.run import STOPPED, MapRun
 from tensorjob_jupyter.fanout.concurrency import AUTO
+from tensorjob_jupyter.fanout.scoring import BUILTINS, DEFAULT_SCORER
 from tensorjob_jupyter.fanout.start import start_map
 from tensorjob_jupyter.frontends.table import map_table
 from tensorjob_jupyter.frontends.terminal import SIGNAL_CHECK_S, load_guest
@@ -47,10 +53,25 @@ def add_map_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--retry-failed", action="store_true", help="on resume, run the failed items again")
     p.add_argument("--restart", action="store_true",
                    help="start the run folder over, keeping nothing it holds (e.g. after changing the guest)")
+    add_experiment_arguments(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout, nothing else")
     p.add_argument("--quiet", "-q", action="store_true", help="no live progress on stderr")
     add_job_arguments(p, one_job=False)
     return p
+
+
+def add_experiment_arguments(p) -> None:
+    """``--expected``, ``--scorer``, ``--max-total-tokens`` and ``--estimate``: on ``tensorjob map`` and
+    ``%tensorjob map`` alike."""
+    p.add_argument("--expected", default=None, metavar="FILE.jsonl",
+                   help="expected answers, one JSON value a line in the manifest's order: score every item")
+    p.add_argument("--scorer", default=None, metavar="NAME",
+                   help=f"how an answer is scored against its expected one: {', '.join(BUILTINS)} (default "
+                        f"{DEFAULT_SCORER}; in a notebook also $name, a Python function (result, expected) -> score)")
+    p.add_argument("--max-total-tokens", type=int, default=None, metavar="N",
+                   help="stop the map, resumably, once its items have used N tokens (in and out)")
+    p.add_argument("--estimate", action="store_true",
+                   help="print what the map would cost (prompt tokens per item, the expected time) and run nothing")
 
 
 def cmd_map(args, out: TextIO, err: TextIO) -> int:
@@ -61,6 +82,10 @@ def cmd_map(args, out: TextIO, err: TextIO) -> int:
         guest = load_guest(options, args.guest, err)
         if guest is None:
             return EXIT_FAILED
+        if args.estimate:
+            estimate = estimate_map_run(guest, args, options)
+            out.write((json_text(estimate.to_json()) if args.json else for_terminal(str(estimate))) + "\n")
+            return EXIT_OK
         run = start_map_run(guest, args, options)
     except OptionError as e:
         err.write(f"tensorjob: error: {for_terminal(str(e), one_line=True)}\n")
@@ -86,18 +111,31 @@ def cmd_map(args, out: TextIO, err: TextIO) -> int:
     return EXIT_OK if result.ok else EXIT_FAILED
 
 
-def start_map_run(guest: GuestSource, args, options: JobOptions) -> MapRun:
+def start_map_run(guest: GuestSource, args, options: JobOptions, *, scorer=None) -> MapRun:
     """Start the map ``args`` describe (``--over``, ``--run-dir``, ``--concurrency``, ``--cluster``,
-    ``--retry-failed``, ``--restart``) with ``options``; whatever keeps it from starting -- a bad number, a
-    manifest, a refused run folder, a cluster that cannot be reached -- is one ``OptionError`` line.
-    ``tensorjob map`` and ``%tensorjob map`` both start here."""
+    ``--retry-failed``, ``--restart``, ``--expected``, ``--scorer``, ``--max-total-tokens``) with ``options``;
+    ``scorer`` (a Python function, from a notebook) replaces ``--scorer``. Whatever keeps it from starting -- a
+    bad number, a manifest, a refused run folder, a cluster that cannot be reached, expected answers that do
+    not fit -- is one ``OptionError`` line. ``tensorjob map`` and ``%tensorjob map`` both start here."""
+    if args.max_total_tokens is not None and args.max_total_tokens < 1:
+        raise OptionError("--max-total-tokens must be at least 1")
     try:
         return start_map(guest, args.over, args.run_dir, concurrency=args.concurrency, cluster=args.cluster,
-                         retry_failed=args.retry_failed, restart=args.restart, **options.map_kwargs())
+                         retry_failed=args.retry_failed, restart=args.restart, expected=args.expected,
+                         scorer=scorer if scorer is not None else args.scorer,
+                         max_total_tokens=args.max_total_tokens, **options.map_kwargs())
     except (MapError, OSError, ValueError) as e:
         raise OptionError(_one_line(e)) from None
     except Exception as e:  # noqa: BLE001 - e.g. the cluster cannot be reached
         raise OptionError(f"{type(e).__name__}: {_one_line(e)}") from None
+
+
+def estimate_map_run(guest: GuestSource, args, options: JobOptions) -> MapEstimate:
+    """``--estimate``: what the map ``args`` describe would cost; a problem is one ``OptionError`` line."""
+    try:
+        return estimate_map(guest, args.over, run_dir=args.run_dir, **options.map_kwargs())
+    except (MapError, OSError, ValueError) as e:
+        raise OptionError(_one_line(e)) from None
 
 
 #: ``--concurrency``'s help, the same in the terminal and the magic.
@@ -130,8 +168,14 @@ def _summary_text(result: MapResult) -> str:
              f"({result.ran} ran, {result.skipped} skipped) in {result.elapsed_s:.1f} s"
              + (f" ({rate})" if rate else "") + f" -- {result.status}",
              f"results:  {result.results_path}", f"failures: {result.failures_path}"]
+    if result.status == STOPPED:
+        lines.append(f"stopped: the token budget is spent ({result.tokens} tokens used); run the same map again "
+                     f"to go on where it stopped")
     if result.error:
         lines.append(f"error: {result.error}")
+    summary = result.score_summary()
+    if summary is not None:
+        lines += summary.lines()
     return "\n".join(lines)
 
 

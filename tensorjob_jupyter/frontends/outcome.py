@@ -94,3 +94,11 @@ class JobFailed(CellError, JobFailure):
 
 class GuestDoesNotCompile(CellError):
     """The cell's (or the file's) guest did not compile; the compiler's message was printed just before."""
+
+
+class GateFailed(CellError):
+    """A map replay's regression gate did not pass (``--fail-under``); ``replay`` is the ``MapReplay``."""
+
+    def __init__(self, line: str, replay):
+        super().__init__(line)
+        self.replay = replay

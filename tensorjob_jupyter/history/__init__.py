@@ -3,7 +3,9 @@
 Owns: ``runs`` (listing and pruning the runs folder, naming a run), ``show``
 (a transcript played back through the same folding as a live job),
 ``replay`` (a guest re-run against a recording, with no model; what it
-takes from the recording is ``replay_setup``, how it went ``report``), ``diff``.
-May import: ``host`` and everything below it. Never ``fanout`` or
-``frontends``.
+takes from the recording is ``replay_setup``, how it went ``report``), ``diff``;
+and past maps: ``maps`` (a map's run folder read back, with each item's
+transcript), ``map_compare`` (two maps, row by row) and ``map_replay`` (a
+changed guest re-run over a recorded map, as a map of replays).
+May import: ``fanout``, ``host`` and everything below them. Never ``frontends``.
 """

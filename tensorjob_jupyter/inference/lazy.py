@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from tensorjob_jupyter.inference import hub, served
-from tensorjob_jupyter.inference.base import Backend, GenerateRequest, GenerateResult, TokenCallback
+from tensorjob_jupyter.inference.base import Backend, GenerateRequest, GenerateResult, ModelError, TokenCallback
 from tensorjob_jupyter.inference.models import get_backend
 
 
@@ -40,6 +40,15 @@ class LazyBackend:
 
     def embed(self, texts: Sequence[str]) -> "Future[list[list[float]]]":
         return self._get().embed(texts)
+
+    def prompt_tokens(self, request: GenerateRequest) -> "Future[list[int]]":
+        """The prompt's tokens, where the model has a tokenizer here (``InferenceWorker.prompt_tokens``);
+        ``ModelError`` where it has none (a served model)."""
+        backend = self._get()
+        count = getattr(backend, "prompt_tokens", None)
+        if count is None:
+            raise ModelError(f"the model {self._model_name} has no tokenizer in this process")
+        return count(request)
 
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1"

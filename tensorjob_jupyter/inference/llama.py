@@ -16,6 +16,23 @@ high-level loop cannot give us what the host needs:
   under; a request reuses the longest common prefix of a slot with the same
   LoRA key, and reports it as ``cached_tokens``. Switching adapters never
   reuses KV computed under another selection.
+* **A shared prefix is decoded once.** When the longest match is in a slot
+  that is busy (the items of a map start together, each with the same
+  instructions before its own document), the request's slot takes a copy of
+  that slot's KV (``llama_memory_seq_cp``) and decodes only the rest, so the
+  prefix is evaluated once however many slots use it. Across KV streams
+  llama.cpp copies the whole stream buffer at the next decode (about 8 ms
+  for SmolLM2's 2048-cell streams, against about 4 s to evaluate a
+  600-token prefix on 2 cores); a copy is made only when it saves at least
+  ``PREFIX_COPY_MIN_TOKENS``. The copied cells are bitwise the cells the
+  source computed, at the same positions, so what a request decodes from a
+  copy equals what it decodes from its own slot's cache (and, on this CPU
+  build, a cold run's: bench/bench_map.py ``--prefix`` measures it). A
+  unified KV cache would share the cells with no copy, but measured it saves
+  nothing here and gives up the per-slot numerics: each sequence attends
+  over every slot's cells (a decode step no faster, up to twice as slow
+  under other load on 2 cores), and its logits depend on where its cells
+  sit (up to 0.73 from a cold run's).
 * **Runtime LoRA.** Adapters named at creation are loaded once
   (``llama_adapter_lora_init``) and set per request with their scales
   (``llama_set_adapters_lora``); an unknown name is an error, never ignored.
@@ -107,6 +124,9 @@ ADMIT_WINDOW_S = 0.005
 #: wait), or on each in turn when several wait.
 HELD_WAIT_S = 1.0
 HELD_POLL_S = 0.001
+#: The fewest prompt tokens a copy of another slot's KV must save over the request's own slot: a copy
+#: across KV streams moves the whole stream buffer, which costs about what decoding a token or two does.
+PREFIX_COPY_MIN_TOKENS = 32
 
 # -- the engine ---------------------------------------------------------------------------------
 
@@ -216,6 +236,8 @@ class LlamaEngine:
             self._batch = _internals.LlamaBatch(n_tokens=max(self.n_batch, self.n_slots), embd=0,
                                                 n_seq_max=1, verbose=False)
             self._slots = [_Slot(i) for i in range(self.n_slots)]
+            #: KV copies from one slot to another (a shared prefix decoded once), since creation.
+            self.prefix_copies = 0
             self._lora: LoraKey = ()
             self._adapters: dict[str, object] = {}
             for name, path in (loras or {}).items():
@@ -460,13 +482,13 @@ class LlamaEngine:
             room = self.n_ctx - len(tokens)
             limit = min(request.max_tokens, room)
             self._set_lora(key)
-            slot, reuse = self._pick_slot(tokens, key, request.cache_prompt)
+            slot, reuse, source = self._pick_slot(tokens, key, request.cache_prompt)
             sampler = self._sampler(request, tokens, item.abandoned)
             seq = _Sequence(item, slot, sampler, TextStream(request.sampler.stop), len(tokens), reuse,
                             limit, started)
             slot.busy = True
             try:
-                self._prefill(slot, tokens, reuse, key)
+                self._prefill(slot, tokens, reuse, key, source)
             except BaseException:
                 self._release(seq)
                 self._drop_slot(slot)
@@ -481,8 +503,9 @@ class LlamaEngine:
         active.append(seq)
         return True
 
-    def _pick_slot(self, tokens: list[int], key: LoraKey, use_cache: bool) -> tuple[_Slot, int]:
-        """The idle slot to run in and how many prompt tokens its KV already holds."""
+    def _pick_slot(self, tokens: list[int], key: LoraKey, use_cache: bool) -> tuple[_Slot, int, _Slot | None]:
+        """The idle slot to run in, how many prompt tokens of KV it will start with, and the busy slot
+        to copy them from (None: its own cache; see the module doc on a shared prefix)."""
         idle = [s for s in self._slots if not s.busy]
         best, best_len = None, 0
         if use_cache:
@@ -492,19 +515,39 @@ class LlamaEngine:
                 n = _common_prefix(slot.tokens, tokens)
                 if n > best_len:
                     best, best_len = slot, n
+        source, source_len = None, 0
+        if use_cache:
+            for slot in self._slots:
+                if slot.busy and slot.lora == key and slot.tokens:
+                    n = _common_prefix(slot.tokens, tokens)
+                    if n > source_len:
+                        source, source_len = slot, n
+        # at least one prompt token is always decoded, for fresh logits
+        limit = len(tokens) - 1
+        if source is not None and min(source_len, limit) >= min(best_len, limit) + PREFIX_COPY_MIN_TOKENS:
+            # the copy replaces the whole of the slot's KV: take the idle slot whose own cache is worth least
+            worth = {id(s): (_common_prefix(s.tokens, tokens) if s.lora == key else 0, bool(s.tokens), s.last_used)
+                     for s in idle}
+            return min(idle, key=lambda s: worth[id(s)]), min(source_len, limit), source
         if best is None:
             empty = [s for s in idle if not s.tokens]
             best = empty[0] if empty else min(idle, key=lambda s: s.last_used)
             best_len = 0
-        # at least one prompt token is always decoded, for fresh logits
-        return best, min(best_len, len(tokens) - 1)
+        return best, min(best_len, limit), None
 
     def _drop_slot(self, slot: _Slot) -> None:
         self._ctx.kv_cache_seq_rm(slot.seq_id, 0, -1)
         slot.tokens = []
 
-    def _prefill(self, slot: _Slot, tokens: list[int], reuse: int, key: LoraKey) -> None:
-        """Bring ``slot``'s KV to all of ``tokens`` but the last, which the next decode step takes."""
+    def _prefill(self, slot: _Slot, tokens: list[int], reuse: int, key: LoraKey,
+                 source: _Slot | None = None) -> None:
+        """Bring ``slot``'s KV to all of ``tokens`` but the last, which the next decode step takes;
+        its first ``reuse`` tokens come from its own cache, or from a copy of ``source``'s."""
+        if source is not None:
+            # Across KV streams only a whole stream can be copied; llama.cpp does it before the next
+            # decode, whichever sequence that decode is for, so the cells copied are the ones held now.
+            self._ctx.kv_cache_seq_cp(source.seq_id, slot.seq_id, -1, -1)
+            self.prefix_copies += 1
         if not self._ctx.kv_cache_seq_rm(slot.seq_id, reuse, -1):
             self._drop_slot(slot)
             reuse = 0

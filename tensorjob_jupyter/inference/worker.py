@@ -105,6 +105,11 @@ class InferenceWorker:
     def embed(self, texts: Sequence[str]) -> "Future[list[list[float]]]":
         return self._submit("embed", list(texts))
 
+    def prompt_tokens(self, request: GenerateRequest) -> "Future[list[int]]":
+        """The tokens ``request``'s prompt is for this model (its chat template applied), from the engine's
+        tokenizer on the worker's thread: nothing is decoded (what a map's ``--estimate`` counts)."""
+        return self._submit("tokens", request)
+
     def close(self, timeout: float | None = 5.0) -> None:
         """Stop the worker: waiting requests fail, the running one finishes."""
         if self._closed:
@@ -196,6 +201,8 @@ class InferenceWorker:
                 return
             if kind == "generate":
                 result = engine.generate(payload, _guarded(on_token))
+            elif kind == "tokens":
+                result = engine.prompt_tokens(payload)
             elif hasattr(engine, "embedding"):
                 result = self._embed_in_pieces(engine, payload, fut)
             else:

@@ -6,7 +6,9 @@ waits on ``MapRun.wait_for_update`` and renders a fresh ``MapProgress``
 snapshot. Under the counts, a bounded table shows the latest items to
 conclude as they arrive -- each item's input, its status and its result or
 error on one line, clipped and escaped (inputs come from a manifest,
-results and messages from guests and models). The rate reads right from the
+results and messages from guests and models), and its score when the map
+has expected answers; the counts then carry the running score (the mean so
+far, and how many items passed). The rate reads right from the
 first item (``fanout.progress.rate_text``: "12.3 s/item" while items are
 slower than one a second, never "0.0 items/s"), and no label wraps. On a
 Dask cluster the header links to the cluster's dashboard. The Cancel button
@@ -64,7 +66,10 @@ def item_row(event: dict) -> dict:
     else:
         error = event.get("error") if isinstance(event.get("error"), dict) else {}
         outcome = one_line(f"{error.get('code', '')}: {error.get('message', '')}", OUTCOME_CHARS)
-    return {"item": event["item"], "ok": ok, "input": one_line(event.get("input"), INPUT_CHARS), "outcome": outcome}
+    score = event.get("score") if isinstance(event.get("score"), dict) else {}
+    value = score.get("score")
+    return {"item": event["item"], "ok": ok, "input": one_line(event.get("input"), INPUT_CHARS), "outcome": outcome,
+            "score": f"{value:.2f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""}
 
 
 def render_header(name: str, p: MapProgress) -> str:
@@ -79,20 +84,28 @@ def render_header(name: str, p: MapProgress) -> str:
 
 
 def render_counts(p: MapProgress) -> str:
+    score = ""
+    if p.mean_score is not None:
+        score = (f' · <span class="tj-map-score" title="the mean score of the items scored so far">score '
+                 f'<b>{p.mean_score:.2f}</b> ({p.score_passed}/{p.scored} passed)</span>')
     return (f'<span class="tj-map-counts" style="font-family:sans-serif;font-size:12px;white-space:nowrap">'
             f'<b>{p.concluded}</b> / {p.total} · {p.completed} done · {p.failed} failed · '
-            f'{p.running} running · {p.skipped} skipped</span>')
+            f'{p.running} running · {p.skipped} skipped{score}</span>')
 
 
 def render_items(rows: list[dict]) -> str:
-    """The latest concluded items, newest last: item, input, ✓ or ✗, the result or the error."""
+    """The latest concluded items, newest last: item, input, ✓ or ✗, the score (when scored), the result or
+    the error."""
     if not rows:
         return ""
     cell = f"padding:1px 6px;max-width:0;{NOWRAP}"
+    scored = any(row.get("score") for row in rows)
     body = "".join(
         f'<tr><td style="{cell};color:{GREY};width:3em">{row["item"]}</td>'
         f'<td style="{cell};width:35%" title="{for_html(row["input"])}">{for_html(row["input"])}</td>'
         f'<td style="{cell};width:1.5em;color:{GREEN if row["ok"] else RED}">{"✓" if row["ok"] else "✗"}</td>'
+        + (f'<td class="tj-map-item-score" style="{cell};width:3em;color:{GREY}">{for_html(row.get("score", ""))}'
+           f'</td>' if scored else "") +
         f'<td style="{cell};color:{"inherit" if row["ok"] else RED}" title="{for_html(row["outcome"])}">'
         f'{for_html(row["outcome"])}</td></tr>' for row in rows)
     return (f'<table class="tj-map-items" style="font-family:monospace;font-size:11px;border-collapse:collapse;'

@@ -1,0 +1,364 @@
+"""What a map will cost before it runs: prompt tokens per item, and the time this machine needs for them.
+
+    estimate = tj.estimate_map("extract.py", "reports.jsonl", read=["reports"])   # tensorjob map --estimate
+    print(estimate)            # prompt tokens per item, the shared prefix, the expected time
+
+Nothing is decoded. For a sample of the items (``sample``, spread over the manifest; every item of a
+small manifest) the guest runs as the item's job up to its **first infer**, under the item's grants:
+it opens and slices its files as it would, and the request it makes there -- prompt, system turn,
+format -- is kept, and the job is stopped before the model sees it. The model's tokenizer counts the
+request's tokens (chat template included; loading a local model to tokenize is not running it); a model
+on a server has no tokenizer here, so there a token is counted as four characters. The items not in the
+sample are counted as the sample's mean. An item that fails before any infer is listed with its error:
+it would fail the same way in the map.
+
+When the prompts begin with the same tokens (instructions, a schema, examples), the engine decodes that
+prefix once and every item reuses its KV (``inference/llama.py``), so the estimate gives both the prompt
+tokens and the tokens that would be decoded with the prefix shared.
+
+The time comes from this machine's own measurements: the infers of the same model recorded in the run
+folder's item transcripts (a map that ran before) and in the runs folder, newest first -- prompt tokens
+per second (uncached prompt tokens over time to first token) and generated tokens per second. Generation
+is counted at each item's ``max_tokens`` for its first infer, so the time is an upper bound for guests
+that infer once (a guest that infers again costs more). With no recorded infers of the model the time
+is not estimated, and the estimate says how to get one (run a few items, e.g. with ``--max-total-tokens``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import statistics
+import tempfile
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from tensorjob_jupyter.abi import JobStatus
+from tensorjob_jupyter.host.jobs import Job
+from tensorjob_jupyter.inference.base import GenerateRequest, ModelError
+from tensorjob_jupyter.limits import with_keywords
+from tensorjob_jupyter.record.event_checks import TranscriptError
+from tensorjob_jupyter.record.run_folder import runs_folder
+from tensorjob_jupyter.record.transcript import EventReader
+from tensorjob_jupyter.fanout.folder import JOBS
+from tensorjob_jupyter.fanout.manifest import read_manifest
+from tensorjob_jupyter.fanout.start import _item_spec, process_backend
+
+#: Items whose first infer an estimate runs to, at most (spread over the manifest).
+DEFAULT_SAMPLE = 20
+#: Characters a token is counted as where the model has no tokenizer here (a served model).
+CHARS_PER_TOKEN = 4
+#: Recorded transcripts and infers read for the speed, newest first, at most.
+SPEED_RUNS = 200
+SPEED_INFERS = 400
+#: How long one item's run to its first infer may take.
+DRY_RUN_TIMEOUT_S = 120.0
+#: The error a dry run's stand-in model gives at the first infer.
+STOPPED_HERE = "stopped at the first infer: an estimate decodes nothing"
+
+
+class _FirstInfer:
+    """A backend that keeps the first request it is sent and answers none (the job stops there)."""
+
+    def __init__(self, model_name: str):
+        self.model_name = model_name
+        self.request: GenerateRequest | None = None
+
+    def generate_stream(self, request, on_token) -> Future:
+        self.request = self.request or request
+        future: Future = Future()
+        future.set_exception(ModelError(STOPPED_HERE))
+        return future
+
+    def embed(self, texts) -> Future:
+        future: Future = Future()
+        future.set_exception(ModelError(STOPPED_HERE))
+        return future
+
+
+@dataclass(frozen=True)
+class Speed:
+    """This machine's measured speed for one model: prompt and generated tokens per second."""
+
+    prompt_tokens_per_s: float
+    output_tokens_per_s: float
+    infers: int  # recorded infers it was measured from
+
+    def to_json(self) -> dict:
+        return {"prompt_tokens_per_s": round(self.prompt_tokens_per_s, 1),
+                "output_tokens_per_s": round(self.output_tokens_per_s, 1), "infers": self.infers}
+
+
+@dataclass(frozen=True)
+class ItemEstimate:
+    item: int
+    prompt_tokens: int | None  # None: the item never reached an infer
+    max_tokens: int | None
+    error: str | None = None  # why it never reached one (its job's error)
+
+
+@dataclass(frozen=True)
+class MapEstimate:
+    """What a map will cost (see the module doc); ``lines()`` says it, ``to_json()`` gives it as data."""
+
+    items: int
+    model: str
+    counted_by: str  # "tokenizer" or "characters"
+    sampled: list[ItemEstimate]
+    shared_prefix_tokens: int
+    speed: Speed | None
+
+    @property
+    def reached(self) -> list[ItemEstimate]:
+        return [e for e in self.sampled if e.prompt_tokens is not None]
+
+    @property
+    def prompt_tokens_per_item(self) -> float | None:
+        reached = self.reached
+        return statistics.fmean(e.prompt_tokens for e in reached) if reached else None
+
+    @property
+    def prompts(self) -> int:
+        """The items expected to reach an infer: the sampled ones that did, and every one not sampled."""
+        return len(self.reached) + self.items - len(self.sampled)
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        """The prompt tokens of every item's first infer (the sample's mean for those not sampled)."""
+        mean = self.prompt_tokens_per_item
+        if mean is None:
+            return None
+        return round(sum(e.prompt_tokens for e in self.reached) + mean * (self.items - len(self.sampled)))
+
+    @property
+    def decoded_prompt_tokens(self) -> int | None:
+        """The prompt tokens decoded when the shared prefix is decoded once and reused."""
+        total = self.prompt_tokens
+        if total is None:
+            return None
+        return max(0, total - self.shared_prefix_tokens * (self.prompts - 1))
+
+    @property
+    def output_tokens(self) -> int | None:
+        """At most this many generated tokens: each item's first infer's ``max_tokens``."""
+        reached = [e.max_tokens for e in self.reached if e.max_tokens is not None]
+        if not reached:
+            return None
+        return round(sum(reached) + statistics.fmean(reached) * (self.items - len(self.sampled)))
+
+    @property
+    def seconds(self) -> float | None:
+        """The expected time, one item at a time, at most (None without a measured speed)."""
+        if self.speed is None or self.decoded_prompt_tokens is None:
+            return None
+        return (self.decoded_prompt_tokens / self.speed.prompt_tokens_per_s
+                + (self.output_tokens or 0) / self.speed.output_tokens_per_s)
+
+    def lines(self) -> list[str]:
+        counted = ("counted by the model's tokenizer" if self.counted_by == "tokenizer"
+                   else f"counted as {CHARS_PER_TOKEN} characters a token (the model has no tokenizer here)")
+        out = [f"estimate for {self.items} items on {self.model} (nothing decoded; {len(self.sampled)} item(s) "
+               f"run to their first infer)"]
+        mean = self.prompt_tokens_per_item
+        if mean is None:
+            out.append("no sampled item reached an infer: nothing to count")
+        else:
+            sizes = [e.prompt_tokens for e in self.reached]
+            out.append(f"prompt tokens per item: {mean:.0f} (from {min(sizes)} to {max(sizes)}; {counted})")
+            out.append(f"prompt tokens in all: {self.prompt_tokens}; decoded with the shared prefix of "
+                       f"{self.shared_prefix_tokens} tokens decoded once: {self.decoded_prompt_tokens}")
+            if self.output_tokens is not None:
+                out.append(f"generated tokens: at most {self.output_tokens} (each first infer's max_tokens)")
+        if self.speed is None:
+            out.append("time: not estimated -- no infers of this model are recorded on this machine yet; run a "
+                       "few items first (--max-total-tokens N bounds what they spend)")
+        elif self.seconds is not None:
+            s = self.speed
+            out.append(f"time: at most about {_duration(self.seconds)} one item at a time, at "
+                       f"{s.prompt_tokens_per_s:.0f} prompt and {s.output_tokens_per_s:.1f} generated tokens/s "
+                       f"(measured from {s.infers} recorded infers on this machine)")
+        failed = [e for e in self.sampled if e.prompt_tokens is None]
+        for e in failed[:5]:
+            out.append(f"item {e.item} never reaches an infer: {e.error}")
+        if len(failed) > 5:
+            out.append(f"... and {len(failed) - 5} more sampled items never reach one")
+        return out
+
+    def to_json(self) -> dict:
+        return {"items": self.items, "model": self.model, "counted_by": self.counted_by,
+                "sampled": len(self.sampled), "prompt_tokens_per_item": self.prompt_tokens_per_item,
+                "prompt_tokens": self.prompt_tokens, "shared_prefix_tokens": self.shared_prefix_tokens,
+                "decoded_prompt_tokens": self.decoded_prompt_tokens, "output_tokens": self.output_tokens,
+                "speed": self.speed.to_json() if self.speed else None,
+                "seconds": None if self.seconds is None else round(self.seconds, 1),
+                "unreached": [{"item": e.item, "error": e.error} for e in self.sampled if e.prompt_tokens is None]}
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:
+        """IPython shows the lines (a notebook's ``Out[]``)."""
+        printer.text(str(self))
+
+    def __repr__(self) -> str:
+        return f"<MapEstimate {self.items} items, {self.prompt_tokens} prompt tokens>"
+
+
+def estimate_map(guest: Any, manifest: str | os.PathLike | Sequence[Any], *, read: Iterable = (),
+                 fetch: Iterable[str] = (), limits=None, backend=None, model=None, model_options: dict | None = None,
+                 infer=None, input_bytes: bytes = b"", run_dir: str | os.PathLike | None = None,
+                 runs_dir: str | os.PathLike | None = None, sample: int = DEFAULT_SAMPLE,
+                 **limit_keywords: Any) -> MapEstimate:
+    """Estimate the map ``start_map`` would run with the same arguments (see the module doc). ``run_dir``:
+    the map's run folder, whose recorded items (a map run before) measure the speed first."""
+    items = read_manifest(manifest).items
+    if sample < 1:
+        raise ValueError(f"sample must be at least 1, got {sample}")
+    limits = with_keywords(limits, limit_keywords, "estimate_map")
+    scratch = Path(tempfile.mkdtemp(prefix="tensorjob-estimate-"))
+    try:
+        spec, instance = _item_spec(guest, read, fetch, limits, backend, model, model_options, infer, input_bytes,
+                                    scratch)
+        model_backend = instance if instance is not None else process_backend(spec.backend)
+        name = getattr(model_backend, "model_name", "model")
+        picks = _spread(len(items), sample)
+        sampled, counted_by, prompts = [], "tokenizer", []
+        for index in picks:
+            catcher = _FirstInfer(name)
+            job = Job(spec.wasm, input=items[index], read=spec.read, backend=catcher, limits=spec.limits,
+                      infer=spec.infer, runs_dir=scratch, cwd=spec.cwd, name=f"{spec.name}[{index}]",
+                      input_bytes=spec.input_bytes, fetch=spec.fetch).start()
+            try:
+                envelope = job.wait(DRY_RUN_TIMEOUT_S)
+            except TimeoutError:
+                job.cancel()
+                envelope = job.wait()
+            request = catcher.request
+            if request is None:
+                error = envelope.error
+                why = f"{error.code}: {error.message}" if error is not None else (
+                    "it completed without one" if envelope.status is JobStatus.COMPLETED else envelope.status.value)
+                sampled.append(ItemEstimate(index, None, None, " ".join(why.split())[:300]))
+                continue
+            try:
+                tokens = _tokens(model_backend, request)
+            except ModelError as e:  # its prompt does not fit the model's context: the item would fail
+                sampled.append(ItemEstimate(index, None, request.max_tokens, " ".join(str(e).split())[:300]))
+                continue
+            if tokens is None:
+                counted_by = "characters"
+                text = (request.system or "") + request.prompt
+                tokens = [hash(text[i:i + CHARS_PER_TOKEN]) for i in range(0, len(text), CHARS_PER_TOKEN)]
+            prompts.append(tokens)
+            sampled.append(ItemEstimate(index, len(tokens), request.max_tokens))
+        places = [Path(run_dir).absolute() / JOBS] if run_dir is not None else []
+        places.append(runs_folder(runs_dir))
+        return MapEstimate(len(items), name, counted_by, sampled, _shared_prefix(prompts) if len(prompts) > 1 else 0,
+                           measured_speed(name, places))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _spread(total: int, sample: int) -> list[int]:
+    """``sample`` item numbers spread evenly over ``total`` (all of them when there are fewer)."""
+    if total <= sample:
+        return list(range(total))
+    return sorted({round(i * (total - 1) / (sample - 1)) for i in range(sample)}) if sample > 1 else [0]
+
+
+def _tokens(backend: Any, request: GenerateRequest) -> list[int] | None:
+    """The request's prompt tokens from the model's tokenizer; None where there is none; ``ModelError``
+    when the prompt is longer than the model's context."""
+    count = getattr(backend, "prompt_tokens", None)
+    if count is None:
+        return None
+    try:
+        return list(count(request).result(DRY_RUN_TIMEOUT_S))
+    except ModelError as e:
+        if "context window" in str(e):
+            raise
+        return None
+    except Exception:  # noqa: BLE001 - no tokenizer after all (a served model behind a lazy backend)
+        return None
+
+
+def _shared_prefix(prompts: list[list[int]]) -> int:
+    """How many leading tokens every prompt has in common."""
+    first = prompts[0]
+    n = len(first)
+    for other in prompts[1:]:
+        m = min(n, len(other))
+        k = 0
+        while k < m and first[k] == other[k]:
+            k += 1
+        n = k
+    return n
+
+
+def measured_speed(model: str, places: Iterable[Path]) -> Speed | None:
+    """Prompt and generated tokens per second of ``model``'s recorded infers under ``places`` (folders of
+    run folders), newest first; None when none are recorded. Transcripts are read as untrusted files:
+    anything that is not a number where one is expected is skipped."""
+    runs: list[tuple[float, Path]] = []
+    for place in places:
+        try:
+            entries = list(os.scandir(place))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    runs.append((entry.stat(follow_symlinks=False).st_mtime, Path(entry.path)))
+            except OSError:
+                continue
+    runs.sort(reverse=True)
+    prompt_rates: list[float] = []
+    output_rates: list[float] = []
+    infers = 0
+    for _mtime, run in runs[:SPEED_RUNS]:
+        try:
+            for event in EventReader(run):
+                if event.get("type") not in ("response.completed", "response.incomplete"):
+                    continue
+                response = event.get("response") if isinstance(event.get("response"), dict) else {}
+                if response.get("model") != model:
+                    continue
+                usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
+                timing = event.get("timing") if isinstance(event.get("timing"), dict) else {}
+                details = usage.get("input_tokens_details") if isinstance(usage.get("input_tokens_details"),
+                                                                          dict) else {}
+                fresh = _number(usage.get("input_tokens")) - _number(details.get("cached_tokens"))
+                ttft, tps = _number(timing.get("time_to_first_token_s")), _number(timing.get("tokens_per_second"))
+                if fresh > 0 and ttft > 0:
+                    prompt_rates.append(fresh / ttft)
+                if tps > 0:
+                    output_rates.append(tps)
+                infers += 1
+                if infers >= SPEED_INFERS:
+                    break
+        except (TranscriptError, OSError):
+            continue
+        if infers >= SPEED_INFERS:
+            break
+    if not prompt_rates or not output_rates:
+        return None
+    # medians: an infer that waited for others in a batch (its time to first token counts the wait) is
+    # an outlier, not the machine's speed
+    return Speed(statistics.median(prompt_rates), statistics.median(output_rates), infers)
+
+
+def _number(value: Any) -> float:
+    """A recorded count or time, or 0 when the file holds anything else there."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else 0.0
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

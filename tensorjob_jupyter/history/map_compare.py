@@ -1,0 +1,275 @@
+"""Two maps side by side, item by item: their results, scores, tokens and time.
+
+    diff = tj.compare("runs/v1", "runs/v2")        # tensorjob diff --map runs/v1 runs/v2
+    diff.to_pandas()                               # one row per item
+    print(diff)                                    # the summary, and the items that changed
+
+Both maps must have mapped the same manifest (their ledgers pin its SHA-256), so item ``i`` is the same
+input in both; anything else is refused. Each row (``rows()``) has the item, its input's fields
+(``input.NAME``, where the manifest is still there), each side's ``status``, ``result`` (or error code),
+``score``, ``tokens`` (in and out) and ``ms`` (the job's duration), and ``changed``: the statuses differ,
+or the results, or the error codes -- with ``changed_fields``, the fields of a result object that differ
+(``facts.year``; a result that is not an object is the field ``result``). The summary counts what
+changed, which items' scores went up or down, the mean scores over the items both scored, and the
+tokens and time each map took.
+
+A map replayed with a changed guest (``map_replay.py``) is compared with its recording the same way, with
+the replay's own columns beside these. Everything read comes from run folders, which may come from
+anywhere; every line printed is made inert and clipped.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from tensorjob_jupyter.abi import dumps
+from tensorjob_jupyter.fanout.errors import MapError
+from tensorjob_jupyter.fanout.progress import MapResult, flattened, float_scores
+from tensorjob_jupyter.fanout.scoring import same
+from tensorjob_jupyter.history.maps import RecordedMap
+from tensorjob_jupyter.text import for_terminal
+
+#: Rows ``lines()`` lists (the ones that changed first); the rest are counted.
+SHOW_ROWS = 20
+#: Characters of one cell of the printed table.
+CELL_CHARS = 60
+#: How deep ``changed_fields`` goes into nested result objects.
+MAX_FIELD_DEPTH = 8
+
+
+def changed_fields(a: Any, b: Any, prefix: str = "", depth: int = 0) -> list[str]:
+    """The dotted names of the fields in which two result objects differ (a field only one has counts);
+    for values that are not both objects, ``[prefix or "result"]`` when they differ."""
+    if not (isinstance(a, dict) and isinstance(b, dict)) or depth >= MAX_FIELD_DEPTH:
+        return [] if same(a, b) else [prefix or "result"]
+    out: list[str] = []
+    for key in dict.fromkeys([*a, *b]):
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if key not in a or key not in b:
+            out.append(name)
+        elif isinstance(a[key], dict) and isinstance(b[key], dict):
+            out += changed_fields(a[key], b[key], name, depth + 1)
+        elif not same(a[key], b[key]):
+            out.append(name)
+    return out
+
+
+@dataclass(frozen=True)
+class Side:
+    """What one map says of one item."""
+
+    status: str  # completed, failed, or not run
+    result: Any = None
+    error_code: str | None = None
+    score: float | None = None
+    tokens: int | None = None
+    ms: int | None = None
+
+
+class MapComparison:
+    """Two maps of the same manifest, item by item (see the module doc)."""
+
+    columns_a = "a"
+    columns_b = "b"
+
+    def __init__(self, a: RecordedMap, b: RecordedMap):
+        if a.result.total != b.result.total or a.ledger["manifest_sha256"] != b.ledger["manifest_sha256"]:
+            raise MapError(f"{a.path} and {b.path} mapped different manifests ({a.result.total} and "
+                           f"{b.result.total} items); a comparison is item by item over the same manifest")
+        self.a, self.b = a, b
+        self.total = a.total
+        self.sides = (_sides(a), _sides(b))
+
+    # -- one row an item -------------------------------------------------------------------------------
+
+    def changed(self, item: int) -> bool:
+        x, y = self.sides[0][item], self.sides[1][item]
+        if x.status != y.status:
+            return True
+        if x.status == "completed":
+            return not same(x.result, y.result)
+        return x.error_code != y.error_code
+
+    def row(self, item: int) -> dict[str, Any]:
+        x, y = self.sides[0][item], self.sides[1][item]
+        both = x.status == y.status == "completed"
+        na, nb = self.columns_a, self.columns_b
+        row = {"item": item, **self._input(item)}
+        row.update({f"status_{na}": x.status, f"status_{nb}": y.status,
+                    f"result_{na}": x.result if x.status == "completed" else x.error_code,
+                    f"result_{nb}": y.result if y.status == "completed" else y.error_code,
+                    "changed": self.changed(item),
+                    "changed_fields": changed_fields(x.result, y.result) if both else [],
+                    f"score_{na}": x.score, f"score_{nb}": y.score,
+                    f"tokens_{na}": x.tokens, f"tokens_{nb}": y.tokens, f"ms_{na}": x.ms, f"ms_{nb}": y.ms})
+        return row
+
+    def _input(self, item: int) -> dict[str, Any]:
+        inputs = self.a.inputs()
+        return flattened("input", inputs[item]) if item < len(inputs) and inputs[item] is not None else {}
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per item, in item order, all with the same keys (see the module doc)."""
+        rows = [self.row(i) for i in range(self.total)]
+        keys = dict.fromkeys(k for r in rows for k in r)
+        return [{k: r.get(k) for k in keys} for r in rows]
+
+    def to_pandas(self):
+        """``rows()`` as a pandas DataFrame indexed by item (needs pandas)."""
+        try:
+            import pandas  # deferred: an optional extra, and heavy
+        except ImportError:
+            raise ImportError("to_pandas() needs pandas: pip install 'tensorjob-jupyter[pandas]' "
+                              "(or use .rows(), a list of dicts)") from None
+        return float_scores(pandas.DataFrame(self.rows()).convert_dtypes().set_index("item"))
+
+    # -- in all ----------------------------------------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        """Counts and totals (see the module doc); ``mean_score_*`` over the items both sides scored."""
+        xs, ys = self.sides
+        changed = [i for i in range(self.total) if self.changed(i)]
+        both = [i for i in range(self.total) if xs[i].score is not None and ys[i].score is not None]
+        na, nb = self.columns_a, self.columns_b
+        out = {"items": self.total, "changed": len(changed), "same": self.total - len(changed),
+               f"completed_{na}": sum(s.status == "completed" for s in xs),
+               f"completed_{nb}": sum(s.status == "completed" for s in ys),
+               "scored_both": len(both),
+               f"mean_score_{na}": _mean(xs[i].score for i in both),
+               f"mean_score_{nb}": _mean(ys[i].score for i in both),
+               f"passed_{na}": sum(xs[i].score >= 1.0 for i in both),
+               f"passed_{nb}": sum(ys[i].score >= 1.0 for i in both),
+               "improved": sum(ys[i].score > xs[i].score for i in both),
+               "regressed": sum(ys[i].score < xs[i].score for i in both),
+               f"tokens_{na}": sum(s.tokens or 0 for s in xs), f"tokens_{nb}": sum(s.tokens or 0 for s in ys),
+               f"ms_{na}": sum(s.ms or 0 for s in xs), f"ms_{nb}": sum(s.ms or 0 for s in ys)}
+        return out
+
+    @property
+    def same(self) -> bool:
+        return not any(self.changed(i) for i in range(self.total))
+
+    def summary_lines(self) -> list[str]:
+        s = self.summary()
+        na, nb = self.columns_a, self.columns_b
+        out = [f"{s['items']} items: {s['changed']} changed, {s['same']} the same "
+               f"({s[f'completed_{na}']} / {s[f'completed_{nb}']} completed)"]
+        if s["scored_both"]:
+            out.append(f"score: {s[f'mean_score_{na}']:.3f} -> {s[f'mean_score_{nb}']:.3f} over the {s['scored_both']} "
+                       f"items both scored ({s[f'passed_{na}']} -> {s[f'passed_{nb}']} passed; {s['improved']} "
+                       f"better, {s['regressed']} worse)")
+        out.append(f"tokens: {s[f'tokens_{na}']} -> {s[f'tokens_{nb}']}; item time: "
+                   f"{s[f'ms_{na}'] / 1000:.1f} s -> {s[f'ms_{nb}'] / 1000:.1f} s")
+        return out
+
+    #: The columns of the printed table of items.
+    table_header = ("item", "status", "score", "changed")
+
+    def listed(self, row: dict) -> bool:
+        """Whether the printed table lists this item's row."""
+        return row["changed"]
+
+    def table_row(self, row: dict) -> list[str]:
+        na, nb = self.columns_a, self.columns_b
+        return [str(row["item"]), arrow(row[f"status_{na}"], row[f"status_{nb}"]),
+                arrow(score_text(row[f"score_{na}"]), score_text(row[f"score_{nb}"])),
+                ", ".join(row["changed_fields"]) or arrow(_short(row[f"result_{na}"]), _short(row[f"result_{nb}"]))]
+
+    def table_lines(self) -> list[str]:
+        """The items that changed (at most ``SHOW_ROWS``) as a small text table."""
+        rows = [r for r in map(self.row, range(self.total)) if self.listed(r)]
+        if not rows:
+            return [self.nothing_listed]
+        out = text_table(list(self.table_header), [self.table_row(r) for r in rows[:SHOW_ROWS]])
+        if len(rows) > SHOW_ROWS:
+            out.append(f"... and {len(rows) - SHOW_ROWS} more (to_pandas() or --json has every row)")
+        return out
+
+    nothing_listed = "no item changed"
+
+    def lines(self) -> list[str]:
+        return [_line(x) for x in self.summary_lines() + self.table_lines()]
+
+    def to_json(self) -> dict:
+        return {"a": str(self.a.path), "b": str(self.b.path), "summary": self.summary(), "rows": self.rows()}
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:
+        """IPython shows the lines (a notebook's ``Out[]``)."""
+        printer.text(str(self))
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        return f"<{type(self).__name__} {s['items']} items, {s['changed']} changed>"
+
+
+def compare(a: "str | os.PathLike | MapResult | RecordedMap", b: "str | os.PathLike | MapResult | RecordedMap"
+            ) -> MapComparison:
+    """Compare two maps of the same manifest, each a run folder or a ``MapResult`` (see the module doc)."""
+    return MapComparison(_recorded(a), _recorded(b))
+
+
+def _recorded(m: Any) -> RecordedMap:
+    if isinstance(m, RecordedMap):
+        return m
+    if isinstance(m, MapResult):
+        return RecordedMap(m.run_dir)
+    return RecordedMap(m)
+
+
+def _sides(m: RecordedMap) -> list[Side]:
+    results, failures, scores, runs = m.result.results(), m.result.failures(), m.result.scores() or {}, m.item_runs()
+    out = []
+    for i in range(m.total):
+        run = runs.get(i)
+        score = scores.get(i)
+        common = {"score": score.score if score is not None else None,
+                  "tokens": run.tokens if run is not None else None, "ms": run.duration_ms if run is not None else None}
+        if i in results:
+            out.append(Side("completed", results[i], **common))
+        elif i in failures:
+            error = failures[i] if isinstance(failures[i], dict) else {}
+            code = error.get("code")
+            out.append(Side("failed", None, code if isinstance(code, str) else None, **common))
+        else:
+            out.append(Side("not run", **common))
+    return out
+
+
+def _mean(values: Iterable[float]) -> float | None:
+    values = list(values)
+    return sum(values) / len(values) if values else None
+
+
+def score_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def arrow(a: str, b: str) -> str:
+    return a if a == b else f"{a} -> {b}"
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else dumps(value) if value is not None else "-"
+    text = for_terminal(" ".join(text.split()), one_line=True)
+    return text if len(text) <= CELL_CHARS // 2 else text[:CELL_CHARS // 2 - 1] + "…"
+
+
+def text_table(header: list[str], body: list[list[str]]) -> list[str]:
+    cells = [[_cell(c) for c in row] for row in [header, *body]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+
+
+def _cell(text: str) -> str:
+    text = for_terminal(text, one_line=True)
+    return text if len(text) <= CELL_CHARS else text[:CELL_CHARS - 1] + "…"
+
+
+def _line(text: str) -> str:
+    text = for_terminal(text, one_line=True)
+    return text if len(text) <= 1000 else text[:999] + "…"

@@ -1,0 +1,372 @@
+"""A changed guest re-run over a recorded map, with no model: every item replayed against its own recording.
+
+    replay = tj.replay_map("runs/reports", "extract_v2.py")   # tensorjob replay --map runs/reports extract_v2.py
+    replay.to_pandas()           # one row per item: old and new result, changed fields, old and new score, ...
+    replay.needs_model           # the items whose prompts changed: the recording cannot answer them
+    replay.passed(0.8)           # the regression gate (--fail-under 0.8)
+
+A map records every item's job (``jobs/`` of its run folder); a replay (``replay.py``) answers a guest's
+infers from such a recording while its prompts are the recorded ones. So a guest whose parsing changed --
+or whose prompt changed for some items only -- is re-run over the whole map at the cost of running
+guests: each item is a ``ReplayJob`` against the transcript the item concluded in (``maps.RecordedMap``),
+with that item's recorded input, grants and limits (job options given anew replace them for every item,
+as for one replay). The first command an item's recording cannot answer -- another prompt, another
+window, more tokens than were recorded -- is that item's divergence: the item *needs the model*, and its
+job stops there with ``replay_divergence``; with ``live=True`` (``--live``) the model answers it from that
+step on, so only the items whose prompts changed touch the model. An item the recorded map never
+concluded is not run; a concluded one with no readable transcript (it failed before its job
+started, or the file is gone) needs the model.
+
+The replay is itself a map (``fanout.MapRun``, with this module's ``ReplayExecutor`` running its items,
+``concurrency`` at a time on threads), into its own run folder (``out``; default ``RUN_DIR/replay``),
+started over each time: the same results files, the same live view, and the same scores -- its results are
+scored against the recorded map's expected answers with its scorer (or those given). A replay folder is
+never the recorded map's own, and never another map's: those are refused rather than started over.
+
+What comes back is a ``MapReplay``: the recorded map and the replay compared item by item
+(``map_compare.MapComparison``: ``status_old``/``status_new``, ``result_old``/``result_new``,
+``changed``, ``changed_fields``,
+``score_old``/``score_new``, tokens and time), with the replay's own columns: ``needs_model``,
+``diverged_at`` (the step), ``divergence`` (one line: what the recording had, what the guest asked) and
+``live`` (the model answered from some step). An item that needs the model has the new status
+``needs the model``, no new result and no new score, and does not count as changed.
+``passed(fail_under)`` is the regression gate: True when no item needs the model and the new mean score
+is at least ``fail_under`` (a number, or ``"recorded"``: the recorded map's own mean over the same items).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from tensorjob_jupyter.abi import JobStatus, codes
+from tensorjob_jupyter.fanout.errors import MapError
+from tensorjob_jupyter.fanout.folder import JOBS, LEDGER, MAX_LEDGER_BYTES, RunFolder
+from tensorjob_jupyter.fanout.items import failed_outcome
+from tensorjob_jupyter.fanout.local import LocalExecutor
+from tensorjob_jupyter.fanout.manifest import read_manifest
+from tensorjob_jupyter.fanout.progress import MapResult
+from tensorjob_jupyter.fanout.run import MapRun
+from tensorjob_jupyter.fanout.scoring import BUILTINS, Expected, Scoring, scorer_name, scorer_of
+from tensorjob_jupyter.history.map_compare import MapComparison
+from tensorjob_jupyter.history.maps import RecordedMap
+from tensorjob_jupyter.history.replay import ReplayJob, live_model_needed
+from tensorjob_jupyter.history.replay_setup import ReplayError, load_recording
+from tensorjob_jupyter.host.jobs import resolve_guest
+from tensorjob_jupyter.host.reactor import internal_error
+from tensorjob_jupyter.inference.lazy import DEFAULT_MODEL_NAME, model_backend
+from tensorjob_jupyter.inference.topology import available_cpus
+from tensorjob_jupyter.text import for_terminal
+
+#: The folder a replay goes into under the recorded map's, unless told.
+REPLAY_DIR = "replay"
+#: What a replay folder's ledger says of where it ran (and how a replay folder is told from a map's).
+WHERE = "replay of "
+CANCEL_POLL_S = 0.25
+#: The new status of an item whose recording could not answer the changed guest.
+NEEDS_MODEL = "needs the model"
+
+
+@dataclass(frozen=True)
+class ItemReplay:
+    """How one item's replay went."""
+
+    item: int
+    recorded_job: str | None
+    replay_job: str | None = None
+    needs_model: bool = False
+    diverged_at: int | None = None
+    divergence: str | None = None
+    live_from: int | None = None
+
+
+class ReplayExecutor(LocalExecutor):
+    """A map's executor whose items are replays of a recorded map's jobs, ``concurrency`` at a time on threads
+    (``LocalExecutor``'s loop, with each item a ``ReplayJob``); ``details`` says how each one went."""
+
+    def __init__(self, recorded: RecordedMap, guest: Any, *, live: bool, backend: Any, jobs_dir: Path,
+                 concurrency: int, job_options: Callable[[Any], dict] | None = None):
+        super().__init__(spec=None, backend=backend, concurrency=concurrency)
+        self.recorded = recorded
+        self.guest = resolve_guest(guest)
+        self.live = live
+        self.jobs_dir = jobs_dir
+        self.job_options = job_options or (lambda recording: {})
+        self.where = WHERE + str(recorded.path)
+        self.concluded = set(recorded.result.results()) | set(recorded.result.failures())
+        self.details: dict[int, ItemReplay] = {}  # written by the pool's threads, one item each
+
+    def run_item(self, index: int, item: Any, cancelled: Callable[[], bool]) -> dict:
+        """One item's replay: its outcome for the map (never raises); how it went goes to ``details``."""
+        started = time.perf_counter()
+        found = self.recorded.item_run(index)
+        if found is None:
+            if index not in self.concluded:
+                return {"item": index, "status": JobStatus.CANCELLED.value}  # never concluded: not run
+            why = ("the recorded map has no readable transcript for this item (it failed before its job started, "
+                   "or the transcript is gone or damaged)")
+            self.details[index] = ItemReplay(index, None, needs_model=True, divergence=why)
+            return failed_outcome(index, codes.REPLAY_DIVERGENCE, f"{why}: it needs the model")
+        try:
+            recording = load_recording(found.path)
+            job = ReplayJob(self.guest, recording, live=self.live, backend=self.backend if self.live else None,
+                            runs_dir=self.jobs_dir, name=f"{self.guest.name}[{index}]",
+                            **self.job_options(recording))
+        except (ReplayError, MapError, ValueError, OSError) as e:
+            why = " ".join(f"cannot replay its recording: {e}".split())[:300]
+            self.details[index] = ItemReplay(index, found.job_id, needs_model=True, divergence=why)
+            return failed_outcome(index, codes.REPLAY_DIVERGENCE, f"{why}; it needs the model")
+        except Exception as e:  # noqa: BLE001 - a host error fails this item only
+            error = internal_error(f"replay of item {index}", e)
+            self.details[index] = ItemReplay(index, found.job_id)
+            return failed_outcome(index, error.code, error.message)
+        ready = time.perf_counter()
+        envelope = _await(job.start(), cancelled)
+        report = job.report
+        divergence = report.divergence if report is not None else None
+        self.details[index] = ItemReplay(
+            index, found.job_id, job.id, needs_model=bool(report and report.stopped),
+            diverged_at=divergence.step if divergence else None,
+            divergence=for_terminal(divergence.message(), one_line=True)[:500] if divergence else None,
+            live_from=report.live_from if report else None)
+        outcome = {"item": index, "status": envelope.status.value, "job_id": job.id, "pid": os.getpid(),
+                   "usage": envelope.usage.to_json(), "setup_s": ready - started, "run_s": time.perf_counter() - ready}
+        if envelope.ok:
+            outcome["result"] = envelope.result
+        elif envelope.error is not None:
+            outcome["error"] = envelope.error.to_json()
+        return outcome
+
+
+def _await(job: ReplayJob, cancelled: Callable[[], bool]):
+    """The job's envelope; it is cancelled once the map is."""
+    while True:
+        try:
+            return job.wait(CANCEL_POLL_S)
+        except TimeoutError:
+            if cancelled():
+                job.cancel()
+                return job.wait()
+
+
+class MapReplay(MapComparison):
+    """A recorded map and its replay by a changed guest, item by item (see the module doc)."""
+
+    columns_a = "old"
+    columns_b = "new"
+
+    def __init__(self, recorded: RecordedMap, replayed: RecordedMap, details: dict[int, ItemReplay], *,
+                 live: bool, scorer: str | None = None):
+        super().__init__(recorded, replayed)
+        self.details = details
+        self.live = live
+        self.scorer = scorer
+        new = self.sides[1]
+        for item, detail in details.items():
+            if detail.needs_model:  # its new result is unknown, not wrong
+                new[item] = dataclasses.replace(new[item], status=NEEDS_MODEL, result=None, error_code=None,
+                                                score=None)
+
+    def changed(self, item: int) -> bool:
+        return self.sides[1][item].status != NEEDS_MODEL and super().changed(item)
+
+    @property
+    def recorded(self) -> RecordedMap:
+        return self.a
+
+    @property
+    def replayed(self) -> MapResult:
+        return self.b.result
+
+    @property
+    def needs_model(self) -> list[int]:
+        """The items the recording could not answer (their prompts changed): run them live, or map them."""
+        return sorted(i for i, d in self.details.items() if d.needs_model)
+
+    @property
+    def ran_live(self) -> list[int]:
+        return sorted(i for i, d in self.details.items() if d.live_from is not None)
+
+    def row(self, item: int) -> dict[str, Any]:
+        row = super().row(item)
+        d = self.details.get(item)
+        row.update(needs_model=bool(d and d.needs_model), diverged_at=d.diverged_at if d else None,
+                   divergence=d.divergence if d else None, live=bool(d and d.live_from is not None))
+        return row
+
+    def summary(self) -> dict[str, Any]:
+        out = super().summary()
+        out.update(needs_model=len(self.needs_model), ran_live=len(self.ran_live),
+                   diverged=sum(d.diverged_at is not None for d in self.details.values()))
+        return out
+
+    def passed(self, fail_under: "float | str") -> bool:
+        """The regression gate: no item needs the model, and the new mean score (over the items both maps
+        scored) is at least ``fail_under`` -- a number, or ``"recorded"`` for the recorded map's own mean."""
+        return self.gate(fail_under)[0]
+
+    def gate(self, fail_under: "float | str") -> tuple[bool, str]:
+        """``passed`` with the one line that says why."""
+        s = self.summary()
+        old, new = s["mean_score_old"], s["mean_score_new"]
+        if fail_under == "recorded":
+            threshold, named = old, "the recorded map's"
+        else:
+            threshold, named = float(fail_under), f"{float(fail_under):g}"
+        if self.needs_model:
+            return False, (f"gate: not passed -- {len(self.needs_model)} item(s) need the model, so their new "
+                           f"scores are unknown (replay with --live, or map the changed guest)")
+        if new is None or threshold is None:
+            return False, "gate: not passed -- no item has both a recorded and a new score (no expected answers?)"
+        if new < threshold:
+            return False, f"gate: not passed -- the new mean score {new:.3f} is under {named} ({threshold:.3f})"
+        return True, f"gate: passed -- the new mean score {new:.3f} is at least {named} ({threshold:.3f})"
+
+    def summary_lines(self) -> list[str]:
+        s = self.summary()
+        out = [f"replay of {s['items']} items with no model: {s['items'] - s['needs_model']} answered from their "
+               f"recordings, {s['needs_model']} need the model" + (f", {s['ran_live']} ran live" if s["ran_live"]
+                                                                      else "")]
+        out += super().summary_lines()
+        if self.needs_model:
+            shown = ", ".join(map(str, self.needs_model[:20])) + (" ..." if len(self.needs_model) > 20 else "")
+            out.append(f"need the model (their prompts changed): items {shown}")
+        if self.scorer is None and self.a.result.scores() is not None:
+            out.append("the replay is not scored: the recorded map's scorer was a Python function; give it again "
+                       "(scorer=)")
+        return out
+
+    table_header = ("item", "status", "score", "changed", "diverged")
+    nothing_listed = "no item changed, and every prompt was the recorded one"
+
+    def listed(self, row: dict) -> bool:
+        return row["changed"] or row["needs_model"] or row["diverged_at"] is not None
+
+    def table_row(self, row: dict) -> list[str]:
+        where = "" if row["diverged_at"] is None else f"step {row['diverged_at']}"
+        how = " (needs the model)" if row["needs_model"] else " (live)" if row["live"] else ""
+        return [*super().table_row(row)[:3], ", ".join(row["changed_fields"]), (where + how).strip()]
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        out.update(needs_model=self.needs_model, live=self.live)
+        return out
+
+
+class MapReplayRun:
+    """A map replay in progress: ``run`` is its ``MapRun`` (for a live view), ``wait()`` gives the ``MapReplay``."""
+
+    def __init__(self, recorded: RecordedMap, run: MapRun, executor: ReplayExecutor, scoring: Scoring | None):
+        self.recorded = recorded
+        self.run = run
+        self.executor = executor
+        self.scoring = scoring
+
+    def cancel(self) -> None:
+        self.run.cancel()
+
+    def wait(self, timeout: float | None = None) -> MapReplay:
+        result = self.run.wait(timeout)
+        return MapReplay(self.recorded, RecordedMap(result.run_dir), dict(self.executor.details),
+                         live=self.executor.live, scorer=self.scoring.scorer.name if self.scoring else None)
+
+
+def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, out: str | os.PathLike | None = None,
+                     live: bool = False, model: str | os.PathLike | None = None, backend: Any = None,
+                     concurrency: int | None = None, expected: Any = None, scorer: Any = None,
+                     job_options: Callable[[Any], dict] | None = None, fsync: bool = True) -> MapReplayRun:
+    """Start replaying ``guest`` over the recorded map in ``run_dir`` (see the module doc). ``job_options``:
+    for each item's recording, ``ReplayJob`` keywords in place of the recorded ones (``read=``, limits...).
+    ``MapError``/``ReplayError``/``ValueError`` before anything runs."""
+    recorded = RecordedMap(run_dir.run_dir if isinstance(run_dir, MapResult) else run_dir)
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+    target = Path(out).absolute() if out is not None else recorded.path / REPLAY_DIR
+    _check_target(target, recorded.path)
+    if live and backend is None:
+        _check_live_model(recorded, model)
+        backend = model_backend(model)
+    scoring = _scoring(recorded, expected, scorer)
+    executor = ReplayExecutor(recorded, guest, live=live, backend=backend, jobs_dir=target / JOBS,
+                              concurrency=concurrency or len(available_cpus()) or 1, job_options=job_options)
+    manifest = _manifest(recorded)
+    folder = RunFolder(target, fsync=fsync)
+    folder.open(manifest, executor.guest.sha256, retry_failed=False, restart=True, where=executor.where)
+    try:
+        if scoring is not None:
+            scoring.begin(folder.path)
+    except BaseException:
+        folder.close()
+        raise
+    run = MapRun(folder, manifest, executor, scoring=scoring).start()
+    return MapReplayRun(recorded, run, executor, scoring)
+
+
+def replay_map(run_dir: "str | os.PathLike | MapResult", guest: Any, **kwargs: Any) -> MapReplay:
+    """Replay ``guest`` over the recorded map in ``run_dir`` to the end; see ``start_map_replay``."""
+    replay = start_map_replay(run_dir, guest, **kwargs)
+    try:
+        return replay.wait()
+    except KeyboardInterrupt:
+        replay.cancel()
+        return replay.wait()
+
+
+def _check_target(target: Path, recorded: Path) -> None:
+    """A replay starts its folder over: never the recorded map's, never another map's."""
+    if target.resolve() == recorded.resolve():
+        raise MapError(f"{target} is the recorded map's own run folder; a replay goes into a folder of its own")
+    ledger = target / LEDGER
+    if ledger.exists():
+        try:
+            if ledger.stat().st_size > MAX_LEDGER_BYTES:
+                raise ValueError("too large to be a ledger")
+            sessions = json.loads(ledger.read_text(encoding="utf-8")).get("sessions") or []
+            where = sessions[-1].get("where") if sessions else WHERE
+        except (OSError, ValueError, AttributeError, TypeError, RecursionError):
+            where = None
+        if not (isinstance(where, str) and where.startswith(WHERE)):
+            raise MapError(f"{target} is a map's run folder, not a replay's; a replay starts its folder over, "
+                           f"so name another (--run-dir)")
+
+
+def _check_live_model(recorded: RecordedMap, model: Any) -> None:
+    """``--live`` needs the recorded model: named, unless it is the embedded one (checked on one item)."""
+    if model is not None:
+        return
+    for run in recorded.item_runs().values():
+        recording = load_recording(run.path)
+        if recording.model not in (None, DEFAULT_MODEL_NAME) or recording.created.get("model_server") is not None:
+            raise ReplayError(live_model_needed(recording))
+        return
+
+
+def _scoring(recorded: RecordedMap, expected: Any, scorer: Any) -> Scoring | None:
+    """The replay's scoring: ``expected`` and ``scorer`` if given, else the recorded map's own."""
+    total = recorded.total
+    found = Expected.read(expected, total) if expected is not None else Expected.from_folder(recorded.path, total)
+    if found is None:
+        if scorer is not None:
+            raise ReplayError("the recorded map has no expected answers to score against: give them (expected=, "
+                              "--expected FILE.jsonl)")
+        return None
+    if scorer is None:
+        name = scorer_name(recorded.path)
+        if name not in BUILTINS:
+            return None  # a Python function: given again, or not scored (MapReplay says so)
+        scorer = name
+    return Scoring(scorer_of(scorer), found)
+
+
+def _manifest(recorded: RecordedMap):
+    """The recorded map's manifest: its items under the SHA-256 its ledger pins, so the replay's folder says it
+    is a map of the same items."""
+    ledger = recorded.ledger
+    manifest = read_manifest(list(recorded.inputs()))
+    return dataclasses.replace(manifest, sha256=ledger["manifest_sha256"] or manifest.sha256,
+                               source=ledger["manifest_source"] or manifest.source)
