@@ -8,10 +8,9 @@ the HTML; but nbclient, papermill and ``nbconvert --execute`` save the
 state by default, and nbconvert then prefers the widget, which only its
 JavaScript (fetched from a CDN) can draw: offline, the view is blank.
 
-``static_views(nb)`` settles it: in the outputs of our views it keeps the
-static HTML and drops the widget, so any exporter shows the finished view
-with no script at all. Every other output, widgets of the user's own
-included, is left as it is. It comes three ways:
+``static_views.static_views(nb)`` settles it: in the outputs of our views it
+keeps the static HTML and drops the widget, so any exporter shows the
+finished view with no script at all. It comes three ways:
 
 * ``tensorjob export NOTEBOOK [-o OUT] [--execute]`` (here) -- HTML, or with
   ``--to ipynb`` the notebook itself, views made static;
@@ -22,11 +21,6 @@ included, is left as it is. It comes three ways:
 
 nbconvert is imported only when an export runs (``nbconvert_static``), so the
 command line starts as fast without it.
-
-Only outputs whose static HTML is the view's own (``tensorjob-view tj-static``
-or ``tensorjob-map-view tj-static``, as ``render.static`` and the map view
-write it) count, besides the metadata mark, so a notebook saved before the
-mark existed exports the same way.
 """
 
 from __future__ import annotations
@@ -36,31 +30,7 @@ from pathlib import Path
 from typing import TextIO
 
 from tensorjob_jupyter.frontends.options import EXIT_FAILED, EXIT_OK, OptionError
-
-#: The output metadata key a finished view's output carries (``LiveView.finish_display``).
-STATIC_VIEW = "tensorjob_static_view"
-WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-_STATIC_MARKERS = ('class="tensorjob-view tj-static"', 'class="tensorjob-map-view tj-static"')
-
-def is_static_view(output) -> bool:
-    """Whether ``output`` is a finished view's: the widget beside its own static HTML."""
-    data = output.get("data") or {}
-    if WIDGET_VIEW not in data or not isinstance(data.get("text/html"), (str, list)):
-        return False
-    if (output.get("metadata") or {}).get(STATIC_VIEW):
-        return True
-    html = data["text/html"] if isinstance(data["text/html"], str) else "".join(data["text/html"])
-    return html.lstrip().startswith("<div") and any(m in html[:200] for m in _STATIC_MARKERS)
-
-
-def static_views(nb):
-    """``nb`` with every finished view's widget dropped from its output, its static HTML kept (in place)."""
-    for cell in nb.get("cells", []):
-        for output in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
-            if is_static_view(output):
-                del output["data"][WIDGET_VIEW]
-    return nb
-
+from tensorjob_jupyter.frontends.static_views import static_views
 
 # --- tensorjob export ------------------------------------------------------------------------------------
 

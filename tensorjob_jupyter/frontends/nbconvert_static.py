@@ -11,11 +11,11 @@ from __future__ import annotations
 from nbconvert.exporters import HTMLExporter
 from nbconvert.preprocessors import Preprocessor
 
-from tensorjob_jupyter.frontends.export import static_views
+from tensorjob_jupyter.frontends.static_views import static_views
 
 
 class StaticViews(Preprocessor):
-    """Each finished tensorjob view exports as its static HTML, not its widget (``export.static_views``)."""
+    """Each finished tensorjob view exports as its static HTML, not its widget (``static_views.static_views``)."""
 
     def preprocess(self, nb, resources):
         return static_views(nb), resources

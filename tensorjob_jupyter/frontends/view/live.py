@@ -16,7 +16,7 @@ nbconvert's HTML, GitHub and nbviewer -- which cannot run the widget --
 show the static view. (nbconvert prefers the widget when the notebook saved
 the widgets' state, as nbclient and papermill do, and only its JavaScript can
 draw it; ``tensorjob export`` and ``--to tensorjob-html`` export the static
-view instead: ``frontends/export.py``.)
+view instead: ``frontends/static_views.py``.)
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Callable
 import ipywidgets as w
 from IPython.display import display
 
-from tensorjob_jupyter.frontends.export import STATIC_VIEW
+from tensorjob_jupyter.frontends.static_views import STATIC_VIEW
 from tensorjob_jupyter.frontends.view.render import LIGHT_GREY
 from tensorjob_jupyter.frontends.view.side_channel import route_clicks_to_side_thread
 
