@@ -251,7 +251,7 @@ BINARY = MediaKind("binary")
 #: ``infer``'s optional fields, this project's extension of cuttlefish's ``infer``: written
 #: only when set, after cuttlefish's own, so a cuttlefish guest's command is byte-identical.
 INFER_EXTENSIONS = ("format", "tools", "tool_choice", "temperature", "top_p", "top_k", "min_p", "repeat_penalty",
-                    "seed", "stop")
+                    "seed", "stop", "regex", "choices", "grammar")
 #: The sampling fields of ``infer`` (each overrides the job's setting for that infer).
 INFER_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed", "stop")
 
@@ -275,6 +275,12 @@ class Infer:
     repeat_penalty: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] | None = None
+    #: The whole answer matches this regular expression (llguidance's syntax: Rust's ``regex`` crate).
+    regex: str | None = None
+    #: The answer is one of these strings.
+    choices: tuple[str, ...] | None = None
+    #: The answer is a sentence of this Lark grammar (llguidance's dialect, from its ``start`` rule).
+    grammar: str | None = None
     cmd = "infer"
 
     def to_json(self) -> dict:
@@ -934,6 +940,12 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_TOOLS = 64
 MAX_STOPS = 16
 MAX_STOP_CHARS = 256
+#: An infer's ``regex`` and ``grammar`` (characters), and its ``choices`` (how many, each in characters): the
+#: grammar engine's compile time and memory grow with them (inference/grammar.py).
+MAX_REGEX_CHARS = 4096
+MAX_GRAMMAR_CHARS = 32 * 1024
+MAX_CHOICES = 1024
+MAX_CHOICE_CHARS = 1024
 
 
 def _name(obj: dict, where: str) -> str:
@@ -1010,6 +1022,16 @@ def _tool_choice(value: Any, tools: tuple[dict, ...] | None) -> str | dict:
     return {"type": "function", "name": name}
 
 
+def _bounded_text(value: Any, where: str, most: int) -> str:
+    if not isinstance(value, str):
+        raise AbiError(f"`{where}` must be a string, got {_type_name(value)}")
+    if not value:
+        raise AbiError(f"`{where}` must not be empty")
+    if len(value) > most:
+        raise AbiError(f"`{where}` is {len(value)} characters, over the {most} allowed")
+    return value
+
+
 def _number_in(obj: dict, name: str, low: float, high: float, *, low_open: bool = False) -> float:
     value = obj[name]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -1044,6 +1066,18 @@ def _infer_extensions(obj: dict) -> dict:
         out["top_k"] = _int_in(obj["top_k"], U32_MAX, "infer.top_k")
     if "seed" in present:
         out["seed"] = _int_in(obj["seed"], U32_MAX, "infer.seed")
+    if "regex" in present:
+        out["regex"] = _bounded_text(obj["regex"], "infer.regex", MAX_REGEX_CHARS)
+    if "grammar" in present:
+        out["grammar"] = _bounded_text(obj["grammar"], "infer.grammar", MAX_GRAMMAR_CHARS)
+    if "choices" in present:
+        choices = obj["choices"]
+        if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
+            raise AbiError("`infer.choices` must be a non-empty array of non-empty strings")
+        if len(choices) > MAX_CHOICES or any(len(c) > MAX_CHOICE_CHARS for c in choices):
+            raise AbiError(f"`infer.choices` takes at most {MAX_CHOICES} strings of at most {MAX_CHOICE_CHARS} "
+                           f"characters")
+        out["choices"] = tuple(choices)
     if "stop" in present:
         stop = obj["stop"]
         stops = [stop] if isinstance(stop, str) else stop
@@ -1053,10 +1087,11 @@ def _infer_extensions(obj: dict) -> dict:
             raise AbiError(f"`infer.stop` takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} "
                            f"characters")
         constrained = out.get("format", {}).get("type", "text") != "text" or (
-            out.get("tools") and out.get("tool_choice", "auto") != "none")
+            out.get("tools") and out.get("tool_choice", "auto") != "none") or any(
+            k in out for k in ("regex", "choices", "grammar"))
         if constrained:
-            raise AbiError("`infer.stop` cannot be given with a JSON format or tools: a stop string could cut "
-                           "the JSON short")
+            raise AbiError("`infer.stop` cannot be given with a format, tools, a regex, choices or a grammar: a "
+                           "stop string could cut the answer short of what it must be")
         out["stop"] = tuple(stops)
     return out
 

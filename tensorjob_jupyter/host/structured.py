@@ -1,46 +1,33 @@
 """Structured output and tool calls: what a guest's ``infer`` may ask the model to produce.
 
 An ``infer`` may carry a ``format`` (``{"type":"json_schema",...}`` or
-``{"type":"json_object"}``), ``tools`` (functions the model may call) and a
-``tool_choice``. This module turns them into what the engine needs and back:
+``{"type":"json_object"}``), a ``regex`` the whole answer matches, ``choices``
+(the answer is one of these strings) or a Lark ``grammar``; or ``tools``
+(functions the model may call) and a ``tool_choice``. This module turns them
+into what the engine needs and back:
 
 * ``OutputSpec.of(infer)`` checks every schema (``schemas.py``: that it is a
-  JSON Schema, and that every keyword in it is one the grammar can
-  *enforce*) and builds the ``Constraint`` the engine turns into a grammar (a JSON Schema of
-  the whole output), the instructions that tell the model about the tools,
-  and what the response object reports. Anything the grammar could not
-  enforce is refused here with ``SchemaError`` (``schema_validation_failed``)
-  before a token is generated, so a constrained answer always validates.
+  JSON Schema of a bounded size), builds the ``Constraint`` the engine turns
+  into a grammar, and asks the grammar engine whether it can enforce it
+  (``inference/grammar.check``) -- so what it cannot enforce is refused here,
+  with ``SchemaError`` (``schema_validation_failed``) naming the keyword,
+  before a token is generated. It also writes the instructions that tell the
+  model about the tools, and what the response object reports.
 * ``OutputRouter`` reads the streamed text of one infer and publishes it
   as the right Open Responses item: a message, or a ``function_call`` whose
   name is known once its JSON says it and whose arguments stream as they
   grow (``CallScanner``).
-* ``OutputSpec.check`` parses and validates the finished output (with the
-  ``jsonschema`` library, against the schema exactly as the guest gave it)
-  and returns the ``tool_calls`` for ``infer_done``.
+* ``OutputSpec.check`` checks the finished output: JSON against the schema
+  exactly as the guest gave it (with the ``jsonschema`` library, independent
+  of the engine that produced it), a regex, choices or a grammar by running
+  the same grammar over the answer (``inference/grammar.matches``), and
+  returns the ``tool_calls`` for ``infer_done``. A served model that could
+  not enforce what was asked is caught here.
 
 A tool call is the JSON object ``{"name": NAME, "arguments": {...}}``; the
 grammar holds the model to it (``required``, or one function by name), or
 lets the first token choose between it and free text (``auto``; free text
 cannot begin with ``{`` or whitespace). One call per response.
-
-What the grammar enforces (everything else is refused, by name, with where
-it is in the schema): ``type`` (one or a list), ``enum``, ``const``,
-``anyOf``, local ``$ref`` (``$defs``/``definitions``, recursion allowed),
-``properties``/``required``/``additionalProperties`` (``false``, or a
-schema for an object without ``properties``), ``items``/``prefixItems``/
-``minItems``/``maxItems``, ``minLength``/``maxLength``, ``pattern``
-(anchored ``^...$``, a regular subset), ``format`` (``date``, ``time``,
-``date-time``, ``uuid``), and integer ``minimum``/``maximum`` when both are
-given and span at most 256 values. Annotations (``title``, ``description``,
-``default``, ``examples``, ...) are ignored. Host work on a guest's schema is
-bounded: its size (``MAX_SCHEMA_BYTES`` of JSON for one infer's format and
-tools), depth, nodes, alternatives, enum values and repetition bounds, and a
-pattern's automaton -- the grammar it becomes (``inference/pattern.py``) --
-is built here and measured (positions, states, work for all of one infer's
-patterns together), so a pattern that would be costly is refused here,
-before any token. What the shared model's thread does with the grammar is
-bounded where it runs (``inference/grammar.py``).
 
 What is remembered between infers -- checked specs (as JSON text) and
 validators -- is kept in memos bounded in bytes, not in entries: a finished
@@ -59,13 +46,18 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from tensorjob_jupyter.host.schemas import (
-    MAX_SCHEMA_BYTES, SPEC_MEMO_BYTES, SchemaError, first_error, Normaliser, validator_for,
+    MAX_SCHEMA_BYTES, SPEC_MEMO_BYTES, SchemaError, check_schema, first_error, tool_call_schema, validator_for,
 )
-from tensorjob_jupyter.inference.base import Constraint, ToolUse
+from tensorjob_jupyter.inference import grammar
+from tensorjob_jupyter.inference.base import Constraint, ConstraintError, ToolUse
 from tensorjob_jupyter.inference.memo import MISSING, BytesLRU
 
 # --- one infer's output --------------------------------------------------------------------------
 
+
+#: The infer fields that hold a whole answer to a text grammar, and how messages name each.
+TEXT_CONSTRAINTS = ("regex", "choices", "grammar")
+KIND_WORDS = {"regex": "regex", "choices": "choices", "grammar": "Lark grammar", "json": "format's schema"}
 
 TOOLS_SYSTEM = ("You can call functions. To call one, reply with only a JSON object: "
                 '{"name": <the function\'s name>, "arguments": <an object of its parameters>}. '
@@ -86,8 +78,9 @@ class ToolCall:
 class OutputSpec:
     """What one infer's output must be, checked: the constraint, the instructions, the reports.
 
-    ``kind``: ``text`` (free), ``json`` (a format), ``call`` (a tool call is
-    required) or ``auto`` (a tool call or an answer, the model's choice).
+    ``kind``: ``text`` (free), ``json`` (a format), ``regex``, ``choices``,
+    ``grammar`` (a Lark grammar), ``call`` (a tool call is required) or
+    ``auto`` (a tool call or an answer, the model's choice).
     """
 
     kind: str = "text"
@@ -102,7 +95,7 @@ class OutputSpec:
 
     @property
     def constrained(self) -> bool:
-        return self.kind in ("json", "call")
+        return self.kind not in ("text", "auto")
 
     @classmethod
     def of(cls, infer, check_running: Callable[[], None] | None = None) -> "OutputSpec":
@@ -118,10 +111,12 @@ class OutputSpec:
         fmt = infer.format
         tools = list(infer.tools or ())
         choice = infer.tool_choice if infer.tool_choice is not None else ("auto" if tools else "none")
+        text = {k: getattr(infer, k, None) for k in TEXT_CONSTRAINTS if getattr(infer, k, None) is not None}
         structured = fmt is not None and fmt.get("type") != "text"
-        if not structured and (not tools or choice == "none"):
+        if not structured and not text and (not tools or choice == "none"):
             return cls(tools=[_tool_report(t) for t in tools], tool_choice=choice)
-        key = json.dumps({"format": fmt, "tools": tools, "tool_choice": choice})  # key order is meaning: properties come out in it
+        key = json.dumps({"format": fmt, "tools": tools, "tool_choice": choice,  # key order is meaning
+                          **{k: list(v) if isinstance(v, tuple) else v for k, v in text.items()}})
         if len(key) > MAX_SCHEMA_BYTES:  # ASCII (non-ASCII is escaped): characters are bytes
             raise SchemaError(f"the format and tools of this infer are {len(key)} bytes of JSON, over the "
                               f"{MAX_SCHEMA_BYTES} a schema may take; send a smaller schema (fewer or shorter "
@@ -134,6 +129,10 @@ class OutputSpec:
         """(the message text, the tool calls) of a finished output; ``SchemaError`` if it does not
         match what was asked. A tool call's message text is empty."""
         if self.kind == "text" or (self.kind == "auto" and not text.startswith("{")):
+            return text, None
+        if self.kind in TEXT_CONSTRAINTS:
+            if not grammar.matches(self.constraint, text):
+                raise SchemaError(f"the model's output does not match the infer's {KIND_WORDS[self.kind]}")
             return text, None
         try:
             value = json.loads(text)
@@ -171,8 +170,13 @@ class OutputSpec:
         return ToolUse(json.dumps(functions), self.tool_choice)
 
     def response_fields(self) -> dict:
-        """What the response object reports about the output: ``text``, ``tools``, ``tool_choice``."""
-        return {"text": {"format": self.format}, "tools": self.tools, "tool_choice": self.tool_choice}
+        """What the response object reports about the output: ``text``, ``tools``, ``tool_choice``, and
+        (this project's extension) the ``regex``, ``choices`` or ``grammar`` the answer was held to."""
+        out = {"text": {"format": self.format}, "tools": self.tools, "tool_choice": self.tool_choice}
+        if self.kind in TEXT_CONSTRAINTS:
+            c = self.constraint
+            out[self.kind] = c.regex if c.regex is not None else list(c.choices) if c.choices is not None else c.lark
+        return out
 
 
 def new_call_id() -> str:
@@ -211,6 +215,8 @@ def _compile(key: str) -> OutputSpec:
         return spec
     fields = json.loads(kept)
     constraint = fields.pop("constraint")
+    if constraint is not None and constraint["choices"] is not None:
+        constraint["choices"] = tuple(constraint["choices"])
     return OutputSpec(**fields, constraint=Constraint(**constraint) if constraint is not None else None)
 
 
@@ -243,9 +249,39 @@ def _compile_watched(key: str, check_running: Callable[[], None]) -> OutputSpec:
 def _compile_spec(key: str) -> "OutputSpec":
     request = json.loads(key)
     fmt, tools, choice = request["format"], request["tools"], request["tool_choice"]
-    norm = Normaliser()
+    text = [k for k in TEXT_CONSTRAINTS if k in request]
+    structured = fmt is not None and fmt.get("type") != "text"
+    calls = bool(tools) and choice != "none"
+    if structured and calls and choice == "auto":
+        raise SchemaError('a format with tools needs tool_choice "required", "none" or one function: '
+                          'with "auto" an answer and a call would both begin with "{"')
+    asked = text + (["format"] if structured and not calls else []) + (["tools"] if calls else [])
+    if len(asked) > 1:
+        raise SchemaError(f"an infer takes one of format, regex, choices, grammar and tools (with a tool_choice "
+                          f"other than none), got {' and '.join(asked)}")
     spec = OutputSpec(tools=[_tool_report(t) for t in tools], tool_choice=choice)
-    if fmt is not None and fmt.get("type") != "text":
+    if text:
+        kind = spec.kind = text[0]
+        value = request[kind]
+        constraint = (Constraint(regex=value) if kind == "regex" else
+                      Constraint(choices=tuple(value)) if kind == "choices" else Constraint(lark=value))
+    elif calls:
+        chosen = [t for t in tools if not isinstance(choice, dict) or t["name"] == choice["name"]]
+        for i, tool in enumerate(tools):
+            parameters = tool.get("parameters")
+            parameters = EMPTY_PARAMETERS if parameters is None else parameters
+            where = f"tools[{i}].parameters"
+            check_schema(parameters, where)
+            if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
+                raise SchemaError(f"{where}: a function's parameters must be an object schema "
+                                  f'({{"type": "object", "properties": ...}})')
+            spec.tool_schemas[tool["name"]] = parameters
+        schema = tool_call_schema([(t["name"], spec.tool_schemas[t["name"]]) for t in chosen])
+        spec.kind = "auto" if choice == "auto" else "call"
+        spec.system = _tools_system(chosen, choice)
+        constraint = Constraint(json.dumps(schema, separators=(",", ":"), ensure_ascii=False),
+                                free_text=spec.kind == "auto")
+    if structured:  # reported; when a call is required the call is the answer
         if fmt["type"] == "json_object":
             spec.output_schema = {"type": "object"}
             spec.format = {"type": "json_object"}
@@ -253,40 +289,15 @@ def _compile_spec(key: str) -> "OutputSpec":
             spec.output_schema = fmt["schema"]
             spec.format = {k: fmt[k] for k in ("type", "name", "schema", "description", "strict") if k in fmt}
             spec.format.setdefault("strict", True)
-        output = norm.schema(spec.output_schema, "format.schema")
-    else:
-        output = None
-    if tools and choice != "none":
-        if fmt is not None and fmt.get("type") != "text" and choice == "auto":
-            raise SchemaError('a format with tools needs tool_choice "required", "none" or one function: '
-                              'with "auto" an answer and a call would both begin with "{"')
-        chosen = [t for t in tools if not isinstance(choice, dict) or t["name"] == choice["name"]]
-        calls = []
-        for i, tool in enumerate(tools):
-            parameters = tool.get("parameters")
-            parameters = EMPTY_PARAMETERS if parameters is None else parameters
-            where = f"tools[{i}].parameters"
-            normalised = norm.schema(parameters, where)
-            if normalised.get("type") != "object" and "$ref" not in normalised:
-                raise SchemaError(f"{where}: a function's parameters must be an object schema "
-                                  f'({{"type": "object", "properties": ...}})')
-            spec.tool_schemas[tool["name"]] = parameters
-            if tool in chosen:
-                calls.append({"type": "object", "properties": {"name": {"const": tool["name"]},
-                                                               "arguments": normalised},
-                              "required": ["name", "arguments"], "additionalProperties": False})
-        schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
-        spec.kind = "auto" if choice == "auto" else "call"
-        spec.system = _tools_system(chosen, choice)
-    else:
-        schema = output
+        check_schema(spec.output_schema, "format.schema")
+    if structured and not calls:
         spec.kind = "json"
-    if norm.defs:
-        if "$ref" in schema:  # the converter does not look beside a $ref: the $defs must sit beside something else
-            schema = {"anyOf": [schema]}
-        schema = {**schema, "$defs": norm.defs}
-    spec.constraint = Constraint(json.dumps(schema, separators=(",", ":"), ensure_ascii=False),
-                                 free_text=spec.kind == "auto")
+        constraint = Constraint(json.dumps(spec.output_schema, separators=(",", ":"), ensure_ascii=False))
+    try:
+        grammar.check(constraint)  # what the engine cannot enforce is refused before any token
+    except ConstraintError as e:
+        raise SchemaError(e.message) from None
+    spec.constraint = constraint
     return spec
 
 

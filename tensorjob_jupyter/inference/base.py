@@ -104,19 +104,38 @@ class LoraChoice:
 
 @dataclass(frozen=True)
 class Constraint:
-    """What the output must be, for an engine that can constrain decoding.
+    """What the output must be, for an engine that can constrain decoding: exactly one of
 
-    ``schema``: the canonical JSON text of a JSON Schema the whole output must
-    match (checked and normalised by the host: ``host/structured.py``). With
-    ``free_text`` the output may instead be plain text: the first token
-    decides -- one that begins with ``{`` binds the rest of the output to the
-    schema, any other first character frees it (text cannot begin with
-    whitespace or ``{``). That is how a model chooses between a tool call and
-    an answer (``tool_choice: "auto"``).
+    * ``schema``: the canonical JSON text of a JSON Schema the whole output must match (checked by the
+      host: ``host/structured.py``);
+    * ``regex``: a regular expression the whole output matches;
+    * ``choices``: the output is one of these strings;
+    * ``lark``: a Lark grammar (llguidance's dialect) the output is a sentence of.
+
+    With ``free_text`` (a schema only) the output may instead be plain text: the first token decides --
+    one that begins with ``{`` binds the rest of the output to the schema, any other first character frees
+    it (text cannot begin with whitespace or ``{``). That is how a model chooses between a tool call and an
+    answer (``tool_choice: "auto"``).
     """
 
-    schema: str
+    schema: str | None = None
     free_text: bool = False
+    regex: str | None = None
+    choices: tuple[str, ...] | None = None
+    lark: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("schema", "regex", "choices", "lark") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"a Constraint takes exactly one of schema, regex, choices and lark, got {given}")
+        if self.free_text and self.schema is None:
+            raise ValueError("free_text goes with a schema (a tool call or an answer)")
+
+    @property
+    def kind(self) -> str:
+        """``json``, ``regex``, ``choices`` or ``lark``."""
+        return ("json" if self.schema is not None else "regex" if self.regex is not None
+                else "choices" if self.choices is not None else "lark")
 
 
 @dataclass(frozen=True)

@@ -66,13 +66,10 @@ LIBRARY_USED = ("llama_log_callback", "llama_log_set", "llama_backend_init", "ll
                 "llama_n_ctx_seq", "llama_adapter_lora_init", "llama_adapter_lora_p_ctypes",
                 "llama_set_adapters_lora", "llama_token_to_piece", "llama_vocab_is_eog", "llama_decode",
                 "llama_get_embeddings", "llama_get_causal_attn", "LLAMA_POOLING_TYPE_NONE", "llama_context_params",
-                # constrained decoding (GrammarSampler)
-                "llama_sampler_init_grammar", "llama_sampler_apply", "llama_sampler_accept", "llama_sampler_free",
-                "llama_get_logits_ith", "llama_token_data", "llama_token_data_array")
-#: ``llama_cpp.llama_grammar``: the JSON-schema-to-GBNF converter, and the methods used (``grammar.py`` overrides
-#: ``_visit_pattern`` and adds rules with ``_add_rule``).
-GRAMMAR_USED = {"SchemaConverter": (("prop_order", "allow_fetch", "dotall", "raw_pattern"),
-                                    ("resolve_refs", "visit", "format_grammar", "_visit_pattern", "_add_rule"))}
+                # constrained decoding (grammar.py: GrammarSampler; llguidance's tokenizer from the vocabulary)
+                "llama_sampler_apply", "llama_sampler_accept", "llama_get_logits_ith", "llama_token_data",
+                "llama_token_data_array", "llama_vocab_n_tokens", "llama_vocab_eos", "llama_token_get_attr",
+                "LLAMA_TOKEN_ATTR_CONTROL", "LLAMA_TOKEN_ATTR_USER_DEFINED", "llama_tokenize")
 #: Fields of the ctypes structures the grammar sampler fills.
 STRUCT_FIELDS_USED = {"llama_token_data": ("id", "logit", "p"),
                       "llama_token_data_array": ("data", "size", "selected", "sorted")}
@@ -88,20 +85,9 @@ _LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERR
 _log_callback = None  # keeps the ctypes callback alive
 
 
-def missing_llama_cpp_api(llama_cpp, internals, grammar=None) -> list[str]:
-    """What this module uses that the given ``llama_cpp``, ``llama_cpp._internals`` and
-    ``llama_cpp.llama_grammar`` (when given) lack."""
+def missing_llama_cpp_api(llama_cpp, internals) -> list[str]:
+    """What this module uses that the given ``llama_cpp`` and ``llama_cpp._internals`` lack."""
     missing = []
-    for cls_name, (kwargs, methods) in GRAMMAR_USED.items():
-        if grammar is None:
-            break
-        cls = getattr(grammar, cls_name, None)
-        if cls is None:
-            missing.append(f"llama_grammar.{cls_name}")
-            continue
-        params = inspect.signature(cls.__init__).parameters
-        missing += [f"llama_grammar.{cls_name}({kw}=...)" for kw in kwargs if kw not in params]
-        missing += [f"llama_grammar.{cls_name}.{m}" for m in methods if not callable(getattr(cls, m, None))]
     for struct, names in STRUCT_FIELDS_USED.items():
         have = {f[0] for f in getattr(getattr(llama_cpp, struct, None), "_fields_", ())}
         if have:
@@ -164,12 +150,12 @@ def llama_cpp_library():
         try:
             import llama_cpp
             import llama_cpp.llama  # noqa: F401 - installs its own log hook first; ours replaces it
-            from llama_cpp import _internals, llama_grammar
+            from llama_cpp import _internals
         except ImportError as e:  # pragma: no cover - depends on the install
             raise ModelError(f"llama-cpp-python is not installed or does not import ({e}); "
                              f"pip install 'llama-cpp-python{TESTED_LLAMA_CPP}'") from e
         version = _installed_version()
-        missing = missing_llama_cpp_api(llama_cpp, _internals, llama_grammar)
+        missing = missing_llama_cpp_api(llama_cpp, _internals)
         if missing:
             raise ModelError(f"llama-cpp-python {version} lacks what tensorjob-jupyter uses from it: "
                              f"{'; '.join(missing)}. tensorjob-jupyter is tested with llama-cpp-python "

@@ -57,12 +57,13 @@ a near tie. Across machines, builds (instruction sets, GPU) and thread
 counts greedy text is *not* the same; nothing in the suite depends on it.
 
 * **Constrained decoding.** A request's ``Constraint`` is decoded under a
-  grammar through ``grammar.GrammarSampler`` (``grammar.py``), whose work per
-  token is bounded; a grammar past its bounds fails its own request alone.
+  grammar through ``grammar.GrammarSampler`` (``grammar.py``, on
+  llguidance), whose work per token is bounded; a grammar past its bounds
+  fails its own request alone.
 * **An ended job leaves at once.** A request whose job has ended
   (``Pending.abandoned``) is answered ``cancelled`` before the next decode
-  step, or from inside a grammar's whole-vocabulary pass, without waiting for
-  a token to reach its callback.
+  step or the grammar's next token, without waiting for a token to reach its
+  callback.
 
 Embeddings use a second context on the same model weights (``embeddings``
 on, per-token outputs mean-pooled here), created on first use; vectors are
@@ -99,7 +100,7 @@ from tensorjob_jupyter.inference.base import (
     GenerateUsage, LoraChoice, ModelError, Pending, RequestTooLarge, TokenCallback,
 )
 from tensorjob_jupyter.inference.gguf import check_gguf
-from tensorjob_jupyter.inference.grammar import Abandoned, GrammarSampler, Utf8Table, constraint_grammar
+from tensorjob_jupyter.inference.grammar import Abandoned, GrammarSampler, ModelGrammars
 from tensorjob_jupyter.inference.library import CaptureLog, llama_cpp_library, log_reason
 from tensorjob_jupyter.inference.text_stream import TextStream
 from tensorjob_jupyter.inference.topology import default_threads, gpu_offload_supported
@@ -250,7 +251,7 @@ class LlamaEngine:
             self._chat_formatter = None
             self._embed_ctx = None
             self._embed_batch = None
-            self._utf8: Utf8Table | None = None
+            self._grammars: ModelGrammars | None = None
         except BaseException:
             self._model.close()
             raise
@@ -610,15 +611,12 @@ class LlamaEngine:
                 raise
         return sampler
 
-    def utf8_table(self) -> "Utf8Table":
-        """What each token's bytes do to UTF-8 text (computed once, on the first constrained request)."""
-        if self._utf8 is None:
-            self._utf8 = Utf8Table([self.piece(t) for t in range(self.n_vocab)])
-        return self._utf8
-
-    def grammar(self, constraint: Constraint) -> str:
-        """The GBNF grammar of a constraint (cached by its text); ``ConstraintError`` if it has none."""
-        return constraint_grammar(constraint.schema, constraint.free_text)
+    def grammars(self) -> ModelGrammars:
+        """This model's vocabulary as the grammar engine sees it, and its compiled grammars (built on the
+        first constrained request)."""
+        if self._grammars is None:
+            self._grammars = ModelGrammars(self)
+        return self._grammars
 
     def _step(self, active: list[_Sequence]) -> None:
         """One decode for every active sequence, then one sampled token each.
