@@ -43,22 +43,23 @@ Run from the repository root::
    ``{}`` lines (``--quick`` 100,000): traced peak per byte of file, against
    holding every item parsed (the old way, about 44 x), and its time.
 
-5. **The shared model's bounds** (issue 21, structured output). *The issue's
-   pattern* ``^((a?){0,256}){0,256}$``: how fast it is refused when checked;
-   and its small sibling ``^((a?){0,8}){0,8}$`` (which passes) through the old
-   converter against the automaton it now becomes: the stacks llama.cpp
-   carries once its string opens, and one whole-vocabulary pass of the grammar
-   on SmolLM2's vocabulary. *Per token*: one whole-vocabulary choice where the
-   grammar carries 3, 1,024 and 192 stacks, chunked behind the first-byte
-   probe against the grammar over every token in one C call. *An ended job*: a
-   constrained generation that takes the whole pass every token, its job ended
-   half-way through a token: how long until the engine has answered it, against
-   one token's time. *Memory*: the 1,024-value enum of 15 KB strings as found
-   (refused; what the entry-bounded caches kept for one such job, times eight),
-   and eight jobs with the largest schemas now allowed on the tiny model: what
-   stays after them, against the memos' bounds. *The time limit*: a job with a
-   JSON format and ``job_timeout_s=2`` in a fresh process, against a plain one:
-   how far past the limit each ends.
+5. **The shared model's bounds** (issues 21 and 28, structured output on
+   llguidance). *Hostile schemas* (the round-2 cases): the issue-21 pattern
+   ``^((a?){0,256}){0,256}$``, a nested repetition, a 1,024-value enum,
+   nesting 300 deep and a ``$ref`` chain of 3,000 definitions (under the
+   128 KiB cap; it overflows an 8 MiB thread stack in llguidance's compiler):
+   how long the host's check takes, what it says, and what compiling it for
+   the model costs. *Per token*: one token's mask over SmolLM2's vocabulary
+   where the grammar is widest (inside a string, an enum, 64 alike strings,
+   the pattern). *An ended job*: a constrained generation that takes the
+   whole mask every token, its job ended half-way through a token: how long
+   until the engine has answered it, against one token's time. *Memory*: the
+   1,024-value enum of 15 KB strings as found (refused by the size cap; what
+   caches bounded in entries held for one such job, times eight), and eight
+   jobs with the largest schemas allowed on the tiny model: what stays after
+   them, against the memos' bounds. *The time limit*: a job with a JSON
+   format and ``job_timeout_s=2`` in a fresh process, against a plain one: how
+   far past the limit each ends.
 
 6. **A served model's and ``tensorjob serve``'s bounds** (issue 31;
    ``--only served``). A hostile model server (tests/hostile_http.py, its own
@@ -545,141 +546,116 @@ def transcript_bounds(tmp: Path, quick: bool) -> dict:
 # --- issue 21: the shared model's bounds (structured output) --------------------------------------------
 
 
-def _old_grammar(schema_text: str) -> str:
-    """The grammar llama-cpp-python's own converter makes (patterns translated rule for rule): the old way."""
-    from llama_cpp.llama_grammar import SchemaConverter
+def _infer_schema(schema) -> "object":
+    from tensorjob_jupyter import abi
 
-    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
-    top = converter.visit(converter.resolve_refs(json.loads(schema_text), "schema"), "tj-output")
-    return f"{converter.format_grammar()}\nroot ::= {top}\n"
+    return abi.command_from_json({"cmd": "infer", "prompt": "p", "max_tokens": 1, "format": {
+        "type": "json_schema", "name": "a", "schema": schema}})
 
 
-def _full_pass_s(sampler, logits, old: bool) -> float:
-    """One whole-vocabulary choice: the old way (the grammar over every token in one C call) or the new one."""
-    import numpy as np
+def _mask_ms(engine, schema, written: bytes, repeat: int) -> tuple[float, int]:
+    """One token's mask (llguidance over the whole vocabulary) where the model has written ``written`` under
+    ``schema``: the median ms, and how many tokens it allows."""
+    from tensorjob_jupyter.host.structured import OutputSpec
+    from tensorjob_jupyter.inference.base import GenerateRequest, Sampler
 
-    utf8 = sampler._utf8.mask(sampler._utf8_state)
-    started = time.perf_counter()
-    if old:
-        sampler._token_started = started
-        sampler._fill(logits)
-        sampler._buf["logit"][~utf8] = -np.inf
-        sampler._choose(sampler._grammar)
-    else:
-        sampler._token_started = started
-        sampler._choose_constrained(logits, utf8)
-    return time.perf_counter() - started
+    chain = engine._sampler(GenerateRequest("x", 8, Sampler(temperature=1.0),
+                                            constraint=OutputSpec.of(_infer_schema(schema)).constraint), [])
+    try:
+        for token in engine.tokenize(written.decode(), add_bos=False):
+            assert chain._matcher.consume_token(token), (schema, engine.piece(token))
+        times = []
+        for _ in range(repeat):
+            copy = chain._matcher
+            chain._matcher = copy.deep_copy()  # the mask of the same state each time
+            started = time.perf_counter()
+            allowed = chain._allowed()
+            times.append(time.perf_counter() - started)
+            chain._matcher = copy
+        return statistics.median(times) * 1000, int(allowed.sum())
+    finally:
+        chain.close()
 
 
 def grammar_work_per_token(engine, quick: bool) -> dict:
-    """Per-token grammar time on SmolLM2's vocabulary where the grammar carries many stacks, new against old."""
-    import numpy as np
-
-    from tensorjob_jupyter import abi
-    from tensorjob_jupyter.host.structured import OutputSpec
-    from tensorjob_jupyter.inference.base import Constraint, GenerateRequest, Sampler
-
-    def schema_text(schema):
-        infer = abi.command_from_json({"cmd": "infer", "prompt": "p", "max_tokens": 1, "format": {
-            "type": "json_schema", "name": "a", "schema": schema}})
-        return OutputSpec.of(infer).constraint.schema
-
+    """One token's mask on SmolLM2's vocabulary where the grammar is widest: inside a string, at the start of a
+    1,024-value enum, inside 64 alike strings, inside the issue's pattern."""
     cases = {  # name: (schema, the text the model has written when the choice is made)
-        "a string (3 stacks)": ({"type": "object", "properties": {"name": {"type": "string", "maxLength": 40}},
-                                 "required": ["name"]}, b'{"name": "A'),
-        "a 1,024-value enum (1,024 stacks)": ({"enum": [f"value{i}" for i in range(1024)]}, b'"'),
-        "64 alike strings (192 stacks)": ({"anyOf": [{"type": "string", "maxLength": 10 + i} for i in range(64)]},
-                                           b'"ab'),
+        "a string": ({"type": "object", "properties": {"name": {"type": "string", "maxLength": 40}},
+                      "required": ["name"]}, b'{"name": "A'),
+        "a 1,024-value enum": ({"enum": [f"value{i}" for i in range(1024)]}, b'"'),
+        "64 alike strings": ({"anyOf": [{"type": "string", "maxLength": 10 + i} for i in range(64)]}, b'"ab'),
+        "^((a?){0,256}){0,256}$": ({"type": "string", "pattern": "^((a?){0,256}){0,256}$"}, b'"aa'),
     }
-    rng = np.random.default_rng(0)
-    repeat = 2 if quick else 5
     out = {}
     for name, (schema, written) in cases.items():
-        chain = engine._sampler(GenerateRequest("x", 8, Sampler(temperature=1.0),
-                                                constraint=Constraint(schema_text(schema))), [])
-        for token in engine.tokenize(written.decode(), add_bos=False):
-            assert chain._allowed(token), (name, engine.piece(token))  # never accept what it rejects (aborts)
-            chain.stacks.accept(engine.piece(token))
-            engine._lc.llama_sampler_accept(chain._grammar, token)
-            chain._utf8_state = chain._utf8.after(chain._utf8_state, token)
-        logits = (rng.standard_normal(engine.n_vocab) * 3).astype(np.float32)
-        old = statistics.median(_full_pass_s(chain, logits, True) for _ in range(repeat))
-        new = statistics.median(_full_pass_s(chain, logits, False) for _ in range(repeat))
-        out[name] = {"stacks": chain.stacks.count, "old_ms": old * 1000, "new_ms": new * 1000, "ratio": new / old}
-        print(f"whole-vocabulary choice, {name}: {new * 1000:.1f} ms against {old * 1000:.1f} ms for the grammar "
-              f"over every token at once (ratio {new / old:.2f})", flush=True)
-        chain.close()
+        ms, allowed = _mask_ms(engine, schema, written, 3 if quick else 11)
+        out[name] = {"mask_ms": ms, "allowed": allowed}
+        print(f"one token's mask over {engine.n_vocab} tokens, {name}: {ms:.2f} ms ({allowed} tokens allowed)",
+              flush=True)
     return out
 
 
-def hostile_pattern(engine) -> dict:
-    """The issue's pattern refused when checked, and a small sibling of it through the old converter: how many
-    stacks it made llama.cpp carry and what one whole-vocabulary choice cost, against the automaton's."""
-    import numpy as np
-
-    from tensorjob_jupyter import abi
-    from tensorjob_jupyter.host.structured import OutputSpec
+def hostile_grammars(engine) -> dict:
+    """What the round-2 hostile schemas and grammars cost when checked (the host, before any token) and when
+    compiled for the model, and whether the process survives a reference chain that overflows an 8 MiB stack."""
     from tensorjob_jupyter.host.schemas import SchemaError
-    from tensorjob_jupyter.inference import grammar as g
-    from tensorjob_jupyter.inference.grammar_stacks import GrammarStacks, ParsedGrammar
+    from tensorjob_jupyter.host.structured import OutputSpec
+    from tensorjob_jupyter.inference.base import GenerateRequest, Sampler
 
-    def infer(pattern):
-        return abi.command_from_json({"cmd": "infer", "prompt": "p", "max_tokens": 1, "format": {
-            "type": "json_schema", "name": "a", "schema": {"type": "string", "pattern": pattern}}})
+    def chain_of_refs(n):
+        defs = {f"a{i}": {"anyOf": [{"$ref": f"#/$defs/a{i + 1}"}, {"type": "null"}]} for i in range(n)}
+        return {"$ref": "#/$defs/a0", "$defs": {**defs, f"a{n}": {"type": "integer"}}}
 
+    cases = {
+        "^((a?){0,256}){0,256}$": {"type": "string", "pattern": "^((a?){0,256}){0,256}$"},
+        "((a|aa)+)+ nested": {"type": "string", "pattern": "((a|aa)+)+b"},
+        "a 1,024-value enum": {"enum": [f"value-{i}" for i in range(1024)]},
+        "nesting 300 deep": _nested(300),
+        "a $ref chain of 3,000 (128 KiB)": chain_of_refs(3000),
+    }
+    OutputSpec.of(_infer_schema({"type": "string"}))  # warm: the first check in a process imports jsonschema
     out = {}
-    OutputSpec.of(infer("^[a-z]+$"))  # warm: the first check in a process imports jsonschema
-    started = time.perf_counter()
-    try:
-        OutputSpec.of(infer("^((a?){0,256}){0,256}$"))
-        out["refused"] = False
-    except SchemaError as e:
-        out["refused"], out["message"] = True, str(e)[:160]
-    out["check_ms"] = (time.perf_counter() - started) * 1000
-    print(f"^((a?){{0,256}}){{0,256}}$: refused when checked in {out['check_ms']:.1f} ms ({out.get('message')})",
-          flush=True)
-    small = "^((a?){0,8}){0,8}$"  # 64 positions: passes, and the old translation still costs seconds
-    schema_text = OutputSpec.of(infer(small)).constraint.schema
-    rows = {}
-    for way, gbnf in (("old", _old_grammar(schema_text)), ("new", g.constraint_grammar(schema_text))):
-        stacks = GrammarStacks(ParsedGrammar(gbnf), max_stacks=10**7, max_work=10**7)
-        stacks.accept(b'"')
-        ptr = engine._lc.llama_sampler_init_grammar(engine._vocab, gbnf.encode(), b"root")
-        quote = engine.tokenize('"', add_bos=False)[0]
-        engine._lc.llama_sampler_accept(ptr, quote)
-        n = engine.n_vocab
-        dtype = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
-        buf = np.zeros(n, dtype=dtype)
-        buf["id"] = np.arange(n)
-        arr = engine._lc.llama_token_data_array()
-        arr.data = buf.ctypes.data_as(ctypes.POINTER(engine._lc.llama_token_data))
-        arr.size, arr.selected, arr.sorted = n, -1, False
+    for name, schema in cases.items():
         started = time.perf_counter()
-        engine._lc.llama_sampler_apply(ptr, ctypes.byref(arr))
-        seconds = time.perf_counter() - started
-        engine._lc.llama_sampler_free(ptr)
-        rows[way] = {"stacks_after_quote": stacks.count, "full_pass_ms": seconds * 1000}
-        print(f"{small} after its opening quote, {way} grammar: {stacks.count} stacks; the grammar over every "
-              f"token {seconds * 1000:.1f} ms", flush=True)
-    rows["ratio"] = rows["new"]["full_pass_ms"] / rows["old"]["full_pass_ms"]
-    out["small"] = rows
+        try:
+            spec = OutputSpec.of(_infer_schema(schema))
+            verdict = "accepted"
+        except SchemaError as e:
+            spec, verdict = None, f"refused ({str(e)[:90]})"
+        check_ms = (time.perf_counter() - started) * 1000
+        compile_ms = None
+        if spec is not None:
+            started = time.perf_counter()
+            engine._sampler(GenerateRequest("x", 8, Sampler(), constraint=spec.constraint), []).close()
+            compile_ms = (time.perf_counter() - started) * 1000
+        out[name] = {"verdict": verdict, "check_ms": check_ms, "compile_ms": compile_ms}
+        shown = f"; compiled for the model in {compile_ms:.0f} ms" if compile_ms is not None else ""
+        print(f"{name}: {verdict} when checked in {check_ms:.0f} ms{shown}", flush=True)
     return out
+
+
+def _nested(depth: int) -> dict:
+    node: dict = {"type": "integer"}
+    for _ in range(depth):
+        node = {"type": "array", "items": node}
+    return node
 
 
 def abandon_latency(engine, quick: bool) -> dict:
-    """A constrained generation whose every token takes a whole-vocabulary pass, its job ended mid-way: the time
-    until the engine has answered it, against one token's time in the same generation."""
+    """A constrained generation whose every token takes the whole mask, its job ended mid-way: the time until the
+    engine has answered it, against one token's time in the same generation."""
     from tensorjob_jupyter import abi
     from tensorjob_jupyter.host.structured import OutputSpec
     from tensorjob_jupyter.inference import grammar as g
     from tensorjob_jupyter.inference.base import Constraint, GenerateRequest, Pending, Sampler
 
-    # 64 alike strings that must run long (192 stacks, and no early end)
+    # 64 alike strings that must run long (no early end)
     schema = {"anyOf": [{"type": "string", "minLength": 100, "maxLength": 110 + i} for i in range(64)]}
     infer = abi.command_from_json({"cmd": "infer", "prompt": "p", "max_tokens": 1, "format": {
         "type": "json_schema", "name": "a", "schema": schema}})
     constraint = Constraint(OutputSpec.of(infer).constraint.schema)
-    g.GrammarSampler.check_first = False  # every token: the whole pass
+    g.GrammarSampler.check_first = False  # every token: the whole mask
     try:
         samples, token_s = [], []
         for _ in range(2 if quick else 5):
@@ -726,7 +702,7 @@ def schema_memory(runs_dir: str, tiny_model: Path) -> dict:
     backend = get_backend(str(tiny_model), n_ctx=256)
 
     def largest(i):
-        count = schemas.MAX_ENUM_VALUES
+        count = 1024
         width = (schemas.MAX_SCHEMA_BYTES - 2048) // count - 4
         return {"enum": [f"{i:02d}-{j:05d}-" + "x" * (width - 10) for j in range(count)]}
 
@@ -768,8 +744,7 @@ def schema_memory(runs_dir: str, tiny_model: Path) -> dict:
     old_one = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     del old_entries, spec, key, schema_json
-    memos = {"specs": structured._specs, "validators": schemas._validators, "grammars": g._grammars,
-             "parsed": g._parsed}
+    memos = {"specs": structured._specs, "validators": schemas._validators, "grammars": g._grammars}
     bound = sum(m.max_bytes for m in memos.values())
     out = {"found_refused_ms": refused_ms, "found_parsed_mib": one_found_parsed / MiB,
            "entry_bounded_eight_found_mib": 8 * old_one / MiB, "kept_mib": kept / MiB, "memo_bound_mib": bound / MiB,
@@ -1105,8 +1080,7 @@ def model_bounds(runs_dir: str, quick: bool) -> dict:
 
     engine = LlamaEngine(default_model_path(), n_ctx=512)
     try:
-        engine.utf8_table()
-        out = {"hostile_pattern": hostile_pattern(engine), "per_token": grammar_work_per_token(engine, quick),
+        out = {"hostile": hostile_grammars(engine), "per_token": grammar_work_per_token(engine, quick),
                "abandon": abandon_latency(engine, quick)}
     finally:
         engine.close()

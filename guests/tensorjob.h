@@ -79,6 +79,18 @@
  *                                 it); after a tool call ev.tool_calls is
  *                                 [{"call_id","name","arguments"}], arguments
  *                                 being JSON text (tj_parse it too).
+ *   The answer held to a shape while the model decodes (ev.text always fits):
+ *   tj_infer_regex(prompt, max_tokens, regex)        the whole answer matches
+ *                                 the regular expression (Rust regex syntax)
+ *   tj_infer_choices(prompt, max_tokens, choices, n) the answer is one of the
+ *                                 n strings (tj_str[]; compare with tj_str_eq)
+ *   tj_infer_grammar(prompt, max_tokens, lark)       the answer is a sentence
+ *                                 of the Lark grammar, from its `start` rule
+ *     e.g. tj_infer_regex(p, 16, TJ_STR("[0-9]{4}-[0-9]{2}-[0-9]{2}"))
+ *   (tj_infer_with's "regex", "choices" and "grammar" members.) One kind per
+ *   infer, never with "stop"; what the host cannot enforce (a regex that does
+ *   not parse, an undefined rule) fails the job schema_validation_failed.
+ *   Leave max_tokens room for the whole answer: one cut short fails the job.
  *   tj_open(path)                 tj_slice(handle, offset, len)
  *   tj_slice_bytes(h, off, len)   tj_embed(texts, n)
  *   tj_emit(json)                 tj_progress(done, total) -> {"done":d,"total":t}
@@ -949,6 +961,28 @@ TJ_API tj_cmd tj_infer_with(tj_str prompt, uint32_t max_tokens, tj_json options)
     tj_buf_put(&b, inner);
     tj_buf_putc(&b, '}');
     return tj__finish(&b);
+}
+
+/* infer whose whole answer matches the regular expression `regex` (Rust's regex syntax). */
+TJ_API tj_cmd tj_infer_regex(tj_str prompt, uint32_t max_tokens, tj_str regex) {
+    return tj_infer_with(prompt, max_tokens, tj_jsonf("{\"regex\":%S}", regex));
+}
+
+/* infer whose answer is one of the n strings in `choices`. */
+TJ_API tj_cmd tj_infer_choices(tj_str prompt, uint32_t max_tokens, const tj_str *choices, size_t n) {
+    tj_buf b = tj_buf_new();
+    tj_buf_puts(&b, "{\"choices\":[");
+    for (size_t i = 0; i < n; i++) {
+        if (i) tj_buf_putc(&b, ',');
+        tj_buf_json_str(&b, choices[i]);
+    }
+    tj_buf_puts(&b, "]}");
+    return tj_infer_with(prompt, max_tokens, (tj_json){b.ptr, b.len});
+}
+
+/* infer whose answer is a sentence of the Lark grammar `lark` (llguidance's dialect, from its start rule). */
+TJ_API tj_cmd tj_infer_grammar(tj_str prompt, uint32_t max_tokens, tj_str lark) {
+    return tj_infer_with(prompt, max_tokens, tj_jsonf("{\"grammar\":%S}", lark));
 }
 
 TJ_API tj_cmd tj_open(tj_str path) {

@@ -53,7 +53,9 @@
 //! `inferWith(prompt, max_tokens, tj.InferOptions{...})` (this project's extension:
 //! `.format = tj.json(.{ .type = "json_schema", .name = "facts", .schema = ... })`,
 //! `.tools`, `.tool_choice`, and sampling `.temperature`, `.top_p`, `.top_k`, `.min_p`,
-//! `.repeat_penalty`, `.seed`, `.stop`; fields left null are not sent),
+//! `.repeat_penalty`, `.seed`, `.stop`; the answer held to a shape: `.regex = "[0-9]+"`
+//! (the whole answer matches), `.choices = &.{ "yes", "no" }` (it is one of them),
+//! `.grammar = "start: ..."` (a sentence of the Lark grammar); fields left null are not sent),
 //! `open(path)`, `slice(handle, offset, len)` (resume from `next_offset`),
 //! `sliceBytes`, `embed(texts)`, `emit(value)`, `progress(done, total)`,
 //! `done(value)`, `fail(code, message)`, `failf(code, fmt, args)`; `emit` and
@@ -309,6 +311,9 @@ pub const Infer = struct {
     repeat_penalty: ?f64 = null,
     seed: ?u32 = null,
     stop: ?[]const []const u8 = null,
+    regex: ?[]const u8 = null,
+    choices: ?[]const []const u8 = null,
+    grammar: ?[]const u8 = null,
 };
 
 /// `infer`'s optional fields (see `inferWith`).
@@ -323,6 +328,9 @@ pub const InferOptions = struct {
     repeat_penalty: ?f64 = null,
     seed: ?u32 = null,
     stop: ?[]const []const u8 = null,
+    regex: ?[]const u8 = null,
+    choices: ?[]const []const u8 = null,
+    grammar: ?[]const u8 = null,
 };
 pub const Open = struct { path: []const u8 };
 pub const Slice = struct { handle: u32, offset: u64, len: u64 };
@@ -478,6 +486,12 @@ fn copy(bytes: []const u8) []const u8 {
     return scratch().dupe(u8, bytes) catch oom();
 }
 
+fn copyAll(strings: []const []const u8) []const []const u8 {
+    const list = scratch().alloc([]const u8, strings.len) catch oom();
+    for (strings, list) |t, *slot| slot.* = copy(t);
+    return list;
+}
+
 /// Run `prompt` through the model, generating at most `max_tokens`.
 pub fn infer(prompt: []const u8, max_tokens: u32) Command {
     return .{ .infer = .{ .prompt = copy(prompt), .max_tokens = max_tokens } };
@@ -487,15 +501,15 @@ pub fn inferImages(prompt: []const u8, max_tokens: u32, images: []const u32) Com
     const handles = scratch().dupe(u32, images) catch oom();
     return .{ .infer = .{ .prompt = copy(prompt), .max_tokens = max_tokens, .images = handles } };
 }
-/// `infer` with this project's options: structured output (`format`), `tools`, sampling.
+/// `infer` with this project's options: structured output (`format`, `regex`, `choices`, `grammar`), `tools`,
+/// sampling.
 pub fn inferWith(prompt: []const u8, max_tokens: u32, options: InferOptions) Command {
     var cmd: Infer = .{ .prompt = copy(prompt), .max_tokens = max_tokens };
     inline for (@typeInfo(InferOptions).@"struct".field_names) |name| @field(cmd, name) = @field(options, name);
-    if (options.stop) |stops| {
-        const list = scratch().alloc([]const u8, stops.len) catch oom();
-        for (stops, list) |t, *slot| slot.* = copy(t);
-        cmd.stop = list;
-    }
+    if (options.stop) |stops| cmd.stop = copyAll(stops);
+    if (options.choices) |choices| cmd.choices = copyAll(choices);
+    if (options.regex) |regex| cmd.regex = copy(regex);
+    if (options.grammar) |lark| cmd.grammar = copy(lark);
     return .{ .infer = cmd };
 }
 /// Open a file the job may read; answered by `.opened`.

@@ -5,6 +5,8 @@ take a ``.c`` or ``.zig`` path) and run against files under the test's tmp
 dir, with ``ScriptedBackend`` standing in for the model where one is needed.
 The word counters are checked against Python's ``str.split``, and their
 memory is checked to stay flat: the same peak for a 1 MiB and a 64 MiB file.
+The classifier labels each line with one of its labels, or a label held to a
+regex or a grammar; its Python twin makes the same commands.
 """
 
 from __future__ import annotations
@@ -291,3 +293,106 @@ def test_stream_replays_with_its_staged_bytes(tmp_path):
     assert report.same_result
     chunks = lambda j: [e["bytes_base64"] for e in j.events if e["type"] == "job.chunk"]  # noqa: E731
     assert chunks(report.job) == chunks(job)
+
+
+# --- the classifier: a label for each line, held to choices, a regex or a grammar ------------------------------
+
+REVIEWS = "The soup was wonderful.\n\nService was slow and the bread stale.\r\nIt is a restaurant.\n"
+
+
+def _label_by_words(prompt: str) -> str:
+    line = prompt.rsplit("\n\n", 1)[1]
+    return "negative" if "slow" in line else "positive" if "wonderful" in line else "neutral"
+
+
+def test_classify_labels_each_non_blank_line_with_one_of_the_labels(tmp_path):
+    p = tmp_path / "reviews.txt"
+    p.write_text(REVIEWS)
+    backend = ScriptedBackend(reply=_label_by_words)
+    job, env = _run("classify.c", tmp_path, input={"path": str(p)}, backend=backend)
+    assert env.status == tj.JobStatus.COMPLETED, env
+    assert env.result == {"path": str(p), "lines": [{"line": 1, "label": "positive"}, {"line": 3, "label": "negative"},
+                                                    {"line": 4, "label": "neutral"}],
+                          "counts": {"positive": 1, "negative": 1, "neutral": 1}}
+    task = "What is the sentiment of this line? Answer with one of: positive, negative, neutral."
+    assert backend.scripted.prompts == [f"{task}\n\nThe soup was wonderful.",
+                                        f"{task}\n\nService was slow and the bread stale.",  # without its \r
+                                        f"{task}\n\nIt is a restaurant."]
+    commands = [e["command"] for e in job.events if e["type"] == "response.created"]
+    assert all(c["choices"] == ["positive", "negative", "neutral"] and c["max_tokens"] == len("positive") + 4
+               for c in commands)
+    progress = [e["progress"] for e in job.events if e["type"] == "job.progress"]
+    assert progress[-1] == {"done": len(REVIEWS.encode()), "total": len(REVIEWS.encode())}
+
+
+@pytest.mark.parametrize("asked, reply", [({"regex": "[1-5]", "task": "Rate it."}, "4"),
+                                          ({"grammar": 'start: ("yes" | "no") " " /[a-z]+/'}, "no reason"),
+                                          ({"labels": ["food", "service"], "max_lines": 2}, "food")],
+                         ids=["regex", "grammar", "labels"])
+def test_classify_holds_each_label_to_the_regex_grammar_or_labels_given(asked, reply, tmp_path):
+    p = tmp_path / "reviews.txt"
+    p.write_text(REVIEWS)
+    backend = ScriptedBackend(reply=reply)
+    job, env = _run("classify.c", tmp_path, input={"path": str(p), **asked}, backend=backend)
+    assert env.status == tj.JobStatus.COMPLETED, env
+    n = asked.get("max_lines", 3)
+    assert env.result["lines"] == [{"line": i, "label": reply} for i in (1, 3, 4)[:n]]
+    assert env.result["counts"] == {reply: n}
+    created = [e for e in job.events if e["type"] == "response.created"]
+    kind = next(k for k in ("regex", "grammar", "labels") if k in asked)
+    field = "choices" if kind == "labels" else kind
+    assert [e["command"][field] for e in created] == [asked[kind]] * n  # each infer held to what was asked
+    assert [e["response"][field] for e in created] == [asked[kind]] * n  # and the response says so
+    if "task" in asked:
+        assert backend.scripted.prompts[0] == "Rate it.\n\nThe soup was wonderful."
+
+
+def test_classify_fails_when_the_model_answers_outside_the_labels(tmp_path):
+    """The host checks every finished answer: a model that could not be held to the choices is caught."""
+    p = tmp_path / "reviews.txt"
+    p.write_text(REVIEWS)
+    _, env = _run("classify.c", tmp_path, input={"path": str(p)}, backend=ScriptedBackend(reply="mixed"))
+    assert env.status == tj.JobStatus.FAILED
+    assert env.error.code == "schema_validation_failed" and "choices" in env.error.message
+
+
+def test_classify_refuses_two_kinds_of_label_at_once(tmp_path):
+    p = tmp_path / "reviews.txt"
+    p.write_text(REVIEWS)
+    _, env = _run("classify.c", tmp_path, input={"path": str(p), "regex": "[0-9]", "labels": ["a"]},
+                  backend=ScriptedBackend(reply="a"))
+    assert (env.error.code, env.error.message) == ("schema_validation_failed", "give one of labels, regex and grammar")
+
+
+def test_classify_reads_lines_across_windows_and_labels_a_line_longer_than_a_window_by_its_start(tmp_path):
+    lines = [f"line {i} " + "é" * (300 + i) for i in range(1, 121)]
+    lines[60] = "long " + "x" * 100_000  # over the 64 KiB window: labelled by its first window, the rest skipped
+    p = tmp_path / "many.txt"
+    p.write_text("\n".join(lines) + "\n")
+    backend = ScriptedBackend(reply="neutral")
+    job, env = _run("classify.c", tmp_path, input={"path": str(p), "max_lines": 1000}, backend=backend)
+    assert env.status == tj.JobStatus.COMPLETED, env
+    assert [line["line"] for line in env.result["lines"]] == list(range(1, 121))
+    seen = [prompt.split("\n\n", 1)[1] for prompt in backend.scripted.prompts]
+    assert seen[:60] == lines[:60] and seen[61:] == lines[61:]
+    assert seen[60] == lines[60][:65536]
+    assert job.stats.peak_memory_bytes <= 2 << 20
+
+
+def test_classify_py_and_classify_c_make_the_same_commands_and_replay_each_others_runs(tmp_path):
+    from python_guest_support import ensure_interpreter
+
+    ensure_interpreter()
+    p = tmp_path / "reviews.txt"
+    p.write_text(REVIEWS)
+    runs = {}
+    for name in ("classify.c", "classify.py"):
+        backend = ScriptedBackend(reply=_label_by_words)
+        job, env = _run(name, tmp_path, input={"path": str(p), "labels": ["positive", "negative", "neutral"]},
+                        backend=backend)
+        assert env.status == tj.JobStatus.COMPLETED, env
+        runs[name] = (job, env.result, backend.scripted.prompts,
+                      [e["progress"] for e in job.events if e["type"] == "job.progress"])
+    assert runs["classify.py"][1:] == runs["classify.c"][1:]
+    report = tj.replay(EXAMPLES / "classify.py", runs["classify.c"][0].run_dir)
+    assert report.divergence is None and report.same_result

@@ -144,6 +144,35 @@ def test_a_format_and_a_tool_call_are_held_to_their_schemas(server, served):
     assert refused.value.code == 400 and "not" in json.loads(refused.value.read())["error"]["message"]
 
 
+def post(server, path: str, body: dict) -> dict:
+    request = urllib.request.Request(server.url + path, method="POST", headers={"Content-Type": "application/json"},
+                                     data=json.dumps(body).encode())
+    with urllib.request.urlopen(request, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def test_a_regex_and_choices_hold_the_answer_from_a_request_and_from_a_job(server, served):
+    user = [{"role": "user", "content": "How many legs does a spider have? Answer with a number."}]
+    for fields in ({"response_format": {"type": "regex", "regex": "[0-9]{1,3}"}}, {"guided_regex": "[0-9]{1,3}"}):
+        text = post(server, "/chat/completions", {"messages": user, "max_tokens": 8, **fields})[
+            "choices"][0]["message"]["content"]
+        assert re.fullmatch("[0-9]{1,3}", text), (fields, text)
+    choices = ["yes", "no", "maybe"]
+    completion = post(server, "/completions", {"prompt": "Is the sky blue? Answer:", "max_tokens": 8,
+                                               "response_format": {"type": "choices", "choices": choices}})
+    assert completion["choices"][0]["text"] in choices, completion
+    # a job's regex and choices reach the server as its response_format (the client's dialect for this server)
+    job, env = run(infer_guest("Name a year of the twentieth century.", max_tokens=8, regex="19[0-9]{2}"),
+                   backend=served)
+    assert env.ok and re.fullmatch("19[0-9]{2}", answer(job)), (env, answer(job))
+    job, env = run(infer_guest("Is water wet?", max_tokens=8, choices=choices), backend=served)
+    assert env.ok and answer(job) in choices, (env, answer(job))
+    # what the grammar cannot enforce is 400 with the reason, before a token
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        post(server, "/chat/completions", {"messages": user, "response_format": {"type": "regex", "regex": "(?=1)1"}})
+    assert refused.value.code == 400 and "look-around" in json.loads(refused.value.read())["error"]["message"]
+
+
 def test_the_command_line_runs_a_job_on_the_server_and_records_where(server, tmp_path):
     guest = tmp_path / "g.wasm"
     guest.write_bytes(infer_guest("Say hello.", max_tokens=8))

@@ -123,6 +123,58 @@ def test_response_format_becomes_the_grammar_s_constraint():
     assert plan(chat(response_format={"type": "text"}), chat=True).request.constraint is None
 
 
+def test_a_regex_choices_or_grammar_response_format_and_vllm_s_fields_become_the_constraint(client, backend):
+    lark = 'start: "yes" | "no"'
+    for fields, kind, value in [
+            ({"response_format": {"type": "regex", "regex": "[0-9]+"}}, "regex", "[0-9]+"),
+            ({"response_format": {"type": "choices", "choices": ["yes", "no"]}}, "choices", ("yes", "no")),
+            ({"response_format": {"type": "grammar", "grammar": lark}}, "lark", lark),
+            ({"guided_regex": "[0-9]+"}, "regex", "[0-9]+"),  # vLLM's fields before its v0.12
+            ({"guided_choice": ["yes", "no"]}, "choices", ("yes", "no")),
+            ({"guided_grammar": lark}, "lark", lark),
+            ({"structured_outputs": {"regex": "[0-9]+"}}, "regex", "[0-9]+"),  # and since its v0.10.2
+            ({"structured_outputs": {"choice": ["yes", "no"]}}, "choices", ("yes", "no")),
+            ({"structured_outputs": {"grammar": lark}}, "lark", lark)]:
+        for is_chat in (True, False):
+            body = chat(**fields) if is_chat else {"model": MODEL, "prompt": "Once", **fields}
+            constraint = plan(body, chat=is_chat).request.constraint
+            assert constraint.kind == kind and getattr(constraint, kind) == value, fields
+        # and the engine answers it (the scripted model's text: the grammar is the real engine's business)
+        r = client.post("/v1/chat/completions", json=chat(max_tokens=4, **fields))
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], (fields, r.text)
+    for fields in ({"guided_json": {"type": "object"}}, {"guided_json": '{"type": "object"}'},
+                   {"structured_outputs": {"json": {"type": "object"}}}):
+        assert json.loads(plan(chat(**fields), chat=True).request.constraint.schema) == {"type": "object"}
+    assert plan(chat(structured_outputs={"regex": None}), chat=True).request.constraint is None
+
+
+@pytest.mark.parametrize("body,says", [
+    # what the grammar engine cannot enforce, with its reason
+    (chat(response_format={"type": "regex", "regex": "(?=a)b"}), "look-around"),
+    (chat(response_format={"type": "regex", "regex": "(ab"}), "unclosed group"),
+    (chat(response_format={"type": "grammar", "grammar": "start: foo"}), "unknown name"),
+    (chat(response_format={"type": "grammar", "grammar": "root ::= \"a\""}), "the Lark grammar cannot be enforced"),
+    (chat(guided_regex="(ab"), "unclosed group"),
+    (chat(structured_outputs={"grammar": "start: foo"}), "unknown name"),
+    # shapes, as an infer's are checked
+    (chat(response_format={"type": "regex"}), "needs regex"),
+    (chat(response_format={"type": "regex", "regex": 5}), "`regex` must be a string"),
+    (chat(response_format={"type": "choices", "choices": []}), "`choices` must be a non-empty array"),
+    (chat(response_format={"type": "grammar", "grammar": "x" * 40000}), "over the"),
+    (chat(response_format={"type": "regex", "regex": "[a-z]+"}, stop=["\n"]), "`stop` cannot be given"),
+    (chat(response_format={"type": "regex", "regex": "[a-z]+"}, guided_regex="[0-9]+"), "both constrain"),
+    (chat(response_format={"type": "json_object"}, guided_choice=["a"]), "takes one of format"),
+    (chat(structured_outputs={"whitespace_pattern": " "}), "not whitespace_pattern"),
+    (chat(structured_outputs=["regex"]), "structured_outputs must be an object"),
+    (chat(guided_json="{not json"), "guided_json"),
+    (chat(guided_json=[1]), "JSON Schema object"),
+])
+def test_a_constraint_the_checks_refuse_is_400_with_their_reason(client, body, says):
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+    assert "\n" not in r.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("body,says", [
     (chat(max_tokens=-1), "max_tokens"),
     (chat(temperature="hot"), "temperature"),
@@ -266,7 +318,9 @@ def shared_client():
                          lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
                              st.sampled_from(["messages", "role", "content", "max_tokens", "stream", "prompt",
                                               "temperature", "stop", "response_format", "type", "json_schema",
-                                              "schema", "seed", "top_k", "n", "text"]), inner, max_size=5),
+                                              "schema", "seed", "top_k", "n", "text", "regex", "choices",
+                                              "grammar", "guided_regex", "guided_choice", "structured_outputs",
+                                              "choice"]), inner, max_size=5),
                          max_leaves=12))
 def test_any_json_body_is_answered_or_refused_never_a_server_error(shared_client, body):
     for path in ("/v1/chat/completions", "/v1/completions"):

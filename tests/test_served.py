@@ -182,6 +182,60 @@ def test_a_schema_becomes_response_format_and_an_answer_that_breaks_it_fails_val
     assert env.ok, env
 
 
+#: Each text constraint an infer may carry, with an answer of the fake's ("Hello there, friend.") that holds to it.
+TEXT_CONSTRAINTS = {
+    "regex": {"regex": "[A-Z][a-z]+( [a-z]+)*, [a-z]+[.]"},
+    "choices": {"choices": ["Hello there, friend.", "Goodbye."]},
+    "grammar": {"grammar": 'start: "Hello" REST\nREST: /[a-z ,]+[.]/'},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TEXT_CONSTRAINTS))
+def test_a_regex_choices_or_grammar_goes_in_the_fields_each_server_enforces_or_not_at_all(kind):
+    fields = TEXT_CONSTRAINTS[kind]
+    value = fields[kind]
+    vllm_key = {"regex": "regex", "choices": "choice", "grammar": "grammar"}[kind]
+    constraint_fields = {"response_format", "structured_outputs", "guided_regex", "guided_choice", "guided_grammar",
+                         "guided_json", "grammar", "json_schema"}
+    for owned_by in ("vllm", "tensorjob", "openai", "llamacpp", "me", "library"):
+        with FakeServer(owned_by=owned_by) as fake:
+            job, env = run_job(backend_for(fake), infer_guest(**fields))
+            assert env.ok, (owned_by, env)
+            body = fake.requests[-1]["body"]
+            sent = {name: body[name] for name in constraint_fields if name in body}
+            if owned_by == "vllm":  # structured_outputs (v0.10.2 on), and the guided_* field of older servers
+                assert sent == {"structured_outputs": {vllm_key: value}, f"guided_{vllm_key}": value}, sent
+            elif owned_by == "tensorjob":  # this package's own server: its response_format extension
+                assert sent == {"response_format": {"type": kind, kind: value}}, sent
+            else:  # llama.cpp (GBNF only), llama-cpp-python, OpenAI, Ollama: sent free, checked after
+                assert sent == {}, (owned_by, sent)
+    # raw text (/completions) carries the same fields
+    with FakeServer(owned_by="vllm") as fake:
+        job, env = run_job(backend_for(fake), infer_guest(**fields), infer=InferOptions(chat=False))
+        body = fake.requests[-1]["body"]
+        assert env.ok and fake.requests[-1]["path"] == "/v1/completions", env
+        assert body["structured_outputs"] == {vllm_key: value} and "response_format" not in body
+
+
+@pytest.mark.parametrize("owned_by", ["vllm", "tensorjob", "openai", "llamacpp"])
+@pytest.mark.parametrize("kind", sorted(TEXT_CONSTRAINTS))
+def test_an_answer_that_breaks_a_regex_choices_or_grammar_fails_validation_on_every_server(owned_by, kind):
+    with FakeServer(owned_by=owned_by) as fake:
+        fake.pieces = ["42", " apples"]  # a server that did not hold to it (or ignored a field it does not know)
+        job, env = run_job(backend_for(fake), infer_guest(**TEXT_CONSTRAINTS[kind]))
+        assert env.error.code == codes.SCHEMA_VALIDATION_FAILED, env
+        assert "does not match" in env.error.message, env
+
+
+def test_a_constraint_the_server_refuses_is_schema_validation_failed_with_its_reason():
+    with FakeServer(owned_by="vllm") as fake:
+        fake.mode, fake.status = "status", 400
+        fake.error_message = "Invalid regex in structured_outputs: look-around is not supported"
+        job, env = run_job(backend_for(fake), infer_guest(regex="[a-z]+"))
+        assert env.error.code == codes.SCHEMA_VALIDATION_FAILED, env
+        assert "HTTP 400" in env.error.message and "look-around" in env.error.message, env
+
+
 def test_llama_cpp_python_gets_its_json_object_with_a_schema_and_tools_travel_in_the_system_turn():
     tool = {"type": "function", "name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -491,6 +545,10 @@ def test_exceptions_the_reactor_maps():
     assert issubclass(ServerBusy, QueueFull) and issubclass(ModelTimeout, ModelError)
     assert set(DIALECTS) == {"openai", "llama.cpp", "llama-cpp-python", "vllm", "tensorjob", "ollama"}
     assert Constraint("{}").free_text is False
+    # which constraint kinds each server holds its decoding to; the rest are sent free and checked after
+    assert {name: set(d.enforces) for name, d in DIALECTS.items()} == {
+        "openai": {"json"}, "llama.cpp": {"json"}, "llama-cpp-python": {"json"}, "ollama": {"json"},
+        "vllm": {"json", "regex", "choices", "lark"}, "tensorjob": {"json", "regex", "choices", "lark"}}
 
 
 def test_a_served_run_replays_without_the_server(tmp_path):

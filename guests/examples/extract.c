@@ -22,7 +22,7 @@ static const char DEFAULT_SCHEMA[] =
     "\"title\":{\"type\":\"string\",\"maxLength\":80},"
     "\"year\":{\"type\":\"integer\"},"
     "\"keywords\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":30},\"minItems\":1,\"maxItems\":5}},"
-    "\"required\":[\"title\",\"year\",\"keywords\"]}";
+    "\"required\":[\"title\",\"year\",\"keywords\"],\"additionalProperties\":false}";
 
 tj_cmd guest_init(tj_json input) {
     tj_str p = tj_get_str(input, "path");

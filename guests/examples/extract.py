@@ -21,6 +21,7 @@ DEFAULT_SCHEMA = {
         "keywords": {"type": "array", "items": {"type": "string", "maxLength": 30}, "minItems": 1, "maxItems": 5},
     },
     "required": ["title", "year", "keywords"],
+    "additionalProperties": False,
 }
 PROMPT = "Read the document and answer with its facts as JSON.\n\n<document>\n{text}\n</document>"
 

@@ -12,8 +12,18 @@ Why it is shaped so:
 * **An OpenAI request is checked as a guest's infer is.** Its prompt,
   ``max_tokens``, sampling, stop strings and ``response_format`` become an
   ``infer`` command and go through the same checks (``abi.command_from_json``,
-  then ``host/structured.py`` for the schema, which must be one the grammar can
-  enforce); what they refuse is HTTP 400 with their message. What is served
+  then ``host/structured.py`` for the constraint, which must be one the grammar
+  can enforce); what they refuse is HTTP 400 with their message.
+  ``response_format`` is OpenAI's ``json_schema`` or ``json_object`` (or
+  llama-cpp-python's ``json_object`` with a ``schema``) or, this server's
+  extension, ``{"type": "regex", "regex": ...}``, ``{"type": "choices",
+  "choices": [...]}`` or ``{"type": "grammar", "grammar": ...}`` (a Lark
+  grammar in llguidance's dialect) -- an infer's ``format``, ``regex``,
+  ``choices`` or ``grammar``. vLLM's fields for the same are taken too
+  (``VLLM_FIELDS``: ``guided_json``, ``guided_regex``, ``guided_choice``,
+  ``guided_grammar``, and ``structured_outputs`` with ``json``, ``regex``,
+  ``choice`` or ``grammar``), so a client written for vLLM is held to what it
+  asked rather than answered freely. What is served
   is what the client in ``inference/served.py`` sends: one user message after
   an optional system message (chat), or one prompt (completions), and
   embeddings. ``tools`` are refused (the client holds a call to a
@@ -133,25 +143,85 @@ class Planned:
 # --- an OpenAI request as an infer -------------------------------------------------------------
 
 
-def _response_format(value: Any) -> dict | None:
-    """OpenAI's ``response_format`` (and llama-cpp-python's json_object with a schema) as an infer's format."""
+#: ``response_format`` types beyond OpenAI's (this server's extension), each the infer field of the same name.
+TEXT_FORMATS = ("regex", "choices", "grammar")
+#: vLLM's body fields for structured output (``guided_*`` before its v0.12; ``structured_outputs`` since v0.10.2,
+#: whose keys are below), and the infer field each becomes.
+VLLM_FIELDS = {"guided_json": "format", "guided_regex": "regex", "guided_choice": "choices",
+               "guided_grammar": "grammar"}
+VLLM_STRUCTURED_OUTPUTS = {"json": "format", "regex": "regex", "choice": "choices", "grammar": "grammar"}
+
+
+def _response_format(value: Any) -> dict:
+    """OpenAI's ``response_format`` (and llama-cpp-python's json_object with a schema, and this server's regex,
+    choices and grammar) as an infer's fields: ``format``, ``regex``, ``choices`` or ``grammar``."""
     if value is None:
-        return None
+        return {}
     if not isinstance(value, dict):
         raise RequestError(400, "response_format must be an object")
     kind = value.get("type")
     if kind == "text":
-        return None
+        return {}
     if kind == "json_object":
         if isinstance(value.get("schema"), dict):
-            return {"type": "json_schema", "name": "output", "schema": value["schema"]}
-        return {"type": "json_object"}
+            return {"format": {"type": "json_schema", "name": "output", "schema": value["schema"]}}
+        return {"format": {"type": "json_object"}}
     if kind == "json_schema":
         spec = value.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
             raise RequestError(400, "response_format json_schema needs json_schema.schema, an object")
-        return {"type": "json_schema", "name": str(spec.get("name") or "output")[:64], "schema": spec["schema"]}
-    raise RequestError(400, f"response_format.type must be text, json_object or json_schema, not {str(kind)[:40]!r}")
+        return {"format": {"type": "json_schema", "name": str(spec.get("name") or "output")[:64],
+                           "schema": spec["schema"]}}
+    if kind in TEXT_FORMATS:
+        if value.get(kind) is None:
+            raise RequestError(400, f"response_format {kind} needs {kind}, "
+                                    f"{'an array of strings' if kind == 'choices' else 'a string'}")
+        return {kind: value[kind]}
+    raise RequestError(400, "response_format.type must be text, json_object, json_schema, regex, choices or grammar, "
+                            f"not {str(kind)[:40]!r}")
+
+
+def _json_format(schema: Any, where: str) -> dict:
+    """vLLM's JSON Schema (an object, or its JSON text) as an infer's format."""
+    if isinstance(schema, str):
+        try:
+            schema = abi.loads_strict(schema.encode("utf-8", "surrogatepass"), what=f"`{where}`")
+        except abi.AbiError as e:
+            raise RequestError(400, str(e)) from None
+    if not isinstance(schema, dict):
+        raise RequestError(400, f"`{where}` must be a JSON Schema object")
+    return {"type": "json_schema", "name": "output", "schema": schema}
+
+
+def _constraints(body: dict) -> dict:
+    """The infer's ``format``, ``regex``, ``choices`` or ``grammar`` from ``response_format`` and vLLM's fields; a
+    field given twice is refused here, two different ones by the infer's own checks."""
+    given: list[tuple[str, str, Any]] = [("response_format", k, v)
+                                         for k, v in _response_format(body.get("response_format")).items()]
+    for name, field in VLLM_FIELDS.items():
+        if body.get(name) is not None:
+            value = _json_format(body[name], name) if field == "format" else body[name]
+            given.append((name, field, value))
+    outputs = body.get("structured_outputs")
+    if outputs is not None:
+        if not isinstance(outputs, dict):
+            raise RequestError(400, "structured_outputs must be an object")
+        # a client that sends vLLM's whole StructuredOutputsParams sends its other fields as null or false
+        unknown = sorted(k for k, v in outputs.items() if v not in (None, False) and k not in VLLM_STRUCTURED_OUTPUTS)
+        if unknown:
+            raise RequestError(400, f"tensorjob serve takes structured_outputs with json, regex, choice or grammar, "
+                                    f"not {', '.join(str(k)[:40] for k in unknown[:4])}")
+        for key, field in VLLM_STRUCTURED_OUTPUTS.items():
+            if outputs.get(key) is not None:
+                name = f"structured_outputs.{key}"
+                given.append((name, field, _json_format(outputs[key], name) if field == "format" else outputs[key]))
+    fields: dict[str, Any] = {}
+    source: dict[str, str] = {}
+    for name, field, value in given:
+        if field in source:
+            raise RequestError(400, f"{source[field]} and {name} both constrain the answer: give one")
+        fields[field], source[field] = value, name
+    return fields
 
 
 def _chat_prompt(messages: Any) -> tuple[str, str | None]:
@@ -204,7 +274,7 @@ def plan(body: Any, *, chat: bool) -> Planned:
             raise RequestError(400, "prompt must be a string (one prompt a request)")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     infer = {"cmd": "infer", "prompt": prompt, "max_tokens": DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-             "format": _response_format(body.get("response_format"))}
+             **_constraints(body)}
     for name in abi.INFER_SAMPLING:
         if body.get(name) is not None:
             infer[name] = body[name]

@@ -510,11 +510,13 @@ class Reactor:
             extra["raw_pieces"] = [*already, *delivery.pieces]
         response.finish(text, usage=usage, reason=reason, extra=extra)
         if reason == FINISH_LENGTH and (spec.constrained or router.is_call):
-            what = "tool call" if router.is_call else "JSON"
+            what, bound = (("tool call", "bound the schema (maxLength, maxItems)") if router.is_call else
+                           ("JSON", "bound the schema (maxLength, maxItems)") if spec.kind == "json" else
+                           (f"answer to the infer's {spec.kind}", f"bound the {spec.kind}"))
             raise JobFailure(codes.LIMIT_EXCEEDED,
                              f"infer: the output reached its token limit ({max_tokens} tokens: the infer's max_tokens "
-                             f"or what is left of the job's max_tokens) before the {what} was complete, so it would "
-                             f"not parse; raise max_tokens, or bound the schema (maxLength, maxItems)")
+                             f"or what is left of the job's max_tokens) before the {what} was complete; raise "
+                             f"max_tokens, or {bound}")
         return abi.InferDone(text, u.completion_tokens, tool_calls)
 
 

@@ -3,7 +3,9 @@
 Every schema an ``infer`` carries (its ``format``, each tool's
 ``parameters``) is checked here before anything is built from it: that it is
 a JSON Schema (``jsonschema``'s own meta-schema check) no larger than
-``MAX_SCHEMA_BYTES`` (with ``abi``'s bounds on depth and values). Whether the
+``MAX_SCHEMA_BYTES`` (with ``abi``'s bounds on depth and values), whose
+references the validator can follow to check an answer (it recurses once per
+link: a ``$ref`` chain a few hundred long is refused). Whether the
 grammar engine can *enforce* it is the engine's to say
 (``inference/grammar.check``: it names the keyword it cannot).
 ``tool_call_schema`` writes the one schema a tool call is held to, each
@@ -40,8 +42,10 @@ def _pointer(path: list) -> str:
 
 
 def check_schema(value: Any, where: str) -> None:
-    """``SchemaError`` unless ``value`` is a JSON Schema; ``where`` names it in the message."""
+    """``SchemaError`` unless ``value`` is a JSON Schema an answer can be checked against; ``where`` names it in
+    the message."""
     _check_is_json_schema(value, where)
+    _check_answers_can_be_checked(value, where)
 
 
 def tool_call_schema(tools: list[tuple[str, Any]]) -> dict:
@@ -126,6 +130,33 @@ def _check_is_json_schema(value: Any, where: str) -> None:
         raise SchemaError(f"{where} is nested too deeply to check (its structure or a pattern's groups)") from None
 
 
+def _check_answers_can_be_checked(value: Any, where: str) -> None:
+    """``SchemaError`` if the validator cannot follow ``value`` to check any answer.
+
+    ``jsonschema`` checks by recursion, one level of Python's recursion limit (and several frames) per ``$ref``
+    link, ``allOf`` entry or nested subschema it follows: a chain of references a few hundred long -- which fits
+    well inside ``MAX_SCHEMA_BYTES``, and which the grammar engine enforces -- leaves it able to check no answer
+    at all. Probed with ``null``: every ``$ref``, ``allOf``, ``anyOf`` and ``oneOf`` is followed whatever the
+    value, so such a schema is refused here, before the model runs, and not after it has answered."""
+    try:
+        first_error(validator_for(value), None, deep_ok=False)
+    except RecursionError:
+        raise SchemaError(f"{where} nests too deeply for an answer to be checked against it: its chains of $ref, "
+                          f"allOf, anyOf or oneOf pass the depth the validator can follow (a few hundred links)") \
+            from None
+    except _unresolvable() as e:
+        raise SchemaError(f"{where} has a $ref that does not resolve (only references within the schema are "
+                          f"followed): {' '.join(str(e).split())[:300]}") from None
+
+
+def _unresolvable() -> type[Exception]:
+    """The error ``jsonschema`` raises for a ``$ref`` it cannot follow (``referencing``, its dependency)."""
+    _jsonschema()
+    from referencing.exceptions import Unresolvable
+
+    return Unresolvable
+
+
 #: Bytes of memory a validator holds per byte of its schema's JSON: 1.5 for an enum of long strings, 33 for
 #: small nested objects (measured with tracemalloc); validators are weighed at the high end.
 VALIDATOR_BYTES_PER_SCHEMA_BYTE = 40
@@ -151,10 +182,22 @@ def validator_for(schema: Any, strict_format: bool = True):
                                    lambda _v: sys.getsizeof(schema_json) * VALIDATOR_BYTES_PER_SCHEMA_BYTE)
 
 
-def first_error(validator, value: Any) -> str | None:
+def first_error(validator, value: Any, deep_ok: bool = True) -> str | None:
+    """What is wrong with ``value`` (one line), or None. A value nested deeper than the validator can follow (a
+    model's answer several hundred levels deep under a recursive schema) is an error too, saying so; with
+    ``deep_ok`` False its ``RecursionError`` is raised instead."""
     jsonschema = _jsonschema()
 
-    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    try:
+        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    except RecursionError:
+        if not deep_ok:
+            raise
+        return "it is nested too deeply to be checked against the schema (past Python's recursion limit) (at #)"
+    except _unresolvable() as e:
+        if not deep_ok:
+            raise
+        return f"a $ref on its way does not resolve: {' '.join(str(e).split())[:300]} (at #)"
     if error is None:
         return None
     return f"{error.message[:300]} (at {_pointer(list(error.absolute_path))})"

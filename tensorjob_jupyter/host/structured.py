@@ -118,9 +118,9 @@ class OutputSpec:
         key = json.dumps({"format": fmt, "tools": tools, "tool_choice": choice,  # key order is meaning
                           **{k: list(v) if isinstance(v, tuple) else v for k, v in text.items()}})
         if len(key) > MAX_SCHEMA_BYTES:  # ASCII (non-ASCII is escaped): characters are bytes
-            raise SchemaError(f"the format and tools of this infer are {len(key)} bytes of JSON, over the "
-                              f"{MAX_SCHEMA_BYTES} a schema may take; send a smaller schema (fewer or shorter "
-                              f"enum values, fewer tools)")
+            raise SchemaError(f"the format, tools, regex, choices and grammar of this infer are {len(key)} bytes "
+                              f"of JSON, over the {MAX_SCHEMA_BYTES} a schema may take; send a smaller one (fewer "
+                              f"or shorter enum values or choices, fewer tools)")
         return _compile(key) if check_running is None else _compile_watched(key, check_running)
 
     # -- the finished output ------------------------------------------------------------------
@@ -138,6 +138,9 @@ class OutputSpec:
             value = json.loads(text)
         except ValueError as e:
             raise SchemaError(f"the model's output is not JSON: {e}") from None
+        except RecursionError:  # a grammar may allow any depth ({"type": "object"}, a recursive schema)
+            raise SchemaError("the model's output is JSON nested too deeply to be read (past Python's recursion "
+                              "limit)") from None
         if self.kind == "json":
             error = first_error(validator_for(self.output_schema), value)
             if error is not None:

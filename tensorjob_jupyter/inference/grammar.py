@@ -33,6 +33,22 @@ sampled one is drawn from the same distribution restricted to the allowed
 tokens. A compiled grammar is kept for the next request with the same one
 (a map's items share theirs); each request gets its own copy.
 
+**Dates as the validator reads them.** llguidance's ``date`` format allows
+the 29th of February in every year and the year 0000, and its ``date-time``
+and ``time`` a leap second (``:60``); the host checks every answer with
+``jsonschema``, whose ``date``, ``date-time`` and ``time`` follow Python's
+calendar and refuse them. So each of the three is also held to a pattern of
+exactly what that validator accepts (``EXACT_FORMATS``, added beside the
+guest's own ``pattern`` through ``allOf``), and a grammar-following answer
+always validates.
+
+**A lexer shared between requests.** A compiled grammar's copies share one
+lexer, whose states grow with the text every copy walks, up to
+``LIMITS.max_lexer_states``. A request whose copy errs that way therefore
+compiles the grammar afresh (it replaces the kept one), takes again the
+tokens it had taken, and goes on; only a request whose own walk passes the
+bound fails -- never the tenth item of a map after nine others filled it.
+
 **Checking without a model** (``check``, ``matches``): the host asks
 whether a constraint compiles before the model runs, and a served model's
 answer to a regex, choices or a Lark grammar is checked by running the same
@@ -77,6 +93,20 @@ COMPILED_MEMO = 8
 
 _grammars = BytesLRU(GRAMMAR_MEMO_BYTES)
 
+# A date Python's calendar accepts: years 0001-9999, the 29th of February in leap years only.
+_YEAR = r"(?:[0-9]{3}[1-9]|[0-9]{2}[1-9][0-9]|[0-9][1-9][0-9]{2}|[1-9][0-9]{3})"
+_LEAP_YEAR = r"(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+_DATE = (rf"(?:{_YEAR}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+         rf"|02-(?:0[1-9]|1[0-9]|2[0-8]))|{_LEAP_YEAR}-02-29)")
+# RFC 3339's time as rfc3339-validator (jsonschema's date-time and time check) reads it: no leap second.
+_TIME = (r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?"
+         r"(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])")
+#: Formats whose answers are also held to a pattern: exactly what ``jsonschema``'s checker of each accepts.
+EXACT_FORMATS = {"date": f"^{_DATE}$", "date-time": f"^{_DATE}[Tt]{_TIME}$", "time": f"^{_TIME}$"}
+#: Keywords whose values are data, and keywords whose values map names to schemas (as ``host/schemas.py``).
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+_NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+
 
 class Abandoned(Exception):
     """The request's job has ended: the engine stops generating for it at once (``cancelled``)."""
@@ -98,6 +128,7 @@ def _make_grammar(c: Constraint) -> str:
         schema = json.loads(c.schema)
         if not isinstance(schema, dict):  # true/false schemas: llguidance takes objects
             schema = {} if schema else {"not": {}}
+        _hold_formats_exactly(schema)
         if c.free_text:
             schema = {**schema, "x-guidance": JSON_OPTIONS}
             return G.grammar_from_lark(f"start: call | text\ncall: %json {json.dumps(schema)}\n{FREE_TEXT_RULE}\n")
@@ -108,9 +139,43 @@ def _make_grammar(c: Constraint) -> str:
     if c.kind == "regex":
         return G.grammar_from_regex(c.regex)
     if c.kind == "choices":
-        # Lark string literals take JSON's escapes
-        return G.grammar_from_lark("start: " + " | ".join(json.dumps(s, ensure_ascii=False) for s in c.choices))
+        return G.grammar_from_lark("start: " + " | ".join(_lark_string(s) for s in c.choices))
     return G.grammar_from_lark(c.lark)
+
+
+def _lark_string(text: str) -> str:
+    """``text`` as a Lark string literal, which takes JSON's escapes -- and refuses a raw DEL (U+007F), the one
+    character JSON leaves unescaped that llguidance's Lark lexer does not take (so it is escaped too)."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def _hold_formats_exactly(schema: dict) -> None:
+    """Add to every subschema of ``schema`` (in place) whose ``format`` is in ``EXACT_FORMATS`` that format's
+    pattern: its own ``pattern`` when it has none, else one more ``allOf`` entry. Iterative (a schema may be
+    nested deeper than Python's recursion limit); data (``enum``, ``const``...) is not walked."""
+    stack: list = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            if key in _DATA_KEYWORDS:
+                continue
+            if key in _NAMED_SCHEMAS and isinstance(value, dict):
+                stack.extend(value.values())
+            else:
+                stack.append(value)
+        fmt = node.get("format")
+        exact = EXACT_FORMATS.get(fmt) if isinstance(fmt, str) else None
+        if exact is None:
+            continue
+        if "pattern" not in node:
+            node["pattern"] = exact
+        elif isinstance(node.get("allOf", []), list):
+            node["allOf"] = [*node.get("allOf", []), {"pattern": exact}]
 
 
 def check(constraint: Constraint) -> None:
@@ -208,26 +273,55 @@ _compiler = _Compiler()
 # -- the model's side --------------------------------------------------------------------------------
 
 
+#: Texts llama.cpp's tokenizer must give back byte for byte (``ModelGrammars``): spaces, which a SentencePiece
+#: vocabulary writes as U+2581, and the separators a JSON answer is made of.
+ROUND_TRIP_PROBES = (" ", "  ", ": ", ", ", "a b", " {", '" ', "\n", "\t", "x\n y", "é è", "\u00a0")
+
+
 class ModelGrammars:
     """One model's vocabulary as llguidance sees it, and its compiled grammars (the last ``COMPILED_MEMO``).
 
     Built on the first constrained request (reading every token's bytes: about half a second for a
-    50,000-token vocabulary), on the model's thread, which owns the vocabulary."""
+    50,000-token vocabulary), on the model's thread, which owns the vocabulary.
+
+    The mask is exact only if llguidance reads each token as the bytes the engine writes into the answer
+    (``engine.piece``): a token that writes nothing there -- a control token, and the unknown token, which
+    ``llguidance.llamacpp`` would read as the text ``<unk>`` and allow inside any string, so an answer came out
+    five characters short of its ``minLength`` -- is read as a special token (its name behind a 0xFF byte), which
+    no grammar allows as text (``_vocabulary_bytes``).
+
+    llguidance also asks the tokenizer for the tokens of text the grammar forces, and holds the model to them;
+    they must spell that text exactly. llama.cpp's own tokenizer does for real vocabularies, but a
+    SentencePiece vocabulary without a ``▁`` token spells a space as the three bytes of ``▁`` (its byte
+    fallback), and the grammar then refuses the very token its mask allowed. So the tokenizer is probed
+    (``ROUND_TRIP_PROBES``): when llama.cpp's does not give every probe back, tokenizing goes through
+    ``_SpelledTokenizer``, which keeps llama.cpp's tokens where they spell the text and spells it from the
+    vocabulary's own pieces where they do not."""
 
     def __init__(self, engine) -> None:
-        llama_cpp_library()
-        from llguidance.llamacpp import lltokenizer_from_vocab
-
+        lc = llama_cpp_library()
         eog = [t for t in range(engine.n_vocab) if engine.is_eog(t)]
-        self.tokenizer = lltokenizer_from_vocab(engine._vocab, n_vocab=engine.n_vocab, eos_token=eog or None)
+        tokens = _vocabulary_bytes(engine)
+        tokenize = ctypes.cast(lc.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
+        native = llguidance.LLTokenizer.from_llamacpp(tokens=tokens, vocab_ptr=engine._vocab, tokenize_fptr=tokenize,
+                                                      eos_token=eog or None, slices=None)
+        if all(_spells(tokens, native.tokenize_str(text), text.encode("utf-8")) for text in ROUND_TRIP_PROBES):
+            self.tokenizer = native
+        else:
+            spelled = _SpelledTokenizer(tokens, native, eog[0] if eog else engine.n_vocab - 1)
+            self.tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(spelled), n_vocab=engine.n_vocab,
+                                                    eos_token=eog or None)
         self._compiled: dict[str, llguidance.LLMatcher] = {}
         self._lock = threading.Lock()
 
-    def matcher(self, constraint: Constraint) -> llguidance.LLMatcher:
-        """A fresh matcher for ``constraint``; ``ConstraintError`` if it does not compile."""
+    def matcher(self, constraint: Constraint, fresh: bool = False) -> llguidance.LLMatcher:
+        """A matcher for ``constraint`` at its start; ``ConstraintError`` if it does not compile. It shares its
+        lexer with the kept compiled grammar (``fresh``: compiled anew, replacing the kept one)."""
         grammar = grammar_of(constraint)
         with self._lock:
             template = self._compiled.pop(grammar, None)
+        if fresh:
+            template = None
         if template is None:
             template = _compiler.run(lambda: llguidance.LLMatcher(self.tokenizer, grammar, log_level=0,
                                                                   limits=LIMITS))
@@ -239,6 +333,64 @@ class ModelGrammars:
             while len(self._compiled) > COMPILED_MEMO:
                 self._compiled.pop(next(iter(self._compiled)))
         return template.deep_copy()
+
+
+def _vocabulary_bytes(engine) -> list[bytes]:
+    """Each token as llguidance is to read it: the bytes the engine writes into the answer for it; a token that
+    writes none there (control tokens, the unknown token), and a user-defined one written like a control token
+    (``<...>``, as ``llguidance.llamacpp`` reads those), is special: its name behind a 0xFF byte."""
+    lc = engine._lc
+    get_attr = getattr(lc, "llama_vocab_get_attr", None) or lc.llama_token_get_attr
+    buf = ctypes.create_string_buffer(16 * 1024)
+    tokens = []
+    for t in range(engine.n_vocab):
+        text = engine.piece(t)
+        n = lc.llama_token_to_piece(engine._vocab, t, buf, len(buf), 0, True)  # special tokens by their name
+        name = buf.raw[:max(n, 0)]
+        attr = get_attr(engine._vocab, t)
+        looks_special = attr & lc.LLAMA_TOKEN_ATTR_USER_DEFINED and name.startswith(b"<") and name.endswith(b">")
+        if not text or attr & lc.LLAMA_TOKEN_ATTR_CONTROL or looks_special:
+            text = b"\xff" + (name or b"<token %d>" % t)
+        tokens.append(text)
+    return tokens
+
+
+def _spells(tokens: list[bytes], ids: list[int], data: bytes) -> bool:
+    return all(0 <= i < len(tokens) for i in ids) and b"".join(tokens[i] for i in ids) == data
+
+
+class _SpelledTokenizer:
+    """A tokenizer whose tokens always spell the text they were given: llama.cpp's, where its tokens do, else
+    the longest pieces of the vocabulary, left to right (as llguidance's ``TokenizerWrapper`` takes it)."""
+
+    def __init__(self, tokens: list[bytes], native: llguidance.LLTokenizer, eos: int) -> None:
+        self.tokens = tokens
+        self.eos_token_id = eos
+        self.bos_token_id = None
+        self.special_token_ids = [i for i, piece in enumerate(tokens) if piece.startswith(b"\xff")]
+        self._native = native
+        self._ids: dict[bytes, int] = {}
+        for i, piece in enumerate(tokens):
+            if piece and not piece.startswith(b"\xff"):
+                self._ids.setdefault(piece, i)
+        self._longest = max(map(len, self._ids), default=1)
+
+    def __call__(self, text) -> list[int]:
+        data = text if isinstance(text, bytes) else text.encode("utf-8")
+        ids = self._native.tokenize_bytes(data)
+        if _spells(self.tokens, ids, data):
+            return ids
+        out, i = [], 0
+        while i < len(data):
+            for n in range(min(self._longest, len(data) - i), 0, -1):
+                token = self._ids.get(data[i:i + n])
+                if token is not None:
+                    out.append(token)
+                    i += n
+                    break
+            else:
+                return ids  # a byte no token holds: the vocabulary cannot spell it at all
+        return out
 
 
 class GrammarSampler:
@@ -270,7 +422,11 @@ class GrammarSampler:
             raise ModelError("llama-cpp-python's LlamaSampler has no `sampler` pointer; constrained decoding "
                              "needs it")
         self._abandoned = abandoned or (lambda: False)
+        self._constraint = constraint
         self._matcher = engine.grammars().matcher(constraint)
+        #: the tokens the grammar has taken (replayed into a fresh compile: ``_renew``), and whether it was made
+        self._taken: list[int] = []
+        self._renewed = False
         #: tokens offered to the matcher, and those whose choice needed the whole mask
         self.grammar_checks = 0
         self.grammar_full = 0
@@ -301,9 +457,22 @@ class GrammarSampler:
         chosen = arr.data[arr.selected]
         return int(chosen.id), float(chosen.logit)
 
+    def _renew(self) -> bool:
+        """After an error of a matcher that may share its lexer with earlier requests: this request's own
+        matcher, from a fresh compile, given again the tokens taken so far (once per request). False when it
+        was renewed already, or the fresh one errs too (the request's own walk is past the bounds)."""
+        if self._renewed:
+            return False
+        self._renewed = True
+        matcher = self._engine.grammars().matcher(self._constraint, fresh=True)
+        self._matcher = matcher
+        return matcher.try_consume_tokens(self._taken) == len(self._taken) and not matcher.is_error()
+
     def _allowed(self) -> np.ndarray:
         """The tokens the grammar allows next (a boolean array over the vocabulary)."""
         self._matcher.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
+        if self._matcher.is_error() and self._renew():
+            self._matcher.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
         if self._matcher.is_error():
             raise ConstraintError(f"the grammar went past its bounds for one token: "
                                   f"{_one_line(self._matcher.get_error())}")
@@ -318,21 +487,24 @@ class GrammarSampler:
         """The next token from ``logits`` (one float per vocabulary entry), taken by the grammar."""
         if self._abandoned():
             raise Abandoned()
-        matcher = self._matcher
         self.grammar_checks += 1
         token = None
         if self.check_first:
             token, _ = self._choose(logits)
-            if matcher.try_consume_tokens([token]) != 1:
-                token = None
+            if self._matcher.try_consume_tokens([token]) != 1:
+                token = None  # refused (or past the bounds: ``_allowed`` says which)
         if token is None:
             self.grammar_full += 1
             token, logit = self._choose(logits, self._allowed())
             if not np.isfinite(logit):
                 raise ConstraintError("the grammar allows no token here (the model cannot go on)")
-            if not matcher.consume_token(token):
+            if not self._matcher.consume_token(token):
+                if self._matcher.is_error():  # taking it went past a bound (the parser's items, the lexer's states)
+                    raise ConstraintError(f"the grammar went past its bounds for one token: "
+                                          f"{_one_line(self._matcher.get_error())}")
                 raise ConstraintError(f"the grammar refused a token its own mask allowed: "
-                                      f"{_one_line(matcher.get_error())}")
+                                      f"{_one_line(self._matcher.get_error())}")
+        self._taken.append(token)
         self._lc.llama_sampler_accept(self._chain_ptr, token)
         return token
 

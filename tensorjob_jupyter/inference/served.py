@@ -70,17 +70,41 @@ turn since its template does not show them; Ollama, which ignores
 ``tool_choice``, and this package's own server: none). The server's streamed
 ``tool_calls`` come back as the host's call text, ``{"name": NAME,
 "arguments": ...}``, piece by piece as they arrive (``_CallText``); one call
-a response, text and a call never mixed. Otherwise a ``Constraint`` (a
-format, or a required tool call: the host's ``{"name", "arguments"}`` JSON)
-becomes ``response_format``: ``json_schema`` (OpenAI, vLLM, llama.cpp,
-Ollama) or llama-cpp-python's ``json_object`` with a ``schema``; the tool
-descriptions travel in the system turn, exactly as for the local model. A
-free-text-or-call constraint (``tool_choice: "auto"``) that is not sent
-natively cannot be expressed as a ``response_format``, so it is sent
-unconstrained. Either way the host validates every finished answer against
-the guest's schema (``host/structured.py``, ``OutputSpec.check``): a server
-that cannot or did not enforce it gives ``schema_validation_failed``,
-never a silently accepted answer. LoRA selection is the server's business: a
+a response, text and a call never mixed.
+
+Otherwise a ``Constraint`` goes to the server in its own structured-output
+fields where its dialect enforces that kind (``Dialect.enforces``), and is
+sent unconstrained where it does not:
+
+* **JSON** (a format, or a required tool call: the host's ``{"name",
+  "arguments"}`` JSON): ``response_format`` ``json_schema`` (OpenAI, vLLM,
+  llama.cpp, Ollama, this package's server) or llama-cpp-python's
+  ``json_object`` with a ``schema``; the tool descriptions travel in the
+  system turn, exactly as for the local model. A free-text-or-call constraint
+  (``tool_choice: "auto"``) that is not sent natively cannot be expressed as a
+  ``response_format``, so it is sent unconstrained.
+* **A regex, choices or a Lark grammar**: vLLM gets ``structured_outputs``
+  (``{"regex": ...}``, ``{"choice": [...]}``, ``{"grammar": ...}``: the only
+  form vLLM reads since v0.12, which removed the ``guided_*`` fields and
+  ignores them as unknown) and, beside it, the same value as the older
+  ``guided_regex`` / ``guided_choice`` / ``guided_grammar`` (the only form
+  before v0.10.2; in between both are read, ``structured_outputs`` first).
+  vLLM's ``guidance`` backend is llguidance, the same dialect as here; its
+  ``xgrammar`` backend translates a Lark grammar into its own and refuses
+  what it cannot translate (``schema_validation_failed``, with its reason).
+  This package's own server takes them in ``response_format``, its
+  extension: ``{"type": "regex", "regex": ...}``, ``{"type": "choices",
+  "choices": [...]}``, ``{"type": "grammar", "grammar": ...}``. llama.cpp's
+  server and llama-cpp-python take a ``grammar`` only in GBNF, which none of
+  these is; OpenAI and Ollama take JSON Schema only: all of them get the
+  request unconstrained.
+
+Either way the host validates every finished answer against what the guest
+asked (``host/structured.py``, ``OutputSpec.check``: JSON against the schema,
+a regex, choices or a grammar by running the same grammar over the answer): a
+server that cannot or did not enforce it -- one that ignores a field it does
+not know, as vLLM does -- gives ``schema_validation_failed``, never a
+silently accepted answer. LoRA selection is the server's business: a
 request naming adapters is refused. ``cache_prompt`` is left to the server.
 
 Embeddings use ``/embeddings`` and come back L2-normalised, one per text in
@@ -97,9 +121,10 @@ clipped, and so is any run of ``KEY_RUN_CHARS`` of its characters): unreachable,
 a malformed or truncated stream -> ``ModelError`` (``model_load_failed``);
 HTTP 429 and 503 -> ``ServerBusy`` (a ``QueueFull``: ``busy``); no byte for
 ``read_timeout_s``, the answer past ``request_timeout_s``, HTTP 408 and 504 ->
-``ModelTimeout`` (``timeout``); a schema the server refuses (HTTP 400/422
-whose message is about the schema or ``response_format``) ->
-``ConstraintError`` (``schema_validation_failed``). The key is read from the environment variable
+``ModelTimeout`` (``timeout``); a constraint the server refuses (HTTP 400/422
+whose message is about the schema, the regex, the choices, the grammar,
+``response_format`` or ``structured_outputs``) -> ``ConstraintError``
+(``schema_validation_failed``). The key is read from the environment variable
 named by ``api_key_env`` (``OPENAI_API_KEY`` by default) when the backend is
 built -- in each process, so a map's Dask workers read their own -- and is
 never stored anywhere a transcript, a pickle or a message reaches.
@@ -127,9 +152,9 @@ from typing import Any, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 from tensorjob_jupyter.abi import MAX_COUNT
-from tensorjob_jupyter.inference.base import (FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, ConstraintError,
-                                              GenerateRequest, GenerateResult, GenerateUsage, ModelError,
-                                              ModelTimeout, QueueFull, TokenCallback)
+from tensorjob_jupyter.inference.base import (FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, Constraint,
+                                              ConstraintError, GenerateRequest, GenerateResult, GenerateUsage,
+                                              ModelError, ModelTimeout, QueueFull, TokenCallback)
 from tensorjob_jupyter.inference.text_stream import TextStream
 
 DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
@@ -223,12 +248,33 @@ class Dialect:
     renders_tools: bool = True
     #: ``parallel_tool_calls: false`` is understood (a response holds one call)
     one_call_field: bool = False
+    #: the ``Constraint`` kinds the server holds its decoding to (``json``, ``regex``, ``choices``, ``lark``);
+    #: a constraint of another kind is sent unconstrained, and the host checks the answer
+    enforces: frozenset[str] = frozenset(("json",))
+    #: where a regex, choices or a Lark grammar goes: ``structured_outputs`` (vLLM's fields) or
+    #: ``response_format`` (this package's own server's extension of it)
+    text_fields: str = "response_format"
 
     def response_format(self, schema: Any) -> dict:
         if self.schema_format == "json_object":
             return {"type": "json_object", "schema": schema}
         return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": True}}
 
+    def constraint_fields(self, c: Constraint) -> dict[str, Any]:
+        """The request fields that hold the server to ``c`` (of a kind in ``enforces``)."""
+        if c.kind == "json":
+            return {"response_format": self.response_format(json.loads(c.schema))}
+        value = c.regex if c.kind == "regex" else list(c.choices) if c.kind == "choices" else c.lark
+        if self.text_fields == "structured_outputs":
+            # vLLM: ``structured_outputs`` (read since v0.10.2, the only form since v0.12) and the same value
+            # in the ``guided_*`` field older servers read (and newer ones ignore)
+            key = {"regex": "regex", "choices": "choice", "lark": "grammar"}[c.kind]
+            return {"structured_outputs": {key: value}, f"guided_{key}": value}
+        kind = "grammar" if c.kind == "lark" else c.kind
+        return {"response_format": {"type": kind, kind: value}}
+
+
+ALL_KINDS = frozenset(("json", "regex", "choices", "lark"))
 
 DIALECTS = {
     "openai": Dialect("openai", one_call_field=True),
@@ -238,9 +284,13 @@ DIALECTS = {
     "llama-cpp-python": Dialect("llama-cpp-python", "repeat_penalty", True, 0, "json_object", True,
                                 native_tools=frozenset(("function",)), renders_tools=False),
     # vLLM's "auto" needs server flags (--enable-auto-tool-choice); "required" and a named function do not
-    "vllm": Dialect("vllm", "repetition_penalty", True, -1, native_tools=frozenset(("required", "function"))),
-    # this package's own server (frontends/serve.py): the local engine's sampling; calls held to a schema
-    TENSORJOB_OWNER: Dialect(TENSORJOB_OWNER, "repeat_penalty", True, 0, native_tools=frozenset()),
+    # vLLM's structured outputs take a regex, choices and a grammar besides a schema
+    "vllm": Dialect("vllm", "repetition_penalty", True, -1, native_tools=frozenset(("required", "function")),
+                    enforces=ALL_KINDS, text_fields="structured_outputs"),
+    # this package's own server (frontends/serve.py): the local engine's sampling and grammars; calls held to a
+    # schema
+    TENSORJOB_OWNER: Dialect(TENSORJOB_OWNER, "repeat_penalty", True, 0, native_tools=frozenset(),
+                             enforces=ALL_KINDS),
     # Ollama ignores tool_choice, and a model without a tool template refuses tools: calls held to a schema
     "ollama": Dialect("ollama", native_tools=frozenset()),
 }
@@ -695,12 +745,11 @@ class ServedBackend:
                                    else {"type": "function", "function": {"name": tools.name}})
             if d.one_call_field:
                 body["parallel_tool_calls"] = False
-        elif c is not None and not c.free_text:
-            fmt = d.response_format(json.loads(c.schema))
-            if chat:
-                body["response_format"] = fmt
-            else:
-                extra["response_format"] = fmt  # not part of the completions API: servers that know it use it
+        elif c is not None and not c.free_text and c.kind in d.enforces:
+            for name, value in d.constraint_fields(c).items():
+                # response_format is not part of the completions API, and the rest of no OpenAI API: servers
+                # that know them use them
+                (body if chat and name == "response_format" else extra)[name] = value
         return body, extra
 
     @staticmethod
@@ -1067,8 +1116,10 @@ def _classify(e: BaseException, url: str, key_env: str, scrub=None) -> BaseExcep
             return ModelTimeout(f"the model server at {url} timed out (HTTP {status}){said}")
         if status in (401, 403):
             return ModelError(f"the model server at {url} refused the key in ${key_env} (HTTP {status}){said}")
-        if status in (400, 422) and re.search(r"response_format|json_schema|schema|grammar", said, re.I):
-            return ConstraintError(f"the model server at {url} refused the output schema (HTTP {status}){said}")
+        if status in (400, 422) and re.search(r"response_format|json_schema|schema|grammar|regex|structured_output"
+                                              r"|guided_|\bchoices?\b", said, re.I):
+            return ConstraintError(f"the model server at {url} refused the constraint on the output "
+                                   f"(HTTP {status}){said}")
         error = ModelError(f"the model server at {url} answered HTTP {status}{said}")
         error.status = status  # type: ignore[attr-defined]
         return error

@@ -110,6 +110,8 @@ class ResponseStream:
             "store": False, "background": False, "service_tier": "default", "metadata": {},
             "safety_identifier": None, "prompt_cache_key": None,
             **({"sampler": self.sampler} if self.sampler is not None else {}),
+            # this project's extension: the regex, choices or Lark grammar the answer was held to
+            **{k: self.output[k] for k in ("regex", "choices", "grammar") if k in self.output},
         }
 
     def _call_item(self, status: str, arguments: str) -> dict:

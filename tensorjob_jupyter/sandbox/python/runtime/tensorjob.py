@@ -188,10 +188,26 @@ def _infer_command(prompt, max_tokens, images, kw):
     tools = kw.pop("tools", None)
     if tools is not None:
         cmd["tools"] = [_tool(t) for t in tools]
+    for name in ("regex", "grammar"):
+        if kw.get(name) is not None and not isinstance(kw[name], str):
+            raise TypeError(f"infer() {name} must be str, not {type(kw[name]).__name__}")
+    choices = kw.pop("choices", None)
+    if choices is not None:
+        cmd["choices"] = _choices(choices)
     for name, value in kw.items():
         if value is not None:
             cmd[name] = list(value) if name == "stop" and not isinstance(value, str) else value
     return cmd
+
+
+def _choices(choices):
+    if isinstance(choices, (str, bytes)) or not hasattr(choices, "__iter__"):
+        raise TypeError(f"infer() choices must be a list of str, not {type(choices).__name__}")
+    choices = list(choices)
+    for choice in choices:
+        if not isinstance(choice, str):
+            raise TypeError(f"infer() choices must be a list of str, not a list holding {type(choice).__name__}")
+    return choices  # an empty list, or an empty string, is the host's to refuse (ValueError here)
 
 
 def _format(fmt):
@@ -361,7 +377,8 @@ class Reply:
 
 
 def infer(prompt, *, max_tokens=256, images=(), format=None, tools=None, tool_choice=None, temperature=None,
-          top_p=None, top_k=None, min_p=None, repeat_penalty=None, seed=None, stop=None, on_token=None):
+          top_p=None, top_k=None, min_p=None, repeat_penalty=None, seed=None, stop=None, regex=None, choices=None,
+          grammar=None, on_token=None):
     """Ask the job's model. Returns a :class:`Reply` (iterate it to stream tokens).
 
     ``format``: ``"json"``, a JSON schema (dict), or an Open Responses
@@ -369,11 +386,29 @@ def infer(prompt, *, max_tokens=256, images=(), format=None, tools=None, tool_ch
     by their ``__name__``); the sampling keywords override the job's sampler
     for this infer. With ``on_token=fn`` the call streams at once, calls
     ``fn(piece)`` per token (``False`` stops), and returns the complete reply.
+
+    The answer can be held to a shape while the model decodes (at most one
+    of ``format``, ``regex``, ``choices``, ``grammar`` and ``tools``, and
+    never with ``stop``):
+
+    * ``regex="[0-9]{4}-[0-9]{2}-[0-9]{2}"``: the whole answer matches the
+      regular expression (Rust's ``regex`` syntax, implicitly anchored);
+    * ``choices=["positive", "negative", "neutral"]``: the answer is exactly
+      one of these strings;
+    * ``grammar='start: ("yes" | "no") ", because " /[a-z ]{1,40}/'``: the
+      answer is a sentence of this Lark grammar (llguidance's dialect, from
+      its ``start`` rule).
+
+    A constraint the host cannot enforce (a regex that does not parse, a rule
+    the grammar never defines) ends the job ``schema_validation_failed`` before
+    any token, with one line saying why; an empty ``choices`` list is the
+    guest's own ``ValueError``. Give ``max_tokens`` room for the whole
+    answer: one cut short does not match, and ends the job.
     """
     cmd = _infer_command(prompt, max_tokens, images, {
         "format": format, "tools": tools, "tool_choice": tool_choice, "temperature": temperature,
         "top_p": top_p, "top_k": top_k, "min_p": min_p, "repeat_penalty": repeat_penalty, "seed": seed,
-        "stop": stop})
+        "stop": stop, "regex": regex, "choices": choices, "grammar": grammar})
     reply = Reply(cmd)
     if on_token is not None:
         return reply._run_callback(on_token)
