@@ -6,7 +6,6 @@ decides what its item does -- complete with a value, fail with a code,
 infer, open a file -- and the results depend on the input.
 """
 
-import argparse
 import functools
 import hashlib
 import io
@@ -21,8 +20,8 @@ import tensorjob_jupyter as tj
 from tensorjob_jupyter import fanout
 from tensorjob_jupyter.fanout import ManifestError, ResumeRefused, map as tj_map, read_manifest, start_map
 from tensorjob_jupyter.fanout import concurrency
+from tensorjob_jupyter.inference import ModelRef
 from tensorjob_jupyter.frontends.cli import main as cli_main
-from tensorjob_jupyter.frontends.map_cli import add_map_parser, cmd_map
 from tensorjob_jupyter.inference.topology import physical_cores
 from tensorjob_jupyter.inference import ScriptedBackend
 
@@ -405,11 +404,8 @@ def test_live_progress_and_subscribers(guest, tmp_path):
 
 
 def run_cli(*argv):
-    parser = argparse.ArgumentParser(prog="tensorjob")
-    add_map_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["map", *argv])
     out, err = io.StringIO(), io.StringIO()
-    code = cmd_map(args, out, err)
+    code = cli_main(["map", *argv], out=out, err=err)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -467,9 +463,9 @@ def test_concurrency_auto_is_the_model_s_width_at_most_twice_the_cores(guest, tm
     assert ledger_concurrency(tmp_path / "two") == 2
     tj_map(guest, [done(1)], tmp_path / "told", backend=backend, concurrency=3)
     assert ledger_concurrency(tmp_path / "told") == 3
-    assert concurrency.auto_concurrency({"slots": 8}) == min(8, 2 * physical_cores())
+    assert concurrency.auto_concurrency(ModelRef.parse(slots=8)) == min(8, 2 * physical_cores())
     monkeypatch.setattr(concurrency, "physical_cores", lambda: 1)
-    assert concurrency.auto_concurrency({"slots": 8}) == 2 and concurrency.auto_concurrency() == 2
+    assert concurrency.auto_concurrency(ModelRef.parse(slots=8)) == 2 and concurrency.auto_concurrency() == 2
     for wrong in (0, -1, 2.0, True, "four"):
         with pytest.raises(ValueError, match="concurrency must be a whole number at least 1 or 'auto'"):
             tj_map(guest, [done(1)], tmp_path / "wrong", backend=backend, concurrency=wrong)

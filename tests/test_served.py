@@ -604,19 +604,20 @@ def test_the_options_name_a_served_model_its_id_and_its_key_variable(fake):
     import argparse
 
     from tensorjob_jupyter.frontends.options import JobOptions, OptionError, add_job_arguments
+    from tensorjob_jupyter.inference import ModelRef
 
     parser = argparse.ArgumentParser()
     add_job_arguments(parser)
     args = parser.parse_args(["--model", fake.url, "--model-name", "fake-model", "--api-key-env", "TJ_TEST_KEY"])
     options = JobOptions.from_args(args)
-    assert options.model_options() == {"model_name": "fake-model", "api_key_env": "TJ_TEST_KEY"}
+    assert options.model_ref() == ModelRef("url", fake.url, "fake-model", "TJ_TEST_KEY")
     job = tj.Job(infer_guest(), **options.job_kwargs()).start()
     assert job.wait(30).ok and job.backend is served_backend(fake.url, "fake-model", "TJ_TEST_KEY")
 
     class Settings:  # c.TensorJob.model_path / model_name / api_key_env
         model_path, model_name, api_key_env = fake.url, "fake-model", "TJ_TEST_KEY"
 
-    assert JobOptions.from_settings(Settings()).model_options() == options.model_options()
+    assert JobOptions.from_settings(Settings()).model_ref() == options.model_ref()
     for argv, says in [(["--model", "http://u:pw@127.0.0.1:1/v1"], "password"),
                        (["--model-name", "x"], "only for a model on a server"),
                        (["--model", fake.url, "--lora", "a=b.gguf"], "chosen on its server"),
@@ -629,7 +630,7 @@ def test_a_map_s_backend_spec_carries_the_url_id_and_key_variable_never_the_key(
     from tensorjob_jupyter.fanout.items import BackendSpec
 
     spec = BackendSpec.of(None, fake.url, {"model_name": "fake-model", "api_key_env": "TJ_TEST_KEY"})
-    assert spec.model == fake.url
+    assert (spec.model.kind, spec.model.name, spec.model.served_name) == ("url", fake.url, "fake-model")
     data = pickle.dumps(spec)
     assert KEY.encode() not in data and b"TJ_TEST_KEY" in data
     assert pickle.loads(data).build() is served_backend(fake.url, "fake-model", "TJ_TEST_KEY")

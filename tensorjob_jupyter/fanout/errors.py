@@ -8,8 +8,10 @@ exception.
 
 from __future__ import annotations
 
+from tensorjob_jupyter.abi import TensorjobError
 
-class MapError(Exception):
+
+class MapError(TensorjobError):
     """A map could not start (nothing ran)."""
 
 

@@ -23,9 +23,7 @@ from tensorjob_jupyter.inference.base import Backend
 from tensorjob_jupyter.host.jobs import Job
 from tensorjob_jupyter.limits import Limits
 from tensorjob_jupyter.host.reactor import InferOptions, internal_error
-from tensorjob_jupyter.inference.hub import is_hf_ref
-from tensorjob_jupyter.inference.lazy import model_backend
-from tensorjob_jupyter.inference.served import is_served
+from tensorjob_jupyter.inference.providers import ModelRef
 
 CANCEL_POLL_S = 0.25
 #: The error code of an item whose worker process died every time it was
@@ -39,38 +37,31 @@ class BackendSpec:
 
     Backends hold threads and cannot travel, so a worker builds its own from
     a ``factory`` (any picklable callable, e.g.
-    ``functools.partial(ScriptedBackend, reply="...")``) or from ``model``
-    (a GGUF path; None is the embedded model) and ``model_options`` (e.g.
-    ``n_threads``) through ``get_backend``. A served model (``model`` an
-    http(s) URL) travels as its URL, its ``model_name`` and the *name* of its
-    key's variable (``api_key_env``): each worker reads the key from its own
-    environment, so the key is never pickled. Each process builds one per
-    ``key`` and keeps it (``process_backend``).
+    ``functools.partial(ScriptedBackend, reply="...")``) or from ``model``, a
+    ``ModelRef`` (a small frozen value: a served model travels as its URL, its
+    id and the *name* of its key's variable, so each worker reads the key from
+    its own environment and the key is never pickled). Each process builds one
+    per ``key`` and keeps it (``process_backend``).
     """
 
     factory: Callable[[], Backend] | None = None
-    model: str | None = None
-    model_options: tuple[tuple[str, Any], ...] = ()
+    model: ModelRef = ModelRef()
     key: str = ""
 
     @classmethod
-    def of(cls, factory: Callable[[], Backend] | None, model: str | os.PathLike | None,
+    def of(cls, factory: Callable[[], Backend] | None, model: "ModelRef | str | os.PathLike | None",
            model_options: dict | None = None) -> "BackendSpec":
+        """``factory``, else ``model`` (a ``ModelRef``, or what ``ModelRef.parse`` reads, with ``model_options``);
+        ``ValueError`` names an option that does not belong to the model's kind."""
         if factory is not None:
             return cls(factory=factory, key="factory:" + _digest_of(factory))
-
-        if model is not None and not is_hf_ref(model) and not is_served(model):
-            model = os.path.abspath(model)
-        # hashable: a dict option (loras={name: path}) as its sorted pairs, which get_backend reads alike
-        options = tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, dict) else v)
-                               for k, v in (model_options or {}).items()))
-        return cls(model=model, model_options=options, key=f"model:{model or ''}:{options!r}")
+        ref = ModelRef.parse(model, **(model_options or {}))
+        return cls(model=ref, key=f"model:{ref!r}")
 
     def build(self) -> Backend:
         if self.factory is not None:
             return self.factory()
-
-        return model_backend(self.model, **dict(self.model_options))
+        return self.model.backend()
 
 
 def _digest_of(obj: Any) -> str:

@@ -148,7 +148,7 @@ def _executor(spec: ItemSpec, instance: Backend | None, concurrency: int | str, 
     if cluster is None:
         backend = instance if instance is not None else process_backend(spec.backend)
         if concurrency == AUTO:
-            concurrency = auto_concurrency(spec.backend.model_options, instance)
+            concurrency = auto_concurrency(spec.backend.model, instance)
         return LocalExecutor(spec, backend, concurrency)
     concurrency = None if concurrency == AUTO else concurrency
     if instance is not None:

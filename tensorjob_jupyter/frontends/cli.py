@@ -35,7 +35,6 @@ from typing import Sequence, TextIO
 from tensorjob_jupyter.version import __version__
 from tensorjob_jupyter.frontends.map_cli import add_map_parser, cmd_map
 from tensorjob_jupyter.frontends.serve import add_serve_parser, cmd_serve
-from tensorjob_jupyter.history.runs import RunError
 from tensorjob_jupyter.frontends.export import add_export_parser, cmd_export
 from tensorjob_jupyter.frontends.history_cli import COMMANDS as HISTORY_COMMANDS
 from tensorjob_jupyter.frontends.history_cli import add_history_parsers
@@ -45,10 +44,8 @@ from tensorjob_jupyter.host.jobs import Job
 from tensorjob_jupyter.frontends.options import (
     BY_NAME, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobOptions, OptionError, add_job_arguments,
 )
-from tensorjob_jupyter.history.replay_setup import ReplayError
+from tensorjob_jupyter.abi import TensorjobError
 from tensorjob_jupyter.text import clip, for_terminal, json_text
-from tensorjob_jupyter.record.event_checks import TranscriptError
-from tensorjob_jupyter.inference.lazy import model_backend
 from tensorjob_jupyter.sandbox.compile import cache_dir, cache_usage, clear_cache
 
 class _Parser(argparse.ArgumentParser):
@@ -100,7 +97,7 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
         return EXIT_FAILED
     kwargs = options.job_kwargs()
     try:  # a hf: model is fetched here, before Ctrl-C means "cancel the job"
-        backend = _backend(kwargs.pop("model"), kwargs.pop("model_options"))
+        backend = kwargs.pop("model").backend()
     except ModelError as e:  # a hf: model that cannot be found or fetched
         raise OptionError(f"--model {options.model}: {e}") from None
     with CtrlCCancels() as ctrl_c:
@@ -115,11 +112,6 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
         out.write(json_text(envelope.result) + "\n")
     out.flush()
     return exit_status(envelope)
-
-
-def _backend(model: str | None, model_options: dict | None = None):
-    """The shared backend for ``model`` (default: the embedded one), loaded on first use."""
-    return model_backend(model, **(model_options or {}))
 
 
 # --- compile and cache -------------------------------------------------------------------
@@ -155,7 +147,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
     try:
         args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args, out, err)
-    except (OptionError, RunError, TranscriptError, ReplayError) as e:
+    except TensorjobError as e:  # every refusal of this package, caught once: one line, exit 2
         err.write(f"tensorjob: error: {clip(for_terminal(str(e), one_line=True), MAX_ERROR_CHARS)}\n")
         return EXIT_USAGE
 

@@ -58,7 +58,6 @@ from tensorjob_jupyter.history.diff import diff_runs
 from tensorjob_jupyter.history.map_compare import compare
 from tensorjob_jupyter.history.map_replay import MapReplayRun, start_map_replay
 from tensorjob_jupyter.history.replay_setup import ReplayError
-from tensorjob_jupyter.fanout.errors import MapError
 from tensorjob_jupyter.frontends.map_cli import _ProgressPrinter
 from tensorjob_jupyter.frontends.terminal import SIGNAL_CHECK_S
 

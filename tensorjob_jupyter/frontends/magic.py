@@ -65,6 +65,7 @@ command line and the Python API; their defaults are traitlets on the
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import sys
 
@@ -74,7 +75,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from traitlets import CaselessStrEnum, Float
 from traitlets.config import Configurable
 
-from tensorjob_jupyter.abi import Envelope
+from tensorjob_jupyter.abi import Envelope, TensorjobError
 from tensorjob_jupyter.fanout import MapResult
 from tensorjob_jupyter.frontends import options as job_options
 from tensorjob_jupyter.frontends.history_cli import (
@@ -82,18 +83,15 @@ from tensorjob_jupyter.frontends.history_cli import (
 )
 from tensorjob_jupyter.frontends.map_cli import CONCURRENCY_HELP, concurrency_value, estimate_map_run, start_map_run
 from tensorjob_jupyter.frontends.options import JobOptions, OptionError, job_arguments
-from tensorjob_jupyter.frontends.outcome import CellEnvelope, GateFailed, GuestDoesNotCompile, JobFailed
+from tensorjob_jupyter.frontends.outcome import CellEnvelope, CellError, GateFailed, GuestDoesNotCompile, JobFailed
 from tensorjob_jupyter.frontends.prompt import prompt as debug_prompt
 from tensorjob_jupyter.frontends.terminal import SIGNAL_CHECK_S, load_guest
 from tensorjob_jupyter.frontends.view.summary import map_summary, summary
 from tensorjob_jupyter.history.map_replay import MapReplay, MapReplayRun
 from tensorjob_jupyter.history.report import ReplayReport
-from tensorjob_jupyter.history.replay_setup import ReplayError
-from tensorjob_jupyter.history.runs import RunError, prune
+from tensorjob_jupyter.history.runs import prune
 from tensorjob_jupyter.host.jobs import Job, get_job, jobs
 from tensorjob_jupyter.inference.base import ModelError
-from tensorjob_jupyter.inference.lazy import model_backend
-from tensorjob_jupyter.record.event_checks import TranscriptError
 from tensorjob_jupyter.sandbox.compile import GuestSource, cache_dir, cache_usage, clear_cache
 from tensorjob_jupyter.text import clip, for_terminal
 
@@ -103,8 +101,6 @@ JobSettings = type("JobSettings", (Configurable,), {"__doc__": "Defaults of the 
 
 #: How a value with spaces or quotes is written on a magic's line.
 QUOTING = ("quote a value once, as in a shell: --input '{\"path\": \"a.txt\"}' or --input \"{'path': 'a.txt'}\"")
-#: Errors of the layers below that stop a subcommand before it starts: each is one UsageError line.
-REFUSALS = (OptionError, RunError, TranscriptError, ReplayError)
 #: Characters of a refusal the cell shows (the text may come from a file from anywhere).
 MAX_REFUSAL_CHARS = 1000
 
@@ -112,6 +108,18 @@ MAX_REFUSAL_CHARS = 1000
 def refusal_line(e: Exception) -> str:
     """Why a job could not start, as one short, inert line."""
     return clip(for_terminal(" ".join(str(e).split()), one_line=True), MAX_REFUSAL_CHARS)
+
+
+@contextlib.contextmanager
+def refusals_as_usage_errors():
+    """Around a magic's whole action: every refusal of this package (a ``TensorjobError`` other than the
+    cell's own outcome, ``CellError``) is one ``UsageError`` line -- the one place the magics catch it."""
+    try:
+        yield
+    except CellError:
+        raise
+    except TensorjobError as e:
+        raise UsageError(refusal_line(e)) from None
 
 
 @magics_class
@@ -164,7 +172,7 @@ class TensorJob(Magics, JobSettings):
     def start_job(self, guest: GuestSource, options: JobOptions) -> Job:
         kwargs = options.job_kwargs()
         try:
-            return Job(guest, backend=model_backend(kwargs.pop("model"), **kwargs.pop("model_options")), **kwargs)
+            return Job(guest, backend=kwargs.pop("model").backend(), **kwargs)
         except ModelError as e:  # a hf: model that cannot be found or fetched
             raise UsageError(f"--model {options.model}: {e}") from None
 
@@ -285,12 +293,10 @@ class TensorJob(Magics, JobSettings):
         args = self._parse(self.tensorjob_cell, line)
         if not cell.strip():
             raise UsageError("the cell is empty: write the guest's C, Zig or WAT source below %%tensorjob")
-        options = self._options(args)
-        guest = self._guest(options, cell=cell, lang=args.lang)
-        try:
+        with refusals_as_usage_errors():
+            options = self._options(args)
+            guest = self._guest(options, cell=cell, lang=args.lang)
             return self._run(self.start_job(guest, options), args)
-        except OptionError as e:
-            raise UsageError(str(e)) from None
 
     @magic_arguments(name="tensorjob")
     @argument("action", choices=["run", "map", "jobs", "cancel", "cache", "runs", "show", "replay"],
@@ -377,10 +383,8 @@ class TensorJob(Magics, JobSettings):
         args = self._parse(self.tensorjob_line, line)
         if args.lang is not None:
             raise UsageError("--lang names a cell's language: %%tensorjob --lang c, or %%tensorjob map --lang c")
-        try:
+        with refusals_as_usage_errors():
             return self._line_action(args)
-        except REFUSALS as e:
-            raise UsageError(refusal_line(e)) from None
 
     def _line_action(self, args):
         if args.action == "runs":
@@ -413,11 +417,9 @@ class TensorJob(Magics, JobSettings):
                              "--run-dir DIR")
         if not cell.strip():
             raise UsageError("the cell is empty: write the guest's C, Zig or WAT source below %%tensorjob map")
-        options = self._options(args, local_model=not args.cluster)
-        try:
+        with refusals_as_usage_errors():
+            options = self._options(args, local_model=not args.cluster)
             return self._map(self._guest(options, cell=cell, lang=args.lang), options, args)
-        except REFUSALS as e:
-            raise UsageError(refusal_line(e)) from None
 
     def _map(self, guest: GuestSource, options: JobOptions, args) -> "MapResult":
         if getattr(args, "input", None) is not None:

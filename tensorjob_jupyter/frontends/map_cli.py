@@ -21,7 +21,7 @@ import time
 from typing import TextIO
 
 from tensorjob_jupyter.frontends.options import (
-    EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobOptions, OptionError, add_job_arguments,
+    EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, JobOptions, OptionError, add_job_arguments,
 )
 from tensorjob_jupyter.fanout.errors import MapError
 from tensorjob_jupyter.fanout.estimate import MapEstimate, estimate_map
@@ -77,19 +77,15 @@ def add_experiment_arguments(p) -> None:
 def cmd_map(args, out: TextIO, err: TextIO) -> int:
     """``tensorjob map``: 0 every item completed, 1 some failed or the guest did not compile,
     2 usage error (anything that keeps the map from starting, one line), 130 Ctrl-C."""
-    try:
-        options = JobOptions.from_args(args, local_model=args.cluster is None)  # on a cluster: each worker checks
-        guest = load_guest(options, args.guest, err)
-        if guest is None:
-            return EXIT_FAILED
-        if args.estimate:
-            estimate = estimate_map_run(guest, args, options)
-            out.write((json_text(estimate.to_json()) if args.json else for_terminal(str(estimate))) + "\n")
-            return EXIT_OK
-        run = start_map_run(guest, args, options)
-    except OptionError as e:
-        err.write(f"tensorjob: error: {for_terminal(str(e), one_line=True)}\n")
-        return EXIT_USAGE
+    options = JobOptions.from_args(args, local_model=args.cluster is None)  # on a cluster: each worker checks
+    guest = load_guest(options, args.guest, err)
+    if guest is None:
+        return EXIT_FAILED
+    if args.estimate:
+        estimate = estimate_map_run(guest, args, options)
+        out.write((json_text(estimate.to_json()) if args.json else for_terminal(str(estimate))) + "\n")
+        return EXIT_OK
+    run = start_map_run(guest, args, options)
     printer = _ProgressPrinter(err, quiet=args.quiet)
     run.subscribe(printer)
     try:

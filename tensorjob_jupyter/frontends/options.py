@@ -34,10 +34,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from tensorjob_jupyter import limits as limits_table
+from tensorjob_jupyter.abi import TensorjobError
 from tensorjob_jupyter.inference.base import DEFAULT_REPEAT_PENALTY
 from tensorjob_jupyter.limits import BYTES, COUNT, SECONDS, Limits
 from tensorjob_jupyter.host.debugger import parse_break_on
-from tensorjob_jupyter.inference import hub, served
+from tensorjob_jupyter.inference.providers import ModelRef
 from tensorjob_jupyter.world.fetch import FetchGrants
 from tensorjob_jupyter.inference.base import LoraChoice, Sampler
 from tensorjob_jupyter.host.reactor import InferOptions
@@ -52,7 +53,7 @@ from tensorjob_jupyter.frontends.input_value import InputError, read_input
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
 
 
-class OptionError(ValueError):
+class OptionError(TensorjobError, ValueError):
     """An option that cannot be used: one line, naming the flag (exit 2, or a ``UsageError``)."""
 
 
@@ -294,25 +295,11 @@ class JobOptions:
         if self.input_file is not None and not os.path.isfile(self.input_file):
             raise OptionError(f"--input-file {self.input_file}: no such file")
 
-        if served.is_served(self.model):
-            try:
-                served.normalise_url(self.model)
-            except ValueError as e:
-                raise OptionError(f"--model: {e}") from None
-            if self.lora:
-                raise OptionError("--lora: a served model's adapters are chosen on its server, not by the job")
-            if self.api_key_env is not None and not served.is_variable_name(self.api_key_env):
-                raise OptionError(f"--api-key-env {self.api_key_env}: not an environment variable name")
-        elif self.model_name is not None or self.api_key_env is not None:
-            flag = "--model-name" if self.model_name is not None else "--api-key-env"
-            raise OptionError(f"{flag}: only for a model on a server (--model http://HOST:PORT/v1)")
-        elif self.model is not None and hub.is_hf_ref(self.model):
-            try:
-                hub.parse_ref(self.model)
-            except ValueError as e:
-                raise OptionError(f"--model: {e}") from None
-        elif local_model and self.model is not None and not os.path.isfile(self.model):
-            raise OptionError(f"--model {self.model}: model file not found")
+        ref = self.model_ref()
+        try:
+            ref.check(local=local_model)
+        except ValueError as e:
+            raise OptionError(str(e) if str(e).startswith("--") else f"--model: {e}") from None
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.repeat_penalty <= 0:
             flag, value = (("--temperature", self.temperature) if self.temperature < 0 else
                            ("--top-p", self.top_p) if not 0 < self.top_p <= 1 else
@@ -366,13 +353,15 @@ class JobOptions:
         lora = tuple(LoraChoice(name, scale) for name, (_path, scale) in self.loras(local_model=False).items())
         return InferOptions(sampler=sampler, chat=self.chat, cache_prompt=not self.no_prompt_cache, lora=lora)
 
-    def model_options(self) -> dict[str, Any]:
-        """Engine options for the model (``get_backend``): the adapters ``--lora`` loads; for a served
-        model (``served_backend``), its id and the name of its key's variable (never the key)."""
-        if served.is_served(self.model):
-            return {k: v for k, v in (("model_name", self.model_name), ("api_key_env", self.api_key_env)) if v}
+    def model_ref(self) -> ModelRef:
+        """The model these options name (``--model``, ``--model-name``, ``--api-key-env``, ``--lora``), read
+        once; ``OptionError`` names an option that does not belong to its kind."""
         loras = self.loras(local_model=False)
-        return {"loras": {name: path for name, (path, _scale) in loras.items()}} if loras else {}
+        try:
+            return ModelRef.parse(self.model, model_name=self.model_name, api_key_env=self.api_key_env,
+                                  loras={name: path for name, (path, _scale) in loras.items()})
+        except ValueError as e:
+            raise OptionError(str(e) if str(e).startswith("--") else f"--model: {e}") from None
 
     def guest(self, path: str | os.PathLike):
         """The guest file, loaded or compiled with these options' flags."""
@@ -380,15 +369,15 @@ class JobOptions:
 
     def job_kwargs(self) -> dict[str, Any]:
         """Keywords for ``Job`` (and ``run``)."""
-        return {"input": self.input, "read": list(self.read), "fetch": list(self.fetch), "model": self.model,
-                "model_options": self.model_options(), "limits": self.limits, "input_bytes": self.input_bytes(),
+        return {"input": self.input, "read": list(self.read), "fetch": list(self.fetch), "model": self.model_ref(),
+                "limits": self.limits, "input_bytes": self.input_bytes(),
                 "infer": self.infer_options(), "runs_dir": self.runs,
                 "debug": self.debug, "break_on": self.break_on}
 
     def map_kwargs(self) -> dict[str, Any]:
         """Keywords for ``start_map`` (and ``map``)."""
-        return {"read": list(self.read), "fetch": list(self.fetch), "model": self.model,
-                "model_options": self.model_options(), "limits": self.limits, "input_bytes": self.input_bytes(),
+        return {"read": list(self.read), "fetch": list(self.fetch), "model": self.model_ref(),
+                "limits": self.limits, "input_bytes": self.input_bytes(),
                 "infer": self.infer_options(), "runs_dir": self.runs}
 
 

@@ -85,6 +85,7 @@ from tensorjob_jupyter.inference.base import (FINISH_LENGTH, Backend, Constraint
                                               ModelError, QueueFull, RequestTooLarge, Sampler)
 from tensorjob_jupyter.inference import hub, served
 from tensorjob_jupyter.inference.models import get_backend
+from tensorjob_jupyter.inference.providers import HF, URL, ModelRef
 from tensorjob_jupyter.frontends.options import EXIT_FAILED, EXIT_OK, OptionError
 from tensorjob_jupyter.text import for_terminal
 
@@ -628,7 +629,11 @@ def cmd_serve(args, out: TextIO, err: TextIO) -> int:
         err.write(f"tensorjob: error: tensorjob serve needs the serve extra ({e.name} is missing): "
                   "pip install 'tensorjob-jupyter[serve]'\n")
         return EXIT_FAILED
-    if served.is_served(args.model):
+    try:
+        model = ModelRef.parse(args.model)
+    except ValueError as e:
+        raise OptionError(f"--model: {e}") from None
+    if model.kind == URL:
         raise OptionError("--model: tensorjob serve serves a model file, not another server")
     for name, low, high in (("slots", 1, 256), ("n_ctx", 16, 1 << 20), ("port", 0, 65535), ("threads", 1, 1024),
                             ("header_timeout", 0.1, 3600), ("body_timeout", 0.1, 3600)):
@@ -646,7 +651,7 @@ def cmd_serve(args, out: TextIO, err: TextIO) -> int:
     if args.threads is not None:
         options.update(n_threads=args.threads, n_threads_batch=args.threads)
     try:
-        path = hub.resolve(args.model) if hub.is_hf_ref(args.model) else args.model
+        path = hub.resolve(model.name) if model.kind == HF else (model.name or None)
         backend = get_backend(path, **options)
         backend.generate_stream(GenerateRequest("", 1), lambda _t: True).result()  # load it now, fail now
     except ModelError as e:

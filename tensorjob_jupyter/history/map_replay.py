@@ -59,7 +59,8 @@ from tensorjob_jupyter.history.replay import ReplayJob, live_model_needed
 from tensorjob_jupyter.history.replay_setup import ReplayError, load_recording
 from tensorjob_jupyter.host.jobs import resolve_guest
 from tensorjob_jupyter.host.reactor import internal_error
-from tensorjob_jupyter.inference.lazy import DEFAULT_MODEL_NAME, model_backend
+from tensorjob_jupyter.inference.lazy import DEFAULT_MODEL_NAME
+from tensorjob_jupyter.inference.providers import model_backend
 from tensorjob_jupyter.inference.topology import available_cpus
 from tensorjob_jupyter.text import for_terminal
 

@@ -79,7 +79,8 @@ from tensorjob_jupyter.record.transcript import EventReader
 from tensorjob_jupyter.record.recording import (
     LIVE_COMMANDS, End, InferAnswer, Recording, Step, compare_commands, describe, normalise,
 )
-from tensorjob_jupyter.inference.lazy import DEFAULT_MODEL_NAME, model_backend
+from tensorjob_jupyter.inference.lazy import DEFAULT_MODEL_NAME
+from tensorjob_jupyter.inference.providers import model_backend
 
 #: How a recorded run can end that a replay reproduces at the same step rather than carry out:
 #: the host stopped it (a cancel, its time limit, the model or the host failing).

@@ -17,6 +17,7 @@ import os
 import re
 from typing import Any, Iterable
 
+from tensorjob_jupyter.abi import TensorjobError
 from tensorjob_jupyter.inference.base import (
     LoraChoice, Sampler,
 )
@@ -35,7 +36,7 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 
-class ReplayError(ValueError):
+class ReplayError(TensorjobError, ValueError):
     """A replay that cannot start: its run cannot be replayed, or what it needs was not given (one line)."""
 
 

@@ -40,6 +40,7 @@ from typing import Any
 
 import orjson
 
+from tensorjob_jupyter.abi import TensorjobError
 from tensorjob_jupyter.text import for_html, for_terminal
 from tensorjob_jupyter.record.run_folder import EVENTS_FILE, RUN_FILES, is_live, runs_folder
 from tensorjob_jupyter.record.transcript import read_header
@@ -48,7 +49,7 @@ from tensorjob_jupyter.record.event_checks import TranscriptError
 STATUSES = ("completed", "failed", "cancelled", "running", "interrupted", "unreadable")
 
 
-class RunError(ValueError):
+class RunError(TensorjobError, ValueError):
     """A run that cannot be found or used (one line)."""
 
 

@@ -22,6 +22,7 @@ import sys
 import threading
 from typing import Any
 
+from tensorjob_jupyter.abi import TensorjobError
 from tensorjob_jupyter.inference.memo import BytesLRU
 
 #: The whole of one infer's ``format`` and ``tools`` as compact JSON (non-ASCII escaped): what memory a schema
@@ -33,7 +34,7 @@ DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
 
 
-class SchemaError(ValueError):
+class SchemaError(TensorjobError, ValueError):
     """A schema the grammar cannot enforce, or output that does not match: ``schema_validation_failed``."""
 
 
