@@ -505,9 +505,9 @@ def test_prune_never_removes_a_running_job_of_this_process():
 
 
 def test_show_prints_exactly_what_run_printed(monkeypatch, guest_with_everything):
-    import tensorjob_jupyter.frontends.cli as cli
+    from tensorjob_jupyter.inference import ModelRef
 
-    monkeypatch.setattr(cli, "_backend", lambda model, model_options=None: ScriptedBackend(WORDS))
+    monkeypatch.setattr(ModelRef, "backend", lambda self: ScriptedBackend(WORDS))  # the embedded model's place
     code, out, err = run_cli("run", guest_with_everything)
     run_id = list_runs()[0].id
     shown = run_cli("show", run_id)

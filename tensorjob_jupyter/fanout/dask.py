@@ -381,12 +381,12 @@ _RUNS_DIRS: dict[str, str] = {}
 def _local_spec(spec: ItemSpec) -> ItemSpec:
     """``spec`` with a transcript folder this worker can write (a shared path
     on one machine or a shared filesystem; otherwise a temporary folder)."""
-    usable = _RUNS_DIRS.get(spec.runs_dir)
+    usable = _RUNS_DIRS.get(spec.job.runs_dir)
     if usable is None:
         try:
-            os.makedirs(spec.runs_dir, exist_ok=True)
-            usable = spec.runs_dir
+            os.makedirs(spec.job.runs_dir, exist_ok=True)
+            usable = spec.job.runs_dir
         except OSError:
             usable = os.path.join(tempfile.gettempdir(), "tensorjob-map-jobs")
-        _RUNS_DIRS[spec.runs_dir] = usable
-    return spec if usable == spec.runs_dir else replace(spec, runs_dir=usable)
+        _RUNS_DIRS[spec.job.runs_dir] = usable
+    return spec if usable == spec.job.runs_dir else replace(spec, job=spec.job.replace(runs_dir=usable))

@@ -21,8 +21,8 @@ from typing import Any, Callable
 from tensorjob_jupyter.abi import JobStatus, codes
 from tensorjob_jupyter.inference.base import Backend
 from tensorjob_jupyter.host.jobs import Job
-from tensorjob_jupyter.limits import Limits
-from tensorjob_jupyter.host.reactor import InferOptions, internal_error
+from tensorjob_jupyter.host.reactor import internal_error
+from tensorjob_jupyter.host.spec import JobSpec
 from tensorjob_jupyter.inference.providers import ModelRef
 
 CANCEL_POLL_S = 0.25
@@ -97,22 +97,25 @@ def process_backend_count() -> int:
 
 @dataclass(frozen=True)
 class ItemSpec:
-    """Everything an item needs besides its input; travels to a worker once."""
+    """Everything an item needs besides its input; travels to a worker once.
 
-    wasm: bytes
-    read: tuple[str, ...]
-    cwd: str
-    limits: Limits
-    infer: InferOptions | None
+    ``job`` is every item's ``JobSpec`` but for its input and name (its grants absolute, its ``cwd`` and
+    ``runs_dir`` set), ``backend`` how a process gets the model."""
+
+    job: JobSpec
     backend: BackendSpec
-    runs_dir: str
-    name: str = "guest"
-    input_bytes: bytes = b""
-    fetch: tuple[str, ...] = ()
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(self.wasm).hexdigest()
+        return self.job.guest.sha256
+
+    @property
+    def name(self) -> str:
+        return self.job.name or self.job.guest.name
+
+    def item_job(self, index: int, item: Any) -> JobSpec:
+        """Item ``index``'s job: the template with the item as its input, named ``guest[index]``."""
+        return self.job.replace(input=item, name=f"{self.name}[{index}]")
 
 
 # --- one item -----------------------------------------------------------------------
@@ -128,9 +131,7 @@ def run_item(spec: ItemSpec, backend: Backend, index: int, item: Any,
     """
     started = time.perf_counter()
     try:
-        job = Job(spec.wasm, input=item, read=spec.read, backend=backend, limits=spec.limits,
-                  infer=spec.infer, runs_dir=spec.runs_dir, cwd=spec.cwd, name=f"{spec.name}[{index}]",
-                  input_bytes=spec.input_bytes, fetch=spec.fetch)
+        job = Job(spec.item_job(index, item), backend=backend)
     except Exception as e:  # noqa: BLE001 - a host error fails this item only
         error = internal_error(f"{spec.name}[{index}]", e)
         return failed_outcome(index, error.code, error.message)

@@ -59,7 +59,7 @@ from tensorjob_jupyter.history.map_compare import compare
 from tensorjob_jupyter.history.map_replay import MapReplayRun, start_map_replay
 from tensorjob_jupyter.history.replay_setup import ReplayError
 from tensorjob_jupyter.frontends.map_cli import _ProgressPrinter
-from tensorjob_jupyter.frontends.terminal import SIGNAL_CHECK_S
+from tensorjob_jupyter.host.waiting import wait_or_cancel
 
 #: Runs a listing shows unless told otherwise.
 DEFAULT_LIMIT = 20
@@ -346,11 +346,7 @@ def cmd_replay_map(args, out: TextIO, err: TextIO) -> int:
         return EXIT_FAILED
     run = replay_run.run
     run.subscribe(_ProgressPrinter(err, quiet=args.quiet))
-    try:
-        while not run.done:  # woken often: a Ctrl-C handed to another thread runs once this one is in Python
-            run.wait_for_update(timeout=SIGNAL_CHECK_S)
-    except KeyboardInterrupt:
-        replay_run.cancel()
+    wait_or_cancel(run.wait_done, replay_run.cancel)
     replay = replay_run.wait()
     if run.cancelled:
         out.write(for_terminal(f"replay cancelled: {replay.replayed.completed + replay.replayed.failed} of "

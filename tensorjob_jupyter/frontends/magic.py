@@ -85,7 +85,8 @@ from tensorjob_jupyter.frontends.map_cli import CONCURRENCY_HELP, concurrency_va
 from tensorjob_jupyter.frontends.options import JobOptions, OptionError, job_arguments
 from tensorjob_jupyter.frontends.outcome import CellEnvelope, CellError, GateFailed, GuestDoesNotCompile, JobFailed
 from tensorjob_jupyter.frontends.prompt import prompt as debug_prompt
-from tensorjob_jupyter.frontends.terminal import SIGNAL_CHECK_S, load_guest
+from tensorjob_jupyter.frontends.terminal import load_guest
+from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.frontends.view.summary import map_summary, summary
 from tensorjob_jupyter.history.map_replay import MapReplay, MapReplayRun
 from tensorjob_jupyter.history.report import ReplayReport
@@ -223,10 +224,9 @@ class TensorJob(Magics, JobSettings):
         try:
             if prompt:
                 debug_prompt(job, read_line=_input_line, write=lambda text: print(text, end="", flush=True))
-            while not job.done:
-                job.wait_done(SIGNAL_CHECK_S)
         except KeyboardInterrupt:
             job.cancel()
+        wait_or_cancel(job.wait_done, job.cancel)
         return job.wait()
 
     def _run(self, job: Job, args) -> "CellEnvelope | Job":
@@ -443,11 +443,7 @@ class TensorJob(Magics, JobSettings):
             view.start()
         if args.bg:
             return run
-        try:
-            while not run.wait_done(SIGNAL_CHECK_S):
-                pass
-        except KeyboardInterrupt:
-            run.cancel()
+        wait_or_cancel(run.wait_done, run.cancel)
         result = run.wait()
         if view is not None:
             view.join(10)
@@ -496,11 +492,7 @@ class TensorJob(Magics, JobSettings):
                 pass
             envelope = last.get("envelope") or {"status": "interrupted"}
         else:
-            try:
-                while view.alive:  # woken often: a kernel interrupt handed to another thread runs only in Python
-                    view.join(SIGNAL_CHECK_S)
-            except KeyboardInterrupt:
-                playback.cancel()
+            if not wait_or_cancel(lambda seconds: view.join(seconds) or not view.alive, playback.cancel):
                 view.join(10)
             state = view.state
             envelope = {"status": state.status, "usage": state.usage}
@@ -542,11 +534,7 @@ class TensorJob(Magics, JobSettings):
             view.start()
         if args.bg:
             return replay_run
-        try:
-            while not replay_run.run.done:
-                replay_run.run.wait_for_update(timeout=SIGNAL_CHECK_S)
-        except KeyboardInterrupt:
-            replay_run.cancel()
+        wait_or_cancel(replay_run.run.wait_done, replay_run.cancel)
         replay = replay_run.wait()
         if view is not None:
             view.join(10)

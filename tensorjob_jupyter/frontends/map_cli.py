@@ -31,7 +31,8 @@ from tensorjob_jupyter.fanout.concurrency import AUTO
 from tensorjob_jupyter.fanout.scoring import BUILTINS, DEFAULT_SCORER
 from tensorjob_jupyter.fanout.start import start_map
 from tensorjob_jupyter.frontends.table import map_table
-from tensorjob_jupyter.frontends.terminal import SIGNAL_CHECK_S, load_guest
+from tensorjob_jupyter.frontends.terminal import load_guest
+from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.sandbox.compile import GuestSource
 from tensorjob_jupyter.text import for_terminal, json_text
 
@@ -88,13 +89,8 @@ def cmd_map(args, out: TextIO, err: TextIO) -> int:
     run = start_map_run(guest, args, options)
     printer = _ProgressPrinter(err, quiet=args.quiet)
     run.subscribe(printer)
-    try:
-        while not run.wait_done(SIGNAL_CHECK_S):  # woken often: a Ctrl-C handed to another thread runs once this one is in Python
-            pass
-        result = run.wait()
-    except KeyboardInterrupt:
-        run.cancel()
-        result = run.wait()
+    wait_or_cancel(run.wait_done, run.cancel)
+    result = run.wait()
     if args.json:
         out.write(json_text(result.to_json()) + "\n")
     else:

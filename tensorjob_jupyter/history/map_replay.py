@@ -57,7 +57,8 @@ from tensorjob_jupyter.history.map_compare import MapComparison
 from tensorjob_jupyter.history.maps import RecordedMap
 from tensorjob_jupyter.history.replay import ReplayJob, live_model_needed
 from tensorjob_jupyter.history.replay_setup import ReplayError, load_recording
-from tensorjob_jupyter.host.jobs import resolve_guest
+from tensorjob_jupyter.sandbox.compile import GuestSource
+from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.host.reactor import internal_error
 from tensorjob_jupyter.inference.lazy import DEFAULT_MODEL_NAME
 from tensorjob_jupyter.inference.providers import model_backend
@@ -94,7 +95,7 @@ class ReplayExecutor(LocalExecutor):
                  concurrency: int, job_options: Callable[[Any], dict] | None = None):
         super().__init__(spec=None, backend=backend, concurrency=concurrency)
         self.recorded = recorded
-        self.guest = resolve_guest(guest)
+        self.guest = GuestSource.of(guest)
         self.live = live
         self.jobs_dir = jobs_dir
         self.job_options = job_options or (lambda recording: {})
@@ -311,11 +312,8 @@ def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, ou
 def replay_map(run_dir: "str | os.PathLike | MapResult", guest: Any, **kwargs: Any) -> MapReplay:
     """Replay ``guest`` over the recorded map in ``run_dir`` to the end; see ``start_map_replay``."""
     replay = start_map_replay(run_dir, guest, **kwargs)
-    try:
-        return replay.wait()
-    except KeyboardInterrupt:
-        replay.cancel()
-        return replay.wait()
+    wait_or_cancel(replay.run.wait_done, replay.cancel)
+    return replay.wait()
 
 
 def _check_target(target: Path, recorded: Path) -> None:

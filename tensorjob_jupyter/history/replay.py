@@ -63,6 +63,7 @@ from tensorjob_jupyter.inference.base import (
     FINISH_CANCELLED, FINISH_GUEST_STOP, FINISH_LENGTH, FINISH_STOP, Backend, GenerateResult, GenerateUsage, ModelError,
 )
 from tensorjob_jupyter.host.jobs import Job
+from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.history.report import Divergence, ReplayReport
 from tensorjob_jupyter.history.replay_setup import (
     RECORDED, ReplayError, adoption_lines, load_recording, recorded_cwd, recorded_infer_options, recorded_limits,
@@ -517,11 +518,8 @@ def live_model_needed(recording: Recording) -> str:
 def replay(guest: Any, run: Any, *, live: bool = False, timeout: float | None = None, **kwargs: Any) -> ReplayReport:
     """Replay ``guest`` against the recorded run ``run`` to the end; see ``ReplayJob`` for the keywords."""
     job = ReplayJob(guest, run, live=live, **kwargs).start()
-    try:
-        job.wait(timeout)
-    except KeyboardInterrupt:
-        job.cancel()
-        job.wait()
+    wait_or_cancel(job.wait_done, job.cancel, timeout=timeout, what=f"replay {job.id}")
+    job.wait()
     report = job.report
     assert report is not None
     return report

@@ -96,7 +96,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from tensorjob_jupyter.inference.base import (
-    FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, Constraint, ConstraintError, GenerateRequest, GenerateResult,
+    FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, ConstraintError, GenerateRequest, GenerateResult,
     GenerateUsage, LoraChoice, ModelError, Pending, RequestTooLarge, TokenCallback,
 )
 from tensorjob_jupyter.inference.gguf import check_gguf
