@@ -128,24 +128,24 @@ def test_the_guest_receives_page_texted(tmp_path):
     reactor = Reactor(job_id="t", wasm=wat.script_guest([DONE]), input_json=b"{}", grants=Grants.for_paths([tmp_path]),
                       backend=None, limits=tj.Limits(), stream=EventStream("t"), cancel=threading.Event())
     try:
-        opened = reactor._execute(abi.Open(path))
+        opened = reactor.carry_out(abi.Open(path))
         assert opened.to_json() == {"event": "opened", "handle": 0, "len": opened.len,
                                     "kind": {"kind": "document", "pages": 3, "has_text_layer": True}}
-        texted = reactor._execute(abi.PageText(0, 2))
+        texted = reactor.carry_out(abi.PageText(0, 2))
         assert list(texted.to_json()) == ["event", "text"]
         assert texted.text.startswith("Gamma page two: gulls over the grey harbour.")
-        everything = reactor._execute(abi.DocumentText(0))
+        everything = reactor.carry_out(abi.DocumentText(0))
         assert everything.to_json()["event"] == "page_texted"
         assert everything.text.split("\f")[1].startswith("Beta page one")
         assert everything.text.count("\f") == 2
-        attempt = reactor._execute(abi.PageTextOpt(0, 7))
+        attempt = reactor.carry_out(abi.PageTextOpt(0, 7))
         assert attempt.to_json() == {"event": "page_text_attempted", "text": None,
                                      "error": "page 7 is out of range; the document has 3 pages (pages count from 0)"}
-        attempt = reactor._execute(abi.PageTextOpt(0, 0))
+        attempt = reactor.carry_out(abi.PageTextOpt(0, 0))
         assert attempt.error is None and attempt.text.startswith("Alpha")
-        imaged = reactor._execute(abi.PageImage(0, 0))
+        imaged = reactor.carry_out(abi.PageImage(0, 0))
         assert imaged.to_json() == {"event": "page_imaged", "handle": 1, "len": imaged.len} and imaged.len > 1000
-        first = reactor._execute(abi.SliceBytes(1, 0, 8))
+        first = reactor.carry_out(abi.SliceBytes(1, 0, 8))
         assert base64.b64decode(first.bytes_base64) == b"\x89PNG\r\n\x1a\n"
     finally:
         reactor.documents.close()

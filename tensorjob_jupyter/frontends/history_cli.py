@@ -52,7 +52,7 @@ from tensorjob_jupyter.history.runs import RunList, list_runs, prune
 from tensorjob_jupyter.history.runs import resolve_run
 from tensorjob_jupyter.history.show import Playback, check_speed
 from tensorjob_jupyter.history.replay import ReplayJob
-from tensorjob_jupyter.history.replay_setup import load_recording
+from tensorjob_jupyter.history.replay_setup import load_run, replay_spec
 from tensorjob_jupyter.frontends.options import options_for
 from tensorjob_jupyter.history.diff import diff_runs
 from tensorjob_jupyter.history.map_compare import compare
@@ -254,12 +254,12 @@ def start_replay(guest: str, from_run, args, err: TextIO, *, runs: str | None, d
     (the compiler's message is on ``err``), and what the replay takes from the recording that widens what the
     guest may do is said on ``err`` (``ReplayJob.adopted``). ``tensorjob replay`` and ``%tensorjob replay`` both
     start here."""
-    recording = load_recording(from_run, runs)
-    kwargs, options = options_for(recording, args, defaults=defaults, variables=variables)
+    run = load_run(from_run, runs)
+    kwargs, options = options_for(run, args, defaults=defaults, variables=variables)
     source = load_guest(options, guest, err, heading=heading)
     if source is None:
         return None
-    job = ReplayJob(source, recording, live=args.live, **kwargs)
+    job = ReplayJob(replay_spec(source, run, **kwargs), run, live=args.live)
     for line in job.adopted:  # what the transcript grants, said before anything runs
         err.write(line + "\n")
     return job

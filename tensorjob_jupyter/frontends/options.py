@@ -43,10 +43,7 @@ from tensorjob_jupyter.world.fetch import FetchGrants
 from tensorjob_jupyter.inference.base import LoraChoice, Sampler
 from tensorjob_jupyter.host.reactor import InferOptions
 from tensorjob_jupyter.sandbox.compile import GuestSource
-from tensorjob_jupyter.history.replay_setup import (
-    RECORDED, ReplayError, recorded_infer_options, recorded_limits, recorded_read,
-)
-from tensorjob_jupyter.record.recording import Recording
+from tensorjob_jupyter.history.replay_setup import RECORDED, RecordedRun, ReplayError
 from tensorjob_jupyter.text import for_terminal
 from tensorjob_jupyter.frontends.input_value import InputError, read_input
 
@@ -436,22 +433,22 @@ def _read_input(text: str, variables: Mapping[str, Any] | None) -> Any:
 SAMPLING_OPTIONS = frozenset({"temperature", "top_p", "repeat_penalty", "seed", "chat", "lora", "no_prompt_cache"})
 
 
-def options_for(recording: Recording, args: Any, *, defaults: Any = None,
+def options_for(run: RecordedRun, args: Any, *, defaults: Any = None,
                 variables: Any = None) -> tuple[dict, Any]:
-    """``ReplayJob`` keywords (and the ``JobOptions`` they came from) from parsed job options (``options.add_job_arguments``): the run's own
-    setup, with each option given on the command line (or in the magic) in its place."""
+    """``replay_spec`` keywords (and the ``JobOptions`` they came from) from parsed job options
+    (``add_job_arguments``): the recorded run's own setup, with each option given on the command line (or in
+    the magic) in its place."""
     given = {o.name for o in OPTIONS if getattr(args, o.name, None) is not None}
     defaults = defaults or JobOptions()
     read: list[str] = []
     if "read" not in given:
-        missing = [g for g in recording.created.get("grants") or [] if not os.path.exists(g)]
+        missing = [g for g in run.grants if not os.path.exists(g)]
         if missing:
             raise ReplayError(f"the run was granted {for_terminal(missing[0], one_line=True)}, which does not exist "
                               f"here; files are read live, so give the grants again with --read")
-        read = [r for r in recorded_read(recording) if os.path.exists(r)]
-    infer = recorded_infer_options(recording)
-    base = JobOptions(read=tuple(read), fetch=tuple(recording.created.get("fetch") or ()),
-                      input=recording.created.get("input"), limits=recorded_limits(recording),
+        read = [r for r in run.read if os.path.exists(r)]
+    infer = run.infer
+    base = JobOptions(read=tuple(read), fetch=run.fetch, input=run.input, limits=run.limits,
                       chat=infer.chat, temperature=infer.sampler.temperature, top_p=infer.sampler.top_p,
                       repeat_penalty=infer.sampler.repeat_penalty, seed=infer.sampler.seed,
                       no_prompt_cache=not infer.cache_prompt,

@@ -143,10 +143,10 @@ class Job:
         input_bytes = spec.input_bytes
         try:
             self._cancel = threading.Event()
-            self._reactor = self._make_reactor(job_id=self.id, wasm=wasm, input_json=input_json, grants=self.grants,
-                                               backend=backend, limits=self.limits, stream=self.stream,
-                                               cancel=self._cancel, input_bytes=input_bytes, infer=spec.infer,
-                                               fetch=self.fetch_grants, debugger=self.debugger)
+            self._reactor = Reactor(job_id=self.id, wasm=wasm, input_json=input_json, grants=self.grants,
+                                    backend=backend, limits=self.limits, stream=self.stream, cancel=self._cancel,
+                                    input_bytes=input_bytes, infer=spec.infer, fetch=self.fetch_grants,
+                                    debugger=self.debugger, answerer=answerer)
             self._envelope_json: bytes | None = None
             self._status: JobStatus | None = None
             self._done = threading.Event()
@@ -168,20 +168,12 @@ class Job:
                                 **_model_server(backend),
                                 infer=self._reactor.infer_options.to_json(), fetch=self.fetch_grants.prefixes,
                                 **({"debug": self.debugger.to_json()} if self.debugger is not None else {}),
-                                **self._created_fields(), **(created_fields or {}))
+                                **(created_fields or {}))
         except BaseException as e:  # the job cannot start: its folder is a failed run, not a locked one
             error = JobError(e.code, e.message) if isinstance(e, JobFailure) else internal_error(self.id, e)
             self.stream.close(_encode_envelope(self.id, Envelope(JobStatus.FAILED, Usage(), error=error)))
             raise
         _register(self)
-
-    def _make_reactor(self, **kwargs: Any) -> Reactor:
-        """The reactor that will run this job (a replay brings its own: ``replay.ReplayJob``)."""
-        return Reactor(**kwargs)
-
-    def _created_fields(self) -> dict:
-        """Fields ``job.created`` carries beyond every job's (a replay names the run it replays)."""
-        return {}
 
     # -- lifecycle -----------------------------------------------------------------
 
