@@ -198,9 +198,9 @@ def test_every_option_as_a_python_keyword(world, monkeypatch):
                          model=str(world / "other.gguf"), chat=True, temperature=0.25, seed=7, top_p=0.5,
                          repeat_penalty=1.3, lora=(f"style={world / 'style.gguf'}:0.5",), no_prompt_cache=True,
                          runs=str(world / "runs"), cflags=("-DANSWER=42",), limits=tj.Limits(**LIMITS))
-    assert options.job_kwargs()["debug"] is False
+    assert options.spec(options.guest(world / "guest.c")).debug is False
     options = dataclasses.replace(options, debug=True, break_on=("infer", "open", "fail"))
-    job = tj.Job(options.guest(world / "guest.c"), **options.job_kwargs()).start()
+    job = tj.Job(options.spec(options.guest(world / "guest.c"))).start()
     assert job.wait_paused(30)["step"] == 0
     job.resume()
     envelope = job.wait(30)
@@ -208,7 +208,7 @@ def test_every_option_as_a_python_keyword(world, monkeypatch):
     # ...and limits as plain keywords, without building a Limits.
     job = tj.Job(options.guest(world / "guest.c"), runs_dir=world / "runs", **LIMITS)
     assert job.limits == tj.Limits(**LIMITS)
-    tj.map(options.guest(world / "guest.c"), [{"i": 0}], world / "run", **options.map_kwargs())
+    tj.map(options.map_spec(options.guest(world / "guest.c")), [{"i": 0}], world / "run")
     created = transcripts(world / "runs")
     [run_created] = [e for e in created if "[" not in e["name"] and e["grants"]]
     [map_created] = [e for e in created if "[" in e["name"]]

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import tensorjob_jupyter as tj
 from tensorjob_jupyter.abi import codes
-from tensorjob_jupyter.host.reactor import InferOptions
+from tensorjob_jupyter.host import GuestSource, InferOptions
 from tensorjob_jupyter.inference.base import (Constraint, GenerateRequest, ModelError, ModelTimeout, QueueFull,
                                               Sampler)
 from tensorjob_jupyter.inference.served import (DIALECTS, ServedBackend, ServerBusy, _CallText, is_served,
@@ -611,7 +611,7 @@ def test_the_options_name_a_served_model_its_id_and_its_key_variable(fake):
     args = parser.parse_args(["--model", fake.url, "--model-name", "fake-model", "--api-key-env", "TJ_TEST_KEY"])
     options = JobOptions.from_args(args)
     assert options.model_ref() == ModelRef("url", fake.url, "fake-model", "TJ_TEST_KEY")
-    job = tj.Job(infer_guest(), **options.job_kwargs()).start()
+    job = tj.Job(options.spec(GuestSource.of(infer_guest()))).start()
     assert job.wait(30).ok and job.backend is served_backend(fake.url, "fake-model", "TJ_TEST_KEY")
 
     class Settings:  # c.TensorJob.model_path / model_name / api_key_env

@@ -632,8 +632,8 @@ def test_lora_and_no_prompt_cache_reach_the_engine_from_the_options(tiny_files, 
     from tensorjob_jupyter.frontends.options import JobOptions
 
     def run(**options):
-        kwargs = JobOptions(model=str(tiny_files["model"]), **options).checked().job_kwargs()
-        job = tj.Job(echo, **{**kwargs, "input": {"prompt": "the cat the cat", "max_tokens": 8}}).start()
+        spec = JobOptions(model=str(tiny_files["model"]), **options).checked().spec(GuestSource.of(echo))
+        job = tj.Job(spec.replace(input={"prompt": "the cat the cat", "max_tokens": 8})).start()
         assert job.wait(60).ok, job.envelope
         done = [e for e in job.events if e["type"] in ("response.completed", "response.incomplete")]
         return job.result["event"]["text"], done[-1]["response"]["usage"]["input_tokens_details"]["cached_tokens"]

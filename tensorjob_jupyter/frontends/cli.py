@@ -39,14 +39,12 @@ from tensorjob_jupyter.frontends.export import add_export_parser, cmd_export
 from tensorjob_jupyter.frontends.history_cli import COMMANDS as HISTORY_COMMANDS
 from tensorjob_jupyter.frontends.history_cli import add_history_parsers
 from tensorjob_jupyter.frontends.terminal import CtrlCCancels, exit_status, load_guest, run_live
-from tensorjob_jupyter.inference.base import ModelError
-from tensorjob_jupyter.host.jobs import Job
+from tensorjob_jupyter.host import Job, ModelError, cache_dir, cache_usage, clear_cache
 from tensorjob_jupyter.frontends.options import (
     BY_NAME, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobOptions, OptionError, add_job_arguments,
 )
 from tensorjob_jupyter.abi import TensorjobError
 from tensorjob_jupyter.text import clip, for_terminal, json_text
-from tensorjob_jupyter.sandbox.compile import cache_dir, cache_usage, clear_cache
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, no usage dump
@@ -95,17 +93,13 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
     guest = load_guest(options, args.guest, err)
     if guest is None:
         return EXIT_FAILED
-    kwargs = options.job_kwargs()
+    spec = options.spec(guest)
     try:  # a hf: model is fetched here, before Ctrl-C means "cancel the job"
-        backend = kwargs.pop("model").backend()
+        backend = spec.model.backend()
     except ModelError as e:  # a hf: model that cannot be found or fetched
         raise OptionError(f"--model {options.model}: {e}") from None
     with CtrlCCancels() as ctrl_c:
-        try:
-            job = ctrl_c.attach(Job(guest, backend=backend, **kwargs))
-        except ModelError as e:
-            raise OptionError(f"--model {options.model}: {e}") from None
-        envelope = run_live(job, args, out, err)
+        envelope = run_live(ctrl_c.attach(Job(spec, backend=backend)), args, out, err)
     if args.json:
         out.write(json_text(envelope.to_json()) + "\n")
     elif envelope.ok:

@@ -91,9 +91,8 @@ from tensorjob_jupyter.frontends.view.summary import map_summary, summary
 from tensorjob_jupyter.history.map_replay import MapReplay, MapReplayRun
 from tensorjob_jupyter.history.report import ReplayReport
 from tensorjob_jupyter.history.runs import prune
-from tensorjob_jupyter.host.jobs import Job, get_job, jobs
-from tensorjob_jupyter.inference.base import ModelError
-from tensorjob_jupyter.sandbox.compile import GuestSource, cache_dir, cache_usage, clear_cache
+from tensorjob_jupyter.host import GuestSource, Job, ModelError, cache_dir, cache_usage, clear_cache
+from tensorjob_jupyter.host.jobs import get_job, jobs
 from tensorjob_jupyter.text import clip, for_terminal
 
 #: The job options' defaults, one traitlet per row of ``options.OPTIONS`` that has one.
@@ -171,11 +170,12 @@ class TensorJob(Magics, JobSettings):
         return guest
 
     def start_job(self, guest: GuestSource, options: JobOptions) -> Job:
-        kwargs = options.job_kwargs()
+        spec = options.spec(guest)
         try:
-            return Job(guest, backend=kwargs.pop("model").backend(), **kwargs)
+            backend = spec.model.backend()
         except ModelError as e:  # a hf: model that cannot be found or fetched
             raise UsageError(f"--model {options.model}: {e}") from None
+        return Job(spec, backend=backend)
 
     # -- running and showing --------------------------------------------------------------
 

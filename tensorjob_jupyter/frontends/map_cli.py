@@ -33,7 +33,7 @@ from tensorjob_jupyter.fanout.start import start_map
 from tensorjob_jupyter.frontends.table import map_table
 from tensorjob_jupyter.frontends.terminal import load_guest
 from tensorjob_jupyter.host.waiting import wait_or_cancel
-from tensorjob_jupyter.sandbox.compile import GuestSource
+from tensorjob_jupyter.host import GuestSource
 from tensorjob_jupyter.text import for_terminal, json_text
 
 SHOW_FAILURES = 20
@@ -112,10 +112,10 @@ def start_map_run(guest: GuestSource, args, options: JobOptions, *, scorer=None)
     if args.max_total_tokens is not None and args.max_total_tokens < 1:
         raise OptionError("--max-total-tokens must be at least 1")
     try:
-        return start_map(guest, args.over, args.run_dir, concurrency=args.concurrency, cluster=args.cluster,
-                         retry_failed=args.retry_failed, restart=args.restart, expected=args.expected,
-                         scorer=scorer if scorer is not None else args.scorer,
-                         max_total_tokens=args.max_total_tokens, **options.map_kwargs())
+        return start_map(options.map_spec(guest), args.over, args.run_dir, concurrency=args.concurrency,
+                         cluster=args.cluster, retry_failed=args.retry_failed, restart=args.restart,
+                         expected=args.expected, scorer=scorer if scorer is not None else args.scorer,
+                         max_total_tokens=args.max_total_tokens)
     except (MapError, OSError, ValueError) as e:
         raise OptionError(_one_line(e)) from None
     except Exception as e:  # noqa: BLE001 - e.g. the cluster cannot be reached
@@ -125,7 +125,7 @@ def start_map_run(guest: GuestSource, args, options: JobOptions, *, scorer=None)
 def estimate_map_run(guest: GuestSource, args, options: JobOptions) -> MapEstimate:
     """``--estimate``: what the map ``args`` describe would cost; a problem is one ``OptionError`` line."""
     try:
-        return estimate_map(guest, args.over, run_dir=args.run_dir, **options.map_kwargs())
+        return estimate_map(options.map_spec(guest), args.over, run_dir=args.run_dir)
     except (MapError, OSError, ValueError) as e:
         raise OptionError(_one_line(e)) from None
 

@@ -18,8 +18,8 @@ way:
   checks everything -- files exist, the input is JSON or a Python literal
   (or in a notebook ``$name``, a variable: ``input_value``) held to the
   guest rule, each limit is valid -- or raises
-  one ``OptionError`` naming the flag. ``job_kwargs`` and ``map_kwargs`` are
-  what ``Job`` and ``start_map`` take.
+  one ``OptionError`` naming the flag. ``spec(guest)`` and ``map_spec(guest)``
+  are the ``JobSpec``s ``Job`` and ``start_map`` take.
 * ``EXIT_*`` are the exit codes of both commands.
 """
 
@@ -35,14 +35,9 @@ from typing import Any, Mapping
 
 from tensorjob_jupyter import limits as limits_table
 from tensorjob_jupyter.abi import TensorjobError
-from tensorjob_jupyter.inference.base import DEFAULT_REPEAT_PENALTY
 from tensorjob_jupyter.limits import BYTES, COUNT, SECONDS, Limits
 from tensorjob_jupyter.host.debugger import parse_break_on
-from tensorjob_jupyter.inference.providers import ModelRef
-from tensorjob_jupyter.world.fetch import FetchGrants
-from tensorjob_jupyter.inference.base import LoraChoice, Sampler
-from tensorjob_jupyter.host.reactor import InferOptions
-from tensorjob_jupyter.sandbox.compile import GuestSource
+from tensorjob_jupyter.host import GuestSource, InferOptions, JobSpec, ModelRef, check_fetch
 from tensorjob_jupyter.history.replay_setup import RECORDED, RecordedRun, ReplayError
 from tensorjob_jupyter.text import for_terminal
 from tensorjob_jupyter.frontends.input_value import InputError, read_input
@@ -232,7 +227,7 @@ class JobOptions:
     chat: bool | None = None  # None: the model's chat template when it has one
     temperature: float = 0.0
     top_p: float = 1.0
-    repeat_penalty: float = DEFAULT_REPEAT_PENALTY
+    repeat_penalty: float = InferOptions().sampler.repeat_penalty
     seed: int = 0
     lora: tuple[str, ...] = ()  # NAME=PATH[:SCALE], as given
     no_prompt_cache: bool = False
@@ -309,7 +304,7 @@ class JobOptions:
         self.loras(local_model=local_model)
 
         try:
-            FetchGrants.parse(self.fetch)
+            check_fetch(self.fetch)
         except ValueError as e:
             raise OptionError(f"--fetch: {e}") from None
         return self
@@ -344,11 +339,10 @@ class JobOptions:
             out[name.strip()] = (os.path.abspath(path), scale)
         return out
 
-    def infer_options(self):
-        sampler = Sampler(temperature=self.temperature, top_p=self.top_p, repeat_penalty=self.repeat_penalty,
-                          seed=self.seed)
-        lora = tuple(LoraChoice(name, scale) for name, (_path, scale) in self.loras(local_model=False).items())
-        return InferOptions(sampler=sampler, chat=self.chat, cache_prompt=not self.no_prompt_cache, lora=lora)
+    def infer_options(self) -> InferOptions:
+        return InferOptions.of(temperature=self.temperature, top_p=self.top_p, repeat_penalty=self.repeat_penalty,
+                               seed=self.seed, chat=self.chat, cache_prompt=not self.no_prompt_cache,
+                               lora={name: scale for name, (_path, scale) in self.loras(local_model=False).items()})
 
     def model_ref(self) -> ModelRef:
         """The model these options name (``--model``, ``--model-name``, ``--api-key-env``, ``--lora``), read
@@ -364,18 +358,16 @@ class JobOptions:
         """The guest file, loaded or compiled with these options' flags."""
         return GuestSource.from_file(path, cflags=self.cflags, zigflags=self.zigflags, force=self.force)
 
-    def job_kwargs(self) -> dict[str, Any]:
-        """Keywords for ``Job`` (and ``run``)."""
-        return {"input": self.input, "read": list(self.read), "fetch": list(self.fetch), "model": self.model_ref(),
-                "limits": self.limits, "input_bytes": self.input_bytes(),
-                "infer": self.infer_options(), "runs_dir": self.runs,
-                "debug": self.debug, "break_on": self.break_on}
+    def spec(self, guest: GuestSource) -> JobSpec:
+        """The ``JobSpec`` of a job of ``guest`` with these options (what ``Job`` takes)."""
+        return JobSpec(guest=guest, input=self.input, read=self.read, fetch=self.fetch,
+                       input_bytes=self.input_bytes(), limits=self.limits, infer=self.infer_options(),
+                       model=self.model_ref(), runs_dir=self.runs, debug=self.debug, break_on=self.break_on)
 
-    def map_kwargs(self) -> dict[str, Any]:
-        """Keywords for ``start_map`` (and ``map``)."""
-        return {"read": list(self.read), "fetch": list(self.fetch), "model": self.model_ref(),
-                "limits": self.limits, "input_bytes": self.input_bytes(),
-                "infer": self.infer_options(), "runs_dir": self.runs}
+    def map_spec(self, guest: GuestSource) -> JobSpec:
+        """The ``JobSpec`` every item of a map of ``guest`` starts from (what ``start_map`` takes): these options
+        but for the input, which each item takes from the manifest."""
+        return self.spec(guest).replace(input=None, debug=False, break_on=())
 
 
 def _unquote(text: str) -> str:

@@ -79,13 +79,10 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from tensorjob_jupyter import abi
-from tensorjob_jupyter.host.schemas import SchemaError
-from tensorjob_jupyter.host.structured import OutputSpec
-from tensorjob_jupyter.inference.base import (FINISH_LENGTH, Backend, ConstraintError, GenerateRequest, GenerateResult,
-                                              ModelError, QueueFull, RequestTooLarge, Sampler)
-from tensorjob_jupyter.inference import hub, served
-from tensorjob_jupyter.inference.models import get_backend
-from tensorjob_jupyter.inference.providers import HF, URL, ModelRef
+from tensorjob_jupyter.host import (
+    FINISH_LENGTH, HF, URL, Backend, ConstraintError, GenerateRequest, GenerateResult, ModelError, ModelRef,
+    OutputSpec, QueueFull, RequestTooLarge, Sampler, SchemaError, get_backend, hub, served,
+)
 from tensorjob_jupyter.frontends.options import EXIT_FAILED, EXIT_OK, OptionError
 from tensorjob_jupyter.text import for_terminal
 

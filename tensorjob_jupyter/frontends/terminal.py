@@ -28,10 +28,9 @@ from tensorjob_jupyter.frontends.options import EXIT_CANCELLED, EXIT_FAILED, EXI
 from tensorjob_jupyter.frontends.prompt import StdinLines, pause_lines, prompt
 from tensorjob_jupyter.frontends.view.state import progress_fraction
 from tensorjob_jupyter.frontends.view.summary import error_text
-from tensorjob_jupyter.host.jobs import Job
+from tensorjob_jupyter.host import CompileError, GuestSource, Job, detect_language
 from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.frontends import interpreter_progress
-from tensorjob_jupyter.sandbox.compile import CompileError, GuestSource, detect_language
 from tensorjob_jupyter.text import for_terminal, json_text
 from tensorjob_jupyter.history.report import divergence_line
 

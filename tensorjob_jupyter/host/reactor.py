@@ -108,6 +108,15 @@ class InferOptions:
     lora: tuple[LoraChoice, ...] = ()
     chat: bool | None = None
 
+    @classmethod
+    def of(cls, *, temperature: float = 0.0, top_p: float = 1.0, repeat_penalty: float = DEFAULT_REPEAT_PENALTY,
+           seed: int = 0, chat: bool | None = None, cache_prompt: bool = True,
+           lora: dict[str, float] | None = None) -> "InferOptions":
+        """The options from plain values (the job options' flags); ``lora``: adapter names and their scales."""
+        return cls(sampler=Sampler(temperature=temperature, top_p=top_p, repeat_penalty=repeat_penalty, seed=seed),
+                   cache_prompt=cache_prompt, lora=tuple(LoraChoice(n, s) for n, s in (lora or {}).items()),
+                   chat=chat)
+
     def to_json(self) -> dict:
         return {"sampler": self.sampler.to_json(), "cache_prompt": self.cache_prompt,
                 "lora": [{"name": c.name, "scale": c.scale} for c in self.lora], "chat": self.chat}

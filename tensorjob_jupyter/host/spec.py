@@ -82,7 +82,7 @@ class JobSpec:
         ``FileNotFoundError`` or ``CompileError`` for a guest."""
         limits = with_keywords(limits, limit_keywords, "Job")
         fetch = tuple(fetch)
-        FetchGrants.parse(fetch)  # ValueError names a prefix that is not an http(s) URL
+        check_fetch(fetch)
         try:
             model_ref = ModelRef.parse(model, **(model_options or {}))
         except ValueError as e:
@@ -98,4 +98,9 @@ class JobSpec:
         return dataclasses.replace(self, **changes)
 
 
-__all__ = ["JobSpec"]
+def check_fetch(prefixes: Iterable[str]) -> None:
+    """``ValueError`` naming a ``fetch`` prefix that is not an http(s) URL prefix."""
+    FetchGrants.parse(prefixes)
+
+
+__all__ = ["JobSpec", "check_fetch"]

@@ -35,8 +35,7 @@ removes it.
 
 Building and compiling run under a lock file, so parallel processes (a map,
 pytest workers) build once. ``ensure(progress=...)`` reports the stages for a
-progress bar or a notebook line; ``prepare_in_background()`` starts it on a
-daemon thread, so the kernel never waits for it at start-up.
+progress bar or a notebook line.
 """
 
 from __future__ import annotations
@@ -381,24 +380,6 @@ def is_ready(fuel: bool = False) -> bool:
             "compiled", {})
     except (OSError, InterpreterError):
         return False
-
-
-_background: dict[bool, threading.Thread] = {}
-
-
-def prepare_in_background(fuel: bool = False, progress: Progress | None = None) -> threading.Thread:
-    """Build and compile on a daemon thread (once per process and configuration)."""
-    thread = _background.get(fuel)
-    if thread is None or not thread.is_alive():
-        def work() -> None:
-            try:
-                ensure(fuel, progress)
-            except Exception:  # noqa: BLE001 - the job that needs it reports the error
-                pass
-        thread = threading.Thread(target=work, name="tensorjob-python-prepare", daemon=True)
-        _background[fuel] = thread
-        thread.start()
-    return thread
 
 
 def clear() -> tuple[int, int]:
