@@ -110,6 +110,33 @@ def refusal_line(e: Exception) -> str:
     return clip(for_terminal(" ".join(str(e).split()), one_line=True), MAX_REFUSAL_CHARS)
 
 
+def shared_arguments(*, line: bool):
+    """The arguments ``%%tensorjob`` and ``%tensorjob`` share -- the cell's language, where the value goes, how
+    the job is shown -- and every job option (``options.job_arguments``), as one decorator; ``line``: the
+    line magic's wording (its value may be a map's or a replay's)."""
+    decorators = [
+        argument("--lang", choices=["python", "c", "zig", "wat"], default=None,
+                 help=("%%%%tensorjob map: " if line else "") + "the cell's language (default: recognised from "
+                      "the text)"),
+        argument("--out", default=None, metavar="NAME",
+                 help="store the value (run: the envelope; map: the MapResult; replay: the report) as NAME" if line
+                 else "store the envelope (status, result, error, usage) in the notebook as NAME"),
+        argument("--bg", action="store_true", help=f"return the {'Job (or map)' if line else 'Job'} at once; it "
+                                                    f"runs on in the background"),
+        argument("--quiet", action="store_true", help="no live view and no summary; just the value"),
+        argument("--no-raise", action="store_true",
+                 help=("run: " if line else "") + "a job that fails or is cancelled returns its envelope instead of "
+                      "raising JobFailed"),
+        job_arguments(),
+    ]
+
+    def apply(func):
+        for decorate in reversed(decorators):  # as if stacked, the first on top
+            func = decorate(func)
+        return func
+    return apply
+
+
 @contextlib.contextmanager
 def refusals_as_usage_errors():
     """Around a magic's whole action: every refusal of this package (a ``TensorjobError`` other than the
@@ -252,15 +279,7 @@ class TensorJob(Magics, JobSettings):
     # -- the magics -------------------------------------------------------------------------
 
     @magic_arguments(name="%tensorjob")
-    @argument("--lang", choices=["python", "c", "zig", "wat"], default=None,
-              help="the cell's language (default: recognised from the text)")
-    @argument("--out", default=None, metavar="NAME",
-              help="store the envelope (status, result, error, usage) in the notebook as NAME")
-    @argument("--bg", action="store_true", help="return the Job at once; the job runs on in the background")
-    @argument("--quiet", action="store_true", help="no live view and no summary; just the value")
-    @argument("--no-raise", action="store_true",
-              help="a job that fails or is cancelled returns its envelope instead of raising JobFailed")
-    @job_arguments()
+    @shared_arguments(line=False)
     @no_var_expand
     @cell_magic("tensorjob")
     def tensorjob_cell(self, line: str, cell: str):
@@ -332,15 +351,7 @@ class TensorJob(Magics, JobSettings):
               help="replay: a recorded map's run folder; every item is replayed against its own recording")
     @argument("--fail-under", default=None, metavar="X",
               help="replay --map: raise GateFailed unless the new mean score is at least X (or 'recorded')")
-    @argument("--lang", choices=["python", "c", "zig", "wat"], default=None,
-              help="%%%%tensorjob map: the cell's language (default: recognised from the text)")
-    @argument("--out", default=None, metavar="NAME",
-              help="store the value (run: the envelope; map: the MapResult; replay: the report) as NAME")
-    @argument("--bg", action="store_true", help="return the Job (or map) at once; it runs on in the background")
-    @argument("--quiet", action="store_true", help="no live view and no summary; just the value")
-    @argument("--no-raise", action="store_true",
-              help="run: a job that fails or is cancelled returns its envelope instead of raising JobFailed")
-    @job_arguments()
+    @shared_arguments(line=True)
     @no_var_expand
     @line_magic("tensorjob")
     def tensorjob_line(self, line: str):
