@@ -33,9 +33,13 @@ sampled one is drawn from the same distribution restricted to the allowed
 tokens. A compiled grammar is kept for the next request with the same one
 (a map's items share theirs); each request gets its own copy.
 
-**Dates as the validator reads them.** llguidance's ``date`` format allows
-the 29th of February in every year and the year 0000, and its ``date-time``
-and ``time`` a leap second (``:60``); the host checks every answer with
+**Objects closed, dates as the validator reads them.** An object schema
+that names its ``properties`` and says nothing of others is held to those
+(``additionalProperties: false``, as OpenAI's strict mode and llama.cpp's
+converter do; ``additionalProperties: true`` allows others): a small model
+otherwise invents keys until its token limit. And llguidance's ``date``
+format allows the 29th of February in every year and the year 0000, and its
+``date-time`` and ``time`` a leap second (``:60``); the host checks every answer with
 ``jsonschema``, whose ``date``, ``date-time`` and ``time`` follow Python's
 calendar and refuse them. So each of the three is also held to a pattern of
 exactly what that validator accepts (``EXACT_FORMATS``, added beside the
@@ -128,7 +132,7 @@ def _make_grammar(c: Constraint) -> str:
         schema = json.loads(c.schema)
         if not isinstance(schema, dict):  # true/false schemas: llguidance takes objects
             schema = {} if schema else {"not": {}}
-        _hold_formats_exactly(schema)
+        _as_answers_are_held(schema)
         if c.free_text:
             schema = {**schema, "x-guidance": JSON_OPTIONS}
             return G.grammar_from_lark(f"start: call | text\ncall: %json {json.dumps(schema)}\n{FREE_TEXT_RULE}\n")
@@ -149,10 +153,19 @@ def _lark_string(text: str) -> str:
     return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
-def _hold_formats_exactly(schema: dict) -> None:
-    """Add to every subschema of ``schema`` (in place) whose ``format`` is in ``EXACT_FORMATS`` that format's
-    pattern: its own ``pattern`` when it has none, else one more ``allOf`` entry. Iterative (a schema may be
-    nested deeper than Python's recursion limit); data (``enum``, ``const``...) is not walked."""
+def _as_answers_are_held(schema: dict) -> None:
+    """``schema`` (in place) as the grammar holds answers to it (both still valid against the guest's schema):
+
+    * every subschema whose ``format`` is in ``EXACT_FORMATS`` gets that format's pattern -- its own
+      ``pattern`` when it has none, else one more ``allOf`` entry;
+    * every object schema that names its ``properties`` and says nothing of others gets no others
+      (``additionalProperties: false``), as OpenAI's strict mode and llama.cpp's converter hold them: a small
+      model otherwise goes on inventing keys until its token limit. Not where ``allOf`` could be splitting an
+      object's properties between schemas (anywhere in the schema), nor beside ``patternProperties``.
+
+    Iterative (a schema may be nested deeper than Python's recursion limit); data (``enum``, ``const``...) is
+    not walked."""
+    close_objects = '"allOf"' not in json.dumps(schema) and '"unevaluatedProperties"' not in json.dumps(schema)
     stack: list = [schema]
     while stack:
         node = stack.pop()
@@ -168,6 +181,9 @@ def _hold_formats_exactly(schema: dict) -> None:
                 stack.extend(value.values())
             else:
                 stack.append(value)
+        if (close_objects and isinstance(node.get("properties"), dict) and "additionalProperties" not in node
+                and "patternProperties" not in node):
+            node["additionalProperties"] = False
         fmt = node.get("format")
         exact = EXACT_FORMATS.get(fmt) if isinstance(fmt, str) else None
         if exact is None:
