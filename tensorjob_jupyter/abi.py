@@ -1162,3 +1162,16 @@ def event_from_json(value: Any) -> Event:
     if tag == "page_imaged":
         return PageImaged(_u32(obj, "handle", "page_imaged"), _u64(obj, "len", "page_imaged"))
     raise AbiError(f"unknown event `{tag}`")
+
+
+__all__ = [
+    "U32_MAX", "U64_MAX", "codes", "event_types", "EVENT_TYPES", "TERMINAL_EVENT_TYPES", "ERROR_CODES",
+    "HOST_ONLY_CODES", "TensorjobError", "JobFailure", "AbiError", "JobStatus", "TokenAction", "MediaKind", "TEXT",
+    "BINARY", "INFER_EXTENSIONS", "INFER_SAMPLING", "Infer", "Open", "Slice", "SliceBytes", "Embed", "Emit", "Done",
+    "Fail", "PageText", "PageTextOpt", "PageImage", "DocumentText", "Resize", "Crop", "ImageOperation", "ImageOp",
+    "Fetch", "Command", "UNSUPPORTED_COMMANDS", "InferDone", "Opened", "Sliced", "SlicedBytes", "Embedded", "Emitted",
+    "PageTexted", "PageTextAttempted", "PageImaged", "Event", "MAX_COUNT", "Usage", "JobError", "Envelope", "dumps",
+    "encode_event", "MAX_DEPTH", "loads_strict", "checked_value", "encode_json", "UnsupportedCommand",
+    "command_from_json", "MAX_TOOLS", "MAX_STOPS", "MAX_STOP_CHARS", "MAX_REGEX_CHARS", "MAX_GRAMMAR_CHARS",
+    "MAX_CHOICES", "MAX_CHOICE_CHARS", "parse_command", "event_from_json"
+]

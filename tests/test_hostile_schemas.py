@@ -477,7 +477,7 @@ def test_eight_jobs_with_the_largest_schemas_leave_memory_within_the_memos_bound
     del job, found
     run_echo(echo, backend, json_format({"type": "string"}), max_tokens=2)  # warm: the engine, its tables
 
-    memos = {"specs": structured._specs, "validators": schema_checks._validators, "grammars": grammar._grammars}
+    memos = {"specs": structured.SPECS, "validators": schema_checks.VALIDATORS, "grammars": grammar.GRAMMARS}
     bound = sum(m.max_bytes for m in memos.values())
     gc.collect()
     tracemalloc.start()
@@ -611,13 +611,13 @@ def test_a_schema_check_watched_by_its_job_ends_when_the_job_does(monkeypatch):
     deadline, finishes on its own and is memoised (the first check in a process imports jsonschema: seconds)."""
     from tensorjob_jupyter.abi import JobFailure
 
-    compile_spec = structured._compile_spec
+    compile_spec = structured.compile_spec
 
     def slow(key):
         time.sleep(1.0)
         return compile_spec(key)
 
-    monkeypatch.setattr(structured, "_compile_spec", slow)
+    monkeypatch.setattr(structured, "compile_spec", slow)
     cmd = abi.command_from_json({"cmd": "infer", "prompt": "p", "max_tokens": 1,
                                  **json_format({"type": "string", "maxLength": 7})})
     deadline = time.monotonic() + 0.2

@@ -213,7 +213,7 @@ def test_the_internal_error_path_cannot_fail(tmp_path):
     assert 0 <= env.usage.tokens_in <= MAX_COUNT
     readable(job.run_dir)
     # the envelope's encoder itself: the fallback keeps only counts a transcript can hold
-    data = jobs_module._encode_envelope("j", Envelope(JobStatus.COMPLETED, Usage(10 ** 4000, 2 ** 64, -1, "m")))
+    data = jobs_module.encode_envelope("j", Envelope(JobStatus.COMPLETED, Usage(10 ** 4000, 2 ** 64, -1, "m")))
     written = json.loads(data)
     assert written["status"] == "failed" and written["error"]["code"] == codes.INTERNAL_ERROR
     assert check_envelope(written) is None and written["usage"]["tokens_in"] == 0
@@ -243,7 +243,7 @@ def test_any_usage_a_server_sends_becomes_counts_a_transcript_holds(usage, max_t
     for value in (got.prompt_tokens, got.completion_tokens, got.cached_tokens):
         assert type(value) is int and 0 <= value <= MAX_COUNT
     assert got.completion_tokens <= max(max_tokens, pieces) and got.cached_tokens <= got.prompt_tokens
-    written = json.loads(jobs_module._encode_envelope("j", Envelope(JobStatus.COMPLETED, Usage(
+    written = json.loads(jobs_module.encode_envelope("j", Envelope(JobStatus.COMPLETED, Usage(
         got.prompt_tokens, got.completion_tokens, 1, b.model_name))))
     assert written["status"] == "completed" and check_envelope(written) is None
 

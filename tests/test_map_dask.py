@@ -163,9 +163,9 @@ def test_the_worker_check_names_what_is_missing(tmp_path):
     import cloudpickle
 
     from tensorjob_jupyter import __version__
-    from tensorjob_jupyter.fanout.dask import _problem, _worker_probe
+    from tensorjob_jupyter.fanout.dask import worker_problem, worker_probe
 
-    probe = _worker_probe()
+    probe = worker_probe()
     model = tmp_path / "m.gguf"
     assert "model_error" in probe(str(model), True, None)
     model.write_bytes(b"GGUF")
@@ -175,12 +175,12 @@ def test_the_worker_check_names_what_is_missing(tmp_path):
     assert "factory_error" in probe(None, False, b"not a pickle")
 
     spec = fanout.BackendSpec.of(None, str(model))
-    assert _problem("tcp://w:1", report, __version__, spec) is None
-    assert "has tensorjob-jupyter 0.0.1, this process " + __version__ in _problem(
+    assert worker_problem("tcp://w:1", report, __version__, spec) is None
+    assert "has tensorjob-jupyter 0.0.1, this process " + __version__ in worker_problem(
         "tcp://w:1", {"version": "0.0.1"}, __version__, spec)
-    assert "cannot import tensorjob_jupyter (ModuleNotFoundError" in _problem(
+    assert "cannot import tensorjob_jupyter (ModuleNotFoundError" in worker_problem(
         "tcp://w:1", {"package_error": "ModuleNotFoundError: x"}, __version__, spec)
-    assert f"model file {model} not found on worker tcp://w:1" in _problem(
+    assert f"model file {model} not found on worker tcp://w:1" in worker_problem(
         "tcp://w:1", {"version": __version__, "model_error": "no such file"}, __version__, spec)
 
 

@@ -366,7 +366,7 @@ def test_a_cache_manifest_that_is_not_a_regular_file_is_refused_at_once(tmp_path
     from tensorjob_jupyter.sandbox.python import interpreter
 
     monkeypatch.setenv("TENSORJOB_CACHE", str(tmp_path / "cache"))
-    paths = interpreter._paths()
+    paths = interpreter.cache_paths()
     paths.root.mkdir(parents=True)
     os.mkfifo(paths.manifest)
     box: list = []

@@ -237,12 +237,12 @@ def test_a_web_page_cannot_use_a_loopback_server(backend):
 @settings(max_examples=300, deadline=None)
 @given(name=st.sampled_from(["localhost", "127.0.0.1", "[::1]"]), rest=st.text(max_size=12))
 def test_a_loopback_name_with_anything_but_a_port_after_it_is_not_loopback(name, rest):
-    from tensorjob_jupyter.frontends.serve import LOOPBACK_NAMES, _host_name
+    from tensorjob_jupyter.frontends.serve import LOOPBACK_NAMES, host_name
 
     port = rest[1:] if rest.startswith(":") else None
     is_port = rest == "" or (port is not None and port.isascii() and port.isdigit() and len(port) <= 5
                              and int(port) <= 65535)
-    assert (_host_name(name + rest) in LOOPBACK_NAMES) == is_port or (name + rest).lower() in LOOPBACK_NAMES
+    assert (host_name(name + rest) in LOOPBACK_NAMES) == is_port or (name + rest).lower() in LOOPBACK_NAMES
 
 
 def test_what_is_not_honoured_is_refused_and_what_changes_nothing_is_served(client):

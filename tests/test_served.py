@@ -24,7 +24,7 @@ from tensorjob_jupyter.abi import codes
 from tensorjob_jupyter.host import GuestSource, InferOptions
 from tensorjob_jupyter.inference.base import (Constraint, GenerateRequest, ModelError, ModelTimeout, QueueFull,
                                               Sampler)
-from tensorjob_jupyter.inference.served import (DIALECTS, ServedBackend, ServerBusy, _CallText, is_served,
+from tensorjob_jupyter.inference.served import (DIALECTS, ServedBackend, ServerBusy, CallText, is_served,
                                                 normalise_url, served_backend)
 
 from served_support import KEY, FakeServer, connections_to, free_port, served_threads, wait_until
@@ -316,7 +316,7 @@ def test_a_call_the_host_cannot_read_as_one_call_fails_with_what_broke(fake, del
 
 
 def test_a_call_without_indexes_is_one_call_and_a_new_id_at_the_same_index_is_another():
-    reader = _CallText()
+    reader = CallText()
     text = reader.feed([{"index": None, "id": "c1", "function": {"name": "f", "arguments": '{"a"'}}])
     text += reader.feed([{"function": {"arguments": ": 1}"}}])  # no index, no id: the same call
     assert not reader.another and json.loads(text + reader.close()) == {"name": "f", "arguments": {"a": 1}}
@@ -384,7 +384,7 @@ def test_any_chunking_of_a_streamed_call_gives_the_call_s_json(name, arguments, 
     text = json.dumps(arguments, ensure_ascii=False)
     bounds = sorted({0, len(text), *(min(c, len(text)) for c in cuts)})
     pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
-    reader = _CallText()
+    reader = CallText()
     out = reader.feed([{"index": 0, "function": {"name": name, "arguments": ""}}])
     for piece in pieces:
         out += reader.feed([{"index": 0, "function": {"name": name if repeat_name else None, "arguments": piece}}])

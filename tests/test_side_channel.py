@@ -62,7 +62,7 @@ class FakeKernel:
 @pytest.fixture
 def kernel(monkeypatch):
     """Install a fake kernel; reset the once-only warning and the subshell cache."""
-    monkeypatch.setattr(side_channel, "_warned", False)
+    monkeypatch.setattr(side_channel, "warned", False)
     monkeypatch.setattr(side_channel, "_subshell_ids", {})
     holder = {}
     monkeypatch.setattr(side_channel, "_kernel", lambda: holder.get("kernel"))
@@ -107,7 +107,7 @@ def test_outside_a_kernel_there_is_nothing_to_route_and_nothing_to_say(kernel, c
     with caplog.at_level(logging.WARNING, logger="tensorjob_jupyter.frontends.view"):
         assert side_channel.route_clicks_to_side_thread(FakeWidget(RoutingComm())) is False
     assert warnings_of(caplog) == []
-    assert side_channel._warned is False
+    assert side_channel.warned is False
 
 
 def test_the_installed_ipykernel_is_the_tested_one_and_has_the_internals_used():

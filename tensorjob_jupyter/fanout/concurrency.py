@@ -50,3 +50,6 @@ def auto_concurrency(model: Any = None, backend: Any = None) -> int:
     """Items at once for ``concurrency="auto"``: the model's width (``model``: a ``ModelRef``), at most twice the
     physical cores."""
     return max(1, min(model_width(model, backend), 2 * physical_cores()))
+
+
+__all__ = ["AUTO", "DEFAULT_WIDTH", "check_concurrency", "model_width", "auto_concurrency"]

@@ -268,14 +268,14 @@ def check_workers(client: Client, backend: BackendSpec, address: str, *, timeout
     # a served model is on its server, not on the workers' disks
     needs_model = backend.factory is None and backend.model.kind != URL
     try:
-        reports = client.run(_worker_probe(), backend.model.kind, backend.model.name, needs_model, factory,
+        reports = client.run(worker_probe(), backend.model.kind, backend.model.name, needs_model, factory,
                              on_error="return")
     except Exception as e:  # noqa: BLE001
         raise ClusterError(f"cannot check the workers of the Dask scheduler at {address} "
                            f"({type(e).__name__}: {' '.join(str(e).split())})") from None
     problems = []
     for worker, report in sorted(reports.items()):
-        problem = _problem(worker, report, version, backend)
+        problem = worker_problem(worker, report, version, backend)
         if problem:
             problems.append(problem)
     if problems:
@@ -285,7 +285,7 @@ def check_workers(client: Client, backend: BackendSpec, address: str, *, timeout
     return reports
 
 
-def _problem(worker: str, report: Any, version: str, backend: BackendSpec) -> str | None:
+def worker_problem(worker: str, report: Any, version: str, backend: BackendSpec) -> str | None:
     """What keeps ``worker`` from running items, from its probe report; None if nothing."""
     hint = INSTALL_HINT.format(version=version)
     if isinstance(report, BaseException):
@@ -307,7 +307,7 @@ def _problem(worker: str, report: Any, version: str, backend: BackendSpec) -> st
     return None
 
 
-def _worker_probe():
+def worker_probe():
     """The check ``client.run`` sends to every worker.
 
     Nested, so Dask pickles it by value: a worker that cannot import this
@@ -390,3 +390,9 @@ def _local_spec(spec: ItemSpec) -> ItemSpec:
             usable = os.path.join(tempfile.gettempdir(), "tensorjob-map-jobs")
         _RUNS_DIRS[spec.job.runs_dir] = usable
     return spec if usable == spec.job.runs_dir else replace(spec, job=spec.job.replace(runs_dir=usable))
+
+
+__all__ = [
+    "WINDOW_REFRESH_S", "RESUBMITS", "CONNECT_TIMEOUT_S", "WORKERS_TIMEOUT_S", "SHOW_PROBLEMS", "INSTALL_HINT",
+    "DaskExecutor", "error_outcome", "check_workers", "worker_problem", "worker_probe", "dask_item"
+]

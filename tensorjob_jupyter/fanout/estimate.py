@@ -358,3 +358,9 @@ def _duration(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+__all__ = [
+    "DEFAULT_SAMPLE", "CHARS_PER_TOKEN", "SPEED_RUNS", "SPEED_INFERS", "DRY_RUN_TIMEOUT_S", "STOPPED_HERE", "Speed",
+    "ItemEstimate", "MapEstimate", "estimate_map", "measured_speed"
+]

@@ -160,3 +160,9 @@ def _await_job(job: Job, cancelled: Callable[[], bool]):
 
 def failed_outcome(index: int, code: str, message: str) -> dict:
     return {"item": index, "status": JobStatus.FAILED.value, "error": {"code": code, "message": message}}
+
+
+__all__ = [
+    "CANCEL_POLL_S", "WORKER_LOST", "BackendSpec", "process_backend", "process_backend_count", "ItemSpec", "run_item",
+    "failed_outcome"
+]

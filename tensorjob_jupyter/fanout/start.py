@@ -163,3 +163,6 @@ def _executor(spec: ItemSpec, instance: Backend | None, concurrency: int | str, 
         raise ClusterError(f"a map on a Dask cluster needs dask.distributed in this environment "
                            f"(pip install 'tensorjob-jupyter[dask]'): {e}") from None
     return DaskExecutor(spec, cluster, concurrency=concurrency, retries=retries)
+
+
+__all__ = ["DEFAULT_CONCURRENCY", "NOT_FOR_MAPS", "start_map", "map", "map_job", "item_spec"]

@@ -152,3 +152,6 @@ MAX_ERROR_CHARS = 2000
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+__all__ = ["build_parser", "cmd_run", "cmd_compile", "cmd_cache", "COMMANDS", "main", "MAX_ERROR_CHARS"]

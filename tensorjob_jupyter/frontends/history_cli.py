@@ -383,3 +383,10 @@ def cmd_diff(args, out: TextIO, err: TextIO) -> int:
 
 
 COMMANDS = {"runs": cmd_runs, "show": cmd_show, "replay": cmd_replay, "diff": cmd_diff}
+
+
+__all__ = [
+    "DEFAULT_LIMIT", "add_history_parsers", "add_map_replay_arguments", "find_runs", "map_rows", "cmd_runs",
+    "open_playback", "cmd_show", "start_replay", "cmd_replay", "fail_under", "start_map_replay_run", "cmd_replay_map",
+    "cmd_diff", "COMMANDS"
+]

@@ -89,3 +89,6 @@ def _checked(value: Any) -> Any:
         return checked_value(value, "--input")[0]
     except ValueError as e:
         raise InputError(str(e)) from None
+
+
+__all__ = ["MAX_LITERAL_CHARS", "HOW", "InputError", "read_input"]

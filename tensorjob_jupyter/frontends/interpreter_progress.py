@@ -94,3 +94,6 @@ class _Widget:
     def close(self, elapsed: float, *, ok: bool) -> None:
         if self.widget is not None:
             self.widget.close()
+
+
+__all__ = ["TICK_S", "prepare"]

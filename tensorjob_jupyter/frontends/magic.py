@@ -641,3 +641,9 @@ def unload_ipython_extension(ipython) -> None:
     for kind in ("line", "cell"):
         manager.magics[kind].pop("tensorjob", None)
     manager.registry.pop("TensorJob", None)
+
+
+__all__ = [
+    "JobSettings", "QUOTING", "MAX_REFUSAL_CHARS", "refusal_line", "shared_arguments", "refusals_as_usage_errors",
+    "TensorJob", "load_ipython_extension", "unload_ipython_extension"
+]

@@ -200,3 +200,9 @@ class _ProgressPrinter:
                            f"({p['completed']} completed, {p['failed']} failed, {p['skipped']} skipped, "
                            f"{p['running']} running" + (f", {rate}" if rate else "") + ")\n")
         self.err.flush()
+
+
+__all__ = [
+    "SHOW_FAILURES", "add_map_parser", "add_experiment_arguments", "cmd_map", "start_map_run", "estimate_map_run",
+    "CONCURRENCY_HELP", "concurrency_value"
+]

@@ -451,3 +451,9 @@ def options_for(run: RecordedRun, args: Any, *, defaults: Any = None,
             "infer": options.infer_options() if given & SAMPLING_OPTIONS else RECORDED,
             "debug": options.debug, "break_on": options.break_on,
             "input_bytes": options.input_bytes() if options.input_file is not None else None}, options
+
+
+__all__ = [
+    "OptionError", "parse_bytes", "Option", "OPTIONS", "BY_NAME", "add_job_arguments", "job_arguments", "traitlets",
+    "JobOptions", "SAMPLING_OPTIONS", "options_for"
+]

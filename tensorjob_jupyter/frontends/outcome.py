@@ -102,3 +102,6 @@ class GateFailed(CellError):
     def __init__(self, line: str, replay):
         super().__init__(line)
         self.replay = replay
+
+
+__all__ = ["MAX_LINE_CHARS", "CellEnvelope", "CellError", "JobFailed", "GuestDoesNotCompile", "GateFailed"]

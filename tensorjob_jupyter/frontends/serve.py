@@ -344,7 +344,7 @@ def _event(obj: dict) -> bytes:
 _HOST = re.compile(r"(?P<name>\[[0-9A-Fa-f:.]+\]|[^\[\]:]+)(?::(?P<port>[0-9]{1,5}))?")
 
 
-def _host_name(header: str) -> str | None:
+def host_name(header: str) -> str | None:
     """The name in a ``Host`` header, without its port (``[::1]:8000`` -> ``[::1]``); None when the header is
     not a host and an optional port (``localhost:evil``, ``a:b:c``)."""
     match = _HOST.fullmatch(header)
@@ -454,7 +454,7 @@ def build_app(backend: Backend, model: str, *, api_key: str | None = None, loopb
     def admit(request) -> None:
         """Who may ask: the Host (when loopback only) and the key; ``RequestError`` if not."""
         if loopback_only:
-            if _host_name(request.headers.get("host", "")) not in LOOPBACK_NAMES:
+            if host_name(request.headers.get("host", "")) not in LOOPBACK_NAMES:
                 raise RequestError(403, "this server answers requests to a loopback address only",
                                    "permission_error")
         if api_key is not None:
@@ -740,3 +740,11 @@ def _listen(backend: Backend, api_key: str | None, args, out: TextIO, err: TextI
         pass
     return EXIT_OK
 
+
+__all__ = [
+    "MAX_BODY_BYTES", "DEFAULT_MAX_TOKENS", "DISCONNECT_POLL_S", "MAX_EMBED_TEXTS", "MAX_CONNECTIONS",
+    "HEADER_TIMEOUT_S", "BODY_TIMEOUT_S", "KEEP_ALIVE_S", "MAX_HEADER_BYTES", "MAX_PENDING_BODY_BYTES",
+    "UNSERVED_FIELDS", "ClientLeft", "RequestError", "Planned", "TEXT_FORMATS", "VLLM_FIELDS",
+    "VLLM_STRUCTURED_OUTPUTS", "plan", "Answer", "host_name", "LOOPBACK_NAMES", "RequestLog", "build_app",
+    "add_serve_parser", "cmd_serve"
+]

@@ -351,3 +351,9 @@ def exit_status(envelope) -> int:
     if envelope.status is JobStatus.COMPLETED:
         return EXIT_OK
     return EXIT_CANCELLED if envelope.status is JobStatus.CANCELLED else EXIT_FAILED
+
+
+__all__ = [
+    "INDENT", "EventPrinter", "LivePrinter", "CtrlCCancels", "start_and_wait", "MAX_TREE_CHARS", "structured_format",
+    "document_line", "progress_text", "DOES_NOT_COMPILE", "load_guest", "run_live", "exit_status"
+]

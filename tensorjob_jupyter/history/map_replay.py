@@ -369,3 +369,9 @@ def _manifest(recorded: RecordedMap):
     manifest = read_manifest(list(recorded.inputs()))
     return dataclasses.replace(manifest, sha256=ledger["manifest_sha256"] or manifest.sha256,
                                source=ledger["manifest_source"] or manifest.source)
+
+
+__all__ = [
+    "REPLAY_DIR", "WHERE", "CANCEL_POLL_S", "NEEDS_MODEL", "ItemReplay", "ReplayExecutor", "MapReplay",
+    "MapReplayRun", "start_map_replay", "replay_map"
+]

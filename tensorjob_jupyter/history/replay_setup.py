@@ -236,3 +236,7 @@ def sampling_of(options: InferOptions) -> dict:
             "lora": [{"name": c.name, "scale": c.scale} for c in options.lora]}
 
 
+__all__ = [
+    "ReplayError", "RECORDED", "RecordedRun", "load_run", "replay_spec", "ADOPTED_SHOWN", "adoption_lines",
+    "sampling_of"
+]

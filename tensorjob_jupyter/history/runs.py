@@ -323,3 +323,9 @@ class RunList(list):
         body = "".join("<tr>" + "".join(f"<td>{for_html(c)}</td>" for c in _row(r)) + "</tr>" for r in self)
         return (f"<table class='tensorjob-runs' style='font-size:12px'><thead><tr>{head}</tr></thead>"
                 f"<tbody>{body}</tbody></table>")
+
+
+__all__ = [
+    "STATUSES", "RunError", "RunInfo", "run_info", "list_runs", "resolve_run", "PruneReport", "prune", "COLUMNS",
+    "GUEST_CHARS", "duration_text", "started_text", "RunList"
+]

@@ -359,3 +359,8 @@ class Debugger:
             self.break_on = frozenset()
             if not self._ended:
                 self._release("continue", RUN)
+
+
+__all__ = [
+    "BREAKABLE", "WAKE_S", "MAX_HANDLES_SHOWN", "MAX_PATH_CHARS", "MAX_ERROR_CHARS", "parse_break_on", "Debugger"
+]

@@ -171,7 +171,7 @@ class Job:
                                 **(created_fields or {}))
         except BaseException as e:  # the job cannot start: its folder is a failed run, not a locked one
             error = JobError(e.code, e.message) if isinstance(e, JobFailure) else internal_error(self.id, e)
-            self.stream.close(_encode_envelope(self.id, Envelope(JobStatus.FAILED, Usage(), error=error)))
+            self.stream.close(encode_envelope(self.id, Envelope(JobStatus.FAILED, Usage(), error=error)))
             raise
         _register(self)
 
@@ -193,7 +193,7 @@ class Job:
                 envelope = self._reactor.run()
             except BaseException as e:  # noqa: BLE001 - the reactor ends every job itself; this is a bug
                 envelope = Envelope(JobStatus.FAILED, self._reactor.usage, error=internal_error(self.id, e))
-            envelope_json = _encode_envelope(self.id, envelope)
+            envelope_json = encode_envelope(self.id, envelope)
             written = orjson.loads(envelope_json)  # what was written, which may be the internal error's
             self._status = JobStatus(written["status"])
             self.finished_at = time.time()
@@ -390,7 +390,7 @@ def _forget_old_jobs() -> None:
             del _JOBS[old.id]
 
 
-def _encode_envelope(job_id: str, envelope: Envelope) -> bytes:
+def encode_envelope(job_id: str, envelope: Envelope) -> bytes:
     """Compact JSON of the envelope; if even that fails (a host bug), an internal error's, with only
     the usage's counts that a transcript can hold; and if that fails too, a fixed one. Never fails."""
     try:
@@ -439,3 +439,9 @@ def run(guest: bytes | str | os.PathLike, *, timeout: float | None = None, **kwa
     job = Job(guest, **kwargs).start()
     wait_or_cancel(job.wait_done, job.cancel, timeout=timeout, what=f"job {job.id}")
     return job.wait()
+
+
+__all__ = [
+    "JOB_END_EVENT", "DEFAULT_MODEL", "Job", "KEEP_FINISHED_JOBS", "KEEP_FINISHED_BYTES", "encode_envelope", "jobs",
+    "get_job", "run"
+]

@@ -555,3 +555,9 @@ def internal_error(job_id: str, e: BaseException) -> JobError:
         said = "(its message cannot be shown)"
     return JobError(codes.INTERNAL_ERROR, f"internal error in the host (not the guest): {type(e).__name__}: "
                                           f"{said}; the traceback is in the tensorjob_jupyter log")
+
+
+__all__ = [
+    "PREVIEW_CHARS", "PREVIEW_BYTES", "MAX_GUEST_MESSAGE_CHARS", "MAX_GUEST_CODE_CHARS", "GuestFailed",
+    "InferOptions", "JobStats", "Reactor", "InferPlan", "internal_error"
+]

@@ -49,3 +49,6 @@ class LazyBackend:
 
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1"
+
+
+__all__ = ["LazyBackend", "DEFAULT_MODEL_NAME"]

@@ -156,3 +156,9 @@ def _close_at_exit() -> None:
     """Stop every worker before the interpreter tears down: a daemon thread still inside llama.cpp while
     Python finalises crashes the process (a CLI whose job timed out would exit with SIGSEGV, not its code)."""
     shutdown(timeout=EXIT_WAIT_S)
+
+
+__all__ = [
+    "MODEL_PACKAGE", "MODEL_FILE", "default_model_path", "resolve_model_path", "get_backend", "shutdown",
+    "EXIT_WAIT_S"
+]

@@ -297,3 +297,9 @@ def check_version(created: dict, run_dir: Path) -> int:
     return version
 
 
+__all__ = [
+    "MAX_LINE_BYTES", "MAX_EVENT_VALUES", "MAX_EVENT_DEPTH", "MAX_T_MS", "MAX_CREATED_AT", "TranscriptError",
+    "shown_run", "check_shape", "Kind", "COUNT", "INTEGER", "TEXT", "OBJECT", "LIST", "FLAG", "T_MS", "CREATED_AT",
+    "VECTORS", "COMMON_FIELDS", "EVENT_FIELDS", "ENVELOPE_STATUSES", "USAGE_FIELDS", "check_usage", "check_envelope",
+    "check_event", "parse_event", "check_version"
+]

@@ -65,3 +65,6 @@ class HotCall:
 def set_deadline(store: wasmtime.Store, ticks: int) -> None:
     """``store.set_epoch_deadline(ticks)`` without re-checking the store each time."""
     ffi.wasmtime_context_set_epoch_deadline(store._context(), ticks)
+
+
+__all__ = ["HotCall", "set_deadline"]

@@ -155,3 +155,6 @@ class Timeline:
         state.dirty = set(state.dirty) | {"header", "progress", "log", "tokens", "files", "output", "result",
                                           "usage", "debug"}
         return state
+
+
+__all__ = ["CHECKPOINT_EVERY", "MAX_CHECKPOINTS", "RecordedClock", "Timeline"]

@@ -44,7 +44,7 @@ TESTED_IPYKERNEL = ">=7.4,<7.5"
 _lock = threading.Lock()
 _subshell_ids: dict[int, str] = {}
 _pinned_classes: dict[type, type] = {}
-_warned = False
+warned = False
 
 
 def _pinned_id(comm) -> str | None:
@@ -106,9 +106,9 @@ def _side_subshell(kernel) -> str:
 
 def _cannot_route(reason: str) -> bool:
     """Warn once per process that clicks wait for the cell; always False."""
-    global _warned
+    global warned
     with _lock:
-        first, _warned = not _warned, True
+        first, warned = not warned, True
     if first:
         log.warning("the Cancel button of a live view cannot act while its cell waits (%s); "
                     "run the job with --bg, or interrupt the kernel to cancel it. "
@@ -140,3 +140,6 @@ def route_clicks_to_side_thread(widget) -> bool:
         return True
     except Exception as e:  # noqa: BLE001 - best effort; the fallbacks are documented above
         return _cannot_route(f"routing failed: {type(e).__name__}: {e}")
+
+
+__all__ = ["TESTED_IPYKERNEL", "warned", "route_clicks_to_side_thread"]

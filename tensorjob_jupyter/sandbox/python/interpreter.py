@@ -158,7 +158,7 @@ class Paths:
         return self.root / "build.lock"
 
 
-def _paths() -> Paths:
+def cache_paths() -> Paths:
     return Paths(build_key(), cache_root())
 
 
@@ -323,7 +323,7 @@ def _identity(path: Path) -> tuple:
 def ensure(fuel: bool = False, progress: Progress | None = None) -> Interpreter:
     """The compiled interpreter for this engine configuration: built, compiled and checked as needed."""
     progress = progress or _no_progress
-    paths = _paths()
+    paths = cache_paths()
     ekey = engine_key(fuel)
     compiled = paths.compiled(ekey)
     with _verified_lock:
@@ -375,7 +375,7 @@ def load_component(engine: wasmtime.Engine, interp: Interpreter) -> component.Co
 def is_ready(fuel: bool = False) -> bool:
     """Whether a job would start without building or compiling the interpreter."""
     try:
-        paths = _paths()
+        paths = cache_paths()
         return paths.compiled(engine_key(fuel)).is_file() and engine_key(fuel) in _read_manifest(paths).get(
             "compiled", {})
     except (OSError, InterpreterError):
@@ -398,3 +398,11 @@ def clear() -> tuple[int, int]:
                 except OSError:
                     pass
     return files, size
+
+
+__all__ = [
+    "COMPONENTIZE_PY", "COMPONENTIZE_PY_VERSION", "BUILD_TIMEOUT_S", "MAX_MANIFEST_BYTES", "HERE", "WIT", "RUNTIME",
+    "APP_MODULE", "WASMTIME_VERSION", "Progress", "InterpreterError", "cache_root", "componentize_py_version",
+    "runtime_files", "build_key", "engine_key", "engine_config", "Paths", "cache_paths", "Interpreter", "ensure",
+    "load_component", "is_ready", "clear"
+]
