@@ -22,8 +22,8 @@ This leans on ipykernel internals (``_supports_kernel_subshells``,
 ``shell_channel_thread.manager._create_subshell``, the comm's
 ``_reply_subshell_for``), present in 7.4 and absent from 7.1 to 7.3; it is
 tested on ``TESTED_IPYKERNEL``, the range ``pyproject.toml`` pins, and
-``tests/test_browser.py`` (a real click in JupyterLab while the cell waits)
-and ``tests/test_kernel.py`` guard it. Where routing cannot apply (another
+``tests/frontends/test_browser.py`` (a real click in JupyterLab while the cell waits)
+and ``tests/frontends/test_kernel.py`` guard it. Where routing cannot apply (another
 ipykernel, or a step fails) it says so once, as a logged warning, and the
 button still works whenever the cell is not waiting (``--bg``), and
 interrupting the kernel always cancels a waiting job. Outside a kernel

@@ -41,7 +41,7 @@ from tensorjob_jupyter.frontends.view.state import ViewState
 
 import wat
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "guests" / "examples"
 WORDS = "one two three four five six seven eight nine ten"
 
@@ -866,7 +866,7 @@ def test_a_full_queue_during_replay_live_is_busy_too_many_requests(tmp_path):
 
 # --- an infer replays through the live path's own plan and checks -----------------------------------------
 
-ECHO_GUEST = Path(__file__).parent / "guests" / "infer_echo.c"
+ECHO_GUEST = Path(__file__).resolve().parents[1] / "guests" / "infer_echo.c"
 WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "The weather in a city",
                 "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
                                                                "unit": {"enum": ["C", "F"]}},

@@ -25,7 +25,7 @@ from llama_support import tiny_files  # noqa: F401
 from test_map import done, puppet_guest
 from test_scoring import json_values
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 V1 = '''import tensorjob as tj
 

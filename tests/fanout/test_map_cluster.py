@@ -437,7 +437,7 @@ def test_a_python_guest_maps_on_the_cluster_and_the_workers_reuse_the_compiled_i
     for name, text in texts.items():
         (data / name).write_text(text, encoding="utf-8")
     manifest = write_manifest(tmp_path / "m.jsonl", [{"path": str(data / name), "window": 64} for name in texts])
-    guest = Path(__file__).resolve().parent.parent / "guests" / "examples" / "wordcount.py"
+    guest = Path(__file__).resolve().parents[2] / "guests" / "examples" / "wordcount.py"
 
     env = worker_env(TENSORJOB_CACHE=str(workers_cache))
     with ProcessCluster(tmp_path_factory.mktemp("py-cluster"), workers=2, env=env) as cluster:

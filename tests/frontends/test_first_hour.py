@@ -26,7 +26,7 @@ from tensorjob_jupyter.frontends.view.state import ViewState
 
 import wat
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tensorjob(*args, cwd, env=None, timeout=120):

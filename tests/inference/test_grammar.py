@@ -51,7 +51,7 @@ from tensorjob_jupyter.sandbox.compile import GuestSource
 
 from llama_support import Collector, smollm, tiny_files  # noqa: F401
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ECHO = ROOT / "tests" / "guests" / "infer_echo.c"
 #: The tiny model decodes on one thread: it gains nothing from more, and the fast loop runs a worker per core,
 #: where llama.cpp's threads spinning at each step's barrier would slow every decode tenfold.

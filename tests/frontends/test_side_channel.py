@@ -1,7 +1,7 @@
 """The Cancel button's side channel: ipykernel internals it needs, and saying so once when they are absent.
 
-The real click while a cell waits is tested end to end by tests/test_kernel.py
-(over the kernel's wire protocol) and tests/test_browser.py (in JupyterLab);
+The real click while a cell waits is tested end to end by tests/frontends/test_kernel.py
+(over the kernel's wire protocol) and tests/frontends/test_browser.py (in JupyterLab);
 these tests are fast and need no kernel: fakes stand in for the kernel and
 the widget, so each path of ``route_clicks_to_side_thread`` runs here.
 """
@@ -16,7 +16,7 @@ import pytest
 
 from tensorjob_jupyter.frontends.view import side_channel
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class FakeComm:

@@ -54,7 +54,7 @@ from tensorjob_jupyter.sandbox.compile import GuestSource
 from llama_support import smollm, tiny_files, write_tiny_gguf  # noqa: F401
 import wat
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 #: The tiny models decode on one thread: they gain nothing from more, and the fast loop runs a worker per core,
 #: where llama.cpp's threads spinning at each step's barrier would slow every decode tenfold.

@@ -23,7 +23,7 @@ from tensorjob_jupyter.fanout.scoring import (
 from tensorjob_jupyter.inference import ScriptedBackend
 from test_map import done, fail, infer, puppet_guest, write_manifest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False,
                            allow_infinity=False) | st.text(max_size=8),

@@ -19,7 +19,7 @@ import wasmtime
 
 from tensorjob_jupyter.sandbox import compile as tjc
 
-GUESTS = Path(__file__).parent / "guests"
+GUESTS = Path(__file__).resolve().parents[1] / "guests"
 
 #: Everything JSON string escaping can get wrong, in one string.
 TRICKY = ('quote " backslash \\ slash / newline \n tab \t cr \r backspace \b formfeed \f nul \x00 bell \x07 '

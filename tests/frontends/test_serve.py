@@ -3,7 +3,7 @@
 The server runs the embedded SmolLM2 with one slot, so a sequence left
 running would hold up the next request: a stop verdict or a cancel that did
 not reach the server shows as a next job that waits. The HTTP API's every
-answer and refusal on a scripted model is tests/test_serve_api.py; the
+answer and refusal on a scripted model is tests/frontends/test_serve_api.py; the
 served path's figures (four jobs through this server against four
 in-process) are bench/bench_served.py.
 """

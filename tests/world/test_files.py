@@ -210,5 +210,5 @@ def test_content_sniffing_ignores_names():
     assert sniff("plain ü".encode(), 8).kind == "text"
     assert sniff("ab🎉".encode()[:-1], 100).kind == "text"  # a character cut by the sniff window
     assert sniff(b"\x00\x01\x02\xff", 4).kind == "binary"
-    # A PDF is a document; the reactor asks the document engine for its pages (tests/test_documents.py).
+    # A PDF is a document; the reactor asks the document engine for its pages (tests/world/test_documents.py).
     assert sniff(b"%PDF-1.7", 8).to_json() == {"kind": "document", "pages": 0, "has_text_layer": False}

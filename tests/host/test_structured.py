@@ -34,7 +34,7 @@ from tensorjob_jupyter.host.schemas import SchemaError
 
 from llama_support import Collector, smollm, tiny_files  # noqa: F401
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ECHO = ROOT / "tests" / "guests" / "infer_echo.c"
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",

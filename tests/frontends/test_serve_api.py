@@ -4,7 +4,7 @@ Each request goes through the real Starlette app and its ASGI stack
 (Starlette's ``TestClient``); the model is ``ScriptedBackend``, so every
 answer and every failure is one the test chose. The real server process on
 the real model -- jobs through it, a stop that frees its slot, the key -- is
-tests/test_serve.py.
+tests/frontends/test_serve.py.
 """
 
 from __future__ import annotations

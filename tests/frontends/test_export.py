@@ -22,7 +22,7 @@ import wat
 
 pytestmark = pytest.mark.slow  # a kernel, a notebook run and three exports
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WIDGET_SCRIPT = '<script type="application/vnd.jupyter.widget-view+json">'
 
 

@@ -238,7 +238,7 @@ def test_local_includes_are_part_of_the_cache_key(tmp_path):
 def test_sdk_dir_is_the_checkouts_guests_folder():
     d = tjc.sdk_dir()
     assert (d / "tensorjob.h").is_file() and (d / "tensorjob.zig").is_file()
-    assert d == Path(__file__).resolve().parent.parent / "guests"
+    assert d == Path(__file__).resolve().parents[2] / "guests"
 
 
 def test_strip_linker_exports_drops_only_linker_globals():

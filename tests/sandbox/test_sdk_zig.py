@@ -19,7 +19,7 @@ from tensorjob_jupyter import abi
 from tensorjob_jupyter.sandbox import compile as tjc
 from test_sdk_c import TRICKY, RawGuest, done_result, emitted
 
-GUESTS = Path(__file__).parent / "guests"
+GUESTS = Path(__file__).resolve().parents[1] / "guests"
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ from tensorjob_jupyter.inference.scripted import ScriptedBackend
 from tensorjob_jupyter.sandbox import compile as tjc
 from tensorjob_jupyter.sandbox.compile import GuestSource
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLASSIFY = ROOT / "guests" / "examples" / "classify.c"
 
 #: Each kind: the value an infer carries, and a Python regex its answers must fully match. Each allows finitely

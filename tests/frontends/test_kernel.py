@@ -15,7 +15,7 @@ from jupyter_client.manager import start_new_kernel
 
 import wat
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -86,7 +86,7 @@ def covered_by_flags() -> set[str]:
 
 def test_the_flags_above_name_every_option(world):
     given = {a.split("=")[0] for a in flags(world)}
-    given |= {"--model-name", "--api-key-env"}  # a served model's (--model URL): tests/test_served.py
+    given |= {"--model-name", "--api-key-env"}  # a served model's (--model URL): tests/inference/test_served.py
     assert {o.flag for o in OPTIONS} <= given  # a new option must be added to this test
 
 
@@ -240,7 +240,7 @@ def test_an_unknown_keyword_names_the_limits():
 ])
 def test_a_bad_option_is_the_same_one_line_everywhere(ip, world, monkeypatch, flag, value, message):
     monkeypatch.chdir(world)
-    # the command line in this process, as tests/test_cli.py runs it (a subprocess per row costs seconds;
+    # the command line in this process, as tests/frontends/test_cli.py runs it (a subprocess per row costs seconds;
     # the console script as a subprocess is tested there and by the every-option tests above)
     out, err = io.StringIO(), io.StringIO()
     code = cli_main(["run", "guest.c", flag, value], out=out, err=err)

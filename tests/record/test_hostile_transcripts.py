@@ -45,7 +45,7 @@ from tensorjob_jupyter.text import for_terminal
 
 import wat
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: Everything a terminal or a view could act on: OSC 52 (set the clipboard), CSI (clear the screen), a
 #: carriage return and a backspace (rewrite the line), a bidi override, and markup.
 HOSTILE = "\x1b]52;c;aGk=\x07\x1b[2J\r\x08\u202e<img src=x onerror=alert(1)>"

@@ -1,8 +1,8 @@
 """Stepping through a guest: pause and step, breakpoints, time, the controls from any thread, scrubbing,
 the terminal prompt, and hostile guests that must not reach the debugger's controls.
 
-Kernel-level clicks (comm messages while the cell waits) are in tests/test_kernel.py, a real click in
-JupyterLab in tests/test_browser.py.
+Kernel-level clicks (comm messages while the cell waits) are in tests/frontends/test_kernel.py, a real click in
+JupyterLab in tests/frontends/test_browser.py.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from tensorjob_jupyter.abi import codes
 from tensorjob_jupyter.inference.scripted import ScriptedBackend
 from tensorjob_jupyter.sandbox.compile import CompileError, GuestSource
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "guests" / "examples"
 WORDS = "one two three four five six seven eight"
 
