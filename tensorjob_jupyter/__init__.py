@@ -23,6 +23,8 @@ from tensorjob_jupyter.fanout.scoring import ScoringError
 from tensorjob_jupyter.fanout.estimate import MapEstimate, estimate_map
 from tensorjob_jupyter.fanout.scoring import Scored, ScoreSummary
 from tensorjob_jupyter.host.jobs import Job, get_job, jobs, run
+from tensorjob_jupyter.host.spec import JobSpec
+from tensorjob_jupyter.inference.providers import ModelRef
 from tensorjob_jupyter.limits import Limits
 from tensorjob_jupyter.host.reactor import InferOptions, JobStats
 from tensorjob_jupyter.history.runs import RunError, list_runs
@@ -40,7 +42,7 @@ from tensorjob_jupyter.history.map_replay import MapReplay, replay_map, start_ma
 
 from tensorjob_jupyter.version import __version__
 
-__all__ = ["Envelope", "InferOptions", "Job", "JobError", "JobFailure", "JobStats", "JobStatus", "Limits", "ManifestError",
+__all__ = ["Envelope", "InferOptions", "Job", "JobSpec", "ModelRef", "JobError", "JobFailure", "JobStats", "JobStatus", "Limits", "ManifestError",
            "MapResult", "MapRun", "ResumeRefused", "TokenAction", "Usage", "codes", "get_job", "jobs", "map", "run",
            "start_map", "list_runs", "replay", "ReplayJob", "ReplayReport", "diff_runs", "__version__",
            "MapEstimate", "estimate_map", "Scored", "ScoreSummary", "MapComparison", "compare", "MapReplay",
