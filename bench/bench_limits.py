@@ -744,7 +744,7 @@ def schema_memory(runs_dir: str, tiny_model: Path) -> dict:
     old_one = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     del old_entries, spec, key, schema_json
-    memos = {"specs": structured._specs, "validators": schemas._validators, "grammars": g._grammars}
+    memos = {"specs": structured.SPECS, "validators": schemas.VALIDATORS, "grammars": g.GRAMMARS}
     bound = sum(m.max_bytes for m in memos.values())
     out = {"found_refused_ms": refused_ms, "found_parsed_mib": one_found_parsed / MiB,
            "entry_bounded_eight_found_mib": 8 * old_one / MiB, "kept_mib": kept / MiB, "memo_bound_mib": bound / MiB,

@@ -381,7 +381,7 @@ def prefix_bench(args) -> dict:
     """Items/s of a map whose prompts share a long prefix: shared, not reused, reused per slot, and the server."""
     sys.path.insert(0, str(ROOT / "tests"))
     from served_support import LlamaServer  # tests/served_support.py
-    from test_map import puppet_guest  # tests/test_map.py: each item's input is its command
+    from test_map import puppet_guest  # tests/fanout/test_map.py: each item's input is its command
 
     from tensorjob_jupyter.host.reactor import InferOptions
     from tensorjob_jupyter.inference import llama

@@ -182,7 +182,7 @@ def bench_tokens(n: int, reps: int, runs: Path) -> dict:
 
 
 def bench_real(tokens: int, reps: int, runs: Path) -> dict:
-    from tensorjob_jupyter.inference.lazy import model_backend
+    from tensorjob_jupyter.inference.providers import model_backend
     backend = model_backend(None)
     c, py = guests(C_SUMMARY, PY_SUMMARY)
     prompt = "Write a short story about a lighthouse keeper who finds a message in a bottle."

@@ -122,14 +122,14 @@ def bench_cell_startup(repeats: int, use_model: bool) -> dict:
     ip = start_ipython()
     ip.run_line_magic("load_ext", "tensorjob_jupyter")
     first_command: list[float] = []
-    original = runner.Reactor._execute
+    original = runner.Reactor.carry_out
 
     def timed_execute(self, command):
         if self.stats.steps == 1 and not first_command:
             first_command.append(time.perf_counter())
         return original(self, command)
 
-    runner.Reactor._execute = timed_execute
+    runner.Reactor.carry_out = timed_execute
     infer = 'return tj_infer(TJ_STR("Hello"), 4);' if use_model else 'return tj_done(tj_jsonf("\\"ok\\""));'
     cell = f"""// bench cell {time.time()} (new for this run, so the first run compiles)
 #include "tensorjob.h"
@@ -147,7 +147,7 @@ tj_cmd guest_step(tj_event ev) {{
             ip.run_cell_magic("tensorjob", "--quiet", cell)
             timings.append(first_command[0] - t0)
     finally:
-        runner.Reactor._execute = original
+        runner.Reactor.carry_out = original
     cold, warm = timings[0], statistics.median(timings[1:])
     return {"cold_ms": 1000 * cold, "warm_ms": 1000 * warm, "warm_over_cold": warm / cold, "model": use_model}
 

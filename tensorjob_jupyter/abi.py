@@ -146,7 +146,19 @@ HOST_ONLY_CODES = frozenset({codes.INTERNAL_ERROR, codes.WORKER_LOST, codes.REPL
                              codes.PAUSED_TOO_LONG})
 
 
-class JobFailure(Exception):
+class TensorjobError(Exception):
+    """The root of every error this package raises on purpose, each with a one-line message.
+
+    Two branches: ``JobFailure``, why a job ended (a code and a message, written into its envelope); and
+    the refusals that stop something before it starts -- a bad option (``OptionError``), a guest that does
+    not compile (``CompileError``), a run or transcript that cannot be read or replayed (``RunError``,
+    ``TranscriptError``, ``ReplayError``), a manifest or a run folder (``MapError``), a schema
+    (``SchemaError``), a malformed command (``AbiError``). The refusals that are about a value are
+    ``ValueError``s too. The command line and the magics catch this root once: anything else is a bug.
+    """
+
+
+class JobFailure(TensorjobError):
     """Why a job ends: an error code (``codes``) and a one-line message.
 
     The one exception family of a job's end. Every layer raises it, or a
@@ -154,8 +166,8 @@ class JobFailure(Exception):
     ``DocumentError``, ``FetchError``, ``ModelError``, ...), and the reactor
     catches it once and writes ``JobError(code, message)`` into the envelope.
     Errors that stop a job before it starts (a bad option, a guest that does
-    not compile, a run that cannot be replayed) are ``ValueError``s of the
-    front ends instead: they have no envelope.
+    not compile, a run that cannot be replayed) are the other branch of
+    ``TensorjobError``: they have no envelope.
     """
 
     def __init__(self, code: str, message: str):
@@ -173,7 +185,7 @@ def _rebuild_failure(cls: type, code: str, message: str) -> JobFailure:
     return failure
 
 
-class AbiError(ValueError):
+class AbiError(TensorjobError, ValueError):
     """A guest produced bytes that are not a valid command (-> ``wasm_trap``)."""
 
 
@@ -1150,3 +1162,16 @@ def event_from_json(value: Any) -> Event:
     if tag == "page_imaged":
         return PageImaged(_u32(obj, "handle", "page_imaged"), _u64(obj, "len", "page_imaged"))
     raise AbiError(f"unknown event `{tag}`")
+
+
+__all__ = [
+    "U32_MAX", "U64_MAX", "codes", "event_types", "EVENT_TYPES", "TERMINAL_EVENT_TYPES", "ERROR_CODES",
+    "HOST_ONLY_CODES", "TensorjobError", "JobFailure", "AbiError", "JobStatus", "TokenAction", "MediaKind", "TEXT",
+    "BINARY", "INFER_EXTENSIONS", "INFER_SAMPLING", "Infer", "Open", "Slice", "SliceBytes", "Embed", "Emit", "Done",
+    "Fail", "PageText", "PageTextOpt", "PageImage", "DocumentText", "Resize", "Crop", "ImageOperation", "ImageOp",
+    "Fetch", "Command", "UNSUPPORTED_COMMANDS", "InferDone", "Opened", "Sliced", "SlicedBytes", "Embedded", "Emitted",
+    "PageTexted", "PageTextAttempted", "PageImaged", "Event", "MAX_COUNT", "Usage", "JobError", "Envelope", "dumps",
+    "encode_event", "MAX_DEPTH", "loads_strict", "checked_value", "encode_json", "UnsupportedCommand",
+    "command_from_json", "MAX_TOOLS", "MAX_STOPS", "MAX_STOP_CHARS", "MAX_REGEX_CHARS", "MAX_GRAMMAR_CHARS",
+    "MAX_CHOICES", "MAX_CHOICE_CHARS", "parse_command", "event_from_json"
+]

@@ -146,3 +146,6 @@ def with_keywords(limits: Limits | None, keywords: Mapping[str, Any], where: str
         raise TypeError(f"{where}() got unexpected keyword argument(s) {', '.join(unknown)}; limits are "
                         f"{', '.join(FIELDS)}")
     return (limits or Limits()).replace(**keywords)
+
+
+__all__ = ["KiB", "MiB", "OPTIONAL", "Limits", "FIELDS", "reference_table", "check", "with_keywords"]

@@ -148,3 +148,9 @@ def bounded(value: Any, depth: int = 0, budget: list[int] | None = None) -> Any:
     if value is None or isinstance(value, (bool, int, float)):
         return value
     return clip(repr(value), MAX_STRING_CHARS)  # pragma: no cover - JSON values only
+
+
+__all__ = [
+    "PRETTY_MAX_CHARS", "PRETTY_MAX_DEPTH", "for_terminal", "for_html", "json_text", "MAX_DEPTH", "MAX_CHILDREN",
+    "MAX_NODES", "MAX_STRING_CHARS", "MAX_KEY_CHARS", "MAX_TOTAL_CHARS", "clip", "bounded"
+]

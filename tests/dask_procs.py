@@ -8,7 +8,7 @@
 from the scheduler's own log ("Register worker"), so the process that starts
 the cluster never holds a Dask client: a client here would be exactly the
 shared state the black-box tests must not have. Used by
-tests/test_map_cluster.py and bench/bench_map.py.
+tests/fanout/test_map_cluster.py and bench/bench_map.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Items at once are sequences the model can decode together. With one at a
 time the model waits while the host starts the next item (the guest, the
 file window, the schema) and decodes one sequence a step; more than it
 batches only queue. So ``auto`` is the model's batch width -- a local
-engine's slots (4 unless ``model_options={"slots": N}``), a served model's
+engine's slots (4 unless ``model_options={"slots": N}``: ``ModelRef.slots``), a served model's
 request threads (4) -- capped at twice the physical cores, since on a CPU
 each sequence in a step costs compute of its own. Measured on 2 cores with
 the embedded model (``bench/bench_map.py --vs-plain --sweep``, docs/maps.md):
@@ -37,15 +37,19 @@ def check_concurrency(concurrency: Any) -> int | str | None:
     return concurrency
 
 
-def model_width(model_options: dict | tuple | None, backend: Any = None) -> int:
-    """How many sequences the model decodes together: a backend's ``slots``, else ``model_options``' slots,
+def model_width(model: Any = None, backend: Any = None) -> int:
+    """How many sequences the model decodes together: a backend's ``slots``, else the ``ModelRef``'s slots,
     else ``DEFAULT_WIDTH``."""
     slots = getattr(backend, "slots", None)
     if slots is None:
-        slots = dict(model_options or ()).get("slots")
+        slots = getattr(model, "slots", None)
     return slots if isinstance(slots, int) and not isinstance(slots, bool) and slots >= 1 else DEFAULT_WIDTH
 
 
-def auto_concurrency(model_options: dict | tuple | None = None, backend: Any = None) -> int:
-    """Items at once for ``concurrency="auto"``: the model's width, at most twice the physical cores."""
-    return max(1, min(model_width(model_options, backend), 2 * physical_cores()))
+def auto_concurrency(model: Any = None, backend: Any = None) -> int:
+    """Items at once for ``concurrency="auto"``: the model's width (``model``: a ``ModelRef``), at most twice the
+    physical cores."""
+    return max(1, min(model_width(model, backend), 2 * physical_cores()))
+
+
+__all__ = ["AUTO", "DEFAULT_WIDTH", "check_concurrency", "model_width", "auto_concurrency"]

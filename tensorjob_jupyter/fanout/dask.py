@@ -68,7 +68,7 @@ from tensorjob_jupyter.version import __version__
 from tensorjob_jupyter.host.reactor import internal_error
 from tensorjob_jupyter.fanout.errors import ClusterError
 from tensorjob_jupyter.fanout.items import WORKER_LOST, BackendSpec, ItemSpec, failed_outcome, process_backend, run_item
-from tensorjob_jupyter.inference.served import is_served
+from tensorjob_jupyter.inference.providers import HF, URL
 
 WINDOW_REFRESH_S = 2.0
 #: Times an item is sent again after the cluster lost what it needed (not its own failures).
@@ -265,16 +265,17 @@ def check_workers(client: Client, backend: BackendSpec, address: str, *, timeout
         except Exception as e:  # noqa: BLE001
             raise ClusterError(f"the backend factory cannot be sent to Dask workers "
                                f"({type(e).__name__}: {e}); pass a picklable one, e.g. functools.partial") from None
-    # a served model (an http(s) URL) is on its server, not on the workers' disks
-    needs_model = backend.factory is None and not is_served(backend.model)
+    # a served model is on its server, not on the workers' disks
+    needs_model = backend.factory is None and backend.model.kind != URL
     try:
-        reports = client.run(_worker_probe(), backend.model, needs_model, factory, on_error="return")
+        reports = client.run(worker_probe(), backend.model.kind, backend.model.name, needs_model, factory,
+                             on_error="return")
     except Exception as e:  # noqa: BLE001
         raise ClusterError(f"cannot check the workers of the Dask scheduler at {address} "
                            f"({type(e).__name__}: {' '.join(str(e).split())})") from None
     problems = []
     for worker, report in sorted(reports.items()):
-        problem = _problem(worker, report, version, backend)
+        problem = worker_problem(worker, report, version, backend)
         if problem:
             problems.append(problem)
     if problems:
@@ -284,7 +285,7 @@ def check_workers(client: Client, backend: BackendSpec, address: str, *, timeout
     return reports
 
 
-def _problem(worker: str, report: Any, version: str, backend: BackendSpec) -> str | None:
+def worker_problem(worker: str, report: Any, version: str, backend: BackendSpec) -> str | None:
     """What keeps ``worker`` from running items, from its probe report; None if nothing."""
     hint = INSTALL_HINT.format(version=version)
     if isinstance(report, BaseException):
@@ -297,16 +298,16 @@ def _problem(worker: str, report: Any, version: str, backend: BackendSpec) -> st
     if report.get("factory_error"):
         return f"worker {worker} cannot load the backend factory ({report['factory_error']})"
     if report.get("model_error"):
-        if backend.model is not None and backend.model.startswith("hf:"):
-            return f"worker {worker} cannot get the model {backend.model}: {report['model_error']}"
-        if backend.model is not None:
-            return (f"model file {backend.model} not found on worker {worker} "
+        if backend.model.kind == HF:
+            return f"worker {worker} cannot get the model {backend.model.name}: {report['model_error']}"
+        if backend.model.name:
+            return (f"model file {backend.model.name} not found on worker {worker} "
                     f"(a --model path must exist on every worker)")
         return f"worker {worker} cannot find the embedded model ({report['model_error']})"
     return None
 
 
-def _worker_probe():
+def worker_probe():
     """The check ``client.run`` sends to every worker.
 
     Nested, so Dask pickles it by value: a worker that cannot import this
@@ -314,7 +315,7 @@ def _worker_probe():
     until the package is known to be there.
     """
 
-    def probe(model: str | None, needs_model: bool, factory: bytes | None) -> dict:
+    def probe(kind: str, model: str, needs_model: bool, factory: bytes | None) -> dict:
         import os
         import sys
 
@@ -326,6 +327,7 @@ def _worker_probe():
             importlib.import_module("tensorjob_jupyter.fanout.dask")  # what every task imports
             version = importlib.import_module("tensorjob_jupyter.version").__version__
             models = importlib.import_module("tensorjob_jupyter.inference.models")
+            hub = importlib.import_module("tensorjob_jupyter.inference.hub")
         except Exception as e:  # noqa: BLE001
             report["package_error"] = f"{type(e).__name__}: {e}"
             return report
@@ -338,12 +340,12 @@ def _worker_probe():
             except Exception as e:  # noqa: BLE001
                 report["factory_error"] = f"{type(e).__name__}: {e}"
         if needs_model:
-            if model is not None and model.startswith("hf:"):  # from the worker's Hugging Face cache, or fetched
+            if kind == "hf":  # from the worker's Hugging Face cache, or fetched
                 try:
-                    report["model"] = str(models.resolve_model_path(model, progress=False))
+                    report["model"] = str(hub.resolve(model, progress=False))
                 except Exception as e:  # noqa: BLE001
                     report["model_error"] = " ".join(str(e).split())
-            elif model is not None:
+            elif model:
                 if not os.path.isfile(model):
                     report["model_error"] = f"no such file: {model}"
             else:
@@ -379,12 +381,18 @@ _RUNS_DIRS: dict[str, str] = {}
 def _local_spec(spec: ItemSpec) -> ItemSpec:
     """``spec`` with a transcript folder this worker can write (a shared path
     on one machine or a shared filesystem; otherwise a temporary folder)."""
-    usable = _RUNS_DIRS.get(spec.runs_dir)
+    usable = _RUNS_DIRS.get(spec.job.runs_dir)
     if usable is None:
         try:
-            os.makedirs(spec.runs_dir, exist_ok=True)
-            usable = spec.runs_dir
+            os.makedirs(spec.job.runs_dir, exist_ok=True)
+            usable = spec.job.runs_dir
         except OSError:
             usable = os.path.join(tempfile.gettempdir(), "tensorjob-map-jobs")
-        _RUNS_DIRS[spec.runs_dir] = usable
-    return spec if usable == spec.runs_dir else replace(spec, runs_dir=usable)
+        _RUNS_DIRS[spec.job.runs_dir] = usable
+    return spec if usable == spec.job.runs_dir else replace(spec, job=spec.job.replace(runs_dir=usable))
+
+
+__all__ = [
+    "WINDOW_REFRESH_S", "RESUBMITS", "CONNECT_TIMEOUT_S", "WORKERS_TIMEOUT_S", "SHOW_PROBLEMS", "INSTALL_HINT",
+    "DaskExecutor", "error_outcome", "check_workers", "worker_problem", "worker_probe", "dask_item"
+]

@@ -8,8 +8,10 @@ exception.
 
 from __future__ import annotations
 
+from tensorjob_jupyter.abi import TensorjobError
 
-class MapError(Exception):
+
+class MapError(TensorjobError):
     """A map could not start (nothing ran)."""
 
 
@@ -28,3 +30,6 @@ class ResumeRefused(MapError):
 class ClusterError(MapError):
     """The Dask cluster cannot run this map: unreachable, no workers, or a
     worker that lacks the package, the same version of it, or the model."""
+
+
+__all__ = ["MapError", "ManifestError", "ResumeRefused", "ClusterError"]

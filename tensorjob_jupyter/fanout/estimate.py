@@ -39,13 +39,12 @@ from typing import Any, Iterable, Sequence
 from tensorjob_jupyter.abi import JobStatus
 from tensorjob_jupyter.host.jobs import Job
 from tensorjob_jupyter.inference.base import GenerateRequest, ModelError
-from tensorjob_jupyter.limits import with_keywords
 from tensorjob_jupyter.record.event_checks import TranscriptError
 from tensorjob_jupyter.record.run_folder import runs_folder
 from tensorjob_jupyter.record.transcript import EventReader
 from tensorjob_jupyter.fanout.folder import JOBS
 from tensorjob_jupyter.fanout.manifest import read_manifest
-from tensorjob_jupyter.fanout.start import _item_spec, process_backend
+from tensorjob_jupyter.fanout.start import item_spec, map_job, process_backend
 
 #: Items whose first infer an estimate runs to, at most (spread over the manifest).
 DEFAULT_SAMPLE = 20
@@ -207,30 +206,27 @@ class MapEstimate:
         return f"<MapEstimate {self.items} items, {self.prompt_tokens} prompt tokens>"
 
 
-def estimate_map(guest: Any, manifest: str | os.PathLike | Sequence[Any], *, read: Iterable = (),
-                 fetch: Iterable[str] = (), limits=None, backend=None, model=None, model_options: dict | None = None,
-                 infer=None, input_bytes: bytes = b"", run_dir: str | os.PathLike | None = None,
-                 runs_dir: str | os.PathLike | None = None, sample: int = DEFAULT_SAMPLE,
-                 **limit_keywords: Any) -> MapEstimate:
-    """Estimate the map ``start_map`` would run with the same arguments (see the module doc). ``run_dir``:
-    the map's run folder, whose recorded items (a map run before) measure the speed first."""
+def estimate_map(guest: Any, manifest: str | os.PathLike | Sequence[Any], *, backend=None,
+                 run_dir: str | os.PathLike | None = None, sample: int = DEFAULT_SAMPLE,
+                 **job_keywords: Any) -> MapEstimate:
+    """Estimate the map ``start_map`` would run with the same arguments (see the module doc): ``guest`` a
+    ``JobSpec`` or a guest and its job keywords. ``run_dir``: the map's run folder, whose recorded items (a map
+    run before) measure the speed first."""
     items = read_manifest(manifest).items
     if sample < 1:
         raise ValueError(f"sample must be at least 1, got {sample}")
-    limits = with_keywords(limits, limit_keywords, "estimate_map")
+    job = map_job(guest, job_keywords, "estimate_map")
+    runs_dir = job.runs_dir  # where earlier runs' transcripts measure the speed; the dry runs' go to scratch
     scratch = Path(tempfile.mkdtemp(prefix="tensorjob-estimate-"))
     try:
-        spec, instance = _item_spec(guest, read, fetch, limits, backend, model, model_options, infer, input_bytes,
-                                    scratch)
+        spec, instance = item_spec(job.replace(runs_dir=str(scratch)), backend, scratch)
         model_backend = instance if instance is not None else process_backend(spec.backend)
         name = getattr(model_backend, "model_name", "model")
         picks = _spread(len(items), sample)
         sampled, counted_by, prompts = [], "tokenizer", []
         for index in picks:
             catcher = _FirstInfer(name)
-            job = Job(spec.wasm, input=items[index], read=spec.read, backend=catcher, limits=spec.limits,
-                      infer=spec.infer, runs_dir=scratch, cwd=spec.cwd, name=f"{spec.name}[{index}]",
-                      input_bytes=spec.input_bytes, fetch=spec.fetch).start()
+            job = Job(spec.item_job(index, items[index]), backend=catcher).start()
             try:
                 envelope = job.wait(DRY_RUN_TIMEOUT_S)
             except TimeoutError:
@@ -362,3 +358,9 @@ def _duration(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+__all__ = [
+    "DEFAULT_SAMPLE", "CHARS_PER_TOKEN", "SPEED_RUNS", "SPEED_INFERS", "DRY_RUN_TIMEOUT_S", "STOPPED_HERE", "Speed",
+    "ItemEstimate", "MapEstimate", "estimate_map", "measured_speed"
+]

@@ -277,3 +277,9 @@ _TIME = "%Y-%m-%dT%H:%M:%S%z"
 
 def _now() -> str:
     return time.strftime(_TIME)
+
+
+__all__ = [
+    "LEDGER", "RESULTS", "FAILURES", "JOBS", "LEDGER_FORMAT", "SCORING_FILES", "MAX_LEDGER_BYTES", "RESTART_HINT",
+    "read_records", "SESSION_STATUSES", "read_ledger", "RunFolder"
+]

@@ -21,11 +21,9 @@ from typing import Any, Callable
 from tensorjob_jupyter.abi import JobStatus, codes
 from tensorjob_jupyter.inference.base import Backend
 from tensorjob_jupyter.host.jobs import Job
-from tensorjob_jupyter.limits import Limits
-from tensorjob_jupyter.host.reactor import InferOptions, internal_error
-from tensorjob_jupyter.inference.hub import is_hf_ref
-from tensorjob_jupyter.inference.lazy import model_backend
-from tensorjob_jupyter.inference.served import is_served
+from tensorjob_jupyter.host.reactor import internal_error
+from tensorjob_jupyter.host.spec import JobSpec
+from tensorjob_jupyter.inference.providers import ModelRef
 
 CANCEL_POLL_S = 0.25
 #: The error code of an item whose worker process died every time it was
@@ -39,38 +37,31 @@ class BackendSpec:
 
     Backends hold threads and cannot travel, so a worker builds its own from
     a ``factory`` (any picklable callable, e.g.
-    ``functools.partial(ScriptedBackend, reply="...")``) or from ``model``
-    (a GGUF path; None is the embedded model) and ``model_options`` (e.g.
-    ``n_threads``) through ``get_backend``. A served model (``model`` an
-    http(s) URL) travels as its URL, its ``model_name`` and the *name* of its
-    key's variable (``api_key_env``): each worker reads the key from its own
-    environment, so the key is never pickled. Each process builds one per
-    ``key`` and keeps it (``process_backend``).
+    ``functools.partial(ScriptedBackend, reply="...")``) or from ``model``, a
+    ``ModelRef`` (a small frozen value: a served model travels as its URL, its
+    id and the *name* of its key's variable, so each worker reads the key from
+    its own environment and the key is never pickled). Each process builds one
+    per ``key`` and keeps it (``process_backend``).
     """
 
     factory: Callable[[], Backend] | None = None
-    model: str | None = None
-    model_options: tuple[tuple[str, Any], ...] = ()
+    model: ModelRef = ModelRef()
     key: str = ""
 
     @classmethod
-    def of(cls, factory: Callable[[], Backend] | None, model: str | os.PathLike | None,
+    def of(cls, factory: Callable[[], Backend] | None, model: "ModelRef | str | os.PathLike | None",
            model_options: dict | None = None) -> "BackendSpec":
+        """``factory``, else ``model`` (a ``ModelRef``, or what ``ModelRef.parse`` reads, with ``model_options``);
+        ``ValueError`` names an option that does not belong to the model's kind."""
         if factory is not None:
             return cls(factory=factory, key="factory:" + _digest_of(factory))
-
-        if model is not None and not is_hf_ref(model) and not is_served(model):
-            model = os.path.abspath(model)
-        # hashable: a dict option (loras={name: path}) as its sorted pairs, which get_backend reads alike
-        options = tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, dict) else v)
-                               for k, v in (model_options or {}).items()))
-        return cls(model=model, model_options=options, key=f"model:{model or ''}:{options!r}")
+        ref = ModelRef.parse(model, **(model_options or {}))
+        return cls(model=ref, key=f"model:{ref!r}")
 
     def build(self) -> Backend:
         if self.factory is not None:
             return self.factory()
-
-        return model_backend(self.model, **dict(self.model_options))
+        return self.model.backend()
 
 
 def _digest_of(obj: Any) -> str:
@@ -106,22 +97,25 @@ def process_backend_count() -> int:
 
 @dataclass(frozen=True)
 class ItemSpec:
-    """Everything an item needs besides its input; travels to a worker once."""
+    """Everything an item needs besides its input; travels to a worker once.
 
-    wasm: bytes
-    read: tuple[str, ...]
-    cwd: str
-    limits: Limits
-    infer: InferOptions | None
+    ``job`` is every item's ``JobSpec`` but for its input and name (its grants absolute, its ``cwd`` and
+    ``runs_dir`` set), ``backend`` how a process gets the model."""
+
+    job: JobSpec
     backend: BackendSpec
-    runs_dir: str
-    name: str = "guest"
-    input_bytes: bytes = b""
-    fetch: tuple[str, ...] = ()
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(self.wasm).hexdigest()
+        return self.job.guest.sha256
+
+    @property
+    def name(self) -> str:
+        return self.job.name or self.job.guest.name
+
+    def item_job(self, index: int, item: Any) -> JobSpec:
+        """Item ``index``'s job: the template with the item as its input, named ``guest[index]``."""
+        return self.job.replace(input=item, name=f"{self.name}[{index}]")
 
 
 # --- one item -----------------------------------------------------------------------
@@ -137,9 +131,7 @@ def run_item(spec: ItemSpec, backend: Backend, index: int, item: Any,
     """
     started = time.perf_counter()
     try:
-        job = Job(spec.wasm, input=item, read=spec.read, backend=backend, limits=spec.limits,
-                  infer=spec.infer, runs_dir=spec.runs_dir, cwd=spec.cwd, name=f"{spec.name}[{index}]",
-                  input_bytes=spec.input_bytes, fetch=spec.fetch)
+        job = Job(spec.item_job(index, item), backend=backend)
     except Exception as e:  # noqa: BLE001 - a host error fails this item only
         error = internal_error(f"{spec.name}[{index}]", e)
         return failed_outcome(index, error.code, error.message)
@@ -168,3 +160,9 @@ def _await_job(job: Job, cancelled: Callable[[], bool]):
 
 def failed_outcome(index: int, code: str, message: str) -> dict:
     return {"item": index, "status": JobStatus.FAILED.value, "error": {"code": code, "message": message}}
+
+
+__all__ = [
+    "CANCEL_POLL_S", "WORKER_LOST", "BackendSpec", "process_backend", "process_backend_count", "ItemSpec", "run_item",
+    "failed_outcome"
+]

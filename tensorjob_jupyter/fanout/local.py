@@ -56,3 +56,6 @@ def _report_some(in_flight: set, sink: MapRun) -> set:
     for fut in finished:
         sink.finished(fut.result())
     return pending
+
+
+__all__ = ["LocalExecutor"]

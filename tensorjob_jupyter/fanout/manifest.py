@@ -178,3 +178,9 @@ def read_manifest(manifest: str | os.PathLike | Sequence[Any]) -> Manifest:
     except (TypeError, ValueError) as e:
         raise ManifestError(f"a manifest item is not JSON: {e}") from None
     return parse_manifest(data, "<list>")
+
+
+__all__ = [
+    "MAX_LINE_BYTES", "KEY_FIELDS", "MAX_KEY_CHARS", "item_key", "ManifestItems", "Manifest", "parse_manifest",
+    "read_manifest"
+]

@@ -310,3 +310,6 @@ class ItemTimes:
         n = self.items or 1
         return {"items": self.items, "setup_ms": 1000 * self.setup_s / n, "run_ms": 1000 * self.run_s / n,
                 "reactor_ms": 1000 * self.reactor_s / n, "latency_ms": 1000 * self.latency_s / n}
+
+
+__all__ = ["NOT_RUN", "rate_text", "MapProgress", "MapResult", "float_scores", "flattened", "ItemTimes"]

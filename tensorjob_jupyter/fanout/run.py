@@ -298,3 +298,5 @@ def _tokens(outcome: dict) -> int:
     return sum(v for v in (usage.get("tokens_in"), usage.get("tokens_out"))
                if isinstance(v, int) and not isinstance(v, bool) and v > 0)
 
+
+__all__ = ["STOPPED", "MapRun"]

@@ -523,3 +523,10 @@ def _kind(value: Any) -> str:
 def _clip(text: str) -> str:
     text = " ".join(text.split())
     return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS - 1] + "…"
+
+
+__all__ = [
+    "SCORING_FORMAT", "MAX_ERROR_CHARS", "MAX_FIELDS", "ScoringError", "Scored", "ItemScore", "same", "leaves",
+    "value_at", "exact", "json_fields", "contains", "Scorer", "BUILTINS", "DEFAULT_SCORER", "scorer_of", "score_item",
+    "Expected", "ScoreSummary", "read_scores", "scorer_name", "Scoring"
+]

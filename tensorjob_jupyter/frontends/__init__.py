@@ -13,3 +13,6 @@ cell gives back: the envelope, shown once, or a one-line error), ``view/``
 May import: everything below. Nothing imports a front end but a front end
 and the package's ``__init__`` (``load_ipython_extension``).
 """
+
+
+__all__: list[str] = []

@@ -35,21 +35,16 @@ from typing import Sequence, TextIO
 from tensorjob_jupyter.version import __version__
 from tensorjob_jupyter.frontends.map_cli import add_map_parser, cmd_map
 from tensorjob_jupyter.frontends.serve import add_serve_parser, cmd_serve
-from tensorjob_jupyter.history.runs import RunError
 from tensorjob_jupyter.frontends.export import add_export_parser, cmd_export
 from tensorjob_jupyter.frontends.history_cli import COMMANDS as HISTORY_COMMANDS
 from tensorjob_jupyter.frontends.history_cli import add_history_parsers
 from tensorjob_jupyter.frontends.terminal import CtrlCCancels, exit_status, load_guest, run_live
-from tensorjob_jupyter.inference.base import ModelError
-from tensorjob_jupyter.host.jobs import Job
+from tensorjob_jupyter.host import Job, ModelError, cache_dir, cache_usage, clear_cache
 from tensorjob_jupyter.frontends.options import (
     BY_NAME, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobOptions, OptionError, add_job_arguments,
 )
-from tensorjob_jupyter.history.replay_setup import ReplayError
+from tensorjob_jupyter.abi import TensorjobError
 from tensorjob_jupyter.text import clip, for_terminal, json_text
-from tensorjob_jupyter.record.event_checks import TranscriptError
-from tensorjob_jupyter.inference.lazy import model_backend
-from tensorjob_jupyter.sandbox.compile import cache_dir, cache_usage, clear_cache
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, no usage dump
@@ -98,28 +93,19 @@ def cmd_run(args, out: TextIO, err: TextIO) -> int:
     guest = load_guest(options, args.guest, err)
     if guest is None:
         return EXIT_FAILED
-    kwargs = options.job_kwargs()
+    spec = options.spec(guest)
     try:  # a hf: model is fetched here, before Ctrl-C means "cancel the job"
-        backend = _backend(kwargs.pop("model"), kwargs.pop("model_options"))
+        backend = spec.model.backend()
     except ModelError as e:  # a hf: model that cannot be found or fetched
         raise OptionError(f"--model {options.model}: {e}") from None
     with CtrlCCancels() as ctrl_c:
-        try:
-            job = ctrl_c.attach(Job(guest, backend=backend, **kwargs))
-        except ModelError as e:
-            raise OptionError(f"--model {options.model}: {e}") from None
-        envelope = run_live(job, args, out, err)
+        envelope = run_live(ctrl_c.attach(Job(spec, backend=backend)), args, out, err)
     if args.json:
         out.write(json_text(envelope.to_json()) + "\n")
     elif envelope.ok:
         out.write(json_text(envelope.result) + "\n")
     out.flush()
     return exit_status(envelope)
-
-
-def _backend(model: str | None, model_options: dict | None = None):
-    """The shared backend for ``model`` (default: the embedded one), loaded on first use."""
-    return model_backend(model, **(model_options or {}))
 
 
 # --- compile and cache -------------------------------------------------------------------
@@ -155,7 +141,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
     try:
         args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args, out, err)
-    except (OptionError, RunError, TranscriptError, ReplayError) as e:
+    except TensorjobError as e:  # every refusal of this package, caught once: one line, exit 2
         err.write(f"tensorjob: error: {clip(for_terminal(str(e), one_line=True), MAX_ERROR_CHARS)}\n")
         return EXIT_USAGE
 
@@ -166,3 +152,6 @@ MAX_ERROR_CHARS = 2000
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+__all__ = ["build_parser", "cmd_run", "cmd_compile", "cmd_cache", "COMMANDS", "main", "MAX_ERROR_CHARS"]

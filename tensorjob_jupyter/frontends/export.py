@@ -88,3 +88,5 @@ def cmd_export(args, out: TextIO, err: TextIO) -> int:
     out.write(f"{os.fspath(target)}\n")
     return EXIT_OK
 
+
+__all__ = ["add_export_parser", "cmd_export"]

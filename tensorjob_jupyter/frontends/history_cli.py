@@ -52,15 +52,14 @@ from tensorjob_jupyter.history.runs import RunList, list_runs, prune
 from tensorjob_jupyter.history.runs import resolve_run
 from tensorjob_jupyter.history.show import Playback, check_speed
 from tensorjob_jupyter.history.replay import ReplayJob
-from tensorjob_jupyter.history.replay_setup import load_recording
+from tensorjob_jupyter.history.replay_setup import load_run, replay_spec
 from tensorjob_jupyter.frontends.options import options_for
 from tensorjob_jupyter.history.diff import diff_runs
 from tensorjob_jupyter.history.map_compare import compare
 from tensorjob_jupyter.history.map_replay import MapReplayRun, start_map_replay
 from tensorjob_jupyter.history.replay_setup import ReplayError
-from tensorjob_jupyter.fanout.errors import MapError
 from tensorjob_jupyter.frontends.map_cli import _ProgressPrinter
-from tensorjob_jupyter.frontends.terminal import SIGNAL_CHECK_S
+from tensorjob_jupyter.host.waiting import wait_or_cancel
 
 #: Runs a listing shows unless told otherwise.
 DEFAULT_LIMIT = 20
@@ -255,12 +254,12 @@ def start_replay(guest: str, from_run, args, err: TextIO, *, runs: str | None, d
     (the compiler's message is on ``err``), and what the replay takes from the recording that widens what the
     guest may do is said on ``err`` (``ReplayJob.adopted``). ``tensorjob replay`` and ``%tensorjob replay`` both
     start here."""
-    recording = load_recording(from_run, runs)
-    kwargs, options = options_for(recording, args, defaults=defaults, variables=variables)
+    run = load_run(from_run, runs)
+    kwargs, options = options_for(run, args, defaults=defaults, variables=variables)
     source = load_guest(options, guest, err, heading=heading)
     if source is None:
         return None
-    job = ReplayJob(source, recording, live=args.live, **kwargs)
+    job = ReplayJob(replay_spec(source, run, **kwargs), run, live=args.live)
     for line in job.adopted:  # what the transcript grants, said before anything runs
         err.write(line + "\n")
     return job
@@ -347,11 +346,7 @@ def cmd_replay_map(args, out: TextIO, err: TextIO) -> int:
         return EXIT_FAILED
     run = replay_run.run
     run.subscribe(_ProgressPrinter(err, quiet=args.quiet))
-    try:
-        while not run.done:  # woken often: a Ctrl-C handed to another thread runs once this one is in Python
-            run.wait_for_update(timeout=SIGNAL_CHECK_S)
-    except KeyboardInterrupt:
-        replay_run.cancel()
+    wait_or_cancel(run.wait_done, replay_run.cancel)
     replay = replay_run.wait()
     if run.cancelled:
         out.write(for_terminal(f"replay cancelled: {replay.replayed.completed + replay.replayed.failed} of "
@@ -388,3 +383,10 @@ def cmd_diff(args, out: TextIO, err: TextIO) -> int:
 
 
 COMMANDS = {"runs": cmd_runs, "show": cmd_show, "replay": cmd_replay, "diff": cmd_diff}
+
+
+__all__ = [
+    "DEFAULT_LIMIT", "add_history_parsers", "add_map_replay_arguments", "find_runs", "map_rows", "cmd_runs",
+    "open_playback", "cmd_show", "start_replay", "cmd_replay", "fail_under", "start_map_replay_run", "cmd_replay_map",
+    "cmd_diff", "COMMANDS"
+]

@@ -23,7 +23,7 @@ import ast
 import json
 from typing import Any, Mapping
 
-from tensorjob_jupyter.abi import checked_value
+from tensorjob_jupyter.abi import checked_value, TensorjobError
 
 #: Python literals longer than this are not parsed (``ast`` works in memory proportional to the text).
 MAX_LITERAL_CHARS = 1 << 20
@@ -32,7 +32,7 @@ HOW = ("write the value as JSON or as a Python literal, quoted once for the line
        "--input \"{'path': 'a.txt'}\", --input '\"some text\"'")
 
 
-class InputError(ValueError):
+class InputError(TensorjobError, ValueError):
     """An ``--input`` that cannot be read: one line, naming the flag."""
 
 
@@ -89,3 +89,6 @@ def _checked(value: Any) -> Any:
         return checked_value(value, "--input")[0]
     except ValueError as e:
         raise InputError(str(e)) from None
+
+
+__all__ = ["MAX_LITERAL_CHARS", "HOW", "InputError", "read_input"]

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import TextIO
 
-from tensorjob_jupyter.sandbox.python import interpreter
+from tensorjob_jupyter.host import python_interpreter as interpreter
 
 TICK_S = 0.5
 
@@ -94,3 +94,6 @@ class _Widget:
     def close(self, elapsed: float, *, ok: bool) -> None:
         if self.widget is not None:
             self.widget.close()
+
+
+__all__ = ["TICK_S", "prepare"]

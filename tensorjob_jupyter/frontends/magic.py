@@ -65,6 +65,7 @@ command line and the Python API; their defaults are traitlets on the
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import sys
 
@@ -74,7 +75,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from traitlets import CaselessStrEnum, Float
 from traitlets.config import Configurable
 
-from tensorjob_jupyter.abi import Envelope
+from tensorjob_jupyter.abi import Envelope, TensorjobError
 from tensorjob_jupyter.fanout import MapResult
 from tensorjob_jupyter.frontends import options as job_options
 from tensorjob_jupyter.frontends.history_cli import (
@@ -82,19 +83,16 @@ from tensorjob_jupyter.frontends.history_cli import (
 )
 from tensorjob_jupyter.frontends.map_cli import CONCURRENCY_HELP, concurrency_value, estimate_map_run, start_map_run
 from tensorjob_jupyter.frontends.options import JobOptions, OptionError, job_arguments
-from tensorjob_jupyter.frontends.outcome import CellEnvelope, GateFailed, GuestDoesNotCompile, JobFailed
+from tensorjob_jupyter.frontends.outcome import CellEnvelope, CellError, GateFailed, GuestDoesNotCompile, JobFailed
 from tensorjob_jupyter.frontends.prompt import prompt as debug_prompt
-from tensorjob_jupyter.frontends.terminal import SIGNAL_CHECK_S, load_guest
+from tensorjob_jupyter.frontends.terminal import load_guest
+from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.frontends.view.summary import map_summary, summary
 from tensorjob_jupyter.history.map_replay import MapReplay, MapReplayRun
 from tensorjob_jupyter.history.report import ReplayReport
-from tensorjob_jupyter.history.replay_setup import ReplayError
-from tensorjob_jupyter.history.runs import RunError, prune
-from tensorjob_jupyter.host.jobs import Job, get_job, jobs
-from tensorjob_jupyter.inference.base import ModelError
-from tensorjob_jupyter.inference.lazy import model_backend
-from tensorjob_jupyter.record.event_checks import TranscriptError
-from tensorjob_jupyter.sandbox.compile import GuestSource, cache_dir, cache_usage, clear_cache
+from tensorjob_jupyter.history.runs import prune
+from tensorjob_jupyter.host import GuestSource, Job, ModelError, cache_dir, cache_usage, clear_cache
+from tensorjob_jupyter.host.jobs import get_job, jobs
 from tensorjob_jupyter.text import clip, for_terminal
 
 #: The job options' defaults, one traitlet per row of ``options.OPTIONS`` that has one.
@@ -103,8 +101,6 @@ JobSettings = type("JobSettings", (Configurable,), {"__doc__": "Defaults of the 
 
 #: How a value with spaces or quotes is written on a magic's line.
 QUOTING = ("quote a value once, as in a shell: --input '{\"path\": \"a.txt\"}' or --input \"{'path': 'a.txt'}\"")
-#: Errors of the layers below that stop a subcommand before it starts: each is one UsageError line.
-REFUSALS = (OptionError, RunError, TranscriptError, ReplayError)
 #: Characters of a refusal the cell shows (the text may come from a file from anywhere).
 MAX_REFUSAL_CHARS = 1000
 
@@ -112,6 +108,45 @@ MAX_REFUSAL_CHARS = 1000
 def refusal_line(e: Exception) -> str:
     """Why a job could not start, as one short, inert line."""
     return clip(for_terminal(" ".join(str(e).split()), one_line=True), MAX_REFUSAL_CHARS)
+
+
+def shared_arguments(*, line: bool):
+    """The arguments ``%%tensorjob`` and ``%tensorjob`` share -- the cell's language, where the value goes, how
+    the job is shown -- and every job option (``options.job_arguments``), as one decorator; ``line``: the
+    line magic's wording (its value may be a map's or a replay's)."""
+    decorators = [
+        argument("--lang", choices=["python", "c", "zig", "wat"], default=None,
+                 help=("%%%%tensorjob map: " if line else "") + "the cell's language (default: recognised from "
+                      "the text)"),
+        argument("--out", default=None, metavar="NAME",
+                 help="store the value (run: the envelope; map: the MapResult; replay: the report) as NAME" if line
+                 else "store the envelope (status, result, error, usage) in the notebook as NAME"),
+        argument("--bg", action="store_true", help=f"return the {'Job (or map)' if line else 'Job'} at once; it "
+                                                    f"runs on in the background"),
+        argument("--quiet", action="store_true", help="no live view and no summary; just the value"),
+        argument("--no-raise", action="store_true",
+                 help=("run: " if line else "") + "a job that fails or is cancelled returns its envelope instead of "
+                      "raising JobFailed"),
+        job_arguments(),
+    ]
+
+    def apply(func):
+        for decorate in reversed(decorators):  # as if stacked, the first on top
+            func = decorate(func)
+        return func
+    return apply
+
+
+@contextlib.contextmanager
+def refusals_as_usage_errors():
+    """Around a magic's whole action: every refusal of this package (a ``TensorjobError`` other than the
+    cell's own outcome, ``CellError``) is one ``UsageError`` line -- the one place the magics catch it."""
+    try:
+        yield
+    except CellError:
+        raise
+    except TensorjobError as e:
+        raise UsageError(refusal_line(e)) from None
 
 
 @magics_class
@@ -162,11 +197,12 @@ class TensorJob(Magics, JobSettings):
         return guest
 
     def start_job(self, guest: GuestSource, options: JobOptions) -> Job:
-        kwargs = options.job_kwargs()
+        spec = options.spec(guest)
         try:
-            return Job(guest, backend=model_backend(kwargs.pop("model"), **kwargs.pop("model_options")), **kwargs)
+            backend = spec.model.backend()
         except ModelError as e:  # a hf: model that cannot be found or fetched
             raise UsageError(f"--model {options.model}: {e}") from None
+        return Job(spec, backend=backend)
 
     # -- running and showing --------------------------------------------------------------
 
@@ -215,10 +251,9 @@ class TensorJob(Magics, JobSettings):
         try:
             if prompt:
                 debug_prompt(job, read_line=_input_line, write=lambda text: print(text, end="", flush=True))
-            while not job.done:
-                job.wait_done(SIGNAL_CHECK_S)
         except KeyboardInterrupt:
             job.cancel()
+        wait_or_cancel(job.wait_done, job.cancel)
         return job.wait()
 
     def _run(self, job: Job, args) -> "CellEnvelope | Job":
@@ -244,15 +279,7 @@ class TensorJob(Magics, JobSettings):
     # -- the magics -------------------------------------------------------------------------
 
     @magic_arguments(name="%tensorjob")
-    @argument("--lang", choices=["python", "c", "zig", "wat"], default=None,
-              help="the cell's language (default: recognised from the text)")
-    @argument("--out", default=None, metavar="NAME",
-              help="store the envelope (status, result, error, usage) in the notebook as NAME")
-    @argument("--bg", action="store_true", help="return the Job at once; the job runs on in the background")
-    @argument("--quiet", action="store_true", help="no live view and no summary; just the value")
-    @argument("--no-raise", action="store_true",
-              help="a job that fails or is cancelled returns its envelope instead of raising JobFailed")
-    @job_arguments()
+    @shared_arguments(line=False)
     @no_var_expand
     @cell_magic("tensorjob")
     def tensorjob_cell(self, line: str, cell: str):
@@ -285,12 +312,10 @@ class TensorJob(Magics, JobSettings):
         args = self._parse(self.tensorjob_cell, line)
         if not cell.strip():
             raise UsageError("the cell is empty: write the guest's C, Zig or WAT source below %%tensorjob")
-        options = self._options(args)
-        guest = self._guest(options, cell=cell, lang=args.lang)
-        try:
+        with refusals_as_usage_errors():
+            options = self._options(args)
+            guest = self._guest(options, cell=cell, lang=args.lang)
             return self._run(self.start_job(guest, options), args)
-        except OptionError as e:
-            raise UsageError(str(e)) from None
 
     @magic_arguments(name="tensorjob")
     @argument("action", choices=["run", "map", "jobs", "cancel", "cache", "runs", "show", "replay"],
@@ -326,15 +351,7 @@ class TensorJob(Magics, JobSettings):
               help="replay: a recorded map's run folder; every item is replayed against its own recording")
     @argument("--fail-under", default=None, metavar="X",
               help="replay --map: raise GateFailed unless the new mean score is at least X (or 'recorded')")
-    @argument("--lang", choices=["python", "c", "zig", "wat"], default=None,
-              help="%%%%tensorjob map: the cell's language (default: recognised from the text)")
-    @argument("--out", default=None, metavar="NAME",
-              help="store the value (run: the envelope; map: the MapResult; replay: the report) as NAME")
-    @argument("--bg", action="store_true", help="return the Job (or map) at once; it runs on in the background")
-    @argument("--quiet", action="store_true", help="no live view and no summary; just the value")
-    @argument("--no-raise", action="store_true",
-              help="run: a job that fails or is cancelled returns its envelope instead of raising JobFailed")
-    @job_arguments()
+    @shared_arguments(line=True)
     @no_var_expand
     @line_magic("tensorjob")
     def tensorjob_line(self, line: str):
@@ -377,10 +394,8 @@ class TensorJob(Magics, JobSettings):
         args = self._parse(self.tensorjob_line, line)
         if args.lang is not None:
             raise UsageError("--lang names a cell's language: %%tensorjob --lang c, or %%tensorjob map --lang c")
-        try:
+        with refusals_as_usage_errors():
             return self._line_action(args)
-        except REFUSALS as e:
-            raise UsageError(refusal_line(e)) from None
 
     def _line_action(self, args):
         if args.action == "runs":
@@ -413,11 +428,9 @@ class TensorJob(Magics, JobSettings):
                              "--run-dir DIR")
         if not cell.strip():
             raise UsageError("the cell is empty: write the guest's C, Zig or WAT source below %%tensorjob map")
-        options = self._options(args, local_model=not args.cluster)
-        try:
+        with refusals_as_usage_errors():
+            options = self._options(args, local_model=not args.cluster)
             return self._map(self._guest(options, cell=cell, lang=args.lang), options, args)
-        except REFUSALS as e:
-            raise UsageError(refusal_line(e)) from None
 
     def _map(self, guest: GuestSource, options: JobOptions, args) -> "MapResult":
         if getattr(args, "input", None) is not None:
@@ -441,11 +454,7 @@ class TensorJob(Magics, JobSettings):
             view.start()
         if args.bg:
             return run
-        try:
-            while not run.wait_done(SIGNAL_CHECK_S):
-                pass
-        except KeyboardInterrupt:
-            run.cancel()
+        wait_or_cancel(run.wait_done, run.cancel)
         result = run.wait()
         if view is not None:
             view.join(10)
@@ -494,11 +503,7 @@ class TensorJob(Magics, JobSettings):
                 pass
             envelope = last.get("envelope") or {"status": "interrupted"}
         else:
-            try:
-                while view.alive:  # woken often: a kernel interrupt handed to another thread runs only in Python
-                    view.join(SIGNAL_CHECK_S)
-            except KeyboardInterrupt:
-                playback.cancel()
+            if not wait_or_cancel(lambda seconds: view.join(seconds) or not view.alive, playback.cancel):
                 view.join(10)
             state = view.state
             envelope = {"status": state.status, "usage": state.usage}
@@ -540,11 +545,7 @@ class TensorJob(Magics, JobSettings):
             view.start()
         if args.bg:
             return replay_run
-        try:
-            while not replay_run.run.done:
-                replay_run.run.wait_for_update(timeout=SIGNAL_CHECK_S)
-        except KeyboardInterrupt:
-            replay_run.cancel()
+        wait_or_cancel(replay_run.run.wait_done, replay_run.cancel)
         replay = replay_run.wait()
         if view is not None:
             view.join(10)
@@ -640,3 +641,9 @@ def unload_ipython_extension(ipython) -> None:
     for kind in ("line", "cell"):
         manager.magics[kind].pop("tensorjob", None)
     manager.registry.pop("TensorJob", None)
+
+
+__all__ = [
+    "JobSettings", "QUOTING", "MAX_REFUSAL_CHARS", "refusal_line", "shared_arguments", "refusals_as_usage_errors",
+    "TensorJob", "load_ipython_extension", "unload_ipython_extension"
+]

@@ -21,7 +21,7 @@ import time
 from typing import TextIO
 
 from tensorjob_jupyter.frontends.options import (
-    EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobOptions, OptionError, add_job_arguments,
+    EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, JobOptions, OptionError, add_job_arguments,
 )
 from tensorjob_jupyter.fanout.errors import MapError
 from tensorjob_jupyter.fanout.estimate import MapEstimate, estimate_map
@@ -31,8 +31,9 @@ from tensorjob_jupyter.fanout.concurrency import AUTO
 from tensorjob_jupyter.fanout.scoring import BUILTINS, DEFAULT_SCORER
 from tensorjob_jupyter.fanout.start import start_map
 from tensorjob_jupyter.frontends.table import map_table
-from tensorjob_jupyter.frontends.terminal import SIGNAL_CHECK_S, load_guest
-from tensorjob_jupyter.sandbox.compile import GuestSource
+from tensorjob_jupyter.frontends.terminal import load_guest
+from tensorjob_jupyter.host.waiting import wait_or_cancel
+from tensorjob_jupyter.host import GuestSource
 from tensorjob_jupyter.text import for_terminal, json_text
 
 SHOW_FAILURES = 20
@@ -77,28 +78,19 @@ def add_experiment_arguments(p) -> None:
 def cmd_map(args, out: TextIO, err: TextIO) -> int:
     """``tensorjob map``: 0 every item completed, 1 some failed or the guest did not compile,
     2 usage error (anything that keeps the map from starting, one line), 130 Ctrl-C."""
-    try:
-        options = JobOptions.from_args(args, local_model=args.cluster is None)  # on a cluster: each worker checks
-        guest = load_guest(options, args.guest, err)
-        if guest is None:
-            return EXIT_FAILED
-        if args.estimate:
-            estimate = estimate_map_run(guest, args, options)
-            out.write((json_text(estimate.to_json()) if args.json else for_terminal(str(estimate))) + "\n")
-            return EXIT_OK
-        run = start_map_run(guest, args, options)
-    except OptionError as e:
-        err.write(f"tensorjob: error: {for_terminal(str(e), one_line=True)}\n")
-        return EXIT_USAGE
+    options = JobOptions.from_args(args, local_model=args.cluster is None)  # on a cluster: each worker checks
+    guest = load_guest(options, args.guest, err)
+    if guest is None:
+        return EXIT_FAILED
+    if args.estimate:
+        estimate = estimate_map_run(guest, args, options)
+        out.write((json_text(estimate.to_json()) if args.json else for_terminal(str(estimate))) + "\n")
+        return EXIT_OK
+    run = start_map_run(guest, args, options)
     printer = _ProgressPrinter(err, quiet=args.quiet)
     run.subscribe(printer)
-    try:
-        while not run.wait_done(SIGNAL_CHECK_S):  # woken often: a Ctrl-C handed to another thread runs once this one is in Python
-            pass
-        result = run.wait()
-    except KeyboardInterrupt:
-        run.cancel()
-        result = run.wait()
+    wait_or_cancel(run.wait_done, run.cancel)
+    result = run.wait()
     if args.json:
         out.write(json_text(result.to_json()) + "\n")
     else:
@@ -120,10 +112,10 @@ def start_map_run(guest: GuestSource, args, options: JobOptions, *, scorer=None)
     if args.max_total_tokens is not None and args.max_total_tokens < 1:
         raise OptionError("--max-total-tokens must be at least 1")
     try:
-        return start_map(guest, args.over, args.run_dir, concurrency=args.concurrency, cluster=args.cluster,
-                         retry_failed=args.retry_failed, restart=args.restart, expected=args.expected,
-                         scorer=scorer if scorer is not None else args.scorer,
-                         max_total_tokens=args.max_total_tokens, **options.map_kwargs())
+        return start_map(options.map_spec(guest), args.over, args.run_dir, concurrency=args.concurrency,
+                         cluster=args.cluster, retry_failed=args.retry_failed, restart=args.restart,
+                         expected=args.expected, scorer=scorer if scorer is not None else args.scorer,
+                         max_total_tokens=args.max_total_tokens)
     except (MapError, OSError, ValueError) as e:
         raise OptionError(_one_line(e)) from None
     except Exception as e:  # noqa: BLE001 - e.g. the cluster cannot be reached
@@ -133,7 +125,7 @@ def start_map_run(guest: GuestSource, args, options: JobOptions, *, scorer=None)
 def estimate_map_run(guest: GuestSource, args, options: JobOptions) -> MapEstimate:
     """``--estimate``: what the map ``args`` describe would cost; a problem is one ``OptionError`` line."""
     try:
-        return estimate_map(guest, args.over, run_dir=args.run_dir, **options.map_kwargs())
+        return estimate_map(options.map_spec(guest), args.over, run_dir=args.run_dir)
     except (MapError, OSError, ValueError) as e:
         raise OptionError(_one_line(e)) from None
 
@@ -208,3 +200,9 @@ class _ProgressPrinter:
                            f"({p['completed']} completed, {p['failed']} failed, {p['skipped']} skipped, "
                            f"{p['running']} running" + (f", {rate}" if rate else "") + ")\n")
         self.err.flush()
+
+
+__all__ = [
+    "SHOW_FAILURES", "add_map_parser", "add_experiment_arguments", "cmd_map", "start_map_run", "estimate_map_run",
+    "CONCURRENCY_HELP", "concurrency_value"
+]

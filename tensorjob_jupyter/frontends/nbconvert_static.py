@@ -29,3 +29,6 @@ class StaticHTMLExporter(HTMLExporter):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.register_preprocessor(StaticViews, enabled=True)
+
+
+__all__ = ["StaticViews", "StaticHTMLExporter"]

@@ -18,8 +18,8 @@ way:
   checks everything -- files exist, the input is JSON or a Python literal
   (or in a notebook ``$name``, a variable: ``input_value``) held to the
   guest rule, each limit is valid -- or raises
-  one ``OptionError`` naming the flag. ``job_kwargs`` and ``map_kwargs`` are
-  what ``Job`` and ``start_map`` take.
+  one ``OptionError`` naming the flag. ``spec(guest)`` and ``map_spec(guest)``
+  are the ``JobSpec``s ``Job`` and ``start_map`` take.
 * ``EXIT_*`` are the exit codes of both commands.
 """
 
@@ -34,25 +34,18 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from tensorjob_jupyter import limits as limits_table
-from tensorjob_jupyter.inference.base import DEFAULT_REPEAT_PENALTY
+from tensorjob_jupyter.abi import TensorjobError
 from tensorjob_jupyter.limits import BYTES, COUNT, SECONDS, Limits
 from tensorjob_jupyter.host.debugger import parse_break_on
-from tensorjob_jupyter.inference import hub, served
-from tensorjob_jupyter.world.fetch import FetchGrants
-from tensorjob_jupyter.inference.base import LoraChoice, Sampler
-from tensorjob_jupyter.host.reactor import InferOptions
-from tensorjob_jupyter.sandbox.compile import GuestSource
-from tensorjob_jupyter.history.replay_setup import (
-    RECORDED, ReplayError, recorded_infer_options, recorded_limits, recorded_read,
-)
-from tensorjob_jupyter.record.recording import Recording
+from tensorjob_jupyter.host import GuestSource, InferOptions, JobSpec, ModelRef, check_fetch
+from tensorjob_jupyter.history.replay_setup import RECORDED, RecordedRun, ReplayError
 from tensorjob_jupyter.text import for_terminal
 from tensorjob_jupyter.frontends.input_value import InputError, read_input
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
 
 
-class OptionError(ValueError):
+class OptionError(TensorjobError, ValueError):
     """An option that cannot be used: one line, naming the flag (exit 2, or a ``UsageError``)."""
 
 
@@ -234,7 +227,7 @@ class JobOptions:
     chat: bool | None = None  # None: the model's chat template when it has one
     temperature: float = 0.0
     top_p: float = 1.0
-    repeat_penalty: float = DEFAULT_REPEAT_PENALTY
+    repeat_penalty: float = InferOptions().sampler.repeat_penalty
     seed: int = 0
     lora: tuple[str, ...] = ()  # NAME=PATH[:SCALE], as given
     no_prompt_cache: bool = False
@@ -294,25 +287,11 @@ class JobOptions:
         if self.input_file is not None and not os.path.isfile(self.input_file):
             raise OptionError(f"--input-file {self.input_file}: no such file")
 
-        if served.is_served(self.model):
-            try:
-                served.normalise_url(self.model)
-            except ValueError as e:
-                raise OptionError(f"--model: {e}") from None
-            if self.lora:
-                raise OptionError("--lora: a served model's adapters are chosen on its server, not by the job")
-            if self.api_key_env is not None and not served.is_variable_name(self.api_key_env):
-                raise OptionError(f"--api-key-env {self.api_key_env}: not an environment variable name")
-        elif self.model_name is not None or self.api_key_env is not None:
-            flag = "--model-name" if self.model_name is not None else "--api-key-env"
-            raise OptionError(f"{flag}: only for a model on a server (--model http://HOST:PORT/v1)")
-        elif self.model is not None and hub.is_hf_ref(self.model):
-            try:
-                hub.parse_ref(self.model)
-            except ValueError as e:
-                raise OptionError(f"--model: {e}") from None
-        elif local_model and self.model is not None and not os.path.isfile(self.model):
-            raise OptionError(f"--model {self.model}: model file not found")
+        ref = self.model_ref()
+        try:
+            ref.check(local=local_model)
+        except ValueError as e:
+            raise OptionError(str(e) if str(e).startswith("--") else f"--model: {e}") from None
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.repeat_penalty <= 0:
             flag, value = (("--temperature", self.temperature) if self.temperature < 0 else
                            ("--top-p", self.top_p) if not 0 < self.top_p <= 1 else
@@ -325,7 +304,7 @@ class JobOptions:
         self.loras(local_model=local_model)
 
         try:
-            FetchGrants.parse(self.fetch)
+            check_fetch(self.fetch)
         except ValueError as e:
             raise OptionError(f"--fetch: {e}") from None
         return self
@@ -360,36 +339,35 @@ class JobOptions:
             out[name.strip()] = (os.path.abspath(path), scale)
         return out
 
-    def infer_options(self):
-        sampler = Sampler(temperature=self.temperature, top_p=self.top_p, repeat_penalty=self.repeat_penalty,
-                          seed=self.seed)
-        lora = tuple(LoraChoice(name, scale) for name, (_path, scale) in self.loras(local_model=False).items())
-        return InferOptions(sampler=sampler, chat=self.chat, cache_prompt=not self.no_prompt_cache, lora=lora)
+    def infer_options(self) -> InferOptions:
+        return InferOptions.of(temperature=self.temperature, top_p=self.top_p, repeat_penalty=self.repeat_penalty,
+                               seed=self.seed, chat=self.chat, cache_prompt=not self.no_prompt_cache,
+                               lora={name: scale for name, (_path, scale) in self.loras(local_model=False).items()})
 
-    def model_options(self) -> dict[str, Any]:
-        """Engine options for the model (``get_backend``): the adapters ``--lora`` loads; for a served
-        model (``served_backend``), its id and the name of its key's variable (never the key)."""
-        if served.is_served(self.model):
-            return {k: v for k, v in (("model_name", self.model_name), ("api_key_env", self.api_key_env)) if v}
+    def model_ref(self) -> ModelRef:
+        """The model these options name (``--model``, ``--model-name``, ``--api-key-env``, ``--lora``), read
+        once; ``OptionError`` names an option that does not belong to its kind."""
         loras = self.loras(local_model=False)
-        return {"loras": {name: path for name, (path, _scale) in loras.items()}} if loras else {}
+        try:
+            return ModelRef.parse(self.model, model_name=self.model_name, api_key_env=self.api_key_env,
+                                  loras={name: path for name, (path, _scale) in loras.items()})
+        except ValueError as e:
+            raise OptionError(str(e) if str(e).startswith("--") else f"--model: {e}") from None
 
     def guest(self, path: str | os.PathLike):
         """The guest file, loaded or compiled with these options' flags."""
         return GuestSource.from_file(path, cflags=self.cflags, zigflags=self.zigflags, force=self.force)
 
-    def job_kwargs(self) -> dict[str, Any]:
-        """Keywords for ``Job`` (and ``run``)."""
-        return {"input": self.input, "read": list(self.read), "fetch": list(self.fetch), "model": self.model,
-                "model_options": self.model_options(), "limits": self.limits, "input_bytes": self.input_bytes(),
-                "infer": self.infer_options(), "runs_dir": self.runs,
-                "debug": self.debug, "break_on": self.break_on}
+    def spec(self, guest: GuestSource) -> JobSpec:
+        """The ``JobSpec`` of a job of ``guest`` with these options (what ``Job`` takes)."""
+        return JobSpec(guest=guest, input=self.input, read=self.read, fetch=self.fetch,
+                       input_bytes=self.input_bytes(), limits=self.limits, infer=self.infer_options(),
+                       model=self.model_ref(), runs_dir=self.runs, debug=self.debug, break_on=self.break_on)
 
-    def map_kwargs(self) -> dict[str, Any]:
-        """Keywords for ``start_map`` (and ``map``)."""
-        return {"read": list(self.read), "fetch": list(self.fetch), "model": self.model,
-                "model_options": self.model_options(), "limits": self.limits, "input_bytes": self.input_bytes(),
-                "infer": self.infer_options(), "runs_dir": self.runs}
+    def map_spec(self, guest: GuestSource) -> JobSpec:
+        """The ``JobSpec`` every item of a map of ``guest`` starts from (what ``start_map`` takes): these options
+        but for the input, which each item takes from the manifest."""
+        return self.spec(guest).replace(input=None, debug=False, break_on=())
 
 
 def _unquote(text: str) -> str:
@@ -447,22 +425,22 @@ def _read_input(text: str, variables: Mapping[str, Any] | None) -> Any:
 SAMPLING_OPTIONS = frozenset({"temperature", "top_p", "repeat_penalty", "seed", "chat", "lora", "no_prompt_cache"})
 
 
-def options_for(recording: Recording, args: Any, *, defaults: Any = None,
+def options_for(run: RecordedRun, args: Any, *, defaults: Any = None,
                 variables: Any = None) -> tuple[dict, Any]:
-    """``ReplayJob`` keywords (and the ``JobOptions`` they came from) from parsed job options (``options.add_job_arguments``): the run's own
-    setup, with each option given on the command line (or in the magic) in its place."""
+    """``replay_spec`` keywords (and the ``JobOptions`` they came from) from parsed job options
+    (``add_job_arguments``): the recorded run's own setup, with each option given on the command line (or in
+    the magic) in its place."""
     given = {o.name for o in OPTIONS if getattr(args, o.name, None) is not None}
     defaults = defaults or JobOptions()
     read: list[str] = []
     if "read" not in given:
-        missing = [g for g in recording.created.get("grants") or [] if not os.path.exists(g)]
+        missing = [g for g in run.grants if not os.path.exists(g)]
         if missing:
             raise ReplayError(f"the run was granted {for_terminal(missing[0], one_line=True)}, which does not exist "
                               f"here; files are read live, so give the grants again with --read")
-        read = [r for r in recorded_read(recording) if os.path.exists(r)]
-    infer = recorded_infer_options(recording)
-    base = JobOptions(read=tuple(read), fetch=tuple(recording.created.get("fetch") or ()),
-                      input=recording.created.get("input"), limits=recorded_limits(recording),
+        read = [r for r in run.read if os.path.exists(r)]
+    infer = run.infer
+    base = JobOptions(read=tuple(read), fetch=run.fetch, input=run.input, limits=run.limits,
                       chat=infer.chat, temperature=infer.sampler.temperature, top_p=infer.sampler.top_p,
                       repeat_penalty=infer.sampler.repeat_penalty, seed=infer.sampler.seed,
                       no_prompt_cache=not infer.cache_prompt,
@@ -473,3 +451,9 @@ def options_for(recording: Recording, args: Any, *, defaults: Any = None,
             "infer": options.infer_options() if given & SAMPLING_OPTIONS else RECORDED,
             "debug": options.debug, "break_on": options.break_on,
             "input_bytes": options.input_bytes() if options.input_file is not None else None}, options
+
+
+__all__ = [
+    "OptionError", "parse_bytes", "Option", "OPTIONS", "BY_NAME", "add_job_arguments", "job_arguments", "traitlets",
+    "JobOptions", "SAMPLING_OPTIONS", "options_for"
+]

@@ -23,7 +23,7 @@ from typing import Any
 
 from IPython import get_ipython
 
-from tensorjob_jupyter.abi import Envelope, JobFailure, JobStatus, codes
+from tensorjob_jupyter.abi import Envelope, JobFailure, JobStatus, codes, TensorjobError
 from tensorjob_jupyter.frontends.view.summary import error_text
 from tensorjob_jupyter.text import clip, for_terminal
 
@@ -68,7 +68,7 @@ def _show_nothing() -> None:
     """What a cell's own envelope displays as its ``Out[]``: nothing (its view has shown it)."""
 
 
-class CellError(Exception):
+class CellError(TensorjobError):
     """An error a cell shows as one line (``Name: message``), without the host's traceback."""
 
     def _render_traceback_(self) -> list[str]:
@@ -102,3 +102,6 @@ class GateFailed(CellError):
     def __init__(self, line: str, replay):
         super().__init__(line)
         self.replay = replay
+
+
+__all__ = ["MAX_LINE_CHARS", "CellEnvelope", "CellError", "JobFailed", "GuestDoesNotCompile", "GateFailed"]

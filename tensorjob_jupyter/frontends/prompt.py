@@ -309,3 +309,9 @@ def prompt(job: Any, *, read_line, write, before=None) -> None:
                 write(PROMPT_HELP + "\n")
                 continue
             break
+
+
+__all__ = [
+    "PROMPT_HELP", "MAX_LINE_CHARS", "MAX_PAUSE_LINE_CHARS", "POLL_S", "MAX_INPUT_BYTES", "pause_lines",
+    "NOTHING_YET", "PAUSE_OVER", "StdinLines", "read_answer", "prompt"
+]

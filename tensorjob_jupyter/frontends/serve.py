@@ -79,12 +79,10 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from tensorjob_jupyter import abi
-from tensorjob_jupyter.host.schemas import SchemaError
-from tensorjob_jupyter.host.structured import OutputSpec
-from tensorjob_jupyter.inference.base import (FINISH_LENGTH, Backend, ConstraintError, GenerateRequest, GenerateResult,
-                                              ModelError, QueueFull, RequestTooLarge, Sampler)
-from tensorjob_jupyter.inference import hub, served
-from tensorjob_jupyter.inference.models import get_backend
+from tensorjob_jupyter.host import (
+    FINISH_LENGTH, HF, URL, Backend, ConstraintError, GenerateRequest, GenerateResult, ModelError, ModelRef,
+    OutputSpec, QueueFull, RequestTooLarge, Sampler, SchemaError, get_backend, hub, served,
+)
 from tensorjob_jupyter.frontends.options import EXIT_FAILED, EXIT_OK, OptionError
 from tensorjob_jupyter.text import for_terminal
 
@@ -346,7 +344,7 @@ def _event(obj: dict) -> bytes:
 _HOST = re.compile(r"(?P<name>\[[0-9A-Fa-f:.]+\]|[^\[\]:]+)(?::(?P<port>[0-9]{1,5}))?")
 
 
-def _host_name(header: str) -> str | None:
+def host_name(header: str) -> str | None:
     """The name in a ``Host`` header, without its port (``[::1]:8000`` -> ``[::1]``); None when the header is
     not a host and an optional port (``localhost:evil``, ``a:b:c``)."""
     match = _HOST.fullmatch(header)
@@ -456,7 +454,7 @@ def build_app(backend: Backend, model: str, *, api_key: str | None = None, loopb
     def admit(request) -> None:
         """Who may ask: the Host (when loopback only) and the key; ``RequestError`` if not."""
         if loopback_only:
-            if _host_name(request.headers.get("host", "")) not in LOOPBACK_NAMES:
+            if host_name(request.headers.get("host", "")) not in LOOPBACK_NAMES:
                 raise RequestError(403, "this server answers requests to a loopback address only",
                                    "permission_error")
         if api_key is not None:
@@ -628,7 +626,11 @@ def cmd_serve(args, out: TextIO, err: TextIO) -> int:
         err.write(f"tensorjob: error: tensorjob serve needs the serve extra ({e.name} is missing): "
                   "pip install 'tensorjob-jupyter[serve]'\n")
         return EXIT_FAILED
-    if served.is_served(args.model):
+    try:
+        model = ModelRef.parse(args.model)
+    except ValueError as e:
+        raise OptionError(f"--model: {e}") from None
+    if model.kind == URL:
         raise OptionError("--model: tensorjob serve serves a model file, not another server")
     for name, low, high in (("slots", 1, 256), ("n_ctx", 16, 1 << 20), ("port", 0, 65535), ("threads", 1, 1024),
                             ("header_timeout", 0.1, 3600), ("body_timeout", 0.1, 3600)):
@@ -646,7 +648,7 @@ def cmd_serve(args, out: TextIO, err: TextIO) -> int:
     if args.threads is not None:
         options.update(n_threads=args.threads, n_threads_batch=args.threads)
     try:
-        path = hub.resolve(args.model) if hub.is_hf_ref(args.model) else args.model
+        path = hub.resolve(model.name) if model.kind == HF else (model.name or None)
         backend = get_backend(path, **options)
         backend.generate_stream(GenerateRequest("", 1), lambda _t: True).result()  # load it now, fail now
     except ModelError as e:
@@ -738,3 +740,11 @@ def _listen(backend: Backend, api_key: str | None, args, out: TextIO, err: TextI
         pass
     return EXIT_OK
 
+
+__all__ = [
+    "MAX_BODY_BYTES", "DEFAULT_MAX_TOKENS", "DISCONNECT_POLL_S", "MAX_EMBED_TEXTS", "MAX_CONNECTIONS",
+    "HEADER_TIMEOUT_S", "BODY_TIMEOUT_S", "KEEP_ALIVE_S", "MAX_HEADER_BYTES", "MAX_PENDING_BODY_BYTES",
+    "UNSERVED_FIELDS", "ClientLeft", "RequestError", "Planned", "TEXT_FORMATS", "VLLM_FIELDS",
+    "VLLM_STRUCTURED_OUTPUTS", "plan", "Answer", "host_name", "LOOPBACK_NAMES", "RequestLog", "build_app",
+    "add_serve_parser", "cmd_serve"
+]

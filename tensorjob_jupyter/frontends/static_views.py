@@ -42,3 +42,6 @@ def static_views(nb):
             if is_static_view(output):
                 del output["data"][WIDGET_VIEW]
     return nb
+
+
+__all__ = ["STATIC_VIEW", "WIDGET_VIEW", "is_static_view", "static_views"]

@@ -101,3 +101,6 @@ def rows_csv(rows: Sequence[dict]) -> str:
     for row in rows:
         writer.writerow([_csv_value(row.get(c)) for c in columns])
     return out.getvalue()
+
+
+__all__ = ["MAX_ROWS", "MAX_CELL", "MIN_CELL", "map_table", "rows_csv"]

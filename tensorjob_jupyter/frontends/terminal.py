@@ -28,9 +28,9 @@ from tensorjob_jupyter.frontends.options import EXIT_CANCELLED, EXIT_FAILED, EXI
 from tensorjob_jupyter.frontends.prompt import StdinLines, pause_lines, prompt
 from tensorjob_jupyter.frontends.view.state import progress_fraction
 from tensorjob_jupyter.frontends.view.summary import error_text
-from tensorjob_jupyter.host.jobs import Job
+from tensorjob_jupyter.host import CompileError, GuestSource, Job, detect_language
+from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.frontends import interpreter_progress
-from tensorjob_jupyter.sandbox.compile import CompileError, GuestSource, detect_language
 from tensorjob_jupyter.text import for_terminal, json_text
 from tensorjob_jupyter.history.report import divergence_line
 
@@ -180,12 +180,6 @@ class LivePrinter(EventPrinter):
 _stdin_line = StdinLines()
 
 
-#: How often the main thread wakes while it waits for a job: a Ctrl-C that the kernel hands to another of the
-#: process's threads (the job's, the epoch clock's) runs its handler only once the main thread is back in
-#: Python, and a wait without a timeout would hold it until the job ended on its own.
-SIGNAL_CHECK_S = 0.1
-
-
 class CtrlCCancels:
     """While the CLI makes and runs a job, Ctrl-C cancels the job instead of interrupting Python.
 
@@ -244,12 +238,11 @@ def start_and_wait(job: Job, printer: LivePrinter, err: TextIO):
                 err.flush()
 
             prompt(job, read_line=_stdin_line, write=write, before=printer.caught_up)
-        while not job.wait_done(SIGNAL_CHECK_S):
-            pass
-        return job.wait()
     except KeyboardInterrupt:
         job.cancel()
         return job.wait()
+    wait_or_cancel(job.wait_done, job.cancel)
+    return job.wait()
 
 
 #: A structured answer longer than this is not pretty-printed again at its end.
@@ -358,3 +351,9 @@ def exit_status(envelope) -> int:
     if envelope.status is JobStatus.COMPLETED:
         return EXIT_OK
     return EXIT_CANCELLED if envelope.status is JobStatus.CANCELLED else EXIT_FAILED
+
+
+__all__ = [
+    "INDENT", "EventPrinter", "LivePrinter", "CtrlCCancels", "start_and_wait", "MAX_TREE_CHARS", "structured_format",
+    "document_line", "progress_text", "DOES_NOT_COMPILE", "load_guest", "run_live", "exit_status"
+]

@@ -9,3 +9,6 @@ transcript), ``map_compare`` (two maps, row by row) and ``map_replay`` (a
 changed guest re-run over a recorded map, as a map of replays).
 May import: ``fanout``, ``host`` and everything below them. Never ``frontends``.
 """
+
+
+__all__: list[str] = []

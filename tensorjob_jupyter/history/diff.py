@@ -224,3 +224,6 @@ def diff_runs(a: Any, b: Any, *, runs: str | os.PathLike | None = None) -> RunDi
                                   f"predates format version 1 and records no prompts, so it cannot be compared "
                                   f"command by command")
     return RunDiff(Side.of(readers[0]), Side.of(readers[1]), common, parting, answer)
+
+
+__all__ = ["MAX_LINE_CHARS", "Parting", "Side", "RunDiff", "diff_runs"]

@@ -273,3 +273,9 @@ def _cell(text: str) -> str:
 def _line(text: str) -> str:
     text = for_terminal(text, one_line=True)
     return text if len(text) <= 1000 else text[:999] + "…"
+
+
+__all__ = [
+    "SHOW_ROWS", "CELL_CHARS", "MAX_FIELD_DEPTH", "changed_fields", "Side", "MapComparison", "compare", "score_text",
+    "arrow", "text_table"
+]

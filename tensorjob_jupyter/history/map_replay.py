@@ -56,10 +56,12 @@ from tensorjob_jupyter.fanout.scoring import BUILTINS, Expected, Scoring, scorer
 from tensorjob_jupyter.history.map_compare import MapComparison
 from tensorjob_jupyter.history.maps import RecordedMap
 from tensorjob_jupyter.history.replay import ReplayJob, live_model_needed
-from tensorjob_jupyter.history.replay_setup import ReplayError, load_recording
-from tensorjob_jupyter.host.jobs import resolve_guest
+from tensorjob_jupyter.history.replay_setup import ReplayError, load_run, replay_spec
+from tensorjob_jupyter.sandbox.compile import GuestSource
+from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.host.reactor import internal_error
-from tensorjob_jupyter.inference.lazy import DEFAULT_MODEL_NAME, model_backend
+from tensorjob_jupyter.inference.lazy import DEFAULT_MODEL_NAME
+from tensorjob_jupyter.inference.providers import model_backend
 from tensorjob_jupyter.inference.topology import available_cpus
 from tensorjob_jupyter.text import for_terminal
 
@@ -93,7 +95,7 @@ class ReplayExecutor(LocalExecutor):
                  concurrency: int, job_options: Callable[[Any], dict] | None = None):
         super().__init__(spec=None, backend=backend, concurrency=concurrency)
         self.recorded = recorded
-        self.guest = resolve_guest(guest)
+        self.guest = GuestSource.of(guest)
         self.live = live
         self.jobs_dir = jobs_dir
         self.job_options = job_options or (lambda recording: {})
@@ -113,10 +115,10 @@ class ReplayExecutor(LocalExecutor):
             self.details[index] = ItemReplay(index, None, needs_model=True, divergence=why)
             return failed_outcome(index, codes.REPLAY_DIVERGENCE, f"{why}: it needs the model")
         try:
-            recording = load_recording(found.path)
-            job = ReplayJob(self.guest, recording, live=self.live, backend=self.backend if self.live else None,
-                            runs_dir=self.jobs_dir, name=f"{self.guest.name}[{index}]",
-                            **self.job_options(recording))
+            run = load_run(found.path)
+            spec = replay_spec(self.guest, run, runs_dir=self.jobs_dir, name=f"{self.guest.name}[{index}]",
+                               **self.job_options(run))
+            job = ReplayJob(spec, run, live=self.live, backend=self.backend if self.live else None)
         except (ReplayError, MapError, ValueError, OSError) as e:
             why = " ".join(f"cannot replay its recording: {e}".split())[:300]
             self.details[index] = ItemReplay(index, found.job_id, needs_model=True, divergence=why)
@@ -281,7 +283,7 @@ def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, ou
                      concurrency: int | None = None, expected: Any = None, scorer: Any = None,
                      job_options: Callable[[Any], dict] | None = None, fsync: bool = True) -> MapReplayRun:
     """Start replaying ``guest`` over the recorded map in ``run_dir`` (see the module doc). ``job_options``:
-    for each item's recording, ``ReplayJob`` keywords in place of the recorded ones (``read=``, limits...).
+    for each item's ``RecordedRun``, ``replay_spec`` keywords in place of the recorded ones (``read=``, limits...).
     ``MapError``/``ReplayError``/``ValueError`` before anything runs."""
     recorded = RecordedMap(run_dir.run_dir if isinstance(run_dir, MapResult) else run_dir)
     if concurrency is not None and concurrency < 1:
@@ -310,11 +312,8 @@ def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, ou
 def replay_map(run_dir: "str | os.PathLike | MapResult", guest: Any, **kwargs: Any) -> MapReplay:
     """Replay ``guest`` over the recorded map in ``run_dir`` to the end; see ``start_map_replay``."""
     replay = start_map_replay(run_dir, guest, **kwargs)
-    try:
-        return replay.wait()
-    except KeyboardInterrupt:
-        replay.cancel()
-        return replay.wait()
+    wait_or_cancel(replay.run.wait_done, replay.cancel)
+    return replay.wait()
 
 
 def _check_target(target: Path, recorded: Path) -> None:
@@ -339,10 +338,10 @@ def _check_live_model(recorded: RecordedMap, model: Any) -> None:
     """``--live`` needs the recorded model: named, unless it is the embedded one (checked on one item)."""
     if model is not None:
         return
-    for run in recorded.item_runs().values():
-        recording = load_recording(run.path)
-        if recording.model not in (None, DEFAULT_MODEL_NAME) or recording.created.get("model_server") is not None:
-            raise ReplayError(live_model_needed(recording))
+    for item in recorded.item_runs().values():
+        run = load_run(item.path)
+        if run.model not in (None, DEFAULT_MODEL_NAME) or run.model_server is not None:
+            raise ReplayError(live_model_needed(run))
         return
 
 
@@ -370,3 +369,9 @@ def _manifest(recorded: RecordedMap):
     manifest = read_manifest(list(recorded.inputs()))
     return dataclasses.replace(manifest, sha256=ledger["manifest_sha256"] or manifest.sha256,
                                source=ledger["manifest_source"] or manifest.source)
+
+
+__all__ = [
+    "REPLAY_DIR", "WHERE", "CANCEL_POLL_S", "NEEDS_MODEL", "ItemReplay", "ReplayExecutor", "MapReplay",
+    "MapReplayRun", "start_map_replay", "replay_map"
+]

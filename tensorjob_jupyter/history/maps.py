@@ -136,3 +136,6 @@ def _recorded_input(run: ItemRun | None) -> Any:
     except (OSError, TranscriptError):
         return None
     return created.get("input")
+
+
+__all__ = ["ItemRun", "item_of", "RecordedMap"]

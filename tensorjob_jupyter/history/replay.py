@@ -1,8 +1,8 @@
 """Replay: run a guest again against a recorded run's world, with no model.
 
 ``ReplayJob(guest, run)`` (``tj.replay``, ``tensorjob replay GUEST --from
-RUN``, ``%tensorjob replay``) is a ``Job`` whose reactor, ``ReplayReactor``,
-walks the recording's steps (``record.recording.Recording``) beside the guest --
+RUN``, ``%tensorjob replay``) is a ``Job`` whose commands a ``RecordedWorld``
+answers (the host's answerer interface, ``host/answerer.py``): it walks the recording's steps (``record.recording.Recording``) beside the guest --
 the same guest or a changed one. Each command the guest returns is compared
 with the recorded command of the same step *before* anything is done:
 
@@ -39,7 +39,7 @@ and the sampler. A transcript is a file from anywhere, so what it grants is
 said before the replay runs (``ReplayJob.adopted``: one line each for the
 grants, the fetch prefixes and the limits taken, printed by ``tensorjob
 replay`` and ``%tensorjob replay``), and no recorded limit looser than the
-default is taken (``recorded_limits``): a run recorded with
+default is taken (``RecordedRun.limits``): a run recorded with
 ``--call-timeout 1e9`` replays under the default unless the command line (or
 a keyword) gives it again. What it cannot: the bytes staged for ``read-input``
 (``--input-file``) are recorded only as their length and SHA-256, so they
@@ -52,40 +52,39 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 from concurrent.futures import Future
-from typing import Any, Iterable
+from typing import Any
 
 from tensorjob_jupyter import abi
-from tensorjob_jupyter.abi import Envelope, JobFailure, codes, event_types
+from tensorjob_jupyter.abi import JobFailure, codes, event_types
 from tensorjob_jupyter.world.grants import AccessError
 from tensorjob_jupyter.inference.base import (
     FINISH_CANCELLED, FINISH_GUEST_STOP, FINISH_LENGTH, FINISH_STOP, Backend, GenerateResult, GenerateUsage, ModelError,
 )
 from tensorjob_jupyter.host.jobs import Job
+from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.history.report import Divergence, ReplayReport
 from tensorjob_jupyter.history.replay_setup import (
-    RECORDED, ReplayError, adoption_lines, load_recording, recorded_cwd, recorded_infer_options, recorded_limits,
-    recorded_read, sampling_of,
+    RecordedRun, ReplayError, adoption_lines, load_run, replay_spec, sampling_of,
 )
-from tensorjob_jupyter.limits import Limits
 from tensorjob_jupyter.record.responses import ResponseStream
-from tensorjob_jupyter.host.reactor import PREVIEW_BYTES, PREVIEW_CHARS, InferOptions, InferPlan, Reactor
+from tensorjob_jupyter.host.reactor import PREVIEW_BYTES, PREVIEW_CHARS, InferPlan, Reactor
+from tensorjob_jupyter.host.spec import JobSpec
 from tensorjob_jupyter.host.structured import OutputRouter
 from tensorjob_jupyter.host.tokens import ModelTokens, PrefixMismatch, RecordedTokens
 from tensorjob_jupyter.sandbox.python.guest import Determinism
 from tensorjob_jupyter.text import for_terminal
 from tensorjob_jupyter.record.transcript import EventReader
 from tensorjob_jupyter.record.recording import (
-    LIVE_COMMANDS, End, InferAnswer, Recording, Step, compare_commands, describe, normalise,
+    LIVE_COMMANDS, End, InferAnswer, Step, compare_commands, describe, normalise,
 )
-from tensorjob_jupyter.inference.lazy import DEFAULT_MODEL_NAME, model_backend
+from tensorjob_jupyter.inference.lazy import DEFAULT_MODEL_NAME
+from tensorjob_jupyter.inference.providers import EMBEDDED
 
 #: How a recorded run can end that a replay reproduces at the same step rather than carry out:
 #: the host stopped it (a cancel, its time limit, the model or the host failing).
 HOST_ENDS = frozenset({codes.CANCELLED, codes.TIMEOUT, codes.BUSY, codes.MODEL_LOAD_FAILED, codes.INTERNAL_ERROR,
                        codes.WORKER_LOST})
-_END = object()
 
 
 class RecordedModel:
@@ -108,12 +107,13 @@ class RecordedModel:
 # --- the reactor ------------------------------------------------------------------------------------
 
 
-class ReplayReactor(Reactor):
-    """A reactor that answers from a recording (see the module doc); ``live`` falls back to ``backend``."""
+class RecordedWorld:
+    """The answerer of a replay (``host/answerer.py``): each command answered from the recording, compared
+    with the recorded one first (see the module doc); ``live``: the live world answers from a divergence on."""
 
-    def __init__(self, *, recording: Recording, live: bool, **kwargs: Any):
-        super().__init__(**kwargs)
-        self.recording = recording
+    def __init__(self, run: RecordedRun, live: bool):
+        self.run = run
+        self.recording = recording = run.recording
         self.steps = recording.steps
         self.live = live
         self.cursor = 0  # recorded steps answered so far
@@ -122,106 +122,102 @@ class ReplayReactor(Reactor):
         self.live_from: int | None = None
         self.reproduced_end = False
         self._past_end_tried = False
-        self._recorded_sampling = sampling_of(recorded_infer_options(recording))
+        self._recorded_sampling = sampling_of(run.infer)
 
     # -- the loop ----------------------------------------------------------------------------
 
-    def guest_determinism(self) -> Any:
+    def determinism(self, job: Reactor) -> Any:
         """A Python guest gets the recorded seed, clock origin and clock readings (none recorded: fresh ones)."""
         return Determinism.from_events(EventReader(self.recording.path))
 
-    def run(self) -> Envelope:
-        envelope = super().run()
-        if self.divergence is None and not self.reproduced_end and self.pending_command in ("done", "fail"):
-            self._note_finish()
-        return envelope
-
-    def _note_finish(self) -> None:
+    def finished(self, job: Reactor) -> None:
         """The guest finished: a divergence if the run went on, or ended otherwise."""
+        if self.divergence is not None or self.reproduced_end:
+            return
         step = self.cursor + 1
-        asked = "done" if self.pending_command == "done" else "fail"
+        asked = "done" if job.pending_command == "done" else "fail"
         end = self.recording.end
         if self.cursor < len(self.steps):
             recorded = describe(self.steps[self.cursor].command)
         elif end is None:
             recorded = "nothing more (the transcript ends before the job's end)"
-        elif end.ended_during == self.pending_command:
+        elif end.ended_during == job.pending_command:
             return
         else:
             recorded = _end_text(end)
         self.divergence = Divergence(step, "the guest finished", recorded, asked)
-        self._publish("finished")
+        self._publish(job, "finished")
 
-    def _publish(self, then: str) -> None:
+    def _publish(self, job: Reactor, then: str) -> None:
         self.then = then
         try:
-            self.stream.publish(event_types.JOB_REPLAY_DIVERGED, **self.divergence.to_json(), then=then)
+            job.stream.publish(event_types.JOB_REPLAY_DIVERGED, **self.divergence.to_json(), then=then)
         except Exception:  # noqa: BLE001 - the envelope still says it
             pass
 
-    def _diverge(self, divergence: Divergence, command: abi.Command | None) -> abi.Event | None:
+    def _diverge(self, job: Reactor, divergence: Divergence, command: abi.Command | None) -> abi.Event | None:
         """Record the divergence; stop the job, or (live) let the host and the model carry on from here."""
         self.divergence = divergence
         if not self.live:
-            self._publish("stopped")
+            self._publish(job, "stopped")
             raise JobFailure(codes.REPLAY_DIVERGENCE, divergence.message())
         self.live_from = divergence.step
-        self._publish("live")
-        return super()._execute(command) if command is not None else None
+        self._publish(job, "live")
+        return job.carry_out(command) if command is not None else None
 
     # -- commands ------------------------------------------------------------------------------
 
-    def _execute(self, command: abi.Command) -> abi.Event:
+    def answer(self, command: abi.Command, job: Reactor) -> abi.Event:
         if self.live_from is not None:
-            return super()._execute(command)
+            return job.carry_out(command)
         asked = normalise(command.to_json())
         if self.cursor >= len(self.steps):
-            return self._past_the_end(command, asked)
+            return self._past_the_end(job, command, asked)
         step = self.steps[self.cursor]
         differs = compare_commands(step.command, asked, max_tokens=False)
         if differs is not None:
-            return self._diverge(Divergence(step.number, *differs), command)
+            return self._diverge(job, Divergence(step.number, *differs), command)
         if isinstance(command, abi.Infer):
-            return self._replay_infer(command, step)
+            return self._replay_infer(job, command, step)
         if isinstance(command, abi.Embed):
-            return self._replay_embed(command, step)
+            return self._replay_embed(job, command, step)
         self.cursor += 1
         try:
-            event = super()._execute(command)
+            event = job.carry_out(command)
         except (JobFailure, AccessError) as e:
             if e.code in (codes.CANCELLED, codes.TIMEOUT) or self.live:
                 raise
-            self._diverge(Divergence(step.number, "the world changed", f"{describe(step.command)} answered",
-                                     f"{e.code}: {e.message}", "answer"), None)
+            self._diverge(job, Divergence(step.number, "the world changed", f"{describe(step.command)} answered",
+                                          f"{e.code}: {e.message}", "answer"), None)
             raise  # pragma: no cover - _diverge raised
         changed = _compare_outcome(step, event)
         if changed is not None:
-            self._diverge(Divergence(step.number, "the world changed", *changed, "answer"), None)
+            self._diverge(job, Divergence(step.number, "the world changed", *changed, "answer"), None)
         return event
 
-    def _past_the_end(self, command: abi.Command, asked: dict) -> abi.Event:
+    def _past_the_end(self, job: Reactor, command: abi.Command, asked: dict) -> abi.Event:
         """A command past the last recorded step: the run's end answers it, or it is a divergence."""
         step = self.cursor + 1
         end = self.recording.end
         if end is None:
             torn = "; its last line was torn" if self.recording.torn else ""
-            return self._diverge(Divergence(step, "the transcript ends here", f"nothing more (the run was "
-                                            f"interrupted before its end{torn})", describe(asked), "end"), command)
+            return self._diverge(job, Divergence(step, "the transcript ends here", f"nothing more (the run was "
+                                                 f"interrupted before its end{torn})", describe(asked), "end"), command)
         if end.status == "completed":
-            return self._diverge(Divergence(step, "another command", "done (the run completed)", describe(asked)),
-                                 command)
+            return self._diverge(job, Divergence(step, "another command", "done (the run completed)",
+                                                 describe(asked)), command)
         code = (end.error or {}).get("code")
         first = not self._past_end_tried
         self._past_end_tried = True
         if first and end.ended_during in (None, command.cmd) and (end.status == "cancelled" or code in HOST_ENDS):
-            self._reproduce_end(end)
+            self._reproduce_end(job, end)
         live_kind = command.cmd in LIVE_COMMANDS or (isinstance(command, abi.Infer) and command.images)
         if first and live_kind and end.ended_during == command.cmd:
-            return super()._execute(command)  # the run failed carrying this out: see that it fails again
-        return self._diverge(Divergence(step, "the recording ends here", _end_text(end), describe(asked), "end"),
+            return job.carry_out(command)  # the run failed carrying this out: see that it fails again
+        return self._diverge(job, Divergence(step, "the recording ends here", _end_text(end), describe(asked), "end"),
                              command)
 
-    def _reproduce_end(self, end: End) -> None:
+    def _reproduce_end(self, job: Reactor, end: End) -> None:
         """End the replay as the recorded run ended here (its error and its usage)."""
         self.reproduced_end = True
         error = end.error or {"code": codes.CANCELLED, "message": "job cancelled"}
@@ -229,54 +225,55 @@ class ReplayReactor(Reactor):
         for key in ("tokens_in", "tokens_out"):
             value = usage.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-                setattr(self.usage, key, value)
+                setattr(job.usage, key, value)
         raise JobFailure(str(error.get("code")), f"{error.get('message')} (as recorded)")
 
     # -- infer from the recording ---------------------------------------------------------------
 
-    def _replay_infer(self, cmd: abi.Infer, step: Step) -> abi.Event:
+    def _replay_infer(self, job: Reactor, cmd: abi.Infer, step: Step) -> abi.Event:
         """An infer answered from the recording through the live path's own steps: the same plan
         (format, tools, sampling, budget), the same router and the same checks of the answer."""
         answer = step.infer or InferAnswer()
-        sampling = sampling_of(self.infer_options)
+        sampling = sampling_of(job.infer_options)
         if sampling != self._recorded_sampling:
-            return self._diverge(Divergence(step.number, "other sampling settings",
-                                            _json_line(self._recorded_sampling), _json_line(sampling)), cmd)
-        plan = self._plan_infer(cmd)
+            return self._diverge(job, Divergence(step.number, "other sampling settings",
+                                                 _json_line(self._recorded_sampling), _json_line(sampling)), cmd)
+        plan = job.plan_infer(cmd)
         max_tokens = plan.request.max_tokens
         if not _same_budget(answer, max_tokens):
-            return self._diverge(Divergence(step.number, "another token limit",
-                                            f"infer of at most {answer.max_output_tokens} tokens "
-                                            f"({_answer_text(answer)})", f"infer of at most {max_tokens} tokens"), cmd)
+            return self._diverge(job, Divergence(step.number, "another token limit",
+                                                 f"infer of at most {answer.max_output_tokens} tokens "
+                                                 f"({_answer_text(answer)})", f"infer of at most {max_tokens} tokens"),
+                                 cmd)
         self.cursor += 1
-        response = self._open_response(cmd, plan, answer.model or self.usage.model, call_id=answer.call_id)
+        response = job.open_response(cmd, plan, answer.model or job.usage.model, call_id=answer.call_id)
         router = OutputRouter(plan.spec, response)
         pieces = answer.pieces
         recorded_stop = answer.guest_stopped_after if answer.reason == FINISH_GUEST_STOP else None
         source = RecordedTokens(pieces, recorded_stop=recorded_stop, tokens_in=answer.tokens_in)
-        delivery = self._token_loop(response, router.delta).run(source)
+        delivery = job.token_loop(response, router.delta).run(source)
         stopped_after = delivery.stopped_after
         if stopped_after is not None and stopped_after != recorded_stop:
             # sooner than the recorded guest: the answer ends with this token (the model's greedy
             # output has this prefix)
             usage = GenerateUsage(answer.tokens_in, stopped_after, answer.cached_tokens)
-            return self._answer(plan, router, response, GenerateResult("".join(pieces[:stopped_after]),
-                                                                       FINISH_STOP, usage), delivery)
+            return job.answer_infer(plan, router, response, GenerateResult("".join(pieces[:stopped_after]),
+                                                                           FINISH_STOP, usage), delivery)
         if recorded_stop is not None and stopped_after is None:
             divergence = Divergence(step.number, "more tokens than were recorded",
                                     f"an answer the guest stopped after {recorded_stop} tokens",
                                     f"more: the guest did not stop after token {recorded_stop}")
-            return self._more_than_recorded(plan, router, response, answer, divergence)
+            return self._more_than_recorded(job, plan, router, response, answer, divergence)
         if answer.status in ("completed", "incomplete") and answer.reason != FINISH_CANCELLED:
             # what the recorded model said it made, never fewer than the pieces it delivered
             usage = GenerateUsage(answer.tokens_in, max(answer.tokens_out, len(pieces)), answer.cached_tokens,
                                   *_recorded_timing(answer))
             reason = FINISH_LENGTH if answer.reason == FINISH_LENGTH else FINISH_STOP
-            return self._answer(plan, router, response, GenerateResult("".join(pieces), reason, usage), delivery)
+            return job.answer_infer(plan, router, response, GenerateResult("".join(pieces), reason, usage), delivery)
         if answer.status is None:  # the transcript stops inside this answer
             divergence = Divergence(step.number, "the transcript ends inside this answer",
                                     f"{len(pieces)} tokens and no end", "the rest of the answer", "end")
-            return self._more_than_recorded(plan, router, response, answer, divergence)
+            return self._more_than_recorded(job, plan, router, response, answer, divergence)
         # The run ended during this answer: cancelled, timed out, or the model failed.
         if answer.reason == FINISH_CANCELLED:
             response.finish("".join(pieces), usage=response.usage_json(answer.tokens_in, len(pieces)),
@@ -288,10 +285,10 @@ class ReplayReactor(Reactor):
         end = self.recording.end or End("failed", {"status": "failed", "error": {
             "code": (answer.error or {}).get("code") or codes.CANCELLED,
             "message": (answer.error or {}).get("message") or "cancelled during inference"}}, "infer", None)
-        self._reproduce_end(end)
+        self._reproduce_end(job, end)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _more_than_recorded(self, plan: InferPlan, router: OutputRouter, response: ResponseStream,
+    def _more_than_recorded(self, job: Reactor, plan: InferPlan, router: OutputRouter, response: ResponseStream,
                             answer: InferAnswer, divergence: Divergence) -> abi.Event:
         """The guest wants more of an answer than the recording holds: stop, or (live) let the model go on.
 
@@ -309,20 +306,20 @@ class ReplayReactor(Reactor):
                 f"{divergence.asked}; --live cannot continue an answer sampled at temperature "
                 f"{temperature:g} from its middle (only greedy answers repeat)", divergence.kind)
         if not self.live or temperature > 0:
-            self._count_tokens(answer.tokens_in, len(answer.pieces))
+            job.count_tokens(answer.tokens_in, len(answer.pieces))
             response.fail(divergence.message(), code=codes.REPLAY_DIVERGENCE, error_type="server_error")
-            self._publish("stopped")
+            self._publish(job, "stopped")
             raise JobFailure(codes.REPLAY_DIVERGENCE, divergence.message())
         self.live_from = divergence.step
-        self._publish("live")
-        return self._live_rest(plan, router, response, already=list(answer.pieces))
+        self._publish(job, "live")
+        return self._live_rest(job, plan, router, response, already=list(answer.pieces))
 
-    def _live_rest(self, plan: InferPlan, router: OutputRouter, response: ResponseStream, *,
+    def _live_rest(self, job: Reactor, plan: InferPlan, router: OutputRouter, response: ResponseStream, *,
                    already: list[str]) -> abi.Event:
         """The rest of an answer from the model, past the pieces ``already`` judged from the recording."""
-        source = ModelTokens(self._backend(), plan.request, self.cancel, response)
+        source = ModelTokens(job.model_backend(), plan.request, job.cancel, response)
         try:
-            delivery = self._token_loop(response, router.delta).run(source, already=already)
+            delivery = job.token_loop(response, router.delta).run(source, already=already)
         except PrefixMismatch as e:
             divergence = Divergence(self.divergence.step, "the model answered otherwise",
                                     f"token {e.index + 1} {_json_line(e.expected)}",
@@ -330,26 +327,26 @@ class ReplayReactor(Reactor):
                                      f"the model gives {_json_line(e.got)} there") +
                                     ", so the rest cannot follow the recording", "answer")
             self.divergence = divergence
-            self._count_tokens(0, len(already))
+            job.count_tokens(0, len(already))
             response.fail(divergence.message(), code=codes.REPLAY_DIVERGENCE, error_type="server_error")
             raise JobFailure(codes.REPLAY_DIVERGENCE, divergence.message()) from None
-        return self._answer(plan, router, response, source.result(response), delivery, already=already)
+        return job.answer_infer(plan, router, response, source.result(response), delivery, already=already)
 
     # -- embed from the recording -----------------------------------------------------------------
 
-    def _replay_embed(self, cmd: abi.Embed, step: Step) -> abi.Event:
+    def _replay_embed(self, job: Reactor, cmd: abi.Embed, step: Step) -> abi.Event:
         size = sum(len(t.encode("utf-8")) for t in cmd.texts)
-        if len(cmd.texts) > self.limits.max_embed_texts or size > self.limits.max_embed_bytes:
-            return super()._embed(cmd)  # the same limit_exceeded as a live run
+        if len(cmd.texts) > job.limits.max_embed_texts or size > job.limits.max_embed_bytes:
+            return job.carry_out(cmd)  # the same limit_exceeded as a live run (checked before the model)
         vectors = step.outcome.get("vectors")
         if isinstance(vectors, list):
             vectors = [v.tolist() for v in vectors]  # the recording keeps them as arrays
         if not isinstance(vectors, list):
-            return self._diverge(Divergence(step.number, "the recording lacks the vectors", "an embed without its "
-                                            "vectors", describe(normalise(cmd.to_json())), "end"), cmd)
+            return self._diverge(job, Divergence(step.number, "the recording lacks the vectors", "an embed without "
+                                                 "its vectors", describe(normalise(cmd.to_json())), "end"), cmd)
         self.cursor += 1
-        self.stats.embeds += 1
-        self.stream.publish(event_types.JOB_EMBEDDED, count=len(vectors), dimensions=len(vectors[0]) if vectors else 0,
+        job.stats.embeds += 1
+        job.stream.publish(event_types.JOB_EMBEDDED, count=len(vectors), dimensions=len(vectors[0]) if vectors else 0,
                             text_sha256=[hashlib.sha256(t.encode("utf-8")).hexdigest() for t in cmd.texts],
                             vectors=vectors)
         return abi.Embedded(vectors)
@@ -424,69 +421,56 @@ def _compare_outcome(step: Step, event: abi.Event) -> tuple[str, str] | None:
 
 
 class ReplayJob(Job):
-    """A job that replays ``guest`` against the recorded run ``run`` (see the module doc).
+    """A job that replays a guest against a recorded run (see the module doc): a ``Job`` whose commands a
+    ``RecordedWorld`` answers.
 
-    Keywords left as ``RECORDED`` take the run's own: ``input``, ``read``,
-    ``fetch``, ``infer``, ``limits`` (limit keywords such as ``max_tokens=``
-    apply on top) and ``cwd``. ``input_bytes`` must be the bytes the run
-    staged (checked by SHA-256). ``live=True`` falls back to a model from the
-    first divergence: ``backend``, else ``model`` (a GGUF path), else the
-    embedded model -- which must be the recorded one unless ``model`` names
-    another.
+    ``ReplayJob(spec, run)``: ``spec`` is the replay's ``JobSpec`` (``replay_setup.replay_spec`` builds it
+    from the run with what is given anew), ``run`` a ``RecordedRun`` (``replay_setup.load_run``).
+    ``ReplayJob(guest, run, **keywords)`` is the same with ``run`` an id, a path, a ``Job`` or a recording and
+    the spec built from the keywords: those left ``RECORDED`` take the run's own -- ``input``, ``read``,
+    ``fetch``, ``infer``, ``limits`` (limit keywords such as ``max_tokens=`` apply on top) and ``cwd``.
+    The spec's ``input_bytes`` must be the bytes the run staged (checked by SHA-256). ``live=True`` falls
+    back to a model from the first divergence: ``backend``, else the spec's model -- which must be named
+    unless the run used the embedded one.
     """
 
-    def __init__(self, guest: Any, run: Any, *, live: bool = False, input: Any = RECORDED,
-                 read: Iterable[str | os.PathLike] | Any = RECORDED, fetch: Iterable[str] | Any = RECORDED,
-                 infer: InferOptions | Any = RECORDED, limits: Limits | Any = RECORDED,
-                 input_bytes: bytes | None = None, model: str | os.PathLike | None = None,
-                 backend: Backend | None = None, runs_dir: str | os.PathLike | None = None,
-                 cwd: str | os.PathLike | Any = RECORDED, name: str | None = None, debug: bool = False,
-                 break_on: Any = (), **limit_keywords: Any):
-        recording = load_recording(run, runs_dir)
-        self.recording = recording
+    def __init__(self, spec: Any, run: Any, /, *, live: bool = False, backend: Backend | None = None,
+                 **keywords: Any):
+        recorded = load_run(run, keywords.get("runs_dir"))
+        if not isinstance(spec, JobSpec):
+            spec = replay_spec(spec, recorded, **keywords)
+        elif keywords:
+            raise TypeError(f"ReplayJob takes a JobSpec, or a guest and keywords, not both ({', '.join(keywords)})")
+        self.recording = recorded.recording
+        self.recorded = recorded
         self.live = live
-        recorded_bytes = recording.created.get("input_bytes") or {}
-        given = b"" if input_bytes is None else bytes(input_bytes)
-        if hashlib.sha256(given).hexdigest() != recorded_bytes.get("sha256", hashlib.sha256(b"").hexdigest()):
-            if input_bytes is None:
-                raise ReplayError(f"the run staged {recorded_bytes.get('bytes')} bytes for read-input (SHA-256 "
-                                  f"{str(recorded_bytes.get('sha256'))[:16]}…), which a transcript does not keep: "
+        given = spec.input_bytes
+        if hashlib.sha256(given).hexdigest() != recorded.input_sha256:
+            if not given:
+                raise ReplayError(f"the run staged {recorded.input_bytes} bytes for read-input (SHA-256 "
+                                  f"{recorded.input_sha256[:16]}…), which a transcript does not keep: "
                                   f"give them again (--input-file F, input_bytes=)")
             raise ReplayError(f"the bytes given for read-input ({len(given)} bytes) are not the ones the run staged "
-                              f"({recorded_bytes.get('bytes')} bytes, SHA-256 {str(recorded_bytes.get('sha256'))[:16]}…)")
+                              f"({recorded.input_bytes} bytes, SHA-256 {recorded.input_sha256[:16]}…)")
         if live:
             if backend is None:
-                if model is None and (recording.model not in (None, DEFAULT_MODEL_NAME)
-                                      or recording.created.get("model_server") is not None):
-                    raise ReplayError(live_model_needed(recording))
-                backend = model_backend(model)
+                if spec.model.kind == EMBEDDED and (recorded.model not in (None, DEFAULT_MODEL_NAME)
+                                                    or recorded.model_server is not None):
+                    raise ReplayError(live_model_needed(recorded))
+                backend = spec.model.backend()
         else:
-            backend = RecordedModel(recording.model or "")
-        if limits is RECORDED:
-            limits = recorded_limits(recording)  # none looser than the defaults
-        if cwd is RECORDED:
-            cwd = recorded_cwd(recording)
-        read = recorded_read(recording) if read is RECORDED else list(read)
-        fetch = list(recording.created.get("fetch") or []) if fetch is RECORDED else list(fetch)
-        super().__init__(guest, input=recording.created.get("input") if input is RECORDED else input,
-                         read=read, fetch=fetch,
-                         infer=recorded_infer_options(recording) if infer is RECORDED else infer,
-                         backend=backend, limits=limits, input_bytes=given, runs_dir=runs_dir, cwd=cwd, name=name,
-                         debug=debug, break_on=break_on, **limit_keywords)
+            backend = RecordedModel(recorded.model or "")
+        self.world = RecordedWorld(recorded, live)
+        super().__init__(spec, backend=backend, answerer=self.world, created_fields={"replay_of": {
+            "run": recorded.id, "path": str(self.recording.path), "guest_sha256": recorded.guest_sha256,
+            "live": live}})
         #: What this replay took from its recording that widens what the guest may do, and the looser
         #: recorded limits it did not take: one inert line each, for a front end to show before it runs.
-        self.adopted: list[str] = adoption_lines(recording, read=read, fetch=fetch, limits=self.limits)
-
-    def _make_reactor(self, **kwargs: Any) -> Reactor:
-        return ReplayReactor(recording=self.recording, live=self.live, **kwargs)
-
-    def _created_fields(self) -> dict:
-        return {"replay_of": {"run": self.recording.id, "path": str(self.recording.path),
-                              "guest_sha256": self.recording.guest.get("sha256"), "live": self.live}}
+        self.adopted: list[str] = adoption_lines(recorded, read=spec.read, fetch=spec.fetch, limits=self.limits)
 
     @property
     def guest_changed(self) -> bool:
-        return self.guest_sha256 != self.recording.guest.get("sha256")
+        return self.guest_sha256 != self.recorded.guest_sha256
 
     @property
     def report(self) -> "ReplayReport | None":
@@ -494,18 +478,17 @@ class ReplayJob(Job):
         envelope = self.envelope
         if envelope is None:
             return None
-        reactor: ReplayReactor = self._reactor  # type: ignore[assignment]
-        return ReplayReport(self, envelope, self.recording.envelope, reactor.divergence,
-                            reactor.then == "stopped", reactor.live_from, reactor.reproduced_end)
+        world = self.world
+        return ReplayReport(self, envelope, self.recording.envelope, world.divergence, world.then == "stopped",
+                            world.live_from, world.reproduced_end)
 
 
-def live_model_needed(recording: Recording) -> str:
+def live_model_needed(run: RecordedRun) -> str:
     """Why ``--live`` needs a model named: the recorded one is not the embedded model, or it ran on a
     server. A served run's server is named but never adopted: a transcript may come from anywhere, and
     must not choose where a request (with the key of a variable it names) is sent."""
-    model = for_terminal(str(recording.model), one_line=True)[:200]
-    server = recording.created.get("model_server")
-    url = server.get("url") if isinstance(server, dict) else None
+    model = for_terminal(str(run.model), one_line=True)[:200]
+    url = (run.model_server or {}).get("url")
     if isinstance(url, str):
         shown = for_terminal(url, one_line=True)[:200]
         return (f"--live: the run used the model {model} on the server {shown}; name the server to send its "
@@ -516,14 +499,11 @@ def live_model_needed(recording: Recording) -> str:
 def replay(guest: Any, run: Any, *, live: bool = False, timeout: float | None = None, **kwargs: Any) -> ReplayReport:
     """Replay ``guest`` against the recorded run ``run`` to the end; see ``ReplayJob`` for the keywords."""
     job = ReplayJob(guest, run, live=live, **kwargs).start()
-    try:
-        job.wait(timeout)
-    except KeyboardInterrupt:
-        job.cancel()
-        job.wait()
+    wait_or_cancel(job.wait_done, job.cancel, timeout=timeout, what=f"replay {job.id}")
+    job.wait()
     report = job.report
     assert report is not None
     return report
 
 
-__all__ = ["RecordedModel", "ReplayJob", "ReplayReactor", "replay"]
+__all__ = ["RecordedModel", "RecordedWorld", "ReplayJob", "replay"]

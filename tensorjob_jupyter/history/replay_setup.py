@@ -1,13 +1,16 @@
-"""What a replay takes from its recording: the run's input, grants, fetch prefixes, limits, sampling.
+"""What a replay takes from its recording: ``RecordedRun``, the run's setup read once, and the replay's ``JobSpec``.
 
-A replay re-runs a guest against a recorded run's world (``replay.py``);
-unless given anew, it takes the run's own setup from the transcript's
-``job.created``. A transcript is a file from anywhere, so this is checked
-when the recording is loaded (``load_recording``), and a limit the file
-records looser than the defaults is not taken unless the command line gives
-it again (``recorded_limits``). ``adoption_lines`` says in a few lines what a
-replay took, before it runs. ``RECORDED`` is the keyword value that means
-"the run's own".
+A replay re-runs a guest against a recorded run's world (``replay.py``).
+Unless given anew, it takes the run's own setup from the transcript's
+``job.created``: its input, grants, fetch prefixes, limits and sampling. A
+transcript is a file from anywhere, so that setup is read once and checked
+when the run is loaded (``load_run``, giving a ``RecordedRun`` -- typed
+fields, never the raw dict again), and a limit the file records looser than
+the defaults is not taken unless given again (``RecordedRun.limits``,
+``looser_limits``). ``replay_spec`` builds the replay's ``JobSpec`` from it
+with what was given in place, and ``adoption_lines`` says in a few lines
+what a replay took, before it runs. ``RECORDED`` is the keyword value that
+means "the run's own".
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from dataclasses import dataclass
 from typing import Any, Iterable
 
+from tensorjob_jupyter.abi import TensorjobError
 from tensorjob_jupyter.inference.base import (
     LoraChoice, Sampler,
 )
@@ -24,6 +29,7 @@ from tensorjob_jupyter.limits import FIELDS as LIMIT_FIELDS
 from tensorjob_jupyter.limits import Limits
 from tensorjob_jupyter.limits import check as limits_check
 from tensorjob_jupyter.host.reactor import InferOptions
+from tensorjob_jupyter.host.spec import JobSpec
 from tensorjob_jupyter.record.event_checks import MAX_COUNT
 from tensorjob_jupyter.text import for_terminal
 from tensorjob_jupyter.record.recording import (
@@ -35,7 +41,7 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 
-class ReplayError(ValueError):
+class ReplayError(TensorjobError, ValueError):
     """A replay that cannot start: its run cannot be replayed, or what it needs was not given (one line)."""
 
 
@@ -46,34 +52,95 @@ _RECORDED: Any = type("Recorded", (), {"__repr__": lambda self: "RECORDED"})()
 RECORDED = _RECORDED
 
 
-def load_recording(run: Any, runs: str | os.PathLike | None = None) -> Recording:
-    """The recording of ``run`` (an id, a path, a ``Job`` or a ``Recording``), ready to replay."""
-    if isinstance(run, Recording):
-        recording = run
-    else:
-        recording = Recording.read(resolve_run(run, runs))
-    if recording.version < 1:
-        raise ReplayError(f"{for_terminal(recording.id, one_line=True)}: its transcript predates format version 1 "
-                          f"and records no prompts, so it cannot be replayed (tensorjob show still shows it)")
-    try:  # a transcript is a file from anywhere: check the setup replay reads from it, once
-        recorded_limits(recording)
-        recorded_infer_options(recording)
+@dataclass(frozen=True)
+class RecordedRun:
+    """A recorded run, ready to replay: its recording and its setup, read from ``job.created`` once, checked."""
+
+    recording: Recording
+    input: Any
+    #: the grants as the run was given them (all their names), else its canonical roots
+    read: tuple[str, ...]
+    #: the grants' canonical roots
+    grants: tuple[str, ...]
+    fetch: tuple[str, ...]
+    #: the run's directory (guest paths are relative to it), if it exists here
+    cwd: str | None
+    #: the bytes the run staged for ``read-input``: only their length and SHA-256 are recorded
+    input_bytes: int
+    input_sha256: str
+    #: the run's limits, none looser than the defaults, and the looser ones (not taken unless given again)
+    limits: Limits
+    looser_limits: dict
+    infer: InferOptions
+    #: the model it ran on, and a served model's server (its URL and key variable)
+    model: str | None
+    model_server: dict | None
+
+    @classmethod
+    def of(cls, recording: Recording) -> "RecordedRun":
+        """``recording``'s setup, checked; ``ReplayError`` (one line) says what cannot be replayed."""
+        shown = for_terminal(recording.id, one_line=True)
+        if recording.version < 1:
+            raise ReplayError(f"{shown}: its transcript predates format version 1 and records no prompts, so it "
+                              f"cannot be replayed (tensorjob show still shows it)")
         created = recording.created
-        for key in ("read", "grants", "fetch"):
-            if not all(isinstance(x, str) for x in created.get(key) or []):
-                raise ValueError(f"{key} is not a list of strings")
-        staged = created.get("input_bytes") or {}
-        if not isinstance(staged, dict):
-            raise ValueError("input_bytes is not an object")
-        size, digest = staged.get("bytes", 0), staged.get("sha256", _EMPTY_SHA256)
-        if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_COUNT:
-            raise ValueError("input_bytes.bytes is not a count")
-        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
-            raise ValueError("input_bytes.sha256 is not a SHA-256")
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise ReplayError(f"{for_terminal(recording.id, one_line=True)}: its job.created cannot be replayed: "
-                          f"{for_terminal(str(e), one_line=True)[:200]}") from None
-    return recording
+        try:
+            lists = {}
+            for key in ("read", "grants", "fetch"):
+                value = created.get(key) or []
+                if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+                    raise ValueError(f"{key} is not a list of strings")
+                lists[key] = tuple(value)
+            staged = created.get("input_bytes") or {}
+            if not isinstance(staged, dict):
+                raise ValueError("input_bytes is not an object")
+            size, digest = staged.get("bytes", 0), staged.get("sha256", _EMPTY_SHA256)
+            if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_COUNT:
+                raise ValueError("input_bytes.bytes is not a count")
+            if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+                raise ValueError("input_bytes.sha256 is not a SHA-256")
+            taken, looser = _limit_values(created.get("limits") or {})
+            infer = _infer_options(created.get("infer") or {})
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ReplayError(f"{shown}: its job.created cannot be replayed: "
+                              f"{for_terminal(str(e), one_line=True)[:200]}") from None
+        cwd = created.get("cwd")
+        server = created.get("model_server")
+        return cls(recording, created.get("input"), lists["read"] or lists["grants"], lists["grants"],
+                   lists["fetch"], cwd if isinstance(cwd, str) and os.path.isdir(cwd) else None, size, digest,
+                   Limits(**taken), looser, infer, recording.model, server if isinstance(server, dict) else None)
+
+    @property
+    def id(self) -> str:
+        return self.recording.id
+
+    @property
+    def guest_sha256(self) -> str | None:
+        return self.recording.guest.get("sha256")
+
+
+def load_run(run: Any, runs: str | os.PathLike | None = None) -> RecordedRun:
+    """The recorded run ``run`` (an id, a path, a ``Job``, a ``Recording`` or a ``RecordedRun``), ready to
+    replay; ``ReplayError`` if it cannot be."""
+    if isinstance(run, RecordedRun):
+        return run
+    return RecordedRun.of(run if isinstance(run, Recording) else Recording.read(resolve_run(run, runs)))
+
+
+def replay_spec(guest: Any, run: RecordedRun, *, input: Any = RECORDED, read: Any = RECORDED,
+                fetch: Any = RECORDED, infer: Any = RECORDED, limits: Any = RECORDED,
+                input_bytes: bytes | None = None, model: Any = None, model_options: dict | None = None,
+                runs_dir: str | os.PathLike | None = None, cwd: Any = RECORDED, name: str | None = None,
+                debug: bool = False, break_on: Any = (), **limit_keywords: Any) -> JobSpec:
+    """The ``JobSpec`` of a replay of ``guest`` against ``run``: each keyword left ``RECORDED`` is the run's own
+    (``input``, ``read``, ``fetch``, ``infer``, ``limits`` -- limit keywords apply on top -- and ``cwd``);
+    ``input_bytes`` must be the bytes the run staged; ``model``: the model ``--live`` falls back to."""
+    return JobSpec.of(guest, input=run.input if input is RECORDED else input,
+                      read=run.read if read is RECORDED else read, fetch=run.fetch if fetch is RECORDED else fetch,
+                      infer=run.infer if infer is RECORDED else infer, limits=run.limits if limits is RECORDED else limits,
+                      input_bytes=b"" if input_bytes is None else input_bytes, model=model, model_options=model_options,
+                      runs_dir=runs_dir, cwd=run.cwd if cwd is RECORDED else cwd, name=name, debug=debug,
+                      break_on=break_on, **limit_keywords)
 
 
 def _looser(value: Any, default: Any) -> bool:
@@ -83,9 +150,8 @@ def _looser(value: Any, default: Any) -> bool:
     return default is not None and value > default
 
 
-def _recorded_limit_values(recording: Recording) -> tuple[dict, dict]:
-    """The run's limits split in two: those no looser than the defaults (taken), and the looser ones (not)."""
-    values = recording.created.get("limits") or {}
+def _limit_values(values: Any) -> tuple[dict, dict]:
+    """Recorded limits split in two: those no looser than the defaults (taken), and the looser ones (not)."""
     if not isinstance(values, dict):
         raise ValueError("limits is not an object")
     defaults = Limits()
@@ -100,17 +166,6 @@ def _recorded_limit_values(recording: Recording) -> tuple[dict, dict]:
     return taken, refused
 
 
-def recorded_limits(recording: Recording) -> Limits:
-    """The run's limits, none looser than the default: a transcript may claim any, so a looser one is used
-    only when given again (a command-line flag, a keyword)."""
-    return Limits(**_recorded_limit_values(recording)[0])
-
-
-def recorded_looser_limits(recording: Recording) -> dict:
-    """The run's limits that are looser than the defaults, which a replay does not take unless given again."""
-    return _recorded_limit_values(recording)[1]
-
-
 def _finite(obj: dict, name: str, low: float, high: float, default: float) -> float:
     value = obj.get(name, default)
     if type(value) not in (int, float) or not low <= value <= high:
@@ -118,8 +173,7 @@ def _finite(obj: dict, name: str, low: float, high: float, default: float) -> fl
     return value
 
 
-def recorded_infer_options(recording: Recording) -> InferOptions:
-    obj = recording.created.get("infer") or {}
+def _infer_options(obj: Any) -> InferOptions:
     if not isinstance(obj, dict) or not isinstance(obj.get("sampler") or {}, dict):
         raise ValueError("infer is not an object of sampler settings")
     sampler = dict(obj.get("sampler") or {})
@@ -144,12 +198,6 @@ def recorded_infer_options(recording: Recording) -> InferOptions:
                         chat=obj.get("chat") if isinstance(obj.get("chat"), bool) else None)
 
 
-def recorded_read(recording: Recording) -> list[str]:
-    """The grants as the run was given them (all their names), else its canonical roots."""
-    created = recording.created
-    return list(created.get("read") or created.get("grants") or [])
-
-
 #: Items of a list an adoption line names before it says how many more.
 ADOPTED_SHOWN = 5
 
@@ -159,22 +207,21 @@ def _named(items: list[str]) -> str:
     return shown + (f", … {len(items) - ADOPTED_SHOWN} more" if len(items) > ADOPTED_SHOWN else "")
 
 
-def adoption_lines(recording: Recording, *, read: Iterable[Any], fetch: Iterable[Any], limits: Limits) -> list[str]:
+def adoption_lines(run: RecordedRun, *, read: Iterable[Any], fetch: Iterable[Any], limits: Limits) -> list[str]:
     """What a replay about to run with ``read``, ``fetch`` and ``limits`` took from its recording that
     lets the guest do more -- the grants, the fetch prefixes, limits other than the defaults -- and the
     recorded limits it did not take (looser than the defaults), one inert line each."""
     lines = []
-    created = recording.created
     read, fetch = [os.fspath(r) for r in read], [str(f) for f in fetch]
-    recorded = set(recorded_read(recording)) | set(created.get("grants") or ())
-    if read and set(read) <= recorded:
+    if read and set(read) <= set(run.read) | set(run.grants):
         lines.append(f"replay: reads under the recorded run's grants: {_named(read)} (--read replaces them)")
-    if fetch and set(fetch) <= set(created.get("fetch") or ()):
+    if fetch and set(fetch) <= set(run.fetch):
         lines.append(f"replay: may fetch under the recorded run's URL prefixes: {_named(fetch)} "
                      f"(--fetch replaces them)")
-    taken, refused = _recorded_limit_values(recording)
     defaults = Limits()
-    changed = [f"{k} {v}" for k, v in taken.items() if v != getattr(defaults, k) and getattr(limits, k) == v]
+    taken = {k: getattr(run.limits, k) for k in LIMIT_FIELDS if getattr(run.limits, k) != getattr(defaults, k)}
+    refused = run.looser_limits
+    changed = [f"{k} {v}" for k, v in taken.items() if getattr(limits, k) == v]
     if changed:
         lines.append(f"replay: limits from the recorded run: {_named(changed)}")
     looser = [f"{k} {v} (default {getattr(defaults, k)})" for k, v in refused.items() if getattr(limits, k) != v]
@@ -184,14 +231,12 @@ def adoption_lines(recording: Recording, *, read: Iterable[Any], fetch: Iterable
     return [for_terminal(line, one_line=True) for line in lines]
 
 
-def recorded_cwd(recording: Recording) -> str | None:
-    """The run's directory (guest paths are relative to it), if it exists here."""
-    cwd = recording.created.get("cwd")
-    return cwd if isinstance(cwd, str) and os.path.isdir(cwd) else None
-
-
 def sampling_of(options: InferOptions) -> dict:
     return {"sampler": options.sampler.to_json(), "chat": options.chat,
             "lora": [{"name": c.name, "scale": c.scale} for c in options.lora]}
 
 
+__all__ = [
+    "ReplayError", "RECORDED", "RecordedRun", "load_run", "replay_spec", "ADOPTED_SHOWN", "adoption_lines",
+    "sampling_of"
+]

@@ -124,3 +124,6 @@ class ReplayReport:
         where = f"diverged at step {self.divergence.step}" if self.divergence else "no divergence"
         same = "the same result" if self.same_result else "a different result"
         return f"<ReplayReport {self.status}, {same}, {where}>"
+
+
+__all__ = ["MAX_LINE_CHARS", "Divergence", "divergence_line", "ReplayReport"]

@@ -40,6 +40,7 @@ from typing import Any
 
 import orjson
 
+from tensorjob_jupyter.abi import TensorjobError
 from tensorjob_jupyter.text import for_html, for_terminal
 from tensorjob_jupyter.record.run_folder import EVENTS_FILE, RUN_FILES, is_live, runs_folder
 from tensorjob_jupyter.record.transcript import read_header
@@ -48,7 +49,7 @@ from tensorjob_jupyter.record.event_checks import TranscriptError
 STATUSES = ("completed", "failed", "cancelled", "running", "interrupted", "unreadable")
 
 
-class RunError(ValueError):
+class RunError(TensorjobError, ValueError):
     """A run that cannot be found or used (one line)."""
 
 
@@ -322,3 +323,9 @@ class RunList(list):
         body = "".join("<tr>" + "".join(f"<td>{for_html(c)}</td>" for c in _row(r)) + "</tr>" for r in self)
         return (f"<table class='tensorjob-runs' style='font-size:12px'><thead><tr>{head}</tr></thead>"
                 f"<tbody>{body}</tbody></table>")
+
+
+__all__ = [
+    "STATUSES", "RunError", "RunInfo", "run_info", "list_runs", "resolve_run", "PruneReport", "prune", "COLUMNS",
+    "GUEST_CHARS", "duration_text", "started_text", "RunList"
+]

@@ -179,3 +179,5 @@ def _seconds(event: dict) -> float:
     t = event.get("t_ms", 0)
     return t / 1000.0 if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0
 
+
+__all__ = ["MIN_SPEED", "MAX_WAIT_S", "check_speed", "Playback", "PlaybackSubscription"]

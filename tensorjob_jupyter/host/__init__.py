@@ -1,12 +1,53 @@
-"""host: one job from ``cf_init`` to its envelope.
+"""host: one job from ``cf_init`` to its envelope -- and the front ends' one door to everything below.
 
-Owns: ``reactor`` (the step loop: every command checked and carried out),
-``tokens`` (the one token loop of an ``infer``, used live and in replay),
+Owns: ``spec`` (``JobSpec``: a job's whole setup as one typed value),
 ``jobs`` (``Job``: a reactor on its own thread, the transcript, the registry),
-``debugger`` (pauses between commands), ``schemas`` (a guest's JSON Schema
-checked: only what a grammar enforces passes) and ``structured`` (an infer's
-output: the constraint, the streamed items, the answer validated).
+``reactor`` (the step loop: every command checked, then answered),
+``answerer`` (who answers a command: the live world, or a recording),
+``tokens`` (the one token loop of an ``infer``, used live and in replay),
+``waiting`` (waiting with Ctrl-C as cancel), ``debugger`` (pauses between
+commands), ``schemas`` (a guest's JSON Schema checked) and ``structured`` (an
+infer's output: the constraint, the streamed items, the answer validated).
 May import: ``sandbox``, ``world``, ``record``, ``inference``, and the wire
 modules (``abi``, ``limits``, ``text``, ``version``). Never ``history``,
 ``fanout`` or ``frontends``.
+
+The names below are what the front ends use of the host and of the layers
+under it: a front end imports ``host`` (and ``history``, ``fanout``, its
+view, the wire), never ``sandbox``, ``world``, ``record`` or ``inference``
+itself (``pyproject.toml``'s import contract says so, and CI checks it). So
+what a front end touches below the host is this list, read in one place.
 """
+
+from tensorjob_jupyter.host.jobs import DEFAULT_MODEL, Job  # jobs(), get_job(), run(): from host.jobs (its name)
+from tensorjob_jupyter.host.reactor import InferOptions, JobStats
+from tensorjob_jupyter.host.schemas import SchemaError
+from tensorjob_jupyter.host.spec import JobSpec, check_fetch
+from tensorjob_jupyter.host.structured import OutputSpec
+from tensorjob_jupyter.host.waiting import SIGNAL_CHECK_S, wait_or_cancel
+# the guest: its source, compiled and cached (sandbox)
+from tensorjob_jupyter.sandbox.compile import (
+    CompileError, GuestSource, cache_dir, cache_usage, clear_cache, detect_language,
+)
+from tensorjob_jupyter.sandbox.python import interpreter as python_interpreter
+# the model: named once, its errors, and -- for tensorjob serve, which serves it over HTTP -- its requests
+from tensorjob_jupyter.inference import hub, served
+from tensorjob_jupyter.inference.base import (
+    FINISH_LENGTH, Backend, ConstraintError, GenerateRequest, GenerateResult, ModelError, QueueFull, RequestTooLarge,
+    Sampler,
+)
+from tensorjob_jupyter.inference.models import get_backend
+from tensorjob_jupyter.inference.providers import HF, URL, ModelRef
+# transcripts, read back (record): what the view's scrubbing reads
+from tensorjob_jupyter.record.event_checks import MAX_LINE_BYTES, TranscriptError, parse_event
+from tensorjob_jupyter.record.run_folder import EVENTS_FILE
+from tensorjob_jupyter.record.transcript import read_line
+
+__all__ = [
+    "DEFAULT_MODEL", "Job", "JobSpec", "JobStats", "InferOptions", "OutputSpec", "SchemaError", "SIGNAL_CHECK_S",
+    "check_fetch", "wait_or_cancel",
+    "CompileError", "GuestSource", "cache_dir", "cache_usage", "clear_cache", "detect_language", "python_interpreter",
+    "FINISH_LENGTH", "HF", "URL", "Backend", "ConstraintError", "GenerateRequest", "GenerateResult", "ModelError",
+    "ModelRef", "QueueFull", "RequestTooLarge", "Sampler", "get_backend", "hub", "served",
+    "EVENTS_FILE", "MAX_LINE_BYTES", "TranscriptError", "parse_event", "read_line",
+]

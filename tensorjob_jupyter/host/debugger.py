@@ -64,8 +64,6 @@ BREAKABLE = frozenset(COMMANDS)
 
 # What the job does at its next stop point.
 RUN, STOP, UNTIL, HOLD = range(4)  # HOLD: it is paused there now
-#: Why a job stopped (``reason`` of a pause).
-REASONS = ("start", "pause", "step", "until", "break", "failure")
 #: How often a paused job looks at its cancel flag even if nobody wakes it.
 WAKE_S = 0.25
 
@@ -361,3 +359,8 @@ class Debugger:
             self.break_on = frozenset()
             if not self._ended:
                 self._release("continue", RUN)
+
+
+__all__ = [
+    "BREAKABLE", "WAKE_S", "MAX_HANDLES_SHOWN", "MAX_PATH_CHARS", "MAX_ERROR_CHARS", "parse_break_on", "Debugger"
+]

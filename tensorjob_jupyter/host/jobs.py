@@ -35,21 +35,21 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import orjson
 
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import Envelope, JobError, JobFailure, JobStatus, Usage, event_types
 from tensorjob_jupyter.world.grants import Grants
-from tensorjob_jupyter.host.debugger import Debugger, parse_break_on
+from tensorjob_jupyter.host.debugger import Debugger
+from tensorjob_jupyter.host.spec import JobSpec
+from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.record.events import TRANSCRIPT_VERSION, EventStream, Subscription
 from tensorjob_jupyter.inference.base import Backend
 
-from tensorjob_jupyter.limits import Limits, with_keywords
-from tensorjob_jupyter.host.reactor import InferOptions, JobStats, Reactor, internal_error
+from tensorjob_jupyter.host.reactor import JobStats, Reactor, internal_error
 from tensorjob_jupyter.world.fetch import FetchGrants
-from tensorjob_jupyter.inference.lazy import model_backend
 from tensorjob_jupyter.record.run_folder import ENVELOPE_FILE, EVENTS_FILE, default_runs_dir, new_job_id
 from tensorjob_jupyter.sandbox.compile import GuestSource
 
@@ -61,12 +61,6 @@ JOB_END_EVENT = {JobStatus.COMPLETED: event_types.JOB_COMPLETED, JobStatus.FAILE
 
 _JOBS_LOCK = threading.Lock()
 _JOBS: dict[str, "Job"] = {}
-
-
-def resolve_guest(guest: "GuestSource | bytes | bytearray | str | os.PathLike") -> "GuestSource":
-    """The guest as a ``GuestSource``: given as one, as wasm bytes, or as a path
-    (a ``.wasm``, or a ``.c``/``.zig``/``.wat`` file compiled on the way)."""
-    return GuestSource.of(guest)
 
 
 class _DefaultModel:
@@ -94,15 +88,16 @@ def _model_server(backend: Any) -> dict:
 class Job:
     """A tensor job. Construct, ``start()``, then ``wait()`` or ``cancel()``.
 
-    Keywords (each is the job option of the same name in a magic and a terminal):
+    ``Job(spec)`` takes a ``JobSpec`` (``host/spec.py``): everything that shapes the job. ``Job(guest,
+    **keywords)`` is the same with the spec built by ``JobSpec.of(guest, **keywords)`` -- each keyword the
+    job option of the same name in a magic and a terminal:
 
     * ``guest``: wasm bytes, a ``GuestSource``, or a path -- a ``.py`` script, a ``.wasm``, or ``.c``, ``.zig``
       or ``.wat`` source compiled on the way;
     * ``input``: the job input, a JSON value (default ``{}``);
     * ``read``: paths the guest may read (files or folders); ``fetch``: http(s) URL prefixes it may fetch;
-    * ``backend``: the model -- by default the process's shared backend for ``model`` (a GGUF path,
-      ``hf:ORG/REPO[:FILE_OR_QUANT]``, or an OpenAI-compatible server's URL; None: the embedded model) with
-      ``model_options``; ``backend=None`` for a job with no model;
+    * ``model``: a GGUF path, ``hf:ORG/REPO[:FILE_OR_QUANT]``, an OpenAI-compatible server's URL or a
+      ``ModelRef`` (None: the embedded model), with ``model_options``;
     * ``limits``: a ``Limits``, and any limit as a keyword of its own (``max_tokens=64``, ``job_timeout_s=30``);
     * ``infer``: an ``InferOptions`` -- sampling, the chat template, LoRA -- for every infer;
     * ``input_bytes``: bytes staged for the guest's ``read-input``;
@@ -110,43 +105,48 @@ class Job:
       relative to; ``name``: the job's name in views and listings;
     * ``debug``, ``break_on``: start paused, or pause before such commands (``host/debugger.py``).
 
-    Bad options raise at once (``ValueError``, ``FileNotFoundError``, ``GuestDoesNotCompile``, ``TypeError``
+    ``backend``: the model's backend as an object, in place of the spec's model (a map's shared one, a
+    ``ScriptedBackend`` in tests); ``None`` for a job with no model. ``answerer``: who carries out the
+    guest's commands (``host/answerer.py``; default the live world -- a replay answers from a recording);
+    ``created_fields``: what ``job.created`` carries beyond every job's (a replay names the run it replays).
+
+    Bad options raise at once (``ValueError``, ``FileNotFoundError``, ``CompileError``, ``TypeError``
     for an unknown keyword), before anything runs.
     """
 
-    def __init__(self, guest: "GuestSource | bytes | str | os.PathLike", *, input: Any = None,
-                 read: Iterable[str | os.PathLike] = (), backend: Backend | None | _DefaultModel = DEFAULT_MODEL,
-                 model: str | os.PathLike | None = None, model_options: dict | None = None,
-                 limits: Limits | None = None, input_bytes: bytes = b"",
-                 infer: InferOptions | None = None, runs_dir: str | os.PathLike | None = None,
-                 cwd: str | os.PathLike | None = None, name: str | None = None, fetch: Iterable[str] = (),
-                 debug: bool = False, break_on: str | Iterable[str] = (), **limit_keywords: Any):
-        self.id = new_job_id()
-        self.limits = with_keywords(limits, limit_keywords, "Job")
-        break_on = parse_break_on(break_on)  # ValueError names a kind that is not a command
+    def __init__(self, spec: "JobSpec | GuestSource | bytes | str | os.PathLike", /, *,
+                 backend: Backend | None | _DefaultModel = DEFAULT_MODEL, answerer: Any = None,
+                 created_fields: dict | None = None, **keywords: Any):
+        if not isinstance(spec, JobSpec):
+            spec = JobSpec.of(spec, **keywords)
+        elif keywords:
+            raise TypeError(f"Job takes a JobSpec, or a guest and keywords, not both ({', '.join(keywords)})")
+        self.id = new_job_id()  # the spec itself is not kept: a finished job holds no guest, input or bytes
+        self.limits = spec.limits
         #: The job's ``host.debugger.Debugger`` when it is being debugged (``debug``, ``break_on``), else None.
-        self.debugger = (Debugger(start_paused=bool(debug), break_on=break_on, max_paused_s=self.limits.max_paused_s)
-                         if debug or break_on else None)
-        input_value, input_json = abi.checked_value({} if input is None else input, "the job input",
+        self.debugger = (Debugger(start_paused=spec.debug, break_on=spec.break_on, max_paused_s=self.limits.max_paused_s)
+                         if spec.debug or spec.break_on else None)
+        input_value, input_json = abi.checked_value({} if spec.input is None else spec.input, "the job input",
                                                     max_values=self.limits.max_command_values)
         self._input_json = input_json  # kept as bytes, counted in ``retained_bytes``: not as parsed values
-        source = resolve_guest(guest)
-        self.name = name or source.name
+        source = spec.guest
+        self.name = spec.name or source.name
         wasm = source.wasm
         self.guest_sha256 = source.sha256
-        self.grants = Grants.for_paths(read, cwd)
-        self.fetch_grants = FetchGrants.parse(fetch)  # ValueError names a prefix that is not an http(s) URL
+        self.grants = Grants.for_paths(spec.read, spec.cwd)
+        self.fetch_grants = FetchGrants.parse(spec.fetch)
         if backend is DEFAULT_MODEL:
-            backend = model_backend(model, **(model_options or {}))
+            backend = spec.model.backend()
         self.backend = backend
-        self.run_dir = Path(runs_dir if runs_dir is not None else default_runs_dir()) / self.id
+        self.run_dir = Path(spec.runs_dir if spec.runs_dir is not None else default_runs_dir()) / self.id
         self.stream = EventStream(self.id, self.run_dir, max_bytes=self.limits.max_event_bytes)
+        input_bytes = spec.input_bytes
         try:
             self._cancel = threading.Event()
-            self._reactor = self._make_reactor(job_id=self.id, wasm=wasm, input_json=input_json, grants=self.grants,
-                                               backend=backend, limits=self.limits, stream=self.stream,
-                                               cancel=self._cancel, input_bytes=input_bytes, infer=infer,
-                                               fetch=self.fetch_grants, debugger=self.debugger)
+            self._reactor = Reactor(job_id=self.id, wasm=wasm, input_json=input_json, grants=self.grants,
+                                    backend=backend, limits=self.limits, stream=self.stream, cancel=self._cancel,
+                                    input_bytes=input_bytes, infer=spec.infer, fetch=self.fetch_grants,
+                                    debugger=self.debugger, answerer=answerer)
             self._envelope_json: bytes | None = None
             self._status: JobStatus | None = None
             self._done = threading.Event()
@@ -168,20 +168,12 @@ class Job:
                                 **_model_server(backend),
                                 infer=self._reactor.infer_options.to_json(), fetch=self.fetch_grants.prefixes,
                                 **({"debug": self.debugger.to_json()} if self.debugger is not None else {}),
-                                **self._created_fields())
+                                **(created_fields or {}))
         except BaseException as e:  # the job cannot start: its folder is a failed run, not a locked one
             error = JobError(e.code, e.message) if isinstance(e, JobFailure) else internal_error(self.id, e)
-            self.stream.close(_encode_envelope(self.id, Envelope(JobStatus.FAILED, Usage(), error=error)))
+            self.stream.close(encode_envelope(self.id, Envelope(JobStatus.FAILED, Usage(), error=error)))
             raise
         _register(self)
-
-    def _make_reactor(self, **kwargs: Any) -> Reactor:
-        """The reactor that will run this job (a replay brings its own: ``replay.ReplayJob``)."""
-        return Reactor(**kwargs)
-
-    def _created_fields(self) -> dict:
-        """Fields ``job.created`` carries beyond every job's (a replay names the run it replays)."""
-        return {}
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -201,7 +193,7 @@ class Job:
                 envelope = self._reactor.run()
             except BaseException as e:  # noqa: BLE001 - the reactor ends every job itself; this is a bug
                 envelope = Envelope(JobStatus.FAILED, self._reactor.usage, error=internal_error(self.id, e))
-            envelope_json = _encode_envelope(self.id, envelope)
+            envelope_json = encode_envelope(self.id, envelope)
             written = orjson.loads(envelope_json)  # what was written, which may be the internal error's
             self._status = JobStatus(written["status"])
             self.finished_at = time.time()
@@ -398,7 +390,7 @@ def _forget_old_jobs() -> None:
             del _JOBS[old.id]
 
 
-def _encode_envelope(job_id: str, envelope: Envelope) -> bytes:
+def encode_envelope(job_id: str, envelope: Envelope) -> bytes:
     """Compact JSON of the envelope; if even that fails (a host bug), an internal error's, with only
     the usage's counts that a transcript can hold; and if that fails too, a fixed one. Never fails."""
     try:
@@ -445,8 +437,11 @@ def run(guest: bytes | str | os.PathLike, *, timeout: float | None = None, **kwa
     ``limits`` and any limit, ...); ``timeout``: raise ``TimeoutError`` if it has not ended by then (it goes on).
     Ctrl-C cancels it and returns its envelope."""
     job = Job(guest, **kwargs).start()
-    try:
-        return job.wait(timeout)
-    except KeyboardInterrupt:
-        job.cancel()
-        return job.wait()
+    wait_or_cancel(job.wait_done, job.cancel, timeout=timeout, what=f"job {job.id}")
+    return job.wait()
+
+
+__all__ = [
+    "JOB_END_EVENT", "DEFAULT_MODEL", "Job", "KEEP_FINISHED_JOBS", "KEEP_FINISHED_BYTES", "encode_envelope", "jobs",
+    "get_job", "run"
+]

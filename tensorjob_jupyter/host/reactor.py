@@ -65,6 +65,7 @@ from tensorjob_jupyter.sandbox.streaming import StreamingHost
 from tensorjob_jupyter.host.structured import OutputRouter, OutputSpec
 from tensorjob_jupyter.host.schemas import SchemaError
 from tensorjob_jupyter.host.tokens import POLL_S, Delivery, ModelTokens, TokenLoop
+from tensorjob_jupyter.host.answerer import Answerer, LiveWorld
 from tensorjob_jupyter.world.fetch import FetchGrants, fetch_url
 
 PREVIEW_CHARS = 512
@@ -107,6 +108,15 @@ class InferOptions:
     lora: tuple[LoraChoice, ...] = ()
     chat: bool | None = None
 
+    @classmethod
+    def of(cls, *, temperature: float = 0.0, top_p: float = 1.0, repeat_penalty: float = DEFAULT_REPEAT_PENALTY,
+           seed: int = 0, chat: bool | None = None, cache_prompt: bool = True,
+           lora: dict[str, float] | None = None) -> "InferOptions":
+        """The options from plain values (the job options' flags); ``lora``: adapter names and their scales."""
+        return cls(sampler=Sampler(temperature=temperature, top_p=top_p, repeat_penalty=repeat_penalty, seed=seed),
+                   cache_prompt=cache_prompt, lora=tuple(LoraChoice(n, s) for n, s in (lora or {}).items()),
+                   chat=chat)
+
     def to_json(self) -> dict:
         return {"sampler": self.sampler.to_json(), "cache_prompt": self.cache_prompt,
                 "lora": [{"name": c.name, "scale": c.scale} for c in self.lora], "chat": self.chat}
@@ -136,7 +146,7 @@ class Reactor:
     def __init__(self, *, job_id: str, wasm: bytes, input_json: bytes, grants: Grants, backend: Backend | None,
                  limits: Limits, stream: EventStream, cancel: threading.Event,
                  input_bytes: bytes = b"", infer: InferOptions | None = None, fetch: FetchGrants | None = None,
-                 debugger: Any = None):
+                 debugger: Any = None, answerer: Answerer | None = None):
         self.job_id = job_id
         self.wasm = wasm
         self.input_json = input_json
@@ -161,6 +171,8 @@ class Reactor:
         self.deadline: float | None = None
         #: A ``host.debugger.Debugger`` when the job is being debugged, else None.
         self.debugger = debugger
+        #: Who carries out the guest's commands (``answerer.py``): the live world, or a recording.
+        self.answerer: Answerer = answerer if answerer is not None else LiveWorld()
 
     # -- cancellation (any thread) ----------------------------------------------------
 
@@ -187,7 +199,11 @@ class Reactor:
         if self.limits.job_timeout_s is not None:
             self.deadline = self._started + self.limits.job_timeout_s
         try:
-            result = self._drive()
+            try:
+                result = self._drive()
+            finally:
+                if self.pending_command in ("done", "fail"):
+                    self.answerer.finished(self)
             envelope = Envelope(JobStatus.COMPLETED, self.usage, result=result)
         except JobFailure as e:
             # --break-on fail: see the state before the failure is final (not when the record itself failed)
@@ -224,51 +240,47 @@ class Reactor:
             finally:
                 self.handles.close()
 
-    def _check_running(self) -> None:
+    def check_running(self) -> None:
         if self.cancel.is_set():
             raise JobFailure(codes.CANCELLED, "job cancelled")
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise JobFailure(codes.TIMEOUT, f"the job ran past its time limit of {self.limits.job_timeout_s} s")
 
     def _drive(self) -> Any:
-        self._check_running()
+        self.check_running()
         streaming = StreamingHost(self.limits, self._on_chunk, self.input_bytes,
                                   listening=lambda: not self.cancel.is_set(), on_flush=self.stream.flush)
         # A wasm Guest, or a PythonGuest for a Python program (same interface; its log,
         # clock readings and seed go to the event stream).
         self.guest = open_guest(self.wasm, self.limits, [streaming], deadline=self.deadline,
-                                publish=self.stream.publish, determinism=self.guest_determinism)
+                                publish=self.stream.publish, determinism=lambda: self.answerer.determinism(self))
         if self.cancel.is_set():
             self.guest.interrupt()
         debugger = self.debugger
         if debugger is not None:
             debugger.stop_point(self, None)  # --debug: paused before cf_init
-            self._check_running()
+            self.check_running()
         command = self.guest.init(self.input_json)
         self.stats.steps = 1
         while True:
             self.pending_command = command.cmd
             if debugger is not None:
                 debugger.stop_point(self, command)  # before the host carries it out
-            self._check_running()
+            self.check_running()
             if isinstance(command, abi.Done):
                 return self._result(command)
             if isinstance(command, abi.Fail):
                 raise GuestFailed(command.code, command.message)
-            event = self._execute(command)
+            event = self.answerer.answer(command, self)
             if debugger is not None:
                 debugger.answered(command, event)
             if self.stats.steps >= self.limits.max_steps:
                 raise JobFailure(codes.LIMIT_EXCEEDED,
                              f"the guest returned {self.stats.steps} commands without finishing (max_steps)")
-            self._check_running()
+            self.check_running()
             self.pending_command = None
             command = self.guest.step(event)
             self.stats.steps += 1
-
-    def guest_determinism(self) -> Any:
-        """A Python guest's seed and clock readings: new ones (None) here; a replay gives the recorded ones."""
-        return None
 
     def _result(self, command: abi.Done) -> Any:
         size = len(abi.encode_json(command.result))
@@ -278,7 +290,9 @@ class Reactor:
                                                f"stream large output with emit-chunk instead")
         return command.result
 
-    def _execute(self, command: abi.Command) -> abi.Event:
+    def carry_out(self, command: abi.Command) -> abi.Event:
+        """Carry ``command`` out in the live world -- files under the job's grants, fetch, documents, the model --
+        and return the event that answers it (``LiveWorld``'s answer; a replay's for what it reads live)."""
         if isinstance(command, abi.Emit):
             return self._emit(command)
         if isinstance(command, abi.Open):
@@ -341,7 +355,7 @@ class Reactor:
 
     def _documents(self) -> JobDocuments:
         if self.documents is None:
-            self.documents = JobDocuments(self.handles, self.limits, check=self._check_running,
+            self.documents = JobDocuments(self.handles, self.limits, check=self.check_running,
                                           publish=self.stream.publish)
         return self.documents
 
@@ -363,7 +377,7 @@ class Reactor:
         if len(self.handles) >= self.limits.max_handles:
             raise JobFailure(codes.LIMIT_EXCEEDED,
                          f"the job already holds {self.limits.max_handles} open files (max_handles)")
-        fetched = fetch_url(cmd.url, self.fetch_grants, self.limits, self._check_running, room=self.handles.room())
+        fetched = fetch_url(cmd.url, self.fetch_grants, self.limits, self.check_running, room=self.handles.room())
         f = self.handles.add(fetched.fd, cmd.url, held=True)  # counted against max_handle_bytes
         if f.kind.kind == "document":
             f.kind = self._documents().inspect(f, cmd.url)
@@ -383,7 +397,7 @@ class Reactor:
         self.stream.publish(event_types.JOB_CHUNK, index=self.stats.chunks - 1,
                             bytes_base64=base64.b64encode(data).decode("ascii"), text=text)
 
-    def _backend(self) -> Backend:
+    def model_backend(self) -> Backend:
         """The job's model, named: a backend that must ask which model it serves (a server's only model:
         ``resolve_model``) is asked here, on the job's thread, under its deadline and cancel."""
         if self.backend is None:
@@ -398,7 +412,7 @@ class Reactor:
         """Wait for a model future while honouring cancel and the job deadline."""
         while True:
             try:
-                self._check_running()
+                self.check_running()
             except JobFailure:
                 fut.cancel()
                 raise
@@ -409,12 +423,12 @@ class Reactor:
             except CancelledError:
                 raise JobFailure(codes.CANCELLED, "cancelled during inference") from None
 
-    def _token_loop(self, response: ResponseStream, publish) -> TokenLoop:
+    def token_loop(self, response: ResponseStream, publish) -> TokenLoop:
         """The one token loop (``tokens.py``), wired to this job: its guest, its cancel and deadline, its usage."""
-        return TokenLoop(response, publish=publish, judge=self.guest.on_token, check_running=self._check_running,
-                         count=self._count_tokens)
+        return TokenLoop(response, publish=publish, judge=self.guest.on_token, check_running=self.check_running,
+                         count=self.count_tokens)
 
-    def _count_tokens(self, tokens_in: int, tokens_out: int) -> None:
+    def count_tokens(self, tokens_in: int, tokens_out: int) -> None:
         """Add to the job's usage; the totals stop at ``MAX_COUNT``, the largest count a transcript records."""
         self.usage.tokens_in = min(abi.MAX_COUNT, self.usage.tokens_in + tokens_in)
         self.usage.tokens_out = min(abi.MAX_COUNT, self.usage.tokens_out + tokens_out)
@@ -427,7 +441,7 @@ class Reactor:
                          f"{self.limits.max_embed_texts} texts and {self.limits.max_embed_bytes} bytes "
                          f"(max_embed_texts, max_embed_bytes)")
         # a ModelError is the job's failure as it stands: busy, model_load_failed or timeout
-        vectors = self._await(self._backend().embed(list(cmd.texts)))
+        vectors = self._await(self.model_backend().embed(list(cmd.texts)))
         self.stats.embeds += 1
         # The texts' hashes and the vectors, so a replay can answer this embed (replay.py).
         self.stream.publish(event_types.JOB_EMBEDDED, count=len(vectors), dimensions=len(vectors[0]) if vectors else 0,
@@ -441,15 +455,15 @@ class Reactor:
                                                 "this host serves text models only (vision models are not yet "
                                                 "supported), so page images can be made and read but not shown "
                                                 "to the model")
-        backend = self._backend()
-        plan = self._plan_infer(cmd)
-        response = self._open_response(cmd, plan, backend.model_name)
+        backend = self.model_backend()
+        plan = self.plan_infer(cmd)
+        response = self.open_response(cmd, plan, backend.model_name)
         router = OutputRouter(plan.spec, response)
         source = ModelTokens(backend, plan.request, self.cancel, response)
-        delivery = self._token_loop(response, router.delta).run(source)
-        return self._answer(plan, router, response, source.result(response), delivery)
+        delivery = self.token_loop(response, router.delta).run(source)
+        return self.answer_infer(plan, router, response, source.result(response), delivery)
 
-    def _plan_infer(self, cmd: abi.Infer) -> "InferPlan":
+    def plan_infer(self, cmd: abi.Infer) -> "InferPlan":
         """What an ``infer`` asks of the model, checked: its output spec, sampling and token budget."""
         remaining = self.limits.max_tokens - self.usage.tokens_out
         if remaining <= 0:
@@ -459,7 +473,7 @@ class Reactor:
         opts = self.infer_options
         try:
             # a schema the grammar cannot enforce ends here, before any token; a slow check ends at the deadline
-            spec = OutputSpec.of(cmd, check_running=self._check_running)
+            spec = OutputSpec.of(cmd, check_running=self.check_running)
         except SchemaError as e:
             raise JobFailure(codes.SCHEMA_VALIDATION_FAILED, f"infer: {e}") from None
         sampler = dataclasses.replace(opts.sampler, **cmd.sampling())
@@ -468,7 +482,7 @@ class Reactor:
                                   tools=spec.tool_use())
         return InferPlan(spec, request)
 
-    def _open_response(self, cmd: abi.Infer, plan: "InferPlan", model: str, *,
+    def open_response(self, cmd: abi.Infer, plan: "InferPlan", model: str, *,
                        call_id: str | None = None) -> ResponseStream:
         """The infer's Open Responses response, created and in progress (``call_id``: a function call's id,
         when a replay gives the recorded one)."""
@@ -481,7 +495,7 @@ class Reactor:
         response.start(command=cmd.to_json())  # the request as the guest sent it, for replay
         return response
 
-    def _answer(self, plan: "InferPlan", router: OutputRouter, response: ResponseStream, result: GenerateResult,
+    def answer_infer(self, plan: "InferPlan", router: OutputRouter, response: ResponseStream, result: GenerateResult,
                 delivery: Delivery, *, already: Sequence[str] = ()) -> abi.Event:
         """The model's answer, counted, checked against the infer's format and closed: the guest's ``infer_done``.
 
@@ -489,7 +503,7 @@ class Reactor:
         went on live from the middle of an answer)."""
         spec, max_tokens = plan.spec, plan.request.max_tokens
         u = result.usage
-        self._count_tokens(u.prompt_tokens, u.completion_tokens)
+        self.count_tokens(u.prompt_tokens, u.completion_tokens)
         stopped_after = None if delivery.stopped_after is None else len(already) + delivery.stopped_after
         reason = FINISH_GUEST_STOP if stopped_after is not None else (
             FINISH_LENGTH if result.finish_reason == FINISH_LENGTH else FINISH_STOP)
@@ -541,3 +555,9 @@ def internal_error(job_id: str, e: BaseException) -> JobError:
         said = "(its message cannot be shown)"
     return JobError(codes.INTERNAL_ERROR, f"internal error in the host (not the guest): {type(e).__name__}: "
                                           f"{said}; the traceback is in the tensorjob_jupyter log")
+
+
+__all__ = [
+    "PREVIEW_CHARS", "PREVIEW_BYTES", "MAX_GUEST_MESSAGE_CHARS", "MAX_GUEST_CODE_CHARS", "GuestFailed",
+    "InferOptions", "JobStats", "Reactor", "InferPlan", "internal_error"
+]

@@ -22,6 +22,7 @@ import sys
 import threading
 from typing import Any
 
+from tensorjob_jupyter.abi import TensorjobError
 from tensorjob_jupyter.inference.memo import BytesLRU
 
 #: The whole of one infer's ``format`` and ``tools`` as compact JSON (non-ASCII escaped): what memory a schema
@@ -33,7 +34,7 @@ DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
 
 
-class SchemaError(ValueError):
+class SchemaError(TensorjobError, ValueError):
     """A schema the grammar cannot enforce, or output that does not match: ``schema_validation_failed``."""
 
 
@@ -164,7 +165,7 @@ VALIDATOR_BYTES_PER_SCHEMA_BYTE = 40
 VALIDATOR_MEMO_BYTES = 16 * 1024 * 1024
 SPEC_MEMO_BYTES = 8 * 1024 * 1024
 
-_validators = BytesLRU(VALIDATOR_MEMO_BYTES)
+VALIDATORS = BytesLRU(VALIDATOR_MEMO_BYTES)
 
 
 def _make_validator(schema_json: str, strict_format: bool):
@@ -178,7 +179,7 @@ def _make_validator(schema_json: str, strict_format: bool):
 def validator_for(schema: Any, strict_format: bool = True):
     """A validator for ``schema``, kept between infers in a memo bounded in bytes."""
     schema_json = json.dumps(schema, sort_keys=True)
-    return _validators.get_or_make((schema_json, strict_format), lambda: _make_validator(schema_json, strict_format),
+    return VALIDATORS.get_or_make((schema_json, strict_format), lambda: _make_validator(schema_json, strict_format),
                                    lambda _v: sys.getsizeof(schema_json) * VALIDATOR_BYTES_PER_SCHEMA_BYTE)
 
 
@@ -203,3 +204,8 @@ def first_error(validator, value: Any, deep_ok: bool = True) -> str | None:
     return f"{error.message[:300]} (at {_pointer(list(error.absolute_path))})"
 
 
+__all__ = [
+    "MAX_SCHEMA_BYTES", "DATA_KEYWORDS", "NAMED_SCHEMAS", "SchemaError", "check_schema", "tool_call_schema",
+    "VALIDATOR_BYTES_PER_SCHEMA_BYTE", "VALIDATOR_MEMO_BYTES", "SPEC_MEMO_BYTES", "VALIDATORS", "validator_for",
+    "first_error"
+]

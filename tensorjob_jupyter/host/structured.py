@@ -204,17 +204,17 @@ def _tool_report(tool: dict) -> dict:
 EMPTY_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
-_specs = BytesLRU(SPEC_MEMO_BYTES)
+SPECS = BytesLRU(SPEC_MEMO_BYTES)
 
 
 def _compile(key: str) -> OutputSpec:
     """The checked spec of ``key`` (the infer's format, tools and tool_choice as JSON); the spec is kept between
     infers as JSON text, in a memo bounded in bytes, and each call gets its own copy."""
-    kept = _specs.get(key)
+    kept = SPECS.get(key)
     if kept is MISSING:
-        spec = _compile_spec(key)
+        spec = compile_spec(key)
         kept = json.dumps(dataclasses.asdict(spec))
-        _specs.put(key, kept, sys.getsizeof(key) + sys.getsizeof(kept))
+        SPECS.put(key, kept, sys.getsizeof(key) + sys.getsizeof(kept))
         return spec
     fields = json.loads(kept)
     constraint = fields.pop("constraint")
@@ -228,7 +228,7 @@ CHECK_POLL_S = 0.02
 
 
 def _compile_watched(key: str, check_running: Callable[[], None]) -> OutputSpec:
-    if _specs.get(key) is not MISSING:
+    if SPECS.get(key) is not MISSING:
         return _compile(key)
     box: dict[str, Any] = {}
     done = threading.Event()
@@ -249,7 +249,7 @@ def _compile_watched(key: str, check_running: Callable[[], None]) -> OutputSpec:
     return box["spec"]
 
 
-def _compile_spec(key: str) -> "OutputSpec":
+def compile_spec(key: str) -> "OutputSpec":
     request = json.loads(key)
     fmt, tools, choice = request["format"], request["tools"], request["tool_choice"]
     text = [k for k in TEXT_CONSTRAINTS if k in request]
@@ -466,3 +466,9 @@ class OutputRouter:
     @property
     def is_call(self) -> bool:
         return self.mode == "call"
+
+
+__all__ = [
+    "TEXT_CONSTRAINTS", "KIND_WORDS", "TOOLS_SYSTEM", "ToolCall", "OutputSpec", "new_call_id", "arguments_text",
+    "EMPTY_PARAMETERS", "SPECS", "CHECK_POLL_S", "compile_spec", "CallScanner", "OutputRouter"
+]

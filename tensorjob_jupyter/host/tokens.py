@@ -321,3 +321,9 @@ class TokenLoop:
         except JobFailure:  # the transcript itself failed: the job's end says why, the response cannot
             pass
         return e
+
+
+__all__ = [
+    "POLL_S", "LOOKAHEAD_WAIT_S", "PARTIAL_USAGE_WAIT_S", "TokenSource", "ModelTokens", "RecordedTokens",
+    "PrefixMismatch", "Delivery", "TokenLoop"
+]

@@ -239,3 +239,11 @@ class Backend(Protocol):
     def generate_stream(self, request: GenerateRequest, on_token: TokenCallback) -> "Future[GenerateResult]": ...
 
     def embed(self, texts: Sequence[str]) -> "Future[list[list[float]]]": ...
+
+
+__all__ = [
+    "TokenCallback", "FINISH_STOP", "FINISH_LENGTH", "FINISH_CANCELLED", "FINISH_GUEST_STOP", "ModelError",
+    "QueueFull", "ConstraintError", "RequestTooLarge", "ModelTimeout", "DEFAULT_REPEAT_PENALTY", "Sampler",
+    "LoraChoice", "Constraint", "ToolUse", "GenerateRequest", "GenerateUsage", "GenerateResult", "DoneCallback",
+    "Pending", "ModelEngine", "Backend"
+]

@@ -35,3 +35,6 @@ def check_gguf(path: str | os.PathLike) -> Path:
     if version not in (2, 3):
         raise ModelError(f"unsupported GGUF version {version}: {p}")
     return p.resolve()
+
+
+__all__ = ["GGUF_MAGIC", "check_gguf"]

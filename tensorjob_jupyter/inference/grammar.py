@@ -95,7 +95,7 @@ COMPILE_STACK_BYTES = 256 * 1024 * 1024
 GRAMMAR_MEMO_BYTES = 16 * 1024 * 1024
 COMPILED_MEMO = 8
 
-_grammars = BytesLRU(GRAMMAR_MEMO_BYTES)
+GRAMMARS = BytesLRU(GRAMMAR_MEMO_BYTES)
 
 # A date Python's calendar accepts: years 0001-9999, the 29th of February in leap years only.
 _YEAR = r"(?:[0-9]{3}[1-9]|[0-9]{2}[1-9][0-9]|[0-9][1-9][0-9]{2}|[1-9][0-9]{3})"
@@ -122,7 +122,7 @@ class Abandoned(Exception):
 def grammar_of(constraint: Constraint) -> str:
     """llguidance's serialised grammar for ``constraint`` (kept between requests, bounded in bytes).
     Builds text only; ``check`` says whether it compiles."""
-    return _grammars.get_or_make(constraint, lambda: _make_grammar(constraint),
+    return GRAMMARS.get_or_make(constraint, lambda: _make_grammar(constraint),
                                  lambda grammar: 2 * sys.getsizeof(grammar))
 
 
@@ -530,3 +530,9 @@ class GrammarSampler:
         if chain is not None:
             chain.close()
 
+
+__all__ = [
+    "LIMITS", "JSON_OPTIONS", "FREE_TEXT_RULE", "COMPILE_STACK_BYTES", "GRAMMAR_MEMO_BYTES", "COMPILED_MEMO",
+    "GRAMMARS", "EXACT_FORMATS", "Abandoned", "grammar_of", "check", "matches", "ROUND_TRIP_PROBES", "ModelGrammars",
+    "GrammarSampler"
+]

@@ -232,3 +232,9 @@ def _download(ref: HfRef, progress: bool) -> Path:  # pragma: no cover - needs t
         raise ModelError(f"could not fetch {ref} from Hugging Face: {type(e).__name__}: "
                          f"{' '.join(str(e).split())[:300]}") from None
     return Path(paths[0]).absolute()
+
+
+__all__ = [
+    "PREFIX", "DEFAULT_QUANTS", "REACH_TIMEOUT_S", "HfRef", "is_hf_ref", "parse_ref", "cache_dir", "offline",
+    "choose", "resolve"
+]

@@ -2,20 +2,17 @@
 
 The command line and the notebook hand every job a backend, but most guests
 that only read files never infer; they should not pay for loading a model,
-and a model that cannot load should only fail the jobs that use it.
+and a model that cannot load should only fail the jobs that use it. Which
+model, and how it is loaded, is ``providers.ModelRef``'s to say.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Callable, Sequence
 
-from tensorjob_jupyter.inference import hub, served
 from tensorjob_jupyter.inference.base import Backend, GenerateRequest, GenerateResult, ModelError, TokenCallback
-from tensorjob_jupyter.inference.models import get_backend
 
 
 class LazyBackend:
@@ -54,23 +51,4 @@ class LazyBackend:
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1"
 
 
-def model_backend(model_path: str | os.PathLike | None = None, **options) -> Backend:
-    """The process's shared backend for ``model_path`` (default: the embedded
-    model) and engine ``options``, loaded the first time a job infers or embeds.
-
-    A Hugging Face reference (``hf:ORG/REPO[:FILE_OR_QUANT]``) is resolved now,
-    on the caller's thread -- from the cache, or downloaded with a progress bar
-    -- so the job names its file; a reference that cannot be resolved raises
-    ``ModelError`` here. An ``http(s)://`` URL is a model on an OpenAI-compatible
-    server (``served``): ``options`` may name ``model_name`` and ``api_key_env``;
-    nothing touches the network until a job infers."""
-    if served.is_served(model_path):
-        return served.served_backend(str(model_path), **options)
-    if hub.is_hf_ref(model_path):
-        model_path = hub.resolve(str(model_path))
-
-    def factory() -> Backend:
-        return get_backend(model_path, **options)
-
-    name = Path(model_path).stem if model_path is not None else DEFAULT_MODEL_NAME
-    return LazyBackend(factory, name)
+__all__ = ["LazyBackend", "DEFAULT_MODEL_NAME"]

@@ -197,3 +197,9 @@ class CaptureLog:
 def log_reason(lines: list[str]) -> str:
     useful = [ln for ln in lines if ln]
     return ("; ".join(useful[-3:]))[:600] if useful else ""
+
+
+__all__ = [
+    "TESTED_LLAMA_CPP", "INTERNALS_USED", "SIGNATURES_USED", "LIBRARY_USED", "STRUCT_FIELDS_USED",
+    "CONTEXT_FIELDS_USED", "missing_llama_cpp_api", "in_tested_range", "llama_cpp_library", "CaptureLog", "log_reason"
+]

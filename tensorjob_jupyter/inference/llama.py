@@ -96,7 +96,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from tensorjob_jupyter.inference.base import (
-    FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, Constraint, ConstraintError, GenerateRequest, GenerateResult,
+    FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, ConstraintError, GenerateRequest, GenerateResult,
     GenerateUsage, LoraChoice, ModelError, Pending, RequestTooLarge, TokenCallback,
 )
 from tensorjob_jupyter.inference.gguf import check_gguf
@@ -905,3 +905,9 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 _CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
            " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}"
            "{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+__all__ = [
+    "PENALTY_LAST_N", "EMBED_SEQS", "EMBED_PIECE_TOKENS", "EMBED_MAX_TOKENS", "ADMIT_WINDOW_S", "HELD_WAIT_S",
+    "HELD_POLL_S", "PREFIX_COPY_MIN_TOKENS", "LoraKey", "LlamaEngine", "Embedding"
+]

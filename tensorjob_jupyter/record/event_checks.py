@@ -25,7 +25,7 @@ from typing import Any, Callable
 import numpy as np
 import orjson
 
-from tensorjob_jupyter.abi import MAX_COUNT, MAX_DEPTH, TERMINAL_EVENT_TYPES, JobStatus, dumps, event_types
+from tensorjob_jupyter.abi import MAX_COUNT, MAX_DEPTH, TERMINAL_EVENT_TYPES, JobStatus, dumps, event_types, TensorjobError
 from tensorjob_jupyter.record.events import TRANSCRIPT_VERSION
 from tensorjob_jupyter.record.run_folder import EVENTS_FILE
 from tensorjob_jupyter.text import for_terminal
@@ -48,7 +48,7 @@ MAX_T_MS = 366 * 24 * 3600 * 1000
 #: the last one a calendar date prints.
 MAX_CREATED_AT = 253_402_300_799
 
-class TranscriptError(ValueError):
+class TranscriptError(TensorjobError, ValueError):
     """A run folder that cannot be read as a transcript (one line, names the folder)."""
 
 
@@ -297,3 +297,9 @@ def check_version(created: dict, run_dir: Path) -> int:
     return version
 
 
+__all__ = [
+    "MAX_LINE_BYTES", "MAX_EVENT_VALUES", "MAX_EVENT_DEPTH", "MAX_T_MS", "MAX_CREATED_AT", "TranscriptError",
+    "shown_run", "check_shape", "Kind", "COUNT", "INTEGER", "TEXT", "OBJECT", "LIST", "FLAG", "T_MS", "CREATED_AT",
+    "VECTORS", "COMMON_FIELDS", "EVENT_FIELDS", "ENVELOPE_STATUSES", "USAGE_FIELDS", "check_usage", "check_envelope",
+    "check_event", "parse_event", "check_version"
+]

@@ -395,3 +395,9 @@ class EventStream:
                     os.replace(tmp, self.run_dir / ENVELOPE_FILE)
             finally:
                 self._log.close()
+
+
+__all__ = [
+    "TRANSCRIPT_VERSION", "DEFAULT_SUBSCRIBER_QUEUE", "SUBSCRIBER_QUEUE_BYTES", "CATCH_UP_BYTES",
+    "TRANSCRIPT_FLUSH_S", "EventBudgetExceeded", "TranscriptWriteError", "ReadsEvents", "Subscription", "EventStream"
+]

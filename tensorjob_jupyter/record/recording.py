@@ -407,3 +407,9 @@ def compare_commands(recorded: dict, asked: dict, *, max_tokens: bool = True) ->
     why = {"slice": "another window", "slice_bytes": "another window", "open": "another file",
            "fetch": "another URL", "emit": "other progress", "embed": "other texts"}.get(cmd, "other arguments")
     return why, describe(recorded), describe(asked)
+
+
+__all__ = [
+    "LIVE_COMMANDS", "MODEL_COMMANDS", "COMMANDS", "InferAnswer", "Step", "End", "normalise", "Recording",
+    "StepReader", "DESCRIBE_CHARS", "DESCRIBE_LINE_CHARS", "describe", "first_difference", "compare_commands"
+]

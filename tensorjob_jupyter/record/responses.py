@@ -215,3 +215,6 @@ class ResponseStream:
         self.stream.publish(event_types.RESPONSE_FAILED, finish_reason="error",
                             response=self._resource("failed", output=output,
                                                     error={"code": spec_code, "message": message}))
+
+
+__all__ = ["ResponseStream"]

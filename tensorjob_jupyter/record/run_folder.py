@@ -75,3 +75,9 @@ def is_live(run_dir: str | os.PathLike) -> bool:
     finally:
         os.close(fd)  # closing releases the shared lock
     return False
+
+
+__all__ = [
+    "EVENTS_FILE", "ENVELOPE_FILE", "ENVELOPE_TMP_FILE", "RUN_FILES", "default_runs_dir", "runs_folder", "new_job_id",
+    "lock_transcript", "is_live"
+]

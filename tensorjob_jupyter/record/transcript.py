@@ -267,3 +267,7 @@ def read_run(run_dir: str | os.PathLike) -> tuple[list[dict], dict | None]:
     return list(EventReader(run_dir)), read_envelope(Path(run_dir))
 
 
+__all__ = [
+    "HEADER_MAX_BYTES", "ENVELOPE_MAX_BYTES", "ENVELOPE_SUMMARY_BYTES", "Header", "READ_CHUNK_BYTES", "read_line",
+    "read_first_line", "read_envelope", "read_envelope_summary", "read_header", "EventReader", "read_run"
+]

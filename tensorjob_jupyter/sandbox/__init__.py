@@ -13,3 +13,6 @@ nothing in ``python`` imports ``compile`` or ``instance``.
 May import: ``abi``, ``limits``, ``text``, ``version``. Nothing above: a guest
 knows nothing of files, models or jobs; it returns commands.
 """
+
+
+__all__: list[str] = []

@@ -58,6 +58,7 @@ from typing import Iterable, Sequence
 
 import wasmtime
 
+from tensorjob_jupyter.abi import TensorjobError
 from tensorjob_jupyter.sandbox.cache import cache_dir, read_regular
 from tensorjob_jupyter.sandbox.guest import WASM_MAGIC, GuestTrap
 from tensorjob_jupyter.sandbox.python.guest import check_syntax
@@ -114,7 +115,7 @@ ZIG_FLAGS: tuple[str, ...] = (
 )
 
 
-class CompileError(Exception):
+class CompileError(TensorjobError):
     """A guest did not compile. ``str(e)`` is the compiler's diagnostics,
     naming the file as given (``cell.c:3:5: error: ...``)."""
 

@@ -489,3 +489,9 @@ def _first_line(e: BaseException) -> str:
         if not line.startswith("error while executing at wasm backtrace"):
             return line
     return text or type(e).__name__
+
+
+__all__ = [
+    "WASM_MAGIC", "MAX_MODULE_BYTES", "PAGE", "TICK_S", "I32", "WASMTIME_VERSION", "GuestTrap", "HostImports",
+    "EpochTicked", "CacheStats", "ModuleCache", "MODULE_CACHE", "validate_module", "module_digest", "Guest"
+]

@@ -126,3 +126,6 @@ class StreamingHost:
             return n
         except Exception:
             return REFUSED
+
+
+__all__ = ["MODULES", "I32_MAX", "StreamingHost"]

@@ -13,7 +13,7 @@ which is what makes the unchecked call sound.
 
 A trap surfaces exactly as wasmtime-py surfaces it (a ``wasmtime.Trap``,
 after any exception a host function left behind), an error as
-``WasmtimeError``; ``tests/test_wasmcall.py`` checks this against the public
+``WasmtimeError``; ``tests/sandbox/test_wasmcall.py`` checks this against the public
 API for results, traps, epoch interrupts, fuel and stack overflow.
 ``Memory`` access stays on the public API, which already is a thin call.
 
@@ -65,3 +65,6 @@ class HotCall:
 def set_deadline(store: wasmtime.Store, ticks: int) -> None:
     """``store.set_epoch_deadline(ticks)`` without re-checking the store each time."""
     ffi.wasmtime_context_set_epoch_deadline(store._context(), ticks)
+
+
+__all__ = ["HotCall", "set_deadline"]

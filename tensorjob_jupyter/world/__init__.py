@@ -6,3 +6,6 @@ Owns: ``grants`` (read grants: a path walked from a granted root, no
 with its host), ``fetch`` (HTTP under URL-prefix grants).
 May import: ``abi``, ``limits``, ``text``, ``version``. Nothing above.
 """
+
+
+__all__: list[str] = []

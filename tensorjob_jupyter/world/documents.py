@@ -497,3 +497,9 @@ def _kind_words(kind: MediaKind) -> str:
     if kind.kind == "document":
         return "a document"
     return "text" if kind.kind == "text" else "binary data"
+
+
+__all__ = [
+    "RENDER_WIDTH", "PREVIEW_CHARS", "POLL_S", "PNG_MAGIC", "WORKER", "ENGINE_CODES", "DocumentError",
+    "DocumentEngine", "Document", "Image", "JobDocuments"
+]

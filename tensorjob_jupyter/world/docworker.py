@@ -498,3 +498,10 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv))
+
+
+__all__ = [
+    "PREFIX", "MAX_HEADER_BYTES", "IMAGE_FORMATS", "THUMB_SIDE", "THUMB_MAX_BYTES", "FAULT_ENV", "PR_SET_PDEATHSIG",
+    "WATCHDOG_S", "ProtocolError", "encode_message", "send_message", "recv_request", "Refusal", "plan_image_op",
+    "PageRenderer", "main"
+]

@@ -464,3 +464,9 @@ def fetch_url(url: str, grants: FetchGrants, limits: Limits, check: Callable[[],
 def _timeout(target: Target, limits: Limits) -> FetchError:
     return FetchError(codes.TIMEOUT, f"fetching {target.url} took longer than {limits.fetch_timeout_s:g} s "
                                      f"(fetch_timeout_s)")
+
+
+__all__ = [
+    "POLL_S", "JOIN_S", "CONNECT_ATTEMPT_S", "MAX_URL_BYTES", "DEFAULT_PORTS", "FetchError", "Target", "parse_url",
+    "FetchGrant", "FetchGrants", "Fetched", "fetch_url"
+]

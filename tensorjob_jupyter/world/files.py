@@ -239,3 +239,9 @@ def _incomplete_lead(data: bytes) -> bool:
     lead = data[0]
     need = 2 if lead >> 5 == 0b110 else 3 if lead >> 4 == 0b1110 else 4 if lead >> 3 == 0b11110 else 0
     return need > len(data) and all(b >> 6 == 0b10 for b in data[1:])
+
+
+__all__ = [
+    "SNIFF_BYTES", "DEFAULT_MAX_HANDLE_BYTES", "sniff", "utf8_prefix", "OpenFile", "Window", "Handles",
+    "anonymous_file"
+]

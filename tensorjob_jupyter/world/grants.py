@@ -241,3 +241,9 @@ def _fd_path(fd: int) -> Path | None:
         return Path(os.readlink(f"/proc/self/fd/{fd}"))
     except OSError:
         return None
+
+
+__all__ = [
+    "MAX_PATH_BYTES", "MAX_SYMLINKS", "SHOWN_PATH_CHARS", "AccessError", "shown", "UNGRANTED", "LEADS_OUT", "Root",
+    "Grants"
+]

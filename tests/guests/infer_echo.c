@@ -1,5 +1,5 @@
 /*
- * infer_echo.c -- one infer with options, for tests/test_structured.py.
+ * infer_echo.c -- one infer with options, for tests/host/test_structured.py.
  *
  * Input:  {"prompt": ..., "max_tokens": n, "options": {...}} (options: format, tools, sampling)
  * Result: {"event": <the infer_done event as received>, "streamed": <every token cf_on_token saw>,

@@ -1,5 +1,5 @@
 /*
- * sdk_echo.c -- exercises the C SDK for tests/test_sdk_c.py.
+ * sdk_echo.c -- exercises the C SDK for tests/sandbox/test_sdk_c.py.
  *
  * cf_init: the input's "cmd" picks what to answer: "echo" (the default)
  * returns the input's string "s" (unescaped, then re-escaped) with its bytes

@@ -1,4 +1,4 @@
-//! sdk_echo.zig -- exercises the Zig SDK for tests/test_sdk_zig.py.
+//! sdk_echo.zig -- exercises the Zig SDK for tests/sandbox/test_sdk_zig.py.
 //!
 //! init: the input's "cmd" picks the answer: "echo" (default) returns the
 //! input's "s" with its bytes in hex; other values return one command from the

@@ -110,3 +110,6 @@ class LiveView:
     def alive(self) -> bool:
         """Whether the view is still updating (its job or map has not ended)."""
         return self._thread.is_alive()
+
+
+__all__ = ["check_refresh_hz", "LiveView"]

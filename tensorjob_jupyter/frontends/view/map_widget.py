@@ -194,3 +194,9 @@ class MapView(LiveView):
         return (f'<div class="tensorjob-map-view tj-static" style="border:1px solid {LIGHT_GREY};padding:4px">'
                 f'{render_header(self.name, p)}<div>{render_bar(p)} {render_counts(p)}</div>'
                 f'{self._items_html()}</div>')
+
+
+__all__ = [
+    "SHOW_ITEMS", "INPUT_CHARS", "OUTCOME_CHARS", "MAX_LINE_SOURCE_CHARS", "NOWRAP", "one_line", "item_row",
+    "render_header", "render_counts", "render_items", "render_bar", "MapView"
+]

@@ -357,3 +357,12 @@ def debug(state: ViewState) -> str:
 
 RENDERERS = {"header": header, "progress": progress, "log": log, "tokens": tokens, "files": files,
              "output": output, "result": result, "usage": usage, "debug": debug}
+
+
+__all__ = [
+    "BLUE", "GREEN", "RED", "AMBER", "GREY", "LIGHT_GREY", "PALE", "PURPLE", "STATUS_COLOURS", "PRE", "MAX_HEX_BYTES",
+    "TREE_MAX_DEPTH", "TREE_MAX_CHILDREN", "TREE_MAX_NODES", "TREE_MAX_CHARS", "human_bytes", "status_badge",
+    "header", "tokens", "coverage_bar", "hex_dump", "files", "MAX_THUMBNAILS", "page_bar", "thumbnail",
+    "document_row", "output", "json_tree", "result", "usage", "progress", "STATIC_SECTIONS", "static",
+    "PAUSE_REASONS", "debug", "RENDERERS"
+]

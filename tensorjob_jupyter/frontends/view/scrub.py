@@ -27,9 +27,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from tensorjob_jupyter.frontends.view.state import ViewState
-from tensorjob_jupyter.record.event_checks import MAX_LINE_BYTES, TranscriptError, parse_event
-from tensorjob_jupyter.record.run_folder import EVENTS_FILE
-from tensorjob_jupyter.record.transcript import read_line
+from tensorjob_jupyter.host import EVENTS_FILE, MAX_LINE_BYTES, TranscriptError, parse_event, read_line
 
 #: Events between checkpoints at first (doubling as needed to stay within MAX_CHECKPOINTS).
 CHECKPOINT_EVERY = 256
@@ -157,3 +155,6 @@ class Timeline:
         state.dirty = set(state.dirty) | {"header", "progress", "log", "tokens", "files", "output", "result",
                                           "usage", "debug"}
         return state
+
+
+__all__ = ["CHECKPOINT_EVERY", "MAX_CHECKPOINTS", "RecordedClock", "Timeline"]

@@ -22,8 +22,8 @@ This leans on ipykernel internals (``_supports_kernel_subshells``,
 ``shell_channel_thread.manager._create_subshell``, the comm's
 ``_reply_subshell_for``), present in 7.4 and absent from 7.1 to 7.3; it is
 tested on ``TESTED_IPYKERNEL``, the range ``pyproject.toml`` pins, and
-``tests/test_browser.py`` (a real click in JupyterLab while the cell waits)
-and ``tests/test_kernel.py`` guard it. Where routing cannot apply (another
+``tests/frontends/test_browser.py`` (a real click in JupyterLab while the cell waits)
+and ``tests/frontends/test_kernel.py`` guard it. Where routing cannot apply (another
 ipykernel, or a step fails) it says so once, as a logged warning, and the
 button still works whenever the cell is not waiting (``--bg``), and
 interrupting the kernel always cancels a waiting job. Outside a kernel
@@ -44,7 +44,7 @@ TESTED_IPYKERNEL = ">=7.4,<7.5"
 _lock = threading.Lock()
 _subshell_ids: dict[int, str] = {}
 _pinned_classes: dict[type, type] = {}
-_warned = False
+warned = False
 
 
 def _pinned_id(comm) -> str | None:
@@ -106,9 +106,9 @@ def _side_subshell(kernel) -> str:
 
 def _cannot_route(reason: str) -> bool:
     """Warn once per process that clicks wait for the cell; always False."""
-    global _warned
+    global warned
     with _lock:
-        first, _warned = not _warned, True
+        first, warned = not warned, True
     if first:
         log.warning("the Cancel button of a live view cannot act while its cell waits (%s); "
                     "run the job with --bg, or interrupt the kernel to cancel it. "
@@ -140,3 +140,6 @@ def route_clicks_to_side_thread(widget) -> bool:
         return True
     except Exception as e:  # noqa: BLE001 - best effort; the fallbacks are documented above
         return _cannot_route(f"routing failed: {type(e).__name__}: {e}")
+
+
+__all__ = ["TESTED_IPYKERNEL", "warned", "route_clicks_to_side_thread"]

@@ -504,3 +504,10 @@ def progress_label(payload: dict) -> str:
     if "done" in payload and "total" in payload:
         return f"{payload['done']} / {payload['total']}"
     return f"{100 * float(payload['fraction']):.0f}%"
+
+
+__all__ = [
+    "MAX_LOG_LINES", "MAX_LOG_LINE_CHARS", "MAX_TEXT_CHARS", "MAX_RANGES", "PNG_MAGIC", "MAX_THUMBNAIL_BYTES",
+    "SECTIONS", "MAX_DEBUG_HANDLES", "FileState", "MAX_TREE_TEXT_CHARS", "InferState", "ViewState",
+    "progress_fraction", "MAX_LINE_BACKTRACK", "MAX_WORD_BACKTRACK", "cut_at_boundary", "progress_label"
+]

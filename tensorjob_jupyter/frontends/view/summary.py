@@ -50,3 +50,6 @@ def map_summary(name: str, result) -> str:
     if result.error:
         lines.append(f"error: {result.error}")
     return "\n".join(for_terminal(line, one_line=True) for line in lines)
+
+
+__all__ = ["error_text", "used_the_model", "summary", "map_summary"]

@@ -315,3 +315,6 @@ class JobView(LiveView):
             except Exception:  # noqa: BLE001 - a transcript gone or damaged: the view stays as it is
                 log.warning("tensorjob: could not scrub to event %s", self._scrub_target, exc_info=True)
             next_show = time.monotonic() + max(self.refresh_s, self._scrub_sent / MAX_MESSAGES_PER_S)
+
+
+__all__ = ["MAX_MESSAGES_PER_S", "SCRUB_IDLE_S", "JobView"]

@@ -775,3 +775,10 @@ def check_syntax(source: str, filename: str = "cell.py", *, progress: interprete
         out = guest.check_syntax()
     if out:
         raise format_syntax_error(filename, json.loads(out))
+
+
+__all__ = [
+    "WASI", "HOST", "STARTUP_FUEL", "GRACE_S", "MAX_LOG_LINE_CHARS", "MAX_LOG_BYTES", "MAX_CLOCK_READINGS",
+    "MAX_RANDOM_BYTES", "MAX_READ_INPUT", "EVENT_LOG", "EVENT_CLOCK", "EVENT_INTERPRETER", "Determinism",
+    "PythonGuest", "check_syntax"
+]

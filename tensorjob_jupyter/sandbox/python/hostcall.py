@@ -123,3 +123,6 @@ def add_func(instance: Any, name: str, fn: Callable, params: tuple[str, ...] = (
         with _lock:
             _functions.pop(idx, None)
         raise wasmtime.WasmtimeError._from_ptr(err)
+
+
+__all__ = ["Context", "add_func"]

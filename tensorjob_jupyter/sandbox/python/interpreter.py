@@ -35,8 +35,7 @@ removes it.
 
 Building and compiling run under a lock file, so parallel processes (a map,
 pytest workers) build once. ``ensure(progress=...)`` reports the stages for a
-progress bar or a notebook line; ``prepare_in_background()`` starts it on a
-daemon thread, so the kernel never waits for it at start-up.
+progress bar or a notebook line.
 """
 
 from __future__ import annotations
@@ -159,7 +158,7 @@ class Paths:
         return self.root / "build.lock"
 
 
-def _paths() -> Paths:
+def cache_paths() -> Paths:
     return Paths(build_key(), cache_root())
 
 
@@ -324,7 +323,7 @@ def _identity(path: Path) -> tuple:
 def ensure(fuel: bool = False, progress: Progress | None = None) -> Interpreter:
     """The compiled interpreter for this engine configuration: built, compiled and checked as needed."""
     progress = progress or _no_progress
-    paths = _paths()
+    paths = cache_paths()
     ekey = engine_key(fuel)
     compiled = paths.compiled(ekey)
     with _verified_lock:
@@ -376,29 +375,11 @@ def load_component(engine: wasmtime.Engine, interp: Interpreter) -> component.Co
 def is_ready(fuel: bool = False) -> bool:
     """Whether a job would start without building or compiling the interpreter."""
     try:
-        paths = _paths()
+        paths = cache_paths()
         return paths.compiled(engine_key(fuel)).is_file() and engine_key(fuel) in _read_manifest(paths).get(
             "compiled", {})
     except (OSError, InterpreterError):
         return False
-
-
-_background: dict[bool, threading.Thread] = {}
-
-
-def prepare_in_background(fuel: bool = False, progress: Progress | None = None) -> threading.Thread:
-    """Build and compile on a daemon thread (once per process and configuration)."""
-    thread = _background.get(fuel)
-    if thread is None or not thread.is_alive():
-        def work() -> None:
-            try:
-                ensure(fuel, progress)
-            except Exception:  # noqa: BLE001 - the job that needs it reports the error
-                pass
-        thread = threading.Thread(target=work, name="tensorjob-python-prepare", daemon=True)
-        _background[fuel] = thread
-        thread.start()
-    return thread
 
 
 def clear() -> tuple[int, int]:
@@ -417,3 +398,11 @@ def clear() -> tuple[int, int]:
                 except OSError:
                     pass
     return files, size
+
+
+__all__ = [
+    "COMPONENTIZE_PY", "COMPONENTIZE_PY_VERSION", "BUILD_TIMEOUT_S", "MAX_MANIFEST_BYTES", "HERE", "WIT", "RUNTIME",
+    "APP_MODULE", "WASMTIME_VERSION", "Progress", "InterpreterError", "cache_root", "componentize_py_version",
+    "runtime_files", "build_key", "engine_key", "engine_config", "Paths", "cache_paths", "Interpreter", "ensure",
+    "load_component", "is_ready", "clear"
+]

