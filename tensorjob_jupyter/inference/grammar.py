@@ -297,8 +297,8 @@ ROUND_TRIP_PROBES = (" ", "  ", ": ", ", ", "a b", " {", '" ', "\n", "\t", "x\n 
 class ModelGrammars:
     """One model's vocabulary as llguidance sees it, and its compiled grammars (the last ``COMPILED_MEMO``).
 
-    Built on the first constrained request (reading every token's bytes: about half a second for a
-    50,000-token vocabulary), on the model's thread, which owns the vocabulary.
+    Built on the first constrained request (every token's bytes read, then llguidance's tokenizer: about a
+    quarter of a second for a 50,000-token vocabulary), on the model's thread, which owns the vocabulary.
 
     The mask is exact only if llguidance reads each token as the bytes the engine writes into the answer
     (``engine.piece``): a token that writes nothing there -- a control token, and the unknown token, which
@@ -316,8 +316,7 @@ class ModelGrammars:
 
     def __init__(self, engine) -> None:
         lc = llama_cpp_library()
-        eog = [t for t in range(engine.n_vocab) if engine.is_eog(t)]
-        tokens = _vocabulary_bytes(engine)
+        tokens, eog = _vocabulary_bytes(engine)
         tokenize = ctypes.cast(lc.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
         native = llguidance.LLTokenizer.from_llamacpp(tokens=tokens, vocab_ptr=engine._vocab, tokenize_fptr=tokenize,
                                                       eos_token=eog or None, slices=None)
@@ -351,24 +350,31 @@ class ModelGrammars:
         return template.deep_copy()
 
 
-def _vocabulary_bytes(engine) -> list[bytes]:
-    """Each token as llguidance is to read it: the bytes the engine writes into the answer for it; a token that
-    writes none there (control tokens, the unknown token), and a user-defined one written like a control token
-    (``<...>``, as ``llguidance.llamacpp`` reads those), is special: its name behind a 0xFF byte."""
-    lc = engine._lc
+def _vocabulary_bytes(engine) -> tuple[list[bytes], list[int]]:
+    """Each token as llguidance is to read it, and the end-of-generation tokens. A token reads as the bytes the
+    engine writes into the answer for it; one that writes none there (control tokens, the unknown token), and a
+    user-defined one written like a control token (``<...>``, as ``llguidance.llamacpp`` reads those), is
+    special: its name behind a 0xFF byte. One pass, and a token's name is asked for only where it may be
+    special: this runs once a model, on the first constrained request, and is most of that request's setup."""
+    lc, vocab = engine._lc, engine._vocab
     get_attr = getattr(lc, "llama_vocab_get_attr", None) or lc.llama_token_get_attr
+    is_eog = lc.llama_vocab_is_eog
+    may_be_special = lc.LLAMA_TOKEN_ATTR_CONTROL | lc.LLAMA_TOKEN_ATTR_USER_DEFINED
     buf = ctypes.create_string_buffer(16 * 1024)
-    tokens = []
+    tokens, eog = [], []
     for t in range(engine.n_vocab):
         text = engine.piece(t)
-        n = lc.llama_token_to_piece(engine._vocab, t, buf, len(buf), 0, True)  # special tokens by their name
-        name = buf.raw[:max(n, 0)]
-        attr = get_attr(engine._vocab, t)
-        looks_special = attr & lc.LLAMA_TOKEN_ATTR_USER_DEFINED and name.startswith(b"<") and name.endswith(b">")
-        if not text or attr & lc.LLAMA_TOKEN_ATTR_CONTROL or looks_special:
-            text = b"\xff" + (name or b"<token %d>" % t)
+        attr = get_attr(vocab, t)
+        if is_eog(vocab, t):
+            eog.append(t)
+        if not text or attr & may_be_special:
+            n = lc.llama_token_to_piece(vocab, t, buf, len(buf), 0, True)  # special tokens by their name
+            name = buf.raw[:max(n, 0)]
+            looks_special = attr & lc.LLAMA_TOKEN_ATTR_USER_DEFINED and name.startswith(b"<") and name.endswith(b">")
+            if not text or attr & lc.LLAMA_TOKEN_ATTR_CONTROL or looks_special:
+                text = b"\xff" + (name or b"<token %d>" % t)
         tokens.append(text)
-    return tokens
+    return tokens, eog
 
 
 def _spells(tokens: list[bytes], ids: list[int], data: bytes) -> bool:
