@@ -82,7 +82,7 @@ Run from the repository root::
    after an ``/embeddings`` request of 8 texts of 1,500 words whose client
    left after 0.3 s -- how long the chat waits, against the same chat alone
    (goal: under 1 s more), and in pieces of an embed (an embed of one
-   128-token text, timed in the same run); and how long a 32-text request
+   text of one piece's length, ``EMBED_PIECE_TOKENS``, timed in the same run); and how long a 32-text request
    takes to be answered.
    Run on the code before issue 31 the same way, from a copy of the
    repository at that commit, for the before -> after table.
@@ -1028,7 +1028,7 @@ def abandoned_embed_wait(quick: bool) -> dict:
     try:
         _post(url, "/chat/completions", chat, 120)  # warm
         alone = statistics.median(_post(url, "/chat/completions", chat, 120)[1] for _ in range(3))
-        piece = " ".join(words.split()[:90])  # about 128 tokens: one piece of an embed (issue 31's engine)
+        piece = " ".join(words.split()[:45])  # about 64 tokens: one piece of an embed (EMBED_PIECE_TOKENS)
         _post(url, "/embeddings", {"input": [piece]}, 120)
         piece_s = statistics.median(_post(url, "/embeddings", {"input": [piece]}, 120)[1] for _ in range(3))
         waits = []
@@ -1050,7 +1050,7 @@ def abandoned_embed_wait(quick: bool) -> dict:
                                 "extra_in_pieces": (wait - alone) / piece_s}
         print(f"serve: a 4-token chat just after an abandoned /embeddings of 8 x 1,500 words: {wait:.2f} s, against "
               f"{alone:.2f} s alone ({wait / alone:.1f} x; {wait - alone:+.2f} s; goal: under 1 s more); an embed of "
-              f"one 128-token text takes {piece_s:.2f} s here, so the chat waited {(wait - alone) / piece_s:.1f} of "
+              f"one 64-token text takes {piece_s:.2f} s here, so the chat waited {(wait - alone) / piece_s:.1f} of "
               f"those", flush=True)
         status, seconds = _post(url, "/embeddings", {"input": [words] * 32}, 10)
         out["embed_32_texts"] = {"status": status, "seconds": seconds}

@@ -112,8 +112,9 @@ PENALTY_LAST_N = 64
 #: Texts one embedding decode may hold.
 EMBED_SEQS = 64
 #: Tokens one embedding decode takes at most (causal models): the longest the worker is held by an embed
-#: before it serves waiting generation requests.
-EMBED_PIECE_TOKENS = 128
+#: before it serves waiting generation requests (64 tokens take about half a second on one core of this
+#: project's test machine with the embedded model; a piece of 128 was twice the wait and embedded no faster).
+EMBED_PIECE_TOKENS = 64
 #: Tokens one embed request may hold in all (after each text is cut to the embedding context).
 EMBED_MAX_TOKENS = 32_768
 #: Before a batch's first decode step, once a second request has come with the first, how long to wait
