@@ -421,7 +421,13 @@ class GrammarSampler:
     Each token is chosen by the chain (penalties, temperature, greedy or a
     seeded draw) over the whole vocabulary, then offered to the matcher;
     when the matcher refuses it, the token mask is computed, every token it
-    excludes gets a logit of minus infinity, and the chain chooses again.
+    excludes gets a logit of minus infinity, and the chain chooses again --
+    or, for a greedy chain (``greedy``: penalties, then the largest logit),
+    the largest of the logits it has just penalised among those the mask
+    allows: the same token, without a second pass of the penalties over the
+    vocabulary (they cost most of a choice). A greedy chain that leaves the
+    candidates in vocabulary order also leaves its buffer's ids as they were,
+    so only the logits are written again for the next token.
     The chain only ever accepts the token the grammar took. An end token is
     allowed only where the grammar is complete; where the grammar allows
     nothing more, the mask holds only the end token. A matcher that goes
@@ -445,6 +451,7 @@ class GrammarSampler:
                              "needs it")
         self._abandoned = abandoned or (lambda: False)
         self._constraint = constraint
+        self._greedy = greedy
         self._matcher = engine.grammars().matcher(constraint)
         #: the tokens the grammar has taken (replayed into a fresh compile: ``_renew``), and whether it was made
         self._taken: list[int] = []
@@ -458,6 +465,8 @@ class GrammarSampler:
         self._mask = np.zeros((1, (n + 31) // 32), dtype=np.int32)
         dtype = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
         self._buf = np.zeros(n, dtype=dtype)
+        #: whether the buffer's ids are in vocabulary order and its p all 0 (False: write them again first)
+        self._in_order = False
         self._data_p = ctypes.POINTER(lc.llama_token_data)
         self._arr = lc.llama_token_data_array()
         self._arr_ref = ctypes.byref(self._arr)
@@ -466,14 +475,17 @@ class GrammarSampler:
     def _choose(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> tuple[int, float]:
         """The chain's choice from ``logits`` (restricted to ``allowed``): (token, its logit after the chain)."""
         buf = self._buf
-        buf["id"] = self._ids
+        if not self._in_order:
+            buf["id"] = self._ids
+            buf["p"] = 0.0
         buf["logit"] = logits
-        buf["p"] = 0.0
         if allowed is not None:
             buf["logit"][~allowed] = -np.inf
         arr = self._arr
         arr.data, arr.size, arr.selected, arr.sorted = self._buf_p, self._n, -1, False
         self._lc.llama_sampler_apply(self._chain_ptr, self._arr_ref)
+        # penalties and greedy neither reorder nor touch p; a chain that sorts says so (``sorted``)
+        self._in_order = self._greedy and not arr.sorted
         if not 0 <= arr.selected < arr.size:
             raise ModelError("the sampler chose no token")
         chosen = arr.data[arr.selected]
@@ -511,13 +523,21 @@ class GrammarSampler:
             raise Abandoned()
         self.grammar_checks += 1
         token = None
+        penalised = False  # the buffer holds this token's logits after the greedy chain, in vocabulary order
         if self.check_first:
             token, _ = self._choose(logits)
+            penalised = self._in_order
             if self._matcher.try_consume_tokens([token]) != 1:
                 token = None  # refused (or past the bounds: ``_allowed`` says which)
         if token is None:
             self.grammar_full += 1
-            token, logit = self._choose(logits, self._allowed())
+            allowed = self._allowed()
+            if penalised:
+                scores = np.where(allowed, self._buf["logit"], -np.inf)
+                token = int(np.argmax(scores))
+                logit = float(scores[token])
+            else:
+                token, logit = self._choose(logits, allowed)
             if not np.isfinite(logit):
                 raise ConstraintError("the grammar allows no token here (the model cannot go on)")
             if not self._matcher.consume_token(token):

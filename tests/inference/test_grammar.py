@@ -710,6 +710,41 @@ def test_any_supported_schema_held_on_the_random_model_answers_valid_json(tiny_e
     assert spec.check(text)[0] == text
 
 
+def greedy_tokens(engine, constraint: Constraint, logits: list[np.ndarray], check_first: bool) -> list[int]:
+    """The tokens a greedy chain with the repetition penalty takes under ``constraint`` from these logits."""
+    chain = engine._sampler(GenerateRequest("x", len(logits), Sampler(temperature=0.0, repeat_penalty=1.3),
+                                            constraint=constraint), [1, 2, 3])
+    chain.check_first = check_first
+    taken = []
+    try:
+        for row in logits:
+            taken.append(chain.sample_logits(row))
+            if engine.is_eog(taken[-1]):
+                break
+        return taken
+    finally:
+        chain.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(schema=schemas(), seed=st.integers(0, 2**16), boost=st.sampled_from([0.0, 1.0]))
+def test_a_greedy_choice_refused_by_the_grammar_is_the_chains_own_choice_under_the_mask(tiny_engine, schema, seed,
+                                                                                         boost):
+    """A greedy chain whose choice the grammar refuses takes the largest penalised logit the mask allows, without
+    running the chain again: always the token the chain itself chooses over the masked logits (the sampler with
+    ``check_first`` off, which masks first). Repeated tokens are boosted (``boost``) so the penalty decides."""
+    note(json.dumps(schema))
+    constraint = spec_of(schema).constraint
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(60):
+        row = (rng.standard_normal(tiny_engine.n_vocab) * 3).astype(np.float32)
+        row[[1, 2, 3]] += 8 * boost
+        rows.append(row)
+    assert greedy_tokens(tiny_engine, constraint, rows, True) == greedy_tokens(tiny_engine, constraint, rows, False)
+
+
 def test_random_answers_to_the_families_finish_and_validate(tiny_engine):
     """The property above cannot pass by never finishing: answers drawn at random under each family's schema
     mostly end within the limit, and every one that ends validates."""
