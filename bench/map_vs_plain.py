@@ -305,7 +305,7 @@ def report(figures: dict, sizes: list[int], args, loads: list[float]) -> None:
     run_s = statistics.median(r["run_s"] for r in startup)
     map1_s = statistics.median(r["map1_s"] for r in startup)
     print(f"\nStart-up tax: a one-line `tensorjob map` {map1_s:.2f} s against `tensorjob run` of that item "
-          f"{run_s:.2f} s: +{tax:.2f} s (goal <= +0.5 s; each round: "
+          f"{run_s:.2f} s: {tax:+.2f} s (goal <= +0.5 s; each round: "
           + ", ".join(f"{r['tax_s']:+.2f}" for r in startup) + ")")
     for n in sizes:
         rows = figures[n]
