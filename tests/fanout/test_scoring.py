@@ -280,6 +280,7 @@ def test_the_token_budget_stops_the_map_cleanly_and_a_resume_goes_on(guest, tmp_
 # --- the command line ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a CLI in a subprocess, or a long search: in the full suite, not the fast loop
 def test_tensorjob_map_with_expected_answers_prints_the_score(guest, tmp_path):
     (tmp_path / "g.wasm").write_bytes(guest)
     write_manifest(tmp_path / "m.jsonl", ITEMS)
@@ -315,6 +316,7 @@ def test_map_scoring_refusals_are_one_line_and_exit_2(guest, tmp_path, monkeypat
     assert not (tmp_path / "other").exists()  # nothing started
 
 
+@pytest.mark.slow  # a CLI in a subprocess, or a long search: in the full suite, not the fast loop
 def test_tensorjob_map_max_total_tokens_stops_and_the_same_command_goes_on(guest, tmp_path):
     from llama_support import write_tiny_gguf
 

@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,6 +28,7 @@ def tensorjob(*args, cwd, timeout=120):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow  # a CLI in a subprocess, or a long search: in the full suite, not the fast loop
 def test_tensorjob_map_ends_with_a_table_and_runs_table_gives_it_again_and_as_csv(tmp_path):
     guest = tmp_path / "guest.py"
     guest.write_text("import tensorjob as tj\n\ndef main(input):\n    if 'missing' in input:\n"
@@ -66,6 +68,7 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats
                                                                                          max_size=3), max_leaves=8)
 
 
+@pytest.mark.slow  # a CLI in a subprocess, or a long search: in the full suite, not the fast loop
 @settings(max_examples=150, deadline=None)
 @given(results=st.lists(st.dictionaries(st.text(max_size=8), json_values, max_size=4), min_size=1, max_size=6),
        keys=st.lists(st.text(), min_size=6, max_size=6), width=st.integers(40, 200))

@@ -166,6 +166,7 @@ def test_live_needs_the_recorded_model_named(recorded):
 # --- the command line ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a CLI in a subprocess, or a long search: in the full suite, not the fast loop
 def test_tensorjob_replay_map_is_the_regression_gate(recorded):
     folder, _ = recorded
     code, out, err = cli("replay", "--map", "run", "v2.py", "--quiet", cwd=folder)
@@ -214,6 +215,7 @@ def test_replay_map_refusals_are_one_line_and_exit_2(recorded, monkeypatch):
         assert err.getvalue().count("\n") == 1 and says in err.getvalue(), (argv, err.getvalue())
 
 
+@pytest.mark.slow  # a CLI in a subprocess, or a long search: in the full suite, not the fast loop
 def test_tensorjob_diff_map_compares_two_maps_item_by_item(recorded):
     folder, _ = recorded
     tj.replay_map(folder / "run", folder / "v2.py", out=folder / "v2")
@@ -304,6 +306,7 @@ def test_measured_speed_skips_what_a_transcript_from_anywhere_puts_in_place_of_n
     assert speed is None or (speed.prompt_tokens_per_s == 200.0 and speed.output_tokens_per_s == 20.0)
 
 
+@pytest.mark.slow  # a CLI in a subprocess, or a long search: in the full suite, not the fast loop
 def test_tensorjob_map_estimate_runs_nothing(tiny_files, tmp_path):  # noqa: F811
     (tmp_path / "g.wasm").write_bytes(puppet_guest())
     (tmp_path / "m.jsonl").write_text(json.dumps({"cmd": "infer", "prompt": "the cat", "max_tokens": 3}) + "\n")

@@ -340,6 +340,7 @@ def assert_classified(result: dict, doc: Path, kind: str) -> None:
     assert sum(result["counts"].values()) == 3 and set(result["counts"]) == set(labels)
 
 
+@pytest.mark.slow  # a CLI in a subprocess, or a long search: in the full suite, not the fast loop
 @pytest.mark.parametrize("kind", KINDS)
 def test_classify_c_from_the_cli_labels_each_line_as_asked(kind, tiny_files, tmp_path):  # noqa: F811
     field = {"regex": "regex", "choices": "labels", "grammar": "grammar"}[kind]

@@ -170,6 +170,7 @@ HOSTILE = {
 }
 
 
+@pytest.mark.slow  # a CLI in a subprocess, or a long search: in the full suite, not the fast loop
 @pytest.mark.parametrize("case", list(HOSTILE))
 def test_a_hostile_infer_stays_bounded_ends_only_itself_and_the_next_job_runs_at_once(roomy_tiny, case):
     make_fields, may_end, says = HOSTILE[case]
@@ -189,6 +190,7 @@ def test_a_hostile_infer_stays_bounded_ends_only_itself_and_the_next_job_runs_at
     assert innocent_seconds(roomy_tiny) < AT_ONCE_S
 
 
+@pytest.mark.slow  # a CLI in a subprocess, or a long search: in the full suite, not the fast loop
 def test_what_a_hostile_answer_is_when_it_completes(roomy_tiny):
     """The hostile grammars that let the model finish hold its answer to them like any other."""
     import re
@@ -301,6 +303,7 @@ def assert_crash_cases_held(results: dict, at_once_s: float) -> None:
                 assert verdict["seconds"] < 60, result  # bounded
 
 
+@pytest.mark.slow  # a CLI in a subprocess, or a long search: in the full suite, not the fast loop
 def test_chains_and_deep_nesting_neither_crash_the_process_nor_hold_the_model(tmp_path, tiny_files):  # noqa: F811
     """llguidance's compiler recurses once per link of a chain: a 3,000-definition ``$ref`` chain or a Lark
     chain of thousands of rules overflows an 8 MiB thread stack and kills the process. In a process of their

@@ -21,6 +21,8 @@ from tensorjob_jupyter.inference.base import ConstraintError
 
 from llama_support import tiny_files  # noqa: F401
 
+pytestmark = pytest.mark.slow  # 289 schemas checked and compiled: seconds, so in the full suite
+
 CORPUS = Path(__file__).resolve().parents[2] / "bench" / "schemas" / "real_world.jsonl"
 #: What README and docs/guests.md say: 140 of the 289 are enforced.
 CLAIMED = 140
@@ -61,7 +63,6 @@ def test_every_refusal_is_one_line_naming_what_is_refused(judged):
             assert message and "\n" not in message and len(message) <= 600, (row["id"], message)
 
 
-@pytest.mark.slow
 def test_the_accepted_schemas_compile_for_a_model_too(judged, tiny_files):  # noqa: F811
     from tensorjob_jupyter.inference.llama import LlamaEngine
 

@@ -190,6 +190,7 @@ TEXT_CONSTRAINTS = {
 }
 
 
+@pytest.mark.slow  # a CLI in a subprocess, or a long search: in the full suite, not the fast loop
 @pytest.mark.parametrize("kind", sorted(TEXT_CONSTRAINTS))
 def test_a_regex_choices_or_grammar_goes_in_the_fields_each_server_enforces_or_not_at_all(kind):
     fields = TEXT_CONSTRAINTS[kind]
