@@ -3,6 +3,7 @@
     python bench/bench_map.py [--quick] [--items N] [--token-delay S] [--model PATH|default] [--no-dask]
     python bench/bench_map.py --documents [--items 12] [--max-tokens 48]
     python bench/bench_map.py --vs-plain [--sizes 6,32] [--rounds 3] [--sweep] [--notebook] [--concurrency N|auto]
+                              [--long-answers --max-tokens 160]
     python bench/bench_map.py --replay [--items 100] | --prefix [--items 32] | --memory | --experiments
 
 **Overhead** (the default): every scenario maps the same guest -- one short
@@ -604,6 +605,9 @@ def main(argv=None) -> int:
                              "loop (bench/map_vs_plain.py)")
     parser.add_argument("--sizes", default="6,32", help="--vs-plain: map sizes (default 6,32)")
     parser.add_argument("--sweep", action="store_true", help="--vs-plain: tj.map at concurrency 1, 2 and 4 too")
+    parser.add_argument("--long-answers", action="store_true",
+                        help="--vs-plain: answers with a 200-400 character summary too (decode-heavy: where batching "
+                             "helps); use with --max-tokens 160")
     parser.add_argument("--notebook", action="store_true",
                         help="--vs-plain: the map as a fresh kernel's first %%tensorjob map too (nbclient)")
     parser.add_argument("--concurrency", default=None, metavar="N|auto",

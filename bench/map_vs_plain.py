@@ -19,6 +19,11 @@ interleaved over ``--rounds`` (each figure is its median round):
   as nbclient runs a notebook -- the cell's own time (model load included,
   the view live) and the kernel's start.
 
+With ``--long-answers`` each answer also holds a summary of 200-400
+characters: an item's time is then mostly decode, which items at once share
+in one batch, where the default answers (about 30 tokens from a 170-token
+prompt) are mostly prefill, which no batch shares.
+
 Two ratios, each between like and like: *whole process* (start, imports,
 model load, every item: what a terminal user waits for) for ``tensorjob
 map`` against the plain script, and *items* (the model loaded) for ``tj.map``
@@ -68,7 +73,14 @@ SENTENCES = ["It was built by local workers who carried timber and iron across t
              "Today a volunteer society looks after it and publishes a yearly report."]
 
 
-def reports(folder: Path, n: int, tag: str, max_tokens: int) -> Path:
+#: ``--long-answers``: the same facts and a summary of at least 200 characters, so an item's time is mostly decode
+#: (which a batch shares) rather than its prompt (read one prompt a pass, batched or not).
+LONG_SCHEMA = {"type": "object", "properties": {**SCHEMA["properties"],
+                                                "summary": {"type": "string", "minLength": 200, "maxLength": 400}},
+               "required": ["title", "year", "summary"]}
+
+
+def reports(folder: Path, n: int, tag: str, max_tokens: int, schema: dict = SCHEMA) -> Path:
     """``n`` short reports (about 100 words: a title, a year, six sentences) and a manifest over them; each
     round writes its own (``tag``), so no scenario finds another's prompts in a cache."""
     docs = folder / "docs" / tag
@@ -81,7 +93,7 @@ def reports(folder: Path, n: int, tag: str, max_tokens: int) -> Path:
         path = docs / f"report{i:03d}.txt"
         path.write_text(f"The {place.title()} of Ashford ({tag}, no. {i + 1})\n\nThe {place} was completed in "
                         f"{year}. {body}\n", encoding="utf-8")
-        lines.append(json.dumps({"path": str(path), "schema": SCHEMA, "max_tokens": max_tokens}))
+        lines.append(json.dumps({"path": str(path), "schema": schema, "max_tokens": max_tokens}))
     manifest = folder / f"{tag}.jsonl"
     manifest.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return manifest
@@ -249,11 +261,14 @@ def vs_plain_bench(args) -> int:
     concurrency = [] if args.concurrency in (None, "auto") else ["--concurrency", str(args.concurrency)]
     sweep = [1, 2, 4] if args.sweep else []
     figures: dict = {n: {} for n in sizes}
+    schema = LONG_SCHEMA if args.long_answers else SCHEMA
     loads = []
     print(f"machine: {os.cpu_count()} CPUs; llama.cpp threads {threads} (generation) / {threads_batch} (prompts) "
-          f"on both sides; {args.rounds} interleaved round(s); --max-tokens {args.max_tokens}", flush=True)
+          f"on both sides; {args.rounds} interleaved round(s); --max-tokens {args.max_tokens}"
+          + ("; --long-answers: a title, a year and a summary of 200-400 characters" if args.long_answers else ""),
+          flush=True)
     for r in range(args.rounds):
-        one = reports(folder, 1, f"one{r}", args.max_tokens)
+        one = reports(folder, 1, f"one{r}", args.max_tokens, schema)
         item = one.read_text(encoding="utf-8").strip()
         docs = str(folder / "docs")
         _, run_wall = tensorjob("run", str(GUEST), "--read", docs, "--input", item, "--runs", str(folder / "runs"))
@@ -263,13 +278,13 @@ def vs_plain_bench(args) -> int:
                                                   "tax_s": map1_wall - run_wall})
         for n in sizes:
             rows = figures[n]
-            manifest = reports(folder, n, f"plain{n}-{r}", args.max_tokens)
+            manifest = reports(folder, n, f"plain{n}-{r}", args.max_tokens, schema)
             plain, plain_wall = python(PLAIN, {"model": model, "n_ctx": 2048, "threads": threads,
                                                "threads_batch": threads_batch, "manifest": str(manifest),
                                                "window": WINDOW, "prompt": PROMPT})
             rows.setdefault("plain loop", []).append({**plain, "process_s": plain_wall,
                                                       "load": os.getloadavg()[0]})
-            manifest = reports(folder, n, f"cli{n}-{r}", args.max_tokens)
+            manifest = reports(folder, n, f"cli{n}-{r}", args.max_tokens, schema)
             run_dir = folder / f"cli{n}-{r}"
             summary, cli_wall = tensorjob("map", str(GUEST), "--over", str(manifest), "--read", docs, "--run-dir",
                                           str(run_dir), *concurrency)
@@ -280,12 +295,12 @@ def vs_plain_bench(args) -> int:
                 "completed": summary["completed"],
                 "load": os.getloadavg()[0]})
             if args.notebook:
-                manifest = reports(folder, n, f"nb{n}-{r}", args.max_tokens)
+                manifest = reports(folder, n, f"nb{n}-{r}", args.max_tokens, schema)
                 out = notebook_map(folder, manifest, docs, folder / f"nb{n}-{r}", concurrency)
                 rows.setdefault("%tensorjob map", []).append({**out, "load": os.getloadavg()[0]})
             for c in [None] + sweep:
                 name = "tj.map" if c is None else f"tj.map, concurrency {c}"
-                manifest = reports(folder, n, f"tj{c}-{n}-{r}", args.max_tokens)
+                manifest = reports(folder, n, f"tj{c}-{n}-{r}", args.max_tokens, schema)
                 run_dir = folder / f"tj{c}-{n}-{r}"
                 chosen = c if c is not None else (None if args.concurrency in (None, "auto") else int(args.concurrency))
                 out, wall = python(IN_PROCESS, {"root": str(ROOT), "guest": str(GUEST), "manifest": str(manifest),
