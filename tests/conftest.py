@@ -1,6 +1,13 @@
 """Shared fixtures: an isolated runs folder, the WAT guest builders, a healthy job check,
 and the guard that keeps the real model out of the fast loop.
 
+The suite runs with Ctrl-C and hang-ups as a terminal delivers them: a suite started in
+the background of a script (``cmd &``) inherits SIGINT ignored, and under ``nohup``
+SIGHUP too, and so would every process it starts -- the command line then rightly leaves
+Ctrl-C alone, and the tests of what Ctrl-C and a hang-up do would fail for the way the
+suite was launched. Ignored ones are set back to their defaults at import, before any
+test starts a process (handlers are reset to the default across ``exec``).
+
 ``pytest -m "not slow"`` must run in well under a minute, so a test that
 loads the real model (the embedded SmolLM2) must be marked ``slow``: every
 test not so marked runs with a guard that fails it if the default model is
@@ -9,11 +16,17 @@ loaded in this process during it, whether by the test or by a job it runs.
 milliseconds and are allowed.)
 """
 
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 sys.path.insert(0, str(Path(__file__).parent))
 

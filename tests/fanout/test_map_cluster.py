@@ -26,7 +26,6 @@ pytest.importorskip("distributed")
 psutil = pytest.importorskip("psutil")
 
 from dask_procs import ProcessCluster, worker_env  # noqa: E402
-from terminal_signals import as_in_a_terminal  # noqa: E402
 
 pytestmark = pytest.mark.slow  # schedulers and workers as processes: seconds each
 from test_map import MIXED, done, fail, infer, job_dirs, puppet_guest, sorted_lines, write_manifest  # noqa: E402
@@ -326,7 +325,7 @@ def test_ctrl_c_stops_a_cluster_map_and_it_finishes_locally(cluster, guest, tmp_
     n = 10
     manifest = write_manifest(tmp_path / "m.jsonl", [infer(str(i)) for i in range(n)])
     run_dir = tmp_path / "run"
-    proc = py_map(guest, manifest, run_dir, cluster.address, 0.3, preexec_fn=as_in_a_terminal)  # ~1 s an item
+    proc = py_map(guest, manifest, run_dir, cluster.address, 0.3)  # ~1 s an item
     deadline = time.monotonic() + 60
     while not ((run_dir / "results.jsonl").exists() and (run_dir / "results.jsonl").read_text().count("\n") >= 2):
         assert proc.poll() is None, proc.communicate()

@@ -13,7 +13,6 @@ import pytest
 from tensorjob_jupyter.frontends.cli import main
 
 import wat
-from terminal_signals import as_in_a_terminal
 
 DONE = {"cmd": "done", "result": {"answer": 42}}
 
@@ -141,7 +140,7 @@ def spinning_cli_job(guest_file, tmp_path) -> subprocess.Popen:
     runs = tmp_path / "runs"
     proc = subprocess.Popen([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "run", guest_file([DONE],
                              init_body=wat.SPIN), "--json", "--runs", str(runs)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_in_a_terminal)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not list(runs.glob("*/events.jsonl")) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -710,20 +710,31 @@ def test_any_supported_schema_held_on_the_random_model_answers_valid_json(tiny_e
     assert spec.check(text)[0] == text
 
 
-def greedy_tokens(engine, constraint: Constraint, logits: list[np.ndarray], check_first: bool) -> list[int]:
-    """The tokens a greedy chain with the repetition penalty takes under ``constraint`` from these logits."""
+def greedy_tokens(engine, constraint: Constraint, logits: list[np.ndarray], shortcut: bool) -> tuple[list[int], int]:
+    """The tokens a greedy chain with the repetition penalty takes under ``constraint`` from these logits, and how
+    many of its choices the grammar refused. ``shortcut`` False: the reference -- the mask applied first and the
+    chain run over the masked logits, its buffer written whole every time."""
     chain = engine._sampler(GenerateRequest("x", len(logits), Sampler(temperature=0.0, repeat_penalty=1.3),
                                             constraint=constraint), [1, 2, 3])
-    chain.check_first = check_first
+    if not shortcut:
+        chain.check_first = False
+        chain._greedy = False
     taken = []
     try:
         for row in logits:
             taken.append(chain.sample_logits(row))
             if engine.is_eog(taken[-1]):
                 break
-        return taken
+        return taken, chain.grammar_full if shortcut else 0
     finally:
         chain.close()
+
+
+def pieces_the_grammar_writes(engine) -> list[int]:
+    """Tokens a JSON answer is made of (quotes, braces, separators, a letter, a digit): boosted, they are chosen
+    again and again, so the repetition penalty decides among tokens the grammar allows."""
+    wanted = {b'"', b"{", b"}", b":", b",", b" ", b"a", b"1", b"[", b"]"}
+    return [t for t in range(engine.n_vocab) if engine.piece(t) in wanted]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -732,17 +743,31 @@ def greedy_tokens(engine, constraint: Constraint, logits: list[np.ndarray], chec
 def test_a_greedy_choice_refused_by_the_grammar_is_the_chains_own_choice_under_the_mask(tiny_engine, schema, seed,
                                                                                          boost):
     """A greedy chain whose choice the grammar refuses takes the largest penalised logit the mask allows, without
-    running the chain again: always the token the chain itself chooses over the masked logits (the sampler with
-    ``check_first`` off, which masks first). Repeated tokens are boosted (``boost``) so the penalty decides."""
+    running the chain again, and keeps its buffer's ids between tokens: always the tokens of the chain run over
+    the masked logits with a buffer written whole. Tokens JSON is made of are boosted (``boost``), so the
+    penalty on repeats decides between tokens the grammar allows."""
     note(json.dumps(schema))
     constraint = spec_of(schema).constraint
     rng = np.random.default_rng(seed)
+    boosted = pieces_the_grammar_writes(tiny_engine)
     rows = []
     for _ in range(60):
         row = (rng.standard_normal(tiny_engine.n_vocab) * 3).astype(np.float32)
-        row[[1, 2, 3]] += 8 * boost
+        row[boosted] += 6 * boost
         rows.append(row)
-    assert greedy_tokens(tiny_engine, constraint, rows, True) == greedy_tokens(tiny_engine, constraint, rows, False)
+    taken, refused = greedy_tokens(tiny_engine, constraint, rows, shortcut=True)
+    event(f"choices the grammar refused: {'some' if refused else 'none'}")
+    assert (taken, 0) == greedy_tokens(tiny_engine, constraint, rows, shortcut=False)
+
+
+def test_the_greedy_shortcut_is_taken(tiny_engine):
+    """The property above compares something: random logits under a JSON schema make the grammar refuse the
+    chain's choice often, so the shortcut runs."""
+    constraint = spec_of({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}).constraint
+    rng = np.random.default_rng(1)
+    rows = [(rng.standard_normal(tiny_engine.n_vocab) * 3).astype(np.float32) for _ in range(20)]
+    taken, refused = greedy_tokens(tiny_engine, constraint, rows, shortcut=True)
+    assert refused >= 3 and taken
 
 
 def test_random_answers_to_the_families_finish_and_validate(tiny_engine):
