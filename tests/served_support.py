@@ -14,6 +14,9 @@ It records every request (path, headers, JSON body) and when each client
 connection closed, so a test sees from the server's side that a stop or a
 cancel really closed the connection.
 
+``TensorjobServe`` is ``tensorjob serve`` as a user starts it, in a subprocess on a
+free port (test_serve.py, test_hostile_serve.py).
+
 ``served_threads`` and ``connections_to`` are what "no thread or socket
 outlives the job" is checked with; ``infer_guest``, ``run`` and ``answer``
 are the one-infer jobs the real-server tests send (test_served_llama.py,
@@ -93,6 +96,44 @@ def wait_until(predicate, timeout: float = 5.0, step: float = 0.02):
 def _die_with_parent() -> None:
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class TensorjobServe:
+    """``tensorjob serve ARGS`` in a subprocess on a free port (``--port 0``), at ``url`` (``port``);
+    ``close()`` ends it. What it prints after its first line (the request log) is read as it comes, into
+    ``lines``: a full pipe would stall it."""
+
+    def __init__(self, *args: str, threads: int = 1, env: dict | None = None):
+        self.process = subprocess.Popen([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "serve", "--port",
+                                         "0", "--threads", str(threads), *args], stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+        line = self.process.stdout.readline()
+        if not line.startswith("serving at "):
+            self.close()
+            raise RuntimeError(f"tensorjob serve did not start: {line!r} {self.process.stderr.read()[-2000:]}")
+        self.url = line.split()[2]
+        self.port = int(self.url.rsplit(":", 1)[1].split("/")[0])
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def output(self) -> str:
+        """Everything it printed after the first line, once it has ended."""
+        self._reader.join(15)
+        return "\n".join(self.lines)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
 
 
 class LlamaServer:

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -28,7 +26,7 @@ import urllib.request
 import psutil
 import pytest
 
-from served_support import wait_until
+from served_support import TensorjobServe, wait_until
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("uvicorn")
@@ -36,19 +34,11 @@ pytest.importorskip("uvicorn")
 from tensorjob_jupyter.frontends.serve import MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_PENDING_BODY_BYTES  # noqa: E402
 
 
-class Serve:
-    """``tensorjob serve`` in a subprocess on a free port."""
+class Serve(TensorjobServe):
+    """``tensorjob serve`` in a subprocess, with what it holds: descriptors, resident memory, CPU time."""
 
     def __init__(self, *args: str):
-        self.process = subprocess.Popen([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "serve", "--port",
-                                         "0", "--threads", "1", *args], stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True)
-        line = self.process.stdout.readline()
-        if not line.startswith("serving at "):
-            self.close()
-            raise RuntimeError(f"tensorjob serve did not start: {line!r} {self.process.stderr.read()[-2000:]}")
-        self.url = line.split()[2]
-        self.port = int(self.url.rsplit(":", 1)[1].split("/")[0])
+        super().__init__(*args)
         self.ps = psutil.Process(self.process.pid)
 
     def fds(self) -> int:
@@ -60,15 +50,6 @@ class Serve:
     def cpu_s(self) -> float:
         t = self.ps.cpu_times()
         return t.user + t.system
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,12 @@ in-process) are bench/bench_served.py.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -29,7 +29,7 @@ from tensorjob_jupyter.inference.base import Sampler
 from tensorjob_jupyter.inference.models import get_backend
 from tensorjob_jupyter.inference.served import ServedBackend
 
-from served_support import answer, infer_guest, run, wait_until
+from served_support import TensorjobServe, answer, infer_guest, run, wait_until
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("uvicorn")
@@ -38,40 +38,7 @@ THREADS = 1
 KEY = "tj-serve-test-key-5b1e"
 
 
-class Serve:
-    """``tensorjob serve`` in a subprocess, on a free port; ``close()`` ends it."""
-
-    def __init__(self, *args: str, env: dict | None = None):
-        self.process = subprocess.Popen([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "serve", "--port",
-                                         "0", "--threads", str(THREADS), *args], stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
-        line = self.process.stdout.readline()
-        if not line.startswith("serving at "):
-            self.close()
-            raise RuntimeError(f"tensorjob serve did not start: {line!r} {self.process.stderr.read()[-2000:]}")
-        self.url = line.split()[2]
-        #: What it printed after the first line (its request log), read as it comes: a full pipe would stall it.
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def output(self) -> str:
-        """Everything it printed after the first line, once it has ended."""
-        self._reader.join(15)
-        return "\n".join(self.lines)
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+Serve = functools.partial(TensorjobServe, threads=THREADS)
 
 
 @pytest.fixture(scope="module")
