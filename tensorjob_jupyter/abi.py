@@ -638,11 +638,19 @@ class Envelope:
     """The guest's ``done`` value, a JSON value; only when completed."""
     error: JobError | None = None
     """Why it did not complete: ``code`` (one of ``abi.codes``) and ``message``; None when completed."""
+    sources: dict[str, list[dict]] | None = None
+    """Where each field of ``result`` was found in what the job read, by its dotted path
+    (``host.fields``); an empty list: found nowhere. None when not located (only a completed job is)."""
+    confidence: dict[str, float | None] | None = None
+    """How sure the model was of each field of ``result`` (0 to 1) by its dotted path; None for a field
+    no model answer spelled. None when the job has no confidence to give."""
 
     def __post_init__(self) -> None:
         self.status = JobStatus(self.status)
         if self.status is not JobStatus.COMPLETED and self.result is not None:
             raise ValueError("only a completed envelope carries a result")
+        if self.status is not JobStatus.COMPLETED and (self.sources is not None or self.confidence is not None):
+            raise ValueError("only a completed envelope carries sources and confidence")
         if self.status is JobStatus.COMPLETED and self.error is not None:
             raise ValueError("a completed envelope carries no error")
 
@@ -654,6 +662,10 @@ class Envelope:
         out: dict[str, Any] = {"status": self.status.value}
         if self.status is JobStatus.COMPLETED:
             out["result"] = self.result
+            if self.sources is not None:
+                out["sources"] = self.sources
+            if self.confidence is not None:
+                out["confidence"] = self.confidence
         if self.error is not None:
             out["error"] = self.error.to_json()
         out["usage"] = self.usage.to_json()
@@ -667,6 +679,8 @@ class Envelope:
             usage=Usage.from_json(obj.get("usage", {})),
             result=obj.get("result"),
             error=JobError(err["code"], err["message"]) if err else None,
+            sources=obj.get("sources"),
+            confidence=obj.get("confidence"),
         )
 
 

@@ -5,7 +5,7 @@ Owns: ``spec`` (``JobSpec``: a job's whole setup as one typed value),
 ``reactor`` (the step loop: every command checked, then answered),
 ``answerer`` (who answers a command: the live world, or a recording),
 ``tokens`` (the one token loop of an ``infer``, used live and in replay),
-``waiting`` (waiting with Ctrl-C as cancel), ``debugger`` (pauses between
+``waiting`` (waiting with Ctrl-C as cancel), ``fields`` (a result's leaves by dotted path), ``debugger`` (pauses between
 commands), ``schemas`` (a guest's JSON Schema checked) and ``structured`` (an
 infer's output: the constraint, the streamed items, the answer validated).
 May import: ``sandbox``, ``world``, ``record``, ``inference``, and the wire
