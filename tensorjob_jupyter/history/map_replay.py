@@ -37,7 +37,6 @@ is at least ``fail_under`` (a number, or ``"recorded"``: the recorded map's own 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -46,7 +45,8 @@ from typing import Any, Callable
 
 from tensorjob_jupyter.abi import JobStatus, codes
 from tensorjob_jupyter.fanout.errors import MapError
-from tensorjob_jupyter.fanout.folder import JOBS, LEDGER, MAX_LEDGER_BYTES, RunFolder
+from tensorjob_jupyter.fanout.folder import JOBS, LEDGER, RunFolder
+from tensorjob_jupyter.fanout.folder_reader import read_ledger_json
 from tensorjob_jupyter.fanout.items import failed_outcome
 from tensorjob_jupyter.fanout.local import LocalExecutor
 from tensorjob_jupyter.fanout.manifest import read_manifest
@@ -320,14 +320,12 @@ def _check_target(target: Path, recorded: Path) -> None:
     """A replay starts its folder over: never the recorded map's, never another map's."""
     if target.resolve() == recorded.resolve():
         raise MapError(f"{target} is the recorded map's own run folder; a replay goes into a folder of its own")
-    ledger = target / LEDGER
-    if ledger.exists():
+    if os.path.lexists(target / LEDGER):
         try:
-            if ledger.stat().st_size > MAX_LEDGER_BYTES:
-                raise ValueError("too large to be a ledger")
-            sessions = json.loads(ledger.read_text(encoding="utf-8")).get("sessions") or []
-            where = sessions[-1].get("where") if sessions else WHERE
-        except (OSError, ValueError, AttributeError, TypeError, RecursionError):
+            sessions = read_ledger_json(target).get("sessions") or []
+            last = sessions[-1] if sessions else {"where": WHERE}
+            where = last.get("where") if isinstance(last, dict) else None
+        except MapError:  # not a ledger at all (or not one that can be read): not a replay's
             where = None
         if not (isinstance(where, str) and where.startswith(WHERE)):
             raise MapError(f"{target} is a map's run folder, not a replay's; a replay starts its folder over, "
