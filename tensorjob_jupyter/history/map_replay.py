@@ -92,8 +92,9 @@ class ReplayExecutor(LocalExecutor):
     (``LocalExecutor``'s loop, with each item a ``ReplayJob``); ``details`` says how each one went."""
 
     def __init__(self, recorded: RecordedMap, guest: Any, *, live: bool, backend: Any, jobs_dir: Path,
-                 concurrency: int, job_options: Callable[[Any], dict] | None = None):
+                 concurrency: int, job_options: Callable[[Any], dict] | None = None, recorded_grants: bool = False):
         super().__init__(spec=None, backend=backend, concurrency=concurrency)
+        self.recorded_grants = recorded_grants  # a live replay takes the recorded read grants only when told
         self.recorded = recorded
         self.guest = GuestSource.of(guest)
         self.live = live
@@ -117,7 +118,7 @@ class ReplayExecutor(LocalExecutor):
         try:
             run = load_run(found.path)
             spec = replay_spec(self.guest, run, runs_dir=self.jobs_dir, name=f"{self.guest.name}[{index}]",
-                               **self.job_options(run))
+                               live=self.live, recorded_grants=self.recorded_grants, **self.job_options(run))
             job = ReplayJob(spec, run, live=self.live, backend=self.backend if self.live else None)
         except (ReplayError, MapError, ValueError, OSError) as e:
             why = " ".join(f"cannot replay its recording: {e}".split())[:300]
@@ -279,10 +280,13 @@ class MapReplayRun:
 
 
 def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, out: str | os.PathLike | None = None,
-                     live: bool = False, model: str | os.PathLike | None = None, backend: Any = None,
+                     live: bool = False, recorded_grants: bool = False, model: str | os.PathLike | None = None,
+                     backend: Any = None,
                      concurrency: int | None = None, expected: Any = None, scorer: Any = None,
                      job_options: Callable[[Any], dict] | None = None, fsync: bool = True) -> MapReplayRun:
-    """Start replaying ``guest`` over the recorded map in ``run_dir`` (see the module doc). ``job_options``:
+    """Start replaying ``guest`` over the recorded map in ``run_dir`` (see the module doc). ``recorded_grants``: a live replay
+    runs each item under its recorded read grants only when True (else under what ``job_options`` grants now).
+    ``job_options``:
     for each item's ``RecordedRun``, ``replay_spec`` keywords in place of the recorded ones (``read=``, limits...).
     ``MapError``/``ReplayError``/``ValueError`` before anything runs."""
     recorded = RecordedMap(run_dir.run_dir if isinstance(run_dir, MapResult) else run_dir)
@@ -295,6 +299,7 @@ def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, ou
         backend = model_backend(model)
     scoring = _scoring(recorded, expected, scorer)
     executor = ReplayExecutor(recorded, guest, live=live, backend=backend, jobs_dir=target / JOBS,
+                              recorded_grants=recorded_grants,
                               concurrency=concurrency or len(available_cpus()) or 1, job_options=job_options)
     manifest = _manifest(recorded)
     folder = RunFolder(target, fsync=fsync)
