@@ -46,6 +46,7 @@ import hashlib
 import json
 import math
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -259,6 +260,13 @@ def score_item(scorer: Scorer, item: int, completed: bool, result: Any, expected
         got = scorer.fn(result, expected)
     except Exception as e:  # noqa: BLE001 - the scorer's failure is this item's, never the map's
         return ItemScore(item, None, None, _clip(f"{type(e).__name__}: {e}"))
+    except (SystemExit, KeyboardInterrupt) as e:
+        # A scorer that calls sys.exit, or raises KeyboardInterrupt off the main thread (where no Ctrl-C can
+        # land), ends its own item, not the map; a Ctrl-C on the main thread still stops everything.
+        if isinstance(e, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+            raise
+        return ItemScore(item, None, None, _clip(f"the scorer raised {type(e).__name__}"
+                                                 + (f": {e}" if str(e) else "")))
     fields = None
     if isinstance(got, Scored):
         got, fields = got.value, got.fields

@@ -207,6 +207,34 @@ def test_a_python_scorer_runs_on_the_maps_thread_and_its_failures_are_the_items(
     assert again.score_summary().scored == 2  # the scores kept, not rescored
 
 
+def test_a_scorer_that_exits_fails_its_own_item_and_the_map_goes_on(guest, tmp_path):
+    def scorer(result, expected):
+        if expected == "exit":
+            raise SystemExit(3)
+        return result == expected
+
+    result = tj.map(guest, [done(1), done(2), done(3)], tmp_path / "run", expected=[1, "exit", 3], scorer=scorer)
+    assert result.ran == 3 and [r["status"] for r in result.rows()] == ["completed"] * 3
+    s = result.score_summary()
+    assert (s.scored, s.passed, s.errors) == (2, 2, 1)
+    assert result.rows()[1]["score_error"] == "the scorer raised SystemExit: 3"
+
+
+def test_a_keyboard_interrupt_from_a_scorer_off_the_main_thread_is_its_items_error():
+    import threading
+
+    def scorer(result, expected):
+        raise KeyboardInterrupt
+
+    box = []
+    thread = threading.Thread(target=lambda: box.append(score_item(scorer_of(scorer), 4, True, 1, 1)))
+    thread.start()
+    thread.join()
+    assert box == [ItemScore(4, None, None, "the scorer raised KeyboardInterrupt")]
+    with pytest.raises(KeyboardInterrupt):  # on the main thread it may be a real Ctrl-C: it still stops everything
+        score_item(scorer_of(scorer), 4, True, 1, 1)
+
+
 def test_the_running_score_is_in_every_progress_and_item_event(guest, tmp_path):
     events = []
     run = tj.start_map(guest, ITEMS, tmp_path / "run", expected=EXPECTED, scorer="json_fields", concurrency=1)
