@@ -217,10 +217,13 @@ class RunFolder:
         except (ValueError, KeyError, TypeError):
             raise ResumeRefused(f"{path} is not a tensorjob map ledger") from None
         if old_manifest != manifest.sha256:
+            old_items = ledger["manifest"].get("items")
+            counts = (f" of {old_items} items" if isinstance(old_items, int) and not isinstance(old_items, bool)
+                      else "")
             raise ResumeRefused(
-                f"manifest changed: run folder {self.path} was started with a manifest whose SHA-256 is "
-                f"{old_manifest[:16]}..., this one's is {manifest.sha256[:16]}...; "
-                f"use a new run folder, restore the original manifest to resume, or {RESTART_HINT}")
+                f"manifest changed: run folder {self.path} holds another map -- of a manifest{counts} whose SHA-256 "
+                f"is {old_manifest[:16]}..., not this one of {len(manifest)} items ({manifest.sha256[:16]}...); "
+                f"name a new run folder (--run-dir), restore the original manifest to resume, or {RESTART_HINT}")
         if old_guest != wasm_sha256:
             raise ResumeRefused(
                 f"guest changed: run folder {self.path} was started with a guest whose SHA-256 is "

@@ -153,11 +153,14 @@ class MapResult:
         return Expected.from_folder(self.run_dir, self.total)
 
     def score_summary(self) -> ScoreSummary | None:
-        """The scores in all (mean, passed, failed, per-field accuracy); None when the map was not scored."""
+        """The scores in all (mean and its interval, passed, failed, how many items are labelled, a row per field);
+        None when the map was not scored."""
         scores = self.scores()
         if scores is None:
             return None
-        return ScoreSummary.of(scorer_name(self.run_dir) or "?", self.total, scores.values())
+        expected = self.expected()
+        return ScoreSummary.of(scorer_name(self.run_dir) or "?", self.total, scores.values(),
+                               labelled=expected.labelled if expected is not None else None)
 
     @classmethod
     def read(cls, run_dir: str | Path) -> "MapResult":
@@ -236,6 +239,10 @@ class MapResult:
                     **{key: fields.get(key) for key in field_keys},
                     "score_error": s.error if s is not None else None}
         return columns
+
+    def item_keys(self) -> list[str]:
+        """Each item's key (``manifest.item_key``), in item order."""
+        return self._keys()
 
     def _keys(self) -> list[str]:
         """Each item's key: from its input where the inputs are at hand, else as the results files recorded it."""

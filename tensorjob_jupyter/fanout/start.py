@@ -26,7 +26,7 @@ from tensorjob_jupyter.fanout.errors import ClusterError
 from tensorjob_jupyter.fanout.folder import JOBS, RunFolder
 from tensorjob_jupyter.fanout.items import BackendSpec, ItemSpec, process_backend
 from tensorjob_jupyter.fanout.local import LocalExecutor
-from tensorjob_jupyter.fanout.manifest import read_manifest
+from tensorjob_jupyter.fanout.manifest import item_key, read_manifest
 from tensorjob_jupyter.fanout.progress import MapResult
 from tensorjob_jupyter.fanout.run import MapRun
 from tensorjob_jupyter.fanout.scoring import Scoring
@@ -84,7 +84,9 @@ def start_map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike", manife
     if max_total_tokens is not None and (isinstance(max_total_tokens, bool) or not isinstance(max_total_tokens, int)
                                          or max_total_tokens < 1):
         raise ValueError(f"max_total_tokens must be a whole number of at least 1, got {max_total_tokens!r}")
-    scoring = Scoring.of(expected, scorer, len(items), None if restart else run_dir)
+    scoring = Scoring.of(expected, scorer, len(items), None if restart else run_dir,
+                         keys=lambda: [item_key(v, i) for i, v in enumerate(items.items)],
+                         manifest_sha256=items.sha256)
     spec, instance = item_spec(map_job(guest, job_keywords, "start_map"), backend,
                                Path(run_dir).absolute() / JOBS)
     folder = RunFolder(run_dir, fsync=fsync)

@@ -348,7 +348,8 @@ def _check_live_model(recorded: RecordedMap, model: Any) -> None:
 def _scoring(recorded: RecordedMap, expected: Any, scorer: Any) -> Scoring | None:
     """The replay's scoring: ``expected`` and ``scorer`` if given, else the recorded map's own."""
     total = recorded.total
-    found = Expected.read(expected, total) if expected is not None else Expected.from_folder(recorded.path, total)
+    found = (Expected.read(expected, total, recorded.result.item_keys) if expected is not None
+             else Expected.from_folder(recorded.path, total))
     if found is None:
         if scorer is not None:
             raise ReplayError("the recorded map has no expected answers to score against: give them (expected=, "
