@@ -55,6 +55,9 @@ class MapProgress:
     scored: int = 0  # items with a score (expected answers: the whole folder's, not only this session's)
     score_sum: float = 0.0
     score_passed: int = 0
+    #: Of ``failed``: items a replay's recording could not answer (``replay_divergence``) -- they need the
+    #: model, which is not the same as failing.
+    needs_model: int = 0
 
     @property
     def mean_score(self) -> float | None:

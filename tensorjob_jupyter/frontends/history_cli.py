@@ -357,7 +357,7 @@ def cmd_replay_map(args, out: TextIO, err: TextIO) -> int:
     if args.json:
         out.write(json_text({**replay.to_json(), "passed": passed}, pretty=False) + "\n")
     else:
-        out.write("\n".join(replay.lines() + ([line] if line else [])) + "\n")
+        out.write("\n".join(replay.lines(max_rows=None) + ([line] if line else [])) + "\n")
     out.flush()
     return EXIT_OK if passed else EXIT_FAILED
 
@@ -371,8 +371,8 @@ def cmd_diff(args, out: TextIO, err: TextIO) -> int:
             comparison = compare(args.run_a, args.run_b)
         except MapError as e:
             raise OptionError(" ".join(str(e).split())) from None
-        out.write((json_text(comparison.to_json(), pretty=False) if args.json else "\n".join(comparison.lines()))
-                  + "\n")
+        out.write((json_text(comparison.to_json(), pretty=False) if args.json
+                   else "\n".join(comparison.lines(max_rows=None))) + "\n")
         return EXIT_OK if comparison.same else EXIT_FAILED
     result = diff_runs(args.run_a, args.run_b, runs=args.runs)
     if args.json:

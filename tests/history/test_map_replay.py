@@ -7,6 +7,7 @@ command line runs in a subprocess; the magic is in test_kernel.py.
 """
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -192,9 +193,38 @@ def test_tensorjob_replay_map_lists_the_items_that_need_the_model(recorded, monk
     monkeypatch.chdir(folder)
     out, err = io.StringIO(), io.StringIO()
     assert main(["replay", "--map", "run", "v3.py", "--run-dir", "v3-replay", "--quiet"], out=out, err=err) == 1
-    assert "need the model (their prompts changed): items 1, 3, 5" in out.getvalue()
-    assert "1     completed -> needs the model  1.00 -> -" in out.getvalue()
+    text = out.getvalue()
+    assert text.startswith("replay of 6 items with no model: 3 answered from their recordings, 3 need the model\n")
+    assert "6 items: 0 changed, 3 the same, 3 need the model (their new results are not known yet)" in text
+    assert "need the model (their prompts changed): items 1, 3, 5 -- replay with --live" in text
+    assert "1     completed -> needs the model  1.00 -> -" in text
+    assert "the same (" not in text.replace("3 the same, 3 need", "")  # never counted as the same
     assert (folder / "v3-replay" / "ledger.json").exists()
+
+
+@pytest.mark.slow  # a CLI in a subprocess
+def test_a_changed_prompts_replay_counts_items_that_need_the_model_as_such_in_its_progress(recorded):
+    folder, _ = recorded
+    code, out, err = cli("replay", "--map", "run", "v3.py", "--run-dir", "v3-replay", cwd=folder)
+    assert code == 1, err
+    progress = [line for line in err.splitlines() if line.startswith("· ")]
+    assert progress and progress[-1].startswith("· 6/6 (3 completed, 0 failed, 3 need the model,"), err
+    assert not any(" 3 failed" in line for line in progress), err
+    assert "◦ item 1 needs the model: replay diverged at step 1" in err and "✗" not in err, err
+
+
+def test_a_live_replay_says_it_ran_on_the_model_and_why_its_answers_can_differ(recorded):
+    folder, backend = recorded
+    live = tj.replay_map(folder / "run", folder / "v3.py", live=True, backend=backend, out=folder / "live",
+                         concurrency=3)
+    lines = live.lines()
+    assert lines[0] == "replay of 6 items, live from each divergence: 3 answered from their recordings, 3 ran on the model"
+    assert not any("with no model" in line for line in lines)
+    assert any("decoded up to 3 at once: greedy answers depend on batch composition and the thread count" in line
+               and "--deterministic" in line for line in lines), lines
+    alone = tj.replay_map(folder / "run", folder / "v3.py", live=True, backend=backend, out=folder / "alone",
+                          concurrency=1)
+    assert not any("batch composition" in line for line in alone.lines())
 
 
 def test_replay_map_refusals_are_one_line_and_exit_2(recorded, monkeypatch):
@@ -221,8 +251,9 @@ def test_tensorjob_diff_map_compares_two_maps_item_by_item(recorded):
     tj.replay_map(folder / "run", folder / "v2.py", out=folder / "v2")
     code, out, err = cli("diff", "--map", "run", "v2", cwd=folder)
     assert code == 1, err
-    assert out.startswith(f"{N} items: {N} changed, 0 the same ({N} / {N} completed)\n")
+    assert out.startswith(f"{N} items: {N} changed, 0 the same ({N} -> {N} completed)\n")
     assert "score: 1.000 -> 0.500 over the 6 items both scored (6 -> 0 passed; 0 better, 6 worse)" in out
+    assert '0     completed  1.00 -> 0.50  first: "alpha" -> "doc0"\n' in out  # the field, its old and new value
     code, out, err = cli("diff", "--map", "run", "run", "--json", cwd=folder)
     assert code == 0 and json.loads(out)["summary"]["same"] == N
     import io
@@ -233,6 +264,29 @@ def test_tensorjob_diff_map_compares_two_maps_item_by_item(recorded):
     out, err = io.StringIO(), io.StringIO()
     assert main(["diff", "--map", str(folder / "run"), str(other.run_dir)], out=out, err=err) == 2
     assert "mapped different manifests" in err.getvalue()
+
+
+def test_a_diff_table_names_old_and_new_values_and_says_where_every_row_is(tmp_path):
+    guest = puppet_guest()
+    a = tj.map(guest, [done({"n": i, "t": "x", "same": 1}) for i in range(25)], tmp_path / "a")
+    b = tj.map(guest, [done({"n": i, "t": "x", "same": 1}) for i in range(25)], tmp_path / "b")
+    results = (tmp_path / "b" / "results.jsonl").read_text().splitlines()
+    rewritten = []
+    for line in results:
+        record = json.loads(line)
+        record["result"] = {"n": record["item"] + 1, "t": "y" * 80, "same": 1, "new": True}
+        rewritten.append(json.dumps(record))
+    (tmp_path / "b" / "results.jsonl").write_text("\n".join(rewritten) + "\n")
+    diff = tj.compare(a, b)
+    lines = diff.lines()
+    table = "\n".join(lines)
+    assert "0     completed  -      n: 0 -> 1" in table
+    assert "                        t: \"x\" -> \"yyyy" in table and "…" in table  # a long value is clipped
+    assert "                        new: (none) -> true" in table
+    assert "same" not in table.split("\n", 3)[-1]  # an unchanged field is not listed
+    assert lines[-1].startswith("... and 5 more of the 25 listed items: lines(max_rows=None)"), lines[-1]
+    every = diff.lines(max_rows=None)
+    assert sum(bool(re.match(r"\d+ +completed", line)) for line in every) == 25 and not every[-1].startswith("...")
 
 
 def test_compare_reports_tokens_time_and_the_fields_that_changed(recorded):

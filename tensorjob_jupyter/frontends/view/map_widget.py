@@ -88,8 +88,10 @@ def render_counts(p: MapProgress) -> str:
     if p.mean_score is not None:
         score = (f' · <span class="tj-map-score" title="the mean score of the items scored so far">score '
                  f'<b>{p.mean_score:.2f}</b> ({p.score_passed}/{p.scored} passed)</span>')
+    needs = (f' · <span class="tj-map-needs-model" title="a replay whose recordings cannot answer these items: '
+             f'replay them with --live">{p.needs_model} need the model</span>' if p.needs_model else "")
     return (f'<span class="tj-map-counts" style="font-family:sans-serif;font-size:12px;white-space:nowrap">'
-            f'<b>{p.concluded}</b> / {p.total} · {p.completed} done · {p.failed} failed · '
+            f'<b>{p.concluded}</b> / {p.total} · {p.completed} done · {p.failed - p.needs_model} failed{needs} · '
             f'{p.running} running · {p.skipped} skipped{score}</span>')
 
 
