@@ -150,7 +150,7 @@ class RunFolder:
         self._failures = None
 
     def open(self, manifest: Manifest, wasm_sha256: str, *, retry_failed: bool, where: str,
-             restart: bool = False, concurrency: int | None = None) -> None:
+             restart: bool = False, concurrency: int | None = None, deterministic: dict | None = None) -> None:
         """Create or resume the folder; refuses a different manifest or guest. ``restart``: start the
         folder over first, keeping nothing of an earlier map (its ledger, results and item transcripts)."""
         self.path.mkdir(parents=True, exist_ok=True)
@@ -167,7 +167,8 @@ class RunFolder:
                 failures = []
             self.failed = {r["item"] for r in failures}
             self._ledger["sessions"].append({"started_at": _now(), "finished_at": None, "where": where,
-                                             **({"concurrency": concurrency} if concurrency else {})})
+                                             **({"concurrency": concurrency} if concurrency else {}),
+                                             **({"deterministic": deterministic} if deterministic else {})})
             _fsync_write(self.path / LEDGER, json.dumps(self._ledger, indent=2) + "\n")
             self.jobs_path.mkdir(exist_ok=True)
             append = os.O_WRONLY | os.O_CREAT | os.O_APPEND

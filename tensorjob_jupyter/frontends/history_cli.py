@@ -146,6 +146,9 @@ def add_map_replay_arguments(p) -> None:
                    help="replay --map: score against these expected answers (default: the recorded map's)")
     p.add_argument("--scorer", default=None, metavar="NAME",
                    help="replay --map: exact, json_fields or contains (default: the recorded map's)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="replay --map --live: one item at a time, each live infer decoded alone with a fixed thread "
+                        "count and no prompt cache, so its answer does not depend on what else runs")
 
 
 # --- runs ------------------------------------------------------------------------------------------
@@ -273,6 +276,8 @@ def cmd_replay(args, out: TextIO, err: TextIO) -> int:
     for name in ("run_dir", "fail_under", "concurrency", "expected", "scorer"):
         if getattr(args, name) is not None:
             raise OptionError(f"--{name.replace('_', '-')} is for replay --map RUN_DIR")
+    if args.deterministic:
+        raise OptionError("--deterministic is for replay --map RUN_DIR --live")
     job = start_replay(args.guest, args.from_run, args, err, runs=args.runs)
     if job is None:
         return EXIT_FAILED
@@ -335,7 +340,8 @@ def start_map_replay_run(guest: str, run_dir: Any, args, err: TextIO, *, default
     try:
         return start_map_replay(run_dir, source, out=args.run_dir, live=args.live, model=options.model,
                                 concurrency=concurrency, expected=args.expected,
-                                scorer=scorer if scorer is not None else args.scorer, job_options=job_options)
+                                scorer=scorer if scorer is not None else args.scorer, job_options=job_options,
+                                deterministic=bool(getattr(args, "deterministic", False)))
     except (MapError, ReplayError, OSError, ValueError) as e:
         raise OptionError(" ".join(str(e).split())) from None
 

@@ -74,6 +74,9 @@ def add_experiment_arguments(p) -> None:
                    help="stop the map, resumably, once its items have used N tokens (in and out)")
     p.add_argument("--estimate", action="store_true",
                    help="print what the map would cost (prompt tokens per item, the expected time) and run nothing")
+    p.add_argument("--deterministic", action="store_true",
+                   help="answers that do not depend on what else runs: one item at a time, each infer decoded alone "
+                        "with a fixed thread count and no prompt cache (slower; a local model only)")
 
 
 def cmd_map(args, out: TextIO, err: TextIO) -> int:
@@ -116,7 +119,7 @@ def start_map_run(guest: GuestSource, args, options: JobOptions, *, scorer=None)
         return start_map(options.map_spec(guest), args.over, args.run_dir, concurrency=args.concurrency,
                          cluster=args.cluster, retry_failed=args.retry_failed, restart=args.restart,
                          expected=args.expected, scorer=scorer if scorer is not None else args.scorer,
-                         max_total_tokens=args.max_total_tokens)
+                         max_total_tokens=args.max_total_tokens, deterministic=args.deterministic)
     except (MapError, OSError, ValueError) as e:
         raise OptionError(_one_line(e)) from None
     except Exception as e:  # noqa: BLE001 - e.g. the cluster cannot be reached

@@ -53,6 +53,7 @@ from tensorjob_jupyter.fanout.manifest import read_manifest
 from tensorjob_jupyter.fanout.progress import MapResult
 from tensorjob_jupyter.fanout.run import MapRun
 from tensorjob_jupyter.fanout.scoring import BUILTINS, Expected, Scoring, scorer_name, scorer_of
+from tensorjob_jupyter.fanout.start import deterministic_threads
 from tensorjob_jupyter.history.map_compare import MapComparison
 from tensorjob_jupyter.history.maps import RecordedMap
 from tensorjob_jupyter.history.replay import ReplayJob, live_model_needed
@@ -92,8 +93,10 @@ class ReplayExecutor(LocalExecutor):
     (``LocalExecutor``'s loop, with each item a ``ReplayJob``); ``details`` says how each one went."""
 
     def __init__(self, recorded: RecordedMap, guest: Any, *, live: bool, backend: Any, jobs_dir: Path,
-                 concurrency: int, job_options: Callable[[Any], dict] | None = None):
+                 concurrency: int, job_options: Callable[[Any], dict] | None = None,
+                 deterministic_threads: int | None = None):
         super().__init__(spec=None, backend=backend, concurrency=concurrency)
+        self.deterministic_threads = deterministic_threads
         self.recorded = recorded
         self.guest = GuestSource.of(guest)
         self.live = live
@@ -118,6 +121,9 @@ class ReplayExecutor(LocalExecutor):
             run = load_run(found.path)
             spec = replay_spec(self.guest, run, runs_dir=self.jobs_dir, name=f"{self.guest.name}[{index}]",
                                **self.job_options(run))
+            if self.deterministic_threads is not None:
+                spec = spec.replace(infer=dataclasses.replace(spec.infer, cache_prompt=False, alone=True,
+                                                              threads=self.deterministic_threads))
             job = ReplayJob(spec, run, live=self.live, backend=self.backend if self.live else None)
         except (ReplayError, MapError, ValueError, OSError) as e:
             why = " ".join(f"cannot replay its recording: {e}".split())[:300]
@@ -322,16 +328,27 @@ class MapReplayRun:
         result = self.run.wait(timeout)
         return MapReplay(self.recorded, RecordedMap(result.run_dir), dict(self.executor.details),
                          live=self.executor.live, scorer=self.scoring.scorer.name if self.scoring else None,
-                         concurrency=self.executor.concurrency)
+                         concurrency=self.executor.concurrency,
+                         deterministic=self.executor.deterministic_threads is not None)
 
 
 def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, out: str | os.PathLike | None = None,
                      live: bool = False, model: str | os.PathLike | None = None, backend: Any = None,
                      concurrency: int | None = None, expected: Any = None, scorer: Any = None,
-                     job_options: Callable[[Any], dict] | None = None, fsync: bool = True) -> MapReplayRun:
+                     job_options: Callable[[Any], dict] | None = None, fsync: bool = True,
+                     deterministic: bool = False) -> MapReplayRun:
     """Start replaying ``guest`` over the recorded map in ``run_dir`` (see the module doc). ``job_options``:
     for each item's ``RecordedRun``, ``replay_spec`` keywords in place of the recorded ones (``read=``, limits...).
+    ``deterministic`` (with ``live``): one item at a time, each live infer decoded alone with a fixed thread
+    count and no prompt cache (``fanout.start.deterministic_job``).
     ``MapError``/``ReplayError``/``ValueError`` before anything runs."""
+    if deterministic:
+        if not live:
+            raise ValueError("deterministic goes with live: a replay with no model decodes nothing")
+        if concurrency not in (None, 1):
+            raise ValueError(f"a deterministic replay runs one item at a time; concurrency={concurrency!r} cannot "
+                             f"go with it")
+        concurrency = 1
     recorded = RecordedMap(run_dir.run_dir if isinstance(run_dir, MapResult) else run_dir)
     if concurrency is not None and concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
@@ -342,7 +359,8 @@ def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, ou
         backend = model_backend(model)
     scoring = _scoring(recorded, expected, scorer)
     executor = ReplayExecutor(recorded, guest, live=live, backend=backend, jobs_dir=target / JOBS,
-                              concurrency=concurrency or len(available_cpus()) or 1, job_options=job_options)
+                              concurrency=concurrency or len(available_cpus()) or 1, job_options=job_options,
+                              deterministic_threads=deterministic_threads(model) if deterministic else None)
     manifest = _manifest(recorded)
     folder = RunFolder(target, fsync=fsync)
     folder.open(manifest, executor.guest.sha256, retry_failed=False, restart=True, where=executor.where)

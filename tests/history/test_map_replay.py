@@ -380,3 +380,29 @@ def test_changed_fields_are_empty_exactly_when_the_results_are_the_same(a, b):
 
     assert changed_fields(a, a) == []
     assert (changed_fields(a, b) == []) == same(a, b)
+
+
+def test_a_deterministic_live_replay_decodes_each_item_alone_one_at_a_time(recorded, monkeypatch):
+    folder, backend = recorded
+    seen = []
+    generate = backend.scripted.generate
+
+    def recording(request, on_token):
+        seen.append((request.alone, request.threads, request.cache_prompt))
+        return generate(request, on_token)
+
+    monkeypatch.setattr(backend.scripted, "generate", recording)
+    live = tj.replay_map(folder / "run", folder / "v3.py", live=True, backend=backend, out=folder / "det",
+                         deterministic=True)
+    assert live.deterministic and len(seen) == 3, seen  # the three items whose prompt changed
+    assert all(alone and threads >= 1 and not cache for alone, threads, cache in seen), seen
+    assert not any("batch composition" in line for line in live.lines())
+    for kwargs, message in (({}, "deterministic goes with live"),
+                            ({"live": True, "concurrency": 2}, "one item at a time; concurrency=2")):
+        with pytest.raises(ValueError, match=message):
+            tj.replay_map(folder / "run", folder / "v3.py", backend=backend, out=folder / "no",
+                          deterministic=True, **kwargs)
+    code, _, err = cli("replay", "v3.py", "--from", "latest", "--deterministic", cwd=folder)
+    assert code == 2 and "--deterministic is for replay --map RUN_DIR --live" in err, err
+    code, _, err = cli("replay", "--map", "run", "v3.py", "--deterministic", "--run-dir", "no", cwd=folder)
+    assert code == 2 and "deterministic goes with live" in err and err.count("\n") == 1, err
