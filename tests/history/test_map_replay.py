@@ -406,3 +406,40 @@ def test_a_deterministic_live_replay_decodes_each_item_alone_one_at_a_time(recor
     assert code == 2 and "--deterministic is for replay --map RUN_DIR --live" in err, err
     code, _, err = cli("replay", "--map", "run", "v3.py", "--deterministic", "--run-dir", "no", cwd=folder)
     assert code == 2 and "deterministic goes with live" in err and err.count("\n") == 1, err
+
+
+def test_an_estimates_speed_comes_from_quiet_infers_and_says_its_range_and_source(tmp_path):
+    """A map recorded on a busy machine (slow infers, a high load a CPU) must not make the estimate after it
+    far off: the quiet infers set the speed, the line gives the range and says where it came from."""
+    from tensorjob_jupyter.fanout.estimate import ItemEstimate, MapEstimate
+
+    def infer(tps: float, ttft: float, load: float | None, batch: int = 1) -> dict:
+        timing = {"time_to_first_token_s": ttft, "tokens_per_second": tps, "batch": batch}
+        if load is not None:
+            timing["load_per_core"] = load
+        return {"type": "response.completed", "timing": timing,
+                "response": {"model": "m", "usage": {"input_tokens": 100, "input_tokens_details": {"cached_tokens": 0}}}}
+
+    def planted(name: str, events: list[dict]) -> None:
+        run = tmp_path / "runs" / name
+        run.mkdir(parents=True)
+        events = [{"type": "job.created", "version": 1}, *events]
+        (run / "events.jsonl").write_text("".join(json.dumps({**e, "job_id": name, "sequence_number": n}) + "\n"
+                                                  for n, e in enumerate(events)))
+
+    planted("busy", [infer(2.0, 10.0, 4.5) for _ in range(6)])
+    planted("quiet", [infer(40.0, 0.5, 0.2), infer(50.0, 0.4, 0.3), infer(60.0, 0.25, 0.1)])
+    speed = measured_speed("m", [tmp_path / "runs"])
+    assert speed.infers == 3 and speed.quiet == 3 and not speed.busy
+    assert speed.output_tokens_per_s == 50.0 and speed.prompt_tokens_per_s == 250.0
+    assert speed.fast_output_tokens_per_s >= speed.output_tokens_per_s
+    estimate = MapEstimate(40, "m", "tokenizer", [ItemEstimate(0, 100, 20)], 0, speed)
+    assert estimate.fast_seconds <= estimate.seconds < 40 * (100 / 250 + 20 / 50) + 1
+    line = next(x for x in estimate.lines() if x.startswith("time:"))
+    assert "while it was quiet" in line and "typical" in line and "fast" in line, line
+    planted("old", [infer(2.0, 10.0, None)])  # recorded before loads were: counted, and said to be busy
+    (tmp_path / "runs" / "quiet").rename(tmp_path / "runs" / "gone")
+    for f in (tmp_path / "runs" / "gone").iterdir():
+        f.unlink()
+    busy = measured_speed("m", [tmp_path / "runs"])
+    assert busy.busy and busy.infers == 7 and "on a quiet machine it will be faster" in busy.source()
