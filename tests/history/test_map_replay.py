@@ -443,3 +443,16 @@ def test_an_estimates_speed_comes_from_quiet_infers_and_says_its_range_and_sourc
         f.unlink()
     busy = measured_speed("m", [tmp_path / "runs"])
     assert busy.busy and busy.infers == 7 and "on a quiet machine it will be faster" in busy.source()
+
+
+@pytest.mark.slow  # two CLIs in subprocesses
+def test_a_guest_that_does_not_compile_exits_1_from_map_as_from_run_as_the_docs_say(tmp_path):
+    docs = (Path(__file__).parents[2] / "docs" / "maps.md").read_text()
+    assert "1 when some failed or the\nguest did not compile" in docs
+    (tmp_path / "g.py").write_text("def main(:\n")
+    (tmp_path / "m.jsonl").write_text('{"a": 1}\n{"a": 2}\n')
+    for argv in (("map", "g.py", "--over", "m.jsonl", "--run-dir", "run"), ("run", "g.py")):
+        code, out, err = cli(*argv, cwd=tmp_path)
+        assert code == 1 and "the guest does not compile" in err and "SyntaxError" in err, (argv, code, err)
+        assert "Traceback" not in err
+    assert not (tmp_path / "run" / "results.jsonl").exists() or not (tmp_path / "run" / "results.jsonl").read_text()
