@@ -99,7 +99,7 @@ def cmd_map(args, out: TextIO, err: TextIO) -> int:
         out.write(json_text(result.to_json()) + "\n")
     else:
         out.write(map_table(result.rows(), width=shutil.get_terminal_size().columns,
-                            more=f"tensorjob runs --table {result.run_dir}") + "\n\n")
+                            more=f"tensorjob runs --table {result.run_dir} (--csv for a spreadsheet)") + "\n\n")
         out.write(for_terminal(_summary_text(result)) + "\n")
     out.flush()
     if result.status == "cancelled":

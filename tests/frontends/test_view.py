@@ -218,6 +218,9 @@ def test_a_finished_40_item_maps_view_lists_every_item_whole_numbers_and_scores_
         assert {v for _, v in scores} == {"0.33"} and all("overflow:visible" in st for st, _ in scores)
         assert "emails/018_&lt;b&gt;.txt</td>" in html and "<b>.txt" not in html  # the key, escaped
         assert "overflow-y:auto" in html and "tj-map-items-more" not in html
+    late = MapView(run, "late.wasm", refresh_hz=20).start()  # came after the end: the folder gives every row
+    late.join(10)
+    assert re.findall(r'class="tj-map-item-number"[^>]*>(\d+)<', late.static_html()) == [str(i) for i in range(40)]
     running = run_rows = [{"item": i, "ok": True, "input": "k", "outcome": "r"} for i in range(12)]
     from tensorjob_jupyter.frontends.view.map_widget import render_items
 

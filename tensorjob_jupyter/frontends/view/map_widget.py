@@ -189,6 +189,7 @@ class MapView(LiveView):
             version = progress.version
             self._render(progress)
             if self.run.done:
+                self._fill_from_folder()
                 self._render(self.run.progress())
                 self._unsubscribe()
                 self.finish_display()
@@ -215,6 +216,33 @@ class MapView(LiveView):
             self.items.value = items
         if p.status != "running":
             self._finish_button(self.cancel_button, p.status)
+
+    def _fill_from_folder(self) -> None:
+        """Once the map has ended, rows for the items whose events came before the view subscribed (a quick
+        map's first items), read back from the run folder."""
+        p = self.run.progress()
+        with self._lock:
+            have = {row["item"] for row in self._rows}
+        if len(have) >= min(p.concluded, KEEP_ITEMS):
+            return
+        try:
+            result = self.run.wait(0)
+            scores = result.scores() or {}
+            inputs = result.inputs
+            found = {i: ("item.failed", i, {"error": e}) for i, e in result.failures().items()}
+            found.update({i: ("item.completed", i, {"result": r}) for i, r in result.results().items()})
+        except Exception:  # noqa: BLE001 - a folder that cannot be read back leaves the rows the events gave
+            return
+        rows = []
+        for kind, item, outcome in sorted(found.values(), key=lambda f: f[1])[-KEEP_ITEMS:]:
+            if item in have or not isinstance(item, int):
+                continue
+            score = scores.get(item)
+            rows.append(item_row({"type": kind, "item": item, **outcome,
+                                  "input": inputs[item] if 0 <= item < len(inputs) else None,
+                                  "score": {"score": score.score} if score is not None else None}))
+        with self._lock:
+            self._rows.extend(rows)
 
     def _items_html(self) -> str:
         with self._lock:
