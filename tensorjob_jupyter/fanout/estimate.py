@@ -18,7 +18,9 @@ tokens and the tokens that would be decoded with the prefix shared.
 
 The time comes from this machine's own measurements: the infers of the same model recorded in the run
 folder's item transcripts (a map that ran before) and in the runs folder, newest first -- prompt tokens
-per second (uncached prompt tokens over time to first token) and generated tokens per second. Generation
+per second (uncached prompt tokens over time to first token) and generated tokens per second, from the
+infers recorded on a quiet machine when there are a few (each response records the load as it ended), as a
+range from the typical (median) to the fast (upper quartile) rate. Generation
 is counted at each item's ``max_tokens`` for its first infer, so the time is an upper bound for guests
 that infer once (a guest that infers again costs more). With no recorded infers of the model the time
 is not estimated, and the estimate says how to get one (run a few items, e.g. with ``--max-total-tokens``).
@@ -403,7 +405,8 @@ def _measured(event: Any, model: str) -> _Measured | None:
     fresh = _number(usage.get("input_tokens")) - _number(details.get("cached_tokens"))
     ttft, tps = _number(timing.get("time_to_first_token_s")), _number(timing.get("tokens_per_second"))
     load = timing.get("load_per_core")
-    load = float(load) if _number(load) > 0 or load == 0 and not isinstance(load, bool) else None
+    load = float(load) if isinstance(load, (int, float)) and not isinstance(load, bool) and math.isfinite(load) \
+        and load >= 0 else None
     batch = timing.get("batch")
     batch = batch if isinstance(batch, int) and not isinstance(batch, bool) and batch >= 1 else None
     return _Measured(fresh / ttft if fresh > 0 and ttft > 0 else 0.0, tps if tps > 0 else 0.0, load, batch)

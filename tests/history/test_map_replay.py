@@ -456,3 +456,25 @@ def test_a_guest_that_does_not_compile_exits_1_from_map_as_from_run_as_the_docs_
         assert code == 1 and "the guest does not compile" in err and "SyntaxError" in err, (argv, code, err)
         assert "Traceback" not in err
     assert not (tmp_path / "run" / "results.jsonl").exists() or not (tmp_path / "run" / "results.jsonl").read_text()
+
+
+def test_an_estimates_speed_comes_from_quiet_infers_when_there_are_enough_and_says_where_it_came_from(tmp_path):
+    def infer(tps, load, batch=1):
+        return {"type": "response.completed", "response": {"model": "m", "usage": {"input_tokens": 100}},
+                "timing": {"time_to_first_token_s": 1.0, "tokens_per_second": tps, "load_per_core": load,
+                           "batch": batch}}
+
+    def write(name, events):
+        run = tmp_path / "runs" / name
+        run.mkdir(parents=True)
+        events = [{"type": "job.created", "job_id": name, "version": 1}, *events]
+        (run / "events.jsonl").write_text("".join(json.dumps({**e, "sequence_number": i}) + "\n"
+                                                  for i, e in enumerate(events)))
+
+    write("busy", [infer(2.0, 3.0) for _ in range(6)])
+    busy = measured_speed("m", [tmp_path / "runs"])
+    assert busy.busy and busy.quiet == 0 and busy.output_tokens_per_s == 2.0 and "faster" in busy.source()
+    write("quiet", [infer(20.0, 0.1), infer(22.0, 0.2), infer(30.0, 0.3)])
+    quiet = measured_speed("m", [tmp_path / "runs"])
+    assert not quiet.busy and quiet.quiet == quiet.infers == 3 and quiet.output_tokens_per_s == 22.0
+    assert quiet.fast_output_tokens_per_s >= quiet.output_tokens_per_s and "while it was quiet" in quiet.source()
