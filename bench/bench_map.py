@@ -5,6 +5,7 @@
     python bench/bench_map.py --vs-plain [--sizes 6,32] [--rounds 3] [--sweep] [--notebook] [--concurrency N|auto]
                               [--long-answers --max-tokens 160]
     python bench/bench_map.py --replay [--items 100] | --prefix [--items 32] | --memory | --experiments
+    python bench/bench_map.py --deterministic [--items 16] [--rounds 2]
 
 **Overhead** (the default): every scenario maps the same guest -- one short
 ``infer`` (4 tokens), then ``done`` -- over the same manifest, against a
@@ -445,6 +446,93 @@ def prefix_bench(args) -> dict:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def forget(engine) -> None:
+    """Empty every slot's prompt cache, so each scenario starts as a fresh process would."""
+    for slot in engine._slots:  # the bench's own look inside the engine
+        engine._drop_slot(slot)
+
+
+def deterministic_bench(args) -> dict:
+    """A deterministic map against the default one: its cost, and what each source of difference changes.
+
+    The same items -- one infer each, a shared ~150-token instruction prefix before a short document of its
+    own, greedy -- mapped by the puppet guest on the embedded model, each scenario from empty prompt caches:
+    the default map (``concurrency=auto``, the prompt cache on), ``deterministic=True`` twice, and the
+    sources apart: four at once with the cache off (batch composition), one at a time with the cache on (a
+    shared prefix from the cache), and one at a time alone on 1 thread (the thread count). Timing rounds
+    alternate default and deterministic; each row is its median round."""
+    sys.path.insert(0, str(ROOT / "tests" / "fanout"))
+    from test_map import puppet_guest  # tests/fanout/test_map.py: each item's input is its command
+
+    from tensorjob_jupyter.host.reactor import InferOptions
+    from tensorjob_jupyter.fanout.start import deterministic_threads
+    from tensorjob_jupyter.inference.models import get_backend
+
+    n = args.items or 16
+    max_tokens = args.max_tokens if args.max_tokens != 48 else 24
+    wasm = puppet_guest()
+    backend = get_backend()
+    folder = Path(tempfile.mkdtemp(prefix="bench-map-deterministic-"))
+    try:
+        tj_map = __import__("tensorjob_jupyter").map
+        tj_map(wasm, [{"cmd": "infer", "prompt": "warm up", "max_tokens": 2}], folder / "warm", backend=backend)
+        engine = backend.engine
+        rules = " ".join(f"Rule {i}: name the subject in a few words, as the document states it." for i in range(12))
+        sources = sorted((ROOT / "examples" / "data").glob("*.txt"))
+        texts = [src.read_text(encoding="utf-8")[:260] for src in sources]
+        items = [{"cmd": "infer", "prompt": f"{rules}\n\nDocument {i + 1}: {texts[i % len(texts)]}\nSubject:",
+                  "max_tokens": max_tokens} for i in range(n)]
+        threads = deterministic_threads(None)
+        answers: dict[str, list] = {}
+        times: dict[str, list[float]] = {}
+        loads: list[float] = []
+
+        def scenario(name: str, **kwargs) -> float:
+            forget(engine)
+            loads.append(os.getloadavg()[0])
+            started = time.perf_counter()
+            result = tj_map(wasm, items, folder / f"{name}-{len(times.get(name, []))}", backend=backend, **kwargs)
+            wall = time.perf_counter() - started
+            assert result.ok, result.failures()
+            results = result.results()
+            got = [results[i] for i in range(n)]
+            answers.setdefault(name, got)
+            times.setdefault(name, []).append(wall)
+            return wall
+
+        rounds = args.rounds or 2
+        for r in range(rounds):
+            for name, kwargs in (("default", {}), ("deterministic", {"deterministic": True})):
+                wall = scenario(name, **kwargs)
+                print(f"  round {r + 1}: {name:<14} {wall:6.1f} s  (load {loads[-1]:.1f})", flush=True)
+        scenario("deterministic again", deterministic=True)
+        scenario("4 at once, no cache", concurrency=4, infer=InferOptions(cache_prompt=False))
+        scenario("1 at a time, cache", concurrency=1)
+        scenario("alone, 1 thread", concurrency=1,
+                 infer=InferOptions(cache_prompt=False, alone=True, threads=1))
+        base = statistics.median(times["default"])
+        det = statistics.median(times["deterministic"])
+
+        def differing(name: str) -> int:
+            return sum(a != b for a, b in zip(answers[name], answers["deterministic"]))
+
+        row = {"items": n, "max_tokens": max_tokens, "threads": threads, "default_s": base, "deterministic_s": det,
+               "cost": det / base, "rounds": rounds, "load": [min(loads), max(loads)],
+               "differ": {name: differing(name) for name in answers if name != "deterministic"}}
+        print(f"\n{n} items (a shared ~150-token prefix, a short document each, {max_tokens} tokens out, greedy), "
+              f"embedded model, median of {rounds} rounds:")
+        print(f"  default map (concurrency auto, prompt cache on)  {base:7.1f} s  ({n / base:.2f} items/s)")
+        print(f"  --deterministic (1 at a time, alone, {threads} threads) {det:7.1f} s  ({n / det:.2f} items/s)  "
+              f"-> {det / base:.2f}x the default's time")
+        print("  items answered otherwise than --deterministic did:")
+        for name, count in row["differ"].items():
+            print(f"    {name:<22} {count} of {n}")
+        print(f"  1-min load average {min(loads):.1f} to {max(loads):.1f}")
+        return row
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def kv_layout_probe(engine) -> dict:
     """A 600-token prefix copied across per-slot KV streams vs decoded cold (logits, cost); one decode step
     with the unified layout vs per-slot streams. On the engine's model, in contexts of this probe's own."""
@@ -617,6 +705,8 @@ def main(argv=None) -> int:
     parser.add_argument("--prefix", action="store_true",
                         help="32 items sharing a 600-token prompt prefix: shared vs not reused vs the llama.cpp server")
     parser.add_argument("--memory", action="store_true", help="the memory of a 100,000-item map's result and table")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="a --deterministic map against the default one: its cost, and which answers differ")
     parser.add_argument("--experiments", action="store_true", help="--replay, --prefix and --memory")
     parser.add_argument("--json", action="store_true", help="also print the rows as JSON")
     args = parser.parse_args(argv)
@@ -628,9 +718,12 @@ def main(argv=None) -> int:
     args.rounds = args.rounds or 2
     if args.documents:
         return documents_bench(args)
-    if args.replay or args.prefix or args.memory or args.experiments:
+    if args.replay or args.prefix or args.memory or args.experiments or args.deterministic:
         figures = {}
-        for flag, bench in (("replay", replay_bench), ("prefix", prefix_bench), ("memory", memory_bench)):
+        for flag, bench in (("replay", replay_bench), ("prefix", prefix_bench), ("memory", memory_bench),
+                            ("deterministic", deterministic_bench)):
+            if flag == "deterministic" and not args.deterministic:
+                continue
             if getattr(args, flag) or args.experiments:
                 figures[flag] = bench(args)
         print(f"\nmachine: {os.cpu_count()} CPUs; 1-min load average now {os.getloadavg()[0]:.1f}")

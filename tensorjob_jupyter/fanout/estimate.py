@@ -18,7 +18,9 @@ tokens and the tokens that would be decoded with the prefix shared.
 
 The time comes from this machine's own measurements: the infers of the same model recorded in the run
 folder's item transcripts (a map that ran before) and in the runs folder, newest first -- prompt tokens
-per second (uncached prompt tokens over time to first token) and generated tokens per second. Generation
+per second (uncached prompt tokens over time to first token) and generated tokens per second, from the
+infers recorded on a quiet machine when there are a few (each response records the load as it ended), as a
+range from the typical (median) to the fast (upper quartile) rate. Generation
 is counted at each item's ``max_tokens`` for its first infer, so the time is an upper bound for guests
 that infer once (a guest that infers again costs more). With no recorded infers of the model the time
 is not estimated, and the estimate says how to get one (run a few items, e.g. with ``--max-total-tokens``).
@@ -53,6 +55,10 @@ CHARS_PER_TOKEN = 4
 #: Recorded transcripts and infers read for the speed, newest first, at most.
 SPEED_RUNS = 200
 SPEED_INFERS = 400
+#: A recorded infer counts as measured on a quiet machine when the 1-min load average a CPU was below this as it
+#: ended (its response's ``timing.load_per_core``); the speed is taken from quiet infers when there are enough.
+QUIET_LOAD_PER_CPU = 0.75
+MIN_QUIET_INFERS = 3
 #: How long one item's run to its first infer may take.
 DRY_RUN_TIMEOUT_S = 120.0
 #: The error a dry run's stand-in model gives at the first infer.
@@ -80,15 +86,33 @@ class _FirstInfer:
 
 @dataclass(frozen=True)
 class Speed:
-    """This machine's measured speed for one model: prompt and generated tokens per second."""
+    """This machine's measured speed for one model: prompt and generated tokens per second, typical (the
+    median of the infers it was measured from) and fast (their upper quartile), and where it came from."""
 
     prompt_tokens_per_s: float
     output_tokens_per_s: float
     infers: int  # recorded infers it was measured from
+    fast_prompt_tokens_per_s: float = 0.0
+    fast_output_tokens_per_s: float = 0.0
+    #: Of ``infers``, how many ran on a quiet machine (``QUIET_LOAD_PER_CPU``); the speed is theirs alone when
+    #: there are at least ``MIN_QUIET_INFERS``, else every infer's (and ``busy`` says the machine was not quiet).
+    quiet: int = 0
+    busy: bool = False
 
     def to_json(self) -> dict:
         return {"prompt_tokens_per_s": round(self.prompt_tokens_per_s, 1),
-                "output_tokens_per_s": round(self.output_tokens_per_s, 1), "infers": self.infers}
+                "output_tokens_per_s": round(self.output_tokens_per_s, 1), "infers": self.infers,
+                "fast_prompt_tokens_per_s": round(self.fast_prompt_tokens_per_s, 1),
+                "fast_output_tokens_per_s": round(self.fast_output_tokens_per_s, 1),
+                "quiet": self.quiet, "busy": self.busy}
+
+    def source(self) -> str:
+        """Where the speed came from, in words."""
+        if not self.busy:
+            return (f"measured from {self.infers} recorded infers on this machine while it was quiet (1-min load "
+                    f"under {QUIET_LOAD_PER_CPU:g} a CPU)")
+        return (f"measured from {self.infers} recorded infers on this machine, fewer than {MIN_QUIET_INFERS} of "
+                f"them while it was quiet: on a quiet machine it will be faster")
 
 
 @dataclass(frozen=True)
@@ -150,11 +174,22 @@ class MapEstimate:
 
     @property
     def seconds(self) -> float | None:
-        """The expected time, one item at a time, at most (None without a measured speed)."""
+        """The expected time, one item at a time, at most, at the typical measured speed (None without one)."""
         if self.speed is None or self.decoded_prompt_tokens is None:
             return None
-        return (self.decoded_prompt_tokens / self.speed.prompt_tokens_per_s
-                + (self.output_tokens or 0) / self.speed.output_tokens_per_s)
+        return self._seconds(self.speed.prompt_tokens_per_s, self.speed.output_tokens_per_s)
+
+    @property
+    def fast_seconds(self) -> float | None:
+        """The same at the fast measured speed: the low end of the range (None without a speed)."""
+        if self.speed is None or self.decoded_prompt_tokens is None:
+            return None
+        s = self.speed
+        return self._seconds(s.fast_prompt_tokens_per_s or s.prompt_tokens_per_s,
+                             s.fast_output_tokens_per_s or s.output_tokens_per_s)
+
+    def _seconds(self, prompt_rate: float, output_rate: float) -> float:
+        return (self.decoded_prompt_tokens or 0) / prompt_rate + (self.output_tokens or 0) / output_rate
 
     def lines(self) -> list[str]:
         counted = ("counted by the model's tokenizer" if self.counted_by == "tokenizer"
@@ -176,9 +211,12 @@ class MapEstimate:
                        "few items first (--max-total-tokens N bounds what they spend)")
         elif self.seconds is not None:
             s = self.speed
-            out.append(f"time: at most about {_duration(self.seconds)} one item at a time, at "
-                       f"{s.prompt_tokens_per_s:.0f} prompt and {s.output_tokens_per_s:.1f} generated tokens/s "
-                       f"(measured from {s.infers} recorded infers on this machine)")
+            low, high = _duration(self.fast_seconds or self.seconds), _duration(self.seconds)
+            span = f"about {high}" if low == high else f"from about {low} to {high}"
+            out.append(f"time: {span} one item at a time, at most (a map decodes items together, and answers "
+                       f"shorter than max_tokens take less), at {s.prompt_tokens_per_s:.0f} prompt and "
+                       f"{s.output_tokens_per_s:.1f} generated tokens/s typical, "
+                       f"{s.fast_prompt_tokens_per_s:.0f} and {s.fast_output_tokens_per_s:.1f} fast ({s.source()})")
         failed = [e for e in self.sampled if e.prompt_tokens is None]
         for e in failed[:5]:
             out.append(f"item {e.item} never reaches an infer: {e.error}")
@@ -193,6 +231,7 @@ class MapEstimate:
                 "decoded_prompt_tokens": self.decoded_prompt_tokens, "output_tokens": self.output_tokens,
                 "speed": self.speed.to_json() if self.speed else None,
                 "seconds": None if self.seconds is None else round(self.seconds, 1),
+                "fast_seconds": None if self.fast_seconds is None else round(self.fast_seconds, 1),
                 "unreached": [{"item": e.item, "error": e.error} for e in self.sampled if e.prompt_tokens is None]}
 
     def __str__(self) -> str:
@@ -297,7 +336,12 @@ def _shared_prefix(prompts: list[list[int]]) -> int:
 def measured_speed(model: str, places: Iterable[Path]) -> Speed | None:
     """Prompt and generated tokens per second of ``model``'s recorded infers under ``places`` (folders of
     run folders), newest first; None when none are recorded. Transcripts are read as untrusted files:
-    anything that is not a number where one is expected is skipped."""
+    anything that is not a number where one is expected is skipped.
+
+    Only the infers recorded on a quiet machine count when there are at least ``MIN_QUIET_INFERS`` of them
+    (a map run on a busy machine would otherwise make every estimate after it too slow), and a prompt's rate
+    is taken from infers decoded alone where there are enough (a batched item's time to first token counts
+    the other items' prompts)."""
     runs: list[tuple[float, Path]] = []
     for place in places:
         try:
@@ -311,39 +355,65 @@ def measured_speed(model: str, places: Iterable[Path]) -> Speed | None:
             except OSError:
                 continue
     runs.sort(reverse=True)
-    prompt_rates: list[float] = []
-    output_rates: list[float] = []
-    infers = 0
+    infers: list[_Measured] = []
     for _mtime, run in runs[:SPEED_RUNS]:
         try:
             for event in EventReader(run):
-                if event.get("type") not in ("response.completed", "response.incomplete"):
-                    continue
-                response = event.get("response") if isinstance(event.get("response"), dict) else {}
-                if response.get("model") != model:
-                    continue
-                usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
-                timing = event.get("timing") if isinstance(event.get("timing"), dict) else {}
-                details = usage.get("input_tokens_details") if isinstance(usage.get("input_tokens_details"),
-                                                                          dict) else {}
-                fresh = _number(usage.get("input_tokens")) - _number(details.get("cached_tokens"))
-                ttft, tps = _number(timing.get("time_to_first_token_s")), _number(timing.get("tokens_per_second"))
-                if fresh > 0 and ttft > 0:
-                    prompt_rates.append(fresh / ttft)
-                if tps > 0:
-                    output_rates.append(tps)
-                infers += 1
-                if infers >= SPEED_INFERS:
+                measured = _measured(event, model)
+                if measured is not None:
+                    infers.append(measured)
+                if len(infers) >= SPEED_INFERS:
                     break
         except (TranscriptError, OSError):
             continue
-        if infers >= SPEED_INFERS:
+        if len(infers) >= SPEED_INFERS:
             break
+    quiet = [m for m in infers if m.load is not None and m.load < QUIET_LOAD_PER_CPU]
+    chosen = quiet if len(quiet) >= MIN_QUIET_INFERS else infers
+    alone = [m.prompt_rate for m in chosen if m.prompt_rate and m.batch == 1]
+    prompt_rates = alone if len(alone) >= MIN_QUIET_INFERS else [m.prompt_rate for m in chosen if m.prompt_rate]
+    output_rates = [m.output_rate for m in chosen if m.output_rate]
     if not prompt_rates or not output_rates:
         return None
     # medians: an infer that waited for others in a batch (its time to first token counts the wait) is
     # an outlier, not the machine's speed
-    return Speed(statistics.median(prompt_rates), statistics.median(output_rates), infers)
+    return Speed(statistics.median(prompt_rates), statistics.median(output_rates), len(chosen),
+                 _upper_quartile(prompt_rates), _upper_quartile(output_rates), quiet=len(quiet),
+                 busy=chosen is not quiet)
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """One recorded infer's rates (0: not measured) and the conditions it ran in (None: not recorded)."""
+
+    prompt_rate: float
+    output_rate: float
+    load: float | None
+    batch: int | None
+
+
+def _measured(event: Any, model: str) -> _Measured | None:
+    """A terminal response event of ``model`` as rates, or None (another event, model or nothing usable)."""
+    if not isinstance(event, dict) or event.get("type") not in ("response.completed", "response.incomplete"):
+        return None
+    response = event.get("response") if isinstance(event.get("response"), dict) else {}
+    if response.get("model") != model:
+        return None
+    usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
+    timing = event.get("timing") if isinstance(event.get("timing"), dict) else {}
+    details = usage.get("input_tokens_details") if isinstance(usage.get("input_tokens_details"), dict) else {}
+    fresh = _number(usage.get("input_tokens")) - _number(details.get("cached_tokens"))
+    ttft, tps = _number(timing.get("time_to_first_token_s")), _number(timing.get("tokens_per_second"))
+    load = timing.get("load_per_core")
+    load = float(load) if isinstance(load, (int, float)) and not isinstance(load, bool) and math.isfinite(load) \
+        and load >= 0 else None
+    batch = timing.get("batch")
+    batch = batch if isinstance(batch, int) and not isinstance(batch, bool) and batch >= 1 else None
+    return _Measured(fresh / ttft if fresh > 0 and ttft > 0 else 0.0, tps if tps > 0 else 0.0, load, batch)
+
+
+def _upper_quartile(values: list[float]) -> float:
+    return statistics.quantiles(values, n=4)[2] if len(values) >= 2 else values[0]
 
 
 def _number(value: Any) -> float:
@@ -361,6 +431,6 @@ def _duration(seconds: float) -> str:
 
 
 __all__ = [
-    "DEFAULT_SAMPLE", "CHARS_PER_TOKEN", "SPEED_RUNS", "SPEED_INFERS", "DRY_RUN_TIMEOUT_S", "STOPPED_HERE", "Speed",
+    "DEFAULT_SAMPLE", "CHARS_PER_TOKEN", "QUIET_LOAD_PER_CPU", "MIN_QUIET_INFERS", "SPEED_RUNS", "SPEED_INFERS", "DRY_RUN_TIMEOUT_S", "STOPPED_HERE", "Speed",
     "ItemEstimate", "MapEstimate", "estimate_map", "measured_speed"
 ]

@@ -84,7 +84,7 @@ class RunFolder:
         self._failures = None
 
     def open(self, manifest: Manifest, wasm_sha256: str, *, retry_failed: bool, where: str,
-             restart: bool = False, concurrency: int | None = None) -> None:
+             restart: bool = False, concurrency: int | None = None, deterministic: dict | None = None) -> None:
         """Create or resume the folder; refuses a different manifest or guest. ``restart``: start the
         folder over first, keeping nothing of an earlier map (its ledger, results and item transcripts)."""
         self.path.mkdir(parents=True, exist_ok=True)
@@ -103,7 +103,8 @@ class RunFolder:
                 failures = []
             self.failed = {r["item"] for r in failures}
             self._ledger.setdefault("sessions", []).append({"started_at": _now(), "finished_at": None, "where": where,
-                                             **({"concurrency": concurrency} if concurrency else {})})
+                                             **({"concurrency": concurrency} if concurrency else {}),
+                                             **({"deterministic": deterministic} if deterministic else {})})
             _fsync_write(self.path / LEDGER, json.dumps(self._ledger, indent=2) + "\n")
             self.jobs_path.mkdir(exist_ok=True)
             append = os.O_WRONLY | os.O_CREAT | os.O_APPEND
@@ -153,10 +154,13 @@ class RunFolder:
         if not isinstance(old_manifest, str) or not isinstance(old_guest, str):
             raise ResumeRefused(f"{path} is not a tensorjob map ledger (no manifest or guest SHA-256)")
         if old_manifest != manifest.sha256:
+            old_items = ledger["manifest"].get("items")
+            counts = (f" of {old_items} items" if isinstance(old_items, int) and not isinstance(old_items, bool)
+                      else "")
             raise ResumeRefused(
-                f"manifest changed: run folder {self.path} was started with a manifest whose SHA-256 is "
-                f"{old_manifest[:16]}..., this one's is {manifest.sha256[:16]}...; "
-                f"use a new run folder, restore the original manifest to resume, or {RESTART_HINT}")
+                f"manifest changed: run folder {self.path} holds another map -- of a manifest{counts} whose SHA-256 "
+                f"is {old_manifest[:16]}..., not this one of {len(manifest)} items ({manifest.sha256[:16]}...); "
+                f"name a new run folder (--run-dir), restore the original manifest to resume, or {RESTART_HINT}")
         if old_guest != wasm_sha256:
             raise ResumeRefused(
                 f"guest changed: run folder {self.path} was started with a guest whose SHA-256 is "

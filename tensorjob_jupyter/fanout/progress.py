@@ -56,6 +56,9 @@ class MapProgress:
     scored: int = 0  # items with a score (expected answers: the whole folder's, not only this session's)
     score_sum: float = 0.0
     score_passed: int = 0
+    #: Of ``failed``: items a replay's recording could not answer (``replay_divergence``) -- they need the
+    #: model, which is not the same as failing.
+    needs_model: int = 0
 
     @property
     def mean_score(self) -> float | None:
@@ -154,11 +157,14 @@ class MapResult:
         return Expected.from_folder(self.run_dir, self.total)
 
     def score_summary(self) -> ScoreSummary | None:
-        """The scores in all (mean, passed, failed, per-field accuracy); None when the map was not scored."""
+        """The scores in all (mean and its interval, passed, failed, how many items are labelled, a row per field);
+        None when the map was not scored."""
         scores = self.scores()
         if scores is None:
             return None
-        return ScoreSummary.of(scorer_name(self.run_dir) or "?", self.total, scores.values())
+        expected = self.expected()
+        return ScoreSummary.of(scorer_name(self.run_dir) or "?", self.total, scores.values(),
+                               labelled=expected.labelled if expected is not None else None)
 
     @classmethod
     def read(cls, run_dir: str | Path) -> "MapResult":
@@ -234,6 +240,10 @@ class MapResult:
                     **{key: fields.get(key) for key in field_keys},
                     "score_error": s.error if s is not None else None}
         return columns
+
+    def item_keys(self) -> list[str]:
+        """Each item's key (``manifest.item_key``), in item order."""
+        return self._keys()
 
     def _keys(self) -> list[str]:
         """Each item's key: from its input where the inputs are at hand, else as the results files recorded it."""

@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from tensorjob_jupyter.abi import JobStatus
+from tensorjob_jupyter.abi import JobStatus, codes
 from tensorjob_jupyter.fanout.folder import RunFolder
 from tensorjob_jupyter.fanout.manifest import Manifest, item_key
 from tensorjob_jupyter.fanout.progress import ItemTimes, MapProgress, MapResult
@@ -194,9 +194,11 @@ class MapRun:
             return
         self.folder.record(outcome, item_key(self.manifest.items[index], index))
         ok = status == JobStatus.COMPLETED.value
+        unanswered = not ok and (outcome.get("error") or {}).get("code") == codes.REPLAY_DIVERGENCE
         score = self._score(index, ok, outcome.get("result"))
         progress = self._update(lambda p: replace(p, running=p.running - 1, completed=p.completed + ok,
                                                   failed=p.failed + (not ok), tokens=p.tokens + tokens,
+                                                  needs_model=p.needs_model + unanswered,
                                                   **(self.scoring.tally() if score else {})))
         event = {"type": "item.completed" if ok else "item.failed", "item": index,
                  "input": self.manifest.items[index], "progress": progress.to_json()}

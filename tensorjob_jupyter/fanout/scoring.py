@@ -5,10 +5,13 @@
     result.score_summary()                 # mean, passed, failed, per-field accuracy
     result.to_pandas()[["score", "score.facts.year"]]
 
-**Expected answers** are one per item, numbered as the manifest numbers its items: a JSONL file whose
-i-th non-blank line is item i's expected value (read and checked as a manifest is, and it must have as
-many values as the manifest has items), a list in item order, or a dict ``{item: value}`` for some items.
-An item with no expected answer is not scored.
+**Expected answers** are given for the items that are labelled: a JSONL file whose i-th non-blank line
+is item i's expected value (read and checked as a manifest is; at most one value per item), or whose
+every line is ``{"key": KEY, "expected": VALUE}`` -- KEY the manifest's key of the item
+(``manifest.item_key``) -- or ``{"item": N, "expected": VALUE}``; a list, in either shape; or a dict
+``{item or key: value}``. ``null`` means *not labelled*, as does an item with no line (past the end of a
+file in item order) or no key: such an item is not scored and not counted, and the summary says how many
+there are, once.
 
 **Scorers** take ``(result, expected)`` and give a score from 0 to 1:
 
@@ -24,7 +27,9 @@ An item with no expected answer is not scored.
   this process, on the map's thread, as each item concludes: keep it quick. A score outside [0, 1], or a
   function that raises, is that item's ``score_error`` and the map goes on.
 
-A failed item scores 0 (and misses every field). An item *passes* when its score is 1.
+A failed item scores 0 (and misses every field). An item *passes* when its score is 1. The summary
+(``ScoreSummary``) gives the mean with the number of items it rests on and a 95% Wilson score interval (for
+scores between 0 and 1 a conservative one), and a row per field: labelled, right, accuracy, interval.
 
 Scores are derived data: each session of a map scores every concluded item again from ``results.jsonl``
 and ``failures.jsonl``, so a changed scorer or expected file on resume rescores the whole folder. What the
@@ -47,17 +52,17 @@ import json
 import math
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from tensorjob_jupyter.abi import dumps
-from tensorjob_jupyter.fanout.errors import MapError, TooManyItems
+from tensorjob_jupyter.fanout.errors import MapError, ResumeRefused, TooManyItems
 from tensorjob_jupyter.fanout.folder import _fsync_write as fsync_write  # the folder's one atomic writer
 from tensorjob_jupyter.fanout.folder_reader import (  # every file of the folder read back through its one reader
-    FAILURES, RESULTS, SCORING_FILES, FolderError, read_folder_json, read_records,
+    FAILURES, LEDGER, RESULTS, SCORING_FILES, FolderError, read_folder_json, read_ledger, read_records,
 )
-from tensorjob_jupyter.fanout.manifest import read_manifest
+from tensorjob_jupyter.fanout.manifest import MAX_KEY_CHARS, read_manifest
 
 EXPECTED, SCORING, SCORES = SCORING_FILES  # a restarted run folder loses them with the rest
 SCORING_FORMAT = "tensorjob-scoring/1"
@@ -284,43 +289,71 @@ def score_item(scorer: Scorer, item: int, completed: bool, result: Any, expected
 
 # --- expected answers -------------------------------------------------------------------------------------
 
+#: The two shapes of a keyed expected line: by the manifest's key, or by item number (what the run folder keeps).
+KEYED_SHAPES = (frozenset({"key", "expected"}), frozenset({"item", "expected"}))
+
+
+def _keyed(value: Any) -> bool:
+    return isinstance(value, dict) and frozenset(value) in KEYED_SHAPES
+
 
 class Expected:
-    """One expected answer for each of some items: ``get(i)`` is (True, value) or (False, None)."""
+    """One expected answer for each of some items: ``get(i)`` is (True, value) or (False, None).
+
+    An item is *labelled* when it has an expected answer that is not ``null``; every other item (``null``,
+    no line for it, no key for it) is not labelled: not scored and not counted."""
 
     def __init__(self, values: Mapping[int, Any] | Sequence[Any], total: int, source: str, sha256: str):
         self._values = values
         self.total = total
         self.source = source
         self.sha256 = sha256
+        if isinstance(values, Mapping):
+            self._labelled = sorted(i for i, v in values.items() if v is not None)
+        else:  # a manifest's items, parsed once here (and again when asked for: they are kept as bytes)
+            self._labelled = [i for i, v in enumerate(values) if v is not None and i < total]
 
     def get(self, item: int) -> tuple[bool, Any]:
         if isinstance(self._values, Mapping):
-            return (True, self._values[item]) if item in self._values else (False, None)
-        return (True, self._values[item]) if 0 <= item < len(self._values) else (False, None)
+            value = self._values.get(item)
+        else:
+            value = self._values[item] if 0 <= item < min(len(self._values), self.total) else None
+        return (True, value) if value is not None else (False, None)
 
     def items(self) -> Iterator[tuple[int, Any]]:
-        if isinstance(self._values, Mapping):
-            for item in sorted(self._values):
-                yield item, self._values[item]
-        else:
-            yield from enumerate(self._values)
+        """The labelled items and their expected answers, in item order."""
+        for item in self._labelled:
+            yield item, self.get(item)[1]
+
+    @property
+    def labelled(self) -> int:
+        """How many items have an expected answer (not ``null``)."""
+        return len(self._labelled)
 
     def __len__(self) -> int:
-        return len(self._values)
+        return len(self._labelled)
 
     @classmethod
-    def read(cls, spec: Any, total: int) -> "Expected":
-        """Expected answers for a map of ``total`` items: a JSONL file or a list (one value per item, in
-        item order), or a dict {item: value}; ``ScoringError`` naming what is wrong."""
+    def read(cls, spec: Any, total: int, keys: "Callable[[], Sequence[str]] | None" = None) -> "Expected":
+        """Expected answers for a map of ``total`` items: a JSONL file or a list -- one value per item in item
+        order (``null`` and items past its end are not labelled), or one ``{"key": KEY, "expected": VALUE}``
+        (or ``{"item": N, "expected": VALUE}``) a line for the items it names -- or a dict ``{item or key:
+        value}``. ``keys()`` gives the manifest's item keys (``manifest.item_key``), needed only to match
+        keys. ``ScoringError`` naming what is wrong."""
         if isinstance(spec, Expected):
             if spec.total != total:
                 raise ScoringError(f"the expected answers are for {spec.total} items; this map has {total}")
             return spec
         if isinstance(spec, Mapping):
+            lookup = _KeyLookup(keys, total, "<dict>")
             values: dict[int, Any] = {}
             for key, value in spec.items():
-                index = int(key) if isinstance(key, str) and key.strip().isdigit() else key
+                if isinstance(key, str) and key.strip().isdigit():
+                    index = int(key)
+                elif isinstance(key, str):
+                    index = lookup.item(key, f"expected answer for key {key!r}")
+                else:
+                    index = key
                 if not _is_index(index, total):
                     raise ScoringError(f"expected answer for item {key!r}: the items are numbered 0 to {total - 1}")
                 if index in values:
@@ -340,9 +373,13 @@ class Expected:
                                        f"manifest of {total} items (line {e.line}; one expected value a line, in "
                                        f"the manifest's order)") from None
                 raise ScoringError("expected answers: " + str(e).replace("manifest ", "", 1)) from None
-            if len(manifest) != total:
+            first = next((v for v in manifest.items if v is not None), None)
+            if _keyed(first):
+                return cls(_keyed_values(manifest, total, keys), total, manifest.source, manifest.sha256)
+            if len(manifest) > total:
                 raise ScoringError(f"expected answers {manifest.source}: {len(manifest)} values for a manifest of "
-                                   f"{total} items (one expected value a line, in the manifest's order)")
+                                   f"{total} items (one expected value a line, in the manifest's order; null, or "
+                                   f"no line, for an item not labelled)")
             return cls(manifest.items, total, manifest.source, manifest.sha256)
         raise ScoringError(f"expected answers are a JSONL file, a list or a dict {{item: value}}, "
                            f"not {type(spec).__name__}")
@@ -357,11 +394,12 @@ class Expected:
         try:
             records = read_records(path, total=total)
         except FolderError as e:  # one line naming the file and the line
-            raise ScoringError(str(e)) from None
+            raise ScoringError(f"{e}; the file was edited, or belongs to another map") from None
         for record in records:
             item = record["item"]
             if item in values:
-                raise ScoringError(f"{path}: a record that scoring did not write (item {item!r} twice)")
+                raise ScoringError(f"{path}: a record that scoring did not write (item {item!r} twice); the file "
+                                   f"was edited, or belongs to another map")
             values[item] = record["expected"]
         # the SHA-256 of the file as scoring writes it (the same bytes, for a file it wrote)
         return cls(values, total, str(path), hashlib.sha256(_records_jsonl(sorted(values.items()))).hexdigest())
@@ -370,30 +408,155 @@ class Expected:
         fsync_write(run_dir / EXPECTED, _records_jsonl(self.items()).decode("utf-8"))
 
 
+class _KeyLookup:
+    """The manifest's item keys, built on first use: which one item a key names."""
+
+    def __init__(self, keys: "Callable[[], Sequence[str]] | None", total: int, source: str):
+        self._keys, self._total, self._source = keys, total, source
+        self._by_key: dict[str, list[int]] | None = None
+
+    def item(self, key: Any, where: str) -> int:
+        if not isinstance(key, str) or not key:
+            raise ScoringError(f"{where}: a key is the item's key as text (its input's id, key, name, path, "
+                               f"file or url), not {_kind(key)}")
+        if self._by_key is None:
+            if self._keys is None:
+                raise ScoringError(f"{where}: expected answers by key need the manifest's keys here; give them "
+                                   f"by item number instead")
+            self._by_key = {}
+            for index, name in enumerate(self._keys()):
+                self._by_key.setdefault(name, []).append(index)
+        found = self._by_key.get(key[:MAX_KEY_CHARS] if len(key) <= MAX_KEY_CHARS else key[:MAX_KEY_CHARS - 1] + "…")
+        if not found:
+            raise ScoringError(f"{where}: no item of the manifest has the key {_short(key)}")
+        if len(found) > 1:
+            raise ScoringError(f"{where}: the key {_short(key)} names {len(found)} items of the manifest "
+                               f"({', '.join(map(str, found[:5]))}{' ...' if len(found) > 5 else ''}); key those "
+                               f"lines by item number instead ({{\"item\": N, \"expected\": ...}})")
+        return found[0]
+
+
+def _keyed_values(manifest: Any, total: int, keys: "Callable[[], Sequence[str]] | None") -> dict[int, Any]:
+    """The items a keyed expected file names (every line ``{"key"|"item": ..., "expected": ...}``, or null)."""
+    lookup = _KeyLookup(keys, total, manifest.source)
+    values: dict[int, Any] = {}
+    line_of: dict[int, int] = {}
+    for number, value in enumerate(manifest.items, start=1):
+        where = f"expected answers {manifest.source}: value {number}"
+        if value is None:
+            continue
+        if not _keyed(value):
+            raise ScoringError(f"{where} is not {{\"key\": ..., \"expected\": ...}} as the first one is; a keyed "
+                               f"file keys every line")
+        if "key" in value:
+            index = lookup.item(value["key"], where)
+        else:
+            index = value["item"]
+            if not _is_index(index, total):
+                shown = index if isinstance(index, int) and not isinstance(index, bool) else _short(index)
+                raise ScoringError(f"{where}: item {shown} -- the items are numbered 0 to {total - 1}")
+        if index in values:
+            raise ScoringError(f"{where}: item {index} has an expected answer already (value {line_of[index]})")
+        values[index], line_of[index] = value["expected"], number
+    return values
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    text = " ".join(text.split())
+    return repr(text if len(text) <= 80 else text[:79] + "…")
+
+
 def _records_jsonl(pairs: Iterable[tuple[int, Any]]) -> bytes:
     return "".join(dumps({"item": i, "expected": v}) + "\n" for i, v in pairs).encode("utf-8")
 
 
 # --- the summary ------------------------------------------------------------------------------------------
 
+#: How sure an interval is, and the normal quantile that gives it.
+CONFIDENCE = 0.95
+_Z = 1.959963984540054
+#: How the intervals are computed, in the summary's words.
+INTERVAL_METHOD = "Wilson score interval, 95%"
+
+
+def wilson_interval(mean: float, n: int, z: float = _Z) -> tuple[float, float]:
+    """The Wilson score interval around a share ``mean`` of ``n`` items (95% by default).
+
+    For pass/fail it is the textbook interval; for scores between 0 and 1 it is conservative (wider than
+    needed), since such scores vary at most as much as pass/fail with the same mean does."""
+    if n <= 0:
+        return (0.0, 1.0)
+    mean = min(1.0, max(0.0, mean))
+    z2 = z * z
+    centre = (mean + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(mean * (1 - mean) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return (max(0.0, min(mean, centre - half)), min(1.0, max(mean, centre + half)))
+
+
+@dataclass(frozen=True)
+class FieldScore:
+    """One field's row of a score summary: how many labelled items had it, how many got it right, the share
+    (``accuracy``) and its interval. A row of columns (``COLUMNS``), so more can be added beside them."""
+
+    name: str
+    labelled: int  # scored items whose expected answer has this field
+    right: int
+    low: float
+    high: float
+
+    COLUMNS = ("field", "labelled", "right", "accuracy", "interval")
+
+    @property
+    def accuracy(self) -> float:
+        return self.right / self.labelled if self.labelled else 0.0
+
+    def cells(self) -> list[str]:
+        return [self.name, str(self.labelled), str(self.right), f"{self.accuracy:.3f}", _interval(self.low, self.high)]
+
+    def to_json(self) -> dict:
+        return {"field": self.name, "labelled": self.labelled, "right": self.right,
+                "accuracy": round(self.accuracy, 6), "interval": [round(self.low, 6), round(self.high, 6)]}
+
 
 @dataclass(frozen=True)
 class ScoreSummary:
-    """A map's scores in all: ``mean`` over the scored items, how many passed and failed, and each field's
-    accuracy (the share of items that got it right; a failed item misses them all)."""
+    """A map's scores in all: ``mean`` over the scored items with its interval (``low``, ``high``: 95%,
+    Wilson), how many passed and failed, how many items were labelled, and a row per field
+    (``field_rows``: labelled, right, accuracy, interval; ``fields`` is their accuracies by name).
+
+    ``str()`` is a few lines and a small table; in a notebook it is an HTML table (``_repr_html_``)."""
 
     scorer: str
     items: int  # items in the map
-    scored: int  # concluded items with an expected answer and a score
+    scored: int  # concluded labelled items with a score
     mean: float | None
     passed: int
     failed: int  # scored, and under 1 (failed items among them)
     errors: int  # the scorer could not score them (score_error)
-    unscored: int  # no expected answer, not concluded, or an error
-    fields: dict[str, float] = field(default_factory=dict)
+    unscored: int  # items without a score: not labelled, not concluded, or an error
+    field_rows: tuple[FieldScore, ...] = ()
+    labelled: int | None = None  # items with an expected answer (None: not known, as before labels were counted)
+    low: float | None = None
+    high: float | None = None
+
+    @property
+    def fields(self) -> dict[str, float]:
+        """Each field's accuracy, by name (the share of the scored items with that field that got it right)."""
+        return {row.name: row.accuracy for row in self.field_rows}
+
+    @property
+    def unlabelled(self) -> int:
+        """Items with no expected answer (``null``, or none given): not scored, not counted."""
+        return 0 if self.labelled is None else self.items - self.labelled
+
+    @property
+    def pending(self) -> int:
+        """Labelled items not scored yet (not concluded) -- neither unlabelled nor a scorer's error."""
+        return self.unscored - self.errors - self.unlabelled
 
     @classmethod
-    def of(cls, scorer: str, items: int, scores: Iterable[ItemScore]) -> "ScoreSummary":
+    def of(cls, scorer: str, items: int, scores: Iterable[ItemScore], labelled: int | None = None) -> "ScoreSummary":
         scored = passed = errors = 0
         total = 0.0
         right: dict[str, int] = {}
@@ -408,27 +571,98 @@ class ScoreSummary:
             for name, ok in (s.fields or {}).items():
                 seen[name] = seen.get(name, 0) + 1
                 right[name] = right.get(name, 0) + ok
-        return cls(scorer, items, scored, total / scored if scored else None, passed, scored - passed, errors,
-                   items - scored, {name: right[name] / seen[name] for name in seen})
+        mean = total / scored if scored else None
+        low, high = wilson_interval(mean, scored) if mean is not None else (None, None)
+        rows = tuple(FieldScore(name, seen[name], right[name], *wilson_interval(right[name] / seen[name], seen[name]))
+                     for name in seen)
+        return cls(scorer, items, scored, mean, passed, scored - passed, errors, items - scored, rows, labelled,
+                   low, high)
 
     def lines(self) -> list[str]:
-        """The summary in a few lines (deterministic: no times, no paths)."""
+        """The summary in a few lines and a table of the fields (deterministic: no times, no paths)."""
+        labels = self._labels_line()
         if not self.scored:
-            return [f"score ({self.scorer}): no item scored yet ({self.unscored} of {self.items} without a score)"]
-        out = [f"score ({self.scorer}): mean {self.mean:.3f} over {self.scored} items; {self.passed} passed, "
-               f"{self.failed} failed" + (f", {self.errors} could not be scored" if self.errors else "")
-               + (f", {self.unscored - self.errors} not scored" if self.unscored - self.errors else "")]
-        out += [f"  {name}: {accuracy:.3f}" for name, accuracy in self.fields.items()]
+            out = [f"score ({self.scorer}): no item scored yet ({self.unscored} of {self.items} without a score)"]
+            return out + ([labels] if labels else [])
+        head = (f"score ({self.scorer}): mean {self.mean:.3f} over {self.scored} item{'s' if self.scored != 1 else ''}"
+                f" (95% interval {_interval(self.low, self.high)}); {self.passed} passed, {self.failed} failed")
+        head += f", {self.errors} could not be scored" if self.errors else ""
+        head += f", {self.pending} not scored yet" if self.pending else ""
+        out = [head]
+        if labels:
+            out.append(labels)
+        if self.field_rows:
+            out += ["  " + line for line in _text_table(list(FieldScore.COLUMNS),
+                                                        [row.cells() for row in self.field_rows])]
+        if self.scored < THIN:
+            out.append(f"  a mean over {self.scored} items is thin: its 95% interval is "
+                       f"{self.high - self.low:.2f} wide ({INTERVAL_METHOD})")
         return out
+
+    def _labels_line(self) -> str:
+        if not self.unlabelled:
+            return ""
+        return (f"  labelled: {self.labelled} of {self.items} items; the {self.unlabelled} not labelled (null, or no "
+                f"expected answer) are not scored and not counted")
 
     def to_json(self) -> dict:
         return {"scorer": self.scorer, "items": self.items, "scored": self.scored,
-                "mean": None if self.mean is None else round(self.mean, 6), "passed": self.passed,
-                "failed": self.failed, "errors": self.errors, "unscored": self.unscored,
-                "fields": {k: round(v, 6) for k, v in self.fields.items()}}
+                "mean": None if self.mean is None else round(self.mean, 6),
+                "interval": None if self.low is None else [round(self.low, 6), round(self.high, 6)],
+                "interval_method": INTERVAL_METHOD, "passed": self.passed, "failed": self.failed,
+                "errors": self.errors, "unscored": self.unscored, "labelled": self.labelled,
+                "unlabelled": self.unlabelled,
+                "fields": {k: round(v, 6) for k, v in self.fields.items()},
+                "field_table": [row.to_json() for row in self.field_rows]}
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
+
+    def __repr__(self) -> str:
+        mean = "no score" if self.mean is None else f"mean {self.mean:.3f} over {self.scored}"
+        return f"<ScoreSummary {self.scorer}: {mean}, {self.passed} passed>"
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:
+        """IPython shows the lines (a notebook's ``text/plain``)."""
+        printer.text(str(self))
+
+    def _repr_html_(self) -> str:
+        """The summary as a small HTML table, every value escaped (a field's name comes from an expected file)."""
+        from html import escape
+
+        lines = self.lines()
+        head = escape(lines[0])
+        notes = "".join(f"<div>{escape(line.strip())}</div>" for line in lines[1:]
+                        if not line.startswith("  ") or "labelled:" in line or "is thin" in line)
+        if not self.field_rows:
+            return f'<div class="tj-score-summary"><div><b>{head}</b></div>{notes}</div>'
+        header = "".join(f"<th>{escape(c)}</th>" for c in FieldScore.COLUMNS)
+        right = ' style="text-align:right"'
+        body = "".join("<tr>" + "".join(f"<td{right if i else ''}>{escape(c)}</td>" for i, c in enumerate(row.cells()))
+                       + "</tr>" for row in self.field_rows)
+        return (f'<div class="tj-score-summary"><div><b>{head}</b></div>{notes}'
+                f'<table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table></div>')
+
+
+#: Scored items under which a summary says its mean is thin.
+THIN = 30
+
+
+def _interval(low: float | None, high: float | None) -> str:
+    return "-" if low is None or high is None else f"{low:.2f}-{high:.2f}"
+
+
+def _text_table(header: list[str], body: list[list[str]]) -> list[str]:
+    """Columns padded to their widest cell; text left, numbers right."""
+    rows = [header, *body]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    numeric = [all(_numberish(r[i]) for r in body) for i in range(len(header))]
+    return ["  ".join(c.rjust(w) if numeric[i] else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+            for r in rows]
+
+
+def _numberish(text: str) -> bool:
+    return bool(text) and text.replace(".", "", 1).replace("-", "", 1).isdigit()
 
 
 def read_scores(run_dir: Path, total: int) -> dict[int, ItemScore] | None:
@@ -477,13 +711,19 @@ class Scoring:
         self._tally = [0, 0.0, 0]  # scored, sum of scores, passed: kept as items are scored
 
     @classmethod
-    def of(cls, expected: Any, scorer: Any, total: int, run_dir: str | os.PathLike | None) -> "Scoring | None":
+    def of(cls, expected: Any, scorer: Any, total: int, run_dir: str | os.PathLike | None,
+           keys: "Callable[[], Sequence[str]] | None" = None, manifest_sha256: str | None = None
+           ) -> "Scoring | None":
         """The scoring a map asks for. With no expected answers: those ``run_dir`` keeps (None: a folder
-        started over keeps none), with ``scorer`` or else the folder's own when it is a built-in one (see
-        the module doc); None when there is nothing to score against."""
+        started over keeps none, and a folder of another manifest -- ``manifest_sha256`` -- is not read
+        here: the run folder refuses it, saying so), with ``scorer`` or else the folder's own when it is a
+        built-in one (see the module doc); None when there is nothing to score against. ``keys``: the
+        manifest's item keys, for expected answers given by key."""
         if expected is not None:
-            return cls(scorer_of(scorer), Expected.read(expected, total))
+            return cls(scorer_of(scorer), Expected.read(expected, total, keys))
         folder = Path(run_dir).absolute() if run_dir is not None else None
+        if folder is not None and manifest_sha256 is not None and not _same_manifest(folder, manifest_sha256):
+            folder = None
         found = Expected.from_folder(folder, total) if folder is not None else None
         if scorer is not None:
             if found is None:
@@ -535,6 +775,16 @@ class Scoring:
                     "".join(dumps(self.scores[i].to_json()) + "\n" for i in sorted(self.scores)))
 
 
+def _same_manifest(run_dir: Path, manifest_sha256: str) -> bool:
+    """Whether ``run_dir`` holds a map of this manifest (or no map at all: nothing of another one to read)."""
+    if not os.path.lexists(run_dir / LEDGER):
+        return True
+    try:
+        return read_ledger(run_dir)["manifest_sha256"] == manifest_sha256
+    except ResumeRefused:
+        return False  # not a ledger: the run folder says so when it is opened
+
+
 def _is_index(value: Any, total: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < total
 
@@ -557,5 +807,6 @@ def _clip(text: str) -> str:
 __all__ = [
     "SCORING_FORMAT", "MAX_ERROR_CHARS", "MAX_FIELDS", "MAX_SCORING_JSON_BYTES", "ScoringError", "Scored", "ItemScore", "same", "leaves",
     "value_at", "exact", "json_fields", "contains", "Scorer", "BUILTINS", "DEFAULT_SCORER", "scorer_of", "score_item",
-    "Expected", "ScoreSummary", "read_scores", "scorer_name", "Scoring"
+    "KEYED_SHAPES", "Expected", "CONFIDENCE", "INTERVAL_METHOD", "THIN", "wilson_interval", "FieldScore", "ScoreSummary",
+    "read_scores", "scorer_name", "Scoring"
 ]

@@ -12,11 +12,14 @@ cannot run the map raises ``ClusterError`` with nothing started.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from tensorjob_jupyter.inference.base import Backend
+from tensorjob_jupyter.inference.providers import URL
+from tensorjob_jupyter.inference.topology import physical_cores, threads_setting
 from tensorjob_jupyter.sandbox.compile import GuestSource
 
 from tensorjob_jupyter.host.spec import JobSpec
@@ -26,7 +29,7 @@ from tensorjob_jupyter.fanout.errors import ClusterError
 from tensorjob_jupyter.fanout.folder import JOBS, RunFolder
 from tensorjob_jupyter.fanout.items import BackendSpec, ItemSpec, process_backend
 from tensorjob_jupyter.fanout.local import LocalExecutor
-from tensorjob_jupyter.fanout.manifest import read_manifest
+from tensorjob_jupyter.fanout.manifest import item_key, read_manifest
 from tensorjob_jupyter.fanout.progress import MapResult
 from tensorjob_jupyter.fanout.run import MapRun
 from tensorjob_jupyter.fanout.scoring import Scoring
@@ -44,7 +47,7 @@ def start_map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike", manife
               run_dir: str | os.PathLike, *, backend: Backend | Callable[[], Backend] | None = None,
               concurrency: int | str | None = None, cluster: Any = None, retry_failed: bool = False,
               restart: bool = False, retries: int = 1, fsync: bool = True, expected: Any = None, scorer: Any = None,
-              max_total_tokens: int | None = None, **job_keywords: Any) -> MapRun:
+              max_total_tokens: int | None = None, deterministic: bool = False, **job_keywords: Any) -> MapRun:
     """Check everything, open the run folder and start the map on a background thread.
 
     ``guest``: a ``JobSpec`` -- every item's job but for its input -- or a guest with the keywords
@@ -76,6 +79,11 @@ def start_map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike", manife
     ``(result, expected) -> float | bool``); see ``fanout.scoring``.
     ``max_total_tokens``: stop the map (resumably) once its items have used
     that many tokens, in and out.
+    ``deterministic``: answers that do not depend on what else runs -- one
+    item at a time, each infer decoded alone (no other sequence in its
+    decode steps, here or from another job on the same model), with the
+    prompt cache off and a fixed thread count (``deterministic_threads``),
+    recorded in the ledger; a local model only (see docs/maps.md).
     Raises ``ManifestError``/``ResumeRefused``/``ClusterError``/``ScoringError``/``ValueError``
     before any item runs.
     """
@@ -84,14 +92,20 @@ def start_map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike", manife
     if max_total_tokens is not None and (isinstance(max_total_tokens, bool) or not isinstance(max_total_tokens, int)
                                          or max_total_tokens < 1):
         raise ValueError(f"max_total_tokens must be a whole number of at least 1, got {max_total_tokens!r}")
-    scoring = Scoring.of(expected, scorer, len(items), None if restart else run_dir)
-    spec, instance = item_spec(map_job(guest, job_keywords, "start_map"), backend,
-                               Path(run_dir).absolute() / JOBS)
+    scoring = Scoring.of(expected, scorer, len(items), None if restart else run_dir,
+                         keys=lambda: [item_key(v, i) for i, v in enumerate(items.items)],
+                         manifest_sha256=items.sha256)
+    job = map_job(guest, job_keywords, "start_map")
+    pinned = None
+    if deterministic:
+        job, concurrency, pinned = deterministic_job(job, concurrency, cluster)
+    spec, instance = item_spec(job, backend, Path(run_dir).absolute() / JOBS)
     folder = RunFolder(run_dir, fsync=fsync)
     executor = _executor(spec, instance, concurrency, cluster, retries)
     try:
         folder.open(items, spec.sha256, retry_failed=retry_failed, restart=restart,
-                    where=getattr(executor, "where", "local"), concurrency=getattr(executor, "concurrency", None))
+                    where=getattr(executor, "where", "local"), concurrency=getattr(executor, "concurrency", None),
+                    deterministic=pinned)
         if scoring is not None:
             try:
                 scoring.begin(folder.path)
@@ -104,6 +118,33 @@ def start_map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike", manife
             close()
         raise
     return MapRun(folder, items, executor, scoring=scoring, max_total_tokens=max_total_tokens).start()
+
+
+def deterministic_threads(model: Any) -> int:
+    """The decode threads of a deterministic map: the model's ``n_threads`` option where one is given, else
+    ``TENSORJOB_THREADS``, else this machine's physical cores -- what a job on this machine decodes with by
+    default, so a deterministic item answers as the same job run alone does."""
+    given = dict(getattr(model, "engine", ()) or ()).get("n_threads")
+    if isinstance(given, int) and not isinstance(given, bool) and given >= 1:
+        return given
+    return threads_setting() or physical_cores()
+
+
+def deterministic_job(job: JobSpec, concurrency: Any, cluster: Any) -> tuple[JobSpec, int, dict]:
+    """A map's job made deterministic (see ``start_map``): the job, its concurrency (1) and what the ledger
+    records of it; ``ValueError`` for what cannot go with it."""
+    if cluster is not None:
+        raise ValueError("a deterministic map runs one item at a time in this process, not on a cluster")
+    if concurrency not in (None, AUTO, 1):
+        raise ValueError(f"a deterministic map runs one item at a time; concurrency={concurrency!r} cannot go "
+                         f"with it")
+    model = job.model
+    if getattr(model, "kind", None) == URL:
+        raise ValueError("a deterministic map needs a local model: a served model batches requests as its "
+                         "server decides")
+    threads = deterministic_threads(model)
+    infer = dataclasses.replace(job.infer, cache_prompt=False, alone=True, threads=threads)
+    return job.replace(infer=infer), 1, {"threads": threads, "prompt_cache": False, "alone": True}
 
 
 def map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike", manifest: str | os.PathLike | Sequence[Any],
@@ -165,4 +206,5 @@ def _executor(spec: ItemSpec, instance: Backend | None, concurrency: int | str, 
     return DaskExecutor(spec, cluster, concurrency=concurrency, retries=retries)
 
 
-__all__ = ["DEFAULT_CONCURRENCY", "NOT_FOR_MAPS", "start_map", "map", "map_job", "item_spec"]
+__all__ = ["DEFAULT_CONCURRENCY", "NOT_FOR_MAPS", "start_map", "deterministic_threads", "deterministic_job", "map",
+           "map_job", "item_spec"]

@@ -149,6 +149,9 @@ def add_map_replay_arguments(p) -> None:
                    help="replay --map: score against these expected answers (default: the recorded map's)")
     p.add_argument("--scorer", default=None, metavar="NAME",
                    help="replay --map: exact, json_fields or contains (default: the recorded map's)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="replay --map --live: one item at a time, each live infer decoded alone with a fixed thread "
+                        "count and no prompt cache, so its answer does not depend on what else runs")
 
 
 # --- runs ------------------------------------------------------------------------------------------
@@ -279,6 +282,8 @@ def cmd_replay(args, out: TextIO, err: TextIO) -> int:
     for name in ("run_dir", "fail_under", "concurrency", "expected", "scorer"):
         if getattr(args, name) is not None:
             raise OptionError(f"--{name.replace('_', '-')} is for replay --map RUN_DIR")
+    if args.deterministic:
+        raise OptionError("--deterministic is for replay --map RUN_DIR --live")
     job = start_replay(args.guest, args.from_run, args, err, runs=args.runs)
     if job is None:
         return EXIT_FAILED
@@ -342,7 +347,8 @@ def start_map_replay_run(guest: str, run_dir: Any, args, err: TextIO, *, default
         return start_map_replay(run_dir, source, out=args.run_dir, live=args.live,
                                 recorded_grants=bool(getattr(args, "recorded_grants", False)), model=options.model,
                                 concurrency=concurrency, expected=args.expected,
-                                scorer=scorer if scorer is not None else args.scorer, job_options=job_options)
+                                scorer=scorer if scorer is not None else args.scorer, job_options=job_options,
+                                deterministic=bool(getattr(args, "deterministic", False)))
     except (MapError, ReplayError, OSError, ValueError) as e:
         raise OptionError(" ".join(str(e).split())) from None
 
@@ -364,7 +370,7 @@ def cmd_replay_map(args, out: TextIO, err: TextIO) -> int:
     if args.json:
         out.write(json_text({**replay.to_json(), "passed": passed}, pretty=False) + "\n")
     else:
-        out.write("\n".join(replay.lines() + ([line] if line else [])) + "\n")
+        out.write("\n".join(replay.lines(max_rows=None) + ([line] if line else [])) + "\n")
     out.flush()
     return EXIT_OK if passed else EXIT_FAILED
 
@@ -378,8 +384,8 @@ def cmd_diff(args, out: TextIO, err: TextIO) -> int:
             comparison = compare(args.run_a, args.run_b)
         except MapError as e:
             raise OptionError(" ".join(str(e).split())) from None
-        out.write((json_text(comparison.to_json(), pretty=False) if args.json else "\n".join(comparison.lines()))
-                  + "\n")
+        out.write((json_text(comparison.to_json(), pretty=False) if args.json
+                   else "\n".join(comparison.lines(max_rows=None))) + "\n")
         return EXIT_OK if comparison.same else EXIT_FAILED
     result = diff_runs(args.run_a, args.run_b, runs=args.runs)
     if args.json:

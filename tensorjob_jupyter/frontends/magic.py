@@ -349,6 +349,9 @@ class TensorJob(Magics, JobSettings):
     @argument("--max-total-tokens", type=int, default=None, metavar="N",
               help="map: stop, resumably, once the items have used N tokens")
     @argument("--estimate", action="store_true", help="map: what it would cost (tokens, time); runs nothing")
+    @argument("--deterministic", action="store_true",
+              help="map, replay --map --live: one item at a time, each infer decoded alone with fixed threads and "
+                   "no prompt cache, so answers do not depend on what else runs")
     @argument("--map", dest="map_run", default=None, metavar="RUN_DIR",
               help="replay: a recorded map's run folder; every item is replayed against its own recording")
     @argument("--fail-under", default=None, metavar="X",
@@ -383,7 +386,8 @@ class TensorJob(Magics, JobSettings):
                                         own recording; the value is the MapReplay (.to_pandas(),
                                         .needs_model, .passed(X))
         Maps with expected answers: --expected FILE.jsonl --scorer json_fields (or $name, a
-        function (result, expected) -> score); --max-total-tokens N; --estimate (runs nothing).
+        function (result, expected) -> score); --max-total-tokens N; --estimate (runs nothing);
+        --deterministic (answers that do not depend on what else runs).
 
         Debugging: run (or a cell) with --debug starts paused before cf_init, --break-on
         infer,open,... pauses before those commands (fail: also before any failure is final);

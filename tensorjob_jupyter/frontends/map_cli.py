@@ -23,6 +23,7 @@ from typing import TextIO
 from tensorjob_jupyter.frontends.options import (
     EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, JobOptions, OptionError, add_job_arguments,
 )
+from tensorjob_jupyter.abi import codes
 from tensorjob_jupyter.fanout.errors import MapError
 from tensorjob_jupyter.fanout.estimate import MapEstimate, estimate_map
 from tensorjob_jupyter.fanout.progress import MapResult, rate_text
@@ -73,6 +74,9 @@ def add_experiment_arguments(p) -> None:
                    help="stop the map, resumably, once its items have used N tokens (in and out)")
     p.add_argument("--estimate", action="store_true",
                    help="print what the map would cost (prompt tokens per item, the expected time) and run nothing")
+    p.add_argument("--deterministic", action="store_true",
+                   help="answers that do not depend on what else runs: one item at a time, each infer decoded alone "
+                        "with a fixed thread count and no prompt cache (slower; a local model only)")
 
 
 def cmd_map(args, out: TextIO, err: TextIO) -> int:
@@ -95,7 +99,7 @@ def cmd_map(args, out: TextIO, err: TextIO) -> int:
         out.write(json_text(result.to_json()) + "\n")
     else:
         out.write(map_table(result.rows(), width=shutil.get_terminal_size().columns,
-                            more=f"tensorjob runs --table {result.run_dir}") + "\n\n")
+                            more=f"tensorjob runs --table {result.run_dir} (--csv for a spreadsheet)") + "\n\n")
         out.write(for_terminal(_summary_text(result)) + "\n")
     out.flush()
     if result.status == "cancelled":
@@ -115,7 +119,7 @@ def start_map_run(guest: GuestSource, args, options: JobOptions, *, scorer=None)
         return start_map(options.map_spec(guest), args.over, args.run_dir, concurrency=args.concurrency,
                          cluster=args.cluster, retry_failed=args.retry_failed, restart=args.restart,
                          expected=args.expected, scorer=scorer if scorer is not None else args.scorer,
-                         max_total_tokens=args.max_total_tokens)
+                         max_total_tokens=args.max_total_tokens, deterministic=args.deterministic)
     except (MapError, OSError, ValueError) as e:
         raise OptionError(_one_line(e)) from None
     except Exception as e:  # noqa: BLE001 - e.g. the cluster cannot be reached
@@ -171,38 +175,53 @@ def _summary_text(result: MapResult) -> str:
     return "\n".join(lines)
 
 
+def progress_line(p: dict) -> str:
+    """A map's progress (``MapProgress.to_json()``) as one line: items that need the model (a replay's) are
+    counted as such, never as failed."""
+    rate = rate_text(p["completed"] + p["failed"], p["elapsed_s"])
+    needs = p.get("needs_model") or 0
+    return (f"· {p['skipped'] + p['completed'] + p['failed']}/{p['total']} "
+            f"({p['completed']} completed, {p['failed'] - needs} failed, "
+            + (f"{needs} need the model, " if needs else "")
+            + f"{p['skipped']} skipped, {p['running']} running" + (f", {rate}" if rate else "") + ")")
+
+
 class _ProgressPrinter:
     """Throttled progress lines on stderr, plus the first few failures."""
 
     def __init__(self, err: TextIO, *, quiet: bool, every_s: float = 1.0):
         self.err, self.quiet, self.every_s = err, quiet, every_s
         self._last = 0.0
-        self._failures = 0
+        self._failures = self._unanswered = 0
 
     def __call__(self, event: dict) -> None:
         if self.quiet:
             return
 
         if event["type"] == "item.failed":
-            self._failures += 1
-            if self._failures <= SHOW_FAILURES:
-                e = event["error"]
-                self.err.write(for_terminal(f"✗ item {event['item']}: {e['code']}: {e['message']}", one_line=True)
-                               + "\n")
-            elif self._failures == SHOW_FAILURES + 1:
-                self.err.write("✗ ... more failures in failures.jsonl\n")
+            e = event["error"]
+            if e.get("code") == codes.REPLAY_DIVERGENCE:  # a replay's item its recording cannot answer
+                self._unanswered += 1
+                if self._unanswered <= SHOW_FAILURES:
+                    self.err.write(for_terminal(f"◦ item {event['item']} needs the model: {e['message']}",
+                                                one_line=True) + "\n")
+                elif self._unanswered == SHOW_FAILURES + 1:
+                    self.err.write("◦ ... more items need the model (the summary lists them)\n")
+            else:
+                self._failures += 1
+                if self._failures <= SHOW_FAILURES:
+                    self.err.write(for_terminal(f"✗ item {event['item']}: {e['code']}: {e['message']}",
+                                                one_line=True) + "\n")
+                elif self._failures == SHOW_FAILURES + 1:
+                    self.err.write("✗ ... more failures in failures.jsonl\n")
         now = time.monotonic()
         if event["type"] == "map.finished" or now - self._last >= self.every_s:
             self._last = now
-            p = event["progress"]
-            rate = rate_text(p["completed"] + p["failed"], p["elapsed_s"])
-            self.err.write(f"· {p['skipped'] + p['completed'] + p['failed']}/{p['total']} "
-                           f"({p['completed']} completed, {p['failed']} failed, {p['skipped']} skipped, "
-                           f"{p['running']} running" + (f", {rate}" if rate else "") + ")\n")
+            self.err.write(progress_line(event["progress"]) + "\n")
         self.err.flush()
 
 
 __all__ = [
     "SHOW_FAILURES", "add_map_parser", "add_experiment_arguments", "cmd_map", "start_map_run", "estimate_map_run",
-    "CONCURRENCY_HELP", "concurrency_value"
+    "CONCURRENCY_HELP", "concurrency_value", "progress_line"
 ]

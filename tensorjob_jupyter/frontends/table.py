@@ -3,11 +3,12 @@
 ``map_table(rows)`` takes ``MapResult.rows()`` and keeps what a person scans
 for -- the item, its key, its status (with the error code of a failed item)
 and the result's fields; the input's own fields are summed up by the key.
-Every cell is made inert (``text.for_terminal``, one line) and clipped, and
-the columns share the terminal's width (a key is clipped at its start, where
-a path's or a URL's name is not), so a guest's result can neither
-move the cursor nor push the table off the screen; past ``max_rows`` items
-the table says how many more there are and where to see them.
+Every cell is made inert (``text.for_terminal``, one line), and the columns
+share the terminal's width: a cell wider than its column wraps onto a few
+lines (a key or a result is read whole, not clipped), and result columns that
+cannot fit are left out and named, so a guest's result can neither move the
+cursor nor push the table off the screen; past ``max_rows`` items, or with
+columns left out, the table says what is missing and where to see every row.
 
 ``rows_csv(rows)`` is every column of every row, for a spreadsheet: values
 that are not text or numbers are written as JSON, terminal controls are
@@ -21,15 +22,21 @@ from __future__ import annotations
 import csv
 import io
 import json
-from typing import Any, Sequence
+import textwrap
+from typing import Any, Callable, Sequence
 
 from tensorjob_jupyter.text import for_terminal
 
 #: Items a terminal table shows before it says how many more there are.
 MAX_ROWS = 30
-#: The widest a result column may be, and the narrowest it is squeezed to.
+#: The widest a result column may be, and the narrowest it is squeezed to; the key's widest; the lines a cell
+#: wraps onto at most.
 MAX_CELL = 40
 MIN_CELL = 8
+MAX_KEY_CELL = 60
+WRAP_LINES = 3
+#: How narrow a key or result column gets before result columns are left out instead.
+READABLE_CELL = 20
 _FIXED = ("item", "key", "status")
 _FORMULA = ("=", "+", "-", "@", "\t", "\r")
 
@@ -48,15 +55,35 @@ def _one_line(text: str) -> str:
     return for_terminal(text, one_line=True).replace("\t", " ")
 
 
-def _clip(text: str, width: int, *, keep_end: bool = False) -> str:
-    if len(text) <= width:
-        return text
-    return "…" + text[len(text) - width + 1:] if keep_end and width > 1 else text[:max(0, width - 1)] + "…"
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:max(0, width - 1)] + "…"
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """``text`` in lines of ``width`` characters (broken at spaces and ``/`` where it can), at most
+    ``WRAP_LINES`` of them, the last clipped with ``…``."""
+    lines: list[str] = []
+    rest = text
+    while rest and len(lines) < WRAP_LINES:
+        if len(rest) <= width:
+            lines.append(rest)
+            rest = ""
+            break
+        cut = max(rest.rfind(" ", 1, width + 1), rest.rfind("/", 1, width) + 1)
+        cut = cut if cut > width // 2 else width
+        lines.append(rest[:cut].rstrip(" "))
+        rest = rest[cut:].lstrip(" ")
+    if rest:
+        lines[-1] = _clip(lines[-1] + " " + rest, width)
+    return lines or [""]
 
 
 def map_table(rows: Sequence[dict], *, width: int = 120, max_rows: int = MAX_ROWS, more: str = "") -> str:
     """``rows`` (``MapResult.rows()``) as a fixed-width table at most ``width`` characters wide: item, key,
-    status (``failed: CODE``), then each ``result.*`` column; ``more`` ends the note on rows left out."""
+    status (``failed: CODE``), then each ``result.*`` column. A cell wider than its column wraps (up to
+    ``WRAP_LINES`` lines); columns are squeezed to ``READABLE_CELL``, then the last result columns are left
+out (and named), then what is left is squeezed to ``MIN_CELL``. Past
+    ``max_rows`` items a line says how many more there are; ``more`` says where to see every row."""
     if not rows:
         return "(no items)"
     results = [k for k in rows[0] if k == "result" or k.startswith("result.")]
@@ -66,18 +93,41 @@ def map_table(rows: Sequence[dict], *, width: int = 120, max_rows: int = MAX_ROW
         status = row["status"] if row["status"] != "failed" else f"failed: {row.get('error_code') or '?'}"
         table.append([_cell(row["item"]), _cell(row.get("key")), _cell(status)] + [_cell(row.get(k)) for k in results])
     widths = [max(len(headers[c]), *(len(r[c]) for r in table)) for c in range(len(headers))]
-    widths = [min(w, MAX_CELL) for w in widths]
-    while sum(widths) + 2 * (len(widths) - 1) > width:  # squeeze the widest column first
-        widest = max(range(len(widths)), key=lambda c: widths[c])
-        if widths[widest] <= MIN_CELL:
-            break
-        widths[widest] -= 1
-    lines = ["  ".join(_clip(h, w).ljust(w) for h, w in zip(headers, widths)).rstrip()]
-    for r in table:  # a key keeps its end: a path's or a URL's name is there
-        lines.append("  ".join(_clip(cell, w, keep_end=c == 1).ljust(w)
-                               for c, (cell, w) in enumerate(zip(r, widths))).rstrip())
+    widths = [widths[0], min(widths[1], MAX_KEY_CELL), min(widths[2], MAX_CELL)] + [min(w, MAX_CELL)
+                                                                                   for w in widths[3:]]
+    shown = list(range(len(headers)))
+
+    def total() -> int:
+        return sum(widths[c] for c in shown) + 2 * (len(shown) - 1)
+
+    def squeeze(floor: Callable[[int], int]) -> None:
+        while total() > width:  # the widest column first, none below its floor
+            room = [c for c in shown[1:] if widths[c] > floor(c)]
+            if not room:
+                return
+            widths[max(room, key=lambda c: widths[c])] -= 1
+
+    natural = list(widths)
+    squeeze(lambda c: natural[c] if c == 2 else min(natural[c], READABLE_CELL))  # the status whole, others readable
+    while total() > width and len(shown) > 4:  # then leave result columns out, the last first
+        shown.pop()
+        squeeze(lambda c: natural[c] if c == 2 else min(natural[c], READABLE_CELL))
+    squeeze(lambda c: min(natural[c], MIN_CELL))
+    lines = ["  ".join(_clip(headers[c], widths[c]).ljust(widths[c]) for c in shown).rstrip()]
+    for r in table:
+        cells = [_wrap(r[c], widths[c]) for c in shown]
+        for k in range(max(len(cell) for cell in cells)):
+            lines.append("  ".join((cell[k] if k < len(cell) else "").ljust(widths[c])
+                                   for c, cell in zip(shown, cells)).rstrip())
+    where = f": {more} lists every one" if more else ""
+    notes = []
+    if len(shown) < len(headers):
+        left = [headers[c] for c in range(len(headers)) if c not in shown]
+        notes.append(f"… {len(left)} more columns ({', '.join(left)}) do not fit {width} characters{where}")
     if len(rows) > max_rows:
-        lines.append(f"… {len(rows) - max_rows} more items" + (f" ({more})" if more else ""))
+        notes.append(f"… {len(rows) - max_rows} more items{where}")
+    for note in notes:  # prose: wrapped at spaces to the width
+        lines.extend(textwrap.wrap(note, max(width, MIN_CELL), break_on_hyphens=False))
     return "\n".join(lines)
 
 
@@ -103,4 +153,4 @@ def rows_csv(rows: Sequence[dict]) -> str:
     return out.getvalue()
 
 
-__all__ = ["MAX_ROWS", "MAX_CELL", "MIN_CELL", "map_table", "rows_csv"]
+__all__ = ["MAX_ROWS", "MAX_CELL", "MIN_CELL", "MAX_KEY_CELL", "WRAP_LINES", "READABLE_CELL", "map_table", "rows_csv"]

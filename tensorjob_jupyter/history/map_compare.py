@@ -27,8 +27,10 @@ from typing import Any, Iterable
 from tensorjob_jupyter.abi import dumps
 from tensorjob_jupyter.fanout.errors import MapError
 from tensorjob_jupyter.fanout.progress import MapResult, flattened, float_scores
-from tensorjob_jupyter.fanout.scoring import same
+from tensorjob_jupyter.fanout.scoring import INTERVAL_METHOD, same, wilson_interval
 from tensorjob_jupyter.history.maps import RecordedMap
+from tensorjob_jupyter.record.event_checks import TranscriptError
+from tensorjob_jupyter.record.recording import StepReader, normalise
 from tensorjob_jupyter.text import for_terminal
 
 #: Rows ``lines()`` lists (the ones that changed first); the rest are counted.
@@ -37,23 +39,37 @@ SHOW_ROWS = 20
 CELL_CHARS = 60
 #: How deep ``changed_fields`` goes into nested result objects.
 MAX_FIELD_DEPTH = 8
+#: Changed items whose recordings are read to see whether the same prompts were answered otherwise, and
+#: the steps of each compared.
+MAX_PROMPT_CHECKS = 200
+MAX_STEPS_COMPARED = 64
 
 
-def changed_fields(a: Any, b: Any, prefix: str = "", depth: int = 0) -> list[str]:
-    """The dotted names of the fields in which two result objects differ (a field only one has counts);
-    for values that are not both objects, ``[prefix or "result"]`` when they differ."""
+#: What ``changed_values`` gives for a field one side does not have.
+ABSENT = object()
+
+
+def changed_values(a: Any, b: Any, prefix: str = "", depth: int = 0) -> list[tuple[str, Any, Any]]:
+    """The fields in which two result objects differ, as (dotted name, old value, new value) -- a field only
+    one has counts, with ``ABSENT`` on the other side; for values that are not both objects,
+    ``[(prefix or "result", a, b)]`` when they differ."""
     if not (isinstance(a, dict) and isinstance(b, dict)) or depth >= MAX_FIELD_DEPTH:
-        return [] if same(a, b) else [prefix or "result"]
-    out: list[str] = []
+        return [] if same(a, b) else [(prefix or "result", a, b)]
+    out: list[tuple[str, Any, Any]] = []
     for key in dict.fromkeys([*a, *b]):
         name = f"{prefix}.{key}" if prefix else str(key)
         if key not in a or key not in b:
-            out.append(name)
+            out.append((name, a.get(key, ABSENT), b.get(key, ABSENT)))
         elif isinstance(a[key], dict) and isinstance(b[key], dict):
-            out += changed_fields(a[key], b[key], name, depth + 1)
+            out += changed_values(a[key], b[key], name, depth + 1)
         elif not same(a[key], b[key]):
-            out.append(name)
+            out.append((name, a[key], b[key]))
     return out
+
+
+def changed_fields(a: Any, b: Any) -> list[str]:
+    """The dotted names of the fields in which two result objects differ (``changed_values``' names)."""
+    return [name for name, _old, _new in changed_values(a, b)]
 
 
 @dataclass(frozen=True)
@@ -81,6 +97,8 @@ class MapComparison:
         self.a, self.b = a, b
         self.total = a.total
         self.sides = (_sides(a), _sides(b))
+        self._otherwise: list[int] | None = None  # answered_otherwise(), once
+        self._decoding: dict[int, list] = {}  # how those items' differing answers were decoded
 
     # -- one row an item -------------------------------------------------------------------------------
 
@@ -151,17 +169,32 @@ class MapComparison:
     def same(self) -> bool:
         return not any(self.changed(i) for i in range(self.total))
 
+    def counts_line(self, s: dict) -> str:
+        """The first line: what changed, what stayed the same."""
+        na, nb = self.columns_a, self.columns_b
+        return (f"{s['items']} items: {s['changed']} changed, {s['same']} the same "
+                f"({s[f'completed_{na}']} -> {s[f'completed_{nb}']} completed)")
+
     def summary_lines(self) -> list[str]:
         s = self.summary()
         na, nb = self.columns_a, self.columns_b
-        out = [f"{s['items']} items: {s['changed']} changed, {s['same']} the same "
-               f"({s[f'completed_{na}']} / {s[f'completed_{nb}']} completed)"]
+        out = [self.counts_line(s)]
         if s["scored_both"]:
-            out.append(f"score: {s[f'mean_score_{na}']:.3f} -> {s[f'mean_score_{nb}']:.3f} over the {s['scored_both']} "
-                       f"items both scored ({s[f'passed_{na}']} -> {s[f'passed_{nb}']} passed; {s['improved']} "
-                       f"better, {s['regressed']} worse)")
+            n = s["scored_both"]
+            old, new = s[f"mean_score_{na}"], s[f"mean_score_{nb}"]
+            (lo_a, hi_a), (lo_b, hi_b) = wilson_interval(old, n), wilson_interval(new, n)
+            out.append(f"score: {old:.3f} -> {new:.3f} over the {n} item{'s' if n != 1 else ''} both scored "
+                       f"({s[f'passed_{na}']} -> {s[f'passed_{nb}']} passed; {s['improved']} better, "
+                       f"{s['regressed']} worse); 95% intervals {lo_a:.2f}-{hi_a:.2f} -> {lo_b:.2f}-{hi_b:.2f}")
+            if old != new and max(lo_a, lo_b) <= min(hi_a, hi_b):
+                out.append(f"  the intervals overlap: on {n} items the change in the mean may be chance "
+                           f"({INTERVAL_METHOD}); label more items to tell")
         out.append(f"tokens: {s[f'tokens_{na}']} -> {s[f'tokens_{nb}']}; item time: "
                    f"{s[f'ms_{na}'] / 1000:.1f} s -> {s[f'ms_{nb}'] / 1000:.1f} s")
+        same_prompts = self.answered_otherwise()
+        if same_prompts:
+            out.append(f"{len(same_prompts)} of the changed items asked the same prompts and got other answers "
+                       f"(items {_items(same_prompts)}): {self.nondeterminism(same_prompts)}")
         return out
 
     #: The columns of the printed table of items.
@@ -171,26 +204,98 @@ class MapComparison:
         """Whether the printed table lists this item's row."""
         return row["changed"]
 
-    def table_row(self, row: dict) -> list[str]:
+    def table_rows(self, row: dict) -> list[list[str]]:
+        """The item's lines in the printed table: the first with its status and score, and one more for each
+        further field that changed (``field: old -> new``)."""
         na, nb = self.columns_a, self.columns_b
-        return [str(row["item"]), arrow(row[f"status_{na}"], row[f"status_{nb}"]),
-                arrow(score_text(row[f"score_{na}"]), score_text(row[f"score_{nb}"])),
-                ", ".join(row["changed_fields"]) or arrow(_short(row[f"result_{na}"]), _short(row[f"result_{nb}"]))]
+        changes = self.change_texts(row) or [""]
+        first = [str(row["item"]), arrow(row[f"status_{na}"], row[f"status_{nb}"]),
+                 arrow(score_text(row[f"score_{na}"]), score_text(row[f"score_{nb}"])), changes[0]]
+        return [first] + [["", "", "", text] for text in changes[1:]]
 
-    def table_lines(self) -> list[str]:
-        """The items that changed (at most ``SHOW_ROWS``) as a small text table."""
+    def change_texts(self, row: dict) -> list[str]:
+        """What changed in an item, one text a field: ``name: old -> new`` (each value clipped)."""
+        na, nb = self.columns_a, self.columns_b
+        x, y = self.sides[0][row["item"]], self.sides[1][row["item"]]
+        if x.status == y.status == "completed":
+            return [f"{name}: {arrow(_json_short(old), _json_short(new))}"
+                    for name, old, new in changed_values(x.result, y.result)]
+        if row["changed"]:
+            return [arrow(_short(row[f"result_{na}"]), _short(row[f"result_{nb}"]))]
+        return []
+
+    def table_lines(self, max_rows: int | None = SHOW_ROWS) -> list[str]:
+        """The items that changed as a small text table: at most ``max_rows`` of them (None: every one), and a
+        line saying how many more there are and where to see them."""
         rows = [r for r in map(self.row, range(self.total)) if self.listed(r)]
         if not rows:
             return [self.nothing_listed]
-        out = text_table(list(self.table_header), [self.table_row(r) for r in rows[:SHOW_ROWS]])
-        if len(rows) > SHOW_ROWS:
-            out.append(f"... and {len(rows) - SHOW_ROWS} more (to_pandas() or --json has every row)")
+        shown = rows if max_rows is None else rows[:max_rows]
+        out = text_table(list(self.table_header), [line for r in shown for line in self.table_rows(r)])
+        if len(rows) > len(shown):
+            out.append(f"... and {len(rows) - len(shown)} more of the {len(rows)} listed items: "
+                       f"{self.every_row_hint}")
         return out
 
+    #: Where every row is, in the words of the place the lines are read.
+    every_row_hint = "lines(max_rows=None) or the command line lists them all; to_pandas() has every column"
     nothing_listed = "no item changed"
 
-    def lines(self) -> list[str]:
-        return [_line(x) for x in self.summary_lines() + self.table_lines()]
+    def lines(self, max_rows: int | None = SHOW_ROWS) -> list[str]:
+        """The summary, then the table of the items listed (``table_lines``)."""
+        return [_line(x) for x in self.summary_lines() + self.table_lines(max_rows)]
+
+    # -- why the same prompt can be answered otherwise ---------------------------------------------------
+
+    def answered_otherwise(self, limit: int = MAX_PROMPT_CHECKS) -> list[int]:
+        """The changed items (at most ``limit`` looked at) whose recordings on both sides asked the model the
+        same prompts, yet were answered otherwise: their change is the model's, not the guest's."""
+        if self._otherwise is None:
+            found = []
+            for item in [i for i in range(self.total) if self.changed(i)][:limit]:
+                if self._same_prompts_other_answer(item):
+                    found.append(item)
+            self._otherwise = found
+        return self._otherwise
+
+    def _same_prompts_other_answer(self, item: int) -> bool:
+        runs = [self.a.item_run(item), self.b.item_run(item)]
+        if any(r is None for r in runs):
+            return False
+        try:
+            steps = [list(StepReader(r.path))[:MAX_STEPS_COMPARED] for r in runs]
+        except (OSError, TranscriptError):
+            return False
+        for x, y in zip(*steps):
+            if normalise(x.command) != normalise(y.command):
+                return False  # the guest asked otherwise first
+            if x.infer is not None and y.infer is not None and x.infer.text != y.infer.text:
+                self._decoding[item] = [x.infer.timing, y.infer.timing, x.infer.cached_tokens, y.infer.cached_tokens]
+                return True
+        return False
+
+    def nondeterminism(self, items: list[int]) -> str:
+        """Why the same prompt can be answered otherwise, from what the recordings say of how it was decoded."""
+        batched, threads, cached = False, set(), False
+        for item in items:
+            timing_a, timing_b, cached_a, cached_b = self._decoding.get(item, [None, None, 0, 0])
+            for timing in (timing_a, timing_b):
+                timing = timing if isinstance(timing, dict) else {}
+                batch = timing.get("batch")
+                batched |= not isinstance(batch, int) or batch > 1
+                if isinstance(timing.get("threads"), int):
+                    threads.add(timing["threads"])
+            cached |= bool(cached_a or cached_b)
+        causes = []
+        if batched:
+            causes.append("decoded beside other items (batch composition)")
+        if len(threads) > 1:
+            causes.append(f"other thread counts ({', '.join(map(str, sorted(threads)))})")
+        if cached:
+            causes.append("a prompt prefix reused from the cache")
+        said = "; ".join(causes) if causes else "the model or its build differs"
+        return (f"greedy answers depend on how they are decoded -- here {said} (docs/maps.md, when answers can "
+                f"differ); map with --deterministic where reruns must match")
 
     def to_json(self) -> dict:
         return {"a": str(self.a.path), "b": str(self.b.path), "summary": self.summary(), "rows": self.rows()}
@@ -240,6 +345,10 @@ def _sides(m: RecordedMap) -> list[Side]:
     return out
 
 
+def _items(items: list[int], show: int = 20) -> str:
+    return ", ".join(map(str, items[:show])) + (" ..." if len(items) > show else "")
+
+
 def _mean(values: Iterable[float]) -> float | None:
     values = list(values)
     return sum(values) / len(values) if values else None
@@ -253,7 +362,14 @@ def arrow(a: str, b: str) -> str:
     return a if a == b else f"{a} -> {b}"
 
 
+def _json_short(value: Any) -> str:
+    """A value as JSON (a string quoted, so ``"1"`` and ``1`` differ), clipped; ``(none)`` for a field not there."""
+    return _short(value if value is ABSENT else dumps(value))
+
+
 def _short(value: Any) -> str:
+    if value is ABSENT:
+        return "(none)"
     text = value if isinstance(value, str) else dumps(value) if value is not None else "-"
     text = for_terminal(" ".join(text.split()), one_line=True)
     return text if len(text) <= CELL_CHARS // 2 else text[:CELL_CHARS // 2 - 1] + "…"
@@ -276,6 +392,6 @@ def _line(text: str) -> str:
 
 
 __all__ = [
-    "SHOW_ROWS", "CELL_CHARS", "MAX_FIELD_DEPTH", "changed_fields", "Side", "MapComparison", "compare", "score_text",
+    "SHOW_ROWS", "CELL_CHARS", "MAX_FIELD_DEPTH", "MAX_PROMPT_CHECKS", "ABSENT", "changed_values", "changed_fields", "Side", "MapComparison", "compare", "score_text",
     "arrow", "text_table"
 ]

@@ -53,6 +53,7 @@ from tensorjob_jupyter.fanout.manifest import read_manifest
 from tensorjob_jupyter.fanout.progress import MapResult
 from tensorjob_jupyter.fanout.run import MapRun
 from tensorjob_jupyter.fanout.scoring import BUILTINS, Expected, Scoring, scorer_name, scorer_of
+from tensorjob_jupyter.fanout.start import deterministic_threads
 from tensorjob_jupyter.history.map_compare import MapComparison
 from tensorjob_jupyter.history.maps import RecordedMap
 from tensorjob_jupyter.history.replay import ReplayJob, live_model_needed
@@ -92,9 +93,11 @@ class ReplayExecutor(LocalExecutor):
     (``LocalExecutor``'s loop, with each item a ``ReplayJob``); ``details`` says how each one went."""
 
     def __init__(self, recorded: RecordedMap, guest: Any, *, live: bool, backend: Any, jobs_dir: Path,
-                 concurrency: int, job_options: Callable[[Any], dict] | None = None, recorded_grants: bool = False):
+                 concurrency: int, job_options: Callable[[Any], dict] | None = None, recorded_grants: bool = False,
+                 deterministic_threads: int | None = None):
         super().__init__(spec=None, backend=backend, concurrency=concurrency)
         self.recorded_grants = recorded_grants  # a live replay takes the recorded read grants only when told
+        self.deterministic_threads = deterministic_threads
         self.recorded = recorded
         self.guest = GuestSource.of(guest)
         self.live = live
@@ -119,6 +122,9 @@ class ReplayExecutor(LocalExecutor):
             run = load_run(found.path)
             spec = replay_spec(self.guest, run, runs_dir=self.jobs_dir, name=f"{self.guest.name}[{index}]",
                                live=self.live, recorded_grants=self.recorded_grants, **self.job_options(run))
+            if self.deterministic_threads is not None:
+                spec = spec.replace(infer=dataclasses.replace(spec.infer, cache_prompt=False, alone=True,
+                                                              threads=self.deterministic_threads))
             job = ReplayJob(spec, run, live=self.live, backend=self.backend if self.live else None)
         except (ReplayError, MapError, ValueError, OSError) as e:
             why = " ".join(f"cannot replay its recording: {e}".split())[:300]
@@ -146,6 +152,10 @@ class ReplayExecutor(LocalExecutor):
         return outcome
 
 
+def _listed(items: list[int], show: int = 20) -> str:
+    return ", ".join(map(str, items[:show])) + (f" ... ({len(items)} in all)" if len(items) > show else "")
+
+
 def _await(job: ReplayJob, cancelled: Callable[[], bool]):
     """The job's envelope; it is cancelled once the map is."""
     while True:
@@ -164,11 +174,13 @@ class MapReplay(MapComparison):
     columns_b = "new"
 
     def __init__(self, recorded: RecordedMap, replayed: RecordedMap, details: dict[int, ItemReplay], *,
-                 live: bool, scorer: str | None = None):
+                 live: bool, scorer: str | None = None, concurrency: int = 1, deterministic: bool = False):
         super().__init__(recorded, replayed)
         self.details = details
         self.live = live
         self.scorer = scorer
+        self.concurrency = concurrency
+        self.deterministic = deterministic
         new = self.sides[1]
         for item, detail in details.items():
             if detail.needs_model:  # its new result is unknown, not wrong
@@ -204,9 +216,14 @@ class MapReplay(MapComparison):
 
     def summary(self) -> dict[str, Any]:
         out = super().summary()
-        out.update(needs_model=len(self.needs_model), ran_live=len(self.ran_live),
+        needs = len(self.needs_model)
+        out.update(needs_model=needs, ran_live=len(self.ran_live), same=out["same"] - needs,
                    diverged=sum(d.diverged_at is not None for d in self.details.values()))
         return out
+
+    def answered_otherwise(self, limit: int = 0) -> list[int]:
+        """None here: an item whose prompts are the recorded ones is answered from its recording, word for word."""
+        return []
 
     def passed(self, fail_under: "float | str") -> bool:
         """The regression gate: no item needs the model, and the new mean score (over the items both maps
@@ -230,30 +247,65 @@ class MapReplay(MapComparison):
             return False, f"gate: not passed -- the new mean score {new:.3f} is under {named} ({threshold:.3f})"
         return True, f"gate: passed -- the new mean score {new:.3f} is at least {named} ({threshold:.3f})"
 
+    def counts_line(self, s: dict) -> str:
+        line = f"{s['items']} items: {s['changed']} changed, {s['same']} the same"
+        if s["needs_model"]:
+            line += f", {s['needs_model']} need the model (their new results are not known yet)"
+        return line + f" (completed: {s['completed_old']} recorded, {s['completed_new']} replayed)"
+
     def summary_lines(self) -> list[str]:
         s = self.summary()
-        out = [f"replay of {s['items']} items with no model: {s['items'] - s['needs_model']} answered from their "
-               f"recordings, {s['needs_model']} need the model" + (f", {s['ran_live']} ran live" if s["ran_live"]
-                                                                      else "")]
+        answered = s["items"] - s["needs_model"] - s["ran_live"] - self._not_run()
+        if self.live:
+            head = (f"replay of {s['items']} items, live from each divergence: {answered} answered from their "
+                    f"recordings, {s['ran_live']} ran on the model")
+        else:
+            head = (f"replay of {s['items']} items with no model: {answered} answered from their recordings, "
+                    f"{s['needs_model']} need the model")
+        out = [head + (f", {s['needs_model']} still need it" if self.live and s["needs_model"] else "")]
         out += super().summary_lines()
         if self.needs_model:
-            shown = ", ".join(map(str, self.needs_model[:20])) + (" ..." if len(self.needs_model) > 20 else "")
-            out.append(f"need the model (their prompts changed): items {shown}")
+            reasons = sorted({self._reason(i) for i in self.needs_model})
+            out.append(f"need the model ({'; '.join(reasons)}): items {_listed(self.needs_model)} -- replay with "
+                       f"--live (live=True) to run only those on the model"
+                       if not self.live else
+                       f"still need the model ({'; '.join(reasons)}): items {_listed(self.needs_model)}")
+        if self.ran_live and self.concurrency > 1 and not self.deterministic:
+            out.append(f"the {len(self.ran_live)} items that ran on the model were decoded up to {self.concurrency} at "
+                       f"once: greedy answers depend on batch composition and the thread count, so a map of this "
+                       f"guest can answer some of them otherwise (docs/maps.md); --deterministic decodes them one "
+                       f"at a time")
         if self.scorer is None and self.a.result.scores() is not None:
             out.append("the replay is not scored: the recorded map's scorer was a Python function; give it again "
                        "(scorer=)")
         return out
 
+    def _not_run(self) -> int:
+        return sum(1 for i in range(self.total) if self.sides[1][i].status == "not run")
+
+    def _reason(self, item: int) -> str:
+        """Why an item needs the model, in a few words (its divergence's reason)."""
+        d = self.details.get(item)
+        text = (d.divergence or "") if d is not None else ""
+        if "another prompt" in text:
+            return "their prompts changed"
+        if d is not None and d.diverged_at is None:
+            return "no recording to answer from"
+        return "they asked what their recordings do not hold"
+
     table_header = ("item", "status", "score", "changed", "diverged")
     nothing_listed = "no item changed, and every prompt was the recorded one"
+    every_row_hint = ("the command line lists them all (tensorjob replay --map); to_pandas() or --json has every "
+                      "row and column")
 
     def listed(self, row: dict) -> bool:
         return row["changed"] or row["needs_model"] or row["diverged_at"] is not None
 
-    def table_row(self, row: dict) -> list[str]:
+    def table_rows(self, row: dict) -> list[list[str]]:
         where = "" if row["diverged_at"] is None else f"step {row['diverged_at']}"
         how = " (needs the model)" if row["needs_model"] else " (live)" if row["live"] else ""
-        return [*super().table_row(row)[:3], ", ".join(row["changed_fields"]), (where + how).strip()]
+        lines = super().table_rows(row)
+        return [lines[0] + [(where + how).strip()]] + [line + [""] for line in lines[1:]]
 
     def to_json(self) -> dict:
         out = super().to_json()
@@ -276,19 +328,31 @@ class MapReplayRun:
     def wait(self, timeout: float | None = None) -> MapReplay:
         result = self.run.wait(timeout)
         return MapReplay(self.recorded, RecordedMap(result.run_dir), dict(self.executor.details),
-                         live=self.executor.live, scorer=self.scoring.scorer.name if self.scoring else None)
+                         live=self.executor.live, scorer=self.scoring.scorer.name if self.scoring else None,
+                         concurrency=self.executor.concurrency,
+                         deterministic=self.executor.deterministic_threads is not None)
 
 
 def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, out: str | os.PathLike | None = None,
                      live: bool = False, recorded_grants: bool = False, model: str | os.PathLike | None = None,
                      backend: Any = None,
                      concurrency: int | None = None, expected: Any = None, scorer: Any = None,
-                     job_options: Callable[[Any], dict] | None = None, fsync: bool = True) -> MapReplayRun:
-    """Start replaying ``guest`` over the recorded map in ``run_dir`` (see the module doc). ``recorded_grants``: a live replay
-    runs each item under its recorded read grants only when True (else under what ``job_options`` grants now).
-    ``job_options``:
+                     job_options: Callable[[Any], dict] | None = None, fsync: bool = True,
+                     deterministic: bool = False) -> MapReplayRun:
+    """Start replaying ``guest`` over the recorded map in ``run_dir`` (see the module doc). ``recorded_grants``: a
+    live replay runs each item under its recorded read grants only when True (else under what ``job_options``
+    grants now). ``job_options``:
     for each item's ``RecordedRun``, ``replay_spec`` keywords in place of the recorded ones (``read=``, limits...).
+    ``deterministic`` (with ``live``): one item at a time, each live infer decoded alone with a fixed thread
+    count and no prompt cache (``fanout.start.deterministic_job``).
     ``MapError``/``ReplayError``/``ValueError`` before anything runs."""
+    if deterministic:
+        if not live:
+            raise ValueError("deterministic goes with live: a replay with no model decodes nothing")
+        if concurrency not in (None, 1):
+            raise ValueError(f"a deterministic replay runs one item at a time; concurrency={concurrency!r} cannot "
+                             f"go with it")
+        concurrency = 1
     recorded = RecordedMap(run_dir.run_dir if isinstance(run_dir, MapResult) else run_dir)
     if concurrency is not None and concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
@@ -300,7 +364,8 @@ def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, ou
     scoring = _scoring(recorded, expected, scorer)
     executor = ReplayExecutor(recorded, guest, live=live, backend=backend, jobs_dir=target / JOBS,
                               recorded_grants=recorded_grants,
-                              concurrency=concurrency or len(available_cpus()) or 1, job_options=job_options)
+                              concurrency=concurrency or len(available_cpus()) or 1, job_options=job_options,
+                              deterministic_threads=deterministic_threads(model) if deterministic else None)
     manifest = _manifest(recorded)
     folder = RunFolder(target, fsync=fsync)
     folder.open(manifest, executor.guest.sha256, retry_failed=False, restart=True, where=executor.where)
@@ -351,7 +416,8 @@ def _check_live_model(recorded: RecordedMap, model: Any) -> None:
 def _scoring(recorded: RecordedMap, expected: Any, scorer: Any) -> Scoring | None:
     """The replay's scoring: ``expected`` and ``scorer`` if given, else the recorded map's own."""
     total = recorded.total
-    found = Expected.read(expected, total) if expected is not None else Expected.from_folder(recorded.path, total)
+    found = (Expected.read(expected, total, recorded.result.item_keys) if expected is not None
+             else Expected.from_folder(recorded.path, total))
     if found is None:
         if scorer is not None:
             raise ReplayError("the recorded map has no expected answers to score against: give them (expected=, "

@@ -198,9 +198,13 @@ def _infer_options(obj: Any) -> InferOptions:
     if not isinstance(lora, (list, tuple)) or not all(isinstance(c, dict) and isinstance(c.get("name"), str)
                                                       for c in lora):
         raise ValueError("infer.lora is not a list of adapters")
+    threads = obj.get("threads")
+    threads = threads if isinstance(threads, int) and not isinstance(threads, bool) and 1 <= threads <= 1024 else None
+    alone = obj.get("alone") is True
     return InferOptions(sampler=Sampler(**known), cache_prompt=bool(obj.get("cache_prompt", True)),
                         lora=tuple(LoraChoice(c["name"], _finite(c, "scale", -100, 100, 1.0)) for c in lora),
-                        chat=obj.get("chat") if isinstance(obj.get("chat"), bool) else None)
+                        chat=obj.get("chat") if isinstance(obj.get("chat"), bool) else None,
+                        alone=alone, threads=threads if alone else None)
 
 
 #: Items of a list an adoption line names before it says how many more.

@@ -56,8 +56,9 @@ from tensorjob_jupyter.sandbox.guest import Guest
 from tensorjob_jupyter.sandbox.instance import open_guest
 from tensorjob_jupyter.inference.base import (
     DEFAULT_REPEAT_PENALTY, FINISH_GUEST_STOP, FINISH_LENGTH, FINISH_STOP, Backend, GenerateRequest,
-    GenerateResult, LoraChoice, Sampler,
+    GenerateResult, GenerateUsage, LoraChoice, Sampler,
 )
+from tensorjob_jupyter.inference.topology import load_per_core
 from tensorjob_jupyter.limits import Limits
 from tensorjob_jupyter.text import clip
 from tensorjob_jupyter.record.responses import ResponseStream
@@ -107,6 +108,9 @@ class InferOptions:
     cache_prompt: bool = True
     lora: tuple[LoraChoice, ...] = ()
     chat: bool | None = None
+    #: Each infer decoded alone, with ``threads`` decode threads (a deterministic map; ``GenerateRequest.alone``).
+    alone: bool = False
+    threads: int | None = None
 
     @classmethod
     def of(cls, *, temperature: float = 0.0, top_p: float = 1.0, repeat_penalty: float = DEFAULT_REPEAT_PENALTY,
@@ -118,8 +122,27 @@ class InferOptions:
                    chat=chat)
 
     def to_json(self) -> dict:
-        return {"sampler": self.sampler.to_json(), "cache_prompt": self.cache_prompt,
-                "lora": [{"name": c.name, "scale": c.scale} for c in self.lora], "chat": self.chat}
+        out = {"sampler": self.sampler.to_json(), "cache_prompt": self.cache_prompt,
+               "lora": [{"name": c.name, "scale": c.scale} for c in self.lora], "chat": self.chat}
+        if self.alone:
+            out.update(alone=True, threads=self.threads)
+        return out
+
+
+def decode_timing(u: GenerateUsage) -> dict:
+    """How an answer was decoded, as its response event records it: time to first token, tokens a second,
+    the most sequences decoded with it (``batch``), the decode threads, and the machine's load a CPU as it
+    ended (``load_per_core``: the one-minute load average over the CPUs this process may use) -- what an
+    estimate needs to tell a quiet machine's speed from a busy one's (``fanout/estimate.py``)."""
+    timing = {"time_to_first_token_s": u.time_to_first_token_s, "tokens_per_second": u.tokens_per_second}
+    if u.batch is not None:
+        timing["batch"] = u.batch
+    if u.threads is not None:
+        timing["threads"] = u.threads
+    load = load_per_core()
+    if load is not None:
+        timing["load_per_core"] = round(load, 2)
+    return timing
 
 
 @dataclass
@@ -479,7 +502,7 @@ class Reactor:
         sampler = dataclasses.replace(opts.sampler, **cmd.sampling())
         request = GenerateRequest(cmd.prompt, max_tokens, sampler, opts.cache_prompt, opts.lora, opts.chat,
                                   constraint=spec.constraint, system=spec.system,
-                                  tools=spec.tool_use())
+                                  tools=spec.tool_use(), alone=opts.alone, threads=opts.threads)
         return InferPlan(spec, request)
 
     def open_response(self, cmd: abi.Infer, plan: "InferPlan", model: str, *,
@@ -508,8 +531,7 @@ class Reactor:
         reason = FINISH_GUEST_STOP if stopped_after is not None else (
             FINISH_LENGTH if result.finish_reason == FINISH_LENGTH else FINISH_STOP)
         usage = response.usage_json(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
-        extra = {"timing": {"time_to_first_token_s": u.time_to_first_token_s,
-                            "tokens_per_second": u.tokens_per_second}, "guest_stopped_after": stopped_after}
+        extra = {"timing": decode_timing(u), "guest_stopped_after": stopped_after}
         text, tool_calls = result.text, None
         if reason == FINISH_STOP or (reason == FINISH_LENGTH and not spec.constrained and not router.is_call):
             try:

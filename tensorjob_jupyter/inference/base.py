@@ -169,6 +169,12 @@ class GenerateRequest:
     system: str | None = None
     #: The tools themselves, for an engine that takes them natively; None: no tool may be called.
     tools: ToolUse | None = None
+    #: Decode this request with no other sequence in its decode steps, waiting for the batch to drain first
+    #: and keeping others waiting meanwhile (a deterministic map: its answer does not depend on what else runs).
+    #: An engine that does not batch, or cannot tell (a served model), ignores it.
+    alone: bool = False
+    #: With ``alone``: the decode threads to use for it (None: the engine's own); restored afterwards.
+    threads: int | None = None
 
 
 @dataclass
@@ -178,6 +184,10 @@ class GenerateUsage:
     cached_tokens: int = 0
     time_to_first_token_s: float | None = None
     tokens_per_second: float | None = None
+    #: The most sequences decoded together in one step while this request ran (1: alone); None: not known.
+    batch: int | None = None
+    #: The decode threads the engine used for it; None: not known.
+    threads: int | None = None
 
 
 @dataclass

@@ -164,6 +164,7 @@ class _Sequence:
     held: int | None = None  # a sampled token its listener was not ready for: delivered before it decodes again
     first_at: float | None = None
     last_at: float | None = None
+    batch: int = 1  # the most sequences decoded in one step with this one (itself included)
 
 
 class LlamaEngine:
@@ -240,6 +241,7 @@ class LlamaEngine:
             self._slots = [_Slot(i) for i in range(self.n_slots)]
             #: KV copies from one slot to another (a shared prefix decoded once), since creation.
             self.prefix_copies = 0
+            self._threads_now = self.n_threads  # a request decoded alone may ask for others (``_use_threads``)
             self._lora: LoraKey = ()
             self._adapters: dict[str, object] = {}
             for name, path in (loras or {}).items():
@@ -474,7 +476,10 @@ class LlamaEngine:
             return True
         if len(active) >= self.n_slots:
             return False
+        if active and (request.alone or any(seq.pending.request.alone for seq in active)):
+            return False  # a request decoded alone waits for the batch to drain, and holds the others back
         try:
+            self._use_threads(request.threads if request.alone else None)
             key = self.lora_key(request.lora)
             if active and key != self._lora:
                 return False
@@ -536,6 +541,14 @@ class LlamaEngine:
             best = empty[0] if empty else min(idle, key=lambda s: s.last_used)
             best_len = 0
         return best, min(best_len, limit), None
+
+    def _use_threads(self, threads: int | None) -> None:
+        """Decode with ``threads`` threads from now on (None: the engine's own ``n_threads``)."""
+        want = max(1, int(threads)) if threads else self.n_threads
+        if want != self._threads_now:
+            batch = self.n_threads_batch if want == self.n_threads else want
+            self._lc.llama_set_n_threads(self._ctx.ctx, want, batch)
+            self._threads_now = want
 
     def _drop_slot(self, slot: _Slot) -> None:
         self._ctx.kv_cache_seq_rm(slot.seq_id, 0, -1)
@@ -647,6 +660,7 @@ class LlamaEngine:
             batch.logits[i] = True
         self._decode()
         for i, seq in enumerate(decoding):
+            seq.batch = max(seq.batch, len(decoding))
             seq.slot.tokens.append(seq.next_token)
             try:
                 token = seq.sampler.sample(self._ctx, i)
@@ -721,7 +735,7 @@ class LlamaEngine:
         usage = GenerateUsage(prompt_tokens=seq.prompt_tokens, completion_tokens=n,
                               cached_tokens=seq.cached_tokens,
                               time_to_first_token_s=(seq.first_at - seq.started) if seq.first_at else None,
-                              tokens_per_second=tps)
+                              tokens_per_second=tps, batch=seq.batch, threads=self._threads_now)
         self._release(seq)
         seq.pending.done(GenerateResult("".join(seq.parts), reason, usage), None)
         return True

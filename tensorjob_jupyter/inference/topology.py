@@ -92,6 +92,15 @@ def default_threads() -> tuple[int, int]:
     return cores, max(cores, logical_cpus())
 
 
+def load_per_core() -> float | None:
+    """The one-minute load average over the CPUs this process may use (about 1 when they are all busy);
+    None where the platform has no load average."""
+    try:
+        return os.getloadavg()[0] / logical_cpus()
+    except (AttributeError, OSError):  # pragma: no cover - not Unix
+        return None
+
+
 def gpu_offload_supported() -> bool:
     """Whether the installed llama.cpp build can offload layers to a GPU."""
     return bool(llama_cpp_library().llama_supports_gpu_offload())
@@ -99,5 +108,5 @@ def gpu_offload_supported() -> bool:
 
 __all__ = [
     "THREADS_ENV", "available_cpus", "logical_cpus", "physical_cores", "threads_setting", "default_threads",
-    "gpu_offload_supported"
+    "load_per_core", "gpu_offload_supported"
 ]

@@ -477,3 +477,41 @@ def test_cli_refuses_a_changed_manifest(guest_file, tmp_path):
     write_manifest(manifest, [done(2)])
     code, _, err = run_cli(guest_file, "--over", str(manifest), "--run-dir", str(tmp_path / "run"))
     assert code == 2 and "manifest changed" in err and err.count("\n") == 1
+
+
+# --- deterministic maps -----------------------------------------------------------------------
+
+
+def test_a_deterministic_map_refuses_what_cannot_go_with_it_before_anything_starts(guest, guest_file, tmp_path):
+    for kwargs, message in (({"concurrency": 4}, "runs one item at a time; concurrency=4 cannot go with it"),
+                            ({"cluster": object()}, "in this process, not on a cluster"),
+                            ({"model": "http://127.0.0.1:9/v1"}, "needs a local model")):
+        with pytest.raises(ValueError, match=message):
+            tj_map(guest, [done(1)], tmp_path / "run", deterministic=True, **kwargs)
+        assert not (tmp_path / "run").exists()
+    manifest = write_manifest(tmp_path / "m.jsonl", [done(1)])
+    code, _, err = run_cli(guest_file, "--over", str(manifest), "--run-dir", str(tmp_path / "run"),
+                           "--deterministic", "--concurrency", "3")
+    assert code == 2 and "one item at a time" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.slow  # the real model
+def test_a_deterministic_map_decodes_each_item_alone_with_fixed_threads_and_says_so_in_its_ledger(guest, tmp_path):
+    from tensorjob_jupyter.fanout.start import deterministic_threads
+    from tensorjob_jupyter.inference.models import get_backend
+
+    items = [infer(f"Name a colour, item {i}:", 4) for i in range(3)]
+    first = tj_map(guest, items, tmp_path / "one", backend=get_backend(), deterministic=True)
+    again = tj_map(guest, items, tmp_path / "two", backend=get_backend(), deterministic=True)
+    assert first.ok and again.ok and first.results() == again.results()
+    threads = deterministic_threads(None)
+    session = json.loads((tmp_path / "one" / "ledger.json").read_text())["sessions"][-1]
+    assert session["concurrency"] == 1
+    assert session["deterministic"] == {"threads": threads, "prompt_cache": False, "alone": True}
+    timings = []
+    for events in (tmp_path / "one" / "jobs").glob("*/events.jsonl"):
+        for line in events.read_text(encoding="utf-8").splitlines():
+            timing = json.loads(line).get("timing")
+            if timing:
+                timings.append(timing)
+    assert len(timings) == 3 and all(t["batch"] == 1 and t["threads"] == threads for t in timings), timings

@@ -7,6 +7,7 @@ magic in test_kernel.py.
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -127,14 +128,16 @@ def test_a_score_record_from_a_file_is_checked(record):
 # --- expected answers ---------------------------------------------------------------------------------------
 
 
-def test_expected_answers_are_one_per_item_in_manifest_order(tmp_path):
+def test_expected_answers_are_one_per_item_in_manifest_order_and_null_or_no_line_is_not_labelled(tmp_path):
     path = write_manifest(tmp_path / "e.jsonl", [{"a": 1}, None, "x"])
-    e = Expected.read(path, 3)
-    assert [e.get(i) for i in range(4)] == [(True, {"a": 1}), (True, None), (True, "x"), (False, None)]
-    with pytest.raises(ScoringError, match="3 values for a manifest of 4 items"):
-        Expected.read(path, 4)
-    partial = Expected.read({"2": "x", 0: 1}, 3)
-    assert list(partial.items()) == [(0, 1), (2, "x")] and partial.get(1) == (False, None)
+    e = Expected.read(path, 4)  # a shorter file: the items past its end are not labelled
+    assert [e.get(i) for i in range(5)] == [(True, {"a": 1}), (False, None), (True, "x"), (False, None), (False, None)]
+    assert e.labelled == 2 and list(e.items()) == [(0, {"a": 1}), (2, "x")]
+    with pytest.raises(ScoringError, match="3 values for a manifest of 2 items"):
+        Expected.read(path, 2)
+    partial = Expected.read({"2": "x", 0: 1, 1: None}, 3)
+    assert list(partial.items()) == [(0, 1), (2, "x")] and partial.get(1) == (False, None) and partial.labelled == 2
+    assert Expected.read([None, 5], 2).labelled == 1
     for bad, says in [({3: 1}, "numbered 0 to 2"), ({True: 1}, "numbered 0 to 2"), ({0: 1, "0": 2}, "two expected"),
                       (tmp_path / "nope.jsonl", "No such file"), (3.5, "a JSONL file, a list or a dict")]:
         with pytest.raises(ScoringError, match=says):
@@ -142,6 +145,42 @@ def test_expected_answers_are_one_per_item_in_manifest_order(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"a": 1}\n{"a": NaN}\n', encoding="utf-8")
     with pytest.raises(ScoringError, match="line 2"):
         Expected.read(tmp_path / "bad.jsonl", 2)
+
+
+def test_expected_answers_keyed_by_the_manifests_key_or_by_item(tmp_path):
+    keys = ["emails/001.txt", "emails/002.txt", "emails/003.txt", "dup", "dup"]
+    path = write_manifest(tmp_path / "e.jsonl", [{"key": "emails/003.txt", "expected": {"a": 3}}, None,
+                                                 {"key": "emails/001.txt", "expected": None},
+                                                 {"item": 1, "expected": "one"}])
+    e = Expected.read(path, 5, lambda: keys)
+    assert list(e.items()) == [(1, "one"), (2, {"a": 3})] and e.labelled == 2 and e.get(0) == (False, None)
+    assert list(Expected.read({"emails/002.txt": 2}, 5, lambda: keys).items()) == [(1, 2)]
+    for lines, says in [([{"key": "nope", "expected": 1}], "no item of the manifest has the key 'nope'"),
+                        ([{"key": "dup", "expected": 1}], "names 2 items of the manifest .3, 4.; key those lines by "
+                                                           "item number"),
+                        ([{"key": 7, "expected": 1}], "a key is the item's key as text"),
+                        ([{"item": 9, "expected": 1}], "item 9 -- the items are numbered 0 to 4"),
+                        ([{"key": "emails/001.txt", "expected": 1}, "plain"], "value 2 is not"),
+                        ([{"item": 0, "expected": 1}, {"key": "emails/001.txt", "expected": 2}],
+                         "item 0 has an expected answer already .value 1.")]:
+        with pytest.raises(ScoringError, match=says):
+            Expected.read(write_manifest(tmp_path / "bad.jsonl", lines), 5, lambda: keys)
+
+
+keyed_lines = st.lists(st.none() | json_values | st.fixed_dictionaries(
+    {"key": st.sampled_from(["a", "b", "c", "", "zz"]) | json_values, "expected": json_values}) |
+    st.fixed_dictionaries({"item": st.integers(-2, 6) | json_values, "expected": json_values}), max_size=8)
+
+
+@given(keyed_lines)
+def test_any_expected_file_is_read_or_refused_in_one_line(lines):
+    try:
+        e = Expected.read(lines, 5, lambda: ["a", "b", "c", "b", "4"])
+    except ScoringError as error:
+        assert "\n" not in str(error)
+        return
+    assert e.labelled == len(list(e.items())) <= 5
+    assert all(0 <= i < 5 and v is not None and e.get(i) == (True, v) for i, v in e.items())
 
 
 # --- a scored map -------------------------------------------------------------------------------------------
@@ -170,6 +209,35 @@ def test_a_scored_map_has_score_columns_a_summary_and_keeps_its_expected_answers
     assert {"expected.jsonl", "scoring.json", "scores.jsonl"} <= {p.name for p in run.iterdir()}
     assert json.loads((run / "scoring.json").read_text())["scorer"] == "json_fields"
     assert tj.MapResult.read(run).score_summary() == summary  # read back from the folder alone
+
+
+def test_unlabelled_items_are_not_scored_and_not_counted_and_the_summary_says_so_once(guest, tmp_path):
+    items = [done({"title": "A", "year": 1}), fail("bad_item", "no"), done({"title": "C"}), fail("bad_item", "no"),
+             done({"title": "E", "year": 5})]
+    partial = [{"title": "A", "year": 1}, None, {"title": "c"}, {"title": "D"}]  # 1 null, item 4 has no line
+    result = tj.map(guest, items, tmp_path / "run", expected=partial, scorer="json_fields")
+    s = result.score_summary()
+    assert (s.labelled, s.unlabelled, s.scored, s.errors, s.passed) == (3, 2, 3, 0, 1)
+    assert s.mean == pytest.approx((1 + 0 + 0) / 3)  # the failed unlabelled item 1 counts nowhere
+    assert [r["score"] for r in result.rows()] == [1.0, None, 0.0, 0.0, None]
+    assert [r["score_error"] for r in result.rows()] == [None] * 5
+    text = str(s)
+    assert text.count("not labelled") == 1 and "labelled: 3 of 5 items" in text and "could not" not in text
+    assert s.field_rows[0].name == "title" and (s.field_rows[0].labelled, s.field_rows[0].right) == (3, 1)
+    assert [row.labelled for row in s.field_rows] == [3, 1]  # only item 0's answer has a year
+    assert tj.MapResult.read(tmp_path / "run").score_summary() == s
+    assert [json.loads(line)["item"] for line in (tmp_path / "run" / "expected.jsonl").read_text().splitlines()] \
+        == [0, 2, 3]
+
+
+def test_expected_answers_by_key_score_the_items_they_name(guest, tmp_path):
+    items = [{"cmd": "done", "result": i, "path": f"emails/{i:03}.txt"} for i in range(6)]
+    keyed = [{"key": "emails/004.txt", "expected": 4}, {"key": "emails/001.txt", "expected": 5}]
+    result = tj.map(guest, items, tmp_path / "run", expected=keyed)
+    s = result.score_summary()
+    assert (s.labelled, s.scored, s.passed) == (2, 2, 1)
+    assert {r["key"]: r["score"] for r in result.rows() if r["score"] is not None} == {"emails/001.txt": 0.0,
+                                                                                      "emails/004.txt": 1.0}
 
 
 def test_an_unscored_map_has_no_score_columns(guest, tmp_path):
@@ -274,19 +342,50 @@ def test_scoring_files_from_anywhere_are_checked(guest, tmp_path):
 
 
 def test_expected_answers_that_do_not_fit_refuse_the_map_before_anything_runs(guest, tmp_path):
-    with pytest.raises(ScoringError, match="4 values for a manifest of 5 items"):
-        tj.map(guest, ITEMS, tmp_path / "run", expected=EXPECTED[:4])
+    with pytest.raises(ScoringError, match="6 values for a manifest of 5 items"):
+        tj.map(guest, ITEMS, tmp_path / "run", expected=EXPECTED + [1])
+    with pytest.raises(ScoringError, match="no item of the manifest has the key 'x'"):
+        tj.map(guest, ITEMS, tmp_path / "run", expected=[{"key": "x", "expected": 1}])
     with pytest.raises(ScoringError, match="a scorer needs expected answers"):
         tj.map(guest, ITEMS, tmp_path / "run", scorer="exact")
     assert not (tmp_path / "run").exists()
 
 
-def test_a_summary_reads_as_lines():
+def test_a_summary_says_what_its_mean_rests_on_and_reads_as_a_table():
     s = ScoreSummary.of("json_fields", 4, [ItemScore(0, 1.0, {"a": True}), ItemScore(1, 0.0, {"a": False}),
-                                          ItemScore(2, None, None, "boom")])
-    assert s.lines() == ["score (json_fields): mean 0.500 over 2 items; 1 passed, 1 failed, 1 could not be scored, "
-                         "1 not scored", "  a: 0.500"]
+                                          ItemScore(2, None, None, "boom")], labelled=4)
+    assert s.lines() == ["score (json_fields): mean 0.500 over 2 items (95% interval 0.09-0.91); 1 passed, 1 failed, "
+                         "1 could not be scored, 1 not scored yet",
+                         "  field  labelled  right  accuracy  interval",
+                         "  a             2      1     0.500  0.09-0.91",
+                         "  a mean over 2 items is thin: its 95% interval is 0.81 wide (Wilson score interval, 95%)"]
     assert ScoreSummary.of("exact", 3, []).lines() == ["score (exact): no item scored yet (3 of 3 without a score)"]
+    assert s.fields == {"a": 0.5} and s.field_rows[0].to_json()["interval"] == [pytest.approx(0.094531, abs=1e-5),
+                                                                                pytest.approx(0.905469, abs=1e-5)]
+    wide = ScoreSummary.of("exact", 100, [ItemScore(i, float(i % 2)) for i in range(100)], labelled=100)
+    assert not any("thin" in line for line in wide.lines()) and wide.high - wide.low < 0.2
+
+
+def test_the_wilson_interval_holds_its_mean_and_narrows_as_items_grow():
+    from tensorjob_jupyter.fanout.scoring import wilson_interval
+
+    for mean in (0.0, 0.1, 0.5, 0.73, 1.0):
+        widths = []
+        for n in (1, 10, 100, 1000):
+            low, high = wilson_interval(mean, n)
+            assert 0.0 <= low <= mean <= high <= 1.0
+            widths.append(high - low)
+        assert widths == sorted(widths, reverse=True)
+    assert wilson_interval(0.5, 0) == (0.0, 1.0)
+    low, high = wilson_interval(3 / 10, 10)  # the textbook case: 3 of 10
+    assert (round(low, 3), round(high, 3)) == (0.108, 0.603)
+
+
+def test_a_summary_in_a_notebook_is_an_escaped_html_table():
+    s = ScoreSummary.of("python:<b>x</b>", 3, [ItemScore(0, 1.0, {"<script>": True})], labelled=1)
+    html = s._repr_html_()
+    assert "<table>" in html and "<th>labelled</th>" in html and "<script>" not in html and "&lt;script&gt;" in html
+    assert "&lt;b&gt;x&lt;/b&gt;" in html and "labelled: 1 of 3 items" in html
 
 
 # --- the token budget ---------------------------------------------------------------------------------------
@@ -317,13 +416,35 @@ def test_tensorjob_map_with_expected_answers_prints_the_score(guest, tmp_path):
     code, out, err = cli("map", "g.wasm", "--over", "m.jsonl", "--run-dir", "run", "--expected", "e.jsonl",
                          "--scorer", "json_fields", "--quiet", cwd=tmp_path)
     assert code == 1, err  # one item failed
-    assert "score (json_fields): mean 0.600 over 5 items; 2 passed, 3 failed" in out
-    assert "  title: 0.600" in out and "  year: 0.600" in out
+    assert "score (json_fields): mean 0.600 over 5 items (95% interval 0.23-0.88); 2 passed, 3 failed" in out
+    assert re.search(r"\n  title +5 +3 +0\.600 +0\.23-0\.88\n", out) and re.search(r"\n  year +5 +3 +0\.600", out), out
     code, out, err = cli("map", "g.wasm", "--over", "m.jsonl", "--run-dir", "run", "--json", cwd=tmp_path)
     assert json.loads(out)["score"]["mean"] == pytest.approx(0.6)
     code, out, err = cli("map", "g.wasm", "--over", "m.jsonl", "--run-dir", "other", "--expected", "m.jsonl",
                          "--scorer", "fuzzy", cwd=tmp_path)
     assert code == 2 and err.count("\n") == 1 and "unknown scorer 'fuzzy'" in err, err
+
+
+@pytest.mark.slow  # CLIs in subprocesses
+def test_tensorjob_map_with_partial_labels_and_then_another_manifest_over_its_folder(guest, tmp_path):
+    """As met: 40 items, 10 labelled (nulls between), then a 3-line manifest over the same folder."""
+    (tmp_path / "g.wasm").write_bytes(guest)
+    items = [done({"n": i}) if i % 7 else fail("bad_item", "no") for i in range(40)]
+    write_manifest(tmp_path / "m.jsonl", items)
+    write_manifest(tmp_path / "e.jsonl", [{"n": i} if i % 4 == 0 else None for i in range(40)])
+    code, out, err = cli("map", "g.wasm", "--over", "m.jsonl", "--run-dir", "runs/v1", "--expected", "e.jsonl",
+                         "--scorer", "json_fields", "--quiet", cwd=tmp_path)
+    assert code == 1, err
+    assert "mean 0.800 over 10 items" in out and "labelled: 10 of 40 items" in out, out
+    assert out.count("not labelled") == 1 and "could not be scored" not in out and "score error" not in out
+    write_manifest(tmp_path / "small.jsonl", items[:3])
+    code, out, err = cli("map", "g.wasm", "--over", "small.jsonl", "--run-dir", "runs/v1", cwd=tmp_path)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "holds another map" in err and "of 40 items" in err and "this one of 3 items" in err, err
+    assert "--run-dir" in err and "--restart" in err and "expected.jsonl" not in err, err
+    code, out, err = cli("map", "g.wasm", "--over", "small.jsonl", "--run-dir", "runs/v1", "--expected", "e.jsonl",
+                         cwd=tmp_path)
+    assert code == 2 and "40 values for a manifest of 3 items" in err, err
 
 
 def test_map_scoring_refusals_are_one_line_and_exit_2(guest, tmp_path, monkeypatch):
@@ -334,8 +455,8 @@ def test_map_scoring_refusals_are_one_line_and_exit_2(guest, tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     (tmp_path / "g.wasm").write_bytes(guest)
     write_manifest(tmp_path / "m.jsonl", ITEMS)
-    write_manifest(tmp_path / "short.jsonl", EXPECTED[:2])
-    for extra, says in [(["--expected", "short.jsonl"], "expected answers"),
+    write_manifest(tmp_path / "long.jsonl", EXPECTED * 2)
+    for extra, says in [(["--expected", "long.jsonl"], "10 values for a manifest of 5 items"),
                         (["--expected", "nope.jsonl"], "expected answers: cannot read"),
                         (["--scorer", "exact"], "a scorer needs expected answers"),
                         (["--max-total-tokens", "0"], "--max-total-tokens must be at least 1")]:

@@ -590,3 +590,74 @@ def test_a_python_cell_in_jupyterlab(jupyterlab):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(shots / "live-view-python.png", ARTIFACTS / "live-view-python.png")
     print(f"\nPython cell view: {len(seen)} polls, {job_s:.1f} s, statuses {statuses}, progress {progress}")
+
+
+#: What the map test reads off each row of the map view's item table: its number, its score, whether the
+#: browser had to clip them (scrollWidth past clientWidth), and the input cell's text.
+MAP_ROWS_JS = """() => [...document.querySelectorAll('.tensorjob-map-view .tj-map-items tr')].map(tr => {
+  const n = tr.querySelector('.tj-map-item-number'), s = tr.querySelector('.tj-map-item-score');
+  return {item: n.textContent, item_clipped: n.scrollWidth > n.clientWidth,
+          score: s ? s.textContent : null, score_clipped: s ? s.scrollWidth > s.clientWidth : null,
+          input: tr.querySelector('.tj-map-item-input').textContent};
+})"""
+
+
+def test_a_40_item_maps_view_shows_two_digit_items_and_two_decimal_scores_whole(jupyterlab):
+    """A 40-item map with expected answers, run from a notebook cell in JupyterLab: once it has ended its view
+    lists every item, the numbers 10-39 and the scores 0.33 as they are, and each input by its key."""
+    import wat  # tests/wat.py
+
+    base, tmp, server_log = jupyterlab
+    root = tmp / "root"
+    folder = root / "map40"
+    folder.mkdir()
+    (folder / "g.wasm").write_bytes(wat.script_guest([{"cmd": "done", "result": {"a": 1, "b": 0, "c": 0}}]))
+    (folder / "m.jsonl").write_text("".join(json.dumps({"path": f"emails/{i:03d}_api.txt"}) + "\n"
+                                            for i in range(40)))
+    (folder / "e.jsonl").write_text("".join(json.dumps({"a": 1, "b": 2, "c": 3}) + "\n" for _ in range(40)))
+    cells = ["%load_ext tensorjob_jupyter",
+             "%tensorjob map g.wasm --over m.jsonl --run-dir run --expected e.jsonl --scorer json_fields"]
+    (folder / "map40.ipynb").write_text(json.dumps({
+        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": c}
+                  for c in cells],
+        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+        "nbformat": 4, "nbformat_minor": 5}, indent=1))
+    shots = tmp / "screenshots-map40"
+    shots.mkdir()
+    print(f"JupyterLab log: {server_log}\nscreenshots: {shots}")
+    console: list[str] = []
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp / "chromium-profile-map40"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 900})
+        page = context.pages[0] if context.pages else context.new_page()
+        try:
+            page.set_default_timeout(60_000)
+            page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+            page.goto(f"{base}/lab/workspaces/map40/tree/map40/map40.ipynb")
+            page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell")
+            page.wait_for_function(KERNEL_READY_JS, timeout=90_000)
+            _run_cell(page, 0)
+            _wait_executed(page, 0, 60, "the %load_ext cell")
+            _run_cell(page, 1)
+            output = _wait_executed(page, 1, 180, "the map cell")
+            deadline = time.monotonic() + 60
+            rows: list[dict] = []
+            while time.monotonic() < deadline:
+                rows = page.evaluate(MAP_ROWS_JS)
+                if len(rows) >= 40:
+                    break
+                time.sleep(0.2)
+            assert len(rows) == 40, (f"the finished map's view lists {len(rows)} items, not 40; cell output:\n"
+                                     f"{output[-2000:]}\nbrowser errors: {console[-10:]}")
+            assert [r["item"] for r in rows] == [str(i) for i in range(40)], [r["item"] for r in rows]
+            assert not any(r["item_clipped"] for r in rows), [r for r in rows if r["item_clipped"]][:3]
+            assert {r["score"] for r in rows} == {"0.33"} and not any(r["score_clipped"] for r in rows), rows[:3]
+            assert rows[18]["input"] == "emails/018_api.txt", rows[18]
+            page.locator(".tensorjob-map-view").first.screenshot(path=str(shots / "map-view-40.png"))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(shots / "failure.png"))
+            raise
+        finally:
+            context.close()

@@ -78,7 +78,7 @@ def test_a_table_of_any_results_is_inert_and_fits_its_width(results, keys, width
              **{c: r.get(c[len("result."):]) for c in columns}} for i, r in enumerate(results)]
     text = map_table(rows, width=width)
     lines = text.splitlines()
-    assert len(lines) == len(rows) + 1
+    assert len(lines) >= len(rows) + 1 and lines[0].startswith("item")
     for line in lines + rows_csv(rows).replace("\r\n", "").replace("\n", "").replace("\t", "").splitlines():
         assert not any(ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 for ch in line), line
     narrowest = 2 * (len(columns) + 2) + 8 * (len(columns) + 3)  # each column squeezed at most to 8
@@ -95,3 +95,26 @@ def _number(cell: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+def test_a_table_wraps_long_keys_and_results_and_names_the_columns_and_rows_it_leaves_out():
+    """40 items with long keys and many fields at 80 columns: each key and result is read whole (wrapped, not
+    clipped from the left or cut at 13 characters), no line passes the width, and the table says which
+    columns and how many rows it left out and where every one is."""
+    rows = [{"item": i, "key": f"emails/{i:03d}_api_rate_limit_exceeded_for_customer.txt", "status": "completed",
+             "error_code": None, "error_message": None,
+             "result.summary": f"the customer hit the API rate limit {i} times this week",
+             **{f"result.field_{k}": f"value {k}" for k in range(8)}} for i in range(40)]
+    text = map_table(rows, width=80, more="tensorjob runs --table run (--csv for a spreadsheet)")
+    lines = text.splitlines()
+    assert all(len(line) <= 80 for line in lines), max(lines, key=len)
+    assert lines[0].split()[:4] == ["item", "key", "status", "summary"]
+    first = [line for line in lines[1:] if line.strip()][:3]
+    key_at, status_at = lines[0].index("key"), lines[0].index("status")
+    assert "".join(line[key_at:status_at].strip() for line in first) == rows[0]["key"], first
+    assert "week" in " ".join(first)  # the summary wrapped whole within the item's lines
+    assert "more columns (field_" in " ".join(lines) and "do not fit 80 characters" in " ".join(lines)
+    notes = " ".join(lines[next(i for i, line in enumerate(lines) if line.startswith("…")):])
+    assert notes.endswith("… 10 more items: tensorjob runs --table run (--csv for a spreadsheet) lists every one")
+    rows_text = "".join(line for line in lines[1:] if not line.startswith("…"))
+    assert "…" not in rows_text  # nothing of a shown row was clipped

@@ -175,7 +175,7 @@ def test_the_map_view_shows_counts_the_latest_items_and_the_rate(tmp_path):
     assert "white-space:nowrap" in view.counts.value  # the counts never wrap under the bar
     items = view.items.value
     assert items.count("<tr>") == 6 and "bad_item: &lt;script&gt;alert(1)&lt;/script&gt;" in items
-    assert "<script" not in items and "{&quot;i&quot;:5}" in items  # each item's input, escaped
+    assert "<script" not in items and "{&quot;i&quot;:5}" in items  # an input with no key: its JSON, escaped
     assert view.bar.value == 1.0 and view.cancel_button.disabled
     assert view._repr_mimebundle_()["text/plain"].startswith("tensorjob map view")
 
@@ -192,6 +192,41 @@ def test_a_map_view_shown_once_the_map_has_ended_still_lists_its_items(tmp_path)
     view.join(10)
     static = view.static_html()
     assert static.count("<tr>") == 2 and "{&quot;doc&quot;:&quot;b&quot;}" in static, static
+
+
+def test_a_finished_40_item_maps_view_lists_every_item_whole_numbers_and_scores_and_keys(tmp_path):
+    """Item numbers of two digits and two-decimal scores are sized to their digits (never clipped to "1", "0"),
+    an input reads as its key, and a finished view lists all 40 items in order (the running one the latest)."""
+    import re
+
+    from tensorjob_jupyter.fanout import start_map
+    from tensorjob_jupyter.frontends.view.map_widget import SHOW_ITEMS, MapView
+
+    items = [{"path": f"emails/{i:03d}_<b>.txt", "text": "x" * 50} for i in range(40)]
+    expected = [{"a": 1, "b": 2, "c": 3}] * 40
+    guest = wat.script_guest([{"cmd": "done", "result": {"a": 1, "b": 0, "c": 0}}])
+    run = start_map(guest, items, tmp_path / "run", concurrency=2, expected=expected, scorer="json_fields")
+    view = MapView(run, "g.wasm", refresh_hz=20).start()
+    assert run.wait(60).completed == 40
+    view.join(10)
+    for html in (view.items.value, view.static_html()):
+        numbers = re.findall(r'class="tj-map-item-number" style="([^"]*)">(\d+)</td>', html)
+        assert [int(n) for _, n in numbers] == list(range(40)), html[:500]
+        assert all("width:2ch" in style and "overflow:visible" in style and "max-width:0" not in style
+                   for style, _ in numbers)
+        scores = re.findall(r'class="tj-map-item-score" style="([^"]*)">([^<]*)</td>', html)
+        assert {v for _, v in scores} == {"0.33"} and all("overflow:visible" in st for st, _ in scores)
+        assert "emails/018_&lt;b&gt;.txt</td>" in html and "<b>.txt" not in html  # the key, escaped
+        assert "overflow-y:auto" in html and "tj-map-items-more" not in html
+    late = MapView(run, "late.wasm", refresh_hz=20).start()  # came after the end: the folder gives every row
+    late.join(10)
+    assert re.findall(r'class="tj-map-item-number"[^>]*>(\d+)<', late.static_html()) == [str(i) for i in range(40)]
+    running = run_rows = [{"item": i, "ok": True, "input": "k", "outcome": "r"} for i in range(12)]
+    from tensorjob_jupyter.frontends.view.map_widget import render_items
+
+    assert render_items(run_rows).count("<tr>") == SHOW_ITEMS == 8  # while running: the latest
+    kept = render_items(running[2:], finished=True, concluded=12)
+    assert kept.count("<tr>") == 10 and "2 earlier items are not listed here" in kept
 
 
 def test_the_map_view_cancel_button_stops_the_map(tmp_path):

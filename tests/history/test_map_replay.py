@@ -7,6 +7,7 @@ command line runs in a subprocess; the magic is in test_kernel.py.
 """
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -192,9 +193,38 @@ def test_tensorjob_replay_map_lists_the_items_that_need_the_model(recorded, monk
     monkeypatch.chdir(folder)
     out, err = io.StringIO(), io.StringIO()
     assert main(["replay", "--map", "run", "v3.py", "--run-dir", "v3-replay", "--quiet"], out=out, err=err) == 1
-    assert "need the model (their prompts changed): items 1, 3, 5" in out.getvalue()
-    assert "1     completed -> needs the model  1.00 -> -" in out.getvalue()
+    text = out.getvalue()
+    assert text.startswith("replay of 6 items with no model: 3 answered from their recordings, 3 need the model\n")
+    assert "6 items: 0 changed, 3 the same, 3 need the model (their new results are not known yet)" in text
+    assert "need the model (their prompts changed): items 1, 3, 5 -- replay with --live" in text
+    assert "1     completed -> needs the model  1.00 -> -" in text
+    assert "the same (" not in text.replace("3 the same, 3 need", "")  # never counted as the same
     assert (folder / "v3-replay" / "ledger.json").exists()
+
+
+@pytest.mark.slow  # a CLI in a subprocess
+def test_a_changed_prompts_replay_counts_items_that_need_the_model_as_such_in_its_progress(recorded):
+    folder, _ = recorded
+    code, out, err = cli("replay", "--map", "run", "v3.py", "--run-dir", "v3-replay", cwd=folder)
+    assert code == 1, err
+    progress = [line for line in err.splitlines() if line.startswith("· ")]
+    assert progress and progress[-1].startswith("· 6/6 (3 completed, 0 failed, 3 need the model,"), err
+    assert not any(" 3 failed" in line for line in progress), err
+    assert "◦ item 1 needs the model: replay diverged at step 1" in err and "✗" not in err, err
+
+
+def test_a_live_replay_says_it_ran_on_the_model_and_why_its_answers_can_differ(recorded):
+    folder, backend = recorded
+    live = tj.replay_map(folder / "run", folder / "v3.py", live=True, backend=backend, out=folder / "live",
+                         concurrency=3)
+    lines = live.lines()
+    assert lines[0] == "replay of 6 items, live from each divergence: 3 answered from their recordings, 3 ran on the model"
+    assert not any("with no model" in line for line in lines)
+    assert any("decoded up to 3 at once: greedy answers depend on batch composition and the thread count" in line
+               and "--deterministic" in line for line in lines), lines
+    alone = tj.replay_map(folder / "run", folder / "v3.py", live=True, backend=backend, out=folder / "alone",
+                          concurrency=1)
+    assert not any("batch composition" in line for line in alone.lines())
 
 
 def test_replay_map_refusals_are_one_line_and_exit_2(recorded, monkeypatch):
@@ -221,8 +251,9 @@ def test_tensorjob_diff_map_compares_two_maps_item_by_item(recorded):
     tj.replay_map(folder / "run", folder / "v2.py", out=folder / "v2")
     code, out, err = cli("diff", "--map", "run", "v2", cwd=folder)
     assert code == 1, err
-    assert out.startswith(f"{N} items: {N} changed, 0 the same ({N} / {N} completed)\n")
+    assert out.startswith(f"{N} items: {N} changed, 0 the same ({N} -> {N} completed)\n")
     assert "score: 1.000 -> 0.500 over the 6 items both scored (6 -> 0 passed; 0 better, 6 worse)" in out
+    assert '0     completed  1.00 -> 0.50  first: "alpha" -> "doc0"\n' in out  # the field, its old and new value
     code, out, err = cli("diff", "--map", "run", "run", "--json", cwd=folder)
     assert code == 0 and json.loads(out)["summary"]["same"] == N
     import io
@@ -233,6 +264,29 @@ def test_tensorjob_diff_map_compares_two_maps_item_by_item(recorded):
     out, err = io.StringIO(), io.StringIO()
     assert main(["diff", "--map", str(folder / "run"), str(other.run_dir)], out=out, err=err) == 2
     assert "mapped different manifests" in err.getvalue()
+
+
+def test_a_diff_table_names_old_and_new_values_and_says_where_every_row_is(tmp_path):
+    guest = puppet_guest()
+    a = tj.map(guest, [done({"n": i, "t": "x", "same": 1}) for i in range(25)], tmp_path / "a")
+    b = tj.map(guest, [done({"n": i, "t": "x", "same": 1}) for i in range(25)], tmp_path / "b")
+    results = (tmp_path / "b" / "results.jsonl").read_text().splitlines()
+    rewritten = []
+    for line in results:
+        record = json.loads(line)
+        record["result"] = {"n": record["item"] + 1, "t": "y" * 80, "same": 1, "new": True}
+        rewritten.append(json.dumps(record))
+    (tmp_path / "b" / "results.jsonl").write_text("\n".join(rewritten) + "\n")
+    diff = tj.compare(a, b)
+    lines = diff.lines()
+    table = "\n".join(lines)
+    assert "0     completed  -      n: 0 -> 1" in table
+    assert "                        t: \"x\" -> \"yyyy" in table and "…" in table  # a long value is clipped
+    assert "                        new: (none) -> true" in table
+    assert "same" not in table.split("\n", 3)[-1]  # an unchanged field is not listed
+    assert lines[-1].startswith("... and 5 more of the 25 listed items: lines(max_rows=None)"), lines[-1]
+    every = diff.lines(max_rows=None)
+    assert sum(bool(re.match(r"\d+ +completed", line)) for line in every) == 25 and not every[-1].startswith("...")
 
 
 def test_compare_reports_tokens_time_and_the_fields_that_changed(recorded):
@@ -326,3 +380,101 @@ def test_changed_fields_are_empty_exactly_when_the_results_are_the_same(a, b):
 
     assert changed_fields(a, a) == []
     assert (changed_fields(a, b) == []) == same(a, b)
+
+
+def test_a_deterministic_live_replay_decodes_each_item_alone_one_at_a_time(recorded, monkeypatch):
+    folder, backend = recorded
+    seen = []
+    generate = backend.scripted.generate
+
+    def recording(request, on_token):
+        seen.append((request.alone, request.threads, request.cache_prompt))
+        return generate(request, on_token)
+
+    monkeypatch.setattr(backend.scripted, "generate", recording)
+    live = tj.replay_map(folder / "run", folder / "v3.py", live=True, backend=backend, out=folder / "det",
+                         deterministic=True)
+    assert live.deterministic and len(seen) == 3, seen  # the three items whose prompt changed
+    assert all(alone and threads >= 1 and not cache for alone, threads, cache in seen), seen
+    assert not any("batch composition" in line for line in live.lines())
+    for kwargs, message in (({}, "deterministic goes with live"),
+                            ({"live": True, "concurrency": 2}, "one item at a time; concurrency=2")):
+        with pytest.raises(ValueError, match=message):
+            tj.replay_map(folder / "run", folder / "v3.py", backend=backend, out=folder / "no",
+                          deterministic=True, **kwargs)
+    code, _, err = cli("replay", "v3.py", "--from", "latest", "--deterministic", cwd=folder)
+    assert code == 2 and "--deterministic is for replay --map RUN_DIR --live" in err, err
+    code, _, err = cli("replay", "--map", "run", "v3.py", "--deterministic", "--run-dir", "no", cwd=folder)
+    assert code == 2 and "deterministic goes with live" in err and err.count("\n") == 1, err
+
+
+def test_an_estimates_speed_comes_from_quiet_infers_and_says_its_range_and_source(tmp_path):
+    """A map recorded on a busy machine (slow infers, a high load a CPU) must not make the estimate after it
+    far off: the quiet infers set the speed, the line gives the range and says where it came from."""
+    from tensorjob_jupyter.fanout.estimate import ItemEstimate, MapEstimate
+
+    def infer(tps: float, ttft: float, load: float | None, batch: int = 1) -> dict:
+        timing = {"time_to_first_token_s": ttft, "tokens_per_second": tps, "batch": batch}
+        if load is not None:
+            timing["load_per_core"] = load
+        return {"type": "response.completed", "timing": timing,
+                "response": {"model": "m", "usage": {"input_tokens": 100, "input_tokens_details": {"cached_tokens": 0}}}}
+
+    def planted(name: str, events: list[dict]) -> None:
+        run = tmp_path / "runs" / name
+        run.mkdir(parents=True)
+        events = [{"type": "job.created", "version": 1}, *events]
+        (run / "events.jsonl").write_text("".join(json.dumps({**e, "job_id": name, "sequence_number": n}) + "\n"
+                                                  for n, e in enumerate(events)))
+
+    planted("busy", [infer(2.0, 10.0, 4.5) for _ in range(6)])
+    planted("quiet", [infer(40.0, 0.5, 0.2), infer(50.0, 0.4, 0.3), infer(60.0, 0.25, 0.1)])
+    speed = measured_speed("m", [tmp_path / "runs"])
+    assert speed.infers == 3 and speed.quiet == 3 and not speed.busy
+    assert speed.output_tokens_per_s == 50.0 and speed.prompt_tokens_per_s == 250.0
+    assert speed.fast_output_tokens_per_s >= speed.output_tokens_per_s
+    estimate = MapEstimate(40, "m", "tokenizer", [ItemEstimate(0, 100, 20)], 0, speed)
+    assert estimate.fast_seconds <= estimate.seconds < 40 * (100 / 250 + 20 / 50) + 1
+    line = next(x for x in estimate.lines() if x.startswith("time:"))
+    assert "while it was quiet" in line and "typical" in line and "fast" in line, line
+    planted("old", [infer(2.0, 10.0, None)])  # recorded before loads were: counted, and said to be busy
+    (tmp_path / "runs" / "quiet").rename(tmp_path / "runs" / "gone")
+    for f in (tmp_path / "runs" / "gone").iterdir():
+        f.unlink()
+    busy = measured_speed("m", [tmp_path / "runs"])
+    assert busy.busy and busy.infers == 7 and "on a quiet machine it will be faster" in busy.source()
+
+
+@pytest.mark.slow  # two CLIs in subprocesses
+def test_a_guest_that_does_not_compile_exits_1_from_map_as_from_run_as_the_docs_say(tmp_path):
+    docs = (Path(__file__).parents[2] / "docs" / "maps.md").read_text()
+    assert "1 when some failed or the\nguest did not compile" in docs
+    (tmp_path / "g.py").write_text("def main(:\n")
+    (tmp_path / "m.jsonl").write_text('{"a": 1}\n{"a": 2}\n')
+    for argv in (("map", "g.py", "--over", "m.jsonl", "--run-dir", "run"), ("run", "g.py")):
+        code, out, err = cli(*argv, cwd=tmp_path)
+        assert code == 1 and "the guest does not compile" in err and "SyntaxError" in err, (argv, code, err)
+        assert "Traceback" not in err
+    assert not (tmp_path / "run" / "results.jsonl").exists() or not (tmp_path / "run" / "results.jsonl").read_text()
+
+
+def test_an_estimates_speed_comes_from_quiet_infers_when_there_are_enough_and_says_where_it_came_from(tmp_path):
+    def infer(tps, load, batch=1):
+        return {"type": "response.completed", "response": {"model": "m", "usage": {"input_tokens": 100}},
+                "timing": {"time_to_first_token_s": 1.0, "tokens_per_second": tps, "load_per_core": load,
+                           "batch": batch}}
+
+    def write(name, events):
+        run = tmp_path / "runs" / name
+        run.mkdir(parents=True)
+        events = [{"type": "job.created", "job_id": name, "version": 1}, *events]
+        (run / "events.jsonl").write_text("".join(json.dumps({**e, "sequence_number": i}) + "\n"
+                                                  for i, e in enumerate(events)))
+
+    write("busy", [infer(2.0, 3.0) for _ in range(6)])
+    busy = measured_speed("m", [tmp_path / "runs"])
+    assert busy.busy and busy.quiet == 0 and busy.output_tokens_per_s == 2.0 and "faster" in busy.source()
+    write("quiet", [infer(20.0, 0.1), infer(22.0, 0.2), infer(30.0, 0.3)])
+    quiet = measured_speed("m", [tmp_path / "runs"])
+    assert not quiet.busy and quiet.quiet == quiet.infers == 3 and quiet.output_tokens_per_s == 22.0
+    assert quiet.fast_output_tokens_per_s >= quiet.output_tokens_per_s and "while it was quiet" in quiet.source()

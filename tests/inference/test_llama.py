@@ -713,3 +713,20 @@ def test_zero_max_tokens_generates_nothing(tiny):
     tokens = []
     result = tiny.generate(GenerateRequest("the cat sat", 0), lambda t: tokens.append(t) or True)
     assert (result.text, result.finish_reason, result.usage.completion_tokens, tokens) == ("", FINISH_LENGTH, 0, [])
+
+
+def test_a_request_decoded_alone_waits_for_the_batch_holds_the_rest_back_and_answers_as_alone(tiny):
+    """``alone`` (a deterministic map): no other sequence shares its decode steps, those after it wait for it,
+    its own thread count is used and then given back, and its answer is the one it gets on an idle engine."""
+    requests = [GenerateRequest(f"{i} the cat sat", 6, cache_prompt=False) for i in range(4)]
+    own = 2 if tiny.n_threads == 1 else 1  # a count other than the engine's
+    requests[1] = GenerateRequest("1 the cat sat", 6, cache_prompt=False, alone=True, threads=own)
+    done = _serve_together(tiny, requests)
+    assert all(error is None for _, error in done.values())
+    alone = done[1][0].usage
+    assert alone.batch == 1 and alone.threads == own
+    assert done[0][0].usage.threads == tiny.n_threads  # before it: the engine's own
+    assert done[2][0].usage.threads == done[3][0].usage.threads == tiny.n_threads  # and given back after it
+    assert done[2][0].usage.batch == done[3][0].usage.batch == 2  # the two after it ran together, without it
+    by_itself = gen(tiny, "1 the cat sat", 6, cache_prompt=False)[0]
+    assert done[1][0].text == by_itself.text and by_itself.usage.batch == 1

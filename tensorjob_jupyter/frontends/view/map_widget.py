@@ -4,10 +4,13 @@ Like the job view, it is a few plain widgets written by one updater thread,
 at most ``refresh_hz`` times a second however fast items finish: the thread
 waits on ``MapRun.wait_for_update`` and renders a fresh ``MapProgress``
 snapshot. Under the counts, a bounded table shows the latest items to
-conclude as they arrive -- each item's input, its status and its result or
+conclude as they arrive (once the map has ended, every item, up to
+``KEEP_ITEMS``, in item order in a box that scrolls) -- each item's input, its status and its result or
 error on one line, clipped and escaped (inputs come from a manifest,
 results and messages from guests and models), and its score when the map
-has expected answers; the counts then carry the running score (the mean so
+has expected answers. An input reads as its key (``item_key``: its
+``path``, ``id``...) with the whole input in the cell's title; item numbers
+and scores are sized to their digits and never clipped; the counts carry the running score (the mean so
 far, and how many items passed). The rate reads right from the
 first item (``fanout.progress.rate_text``: "12.3 s/item" while items are
 slower than one a second, never "0.0 items/s"), and no label wraps. On a
@@ -28,12 +31,15 @@ import ipywidgets as w
 
 from tensorjob_jupyter.abi import dumps
 from tensorjob_jupyter.fanout import MapProgress, MapRun
+from tensorjob_jupyter.fanout.manifest import item_key
 from tensorjob_jupyter.frontends.view.live import LiveView, check_refresh_hz
 from tensorjob_jupyter.frontends.view.render import BLUE, GREEN, GREY, LIGHT_GREY, RED, status_badge
 from tensorjob_jupyter.text import for_html
 
-#: Concluded items the table shows: the latest ones.
+#: Concluded items the table shows while the map runs: the latest ones.
 SHOW_ITEMS = 8
+#: Items a finished map's view lists, in item order in a box that scrolls (the latest ones when there are more).
+KEEP_ITEMS = 1000
 #: Characters of an input, and of a result or error, the table shows on its one line.
 INPUT_CHARS = 60
 OUTCOME_CHARS = 120
@@ -68,7 +74,12 @@ def item_row(event: dict) -> dict:
         outcome = one_line(f"{error.get('code', '')}: {error.get('message', '')}", OUTCOME_CHARS)
     score = event.get("score") if isinstance(event.get("score"), dict) else {}
     value = score.get("score")
-    return {"item": event["item"], "ok": ok, "input": one_line(event.get("input"), INPUT_CHARS), "outcome": outcome,
+    item = event["item"]
+    raw = event.get("input")
+    key = item_key(raw, item) if isinstance(item, int) and not isinstance(item, bool) else str(item)
+    named = key != str(item) or isinstance(raw, (str, int)) and not isinstance(raw, bool)
+    return {"item": item, "ok": ok, "input": one_line(key if named else raw, INPUT_CHARS),
+            "input_json": one_line(raw, INPUT_CHARS * 4), "outcome": outcome,
             "score": f"{value:.2f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""}
 
 
@@ -88,24 +99,45 @@ def render_counts(p: MapProgress) -> str:
     if p.mean_score is not None:
         score = (f' · <span class="tj-map-score" title="the mean score of the items scored so far">score '
                  f'<b>{p.mean_score:.2f}</b> ({p.score_passed}/{p.scored} passed)</span>')
+    needs = (f' · <span class="tj-map-needs-model" title="a replay whose recordings cannot answer these items: '
+             f'replay them with --live">{p.needs_model} need the model</span>' if p.needs_model else "")
     return (f'<span class="tj-map-counts" style="font-family:sans-serif;font-size:12px;white-space:nowrap">'
-            f'<b>{p.concluded}</b> / {p.total} · {p.completed} done · {p.failed} failed · '
+            f'<b>{p.concluded}</b> / {p.total} · {p.completed} done · {p.failed - p.needs_model} failed{needs} · '
             f'{p.running} running · {p.skipped} skipped{score}</span>')
 
 
-def render_items(rows: list[dict]) -> str:
+def render_items(rows: list[dict], *, finished: bool = False, concluded: int | None = None) -> str:
     """The latest concluded items, newest last: item, input, ✓ or ✗, the score (when scored), the result or
-    the error."""
+    the error. ``finished``: every row, in item order, in a box that scrolls (``concluded``: how many items
+    ended, said when the box keeps fewer)."""
     if not rows:
         return ""
+    if finished:
+        rows = sorted(rows, key=lambda row: (not isinstance(row["item"], int), row["item"]))
+        table = _items_table(rows)
+        more = (concluded or 0) - len(rows)
+        note = (f'<div class="tj-map-items-more" style="font-family:sans-serif;font-size:11px;color:{GREY}">'
+                f'{more} earlier items are not listed here: <code>result.to_pandas()</code> or '
+                f'<code>tensorjob runs --table RUN_DIR</code> lists every one</div>' if more > 0 else "")
+        return (f'<div class="tj-map-items-all" style="max-height:18em;overflow-y:auto">{table}</div>{note}'
+                if len(rows) > SHOW_ITEMS else table + note)
+    return _items_table(rows[-SHOW_ITEMS:])
+
+
+def _items_table(rows: list[dict]) -> str:
     cell = f"padding:1px 6px;max-width:0;{NOWRAP}"
+    whole = "padding:1px 6px;white-space:nowrap;overflow:visible;box-sizing:content-box"  # numbers never clipped
+    digits = max(len(str(row["item"])) for row in rows)
     scored = any(row.get("score") for row in rows)
+    score_chars = max([len(row.get("score", "")) for row in rows] + [4])
     body = "".join(
-        f'<tr><td style="{cell};color:{GREY};width:3em">{row["item"]}</td>'
-        f'<td style="{cell};width:35%" title="{for_html(row["input"])}">{for_html(row["input"])}</td>'
+        f'<tr><td class="tj-map-item-number" style="{whole};color:{GREY};width:{digits}ch;text-align:right">'
+        f'{for_html(str(row["item"]))}</td>'
+        f'<td class="tj-map-item-input" style="{cell};width:35%" title="{for_html(row.get("input_json", row["input"]))}">'
+        f'{for_html(row["input"])}</td>'
         f'<td style="{cell};width:1.5em;color:{GREEN if row["ok"] else RED}">{"✓" if row["ok"] else "✗"}</td>'
-        + (f'<td class="tj-map-item-score" style="{cell};width:3em;color:{GREY}">{for_html(row.get("score", ""))}'
-           f'</td>' if scored else "") +
+        + (f'<td class="tj-map-item-score" style="{whole};width:{score_chars}ch;color:{GREY}">'
+           f'{for_html(row.get("score", ""))}</td>' if scored else "") +
         f'<td style="{cell};color:{"inherit" if row["ok"] else RED}" title="{for_html(row["outcome"])}">'
         f'{for_html(row["outcome"])}</td></tr>' for row in rows)
     return (f'<table class="tj-map-items" style="font-family:monospace;font-size:11px;border-collapse:collapse;'
@@ -136,7 +168,7 @@ class MapView(LiveView):
         self.cancel_button = self._cancel_button("Stop this map", run.cancel)
         self.widget = self._column([self.header, w.HBox([self.bar, self.cancel_button]), self.counts, self.items],
                                    "tensorjob-map-view")
-        self._rows: deque[dict] = deque(maxlen=SHOW_ITEMS)
+        self._rows: deque[dict] = deque(maxlen=KEEP_ITEMS)
         self._last: MapProgress = run.progress()
         self._lock = threading.Lock()
         self._unsubscribe = run.subscribe(self._on_event)
@@ -157,6 +189,7 @@ class MapView(LiveView):
             version = progress.version
             self._render(progress)
             if self.run.done:
+                self._fill_from_folder()
                 self._render(self.run.progress())
                 self._unsubscribe()
                 self.finish_display()
@@ -184,10 +217,38 @@ class MapView(LiveView):
         if p.status != "running":
             self._finish_button(self.cancel_button, p.status)
 
+    def _fill_from_folder(self) -> None:
+        """Once the map has ended, rows for the items whose events came before the view subscribed (a quick
+        map's first items), read back from the run folder."""
+        p = self.run.progress()
+        with self._lock:
+            have = {row["item"] for row in self._rows}
+        if len(have) >= min(p.concluded, KEEP_ITEMS):
+            return
+        try:
+            result = self.run.wait(0)
+            scores = result.scores() or {}
+            inputs = result.inputs
+            found = {i: ("item.failed", i, {"error": e}) for i, e in result.failures().items()}
+            found.update({i: ("item.completed", i, {"result": r}) for i, r in result.results().items()})
+        except Exception:  # noqa: BLE001 - a folder that cannot be read back leaves the rows the events gave
+            return
+        rows = []
+        for kind, item, outcome in sorted(found.values(), key=lambda f: f[1])[-KEEP_ITEMS:]:
+            if item in have or not isinstance(item, int):
+                continue
+            score = scores.get(item)
+            rows.append(item_row({"type": kind, "item": item, **outcome,
+                                  "input": inputs[item] if 0 <= item < len(inputs) else None,
+                                  "score": {"score": score.score} if score is not None else None}))
+        with self._lock:
+            self._rows.extend(rows)
+
     def _items_html(self) -> str:
         with self._lock:
             rows = list(self._rows)
-        return render_items(rows)
+        p = self._last
+        return render_items(rows, finished=p.status != "running", concluded=p.concluded)
 
     def static_html(self) -> str:
         p = self._last
@@ -197,6 +258,6 @@ class MapView(LiveView):
 
 
 __all__ = [
-    "SHOW_ITEMS", "INPUT_CHARS", "OUTCOME_CHARS", "MAX_LINE_SOURCE_CHARS", "NOWRAP", "one_line", "item_row",
+    "SHOW_ITEMS", "KEEP_ITEMS", "INPUT_CHARS", "OUTCOME_CHARS", "MAX_LINE_SOURCE_CHARS", "NOWRAP", "one_line", "item_row",
     "render_header", "render_counts", "render_items", "render_bar", "MapView"
 ]
