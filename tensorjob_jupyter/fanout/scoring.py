@@ -362,16 +362,17 @@ class Expected:
             data = _records_jsonl((i, values[i]) for i in sorted(values))
             return cls(values, total, "<dict>", hashlib.sha256(data).hexdigest())
         if isinstance(spec, (str, os.PathLike, Sequence)) and not isinstance(spec, (bytes, bytearray)):
-            if isinstance(spec, Sequence) and not isinstance(spec, str) and len(spec) != total:
+            if isinstance(spec, Sequence) and not isinstance(spec, str) and len(spec) > total:
                 raise ScoringError(f"expected answers: {len(spec)} values for a manifest of {total} items (one "
-                                   f"expected value an item, in the manifest's order)")
+                                   f"expected value an item, in the manifest's order; null, or none, for an item "
+                                   f"not labelled)")
             try:  # a file of more values than items is refused at the first extra one, the rest unread
                 manifest = read_manifest(spec, max_items=total)
             except MapError as e:  # its words are a manifest's: say whose they are
                 if isinstance(e, TooManyItems):
                     raise ScoringError(f"expected answers {Path(spec).absolute()}: more than {total} values for a "
                                        f"manifest of {total} items (line {e.line}; one expected value a line, in "
-                                       f"the manifest's order)") from None
+                                       f"the manifest's order; null, or no line, for an item not labelled)") from None
                 raise ScoringError("expected answers: " + str(e).replace("manifest ", "", 1)) from None
             first = next((v for v in manifest.items if v is not None), None)
             if _keyed(first):

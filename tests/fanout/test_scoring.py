@@ -133,7 +133,7 @@ def test_expected_answers_are_one_per_item_in_manifest_order_and_null_or_no_line
     e = Expected.read(path, 4)  # a shorter file: the items past its end are not labelled
     assert [e.get(i) for i in range(5)] == [(True, {"a": 1}), (False, None), (True, "x"), (False, None), (False, None)]
     assert e.labelled == 2 and list(e.items()) == [(0, {"a": 1}), (2, "x")]
-    with pytest.raises(ScoringError, match="3 values for a manifest of 2 items"):
+    with pytest.raises(ScoringError, match="more than 2 values for a manifest of 2 items .line 3.*null, or no line, for an item not labelled"):
         Expected.read(path, 2)
     partial = Expected.read({"2": "x", 0: 1, 1: None}, 3)
     assert list(partial.items()) == [(0, 1), (2, "x")] and partial.get(1) == (False, None) and partial.labelled == 2
@@ -444,7 +444,7 @@ def test_tensorjob_map_with_partial_labels_and_then_another_manifest_over_its_fo
     assert "--run-dir" in err and "--restart" in err and "expected.jsonl" not in err, err
     code, out, err = cli("map", "g.wasm", "--over", "small.jsonl", "--run-dir", "runs/v1", "--expected", "e.jsonl",
                          cwd=tmp_path)
-    assert code == 2 and "40 values for a manifest of 3 items" in err, err
+    assert code == 2 and "more than 3 values for a manifest of 3 items (line 4" in err, err
 
 
 def test_map_scoring_refusals_are_one_line_and_exit_2(guest, tmp_path, monkeypatch):
@@ -456,7 +456,7 @@ def test_map_scoring_refusals_are_one_line_and_exit_2(guest, tmp_path, monkeypat
     (tmp_path / "g.wasm").write_bytes(guest)
     write_manifest(tmp_path / "m.jsonl", ITEMS)
     write_manifest(tmp_path / "long.jsonl", EXPECTED * 2)
-    for extra, says in [(["--expected", "long.jsonl"], "10 values for a manifest of 5 items"),
+    for extra, says in [(["--expected", "long.jsonl"], "more than 5 values for a manifest of 5 items (line 6"),
                         (["--expected", "nope.jsonl"], "expected answers: cannot read"),
                         (["--scorer", "exact"], "a scorer needs expected answers"),
                         (["--max-total-tokens", "0"], "--max-total-tokens must be at least 1")]:
