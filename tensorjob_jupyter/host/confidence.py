@@ -176,7 +176,8 @@ def _chosen(records: Sequence[TokenLogprob], tokens: range) -> float | None:
     deciding = records[min(tokens, key=lambda t: records[t].logprob)]
     if deciding.runner_up is None:
         return 1.0
-    return 1.0 / (1.0 + math.exp(deciding.runner_up - deciding.logprob))
+    gap = deciding.logprob - deciding.runner_up  # p / (p + q) = 1 / (1 + e^-gap), without overflow either way
+    return 1.0 / (1.0 + math.exp(-gap)) if gap >= 0 else math.exp(gap) / (1.0 + math.exp(gap))
 
 
 def answer_confidence(text: str, records: Sequence[TokenLogprob], kind: str,
