@@ -304,3 +304,21 @@ def test_token_text_is_a_plain_string_that_carries_its_records():
     assert text == "hi" and isinstance(text, str) and text.logprobs == (record,)
     import pickle
     assert pickle.loads(pickle.dumps(text)).logprobs == (record,)
+
+
+def test_a_map_keeps_each_item_s_confidence_in_results_jsonl_and_rows_give_confidence_columns(tmp_path):
+    from tensorjob_jupyter.fanout import map as tj_map
+    result = tj_map(confident_guest(), [{"id": "a"}, {"id": "b"}], tmp_path / "run",
+                    backend=ScriptedBackend(ANSWER, logprobs=-0.1))
+    assert result.completed == 2
+    records = [json.loads(line) for line in result.results_path.read_text().splitlines()]
+    assert all(set(r["confidence"]) == {"name", "age", "note"} for r in records)
+    rows = result.rows()
+    assert all(0 < row["confidence.name"] < 1 and row["confidence.note"] is None for row in rows)
+    assert rows[0]["confidence.age"] == records[0]["confidence"]["age"]
+    # read back as untrusted: a value out of range is None, not a number that looks like one
+    edited = [{**r, "confidence": {"name": 7, "age": "high"}} for r in records]
+    result.results_path.write_text("".join(json.dumps(r) + "\n" for r in edited))
+    assert result.confidences() == {0: {"name": None, "age": None}, 1: {"name": None, "age": None}}
+    plain = tj_map(confident_guest(), [{"id": "a"}], tmp_path / "plain", backend=ScriptedBackend(ANSWER))
+    assert not any(key.startswith("confidence.") for key in plain.rows()[0])
