@@ -545,7 +545,7 @@ class Reactor:
         asked = plan.asked_logprobs and (records or not text)
         return abi.InferDone(text, u.completion_tokens, tool_calls,
                              logprobs=tuple(r.to_json() for r in records) if asked else None,
-                             confidence=leaves_json(leaves))
+                             confidence=leaves_json(leaves) if asked else None)
 
 
 @dataclass(frozen=True)
