@@ -87,6 +87,15 @@ Run from the repository root::
    Run on the code before issue 31 the same way, from a copy of the
    repository at that commit, for the before -> after table.
 
+7. **A map's run folder from elsewhere** (issue 38; ``--only run-folders``). A real map of four items,
+   planted copies of its folder -- a FIFO as ``ledger.json``, ``results.jsonl``, ``failures.jsonl`` and
+   ``scores.jsonl``; ``results.jsonl`` linked to ``/dev/zero``; a ledger claiming 10,000,000 and 2**53 items;
+   an item number as text -- each read by ``tensorjob runs --table``, ``diff --map`` and ``replay --map`` in a
+   fresh process (killed at 1.5 GiB or 30 s): exit status, seconds and peak MiB, against the same commands on
+   the untouched folder. Before (the code ahead of issue 38, as the issue measured it): a FIFO hung each
+   command until killed; ``/dev/zero`` grew past 3 GiB in 3-8 s; a forged count reached 2.7-3 GiB or ran past
+   120 s; an item as text ended in a traceback.
+
 Ratios are against baselines measured in the same process. The last line is
 a one-line JSON summary.
 """
@@ -1090,7 +1099,73 @@ def model_bounds(runs_dir: str, quick: bool) -> dict:
     return out
 
 
-SECTIONS = ("memory", "open", "world", "transcripts", "model", "served")
+def run_folder_bounds(tmp: Path) -> dict:
+    """``runs --table``, ``diff --map`` and ``replay --map`` on planted copies of a real map's run folder: exit
+    status, seconds and peak MiB of each, against the untouched folder (issue 38)."""
+    from tensorjob_jupyter.fanout import map as tj_map
+    from tensorjob_jupyter.inference.scripted import ScriptedBackend
+
+    guest = tmp / "guest.wasm"
+    guest.write_bytes(wat.script_guest([{"cmd": "done", "result": {"n": 1}}]))
+    manifest = tmp / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(4)))
+    real = tmp / "run"
+    tj_map(guest, manifest, real, backend=ScriptedBackend("a"), expected=[{"n": 1}] * 4)
+
+    def fifo(run: Path, name: str) -> None:
+        (run / name).unlink()
+        os.mkfifo(run / name)
+
+    def zero(run: Path, name: str) -> None:
+        (run / name).unlink()
+        (run / name).symlink_to("/dev/zero")
+
+    def forged(items: int):
+        def plant(run: Path, _name: str) -> None:
+            ledger = json.loads((run / "ledger.json").read_text())
+            ledger["manifest"]["items"] = items
+            (run / "ledger.json").write_text(json.dumps(ledger))
+        return plant
+
+    def as_text(run: Path, name: str) -> None:
+        lines = (run / name).read_text().splitlines()
+        first = json.loads(lines[0])
+        first["item"] = str(first["item"])
+        (run / name).write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+
+    cases = [("untouched", None, None)] + [(f"FIFO {n}", fifo, n) for n in
+                                           ("ledger.json", "results.jsonl", "failures.jsonl", "scores.jsonl")]
+    cases += [("results.jsonl -> /dev/zero", zero, "results.jsonl"),
+              ("ledger claims 10,000,000 items", forged(10_000_000), None),
+              ("ledger claims 2**53 items", forged(2 ** 53), None), ("item as text", as_text, "results.jsonl")]
+    rows, base = [], {}
+    for label, plant, name in cases:
+        run = tmp / f"case-{len(rows)}"
+        shutil.copytree(real, run, symlinks=True)
+        if plant is not None:
+            if name and not (run / name).exists():
+                (run / name).write_text("")
+            plant(run, name)
+        for command in (["runs", "--table", run], ["diff", "--map", run, run],
+                        ["replay", "--map", run, guest, "--run-dir", tmp / f"replayed-{len(rows)}", "-q"]):
+            got = _watched([*CLI, *map(str, command)], int(1.5 * 1024 * MiB), 30)
+            lines = [x for x in got["stderr"].splitlines() if x.strip()]
+            row = {"case": label, "command": " ".join(map(str, command[:2])), "exit": got["exit"],
+                   "seconds": round(got["seconds"], 2), "peak_mib": round(got["peak_mib"], 1),
+                   "killed": got["killed"], "traceback": "Traceback" in got["stderr"], "stderr_lines": len(lines)}
+            if plant is None:
+                base[row["command"]] = row
+            b = base[row["command"]]
+            print(f"run-folders: {label:32} {row['command']:14} exit {row['exit']:>3}  {row['seconds']:5.2f} s "
+                  f"({row['seconds'] / max(b['seconds'], 1e-3):.2f}x untouched)  {row['peak_mib']:6.1f} MiB "
+                  f"({row['peak_mib'] - b['peak_mib']:+.1f} MiB)  {'KILLED ' if row['killed'] else ''}"
+                  f"{'TRACEBACK ' if row['traceback'] else ''}{lines[-1][:90] if lines and plant else ''}",
+                  flush=True)
+            rows.append(row)
+    return {"rows": rows}
+
+
+SECTIONS = ("memory", "open", "world", "transcripts", "model", "served", "run-folders")
 
 
 def main() -> None:
@@ -1119,6 +1194,9 @@ def main() -> None:
             summary["model"] = model_bounds(runs_dir, args.quick)
         if "served" in only:
             summary["served"] = served_bounds(args.quick)
+        if "run-folders" in only:
+            with tempfile.TemporaryDirectory() as tmp:
+                summary["run-folders"] = run_folder_bounds(Path(tmp))
     print(f"load at the end: {open('/proc/loadavg').read().split()[:3]}")
     print(json.dumps(summary))
 

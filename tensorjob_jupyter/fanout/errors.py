@@ -23,6 +23,11 @@ class ManifestError(MapError, ValueError):
         self.line = line
 
 
+class TooManyItems(ManifestError):
+    """A manifest (or an expected-answers file) with more items than its reader takes, refused at the first
+    extra one."""
+
+
 class ResumeRefused(MapError):
     """The run folder belongs to another map, or another map is writing to it."""
 
@@ -32,4 +37,4 @@ class ClusterError(MapError):
     worker that lacks the package, the same version of it, or the model."""
 
 
-__all__ = ["MapError", "ManifestError", "ResumeRefused", "ClusterError"]
+__all__ = ["MapError", "ManifestError", "TooManyItems", "ResumeRefused", "ClusterError"]

@@ -9,7 +9,8 @@ cut off on resume so that its item runs again. When a map ends (finished,
 failed or cancelled) the results files are rewritten in item order, so a
 finished folder reads in manifest order whatever order items finished in; each
 record carries the item's ``key`` (``manifest.item_key``) beside its number. Only the map's own thread
-writes here (see ``run.MapRun``). A refused folder can be started over
+writes here (see ``run.MapRun``); what is read back goes through ``folder_reader``, which checks every file
+as one from anywhere. A refused folder can be started over
 (``restart``: under the lock, the map's own files are removed first, and
 nothing else in the folder is touched); the refusal says so.
 """
@@ -19,37 +20,40 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import time
 from pathlib import Path
 
-import orjson
-
 from tensorjob_jupyter.abi import JobStatus, dumps
 from tensorjob_jupyter.fanout.errors import ResumeRefused
+from tensorjob_jupyter.fanout.folder_reader import (  # the one reader of a run folder; its names, here too
+    FAILURES, JOBS, LEDGER, LEDGER_FORMAT, MAX_LEDGER_BYTES, RESULTS, SCORING_FILES, SESSION_STATUSES, FolderError,
+    jobs_folder, read_ledger, read_ledger_json, read_records,
+)
 from tensorjob_jupyter.fanout.manifest import Manifest
+from tensorjob_jupyter.regular_file import kind_of
 
-LEDGER = "ledger.json"
-RESULTS = "results.jsonl"
-FAILURES = "failures.jsonl"
-JOBS = "jobs"
-LEDGER_FORMAT = "tensorjob-map/1"
-#: What scoring (``scoring.py``) keeps here: expected answers, the scorer's name, the scores.
-SCORING_FILES = ("expected.jsonl", "scoring.json", "scores.jsonl")
-#: The largest ledger read back (one small entry per session: megabytes are not a ledger).
-MAX_LEDGER_BYTES = 8 * 1024 * 1024
 #: How to start a refused folder over, in the front ends' words.
 RESTART_HINT = "start this one over with --restart (restart=True in Python), which keeps none of its results"
 
 
 def _open_own(path: Path, flags: int, mode: str):
-    """Open a file of the run folder itself, never through a symbolic link
-    (which could make the map append to, or truncate, a file elsewhere)."""
+    """Open a file of the run folder itself, never through a symbolic link (which could make the map append
+    to, or truncate, a file elsewhere), never blocking on a FIFO, and only a regular file."""
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as e:
         if os.path.islink(path):
             raise ResumeRefused(f"{path} is a symbolic link; a run folder's files must be its own") from None
         raise ResumeRefused(f"cannot open {path}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ResumeRefused(f"cannot open {path}: it is {kind_of(st.st_mode)}, not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
     return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
 
 
@@ -61,76 +65,6 @@ def _fsync_write(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def read_records(path: Path, *, repair: bool = False) -> list[dict]:
-    """The records of a results/failures file, without a torn last line
-    (a crash mid-append); ``repair`` also cuts it off the file."""
-    if not os.path.lexists(path):
-        return []
-    with _open_own(path, os.O_RDWR if repair else os.O_RDONLY, "r+b" if repair else "rb") as f:
-        data = f.read()
-        cut = data.rfind(b"\n") + 1
-        if cut < len(data) and repair:  # its item runs again
-            f.truncate(cut)
-    data = data[:cut]
-    records = []
-    for number, line in enumerate(data.splitlines(), start=1):
-        try:
-            record = orjson.loads(line)  # a map's files may be large: about five times json's speed
-            int(record["item"])
-        except (ValueError, KeyError, TypeError):
-            raise ResumeRefused(f"{path}: line {number} is not a record this map wrote; "
-                                f"the run folder was edited or is corrupt") from None
-        records.append(record)
-    return records
-
-
-#: What a ledger's last session may say of how it ended.
-SESSION_STATUSES = ("running", "finished", "cancelled", "stopped", "error")
-
-
-def read_ledger(run_dir: Path) -> dict:
-    """What a run folder's ledger says, checked as input from anywhere: ``items`` (how many), the
-    ``manifest_source`` and ``manifest_sha256`` it pins, and its last ``session``'s summary (counts, status,
-    error, ``elapsed_s``), each value of the type it must have or left out. ``ResumeRefused`` if ``run_dir``
-    holds no ledger of this format."""
-    path = run_dir / LEDGER
-    try:
-        with _open_own(path, os.O_RDONLY, "rb") as f:
-            data = f.read(MAX_LEDGER_BYTES + 1)
-        if len(data) > MAX_LEDGER_BYTES:
-            raise ValueError("too large")
-        ledger = json.loads(data)
-        items, manifest = ledger["manifest"]["items"], ledger["manifest"]
-        if ledger.get("format") != LEDGER_FORMAT or not _count(items):
-            raise ValueError("not this format")
-    except ResumeRefused:
-        raise ResumeRefused(f"{run_dir} is not a map's run folder: it has no {LEDGER}") from None
-    except (ValueError, KeyError, TypeError, RecursionError):
-        raise ResumeRefused(f"{path} is not a tensorjob map ledger") from None
-    sessions = ledger.get("sessions") if isinstance(ledger.get("sessions"), list) else []
-    last = sessions[-1] if sessions and isinstance(sessions[-1], dict) else {}
-    session = {k: last[k] for k in ("completed", "failed", "skipped") if _count(last.get(k))}
-    if last.get("status") in SESSION_STATUSES:
-        session["status"] = last["status"]
-    if isinstance(last.get("error"), str):
-        session["error"] = last["error"][:2000]
-    session["elapsed_s"] = _elapsed(last.get("started_at"), last.get("finished_at"))
-    return {"items": items, "session": session,
-            "manifest_source": manifest.get("source") if isinstance(manifest.get("source"), str) else None,
-            "manifest_sha256": manifest.get("sha256") if isinstance(manifest.get("sha256"), str) else None}
-
-
-def _count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2 ** 53
-
-
-def _elapsed(started, finished) -> float:
-    try:
-        return max(0.0, time.mktime(time.strptime(finished, _TIME)) - time.mktime(time.strptime(started, _TIME)))
-    except (TypeError, ValueError, OverflowError):
-        return 0.0
 
 
 class RunFolder:
@@ -159,14 +93,16 @@ class RunFolder:
             if restart:
                 self._clear()
             self._ledger = self._check_ledger(manifest, wasm_sha256)
-            self.completed = {r["item"] for r in read_records(self.results_path, repair=True)}
-            failures = [r for r in read_records(self.failures_path, repair=True)
+            jobs_folder(self.path)  # a jobs/ link out of the folder is refused before anything is written there
+            total = len(manifest)  # a record of an item the manifest does not have is refused, never run
+            self.completed = {r["item"] for r in read_records(self.results_path, total=total, repair=True)}
+            failures = [r for r in read_records(self.failures_path, total=total, repair=True)
                         if r["item"] not in self.completed]
             if retry_failed and failures:
                 _fsync_write(self.failures_path, "")
                 failures = []
             self.failed = {r["item"] for r in failures}
-            self._ledger["sessions"].append({"started_at": _now(), "finished_at": None, "where": where,
+            self._ledger.setdefault("sessions", []).append({"started_at": _now(), "finished_at": None, "where": where,
                                              **({"concurrency": concurrency} if concurrency else {})})
             _fsync_write(self.path / LEDGER, json.dumps(self._ledger, indent=2) + "\n")
             self.jobs_path.mkdir(exist_ok=True)
@@ -204,18 +140,18 @@ class RunFolder:
 
     def _check_ledger(self, manifest: Manifest, wasm_sha256: str) -> dict:
         path = self.path / LEDGER
-        if not path.exists():
-            if self.results_path.exists() or self.failures_path.exists():
+        if not os.path.lexists(path):
+            if os.path.lexists(self.results_path) or os.path.lexists(self.failures_path):
                 raise ResumeRefused(f"run folder {self.path} has results but no {LEDGER}; "
                                     f"it was not made by tensorjob map")
             return {"format": LEDGER_FORMAT, "created_at": _now(),
                     "manifest": {"source": manifest.source, "sha256": manifest.sha256, "items": len(manifest)},
                     "guest": {"sha256": wasm_sha256}, "sessions": []}
-        try:
-            ledger = json.loads(path.read_text(encoding="utf-8"))
-            old_manifest, old_guest = ledger["manifest"]["sha256"], ledger["guest"]["sha256"]
-        except (ValueError, KeyError, TypeError):
-            raise ResumeRefused(f"{path} is not a tensorjob map ledger") from None
+        ledger = read_ledger_json(self.path)  # FolderError: one line, never a hang on a FIFO
+        old_manifest = ledger["manifest"].get("sha256")
+        old_guest = (ledger.get("guest") or {}).get("sha256")
+        if not isinstance(old_manifest, str) or not isinstance(old_guest, str):
+            raise ResumeRefused(f"{path} is not a tensorjob map ledger (no manifest or guest SHA-256)")
         if old_manifest != manifest.sha256:
             raise ResumeRefused(
                 f"manifest changed: run folder {self.path} was started with a manifest whose SHA-256 is "
@@ -283,5 +219,5 @@ def _now() -> str:
 
 __all__ = [
     "LEDGER", "RESULTS", "FAILURES", "JOBS", "LEDGER_FORMAT", "SCORING_FILES", "MAX_LEDGER_BYTES", "RESTART_HINT",
-    "read_records", "SESSION_STATUSES", "read_ledger", "RunFolder"
+    "read_records", "SESSION_STATUSES", "read_ledger", "FolderError", "RunFolder"
 ]

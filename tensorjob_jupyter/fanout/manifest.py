@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import stat
 from array import array
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
@@ -36,7 +35,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Sequence
 
 from tensorjob_jupyter.abi import AbiError, dumps, loads_strict
-from tensorjob_jupyter.fanout.errors import ManifestError
+from tensorjob_jupyter.fanout.errors import ManifestError, TooManyItems
+from tensorjob_jupyter.regular_file import NotARegularFile, open_regular
 
 #: Bytes of one manifest line (its newline aside): an item is one job's input, and a guest's command
 #: is at most 16 MiB (``max_command_bytes``) too.
@@ -106,8 +106,9 @@ class Manifest:
         return len(self.items)
 
 
-def _read_items(stream: BinaryIO, source: str) -> Manifest:
-    """Every item of a JSONL stream, checked line by line; ``ManifestError`` naming the first bad line."""
+def _read_items(stream: BinaryIO, source: str, max_items: int | None = None) -> Manifest:
+    """Every item of a JSONL stream, checked line by line; ``ManifestError`` naming the first bad line, or the
+    line of item ``max_items + 1`` at once (the rest unread) when there may be at most ``max_items``."""
     digest = hashlib.sha256()
     data = bytearray()
     ends = array("Q")
@@ -134,6 +135,9 @@ def _read_items(stream: BinaryIO, source: str) -> Manifest:
             loads_strict(line, what=f"line {number}")  # checked here; parsed again when the item is asked for
         except AbiError as e:
             raise ManifestError(f"{source}: {e}", number) from None
+        if max_items is not None and len(ends) >= max_items:
+            raise TooManyItems(f"{source}: more than {max_items} items (line {number} is item {max_items + 1})",
+                               number)
         data += line
         ends.append(len(data))
     if not ends:
@@ -148,29 +152,23 @@ def parse_manifest(data: bytes, source: str = "<bytes>") -> Manifest:
 
 def _open_regular(path: Path) -> BinaryIO:
     """``path`` opened for reading; ``ManifestError`` unless it is a regular file (a FIFO would block,
-    a device such as ``/dev/zero`` never ends) -- checked on the open file, so a swap cannot slip past."""
+    a device such as ``/dev/zero`` never ends) -- checked on the open file (``regular_file``)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        return open_regular(path)
+    except NotARegularFile as e:
+        raise ManifestError(f"cannot read manifest {path}: it is {e.strerror}; a manifest is a JSONL file") from None
     except OSError as e:
         raise ManifestError(f"cannot read manifest {path}: {e.strerror}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ManifestError(f"cannot read manifest {path}: not a regular file (a folder, a FIFO or a device); "
-                                f"a manifest is a JSONL file")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
 
 
-def read_manifest(manifest: str | os.PathLike | Sequence[Any]) -> Manifest:
-    """A manifest from a JSONL file, or from a list of inputs (hashed as JSONL)."""
+def read_manifest(manifest: str | os.PathLike | Sequence[Any], *, max_items: int | None = None) -> Manifest:
+    """A manifest from a JSONL file, or from a list of inputs (hashed as JSONL); ``max_items``: refused at the
+    first item past it, before the rest is read."""
     if isinstance(manifest, (str, os.PathLike)):
         path = Path(manifest).absolute()
         with _open_regular(path) as f:
             try:
-                return _read_items(f, str(path))
+                return _read_items(f, str(path), max_items)
             except OSError as e:
                 raise ManifestError(f"cannot read manifest {path}: {e.strerror}") from None
     try:

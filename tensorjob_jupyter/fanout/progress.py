@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from tensorjob_jupyter.fanout.errors import ManifestError
-from tensorjob_jupyter.fanout.folder import FAILURES, RESULTS, read_ledger, read_records
-from tensorjob_jupyter.fanout.manifest import MAX_KEY_CHARS, item_key, read_manifest
+from tensorjob_jupyter.fanout.folder_reader import (
+    FAILURES, RESULTS, confirmed_items, pinned_manifest, read_ledger, read_records,
+)
+from tensorjob_jupyter.fanout.manifest import MAX_KEY_CHARS, item_key
 from tensorjob_jupyter.fanout.scoring import Expected, ItemScore, ScoreSummary, read_scores, scorer_name
 from tensorjob_jupyter.host.fields import MAX_FIELDS
 
@@ -139,7 +140,7 @@ class MapResult:
 
     def results(self) -> dict[int, Any]:
         """Each completed item's result, by item number."""
-        return {r["item"]: r.get("result") for r in read_records(self.results_path)}
+        return {r["item"]: r.get("result") for r in read_records(self.results_path, total=self.total)}
 
     def confidences(self) -> dict[int, dict[str, float | None]]:
         """Each completed item's confidence by field (``Envelope.confidence``: dotted paths, 0 to 1 or None),
@@ -155,7 +156,7 @@ class MapResult:
 
     def failures(self) -> dict[int, dict]:
         """Each failed item's error (``code``, ``message``), by item number."""
-        return {r["item"]: r.get("error") for r in read_records(self.failures_path)}
+        return {r["item"]: r.get("error") for r in read_records(self.failures_path, total=self.total)}
 
     def scores(self) -> dict[int, ItemScore] | None:
         """Each scored item's score, by item; None when the map was not scored."""
@@ -175,23 +176,20 @@ class MapResult:
     @classmethod
     def read(cls, run_dir: str | Path) -> "MapResult":
         """The map in ``run_dir`` as its files tell it, whether it finished, stopped or still runs: the counts
-        from the results files, the status from the ledger's last session, and the inputs from the manifest
-        when the file the ledger names is still the one it pins (else rows have no ``input`` columns).
-        ``ManifestError``/``ResumeRefused`` name what is wrong with a folder that is not a map's."""
+        from the results files, the status from the ledger's last session, the item count as what was read
+        confirms it (``folder_reader.confirmed_items``), and the inputs from the manifest when the file the
+        ledger names is still the one it pins (else rows have no ``input`` columns). Every file is read through
+        ``folder_reader``; ``ManifestError``/``ResumeRefused`` name what is wrong with a folder that is not a
+        map's, or not as a map left it."""
         run_dir = Path(run_dir).absolute()
         ledger = read_ledger(run_dir)
-        total, session = ledger["items"], ledger["session"]
-        done = {r["item"] for r in read_records(run_dir / RESULTS) if 0 <= r["item"] < total}
-        failed = {r["item"] for r in read_records(run_dir / FAILURES) if 0 <= r["item"] < total} - done
-        inputs: tuple = ()
-        source = ledger["manifest_source"]
-        if source and Path(source).is_file():
-            try:
-                manifest = read_manifest(source)
-            except ManifestError:
-                manifest = None
-            if manifest is not None and manifest.sha256 == ledger["manifest_sha256"] and len(manifest) == total:
-                inputs = tuple(manifest.items)
+        claimed, session = ledger["items"], ledger["session"]
+        done = {r["item"] for r in read_records(run_dir / RESULTS, total=claimed)}
+        failed = {r["item"] for r in read_records(run_dir / FAILURES, total=claimed)} - done
+        manifest = pinned_manifest(ledger)
+        total = confirmed_items(run_dir, ledger, len(manifest) if manifest is not None else None,
+                                len(done) + len(failed))
+        inputs = manifest.items if manifest is not None else ()  # parsed an item at a time, as asked for
         return cls(run_dir=run_dir, total=total, completed=len(done), failed=len(failed),
                    skipped=session.get("skipped", 0), ran=session.get("completed", 0) + session.get("failed", 0),
                    status=session.get("status", "running"), elapsed_s=session.get("elapsed_s", 0.0),
@@ -263,9 +261,9 @@ class MapResult:
             return [item_key(self.inputs[i], i) for i in range(self.total)]
         keys = [str(i) for i in range(self.total)]
         for path in (self.failures_path, self.results_path):  # a completed item's record wins
-            for record in read_records(path):
+            for record in read_records(path, total=self.total):
                 index, key = record["item"], record.get("key")
-                if 0 <= index < self.total and isinstance(key, str):
+                if isinstance(key, str):
                     keys[index] = key[:MAX_KEY_CHARS]
         return keys
 

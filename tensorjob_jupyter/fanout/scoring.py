@@ -51,9 +51,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from tensorjob_jupyter.abi import dumps
-from tensorjob_jupyter.fanout.errors import MapError
-from tensorjob_jupyter.fanout.folder import FAILURES, RESULTS, SCORING_FILES, read_records
+from tensorjob_jupyter.fanout.errors import MapError, TooManyItems
 from tensorjob_jupyter.fanout.folder import _fsync_write as fsync_write  # the folder's one atomic writer
+from tensorjob_jupyter.fanout.folder_reader import (  # every file of the folder read back through its one reader
+    FAILURES, RESULTS, SCORING_FILES, FolderError, read_folder_json, read_records,
+)
 from tensorjob_jupyter.fanout.manifest import read_manifest
 
 EXPECTED, SCORING, SCORES = SCORING_FILES  # a restarted run folder loses them with the rest
@@ -62,6 +64,8 @@ SCORING_FORMAT = "tensorjob-scoring/1"
 MAX_ERROR_CHARS = 300
 #: Fields of one item's verdict kept (a hostile expected object cannot make a row unbounded).
 MAX_FIELDS = 256
+#: The largest ``scoring.json`` read back (it names a scorer and a hash).
+MAX_SCORING_JSON_BYTES = 64 * 1024
 
 
 class ScoringError(MapError):
@@ -317,9 +321,16 @@ class Expected:
             data = _records_jsonl((i, values[i]) for i in sorted(values))
             return cls(values, total, "<dict>", hashlib.sha256(data).hexdigest())
         if isinstance(spec, (str, os.PathLike, Sequence)) and not isinstance(spec, (bytes, bytearray)):
-            try:
-                manifest = read_manifest(spec)
+            if isinstance(spec, Sequence) and not isinstance(spec, str) and len(spec) != total:
+                raise ScoringError(f"expected answers: {len(spec)} values for a manifest of {total} items (one "
+                                   f"expected value an item, in the manifest's order)")
+            try:  # a file of more values than items is refused at the first extra one, the rest unread
+                manifest = read_manifest(spec, max_items=total)
             except MapError as e:  # its words are a manifest's: say whose they are
+                if isinstance(e, TooManyItems):
+                    raise ScoringError(f"expected answers {Path(spec).absolute()}: more than {total} values for a "
+                                       f"manifest of {total} items (line {e.line}; one expected value a line, in "
+                                       f"the manifest's order)") from None
                 raise ScoringError("expected answers: " + str(e).replace("manifest ", "", 1)) from None
             if len(manifest) != total:
                 raise ScoringError(f"expected answers {manifest.source}: {len(manifest)} values for a manifest of "
@@ -335,12 +346,17 @@ class Expected:
         if not os.path.lexists(path):
             return None
         values: dict[int, Any] = {}
-        for record in read_records(path):
-            item = record.get("item")
-            if not _is_index(item, total) or item in values or "expected" not in record:
-                raise ScoringError(f"{path}: a record that scoring did not write (item {item!r})")
+        try:
+            records = read_records(path, total=total)
+        except FolderError as e:  # one line naming the file and the line
+            raise ScoringError(str(e)) from None
+        for record in records:
+            item = record["item"]
+            if item in values:
+                raise ScoringError(f"{path}: a record that scoring did not write (item {item!r} twice)")
             values[item] = record["expected"]
-        return cls(values, total, str(path), hashlib.sha256(path.read_bytes()).hexdigest())
+        # the SHA-256 of the file as scoring writes it (the same bytes, for a file it wrote)
+        return cls(values, total, str(path), hashlib.sha256(_records_jsonl(sorted(values.items()))).hexdigest())
 
     def write(self, run_dir: Path) -> None:
         fsync_write(run_dir / EXPECTED, _records_jsonl(self.items()).decode("utf-8"))
@@ -413,7 +429,11 @@ def read_scores(run_dir: Path, total: int) -> dict[int, ItemScore] | None:
     if not os.path.lexists(path):
         return None
     scores: dict[int, ItemScore] = {}
-    for number, record in enumerate(read_records(path), start=1):
+    try:
+        records = read_records(path, total=total)
+    except FolderError as e:  # one line naming the file and the line
+        raise ScoringError(str(e)) from None
+    for number, record in enumerate(records, start=1):
         try:
             score = ItemScore.from_json(record, total)
         except ValueError as e:
@@ -425,10 +445,10 @@ def read_scores(run_dir: Path, total: int) -> dict[int, ItemScore] | None:
 def scorer_name(run_dir: Path) -> str | None:
     """The name of the scorer a run folder was scored with (``scoring.json``), or None."""
     try:
-        info = json.loads((run_dir / SCORING).read_text(encoding="utf-8"))
-        name = info["scorer"]
-    except (OSError, ValueError, KeyError, TypeError):
+        info = read_folder_json(run_dir / SCORING, MAX_SCORING_JSON_BYTES)
+    except FolderError:
         return None
+    name = info.get("scorer") if isinstance(info, dict) else None
     return name[:200] if isinstance(name, str) else None
 
 
@@ -474,9 +494,10 @@ class Scoring:
                                                    "expected": {"source": self.expected.source,
                                                                 "sha256": self.expected.sha256,
                                                                 "items": len(self.expected)}}, indent=2) + "\n")
-        for record in read_records(run_dir / RESULTS):
+        total = self.expected.total
+        for record in read_records(run_dir / RESULTS, total=total):
             self.add(record["item"], True, record.get("result"))
-        for record in read_records(run_dir / FAILURES):
+        for record in read_records(run_dir / FAILURES, total=total):
             if record["item"] not in self.scores:
                 self.add(record["item"], False, None)
 
@@ -526,7 +547,7 @@ def _clip(text: str) -> str:
 
 
 __all__ = [
-    "SCORING_FORMAT", "MAX_ERROR_CHARS", "MAX_FIELDS", "ScoringError", "Scored", "ItemScore", "same", "leaves",
+    "SCORING_FORMAT", "MAX_ERROR_CHARS", "MAX_FIELDS", "MAX_SCORING_JSON_BYTES", "ScoringError", "Scored", "ItemScore", "same", "leaves",
     "value_at", "exact", "json_fields", "contains", "Scorer", "BUILTINS", "DEFAULT_SCORER", "scorer_of", "score_item",
     "Expected", "ScoreSummary", "read_scores", "scorer_name", "Scoring"
 ]

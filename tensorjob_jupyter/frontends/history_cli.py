@@ -113,6 +113,9 @@ def add_history_parsers(sub) -> None:
                         help="instead of --from: a recorded map's run folder; every item is replayed against its "
                              "own recording, and the items whose prompts changed are listed (--live: run only those)")
     replay.add_argument("--live", action="store_true", help="from the first divergence on, run the model")
+    replay.add_argument("--recorded-grants", action="store_true",
+                        help="with --live: read under the recorded run's grants (a live replay otherwise reads only "
+                             "what --read grants now; a transcript's grants never widen it unasked)")
     add_map_replay_arguments(replay)
     add_job_arguments(replay)
     replay.add_argument("--events", default=None, metavar="FILE", help="write every event as one JSON line to FILE")
@@ -268,6 +271,9 @@ def start_replay(guest: str, from_run, args, err: TextIO, *, runs: str | None, d
 def cmd_replay(args, out: TextIO, err: TextIO) -> int:
     if (args.from_run is None) == (args.map_run is None):
         raise OptionError("replay needs the recorded run: --from RUN, or --map RUN_DIR for a map (one of them)")
+    if getattr(args, "recorded_grants", False) and not args.live:
+        raise OptionError("--recorded-grants is for a --live replay (a replay without --live reads under the "
+                          "recorded grants, and stops where a file's answer differs)")
     if args.map_run is not None:
         return cmd_replay_map(args, out, err)
     for name in ("run_dir", "fail_under", "concurrency", "expected", "scorer"):
@@ -333,7 +339,8 @@ def start_map_replay_run(guest: str, run_dir: Any, args, err: TextIO, *, default
         return kwargs
 
     try:
-        return start_map_replay(run_dir, source, out=args.run_dir, live=args.live, model=options.model,
+        return start_map_replay(run_dir, source, out=args.run_dir, live=args.live,
+                                recorded_grants=bool(getattr(args, "recorded_grants", False)), model=options.model,
                                 concurrency=concurrency, expected=args.expected,
                                 scorer=scorer if scorer is not None else args.scorer, job_options=job_options)
     except (MapError, ReplayError, OSError, ValueError) as e:

@@ -325,6 +325,8 @@ class TensorJob(Magics, JobSettings):
     @argument("--from", dest="from_run", default=None, metavar="RUN",
               help="replay: the recorded run (an id, a run folder, or $name)")
     @argument("--live", action="store_true", help="replay: from the first divergence on, run the model")
+    @argument("--recorded-grants", action="store_true",
+              help="replay --live: read under the recorded run's grants (else only what --read grants now)")
     @argument("--speed", type=float, default=0.0, metavar="S",
               help="show: 0 at once (default), 1 at the recorded speed, 2 twice as fast")
     @argument("--limit", type=int, default=None, metavar="N", help="runs: the newest N runs (0: all)")

@@ -429,11 +429,14 @@ def options_for(run: RecordedRun, args: Any, *, defaults: Any = None,
                 variables: Any = None) -> tuple[dict, Any]:
     """``replay_spec`` keywords (and the ``JobOptions`` they came from) from parsed job options
     (``add_job_arguments``): the recorded run's own setup, with each option given on the command line (or in
-    the magic) in its place."""
+    the magic) in its place. A live replay (``args.live``) takes no recorded read grant unless
+    ``args.recorded_grants`` says so: it reads only what ``--read`` grants now."""
     given = {o.name for o in OPTIONS if getattr(args, o.name, None) is not None}
     defaults = defaults or JobOptions()
     read: list[str] = []
-    if "read" not in given:
+    if "read" not in given and getattr(args, "live", False) and not getattr(args, "recorded_grants", False):
+        pass  # a live replay reads only what is granted now: a recorded grant from elsewhere never widens it
+    elif "read" not in given:
         missing = [g for g in run.grants if not os.path.exists(g)]
         if missing:
             raise ReplayError(f"the run was granted {for_terminal(missing[0], one_line=True)}, which does not exist "

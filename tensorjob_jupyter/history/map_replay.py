@@ -37,7 +37,6 @@ is at least ``fail_under`` (a number, or ``"recorded"``: the recorded map's own 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -46,7 +45,8 @@ from typing import Any, Callable
 
 from tensorjob_jupyter.abi import JobStatus, codes
 from tensorjob_jupyter.fanout.errors import MapError
-from tensorjob_jupyter.fanout.folder import JOBS, LEDGER, MAX_LEDGER_BYTES, RunFolder
+from tensorjob_jupyter.fanout.folder import JOBS, LEDGER, RunFolder
+from tensorjob_jupyter.fanout.folder_reader import read_ledger_json
 from tensorjob_jupyter.fanout.items import failed_outcome
 from tensorjob_jupyter.fanout.local import LocalExecutor
 from tensorjob_jupyter.fanout.manifest import read_manifest
@@ -92,8 +92,9 @@ class ReplayExecutor(LocalExecutor):
     (``LocalExecutor``'s loop, with each item a ``ReplayJob``); ``details`` says how each one went."""
 
     def __init__(self, recorded: RecordedMap, guest: Any, *, live: bool, backend: Any, jobs_dir: Path,
-                 concurrency: int, job_options: Callable[[Any], dict] | None = None):
+                 concurrency: int, job_options: Callable[[Any], dict] | None = None, recorded_grants: bool = False):
         super().__init__(spec=None, backend=backend, concurrency=concurrency)
+        self.recorded_grants = recorded_grants  # a live replay takes the recorded read grants only when told
         self.recorded = recorded
         self.guest = GuestSource.of(guest)
         self.live = live
@@ -117,7 +118,7 @@ class ReplayExecutor(LocalExecutor):
         try:
             run = load_run(found.path)
             spec = replay_spec(self.guest, run, runs_dir=self.jobs_dir, name=f"{self.guest.name}[{index}]",
-                               **self.job_options(run))
+                               live=self.live, recorded_grants=self.recorded_grants, **self.job_options(run))
             job = ReplayJob(spec, run, live=self.live, backend=self.backend if self.live else None)
         except (ReplayError, MapError, ValueError, OSError) as e:
             why = " ".join(f"cannot replay its recording: {e}".split())[:300]
@@ -281,10 +282,13 @@ class MapReplayRun:
 
 
 def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, out: str | os.PathLike | None = None,
-                     live: bool = False, model: str | os.PathLike | None = None, backend: Any = None,
+                     live: bool = False, recorded_grants: bool = False, model: str | os.PathLike | None = None,
+                     backend: Any = None,
                      concurrency: int | None = None, expected: Any = None, scorer: Any = None,
                      job_options: Callable[[Any], dict] | None = None, fsync: bool = True) -> MapReplayRun:
-    """Start replaying ``guest`` over the recorded map in ``run_dir`` (see the module doc). ``job_options``:
+    """Start replaying ``guest`` over the recorded map in ``run_dir`` (see the module doc). ``recorded_grants``: a live replay
+    runs each item under its recorded read grants only when True (else under what ``job_options`` grants now).
+    ``job_options``:
     for each item's ``RecordedRun``, ``replay_spec`` keywords in place of the recorded ones (``read=``, limits...).
     ``MapError``/``ReplayError``/``ValueError`` before anything runs."""
     recorded = RecordedMap(run_dir.run_dir if isinstance(run_dir, MapResult) else run_dir)
@@ -297,6 +301,7 @@ def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, ou
         backend = model_backend(model)
     scoring = _scoring(recorded, expected, scorer)
     executor = ReplayExecutor(recorded, guest, live=live, backend=backend, jobs_dir=target / JOBS,
+                              recorded_grants=recorded_grants,
                               concurrency=concurrency or len(available_cpus()) or 1, job_options=job_options)
     manifest = _manifest(recorded)
     folder = RunFolder(target, fsync=fsync)
@@ -322,14 +327,12 @@ def _check_target(target: Path, recorded: Path) -> None:
     """A replay starts its folder over: never the recorded map's, never another map's."""
     if target.resolve() == recorded.resolve():
         raise MapError(f"{target} is the recorded map's own run folder; a replay goes into a folder of its own")
-    ledger = target / LEDGER
-    if ledger.exists():
+    if os.path.lexists(target / LEDGER):
         try:
-            if ledger.stat().st_size > MAX_LEDGER_BYTES:
-                raise ValueError("too large to be a ledger")
-            sessions = json.loads(ledger.read_text(encoding="utf-8")).get("sessions") or []
-            where = sessions[-1].get("where") if sessions else WHERE
-        except (OSError, ValueError, AttributeError, TypeError, RecursionError):
+            sessions = read_ledger_json(target).get("sessions") or []
+            last = sessions[-1] if sessions else {"where": WHERE}
+            where = last.get("where") if isinstance(last, dict) else None
+        except MapError:  # not a ledger at all (or not one that can be read): not a replay's
             where = None
         if not (isinstance(where, str) and where.startswith(WHERE)):
             raise MapError(f"{target} is a map's run folder, not a replay's; a replay starts its folder over, "

@@ -7,8 +7,9 @@ the runs folder, ``runs.py``): the transcripts themselves say which item each on
 An item may have several (a map cancelled and resumed, a Dask worker that died mid-item); the one that
 counts is the latest that ended as the folder says the item concluded -- completed or failed.
 
-Everything here is read as files from anywhere: a transcript that cannot be read, or that names an item
-the map does not have, is skipped (that item then has no recording), never trusted.
+Everything here is read as files from anywhere (``fanout.folder_reader``): a ``jobs/`` that is a link out of
+the folder is refused; a transcript that cannot be read, or that names an item the map does not have, is
+skipped (that item then has no recording), never trusted.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from tensorjob_jupyter.fanout.folder import JOBS, read_ledger
+from tensorjob_jupyter.fanout.folder_reader import MAX_ITEMS, job_folders, read_ledger
 from tensorjob_jupyter.fanout.progress import MapResult
 from tensorjob_jupyter.history.runs import RunInfo, run_info
 from tensorjob_jupyter.record.event_checks import TranscriptError
@@ -81,7 +82,7 @@ class RecordedMap:
     def item_runs(self) -> dict[int, ItemRun]:
         """Every concluded item's job, by item (read once: two small reads a transcript)."""
         if self._runs is None:
-            self._runs = _index(self.path / JOBS, self.result)
+            self._runs = _index(self.path, self.result)
         return self._runs
 
     def item_run(self, item: int) -> ItemRun | None:
@@ -98,19 +99,13 @@ class RecordedMap:
         return self._inputs
 
 
-def _index(jobs: Path, result: MapResult) -> dict[int, ItemRun]:
+def _index(run_dir: Path, result: MapResult) -> dict[int, ItemRun]:
     completed, failed = set(result.results()), set(result.failures())
     concluded_as = {**{i: "failed" for i in failed}, **{i: "completed" for i in completed}}
     found: dict[int, tuple[float, ItemRun]] = {}
-    try:
-        entries = list(os.scandir(jobs))
-    except OSError:
-        return {}
-    for entry in entries:
+    for path in job_folders(run_dir):  # FolderError for a jobs/ that is a link out of the folder
         try:
-            if not entry.is_dir(follow_symlinks=False):
-                continue
-            info: RunInfo = run_info(Path(entry.path))
+            info: RunInfo = run_info(path)
         except (OSError, TranscriptError):
             continue
         item = item_of(info.guest, result.total)
@@ -125,7 +120,7 @@ def _index(jobs: Path, result: MapResult) -> dict[int, ItemRun]:
 
 
 def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_ITEMS else None
 
 
 def _recorded_input(run: ItemRun | None) -> Any:

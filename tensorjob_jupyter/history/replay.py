@@ -451,7 +451,8 @@ class ReplayJob(Job):
     ``ReplayJob(spec, run)``: ``spec`` is the replay's ``JobSpec`` (``replay_setup.replay_spec`` builds it
     from the run with what is given anew), ``run`` a ``RecordedRun`` (``replay_setup.load_run``).
     ``ReplayJob(guest, run, **keywords)`` is the same with ``run`` an id, a path, a ``Job`` or a recording and
-    the spec built from the keywords: those left ``RECORDED`` take the run's own -- ``input``, ``read``,
+    the spec built from the keywords: those left ``RECORDED`` take the run's own -- ``input``, ``read`` (a live
+    replay's only with ``recorded_grants=True``),
     ``fetch``, ``infer``, ``limits`` (limit keywords such as ``max_tokens=`` apply on top) and ``cwd``.
     The spec's ``input_bytes`` must be the bytes the run staged (checked by SHA-256). ``live=True`` falls
     back to a model from the first divergence: ``backend``, else the spec's model -- which must be named
@@ -462,7 +463,7 @@ class ReplayJob(Job):
                  **keywords: Any):
         recorded = load_run(run, keywords.get("runs_dir"))
         if not isinstance(spec, JobSpec):
-            spec = replay_spec(spec, recorded, **keywords)
+            spec = replay_spec(spec, recorded, live=live, **keywords)
         elif keywords:
             raise TypeError(f"ReplayJob takes a JobSpec, or a guest and keywords, not both ({', '.join(keywords)})")
         self.recording = recorded.recording
@@ -490,7 +491,8 @@ class ReplayJob(Job):
             "live": live}})
         #: What this replay took from its recording that widens what the guest may do, and the looser
         #: recorded limits it did not take: one inert line each, for a front end to show before it runs.
-        self.adopted: list[str] = adoption_lines(recorded, read=spec.read, fetch=spec.fetch, limits=self.limits)
+        self.adopted: list[str] = adoption_lines(recorded, read=spec.read, fetch=spec.fetch, limits=self.limits,
+                                                 live=live)
 
     @property
     def guest_changed(self) -> bool:

@@ -131,12 +131,17 @@ def replay_spec(guest: Any, run: RecordedRun, *, input: Any = RECORDED, read: An
                 fetch: Any = RECORDED, infer: Any = RECORDED, limits: Any = RECORDED,
                 input_bytes: bytes | None = None, model: Any = None, model_options: dict | None = None,
                 runs_dir: str | os.PathLike | None = None, cwd: Any = RECORDED, name: str | None = None,
-                debug: bool = False, break_on: Any = (), **limit_keywords: Any) -> JobSpec:
+                debug: bool = False, break_on: Any = (), live: bool = False, recorded_grants: bool = False,
+                **limit_keywords: Any) -> JobSpec:
     """The ``JobSpec`` of a replay of ``guest`` against ``run``: each keyword left ``RECORDED`` is the run's own
     (``input``, ``read``, ``fetch``, ``infer``, ``limits`` -- limit keywords apply on top -- and ``cwd``);
-    ``input_bytes`` must be the bytes the run staged; ``model``: the model ``--live`` falls back to."""
+    ``input_bytes`` must be the bytes the run staged; ``model``: the model ``--live`` falls back to. A ``live``
+    replay takes the recorded ``read`` grants only with ``recorded_grants=True``: a transcript is a file from
+    anywhere, and what it grants must never widen what a guest running live may read."""
+    if read is RECORDED:
+        read = run.read if recorded_grants or not live else ()
     return JobSpec.of(guest, input=run.input if input is RECORDED else input,
-                      read=run.read if read is RECORDED else read, fetch=run.fetch if fetch is RECORDED else fetch,
+                      read=read, fetch=run.fetch if fetch is RECORDED else fetch,
                       infer=run.infer if infer is RECORDED else infer, limits=run.limits if limits is RECORDED else limits,
                       input_bytes=b"" if input_bytes is None else input_bytes, model=model, model_options=model_options,
                       runs_dir=runs_dir, cwd=run.cwd if cwd is RECORDED else cwd, name=name, debug=debug,
@@ -207,7 +212,8 @@ def _named(items: list[str]) -> str:
     return shown + (f", … {len(items) - ADOPTED_SHOWN} more" if len(items) > ADOPTED_SHOWN else "")
 
 
-def adoption_lines(run: RecordedRun, *, read: Iterable[Any], fetch: Iterable[Any], limits: Limits) -> list[str]:
+def adoption_lines(run: RecordedRun, *, read: Iterable[Any], fetch: Iterable[Any], limits: Limits,
+                   live: bool = False) -> list[str]:
     """What a replay about to run with ``read``, ``fetch`` and ``limits`` took from its recording that
     lets the guest do more -- the grants, the fetch prefixes, limits other than the defaults -- and the
     recorded limits it did not take (looser than the defaults), one inert line each."""
@@ -215,6 +221,9 @@ def adoption_lines(run: RecordedRun, *, read: Iterable[Any], fetch: Iterable[Any
     read, fetch = [os.fspath(r) for r in read], [str(f) for f in fetch]
     if read and set(read) <= set(run.read) | set(run.grants):
         lines.append(f"replay: reads under the recorded run's grants: {_named(read)} (--read replaces them)")
+    elif live and not read and run.read:
+        lines.append(f"replay: --live reads only what --read grants now; the recorded grants are not taken: "
+                     f"{_named(list(run.read))} (--recorded-grants takes them)")
     if fetch and set(fetch) <= set(run.fetch):
         lines.append(f"replay: may fetch under the recorded run's URL prefixes: {_named(fetch)} "
                      f"(--fetch replaces them)")

@@ -45,6 +45,7 @@ from tensorjob_jupyter.text import for_html, for_terminal
 from tensorjob_jupyter.record.run_folder import EVENTS_FILE, RUN_FILES, is_live, runs_folder
 from tensorjob_jupyter.record.transcript import read_header
 from tensorjob_jupyter.record.event_checks import TranscriptError
+from tensorjob_jupyter.regular_file import open_fd
 
 STATUSES = ("completed", "failed", "cancelled", "running", "interrupted", "unreadable")
 
@@ -206,11 +207,11 @@ def _is_own_transcript(run_dir: Path) -> bool:
     """``events.jsonl`` is a regular file that starts with this folder's own ``job.created``."""
     head = b'{"type":"job.created","sequence_number":0,"job_id":' + orjson.dumps(run_dir.name)
     try:
-        fd = os.open(run_dir / EVENTS_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:  # missing, or a symlink
+        fd = open_fd(run_dir / EVENTS_FILE, follow_symlinks=False)
+    except OSError:  # missing, a symlink, or not a regular file
         return False
     try:
-        return stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, len(head)) == head
+        return os.read(fd, len(head)) == head
     finally:
         os.close(fd)
 

@@ -22,6 +22,8 @@ import secrets
 import time
 from pathlib import Path
 
+from tensorjob_jupyter.regular_file import open_fd
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not on Windows
@@ -63,8 +65,8 @@ def is_live(run_dir: str | os.PathLike) -> bool:
     if fcntl is None:  # pragma: no cover
         return False
     try:
-        fd = os.open(Path(run_dir) / EVENTS_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        fd = open_fd(Path(run_dir) / EVENTS_FILE, follow_symlinks=False)
+    except OSError:  # missing, or not the folder's own regular file: no job writes it
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

@@ -25,9 +25,7 @@ wrong with it, for the command line and the magics to print as they are.
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -40,6 +38,7 @@ from tensorjob_jupyter.record.event_checks import (
 )
 from tensorjob_jupyter.record.events import TRANSCRIPT_VERSION
 from tensorjob_jupyter.record.run_folder import ENVELOPE_FILE, EVENTS_FILE
+from tensorjob_jupyter.regular_file import open_regular
 
 #: Bytes of the first line (``job.created``) a listing reads at most; a job
 #: whose input is larger is listed without its name.
@@ -83,16 +82,9 @@ class Header:
 
 
 def _open_regular(path: Path):
-    """``path`` opened for reading; ``OSError`` unless it is a regular file (a FIFO would block)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise IsADirectoryError(errno.EISDIR, "not a regular file")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+    """``path`` opened for reading; ``OSError`` unless it is a regular file of the run folder's own (a FIFO
+    would block, a device never end, a symbolic link lead out of the folder: ``regular_file``)."""
+    return open_regular(path, follow_symlinks=False)
 
 
 #: Bytes read at a time while a line is gathered (``read_line``).

@@ -60,7 +60,7 @@ import wasmtime
 
 from tensorjob_jupyter.abi import TensorjobError
 from tensorjob_jupyter.sandbox.cache import cache_dir, read_regular
-from tensorjob_jupyter.sandbox.guest import WASM_MAGIC, GuestTrap
+from tensorjob_jupyter.sandbox.guest import MAX_MODULE_BYTES, WASM_MAGIC, GuestTrap
 from tensorjob_jupyter.sandbox.python.guest import check_syntax
 from tensorjob_jupyter.sandbox.python.program import PythonProgram, PythonSyntaxError, is_program
 
@@ -288,7 +288,7 @@ def _cache_key(lang: str, source: str, flags: Sequence[str], filename: str, deps
 def _cache_get(key: str) -> bytes | None:
     path = cache_dir() / key[:2] / f"{key}.wasm"
     try:
-        data = read_regular(path)  # a FIFO planted there is a miss, never a hang
+        data = read_regular(path, MAX_MODULE_BYTES)  # a FIFO planted there is a miss, never a hang
     except OSError:
         return None
     return data if data.startswith(WASM_MAGIC) else None

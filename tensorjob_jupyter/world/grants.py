@@ -17,7 +17,7 @@ answered in three moves, none of which looks outside the roots:
    a granted root; anything leading out is ``capability_denied``, after at
    most ``MAX_SYMLINKS`` links. No ``realpath``, no walk over ancestors.
 3. **As opened**: the last component is opened without blocking, and must be
-   a regular file (directories and FIFOs are refused).
+   a regular file (``regular_file.open_fd``: directories, FIFOs, devices and sockets are refused).
 
 A missing file inside a root is ``not_found`` (the guest could have learnt
 that by listing the root itself). Paths longer than ``MAX_PATH_BYTES`` (the
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Iterable
 
 from tensorjob_jupyter.abi import JobFailure, codes
+from tensorjob_jupyter.regular_file import NotARegularFile, open_fd
 
 #: The longest path a guest may ask for, in UTF-8 bytes (Linux's PATH_MAX).
 MAX_PATH_BYTES = 4096
@@ -45,7 +46,6 @@ MAX_SYMLINKS = 40
 SHOWN_PATH_CHARS = 200
 
 _DIR_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class AccessError(JobFailure):
@@ -159,15 +159,10 @@ class Grants:
                 raise _not_found(path) from None
             if e.errno == errno.ELOOP:
                 raise _denied(path, f" (more than {MAX_SYMLINKS} symbolic links)") from None
+            if isinstance(e, NotARegularFile):  # a folder, a FIFO, a device, a socket: checked on the open file
+                kind = "a directory" if e.errno == errno.EISDIR else e.strerror
+                raise AccessError(codes.CAPABILITY_DENIED, f"cannot open {shown(path)}: it is {kind}") from None
             raise AccessError(codes.CAPABILITY_DENIED, f"cannot open {shown(path)}: {e.strerror}") from None
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
-                raise AccessError(codes.CAPABILITY_DENIED, f"cannot open {shown(path)}: it is {kind}")
-        except BaseException:
-            os.close(fd)
-            raise
         return fd, _fd_path(fd) or Path(located[0].path, located[1])
 
     def _walk(self, root: Root, rest: str) -> int:
@@ -176,13 +171,13 @@ class Grants:
         if not root.is_dir:
             if rest:
                 raise OSError(errno.ENOTDIR, "not a directory")
-            return os.open(root.path, _FILE_FLAGS)
+            return open_fd(root.path, follow_symlinks=False)
         stack = [os.open(root.path, _DIR_FLAGS)]  # descriptors from the root down
         todo = [part for part in reversed(rest.split("/")) if part not in ("", ".")]
         links = 0
         try:
             if not todo:  # the root directory itself
-                return os.open(".", _FILE_FLAGS & ~os.O_NOFOLLOW, dir_fd=stack[-1])
+                return open_fd(".", dir_fd=stack[-1])
             while todo:
                 name = todo.pop()
                 if name == "..":  # only from a symlink's target: the path itself is normalised
@@ -192,7 +187,8 @@ class Grants:
                     continue
                 last = not todo
                 try:
-                    fd = os.open(name, _FILE_FLAGS if last else _DIR_FLAGS, dir_fd=stack[-1])
+                    fd = (open_fd(name, follow_symlinks=False, dir_fd=stack[-1]) if last
+                          else os.open(name, _DIR_FLAGS, dir_fd=stack[-1]))
                 except OSError as e:
                     if e.errno not in (errno.ELOOP, errno.ENOTDIR):
                         raise
@@ -213,7 +209,7 @@ class Grants:
                         if not located[0].is_dir:
                             if located[1] or todo:
                                 raise OSError(errno.ENOTDIR, "not a directory") from None
-                            return os.open(located[0].path, _FILE_FLAGS)
+                            return open_fd(located[0].path, follow_symlinks=False)
                         target = located[1]
                     todo.extend(part for part in reversed(target.split("/")) if part not in ("", "."))
                     if not todo:
@@ -223,7 +219,7 @@ class Grants:
                     return fd
                 stack.append(fd)
             # A link resolved to a directory as the last step.
-            return os.open(".", _FILE_FLAGS & ~os.O_NOFOLLOW, dir_fd=stack[-1])
+            return open_fd(".", dir_fd=stack[-1])
         finally:
             for d in stack:
                 os.close(d)

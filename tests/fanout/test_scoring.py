@@ -239,7 +239,8 @@ def test_scoring_files_from_anywhere_are_checked(guest, tmp_path):
     with pytest.raises(ScoringError, match="line 1 is not a score this map wrote"):
         result.scores()
     (run / "expected.jsonl").write_text('{"item": 99, "expected": 1}\n', encoding="utf-8")
-    with pytest.raises(ScoringError, match="a record that scoring did not write"):
+    with pytest.raises(ScoringError, match=r"expected.jsonl: line 1 is not a record scoring wrote \(its item 99 is not "
+                                           r"one of the map's 5 items"):
         tj.map(guest, ITEMS, run)  # refused before anything runs
     assert json.loads((run / "ledger.json").read_text())["sessions"][-1]["finished_at"]
 

@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from tensorjob_jupyter.regular_file import open_regular
 from tensorjob_jupyter.frontends.view.state import ViewState
 from tensorjob_jupyter.host import EVENTS_FILE, MAX_LINE_BYTES, TranscriptError, parse_event, read_line
 
@@ -71,7 +72,7 @@ class Timeline:
 
     def _lines(self, offset: int) -> Iterator[tuple[int, bytes]]:
         """Complete lines from ``offset``: (the offset after the line, the line)."""
-        with open(self.path, "rb") as f:
+        with open_regular(self.path, follow_symlinks=False) as f:  # a FIFO planted there never blocks
             f.seek(offset)
             while True:
                 line = read_line(f, MAX_LINE_BYTES)

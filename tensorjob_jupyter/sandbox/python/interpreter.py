@@ -68,6 +68,8 @@ _BUILD_FORMAT = 1
 BUILD_TIMEOUT_S = 600
 #: The largest manifest read (it holds a few hashes and sizes); a longer one is damage.
 MAX_MANIFEST_BYTES = 64 * 1024
+#: The largest interpreter file (component or compiled form: about 40 MB) the cache's reader hashes.
+MAX_INTERPRETER_FILE_BYTES = 1024 * 1024 * 1024
 HERE = Path(__file__).resolve().parent
 WIT = HERE / "wit" / "guest.wit"
 RUNTIME = HERE / "runtime"
@@ -129,7 +131,7 @@ def _damaged(e: NotARegularFile) -> InterpreterError:
 def _sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     try:
-        with open_regular(path) as f:
+        with open_regular(path, MAX_INTERPRETER_FILE_BYTES) as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
     except NotARegularFile as e:
@@ -401,7 +403,7 @@ def clear() -> tuple[int, int]:
 
 
 __all__ = [
-    "COMPONENTIZE_PY", "COMPONENTIZE_PY_VERSION", "BUILD_TIMEOUT_S", "MAX_MANIFEST_BYTES", "HERE", "WIT", "RUNTIME",
+    "COMPONENTIZE_PY", "COMPONENTIZE_PY_VERSION", "BUILD_TIMEOUT_S", "MAX_MANIFEST_BYTES", "MAX_INTERPRETER_FILE_BYTES", "HERE", "WIT", "RUNTIME",
     "APP_MODULE", "WASMTIME_VERSION", "Progress", "InterpreterError", "cache_root", "componentize_py_version",
     "runtime_files", "build_key", "engine_key", "engine_config", "Paths", "cache_paths", "Interpreter", "ensure",
     "load_component", "is_ready", "clear"

@@ -1,0 +1,388 @@
+"""The one reader of a map's run folder, which may come from anywhere (copied, unzipped, shared).
+
+Everything read back from a run folder -- ``ledger.json``, ``results.jsonl``, ``failures.jsonl``, the scoring
+files, ``jobs/`` -- comes through here, by ``runs --table``, ``diff --map``, ``replay --map``, compare,
+scoring and resume alike. Each file is opened with ``regular_file`` (a regular file of the folder's own:
+no FIFO, device, socket or symbolic link; capped in size before a byte is read), read a line at a time
+with every line capped, and every value checked: an item number is a whole number in range, each known
+field has its type, and anything else is one ``FolderError`` line naming the file and the line.
+
+    read_ledger(run_dir)                -> dict: the ledger's checked summary (its ``items`` is a claim)
+    read_records(path, total=N)         -> list[dict]: a JSONL file's records, items checked against N
+    read_folder_json(path, max_bytes)   -> the JSON value of a small file (scoring.json)
+    read_folder_bytes(path, max_bytes)  -> bytes, or None when the file is absent
+    pinned_manifest(ledger)             -> the manifest the ledger pins, if it is at hand unchanged (else None)
+    confirmed_items(run_dir, ledger, manifest_items, concluded) -> int: the item count, as what was read confirms it
+    job_folders(run_dir)                -> list[Path]: the folders in ``jobs/`` (a ``jobs/`` link is refused)
+
+Counts come from what is read, never from what a ledger claims: the item count is the manifest's when
+the manifest the ledger pins is at hand (a ledger claiming another is refused), else the ledger's only up
+to ``MAX_UNCONFIRMED_ITEMS`` (or when every item claimed has concluded), since nothing else vouches for it.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import orjson
+
+from tensorjob_jupyter.fanout.errors import ManifestError, ResumeRefused
+from tensorjob_jupyter.fanout.manifest import Manifest, read_manifest
+from tensorjob_jupyter.record.transcript import read_line
+from tensorjob_jupyter.regular_file import NotARegularFile, open_regular
+from tensorjob_jupyter.text import for_terminal
+
+LEDGER = "ledger.json"
+RESULTS = "results.jsonl"
+FAILURES = "failures.jsonl"
+JOBS = "jobs"
+LEDGER_FORMAT = "tensorjob-map/1"
+#: What scoring (``scoring.py``) keeps here: expected answers, the scorer's name, the scores.
+SCORING_FILES = ("expected.jsonl", "scoring.json", "scores.jsonl")
+EXPECTED, SCORING, SCORES = SCORING_FILES
+#: The largest ledger read back (one small entry per session: megabytes are not a ledger).
+MAX_LEDGER_BYTES = 8 * 1024 * 1024
+#: The longest line of a results file read back: a record holds one result, at most what an envelope holds.
+MAX_RECORD_BYTES = 64 * 1024 * 1024
+#: The largest results file read back (every line is capped too, so junk costs one line's read).
+MAX_RECORDS_FILE_BYTES = 16 * 1024 * 1024 * 1024
+#: The largest item number, and item count, a run folder may name (what a JSON number holds exactly).
+MAX_ITEMS = 2 ** 53
+#: Items a ledger is believed to count when nothing read confirms it (its manifest is not at hand).
+MAX_UNCONFIRMED_ITEMS = 100_000
+#: What a ledger's last session may say of how it ended.
+SESSION_STATUSES = ("running", "finished", "cancelled", "stopped", "error")
+#: Characters of a path a refusal shows.
+SHOWN_PATH_CHARS = 300
+
+
+class FolderError(ResumeRefused):
+    """A run folder's file that is not what a map writes there: one line, naming the file (and the line)."""
+
+
+def shown(path: str | os.PathLike) -> str:
+    """A path as one inert, bounded line."""
+    text = for_terminal(os.fspath(path), one_line=True)
+    return text if len(text) <= SHOWN_PATH_CHARS else text[:SHOWN_PATH_CHARS - 1] + "…"
+
+
+def _refused(path: Path, e: OSError) -> FolderError:
+    return FolderError(f"{shown(path)}: cannot be read: it is {e.strerror}" if isinstance(e, NotARegularFile)
+                       else f"{shown(path)}: cannot be read: {e.strerror or e}")
+
+
+def read_folder_bytes(path: str | os.PathLike, max_bytes: int) -> bytes | None:
+    """The bytes of one of the folder's own small files (None when it is absent); ``FolderError`` for a FIFO, a
+    device, a socket, a folder, a symbolic link or a file past ``max_bytes``."""
+    path = Path(path)
+    try:
+        with open_regular(path, max_bytes, follow_symlinks=False) as f:
+            return f.read(os.fstat(f.fileno()).st_size)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise _refused(path, e) from None
+
+
+def read_folder_json(path: str | os.PathLike, max_bytes: int) -> Any:
+    """The JSON value of one of the folder's own small files (None when it is absent); ``FolderError`` when it
+    cannot be read or is not JSON."""
+    data = read_folder_bytes(path, max_bytes)
+    if data is None:
+        return None
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise FolderError(f"{shown(path)}: not JSON; the run folder was edited or is damaged") from None
+
+
+# --- JSONL records --------------------------------------------------------------------------------
+
+
+def _is_item(value: Any, total: int | None) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool) and 0 <= value
+            and value < (MAX_ITEMS if total is None else total))
+
+
+def _error_problem(record: dict) -> str | None:
+    error = record.get("error")
+    if not isinstance(error, dict):
+        return "its error is not an object"
+    for name in ("code", "message"):
+        if name in error and not isinstance(error[name], str):
+            return f"its error's {name} is not text"
+    return None
+
+
+def _expected_problem(record: dict) -> str | None:
+    return None if "expected" in record else "it has no expected value"
+
+
+#: The checks of each file's records beyond the item number and the key (scores are checked by scoring).
+RECORD_CHECKS: dict[str, Callable[[dict], str | None]] = {FAILURES: _error_problem, EXPECTED: _expected_problem}
+
+
+def _item_words(value: Any, total: int | None) -> str:
+    if not isinstance(value, int) or isinstance(value, bool):
+        return f"its item {_short(value)} is not an item number (a whole number)"
+    if total is not None:
+        return f"its item {value} is not one of the map's {total} items (0 to {total - 1})"
+    return f"its item {value} is out of range"
+
+
+def _short(value: Any) -> str:
+    try:
+        text = orjson.dumps(value).decode()
+    except TypeError:
+        text = type(value).__name__
+    text = for_terminal(text, one_line=True)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes, int]]:
+    """(line number, the line without its newline, the offset after it) for each complete line of ``path``,
+    never past the size it had when opened; a torn last line (no newline: a crash mid-append) is not given."""
+    try:
+        f = open_regular(path, MAX_RECORDS_FILE_BYTES, follow_symlinks=False)
+    except OSError as e:
+        raise _refused(path, e) from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        offset = number = 0
+        while offset < size:
+            try:
+                line = read_line(f, min(MAX_RECORD_BYTES, size - offset))
+            except OSError as e:
+                raise _refused(path, e) from None
+            number += 1
+            if line is None:
+                if size - offset > MAX_RECORD_BYTES:
+                    raise FolderError(f"{shown(path)}: line {number} is longer than {MAX_RECORD_BYTES} bytes; "
+                                      f"the run folder is damaged")
+                return  # the rest is one torn line
+            if not line.endswith(b"\n"):
+                return
+            offset += len(line)
+            yield number, line[:-1], offset
+
+
+def records_and_end(path: str | os.PathLike, *, total: int | None = None) -> tuple[list[dict], int]:
+    """The checked records of a results, failures or scoring file, and the offset where its complete lines
+    end (a torn last line after it); ``([], 0)`` when it is absent. ``total``: item numbers must be below it."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return [], 0
+    check = RECORD_CHECKS.get(path.name)
+    records: list[dict] = []
+    end = 0
+    for number, line, end in _lines(path):
+        try:
+            record = orjson.loads(line)  # a map's files may be large: about five times json's speed
+        except orjson.JSONDecodeError:
+            raise FolderError(f"{shown(path)}: line {number} is not JSON; the run folder was edited or is "
+                              f"damaged") from None
+        problem = None
+        if not isinstance(record, dict):
+            problem = "it is not an object"
+        elif not _is_item(record.get("item"), total):
+            problem = _item_words(record.get("item"), total) if "item" in record else "it has no item number"
+        elif "key" in record and not isinstance(record["key"], str):
+            problem = "its key is not text"
+        elif check is not None:
+            problem = check(record)
+        if problem is not None:
+            writer = "scoring" if path.name in SCORING_FILES else "a map"
+            raise FolderError(f"{shown(path)}: line {number} is not a record {writer} wrote ({problem}); the run "
+                              f"folder was edited or is damaged")
+        records.append(record)
+    return records, end
+
+
+def read_records(path: str | os.PathLike, *, total: int | None = None, repair: bool = False) -> list[dict]:
+    """The checked records of a results, failures or scoring file, without a torn last line (a crash
+    mid-append); ``repair`` also cuts that line off the file (the map's own thread, under its lock)."""
+    path = Path(path)
+    records, end = records_and_end(path, total=total)
+    if repair and os.path.lexists(path) and os.lstat(path).st_size > end:  # its item runs again
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            raise _refused(path, e) from None
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.ftruncate(fd, end)
+        finally:
+            os.close(fd)
+    return records
+
+
+# --- the ledger -----------------------------------------------------------------------------------
+
+
+def _count(value: Any, most: int = MAX_ITEMS) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most
+
+
+def read_ledger_json(run_dir: str | os.PathLike) -> dict:
+    """The ledger as its JSON object, read safely; ``FolderError`` when ``run_dir`` holds none (of this
+    format), or one that cannot be read."""
+    run_dir = Path(run_dir)
+    path = run_dir / LEDGER
+    data = read_folder_bytes(path, MAX_LEDGER_BYTES)
+    if data is None:
+        raise FolderError(f"{shown(run_dir)} is not a map's run folder: it has no {LEDGER}")
+    try:
+        ledger = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise FolderError(f"{shown(path)} is not a tensorjob map ledger (not JSON)") from None
+    if not isinstance(ledger, dict) or ledger.get("format") != LEDGER_FORMAT:
+        raise FolderError(f"{shown(path)} is not a tensorjob map ledger (no \"format\": \"{LEDGER_FORMAT}\")")
+    manifest = ledger.get("manifest")
+    if not isinstance(manifest, dict) or not (_count(manifest.get("items")) and manifest["items"] >= 1):
+        raise FolderError(f"{shown(path)}: its manifest's item count is not a whole number from 1 to {MAX_ITEMS}")
+    for name in ("source", "sha256"):
+        if manifest.get(name) is not None and not isinstance(manifest[name], str):
+            raise FolderError(f"{shown(path)}: its manifest's {name} is not text")
+    guest = ledger.get("guest")
+    if guest is not None and not (isinstance(guest, dict) and isinstance(guest.get("sha256", ""), str)):
+        raise FolderError(f"{shown(path)}: its guest's sha256 is not text")
+    if not isinstance(ledger.get("sessions", []), list):
+        raise FolderError(f"{shown(path)}: its sessions are not a list")
+    return ledger
+
+
+def read_ledger(run_dir: str | os.PathLike) -> dict:
+    """What a run folder's ledger says, checked as input from anywhere: ``items`` (how many it claims: see
+    ``confirmed_items``), the ``manifest_source`` and ``manifest_sha256`` it pins, the ``guest_sha256``, and
+    its last ``session``'s summary (counts, status, error, ``elapsed_s``, ``where``), each value of the type
+    and range it must have or left out. ``FolderError`` (a ``ResumeRefused``) if ``run_dir`` holds no ledger
+    of this format."""
+    ledger = read_ledger_json(run_dir)
+    manifest, items = ledger["manifest"], ledger["manifest"]["items"]
+    sessions = ledger.get("sessions") or []
+    last = sessions[-1] if sessions and isinstance(sessions[-1], dict) else {}
+    session: dict[str, Any] = {k: last[k] for k in ("completed", "failed", "skipped") if _count(last.get(k), items)}
+    if last.get("status") in SESSION_STATUSES:
+        session["status"] = last["status"]
+    if isinstance(last.get("error"), str):
+        session["error"] = last["error"][:2000]
+    if isinstance(last.get("where"), str):
+        session["where"] = last["where"][:2000]
+    session["elapsed_s"] = _elapsed(last.get("started_at"), last.get("finished_at"))
+    guest = ledger.get("guest") or {}
+    return {"items": items, "session": session, "manifest_source": manifest.get("source"),
+            "manifest_sha256": manifest.get("sha256"), "guest_sha256": guest.get("sha256") or None}
+
+
+_TIME = "%Y-%m-%dT%H:%M:%S%z"
+
+
+def _elapsed(started: Any, finished: Any) -> float:
+    try:
+        return max(0.0, time.mktime(time.strptime(finished, _TIME)) - time.mktime(time.strptime(started, _TIME)))
+    except (TypeError, ValueError, OverflowError):
+        return 0.0
+
+
+def confirmed_items(run_dir: str | os.PathLike, ledger: dict, manifest_items: int | None, concluded: int) -> int:
+    """How many items the map in ``run_dir`` has, as what was read confirms it: ``manifest_items`` when the
+    manifest the ledger pins is at hand (a ledger that claims another count is refused), else the ledger's
+    claim when every item it claims has concluded (``concluded``) or it is at most ``MAX_UNCONFIRMED_ITEMS``;
+    ``FolderError`` otherwise (a ledger's word alone is not believed for more)."""
+    claimed = ledger["items"]
+    path = shown(Path(run_dir) / LEDGER)
+    if manifest_items is not None:
+        if manifest_items != claimed:
+            raise FolderError(f"{path} says the map has {claimed} items, but the manifest it pins "
+                              f"({shown(ledger['manifest_source'] or '?')}) has {manifest_items}; the ledger was "
+                              f"edited or is damaged")
+        return claimed
+    if claimed <= MAX_UNCONFIRMED_ITEMS or concluded == claimed:
+        return claimed
+    where = ledger["manifest_source"]
+    raise FolderError(f"{path} says the map has {claimed} items, and nothing here confirms it: its manifest "
+                      f"{'(' + shown(where) + ') ' if where else ''}is not at hand (or changed) and only "
+                      f"{concluded} items concluded; a ledger alone is believed up to {MAX_UNCONFIRMED_ITEMS} "
+                      f"items -- put the manifest back where the ledger names it")
+
+
+#: A manifest the ledger names is hashed before it is parsed when it is larger than this (a file that is not
+#: the pinned one then costs a streamed read, never its items held).
+MANIFEST_PREHASH_BYTES = 64 * 1024 * 1024
+
+
+def pinned_manifest(ledger: dict) -> Manifest | None:
+    """The manifest the ledger names, if it is at hand and is still the one the ledger pins (its SHA-256);
+    None otherwise (moved, changed, not a regular file, not a manifest)."""
+    source, sha256 = ledger["manifest_source"], ledger["manifest_sha256"]
+    if not source or not sha256 or not os.path.isabs(source):
+        return None
+    try:
+        with open_regular(source) as f:
+            if os.fstat(f.fileno()).st_size > MANIFEST_PREHASH_BYTES:
+                digest = hashlib.sha256()
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+                if digest.hexdigest() != sha256:
+                    return None
+        manifest = read_manifest(source)
+    except (OSError, ManifestError):
+        return None
+    return manifest if manifest.sha256 == sha256 else None
+
+
+# --- jobs/ ----------------------------------------------------------------------------------------
+
+
+def jobs_folder(run_dir: str | os.PathLike) -> Path | None:
+    """``run_dir/jobs`` if it is a real folder (None when absent); ``FolderError`` when it is a symbolic link
+    or not a folder: a run folder's transcripts must be its own."""
+    path = Path(run_dir) / JOBS
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise _refused(path, e) from None
+    if stat.S_ISLNK(mode):
+        raise FolderError(f"{shown(path)} is a symbolic link; a run folder's {JOBS}/ must be its own folder "
+                          f"(never followed out of it)")
+    if not stat.S_ISDIR(mode):
+        raise FolderError(f"{shown(path)} is not a folder; a run folder's {JOBS}/ holds its items' transcripts")
+    return path
+
+
+def job_folders(run_dir: str | os.PathLike) -> list[Path]:
+    """The real folders in ``jobs/`` (symbolic links are skipped, never followed), in no order; ``[]`` when there
+    is no ``jobs/``; ``FolderError`` when ``jobs/`` itself is a link or not a folder."""
+    jobs = jobs_folder(run_dir)
+    if jobs is None:
+        return []
+    try:
+        fd = os.open(jobs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise FolderError(f"{shown(jobs)} is not the run folder's own folder") from None
+        raise _refused(jobs, e) from None
+    try:
+        with os.scandir(fd) as entries:
+            names = [entry.name for entry in entries if entry.is_dir(follow_symlinks=False)]
+    finally:
+        os.close(fd)
+    return [jobs / name for name in names]
+
+
+__all__ = [
+    "LEDGER", "RESULTS", "FAILURES", "JOBS", "LEDGER_FORMAT", "SCORING_FILES", "EXPECTED", "SCORING", "SCORES",
+    "MAX_LEDGER_BYTES", "MAX_RECORD_BYTES", "MAX_RECORDS_FILE_BYTES", "MAX_ITEMS", "MAX_UNCONFIRMED_ITEMS",
+    "SESSION_STATUSES", "FolderError", "shown", "read_folder_bytes", "read_folder_json", "RECORD_CHECKS",
+    "records_and_end", "read_records", "read_ledger_json", "read_ledger", "MANIFEST_PREHASH_BYTES", "pinned_manifest",
+    "confirmed_items", "jobs_folder",
+    "job_folders",
+]
