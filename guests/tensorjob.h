@@ -186,6 +186,10 @@ typedef struct {
     tj_str bytes_base64;  /* sliced_bytes */
     tj_json vectors;      /* embedded */
     tj_json tool_calls;   /* infer_done: [{"call_id","name","arguments"}] when the model called a tool; ptr NULL otherwise */
+    tj_json logprobs;     /* infer_done: [{"token","logprob","bytes","top_logprobs","runner_up_logprob"}] per token when
+                             the infer asked ("logprobs": true) and the model gave them; ptr NULL otherwise */
+    tj_json confidence;   /* infer_done: {"FIELD": 0..1 or null} by dotted path for an answer with fields, beside
+                             logprobs (docs/guests.md, "Confidence"); ptr NULL otherwise */
 } tj_event;
 
 typedef struct tj__chunk {
@@ -876,6 +880,10 @@ static tj_event tj__parse_event(tj_json ev) {
         e.tokens_out = (uint32_t)tj_get_u64(ev, "tokens_out", 0);
         e.tool_calls = tj_get(ev, "tool_calls");
         if (tj_kind(e.tool_calls) != '[') e.tool_calls = (tj_json){0, 0};
+        e.logprobs = tj_get(ev, "logprobs");
+        if (tj_kind(e.logprobs) != '[') e.logprobs = (tj_json){0, 0};
+        e.confidence = tj_get(ev, "confidence");
+        if (tj_kind(e.confidence) != '{') e.confidence = (tj_json){0, 0};
     } else if (tj_eq(e.name, "opened")) {
         e.type = TJ_EV_OPENED;
         e.handle = (uint32_t)tj_get_u64(ev, "handle", 0);

@@ -263,7 +263,7 @@ BINARY = MediaKind("binary")
 #: ``infer``'s optional fields, this project's extension of cuttlefish's ``infer``: written
 #: only when set, after cuttlefish's own, so a cuttlefish guest's command is byte-identical.
 INFER_EXTENSIONS = ("format", "tools", "tool_choice", "temperature", "top_p", "top_k", "min_p", "repeat_penalty",
-                    "seed", "stop", "regex", "choices", "grammar")
+                    "seed", "stop", "regex", "choices", "grammar", "logprobs", "top_logprobs")
 #: The sampling fields of ``infer`` (each overrides the job's setting for that infer).
 INFER_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed", "stop")
 
@@ -293,7 +293,16 @@ class Infer:
     choices: tuple[str, ...] | None = None
     #: The answer is a sentence of this Lark grammar (llguidance's dialect, from its ``start`` rule).
     grammar: str | None = None
+    #: ``infer_done`` carries each token's logprob (``logprobs``), as Open Responses' events do.
+    logprobs: bool | None = None
+    #: ... with this many of the most likely tokens beside each (0 to ``MAX_TOP_LOGPROBS``; implies ``logprobs``).
+    top_logprobs: int | None = None
     cmd = "infer"
+
+    @property
+    def wants_logprobs(self) -> bool:
+        """Whether ``infer_done`` is to carry the tokens' logprobs."""
+        return bool(self.logprobs) or bool(self.top_logprobs)
 
     def to_json(self) -> dict:
         out = {"cmd": "infer", "prompt": self.prompt, "max_tokens": self.max_tokens, "images": list(self.images)}
@@ -494,11 +503,21 @@ class InferDone:
     #: The model's tool calls, ``[{"call_id", "name", "arguments"}]`` (``arguments`` is JSON text);
     #: present only when it called one (this project's extension, like ``infer``'s ``tools``).
     tool_calls: tuple[dict, ...] | None = None
+    #: Each token's ``{"token", "logprob", "bytes", "top_logprobs", "runner_up_logprob"}``: present when the
+    #: infer asked (``logprobs``/``top_logprobs``) and the model gave them (this project's extension).
+    logprobs: tuple[dict, ...] | None = None
+    #: ``{field path: confidence 0..1 or null}`` of an answer with fields (a format's JSON, a choice, a regex
+    #: match): present when the model gave logprobs to measure it by (this project's extension).
+    confidence: dict | None = None
 
     def to_json(self) -> dict:
         out = {"event": "infer_done", "text": self.text, "tokens_out": self.tokens_out}
         if self.tool_calls is not None:
             out["tool_calls"] = list(self.tool_calls)
+        if self.logprobs is not None:
+            out["logprobs"] = list(self.logprobs)
+        if self.confidence is not None:
+            out["confidence"] = self.confidence
         return out
 
 
@@ -972,6 +991,8 @@ MAX_REGEX_CHARS = 4096
 MAX_GRAMMAR_CHARS = 32 * 1024
 MAX_CHOICES = 1024
 MAX_CHOICE_CHARS = 1024
+#: The most alternatives an infer may ask for beside each token (``top_logprobs``; OpenAI's bound).
+MAX_TOP_LOGPROBS = 20
 
 
 def _name(obj: dict, where: str) -> str:
@@ -1096,6 +1117,15 @@ def _infer_extensions(obj: dict) -> dict:
         out["regex"] = _bounded_text(obj["regex"], "infer.regex", MAX_REGEX_CHARS)
     if "grammar" in present:
         out["grammar"] = _bounded_text(obj["grammar"], "infer.grammar", MAX_GRAMMAR_CHARS)
+    if "logprobs" in present:
+        if not isinstance(obj["logprobs"], bool):
+            raise AbiError(f"`infer.logprobs` must be true or false, got {_type_name(obj['logprobs'])}")
+        out["logprobs"] = obj["logprobs"]
+    if "top_logprobs" in present:
+        out["top_logprobs"] = _int_in(obj["top_logprobs"], MAX_TOP_LOGPROBS, "infer.top_logprobs")
+        if out["top_logprobs"] and out.get("logprobs") is False:
+            raise AbiError("`infer.top_logprobs` lists alternatives beside each token's logprob: it cannot be "
+                           "given with `logprobs: false`")
     if "choices" in present:
         choices = obj["choices"]
         if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
@@ -1152,8 +1182,16 @@ def event_from_json(value: Any) -> Event:
                 isinstance(c, dict) and all(isinstance(c.get(k), str) for k in ("call_id", "name", "arguments"))
                 for c in calls)):
             raise AbiError("`infer_done.tool_calls` must be an array of {call_id, name, arguments} strings")
+        logprobs = obj.get("logprobs")
+        if logprobs is not None and not (isinstance(logprobs, list) and all(isinstance(x, dict) for x in logprobs)):
+            raise AbiError("`infer_done.logprobs` must be an array of objects or null")
+        confidence = obj.get("confidence")
+        if confidence is not None and not (isinstance(confidence, dict) and all(
+                v is None or (type(v) in (int, float) and 0 <= v <= 1) for v in confidence.values())):
+            raise AbiError("`infer_done.confidence` must be an object of numbers from 0 to 1 (or null) or null")
         return InferDone(_field(obj, "text", str, "infer_done"), _u32(obj, "tokens_out", "infer_done"),
-                         tuple(calls) if calls is not None else None)
+                         tuple(calls) if calls is not None else None,
+                         tuple(logprobs) if logprobs is not None else None, confidence)
     if tag == "opened":
         kind = MediaKind.from_json(obj["kind"]) if "kind" in obj else TEXT
         return Opened(_u32(obj, "handle", "opened"), _u64(obj, "len", "opened"), kind)
@@ -1187,5 +1225,6 @@ __all__ = [
     "PageTexted", "PageTextAttempted", "PageImaged", "Event", "MAX_COUNT", "Usage", "JobError", "Envelope", "dumps",
     "encode_event", "MAX_DEPTH", "loads_strict", "checked_value", "encode_json", "UnsupportedCommand",
     "command_from_json", "MAX_TOOLS", "MAX_STOPS", "MAX_STOP_CHARS", "MAX_REGEX_CHARS", "MAX_GRAMMAR_CHARS",
-    "MAX_CHOICES", "MAX_CHOICE_CHARS", "parse_command", "event_from_json"
+    "MAX_CHOICES", "MAX_CHOICE_CHARS", "MAX_TOP_LOGPROBS", "parse_command",
+    "event_from_json"
 ]

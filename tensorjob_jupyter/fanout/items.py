@@ -143,6 +143,8 @@ def run_item(spec: ItemSpec, backend: Backend, index: int, item: Any,
                "run_s": time.perf_counter() - ready}
     if envelope.ok:
         outcome["result"] = envelope.result
+        if envelope.confidence is not None:
+            outcome["confidence"] = envelope.confidence
     elif envelope.error is not None:
         outcome["error"] = envelope.error.to_json()
     return outcome

@@ -21,6 +21,7 @@ from tensorjob_jupyter.fanout.folder_reader import (
 )
 from tensorjob_jupyter.fanout.manifest import MAX_KEY_CHARS, item_key
 from tensorjob_jupyter.fanout.scoring import Expected, ItemScore, ScoreSummary, read_scores, scorer_name
+from tensorjob_jupyter.host.fields import MAX_FIELDS
 
 #: What ``MapResult.rows`` says of an item the map never concluded (it was cancelled first).
 NOT_RUN = "not run"
@@ -144,6 +145,18 @@ class MapResult:
         """Each completed item's result, by item number."""
         return {r["item"]: r.get("result") for r in read_records(self.results_path, total=self.total)}
 
+    def confidences(self) -> dict[int, dict[str, float | None]]:
+        """Each completed item's confidence by field (``Envelope.confidence``: dotted paths, 0 to 1 or None),
+        for the items whose model gave logprobs to measure it by. Read back as untrusted: a value that is not
+        a number from 0 to 1 is None, a record whose confidence is not an object has none."""
+        out = {}
+        for r in read_records(self.results_path):
+            value = r.get("confidence")
+            if isinstance(value, dict):
+                out[r["item"]] = {str(k): (float(v) if type(v) in (int, float) and 0 <= v <= 1 else None)
+                                  for k, v in list(value.items())[:MAX_FIELDS]}
+        return out
+
     def failures(self) -> dict[int, dict]:
         """Each failed item's error (``code``, ``message``), by item number."""
         return {r["item"]: r.get("error") for r in read_records(self.failures_path, total=self.total)}
@@ -195,7 +208,9 @@ class MapResult:
         result's fields as ``result.NAME`` (a non-object result is ``result``) -- flattened one level, deeper
         values kept as they are. A scored map adds the expected answer's fields (``expected.NAME``), ``score``
         (0 to 1), ``passed``, each field's verdict (``score.NAME``: True or False, for ``json_fields`` and for
-        scorers that report fields) and ``score_error``; an item without a score has None there."""
+        scorers that report fields) and ``score_error``; an item without a score has None there. A map whose
+        model gave logprobs adds each result field's confidence as ``confidence.FIELD`` (``FIELD``: its dotted
+        path, ``host.fields``; 0 to 1, None where no answer spelled it or the item has none)."""
         return list(self._rows())
 
     def _rows(self) -> Iterator[dict[str, Any]]:
@@ -206,6 +221,8 @@ class MapResult:
         input_keys = dict.fromkeys(key for flat in inputs for key in flat)
         output_keys = dict.fromkeys(key for result in results.values() for key in flattened("result", result))
         scored = self._score_columns()
+        confidences = self.confidences()
+        confidence_keys = dict.fromkeys(f"confidence.{path}" for c in confidences.values() for path in c)
         for index in range(self.total):
             error = failures.get(index) if index not in results else None
             error = error if isinstance(error, dict) else {}
@@ -214,6 +231,9 @@ class MapResult:
             row = {"item": index, "key": keys[index], **{key: inputs[index].get(key) for key in input_keys},
                    "status": status, "error_code": error.get("code"), "error_message": error.get("message"),
                    **{key: output.get(key) for key in output_keys}}
+            if confidence_keys:
+                mine = confidences.get(index, {})
+                row.update({key: mine.get(key[len("confidence."):]) for key in confidence_keys})
             if scored is not None:
                 row.update(scored(index))
             inputs[index] = None  # done with: a large map's table is built as its rows go by

@@ -147,6 +147,8 @@ class ReplayExecutor(LocalExecutor):
                    "usage": envelope.usage.to_json(), "setup_s": ready - started, "run_s": time.perf_counter() - ready}
         if envelope.ok:
             outcome["result"] = envelope.result
+            if envelope.confidence is not None:
+                outcome["confidence"] = envelope.confidence
         elif envelope.error is not None:
             outcome["error"] = envelope.error.to_json()
         return outcome

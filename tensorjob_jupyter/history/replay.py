@@ -79,12 +79,36 @@ from tensorjob_jupyter.record.recording import (
     LIVE_COMMANDS, End, InferAnswer, Step, compare_commands, describe, normalise,
 )
 from tensorjob_jupyter.inference.lazy import DEFAULT_MODEL_NAME
+from tensorjob_jupyter.inference.logprobs import TokenLogprob, TokenText
 from tensorjob_jupyter.inference.providers import EMBEDDED
 
 #: How a recorded run can end that a replay reproduces at the same step rather than carry out:
 #: the host stopped it (a cancel, its time limit, the model or the host failing).
 HOST_ENDS = frozenset({codes.CANCELLED, codes.TIMEOUT, codes.BUSY, codes.MODEL_LOAD_FAILED, codes.INTERNAL_ERROR,
                        codes.WORKER_LOST})
+
+
+#: The most token records one recorded delta may carry (a delta is a few tokens: the text stream holds back
+#: only a partial character or a possible stop string).
+MAX_RECORDS_PER_PIECE = 1024
+
+
+def recorded_pieces(answer: InferAnswer) -> list[str]:
+    """An answer's recorded pieces, each carrying the token records its delta gave (``TokenText``), so the
+    replay's answers have the logprobs -- and the result the confidence -- of the run. A delta's records
+    are untrusted: any that is not one as written (``TokenLogprob.from_json``) drops that piece's records,
+    and with them the answer's confidence (its tokens no longer spell its text)."""
+    out: list[str] = []
+    given = answer.piece_logprobs if len(answer.piece_logprobs) == len(answer.pieces) else []
+    for n, piece in enumerate(answer.pieces):
+        raw = given[n] if given else None
+        if isinstance(raw, list) and 0 < len(raw) <= MAX_RECORDS_PER_PIECE:
+            try:
+                piece = TokenText(piece, [TokenLogprob.from_json(r) for r in raw])
+            except ValueError:
+                pass
+        out.append(piece)
+    return out
 
 
 class RecordedModel:
@@ -248,7 +272,7 @@ class RecordedWorld:
         self.cursor += 1
         response = job.open_response(cmd, plan, answer.model or job.usage.model, call_id=answer.call_id)
         router = OutputRouter(plan.spec, response)
-        pieces = answer.pieces
+        pieces = recorded_pieces(answer)
         recorded_stop = answer.guest_stopped_after if answer.reason == FINISH_GUEST_STOP else None
         source = RecordedTokens(pieces, recorded_stop=recorded_stop, tokens_in=answer.tokens_in)
         delivery = job.token_loop(response, router.delta).run(source)
@@ -312,7 +336,7 @@ class RecordedWorld:
             raise JobFailure(codes.REPLAY_DIVERGENCE, divergence.message())
         self.live_from = divergence.step
         self._publish(job, "live")
-        return self._live_rest(job, plan, router, response, already=list(answer.pieces))
+        return self._live_rest(job, plan, router, response, already=recorded_pieces(answer))
 
     def _live_rest(self, job: Reactor, plan: InferPlan, router: OutputRouter, response: ResponseStream, *,
                    already: list[str]) -> abi.Event:

@@ -67,6 +67,8 @@ from tensorjob_jupyter.host.structured import OutputRouter, OutputSpec
 from tensorjob_jupyter.host.schemas import SchemaError
 from tensorjob_jupyter.host.tokens import POLL_S, Delivery, ModelTokens, TokenLoop
 from tensorjob_jupyter.host.answerer import Answerer, LiveWorld
+from tensorjob_jupyter.host.confidence import CONFIDENT_KINDS, FieldConfidence, answer_confidence, leaves_json
+from tensorjob_jupyter.inference.logprobs import logprobs_of
 from tensorjob_jupyter.world.fetch import FetchGrants, fetch_url
 
 PREVIEW_CHARS = 512
@@ -196,6 +198,8 @@ class Reactor:
         self.debugger = debugger
         #: Who carries out the guest's commands (``answerer.py``): the live world, or a recording.
         self.answerer: Answerer = answerer if answerer is not None else LiveWorld()
+        #: Each answer's fields' confidence, for the result's (``confidence.py``).
+        self.confidence = FieldConfidence()
 
     # -- cancellation (any thread) ----------------------------------------------------
 
@@ -227,7 +231,7 @@ class Reactor:
             finally:
                 if self.pending_command in ("done", "fail"):
                     self.answerer.finished(self)
-            envelope = Envelope(JobStatus.COMPLETED, self.usage, result=result)
+            envelope = Envelope(JobStatus.COMPLETED, self.usage, result=result, confidence=self.confidence.of(result))
         except JobFailure as e:
             # --break-on fail: see the state before the failure is final (not when the record itself failed)
             if self.debugger is not None and not isinstance(e, (GuestFailed, EventBudgetExceeded, TranscriptWriteError)):
@@ -502,8 +506,9 @@ class Reactor:
         sampler = dataclasses.replace(opts.sampler, **cmd.sampling())
         request = GenerateRequest(cmd.prompt, max_tokens, sampler, opts.cache_prompt, opts.lora, opts.chat,
                                   constraint=spec.constraint, system=spec.system,
-                                  tools=spec.tool_use(), alone=opts.alone, threads=opts.threads)
-        return InferPlan(spec, request)
+                                  tools=spec.tool_use(), alone=opts.alone, threads=opts.threads,
+                                  top_logprobs=cmd.top_logprobs or 0)
+        return InferPlan(spec, request, cmd.wants_logprobs)
 
     def open_response(self, cmd: abi.Infer, plan: "InferPlan", model: str, *,
                        call_id: str | None = None) -> ResponseStream:
@@ -513,7 +518,8 @@ class Reactor:
         response = ResponseStream(self.stream, model=model, max_output_tokens=plan.request.max_tokens,
                                   temperature=sampler.temperature, top_p=sampler.top_p,
                                   index=self.stats.infers, output=plan.spec.response_fields(),
-                                  sampler=sampler.to_json(), call_id=call_id)
+                                  sampler=sampler.to_json(), call_id=call_id,
+                                  top_logprobs=plan.request.top_logprobs)
         self.stats.infers += 1
         response.start(command=cmd.to_json())  # the request as the guest sent it, for replay
         return response
@@ -544,6 +550,12 @@ class Reactor:
             text = ""  # a call cut short (guest stop): no message, and no call to report
         if router.is_call:  # no text delta carries a call's model text: keep its pieces, for replay
             extra["raw_pieces"] = [*already, *delivery.pieces]
+        records = [record for piece in (*already, *delivery.pieces) for record in logprobs_of(piece)]
+        leaves = None
+        if reason == FINISH_STOP and not router.is_call and spec.kind in CONFIDENT_KINDS:
+            leaves = answer_confidence(text, records, spec.kind, spec.output_schema)
+            self.confidence.add(leaves)
+            extra["confidence"] = leaves_json(leaves)
         response.finish(text, usage=usage, reason=reason, extra=extra)
         if reason == FINISH_LENGTH and (spec.constrained or router.is_call):
             what, bound = (("tool call", "bound the schema (maxLength, maxItems)") if router.is_call else
@@ -553,7 +565,10 @@ class Reactor:
                              f"infer: the output reached its token limit ({max_tokens} tokens: the infer's max_tokens "
                              f"or what is left of the job's max_tokens) before the {what} was complete; raise "
                              f"max_tokens, or {bound}")
-        return abi.InferDone(text, u.completion_tokens, tool_calls)
+        asked = plan.asked_logprobs and (records or not text)
+        return abi.InferDone(text, u.completion_tokens, tool_calls,
+                             logprobs=tuple(r.to_json() for r in records) if asked else None,
+                             confidence=leaves_json(leaves) if asked else None)
 
 
 @dataclass(frozen=True)
@@ -562,6 +577,8 @@ class InferPlan:
 
     spec: OutputSpec
     request: GenerateRequest
+    #: The guest asked for the tokens' logprobs in ``infer_done``.
+    asked_logprobs: bool = False
 
 
 def internal_error(job_id: str, e: BaseException) -> JobError:

@@ -50,6 +50,7 @@ from tensorjob_jupyter.host.schemas import (
 )
 from tensorjob_jupyter.inference import grammar
 from tensorjob_jupyter.inference.base import Constraint, ConstraintError, ToolUse
+from tensorjob_jupyter.inference.logprobs import logprobs_of
 from tensorjob_jupyter.inference.memo import MISSING, BytesLRU
 
 # --- one infer's output --------------------------------------------------------------------------
@@ -447,7 +448,7 @@ class OutputRouter:
                 return
             self.mode = "call" if piece.startswith("{") else "message"
         if self.mode == "message":
-            self.response.delta(piece)
+            self.response.delta(piece, [record.to_json() for record in logprobs_of(piece)])
             return
         if self.scanner is None:
             self.scanner = CallScanner()

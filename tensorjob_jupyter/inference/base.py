@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol, Sequence
 
 from tensorjob_jupyter.abi import JobFailure, codes
+from tensorjob_jupyter.inference.logprobs import TokenLogprob
 
-#: Called with each piece of text; False stops the generation. A callback may also have a
+#: Called with each piece of text; False stops the generation. A piece may be a ``logprobs.TokenText``,
+#: a ``str`` that carries the records of the tokens it was made of. A callback may also have a
 #: ``ready(timeout) -> bool`` method: whether it would take the next piece now without waiting
 #: (``host/tokens.py``'s lookahead credit), waiting up to ``timeout`` seconds to become so.
 TokenCallback = Callable[[str], bool]
@@ -175,6 +177,12 @@ class GenerateRequest:
     alone: bool = False
     #: With ``alone``: the decode threads to use for it (None: the engine's own); restored afterwards.
     threads: int | None = None
+    #: Record each generated token's logprob (``logprobs.TokenLogprob``, on the pieces and the result): a
+    #: served model is asked for them, the local engine reads them off the logits it samples from.
+    logprobs: bool = True
+    #: How many of the most likely tokens each record lists beside the chosen one (0 to
+    #: ``logprobs.MAX_TOP_LOGPROBS``).
+    top_logprobs: int = 0
 
 
 @dataclass
@@ -195,6 +203,9 @@ class GenerateResult:
     text: str
     finish_reason: str
     usage: GenerateUsage = field(default_factory=GenerateUsage)
+    #: The delivered tokens' records, in order (what the pieces carried); None where the engine gave none
+    #: (a served model that offers no logprobs, a request that asked for none).
+    logprobs: list[TokenLogprob] | None = None
 
 
 #: A generation's answer: (result, None) on success, (None, error) on failure.

@@ -441,7 +441,7 @@ class GrammarSampler:
     check_first = True
 
     def __init__(self, engine, chain, constraint: Constraint, greedy: bool = False,
-                 abandoned: Callable[[], bool] | None = None):
+                 abandoned: Callable[[], bool] | None = None, keep_mask: bool = False):
         self._lc = lc = engine._lc
         self._engine = engine
         self._chain = chain
@@ -452,6 +452,10 @@ class GrammarSampler:
         self._abandoned = abandoned or (lambda: False)
         self._constraint = constraint
         self._greedy = greedy
+        #: compute every token's mask first and keep it in ``allowed`` (what the engine's logprobs read: a token
+        #: the grammar forbids has probability 0); else only where the chain's own choice is refused
+        self._keep_mask = keep_mask
+        self.allowed: np.ndarray | None = None
         self._matcher = engine.grammars().matcher(constraint)
         #: the tokens the grammar has taken (replayed into a fresh compile: ``_renew``), and whether it was made
         self._taken: list[int] = []
@@ -522,6 +526,7 @@ class GrammarSampler:
         if self._abandoned():
             raise Abandoned()
         self.grammar_checks += 1
+        self.allowed = self._allowed() if self._keep_mask else None
         token = None
         penalised = False  # the buffer holds this token's logits after the greedy chain, in vocabulary order
         if self.check_first:
@@ -531,7 +536,7 @@ class GrammarSampler:
                 token = None  # refused (or past the bounds: ``_allowed`` says which)
         if token is None:
             self.grammar_full += 1
-            allowed = self._allowed()
+            allowed = self.allowed if self.allowed is not None else self._allowed()
             if penalised:
                 scores = np.where(allowed, self._buf["logit"], -np.inf)
                 token = int(np.argmax(scores))

@@ -102,6 +102,7 @@ from tensorjob_jupyter.inference.base import (
 from tensorjob_jupyter.inference.gguf import check_gguf
 from tensorjob_jupyter.inference.grammar import Abandoned, GrammarSampler, ModelGrammars
 from tensorjob_jupyter.inference.library import CaptureLog, llama_cpp_library, log_reason
+from tensorjob_jupyter.inference.logprobs import TokenLogprob, TokenText, token_logprob
 from tensorjob_jupyter.inference.text_stream import TextStream
 from tensorjob_jupyter.inference.topology import default_threads, gpu_offload_supported
 
@@ -165,6 +166,8 @@ class _Sequence:
     first_at: float | None = None
     last_at: float | None = None
     batch: int = 1  # the most sequences decoded in one step with this one (itself included)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # records of tokens sampled, not yet delivered
+    delivered_logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 class LlamaEngine:
@@ -619,7 +622,7 @@ class LlamaEngine:
         if request.constraint is not None:
             try:
                 return GrammarSampler(self, sampler, request.constraint, greedy=s.temperature <= 0.0,
-                                      abandoned=abandoned)
+                                      abandoned=abandoned, keep_mask=request.logprobs)
             except BaseException:
                 sampler.close()
                 raise
@@ -664,6 +667,7 @@ class LlamaEngine:
             seq.slot.tokens.append(seq.next_token)
             try:
                 token = seq.sampler.sample(self._ctx, i)
+                self._note_logprob(seq, i, token)
             except Abandoned:
                 active.remove(seq)
                 self._finish(seq, FINISH_CANCELLED, "", time.perf_counter())
@@ -699,12 +703,28 @@ class LlamaEngine:
                 active.remove(seq)
                 self._finish(seq, FINISH_CANCELLED, "", time.perf_counter())
 
+    def _note_logprob(self, seq: _Sequence, row: int, token: int) -> None:
+        """The record of ``token``, just sampled from batch row ``row``: its logprob under the distribution it
+        was drawn from (``logprobs.token_logprob``: the penalties' window is the slot's last tokens, as the
+        chain saw them; the grammar's mask is the one it chose under). Kept until its text is delivered."""
+        request = seq.pending.request
+        if not request.logprobs:
+            return
+        s = request.sampler
+        logits = np.ctypeslib.as_array(self._lc.llama_get_logits_ith(self._ctx.ctx, row), shape=(self.n_vocab,))
+        penalty = float(s.repeat_penalty) if s.repeat_penalty else 1.0
+        seq.logprobs.append(token_logprob(
+            logits, token, self.piece, temperature=float(s.temperature), penalty=penalty,
+            recent=seq.slot.tokens[-PENALTY_LAST_N:] if penalty != 1.0 else (),
+            allowed=getattr(seq.sampler, "allowed", None), top=request.top_logprobs))
+
     def _accept(self, seq: _Sequence, token: int) -> bool:
         """Handle one sampled token; True when the sequence has finished."""
         now = time.perf_counter()
         if seq.first_at is None:
             seq.first_at = now
         if self.is_eog(token):
+            del seq.logprobs[-1:]  # the end token writes no text
             return self._finish(seq, FINISH_STOP, seq.stream.flush(), now)
         seq.n_out += 1
         seq.last_at = now
@@ -720,6 +740,10 @@ class LlamaEngine:
 
     def _deliver(self, seq: _Sequence, text: str) -> bool:
         seq.parts.append(text)
+        if seq.logprobs:  # the text carries the records of the tokens pushed since the last delivery
+            records, seq.logprobs = seq.logprobs, []
+            seq.delivered_logprobs.extend(records)
+            text = TokenText(text, records)
         try:
             return bool(seq.pending.on_token(text))
         except BaseException:  # noqa: BLE001 - a dead listener means stop
@@ -737,7 +761,8 @@ class LlamaEngine:
                               time_to_first_token_s=(seq.first_at - seq.started) if seq.first_at else None,
                               tokens_per_second=tps, batch=seq.batch, threads=self._threads_now)
         self._release(seq)
-        seq.pending.done(GenerateResult("".join(seq.parts), reason, usage), None)
+        logprobs = seq.delivered_logprobs if seq.pending.request.logprobs else None
+        seq.pending.done(GenerateResult("".join(seq.parts), reason, usage, logprobs), None)
         return True
 
     def _release(self, seq: _Sequence) -> None:

@@ -8,6 +8,10 @@ whose callback returns False is counted and kept, so with the host's
 one-token lookahead the text may hold one token the guest never judged --
 and can be told to pause between tokens or to fail, so every path of the
 host can be tested without a model. Embeddings are stable pseudo-random unit vectors.
+Each word can be given a logprob (``logprobs``: one for every word, one a
+word in order, or a function of the word's index and text): its piece then
+carries a ``TokenLogprob`` whose runner-up holds the rest of the probability,
+as though one other word had it all; with none given, no word has one.
 
 Why a test double ships in the installed package: it is public API.
 The documentation names ``ScriptedBackend`` as the backend to run a guest without a
@@ -27,20 +31,28 @@ import math
 import struct
 import time
 import zlib
-from typing import Callable, Sequence
+from typing import Callable, Sequence, Union
 
 from tensorjob_jupyter.inference.base import (
     FINISH_LENGTH, FINISH_STOP, GenerateRequest, GenerateResult, GenerateUsage, ModelError, TokenCallback,
 )
+from tensorjob_jupyter.inference.logprobs import (
+    MAX_TOP_LOGPROBS, TokenLogprob, TokenText, TopLogprob, clamp_logprob,
+)
 from tensorjob_jupyter.inference.worker import InferenceWorker
 
 Reply = str | Callable[[str], str]
+#: A scripted word's logprob: the same for every word, one a word in order (the last for any after), or a
+#: function of the word's index and its piece.
+ScriptedLogprobs = Union[float, Sequence[float], Callable[[int, str], float]]
 
 
 class ScriptedEngine:
     def __init__(self, reply: Reply | Sequence[str] = "a stub summary", *, token_delay_s: float = 0.0,
-                 fail: str | None = None, model_name: str = "scripted", embedding_dim: int = 8):
+                 fail: str | None = None, model_name: str = "scripted", embedding_dim: int = 8,
+                 logprobs: ScriptedLogprobs | None = None):
         self.reply = reply
+        self.logprobs = logprobs
         self.token_delay_s = token_delay_s
         self.fail = fail
         self.model_name = model_name
@@ -63,6 +75,7 @@ class ScriptedEngine:
         started = time.perf_counter()
         first = None
         pieces: list[str] = []
+        records: list[TokenLogprob] | None = [] if self.logprobs is not None and request.logprobs else None
         finish = FINISH_STOP
         for i, word in enumerate(words):
             if i >= request.max_tokens:
@@ -71,6 +84,10 @@ class ScriptedEngine:
             if self.token_delay_s:
                 time.sleep(self.token_delay_s)
             piece = word if i == 0 else " " + word
+            if records is not None:
+                record = self._record(i, piece, request.top_logprobs)
+                records.append(record)
+                piece = TokenText(piece, (record,))
             pieces.append(piece)
             first = first if first is not None else time.perf_counter() - started
             if not on_token(piece):
@@ -79,7 +96,27 @@ class ScriptedEngine:
         usage = GenerateUsage(prompt_tokens=len(request.prompt.split()), completion_tokens=len(pieces),
                               time_to_first_token_s=first,
                               tokens_per_second=(len(pieces) / elapsed) if elapsed > 0 and pieces else None)
-        return GenerateResult("".join(pieces), finish, usage)
+        return GenerateResult("".join(pieces), finish, usage, records)
+
+    def _record(self, index: int, piece: str, top: int) -> TokenLogprob:
+        given = self.logprobs
+        if callable(given):
+            value = given(index, piece)
+        elif isinstance(given, (int, float)):
+            value = given
+        else:
+            values = list(given)
+            value = values[min(index, len(values) - 1)] if values else 0.0
+        logprob = clamp_logprob(value)
+        rest = -math.expm1(logprob)  # the probability no scripted word took
+        runner = clamp_logprob(math.log(rest)) if rest > 0 else None
+        data = piece.encode("utf-8", "replace")
+        alternatives = [TopLogprob(data, logprob)]
+        if runner is not None:
+            alternatives.append(TopLogprob(b"<other>", runner))
+            alternatives.sort(key=lambda t: -t.logprob)
+        n = min(max(top, 0), MAX_TOP_LOGPROBS)
+        return TokenLogprob(data, logprob, runner, tuple(alternatives[:n]))
 
     def prompt_tokens(self, request: GenerateRequest) -> list[int]:
         """The prompt as this engine counts it (``usage.prompt_tokens``): one token a word, each a number

@@ -46,6 +46,9 @@ class InferAnswer:
     max_output_tokens: int | None = None
     model: str = ""
     pieces: list[str] = field(default_factory=list)
+    #: Each piece's token records as its delta gave them (``logprobs``: untrusted JSON, read by the replay;
+    #: None where a delta gave none). As long as ``pieces``, or empty (a function call's raw pieces).
+    piece_logprobs: list[Any] = field(default_factory=list)
     #: completed | incomplete | failed; None when the transcript ends inside the answer.
     status: str | None = None
     #: Why it ended, in the events' ``finish_reason`` words: stop, length, guest_stop or cancelled.
@@ -271,6 +274,8 @@ def _fold_answer(answer: InferAnswer, event: dict) -> None:
     kind = event["type"]
     if kind == event_types.RESPONSE_OUTPUT_TEXT_DELTA:
         answer.pieces.append(str(event.get("delta", "")))
+        logprobs = event.get("logprobs")
+        answer.piece_logprobs.append(logprobs if isinstance(logprobs, list) and logprobs else None)
     elif kind == event_types.RESPONSE_OUTPUT_ITEM_ADDED:
         item = event.get("item") if isinstance(event.get("item"), dict) else {}
         call_id = item.get("call_id")
@@ -295,6 +300,7 @@ def _fold_answer(answer: InferAnswer, event: dict) -> None:
         raw = event.get("raw_pieces")  # a function call's model text, which no text delta carries
         if isinstance(raw, list) and all(isinstance(x, str) for x in raw):
             answer.pieces = list(raw)
+            answer.piece_logprobs = []
         stopped = event.get("guest_stopped_after")
         answer.guest_stopped_after = stopped if isinstance(stopped, int) and not isinstance(stopped, bool) else None
     elif kind == event_types.ERROR:

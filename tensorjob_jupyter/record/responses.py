@@ -31,6 +31,15 @@ The response object reports what the infer asked for and ran with: ``text``
 this project's ``sampler`` (every sampling setting, seed and stop strings
 included).
 
+Each ``response.output_text.delta`` carries the ``logprobs`` of the tokens
+it was made of (seed 002's shape: ``token``, ``logprob``, ``bytes``,
+``top_logprobs``, and this project's ``runner_up_logprob``), and
+``response.output_text.done`` and the part of ``response.content_part.done``
+carry all of them; the item and response snapshots after them do not repeat
+them (their part has no ``logprobs``), so a transcript holds each token's
+record about three times, not five. A model that gives none leaves them
+empty. The response object's ``top_logprobs`` is what the infer asked for.
+
 The events are published on the job's stream, so their ``sequence_number``
 counts across the whole job rather than restarting per response. Beside the
 spec's fields, ``response.created`` carries ``infer_index`` and the guest's
@@ -58,7 +67,8 @@ class ResponseStream:
 
     def __init__(self, stream: EventStream, *, model: str, max_output_tokens: int,
                  temperature: float | None = None, top_p: float | None = None, index: int = 0,
-                 output: dict | None = None, sampler: dict | None = None, call_id: str | None = None):
+                 output: dict | None = None, sampler: dict | None = None, call_id: str | None = None,
+                 top_logprobs: int = 0):
         self.stream = stream
         self.id = _id("resp")
         self.item_id = _id("msg")
@@ -72,6 +82,9 @@ class ResponseStream:
         self.sampler = sampler
         self.created_at = int(time.time())
         self.text_parts: list[str] = []
+        self.top_logprobs = top_logprobs
+        #: every delta's token records, in order (``output_text.done`` and the part's ``logprobs``)
+        self.logprobs: list[dict] = []
         self._opened = False
         # a function_call item, once the model has named the function
         self.call_name: str | None = None
@@ -86,11 +99,14 @@ class ResponseStream:
 
     # -- snapshots ------------------------------------------------------------------
 
-    def _part(self, text: str) -> dict:
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    def _part(self, text: str, logprobs: list[dict] | None = None) -> dict:
+        part = {"type": "output_text", "text": text, "annotations": []}
+        if logprobs is not None:
+            part["logprobs"] = logprobs
+        return part
 
     def _item(self, status: str, text: str | None) -> dict:
-        content = [] if text is None else [self._part(text)]
+        content = [] if text is None else [self._part(text)]  # a snapshot: the records are in the part events
         return {"type": "message", "id": self.item_id, "status": status, "role": "assistant",
                 "content": content}
 
@@ -104,7 +120,7 @@ class ResponseStream:
             "output": output or [], "error": error, "tools": self.output["tools"],
             "tool_choice": self.output["tool_choice"], "truncation": "disabled", "parallel_tool_calls": False,
             "text": self.output["text"], "top_p": self.top_p,
-            "presence_penalty": 0.0, "frequency_penalty": 0.0, "top_logprobs": 0,
+            "presence_penalty": 0.0, "frequency_penalty": 0.0, "top_logprobs": self.top_logprobs,
             "temperature": self.temperature, "reasoning": None, "usage": usage,
             "max_output_tokens": self.max_output_tokens, "max_tool_calls": None,
             "store": False, "background": False, "service_tier": "default", "metadata": {},
@@ -145,13 +161,16 @@ class ResponseStream:
         self.stream.publish(event_types.RESPONSE_OUTPUT_ITEM_ADDED, output_index=0,
                             item=self._item("in_progress", None))
         self.stream.publish(event_types.RESPONSE_CONTENT_PART_ADDED, item_id=self.item_id, output_index=0,
-                            content_index=0, part=self._part(""))
+                            content_index=0, part=self._part("", []))
 
-    def delta(self, text: str) -> None:
+    def delta(self, text: str, logprobs: list[dict] | None = None) -> None:
+        """One piece of the message, with the records of the tokens it was made of (JSON: see the module doc)."""
         self._open()
         self.text_parts.append(text)
+        logprobs = logprobs or []
+        self.logprobs.extend(logprobs)
         self.stream.publish(event_types.RESPONSE_OUTPUT_TEXT_DELTA, item_id=self.item_id, output_index=0,
-                            content_index=0, delta=text, logprobs=[])
+                            content_index=0, delta=text, logprobs=logprobs)
 
     # -- a function call ------------------------------------------------------------
 
@@ -181,9 +200,9 @@ class ResponseStream:
             return self._close_call("".join(self.call_parts), status)
         self._open()
         self.stream.publish(event_types.RESPONSE_OUTPUT_TEXT_DONE, item_id=self.item_id, output_index=0,
-                            content_index=0, text=text, logprobs=[])
+                            content_index=0, text=text, logprobs=self.logprobs)
         self.stream.publish(event_types.RESPONSE_CONTENT_PART_DONE, item_id=self.item_id, output_index=0,
-                            content_index=0, part=self._part(text))
+                            content_index=0, part=self._part(text, self.logprobs))
         item = self._item(status, text)
         self.stream.publish(event_types.RESPONSE_OUTPUT_ITEM_DONE, output_index=0, item=item)
         return item

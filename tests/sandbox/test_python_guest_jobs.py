@@ -408,3 +408,24 @@ def test_tensorjob_run_of_a_python_guest_with_a_fifo_in_its_cache_fails_in_one_l
                           stdin=subprocess.DEVNULL)
     assert time.monotonic() - started < 60 and proc.returncode != 0, proc
     assert "not a regular file" in proc.stdout + proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_python_guest_reads_its_reply_s_logprobs_and_each_field_s_confidence(tmp_path):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    guest = py(f"""
+import tensorjob as tj
+
+def main(input):
+    asked = tj.infer("who?", max_tokens=10, format={schema!r}, logprobs=True, top_logprobs=1)
+    plain = tj.infer("who?", max_tokens=10, format={schema!r})
+    return {{"n": len(asked.logprobs), "lp": [r["logprob"] for r in asked.logprobs],
+             "name": asked.confidence("name"), "missing": asked.confidence("nope"),
+             "plain": [plain.logprobs, plain.confidence("name")], "value": asked.json()["name"]}}
+""")
+    job, envelope = run(guest, backend=ScriptedBackend('{"name": "Ada"}', logprobs=-0.25), runs_dir=tmp_path)
+    assert envelope.ok, envelope
+    result = envelope.result
+    assert result["n"] == 2 and result["lp"] == [-0.25, -0.25]
+    assert 0 < result["name"] < 1 and result["missing"] is None
+    assert result["plain"] == [None, None]  # not asked: none given
+    assert envelope.confidence["value"] == result["name"]  # "Ada", from the answer that spelled it

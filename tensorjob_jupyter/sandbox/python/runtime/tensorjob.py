@@ -362,6 +362,23 @@ class Reply:
         return calls
 
     @property
+    def logprobs(self):
+        """Each token's ``{"token", "logprob", "bytes", "top_logprobs", "runner_up_logprob"}``, in order, when
+        the infer asked (``logprobs=True`` or ``top_logprobs=N``) and the model gave them; else None."""
+        event = self._complete() or {}
+        records = event.get("logprobs")
+        return list(records) if isinstance(records, list) else None
+
+    def confidence(self, field=""):
+        """How sure the model was of the answer's ``field`` (a dotted path, ``"facts.authors.1"``; ``""``: a
+        choice or a regex match), 0 to 1; None when the infer did not ask for logprobs, the model gave none,
+        or the answer has no such field (docs/guests.md, "Confidence")."""
+        event = self._complete() or {}
+        fields = event.get("confidence")
+        value = fields.get(field) if isinstance(fields, dict) else None
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    @property
     def done(self):
         return self._state == "done"
 
@@ -378,7 +395,7 @@ class Reply:
 
 def infer(prompt, *, max_tokens=256, images=(), format=None, tools=None, tool_choice=None, temperature=None,
           top_p=None, top_k=None, min_p=None, repeat_penalty=None, seed=None, stop=None, regex=None, choices=None,
-          grammar=None, on_token=None):
+          grammar=None, logprobs=False, top_logprobs=None, on_token=None):
     """Ask the job's model. Returns a :class:`Reply` (iterate it to stream tokens).
 
     ``format``: ``"json"``, a JSON schema (dict), or an Open Responses
@@ -408,7 +425,8 @@ def infer(prompt, *, max_tokens=256, images=(), format=None, tools=None, tool_ch
     cmd = _infer_command(prompt, max_tokens, images, {
         "format": format, "tools": tools, "tool_choice": tool_choice, "temperature": temperature,
         "top_p": top_p, "top_k": top_k, "min_p": min_p, "repeat_penalty": repeat_penalty, "seed": seed,
-        "stop": stop, "regex": regex, "choices": choices, "grammar": grammar})
+        "stop": stop, "regex": regex, "choices": choices, "grammar": grammar,
+        "logprobs": True if logprobs else None, "top_logprobs": top_logprobs})
     reply = Reply(cmd)
     if on_token is not None:
         return reply._run_callback(on_token)

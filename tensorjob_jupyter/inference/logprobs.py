@@ -1,0 +1,193 @@
+"""Each generated token's log-probability: what the sampler's distribution gave the token it chose.
+
+``token_logprob`` reads the logits row the sampler has just drawn from and returns a ``TokenLogprob``:
+the chosen token's logprob, the most likely other token's (``runner_up``, what an enum's or a choice's
+confidence is measured against), and the top alternatives when asked. The distribution is the one the
+token was drawn from: the model's logits after the repetition penalty (computed here exactly as
+llama.cpp's penalties sampler does, over the same window), after the grammar's mask (a token the grammar
+forbids has probability 0), and divided by the temperature; greedy decoding is described by the
+distribution at temperature 1. Top-k, top-p and min-p are not applied: they only ever raise a kept token's
+probability, and leave the numbers comparable across settings (as OpenAI's logprobs are).
+
+The work is a few passes of numpy over one row of the vocabulary (about a tenth of a millisecond for a
+50,000-token vocabulary), far below a decode step; ``bench/bench_logprobs.py`` measures it.
+
+``TokenText`` is a piece of streamed text that carries the records of the tokens it was made of, so the
+per-token callback path (``TokenCallback``) keeps its signature: a listener that wants only text sees a
+``str``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from tensorjob_jupyter.abi import MAX_TOP_LOGPROBS
+#: The most bytes of one token's text a record keeps (a vocabulary's longest tokens are a few dozen).
+MAX_TOKEN_BYTES = 256
+#: The lowest logprob a record writes: lower values (and -inf, a token the distribution gave nothing)
+#: are written as this, so every record is a finite JSON number.
+MIN_LOGPROB = -1.0e4
+
+
+def clamp_logprob(value: float) -> float:
+    """A logprob as a record holds it: finite, at most 0 (rounding can give +1e-7 for a sure token), never
+    ``-0.0``, at least ``MIN_LOGPROB``. NaN is not a logprob: ``ValueError``."""
+    value = float(value)
+    if math.isnan(value):
+        raise ValueError("a logprob is not NaN")
+    if value >= 0.0:
+        return 0.0
+    return max(value, MIN_LOGPROB)
+
+
+def token_text(data: bytes) -> str:
+    """A token's bytes as text: a token can hold part of a character, which shows as U+FFFD (the bytes are
+    kept beside it)."""
+    return data.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True, slots=True)
+class TopLogprob:
+    """One of the most likely tokens at a position."""
+
+    token: bytes
+    logprob: float
+
+    def to_json(self) -> dict:
+        return {"token": token_text(self.token), "logprob": self.logprob, "bytes": list(self.token)}
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token: its bytes, its logprob, the most likely other token's logprob (``runner_up``;
+    None where the distribution allowed no other token) and the ``top`` alternatives (best first, the chosen
+    token among them when it is one of the best; empty unless asked)."""
+
+    token: bytes
+    logprob: float
+    runner_up: float | None = None
+    top: tuple[TopLogprob, ...] = ()
+
+    def to_json(self) -> dict:
+        """The Open Responses shape (seed 002: ``token``, ``logprob``, ``bytes``, ``top_logprobs``), and this
+        project's ``runner_up_logprob``."""
+        return {"token": token_text(self.token), "logprob": self.logprob, "bytes": list(self.token),
+                "top_logprobs": [t.to_json() for t in self.top], "runner_up_logprob": self.runner_up}
+
+    @classmethod
+    def from_json(cls, value: Any) -> "TokenLogprob":
+        """A record read back (a transcript, a server's answer): ``ValueError`` unless it is one as written --
+        ``bytes`` (or, without them, ``token``'s UTF-8) at most ``MAX_TOKEN_BYTES``, finite logprobs at most
+        0, at most ``MAX_TOP_LOGPROBS`` alternatives."""
+        if not isinstance(value, dict):
+            raise ValueError("a token's logprob is not an object")
+        data = _token_bytes(value)
+        runner = value.get("runner_up_logprob")
+        top = value.get("top_logprobs")
+        if top is None:
+            top = []
+        if not isinstance(top, list) or len(top) > MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs is not a list of at most {MAX_TOP_LOGPROBS}")
+        return cls(data, _read_logprob(value.get("logprob")),
+                   None if runner is None else _read_logprob(runner),
+                   tuple(TopLogprob(_token_bytes(t), _read_logprob(t.get("logprob") if isinstance(t, dict) else None))
+                         for t in top))
+
+
+def _read_logprob(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value > 0:
+        raise ValueError("a logprob is a finite number at most 0")
+    return clamp_logprob(value)
+
+
+def _token_bytes(value: Any) -> bytes:
+    if not isinstance(value, dict):
+        raise ValueError("a token is not an object")
+    raw = value.get("bytes")
+    if raw is not None:
+        if not isinstance(raw, list) or len(raw) > MAX_TOKEN_BYTES or not all(
+                type(b) is int and 0 <= b <= 255 for b in raw):
+            raise ValueError(f"a token's bytes are not a list of at most {MAX_TOKEN_BYTES} bytes")
+        return bytes(raw)
+    text = value.get("token")
+    if not isinstance(text, str):
+        raise ValueError("a token has neither bytes nor text")
+    data = text.encode("utf-8", "replace")  # a lone surrogate (JSON can spell one) becomes "?"
+    if len(data) > MAX_TOKEN_BYTES:
+        raise ValueError(f"a token is longer than {MAX_TOKEN_BYTES} bytes")
+    return data
+
+
+class TokenText(str):
+    """Text delivered to a token callback, with the ``logprobs`` of the tokens that made it (in order; empty
+    where the engine gives none). Equal to, and usable as, the plain ``str``."""
+
+    logprobs: tuple[TokenLogprob, ...]
+
+    def __new__(cls, text: str, logprobs: Iterable[TokenLogprob] = ()) -> "TokenText":
+        self = super().__new__(cls, text)
+        self.logprobs = tuple(logprobs)
+        return self
+
+    def __reduce__(self):
+        return TokenText, (str(self), self.logprobs)
+
+
+def logprobs_of(piece: str) -> tuple[TokenLogprob, ...]:
+    """The token records a piece carries (none for a plain ``str``)."""
+    return getattr(piece, "logprobs", ())
+
+
+def penalised(logits: np.ndarray, recent: Sequence[int], penalty: float) -> np.ndarray:
+    """``logits`` after llama.cpp's repeat penalty over the ``recent`` tokens (its window): each token in it,
+    once however often, has a positive logit divided by ``penalty`` and any other multiplied by it. A copy."""
+    out = np.array(logits, dtype=np.float32, copy=True)
+    if recent and penalty != 1.0:
+        ids = np.unique(np.asarray(recent, dtype=np.int64))
+        ids = ids[(ids >= 0) & (ids < out.size)]
+        values = out[ids]
+        out[ids] = np.where(values <= 0, values * np.float32(penalty), values / np.float32(penalty))
+    return out
+
+
+def token_logprob(logits: np.ndarray, token: int, piece: Callable[[int], bytes], *, temperature: float = 0.0,
+                  penalty: float = 1.0, recent: Sequence[int] = (), allowed: np.ndarray | None = None,
+                  top: int = 0) -> TokenLogprob:
+    """The record of ``token``, drawn from ``logits`` (one row, one float per vocabulary entry).
+
+    ``penalty`` and ``recent``: the repeat penalty and its window (the tokens the penalties sampler has
+    seen, last ``PENALTY_LAST_N``); ``allowed``: the grammar's mask for this token (a boolean per vocabulary
+    entry; None: every token); ``temperature``: 0 for greedy (read at 1); ``top``: how many alternatives
+    to list (at most ``MAX_TOP_LOGPROBS``); ``piece``: a token's bytes."""
+    z = penalised(logits, recent, penalty)
+    if allowed is not None:
+        np.copyto(z, np.float32(-np.inf), where=~allowed)
+    if temperature > 0.0 and temperature != 1.0:
+        z /= np.float32(temperature)
+    best = float(z.max())
+    if not math.isfinite(best):  # nothing allowed: the sampler could not have drawn it
+        return TokenLogprob(piece(token)[:MAX_TOKEN_BYTES], MIN_LOGPROB)
+    total = best + math.log(float(np.exp(z - np.float32(best)).sum(dtype=np.float64)))
+    chosen = float(z[token])
+    alternatives: tuple[TopLogprob, ...] = ()
+    n = min(max(int(top), 0), MAX_TOP_LOGPROBS, z.size)
+    if n:
+        ids = np.argpartition(z, -n)[-n:]
+        ids = ids[np.argsort(-z[ids], kind="stable")]
+        alternatives = tuple(TopLogprob(piece(int(i))[:MAX_TOKEN_BYTES], clamp_logprob(float(z[i]) - total))
+                             for i in ids if math.isfinite(float(z[i])))
+    z[token] = -np.inf
+    other = float(z.max())
+    return TokenLogprob(piece(token)[:MAX_TOKEN_BYTES],
+                        clamp_logprob(chosen - total) if math.isfinite(chosen) else MIN_LOGPROB,
+                        clamp_logprob(other - total) if math.isfinite(other) else None, alternatives)
+
+
+__all__ = [
+    "MAX_TOP_LOGPROBS", "MAX_TOKEN_BYTES", "MIN_LOGPROB", "clamp_logprob", "token_text", "TopLogprob", "TokenLogprob",
+    "TokenText", "logprobs_of", "penalised", "token_logprob"
+]
