@@ -66,6 +66,8 @@ from tensorjob_jupyter.host.structured import OutputRouter, OutputSpec
 from tensorjob_jupyter.host.schemas import SchemaError
 from tensorjob_jupyter.host.tokens import POLL_S, Delivery, ModelTokens, TokenLoop
 from tensorjob_jupyter.host.answerer import Answerer, LiveWorld
+from tensorjob_jupyter.host.grounding import ground
+from tensorjob_jupyter.host.windows import ReadWindows
 from tensorjob_jupyter.world.fetch import FetchGrants, fetch_url
 
 PREVIEW_CHARS = 512
@@ -146,7 +148,7 @@ class Reactor:
     def __init__(self, *, job_id: str, wasm: bytes, input_json: bytes, grants: Grants, backend: Backend | None,
                  limits: Limits, stream: EventStream, cancel: threading.Event,
                  input_bytes: bytes = b"", infer: InferOptions | None = None, fetch: FetchGrants | None = None,
-                 debugger: Any = None, answerer: Answerer | None = None):
+                 debugger: Any = None, answerer: Answerer | None = None, require_grounded: Sequence[str] = ()):
         self.job_id = job_id
         self.wasm = wasm
         self.input_json = input_json
@@ -173,6 +175,10 @@ class Reactor:
         self.debugger = debugger
         #: Who carries out the guest's commands (``answerer.py``): the live world, or a recording.
         self.answerer: Answerer = answerer if answerer is not None else LiveWorld()
+        #: The text windows the job read (``windows.py``), where its result's fields are located (``grounding.py``),
+        #: and the fields that must be found there for the job to complete (``require_grounded``).
+        self.windows = ReadWindows()
+        self.require_grounded = tuple(require_grounded)
 
     # -- cancellation (any thread) ----------------------------------------------------
 
@@ -204,7 +210,8 @@ class Reactor:
             finally:
                 if self.pending_command in ("done", "fail"):
                     self.answerer.finished(self)
-            envelope = Envelope(JobStatus.COMPLETED, self.usage, result=result)
+            envelope = Envelope(JobStatus.COMPLETED, self.usage, result=result,
+                                sources=ground(result, self.windows, self.require_grounded))
         except JobFailure as e:
             # --break-on fail: see the state before the failure is final (not when the record itself failed)
             if self.debugger is not None and not isinstance(e, (GuestFailed, EventBudgetExceeded, TranscriptWriteError)):
@@ -234,6 +241,7 @@ class Reactor:
             self.wasm = b""
             self.input_bytes = b""
             self.input_json = b""
+            self.windows.clear()
             try:
                 if self.documents is not None:
                     self.documents.close()
@@ -272,6 +280,7 @@ class Reactor:
             if isinstance(command, abi.Fail):
                 raise GuestFailed(command.code, command.message)
             event = self.answerer.answer(command, self)
+            self.windows.note(command, event, self.handles)
             if debugger is not None:
                 debugger.answered(command, event)
             if self.stats.steps >= self.limits.max_steps:
