@@ -320,19 +320,34 @@ def _is_word(ch: str) -> bool:
                 or point >= 0x2E80)
 
 
+#: Characters of context around a match that the edge checks look at (a digit group is a separator and three).
+_CONTEXT = 5
+_GROUP_TAIL = re.compile(r"\d{3}(?!\d)")
+
+
 def _around(data: bytes, start: int, end: int) -> tuple[str, str]:
-    """The two characters before byte ``start`` and after byte ``end`` of ``data`` (fewer at its edges)."""
-    before = data[max(0, start - 8):start].decode("utf-8", "ignore")[-2:]
-    after = data[end:end + 8].decode("utf-8", "ignore")[:2]
+    """The ``_CONTEXT`` characters before byte ``start`` and after byte ``end`` of ``data`` (fewer at its edges)."""
+    before = data[max(0, start - 4 * _CONTEXT):start].decode("utf-8", "ignore")[-_CONTEXT:]
+    after = data[end:end + 4 * _CONTEXT].decode("utf-8", "ignore")[:_CONTEXT]
     return before, after
 
 
 def _number_edge(before: str, after: str, value_text: str) -> bool:
-    """A number seen as part of a longer one: ``5`` in ``3.5`` or ``1,234`` in ``1,234,567``."""
-    return bool(value_text) and (value_text[-1].isdigit() and len(after) >= 2 and after[0] in ".," + _GROUP_CHARS
-                                 and after[1].isdigit()
-                                 or value_text[0].isdigit() and len(before) >= 2 and before[-1] in ".," + _GROUP_CHARS
-                                 and before[-2].isdigit())
+    """A number seen as part of a longer one: ``5`` in ``3.5``, ``1,234`` in ``1,234,567``, ``234`` in
+    ``1 234`` -- but not ``0`` in ``0 0`` (a space, quote or underscore joins digits only as a group of three)."""
+    if not value_text:
+        return False
+    if value_text[-1].isdigit() and after[:1]:
+        if after[0] in ".," and after[1:2].isdigit():
+            return True
+        if after[0] in _GROUP_CHARS and _GROUP_TAIL.match(after, 1):
+            return True
+    if value_text[0].isdigit() and before[-1:] and before[-2:-1].isdigit():
+        if before[-1] in ".,":
+            return True
+        if before[-1] in _GROUP_CHARS and _GROUP_TAIL.match(value_text):
+            return True
+    return False
 
 
 class _Field:
@@ -435,7 +450,7 @@ def _normalised(field: _Field, hay: _Haystack, budget: _Budget, bounds: Bounds) 
                 seen += 1
                 if seen > bounds.max_occurrences:
                     return found
-                before, after = text[max(0, m.start() - 2):m.start()], text[m.end():m.end() + 2]
+                before, after = text[max(0, m.start() - _CONTEXT):m.start()], text[m.end():m.end() + _CONTEXT]
                 if not field.edges_ok(before, after):
                     continue
                 start, end = piece.byte_span(m.start(), m.end())
