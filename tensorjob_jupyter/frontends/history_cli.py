@@ -172,14 +172,14 @@ def find_runs(runs: str | None, *, status: str | None, limit: int | None) -> tup
     return listing, total
 
 
-def map_rows(run_dir: str, *, review: bool = False) -> list[dict]:
+def map_rows(run_dir: str, *, review: bool = False, what: str = "--table") -> list[dict]:
     """The rows of the map in ``run_dir`` (``MapResult.rows()``; ``review``: its completed items doubtful first,
     ``MapResult.review()``); a folder that is not a map's is one ``OptionError``."""
     try:
         result = MapResult.read(run_dir)
         return result.review() if review else result.rows()
     except (MapError, OSError) as e:
-        raise OptionError(f"--table {run_dir}: {' '.join(str(e).split())}") from None
+        raise OptionError(f"{what} {run_dir}: {' '.join(str(e).split())}") from None
 
 
 def cmd_runs(args, out: TextIO, err: TextIO) -> int:

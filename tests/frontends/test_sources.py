@@ -121,3 +121,21 @@ def test_cli_map_sources_in_results_rows_review_and_replay(docs):
     assert strict.returncode == 1, strict.stderr
     [failure] = [json.loads(line) for line in (docs / "strict" / "failures.jsonl").read_text().splitlines()]
     assert failure["item"] == 2 and failure["error"]["code"] == "ungrounded"
+
+
+def test_the_review_magic_orders_a_map_doubtful_first(docs, monkeypatch):
+    from IPython.testing import globalipapp
+
+    globalipapp.start_ipython()
+    ip = globalipapp.get_ipython()
+    ip.run_line_magic("load_ext", "tensorjob_jupyter")
+    monkeypatch.chdir(docs)
+    result = ip.run_line_magic("tensorjob", f"map {GUEST} --over m.jsonl --run-dir run --read docs --quiet")
+    ip.user_ns["mapped"] = result
+    for target in ("run", "$mapped"):
+        rows = ip.run_line_magic("tensorjob", f"review {target}")
+        assert [r["item"] for r in rows] == [2, 0, 1] and rows[0]["not_found"] == ["claim"]
+        assert "claim" in repr(rows)  # shown as the table
+    from IPython.core.error import UsageError
+    with pytest.raises(UsageError, match="review nowhere"):
+        ip.run_line_magic("tensorjob", "review nowhere")
