@@ -479,6 +479,8 @@ def _fuzzy(field: _Field, hay: _Haystack, budget: _Budget, cutoff: float) -> lis
             if aligned is None or aligned.dest_end <= aligned.dest_start:
                 continue
             for lo, hi in _spans_to_try(text, aligned.dest_start, aligned.dest_end):
+                if not field.edges_ok(text[max(0, lo - _CONTEXT):lo], text[hi:hi + _CONTEXT]):
+                    continue  # a stretch that cuts a word is not the value (``Ann Lee Jr`` is not ``Ann Lee. r``)
                 start, end = piece.byte_span(lo, hi)
                 span = seg.data[start - seg.start:end - seg.start].decode("utf-8", "replace")
                 score = fuzz.ratio(needle, canonical(span)) / 100
