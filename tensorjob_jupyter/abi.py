@@ -666,13 +666,14 @@ class Envelope:
         out: dict[str, Any] = {"status": self.status.value}
         if self.status is JobStatus.COMPLETED:
             out["result"] = self.result
-            if self.sources is not None:
-                out["sources"] = self.sources
-            if self.confidence is not None:
-                out["confidence"] = self.confidence
         if self.error is not None:
             out["error"] = self.error.to_json()
         out["usage"] = self.usage.to_json()
+        # ours, after cuttlefish's fields (status, result or error, usage), so its readers see its shape first
+        if self.sources is not None:
+            out["sources"] = self.sources
+        if self.confidence is not None:
+            out["confidence"] = self.confidence
         return out
 
     @classmethod

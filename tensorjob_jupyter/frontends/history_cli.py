@@ -58,11 +58,7 @@ from tensorjob_jupyter.history.diff import diff_runs
 from tensorjob_jupyter.history.map_compare import compare
 from tensorjob_jupyter.history.map_replay import MapReplayRun, start_map_replay
 from tensorjob_jupyter.history.replay_setup import ReplayError
-from tensorjob_jupyter.history.sources import source_excerpt
-from tensorjob_jupyter.host.fields import result_fields
-from tensorjob_jupyter.host.grounding import source_label
-from tensorjob_jupyter.record.event_checks import check_sources
-from tensorjob_jupyter.text import clip
+from tensorjob_jupyter.history.sources import sources_text
 from tensorjob_jupyter.frontends.map_cli import _ProgressPrinter
 from tensorjob_jupyter.host.waiting import wait_or_cancel
 
@@ -257,35 +253,6 @@ def cmd_show(args, out: TextIO, err: TextIO) -> int:
     if args.sources and not args.json:
         out.write(sources_text(envelope, width=shutil.get_terminal_size().columns) + "\n")
     return EXIT_OK
-
-
-def sources_text(envelope: dict | None, *, width: int = 100) -> str:
-    """``show --sources``: each field of a run's result with where it was found and a clipped excerpt around
-    the span (read again from the file; a fetched body is not kept, so a URL's field shows its offsets only),
-    or ``not found``; terminal-safe."""
-    if not isinstance(envelope, dict) or envelope.get("status") != "completed":
-        return "sources: the run did not complete; it has no result to locate"
-    sources = envelope.get("sources")
-    if not isinstance(sources, dict) or check_sources(sources) is not None:
-        return "sources: none recorded for this run"
-    if not sources:
-        return "sources: the result has no field to locate"
-    values = dict(result_fields(envelope.get("result")))
-    lines = ["sources:"]
-    for name, found in sources.items():
-        shown = for_terminal(name or "(the result)", one_line=True)
-        value = for_terminal(clip(json_text(values.get(name), pretty=False), 60), one_line=True)
-        if not found:
-            lines.append(f"  {shown} = {value}: not found in what the job read")
-            continue
-        best = found[0]
-        more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
-        lines.append(f"  {shown} = {value}: {for_terminal(source_label(best), one_line=True)} "
-                     f"{best['match']} {best['score']:g}{more}")
-        excerpt = source_excerpt(best, width=max(40, width - 6))
-        if excerpt is not None:
-            lines.append(f"      {excerpt}")
-    return "\n".join(lines)
 
 
 # --- replay ----------------------------------------------------------------------------------------
