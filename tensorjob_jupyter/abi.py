@@ -79,6 +79,9 @@ class codes:
     #: longer than its ``max_paused_s`` and the host cancelled it (status
     #: ``cancelled``), so a forgotten debug cell cannot hold the kernel.
     PAUSED_TOO_LONG = "paused_too_long"
+    #: Ours: a field the job was told to ground (``--require-grounded``, ``require_grounded=``) was found
+    #: in no window the job read, or is not in its result; the message names the field.
+    UNGROUNDED = "ungrounded"
 
 
 class event_types:
@@ -139,11 +142,12 @@ ERROR_CODES = frozenset(
 )
 
 #: Codes that only the host may report: they say the host or the cluster broke,
-#: that a replay left its recording, or that a debugger's pause ran out.
+#: that a replay left its recording, that a debugger's pause ran out, or that the host
+#: found a required field in nothing the job read.
 #: A guest's ``fail`` with one of them is reported as ``script_error`` (see
 #: ``guest_failure``), so nobody debugging it is pointed at the host.
 HOST_ONLY_CODES = frozenset({codes.INTERNAL_ERROR, codes.WORKER_LOST, codes.REPLAY_DIVERGENCE,
-                             codes.PAUSED_TOO_LONG})
+                             codes.PAUSED_TOO_LONG, codes.UNGROUNDED})
 
 
 class TensorjobError(Exception):
@@ -681,13 +685,14 @@ class Envelope:
         out: dict[str, Any] = {"status": self.status.value}
         if self.status is JobStatus.COMPLETED:
             out["result"] = self.result
-            if self.sources is not None:
-                out["sources"] = self.sources
-            if self.confidence is not None:
-                out["confidence"] = self.confidence
         if self.error is not None:
             out["error"] = self.error.to_json()
         out["usage"] = self.usage.to_json()
+        # ours, after cuttlefish's fields (status, result or error, usage), so its readers see its shape first
+        if self.sources is not None:
+            out["sources"] = self.sources
+        if self.confidence is not None:
+            out["confidence"] = self.confidence
         return out
 
     @classmethod

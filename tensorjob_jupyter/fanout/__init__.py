@@ -14,7 +14,8 @@ The run folder is the map's ledger (cuttlefish's fan-out, reference §9.5):
 
     ledger.json      what this folder is: the manifest's SHA-256, the guest's
                      SHA-256, the item count, one entry per session
-    results.jsonl    {"item": i, "key": k, "result": ..., "confidence": {...}}  per completed item
+    results.jsonl    {"item": i, "key": k, "result": ..., "sources": ..., "confidence": ...}
+                                                                                per completed item
     failures.jsonl   {"item": i, "key": k, "error": {"code": ..., "message": ...}} per failed item
     jobs/            each item's job transcript (events.jsonl, envelope.json)
 

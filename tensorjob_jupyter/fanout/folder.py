@@ -174,9 +174,8 @@ class RunFolder:
         if index in self.completed or index in self.failed:
             return False
         if outcome["status"] == JobStatus.COMPLETED.value:
-            f, line = self._results, {"item": index, "key": key, "result": outcome.get("result")}
-            if outcome.get("confidence") is not None:  # how sure the model was of each field (host/confidence.py)
-                line["confidence"] = outcome["confidence"]
+            f, line = self._results, {"item": index, "key": key, "result": outcome.get("result"),
+                                      **{k: outcome[k] for k in ("sources", "confidence") if k in outcome}}
             self.completed.add(index)
         else:
             f, line = self._failures, {"item": index, "key": key, "error": outcome["error"]}

@@ -141,13 +141,21 @@ def run_item(spec: ItemSpec, backend: Backend, index: int, item: Any,
     outcome = {"item": index, "status": envelope.status.value, "job_id": job.id, "pid": os.getpid(),
                "usage": envelope.usage.to_json(), "setup_s": ready - started,
                "run_s": time.perf_counter() - ready}
-    if envelope.ok:
-        outcome["result"] = envelope.result
-        if envelope.confidence is not None:
-            outcome["confidence"] = envelope.confidence
-    elif envelope.error is not None:
-        outcome["error"] = envelope.error.to_json()
+    outcome.update(envelope_outcome(envelope))
     return outcome
+
+
+def envelope_outcome(envelope: Any) -> dict:
+    """What an item's outcome carries of its job's envelope: the result, with its ``sources`` and ``confidence``
+    where the envelope has them, or the error."""
+    if envelope.ok:
+        out = {"result": envelope.result}
+        if envelope.sources is not None:
+            out["sources"] = envelope.sources
+        if envelope.confidence is not None:
+            out["confidence"] = envelope.confidence
+        return out
+    return {"error": envelope.error.to_json()} if envelope.error is not None else {}
 
 
 def _await_job(job: Job, cancelled: Callable[[], bool]):
@@ -166,5 +174,5 @@ def failed_outcome(index: int, code: str, message: str) -> dict:
 
 __all__ = [
     "CANCEL_POLL_S", "WORKER_LOST", "BackendSpec", "process_backend", "process_backend_count", "ItemSpec", "run_item",
-    "failed_outcome"
+    "envelope_outcome", "failed_outcome"
 ]

@@ -22,6 +22,8 @@ from tensorjob_jupyter.fanout.folder_reader import (
 from tensorjob_jupyter.fanout.manifest import MAX_KEY_CHARS, item_key
 from tensorjob_jupyter.fanout.scoring import Expected, ItemScore, ScoreSummary, read_scores, scorer_name
 from tensorjob_jupyter.host.fields import MAX_FIELDS
+from tensorjob_jupyter.host.grounding import sources_label
+from tensorjob_jupyter.record.event_checks import check_sources
 
 #: What ``MapResult.rows`` says of an item the map never concluded (it was cancelled first).
 NOT_RUN = "not run"
@@ -150,12 +152,42 @@ class MapResult:
         for the items whose model gave logprobs to measure it by. Read back as untrusted: a value that is not
         a number from 0 to 1 is None, a record whose confidence is not an object has none."""
         out = {}
-        for r in read_records(self.results_path):
+        for r in read_records(self.results_path, total=self.total):
             value = r.get("confidence")
             if isinstance(value, dict):
                 out[r["item"]] = {str(k): (float(v) if type(v) in (int, float) and 0 <= v <= 1 else None)
                                   for k, v in list(value.items())[:MAX_FIELDS]}
         return out
+
+    def sources(self) -> dict[int, dict[str, list[dict]]]:
+        """Each completed item's sources (``host/grounding.py``: each field's places in what the item read,
+        ``[]`` for a field found nowhere), by item number; an item recorded without them is left out."""
+        out = {}
+        for r in read_records(self.results_path, total=self.total):
+            sources = r.get("sources")
+            if isinstance(sources, dict) and check_sources(sources) is None:
+                out[r["item"]] = sources
+        return out
+
+    def review(self) -> list[dict[str, Any]]:
+        """The completed items' ``rows()``, doubtful first: items with fields found in no window they read (the
+        most such fields first), then the lowest confidence of any field (where the map recorded confidence),
+        then the rest, each group in item order. Each row adds ``not_found`` (the fields found nowhere, in
+        document order) and ``least_confidence`` (None without confidence). Failed items are not answers and
+        are left out (``failures()``)."""
+        sources, confidences = self.sources(), self.confidences()
+        reviewed = []
+        for row in self._rows():
+            index = row["item"]
+            if row["status"] != "completed":
+                continue
+            not_found = [name for name, found in sources.get(index, {}).items() if found == []]
+            values = [v for v in confidences.get(index, {}).values() if v is not None]
+            least = min(values) if values else None
+            reviewed.append({**row, "not_found": not_found, "least_confidence": least})
+        reviewed.sort(key=lambda r: (-len(r["not_found"]), r["least_confidence"] is None,
+                                     r["least_confidence"] or 0.0, r["item"]))
+        return reviewed
 
     def failures(self) -> dict[int, dict]:
         """Each failed item's error (``code``, ``message``), by item number."""
@@ -206,7 +238,9 @@ class MapResult:
         item (``manifest.item_key``); the input's fields as ``input.NAME`` (a non-object input is ``input``);
         ``status`` (``completed``, ``failed`` or ``not run``); ``error_code`` and ``error_message``; the
         result's fields as ``result.NAME`` (a non-object result is ``result``) -- flattened one level, deeper
-        values kept as they are. A scored map adds the expected answer's fields (``expected.NAME``), ``score``
+        values kept as they are; each located field (its dotted path, ``facts.authors.1``) as ``source.FIELD``
+        (where it was found: ``NAME:START-END`` byte offsets, ``NAME#PAGE:...`` for a page's text, ``""`` found
+        nowhere) and ``grounded.FIELD`` (True or False; None where the field was not located). A scored map adds the expected answer's fields (``expected.NAME``), ``score``
         (0 to 1), ``passed``, each field's verdict (``score.NAME``: True or False, for ``json_fields`` and for
         scorers that report fields) and ``score_error``; an item without a score has None there. A map whose
         model gave logprobs adds each result field's confidence as ``confidence.FIELD`` (``FIELD``: its dotted
@@ -220,6 +254,8 @@ class MapResult:
         inputs = [flattened("input", self.inputs[i]) if i < len(self.inputs) else {} for i in range(self.total)]
         input_keys = dict.fromkeys(key for flat in inputs for key in flat)
         output_keys = dict.fromkeys(key for result in results.values() for key in flattened("result", result))
+        sources = self.sources()
+        source_fields = dict.fromkeys(name for found in sources.values() for name in found)
         scored = self._score_columns()
         confidences = self.confidences()
         confidence_keys = dict.fromkeys(f"confidence.{path}" for c in confidences.values() for path in c)
@@ -234,6 +270,11 @@ class MapResult:
             if confidence_keys:
                 mine = confidences.get(index, {})
                 row.update({key: mine.get(key[len("confidence."):]) for key in confidence_keys})
+            found = sources.get(index, {})
+            for name in source_fields:
+                row[f"source.{name}"] = sources_label(found.get(name))
+            for name in source_fields:
+                row[f"grounded.{name}"] = None if found.get(name) is None else bool(found[name])
             if scored is not None:
                 row.update(scored(index))
             inputs[index] = None  # done with: a large map's table is built as its rows go by

@@ -204,6 +204,7 @@ class MapRun:
                  "input": self.manifest.items[index], "progress": progress.to_json()}
         if ok:
             event["result"] = outcome.get("result")
+            event.update({k: outcome[k] for k in ("sources", "confidence") if k in outcome})
         else:
             event["error"] = outcome["error"]
         if score is not None:

@@ -1,8 +1,8 @@
 """``tensorjob runs | show | replay | diff``: past runs from a terminal.
 
     tensorjob runs [--runs DIR] [--limit N] [--status S] [--prune KEEP] [--json]
-    tensorjob runs --table MAP_RUN_DIR [--csv | --json]
-    tensorjob show RUN [--runs DIR] [--speed S] [--json] [--quiet]
+    tensorjob runs --table MAP_RUN_DIR [--review] [--csv | --json]
+    tensorjob show RUN [--runs DIR] [--speed S] [--sources] [--json] [--quiet]
     tensorjob replay GUEST --from RUN [job options] [--live] [--events FILE] [--json] [--quiet]
     tensorjob replay --map RUN_DIR GUEST [--run-dir OUT] [--live] [--fail-under X] [job options] [--json]
     tensorjob diff RUN_A RUN_B [--runs DIR] [--json]
@@ -58,6 +58,7 @@ from tensorjob_jupyter.history.diff import diff_runs
 from tensorjob_jupyter.history.map_compare import compare
 from tensorjob_jupyter.history.map_replay import MapReplayRun, start_map_replay
 from tensorjob_jupyter.history.replay_setup import ReplayError
+from tensorjob_jupyter.history.sources import sources_text
 from tensorjob_jupyter.frontends.map_cli import _ProgressPrinter
 from tensorjob_jupyter.host.waiting import wait_or_cancel
 
@@ -89,6 +90,8 @@ def add_history_parsers(sub) -> None:
                       help="a map's run folder as a table of its items (item, key, status, result fields), "
                            "in manifest order")
     runs.add_argument("--csv", action="store_true", help="with --table: every column of every item as CSV")
+    runs.add_argument("--review", action="store_true", help="with --table: the completed items doubtful first -- "
+                      "fields found in no window they read, then the lowest confidence (MapResult.review())")
 
     show = sub.add_parser("show", help="show a past run again, as `run` showed it",
                           description="Print a recorded run's progress, file reads, tokens and result again, at "
@@ -98,6 +101,8 @@ def add_history_parsers(sub) -> None:
     show.add_argument("--speed", type=float, default=0.0, metavar="S",
                       help="0: at once (default); 1: at the recorded speed; 2: twice as fast")
     show.add_argument("--json", action="store_true", help="print the envelope as JSON on stdout, nothing else")
+    show.add_argument("--sources", action="store_true", help="after the result, each field with where it was "
+                      "found in what the job read and an excerpt around it, or `not found`")
     show.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
 
     replay = sub.add_parser("replay", help="run a guest against a recorded run, with no model",
@@ -169,20 +174,23 @@ def find_runs(runs: str | None, *, status: str | None, limit: int | None) -> tup
     return listing, total
 
 
-def map_rows(run_dir: str) -> list[dict]:
-    """The rows of the map in ``run_dir`` (``MapResult.rows()``); a folder that is not a map's is one
-    ``OptionError``."""
+def map_rows(run_dir: str, *, review: bool = False, what: str = "--table") -> list[dict]:
+    """The rows of the map in ``run_dir`` (``MapResult.rows()``; ``review``: its completed items doubtful first,
+    ``MapResult.review()``); a folder that is not a map's is one ``OptionError``."""
     try:
-        return MapResult.read(run_dir).rows()
+        result = MapResult.read(run_dir)
+        return result.review() if review else result.rows()
     except (MapError, OSError) as e:
-        raise OptionError(f"--table {run_dir}: {' '.join(str(e).split())}") from None
+        raise OptionError(f"{what} {run_dir}: {' '.join(str(e).split())}") from None
 
 
 def cmd_runs(args, out: TextIO, err: TextIO) -> int:
     if args.csv and args.table is None:
         raise OptionError("--csv goes with --table MAP_RUN_DIR")
+    if args.review and args.table is None:
+        raise OptionError("--review goes with --table MAP_RUN_DIR")
     if args.table is not None:
-        rows = map_rows(args.table)
+        rows = map_rows(args.table, review=args.review)
         if args.csv:
             out.write(rows_csv(rows))
         elif args.json:
@@ -246,7 +254,10 @@ def cmd_show(args, out: TextIO, err: TextIO) -> int:
             last = event
     except KeyboardInterrupt:
         return EXIT_CANCELLED
-    _write_end(last.get("envelope") if last else None, as_json=args.json, out=out)
+    envelope = last.get("envelope") if last else None
+    _write_end(envelope, as_json=args.json, out=out)
+    if args.sources and not args.json:
+        out.write(sources_text(envelope, width=shutil.get_terminal_size().columns) + "\n")
     return EXIT_OK
 
 

@@ -79,8 +79,9 @@ from tensorjob_jupyter.abi import Envelope, TensorjobError
 from tensorjob_jupyter.fanout import MapResult
 from tensorjob_jupyter.frontends import options as job_options
 from tensorjob_jupyter.frontends.history_cli import (
-    fail_under, find_runs, open_playback, start_map_replay_run, start_replay,
+    fail_under, find_runs, map_rows, open_playback, start_map_replay_run, start_replay,
 )
+from tensorjob_jupyter.frontends.table import ReviewRows
 from tensorjob_jupyter.frontends.map_cli import CONCURRENCY_HELP, concurrency_value, estimate_map_run, start_map_run
 from tensorjob_jupyter.frontends.options import JobOptions, OptionError, job_arguments
 from tensorjob_jupyter.frontends.outcome import CellEnvelope, CellError, GateFailed, GuestDoesNotCompile, JobFailed
@@ -318,10 +319,12 @@ class TensorJob(Magics, JobSettings):
             return self._run(self.start_job(guest, options), args)
 
     @magic_arguments(name="tensorjob")
-    @argument("action", choices=["run", "map", "jobs", "cancel", "cache", "runs", "show", "replay"],
-              help="run PATH | map PATH | jobs | cancel ID | cache [clear] | runs | show RUN | replay PATH --from RUN")
+    @argument("action", choices=["run", "map", "jobs", "cancel", "cache", "runs", "show", "replay", "review"],
+              help="run PATH | map PATH | jobs | cancel ID | cache [clear] | runs | show RUN | replay PATH --from RUN"
+                   " | review RUN_DIR")
     @argument("target", nargs="?", default=None,
-              help="the guest file for run, map and replay, the job id for cancel, clear for cache, the run for show")
+              help="the guest file for run, map and replay, the job id for cancel, clear for cache, the run for "
+                   "show, the map's run folder (or $name, a MapResult) for review")
     @argument("--from", dest="from_run", default=None, metavar="RUN",
               help="replay: the recorded run (an id, a run folder, or $name)")
     @argument("--live", action="store_true", help="replay: from the first divergence on, run the model")
@@ -378,6 +381,9 @@ class TensorJob(Magics, JobSettings):
         %tensorjob runs [--limit N] [--status S] [--prune KEEP]
                                         past runs in the runs folder, newest first
         %tensorjob show RUN [--speed S] show a past run again in the live view
+        %tensorjob review RUN_DIR       a map's completed items doubtful first: fields found in no
+                                        window they read, then the lowest confidence (RUN_DIR may
+                                        be $name, a MapResult); the value is the rows, as a table
         %tensorjob replay PATH --from RUN [--live] [options]
                                         run a guest against a recorded run, with no model; the
                                         value is the ReplayReport (same_result, divergence, ...)
@@ -404,6 +410,8 @@ class TensorJob(Magics, JobSettings):
             return self._line_action(args)
 
     def _line_action(self, args):
+        if args.action == "review":
+            return self._review(args.target)
         if args.action == "runs":
             return self._runs(args)
         if args.action == "show":
@@ -487,6 +495,18 @@ class TensorJob(Magics, JobSettings):
             job = getattr(value, "job", None)  # a ReplayReport
             return job if job is not None and hasattr(job, "run_dir") else value
         return text
+
+    def _review(self, target: str | None) -> ReviewRows:
+        """``%tensorjob review``: ``MapResult.review()`` of a run folder or of a ``$name`` MapResult."""
+        if not target:
+            raise UsageError("review needs a map's run folder: %tensorjob review RUN_DIR (or $name, a MapResult)")
+        text = target.strip().strip("'\"")
+        if text.startswith("$") and text[1:].isidentifier():
+            value = self.shell.user_ns.get(text[1:])
+            if not isinstance(value, MapResult):
+                raise UsageError(f"{text} is not a MapResult (the value of %tensorjob map)")
+            return ReviewRows(value.review())
+        return ReviewRows(map_rows(text, review=True, what="review"))
 
     def _runs(self, args):
         runs = self._runs_dir(args)

@@ -37,6 +37,7 @@ from tensorjob_jupyter import limits as limits_table
 from tensorjob_jupyter.abi import TensorjobError
 from tensorjob_jupyter.limits import BYTES, COUNT, SECONDS, Limits
 from tensorjob_jupyter.host.debugger import parse_break_on
+from tensorjob_jupyter.host.spec import parse_fields
 from tensorjob_jupyter.host import GuestSource, InferOptions, JobSpec, ModelRef, check_fetch
 from tensorjob_jupyter.history.replay_setup import RECORDED, RecordedRun, ReplayError
 from tensorjob_jupyter.text import for_terminal
@@ -91,7 +92,7 @@ class Option:
     flag: str
     help: str
     metavar: str | None = None
-    kind: str = "text"  # text, path, paths, loras, names, json, switch, onoff, float, int, flags, or a limit unit
+    kind: str = "text"  # text, path, paths, loras, names, fields, json, switch, onoff, float, int, flags, or a limit unit
     trait: str | None = None  # the TensorJob traitlet that gives its default, if any
     one_job: bool = False  # only where one job runs (a map's inputs come from its manifest)
 
@@ -140,6 +141,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("break_on", "--break-on", "pause when the guest returns one of these commands, before the host "
            "carries it out: comma-separated, e.g. infer,open,emit (fail: also before any other failure is final)",
            "CMDS", "names", one_job=True),
+    Option("require_grounded", "--require-grounded", "fail the job (code ungrounded) unless each of these result "
+           "fields is found in a window it read: comma-separated dotted paths, e.g. title,facts.year (an object or "
+           "array: every field in it); repeatable", "FIELDS", "fields"),
 ) + tuple(
     Option(name, f.metadata["flag"] or "--" + name.replace("_", "-"), f.metadata["help"],
            {SECONDS: "S", BYTES: "BYTES", COUNT: "N"}[f.metadata["unit"]], f.metadata["unit"], trait=name)
@@ -163,7 +167,7 @@ def add_job_arguments(parser, *, one_job: bool = True) -> None:
         elif opt.kind == "onoff":
             target.add_argument(opt.flag, dest=opt.name, action=argparse.BooleanOptionalAction, default=None,
                                 help=opt.help)
-        elif opt.kind in ("paths", "loras", "names"):
+        elif opt.kind in ("paths", "loras", "names", "fields"):
             target.add_argument(opt.flag, dest=opt.name, action="append", default=None, metavar=opt.metavar,
                                 help=opt.help)
         else:
@@ -237,6 +241,7 @@ class JobOptions:
     force: bool = False
     debug: bool = False
     break_on: tuple[str, ...] = ()
+    require_grounded: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
 
     @classmethod
@@ -362,7 +367,8 @@ class JobOptions:
         """The ``JobSpec`` of a job of ``guest`` with these options (what ``Job`` takes)."""
         return JobSpec(guest=guest, input=self.input, read=self.read, fetch=self.fetch,
                        input_bytes=self.input_bytes(), limits=self.limits, infer=self.infer_options(),
-                       model=self.model_ref(), runs_dir=self.runs, debug=self.debug, break_on=self.break_on)
+                       model=self.model_ref(), runs_dir=self.runs, debug=self.debug, break_on=self.break_on,
+                       require_grounded=self.require_grounded)
 
     def map_spec(self, guest: GuestSource) -> JobSpec:
         """The ``JobSpec`` every item of a map of ``guest`` starts from (what ``start_map`` takes): these options
@@ -394,6 +400,8 @@ def _read(opt: Option, text: Any, variables: Mapping[str, Any] | None) -> Any:
             return tuple(text)
         if opt.kind == "names":
             return parse_break_on(text if isinstance(text, list) else [text])
+        if opt.kind == "fields":
+            return parse_fields(text if isinstance(text, list) else [text])
         if opt.kind in ("switch", "onoff"):
             return bool(text)
         if opt.kind == "float":
@@ -453,6 +461,7 @@ def options_for(run: RecordedRun, args: Any, *, defaults: Any = None,
             "limits": options.limits, "runs_dir": options.runs, "model": options.model,
             "infer": options.infer_options() if given & SAMPLING_OPTIONS else RECORDED,
             "debug": options.debug, "break_on": options.break_on,
+            "require_grounded": options.require_grounded if "require_grounded" in given else RECORDED,
             "input_bytes": options.input_bytes() if options.input_file is not None else None}, options
 
 

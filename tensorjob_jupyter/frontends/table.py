@@ -153,4 +153,16 @@ def rows_csv(rows: Sequence[dict]) -> str:
     return out.getvalue()
 
 
-__all__ = ["MAX_ROWS", "MAX_CELL", "MIN_CELL", "MAX_KEY_CELL", "WRAP_LINES", "READABLE_CELL", "map_table", "rows_csv"]
+class ReviewRows(list):
+    """A map's items doubtful first (``MapResult.review()``), as ``%tensorjob review`` gives them: a list of
+    rows that shows as the table ``tensorjob runs --table --review`` prints."""
+
+    def __repr__(self) -> str:
+        return map_table(self, max_rows=MAX_ROWS) if self else "(no completed items to review)"
+
+    def _repr_pretty_(self, p, cycle: bool) -> None:
+        p.text(repr(self))
+
+
+__all__ = ["MAX_ROWS", "MAX_CELL", "MIN_CELL", "MAX_KEY_CELL", "WRAP_LINES", "READABLE_CELL", "map_table", "rows_csv",
+           "ReviewRows"]

@@ -6,7 +6,8 @@ Owns: ``runs`` (listing and pruning the runs folder, naming a run), ``show``
 takes from the recording is ``replay_setup``, how it went ``report``), ``diff``;
 and past maps: ``maps`` (a map's run folder read back, with each item's
 transcript), ``map_compare`` (two maps, row by row) and ``map_replay`` (a
-changed guest re-run over a recorded map, as a map of replays).
+changed guest re-run over a recorded map, as a map of replays), ``sources`` (the excerpt of a
+file around a field's source, as `show --sources` prints it).
 May import: ``fanout``, ``host`` and everything below them. Never ``frontends``.
 """
 

@@ -47,7 +47,7 @@ from tensorjob_jupyter.abi import JobStatus, codes
 from tensorjob_jupyter.fanout.errors import MapError
 from tensorjob_jupyter.fanout.folder import JOBS, LEDGER, RunFolder
 from tensorjob_jupyter.fanout.folder_reader import read_ledger_json
-from tensorjob_jupyter.fanout.items import failed_outcome
+from tensorjob_jupyter.fanout.items import envelope_outcome, failed_outcome
 from tensorjob_jupyter.fanout.local import LocalExecutor
 from tensorjob_jupyter.fanout.manifest import read_manifest
 from tensorjob_jupyter.fanout.progress import MapResult
@@ -145,12 +145,7 @@ class ReplayExecutor(LocalExecutor):
             live_from=report.live_from if report else None)
         outcome = {"item": index, "status": envelope.status.value, "job_id": job.id, "pid": os.getpid(),
                    "usage": envelope.usage.to_json(), "setup_s": ready - started, "run_s": time.perf_counter() - ready}
-        if envelope.ok:
-            outcome["result"] = envelope.result
-            if envelope.confidence is not None:
-                outcome["confidence"] = envelope.confidence
-        elif envelope.error is not None:
-            outcome["error"] = envelope.error.to_json()
+        outcome.update(envelope_outcome(envelope))  # with its sources: located again in the windows it read
         return outcome
 
 

@@ -29,7 +29,7 @@ from tensorjob_jupyter.limits import FIELDS as LIMIT_FIELDS
 from tensorjob_jupyter.limits import Limits
 from tensorjob_jupyter.limits import check as limits_check
 from tensorjob_jupyter.host.reactor import InferOptions
-from tensorjob_jupyter.host.spec import JobSpec
+from tensorjob_jupyter.host.spec import JobSpec, parse_fields
 from tensorjob_jupyter.record.event_checks import MAX_COUNT
 from tensorjob_jupyter.text import for_terminal
 from tensorjob_jupyter.record.recording import (
@@ -75,6 +75,8 @@ class RecordedRun:
     #: the model it ran on, and a served model's server (its URL and key variable)
     model: str | None
     model_server: dict | None
+    #: the result fields the run had to find in what it read (``--require-grounded``)
+    require_grounded: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, recording: Recording) -> "RecordedRun":
@@ -100,6 +102,7 @@ class RecordedRun:
             if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
                 raise ValueError("input_bytes.sha256 is not a SHA-256")
             taken, looser = _limit_values(created.get("limits") or {})
+            required = parse_fields(created.get("require_grounded") or ())
             infer = _infer_options(created.get("infer") or {})
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ReplayError(f"{shown}: its job.created cannot be replayed: "
@@ -108,7 +111,8 @@ class RecordedRun:
         server = created.get("model_server")
         return cls(recording, created.get("input"), lists["read"] or lists["grants"], lists["grants"],
                    lists["fetch"], cwd if isinstance(cwd, str) and os.path.isdir(cwd) else None, size, digest,
-                   Limits(**taken), looser, infer, recording.model, server if isinstance(server, dict) else None)
+                   Limits(**taken), looser, infer, recording.model, server if isinstance(server, dict) else None,
+                   required)
 
     @property
     def id(self) -> str:
@@ -132,12 +136,12 @@ def replay_spec(guest: Any, run: RecordedRun, *, input: Any = RECORDED, read: An
                 input_bytes: bytes | None = None, model: Any = None, model_options: dict | None = None,
                 runs_dir: str | os.PathLike | None = None, cwd: Any = RECORDED, name: str | None = None,
                 debug: bool = False, break_on: Any = (), live: bool = False, recorded_grants: bool = False,
-                **limit_keywords: Any) -> JobSpec:
+                require_grounded: Any = RECORDED, **limit_keywords: Any) -> JobSpec:
     """The ``JobSpec`` of a replay of ``guest`` against ``run``: each keyword left ``RECORDED`` is the run's own
-    (``input``, ``read``, ``fetch``, ``infer``, ``limits`` -- limit keywords apply on top -- and ``cwd``);
-    ``input_bytes`` must be the bytes the run staged; ``model``: the model ``--live`` falls back to. A ``live``
-    replay takes the recorded ``read`` grants only with ``recorded_grants=True``: a transcript is a file from
-    anywhere, and what it grants must never widen what a guest running live may read."""
+    (``input``, ``read``, ``fetch``, ``infer``, ``limits`` -- limit keywords apply on top --, ``cwd`` and
+    ``require_grounded``); ``input_bytes`` must be the bytes the run staged; ``model``: the model ``--live`` falls
+    back to. A ``live`` replay takes the recorded ``read`` grants only with ``recorded_grants=True``: a transcript
+    is a file from anywhere, and what it grants must never widen what a guest running live may read."""
     if read is RECORDED:
         read = run.read if recorded_grants or not live else ()
     return JobSpec.of(guest, input=run.input if input is RECORDED else input,
@@ -145,7 +149,9 @@ def replay_spec(guest: Any, run: RecordedRun, *, input: Any = RECORDED, read: An
                       infer=run.infer if infer is RECORDED else infer, limits=run.limits if limits is RECORDED else limits,
                       input_bytes=b"" if input_bytes is None else input_bytes, model=model, model_options=model_options,
                       runs_dir=runs_dir, cwd=run.cwd if cwd is RECORDED else cwd, name=name, debug=debug,
-                      break_on=break_on, **limit_keywords)
+                      break_on=break_on,
+                      require_grounded=run.require_grounded if require_grounded is RECORDED else require_grounded,
+                      **limit_keywords)
 
 
 def _looser(value: Any, default: Any) -> bool:

@@ -103,7 +103,9 @@ class Job:
     * ``input_bytes``: bytes staged for the guest's ``read-input``;
     * ``runs_dir``: where the transcript goes (default ``./tensorjob-runs``); ``cwd``: what relative paths are
       relative to; ``name``: the job's name in views and listings;
-    * ``debug``, ``break_on``: start paused, or pause before such commands (``host/debugger.py``).
+    * ``debug``, ``break_on``: start paused, or pause before such commands (``host/debugger.py``);
+    * ``require_grounded``: result fields that must be found in what the job read, else it fails ``ungrounded``
+      (``host/grounding.py``).
 
     ``backend``: the model's backend as an object, in place of the spec's model (a map's shared one, a
     ``ScriptedBackend`` in tests); ``None`` for a job with no model. ``answerer``: who carries out the
@@ -146,7 +148,8 @@ class Job:
             self._reactor = Reactor(job_id=self.id, wasm=wasm, input_json=input_json, grants=self.grants,
                                     backend=backend, limits=self.limits, stream=self.stream, cancel=self._cancel,
                                     input_bytes=input_bytes, infer=spec.infer, fetch=self.fetch_grants,
-                                    debugger=self.debugger, answerer=answerer)
+                                    debugger=self.debugger, answerer=answerer,
+                                    require_grounded=spec.require_grounded)
             self._envelope_json: bytes | None = None
             self._status: JobStatus | None = None
             self._done = threading.Event()
@@ -168,6 +171,8 @@ class Job:
                                 **_model_server(backend),
                                 infer=self._reactor.infer_options.to_json(), fetch=self.fetch_grants.prefixes,
                                 **({"debug": self.debugger.to_json()} if self.debugger is not None else {}),
+                                **({"require_grounded": list(spec.require_grounded)} if spec.require_grounded
+                                   else {}),
                                 **(created_fields or {}))
         except BaseException as e:  # the job cannot start: its folder is a failed run, not a locked one
             error = JobError(e.code, e.message) if isinstance(e, JobFailure) else internal_error(self.id, e)

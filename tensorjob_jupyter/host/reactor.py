@@ -69,6 +69,8 @@ from tensorjob_jupyter.host.tokens import POLL_S, Delivery, ModelTokens, TokenLo
 from tensorjob_jupyter.host.answerer import Answerer, LiveWorld
 from tensorjob_jupyter.host.confidence import CONFIDENT_KINDS, FieldConfidence, answer_confidence, leaves_json
 from tensorjob_jupyter.inference.logprobs import logprobs_of
+from tensorjob_jupyter.host.grounding import ground
+from tensorjob_jupyter.host.windows import ReadWindows
 from tensorjob_jupyter.world.fetch import FetchGrants, fetch_url
 
 PREVIEW_CHARS = 512
@@ -171,7 +173,7 @@ class Reactor:
     def __init__(self, *, job_id: str, wasm: bytes, input_json: bytes, grants: Grants, backend: Backend | None,
                  limits: Limits, stream: EventStream, cancel: threading.Event,
                  input_bytes: bytes = b"", infer: InferOptions | None = None, fetch: FetchGrants | None = None,
-                 debugger: Any = None, answerer: Answerer | None = None):
+                 debugger: Any = None, answerer: Answerer | None = None, require_grounded: Sequence[str] = ()):
         self.job_id = job_id
         self.wasm = wasm
         self.input_json = input_json
@@ -200,6 +202,10 @@ class Reactor:
         self.answerer: Answerer = answerer if answerer is not None else LiveWorld()
         #: Each answer's fields' confidence, for the result's (``confidence.py``).
         self.confidence = FieldConfidence()
+        #: The text windows the job read (``windows.py``), where its result's fields are located (``grounding.py``),
+        #: and the fields that must be found there for the job to complete (``require_grounded``).
+        self.windows = ReadWindows()
+        self.require_grounded = tuple(require_grounded)
 
     # -- cancellation (any thread) ----------------------------------------------------
 
@@ -231,7 +237,9 @@ class Reactor:
             finally:
                 if self.pending_command in ("done", "fail"):
                     self.answerer.finished(self)
-            envelope = Envelope(JobStatus.COMPLETED, self.usage, result=result, confidence=self.confidence.of(result))
+            envelope = Envelope(JobStatus.COMPLETED, self.usage, result=result,
+                                sources=ground(result, self.windows, self.require_grounded),
+                                confidence=self.confidence.of(result))
         except JobFailure as e:
             # --break-on fail: see the state before the failure is final (not when the record itself failed)
             if self.debugger is not None and not isinstance(e, (GuestFailed, EventBudgetExceeded, TranscriptWriteError)):
@@ -261,6 +269,7 @@ class Reactor:
             self.wasm = b""
             self.input_bytes = b""
             self.input_json = b""
+            self.windows.clear()
             try:
                 if self.documents is not None:
                     self.documents.close()
@@ -299,6 +308,7 @@ class Reactor:
             if isinstance(command, abi.Fail):
                 raise GuestFailed(command.code, command.message)
             event = self.answerer.answer(command, self)
+            self.windows.note(command, event, self.handles)
             if debugger is not None:
                 debugger.answered(command, event)
             if self.stats.steps >= self.limits.max_steps:

@@ -62,6 +62,9 @@ class JobSpec:
     #: start paused before ``cf_init``; pause before these commands (``host/debugger.py``)
     debug: bool = False
     break_on: tuple[str, ...] = ()
+    #: result fields (dotted paths, ``host.fields``) that must be found in what the job read, else it fails
+    #: ``ungrounded`` (``host/grounding.py``)
+    require_grounded: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, guest: "GuestSource | bytes | str | os.PathLike", *, input: Any = None,
@@ -70,12 +73,14 @@ class JobSpec:
            model: "str | os.PathLike | ModelRef | None" = None, model_options: dict | None = None,
            runs_dir: str | os.PathLike | None = None, cwd: str | os.PathLike | None = None,
            name: str | None = None, debug: bool = False, break_on: str | Iterable[str] = (),
-           **limit_keywords: Any) -> "JobSpec":
+           require_grounded: str | Iterable[str] = (), **limit_keywords: Any) -> "JobSpec":
         """The spec the Python API's keywords describe (each is the job option of the same name): ``guest``
         as wasm bytes, a ``GuestSource`` or a path (``.py``, ``.wasm``, or ``.c``, ``.zig``, ``.wat``
         compiled on the way); ``model`` a GGUF path, ``hf:...``, a server's URL or a ``ModelRef``, with
         ``model_options`` (``loras``, engine settings; a served model's ``model_name`` and
-        ``api_key_env``); ``limits`` and any limit as a keyword of its own (``max_tokens=64``).
+        ``api_key_env``); ``limits`` and any limit as a keyword of its own (``max_tokens=64``);
+        ``require_grounded``: fields (``"title"``, ``"facts.year"``, or ``"title,year"``) the job must find in
+        what it read.
 
         Raises at once, before anything runs: ``TypeError`` for an unknown keyword, ``ValueError`` for a
         bad limit, fetch prefix or ``break_on`` kind, ``ModelError`` for a model option of the wrong kind,
@@ -91,11 +96,39 @@ class JobSpec:
                    input_bytes=bytes(input_bytes), limits=limits, infer=infer or InferOptions(), model=model_ref,
                    runs_dir=os.fspath(runs_dir) if runs_dir is not None else None,
                    cwd=os.fspath(cwd) if cwd is not None else None, name=name, debug=bool(debug),
-                   break_on=tuple(parse_break_on(break_on)))
+                   break_on=tuple(parse_break_on(break_on)), require_grounded=parse_fields(require_grounded))
 
     def replace(self, **changes: Any) -> "JobSpec":
         """A copy with ``changes`` (fields of this class)."""
         return dataclasses.replace(self, **changes)
+
+
+#: Fields ``require_grounded`` may name at most, and the longest name.
+MAX_REQUIRED_FIELDS = 100
+MAX_FIELD_NAME_CHARS = 1000
+
+
+def parse_fields(fields: str | Iterable[str]) -> tuple[str, ...]:
+    """Field names as ``require_grounded`` takes them -- ``"title,facts.year"``, or a list of names or of such
+    lists -- each stripped, in order, once; ``ValueError`` names an empty or over-long one."""
+    parts = [fields] if isinstance(fields, str) else list(fields)
+    out: list[str] = []
+    for part in parts:
+        if not isinstance(part, str):
+            raise ValueError(f"require_grounded takes field names (text), got {type(part).__name__}")
+        for name in part.split(","):
+            name = name.strip()
+            if not name:
+                raise ValueError(f"require_grounded: an empty field name in {part!r}")
+            if len(name) > MAX_FIELD_NAME_CHARS:
+                raise ValueError(f"require_grounded: a field name of {len(name)} characters (at most "
+                                 f"{MAX_FIELD_NAME_CHARS})")
+            if name not in out:
+                out.append(name)
+    if len(out) > MAX_REQUIRED_FIELDS:
+        raise ValueError(f"require_grounded names {len(out)} fields (at most {MAX_REQUIRED_FIELDS}: name an "
+                         f"object to require every field in it)")
+    return tuple(out)
 
 
 def check_fetch(prefixes: Iterable[str]) -> None:
@@ -103,4 +136,4 @@ def check_fetch(prefixes: Iterable[str]) -> None:
     FetchGrants.parse(prefixes)
 
 
-__all__ = ["JobSpec", "check_fetch"]
+__all__ = ["JobSpec", "MAX_REQUIRED_FIELDS", "MAX_FIELD_NAME_CHARS", "parse_fields", "check_fetch"]

@@ -146,7 +146,7 @@ EVENT_FIELDS: dict[str, dict[str, Kind]] = {
         "created_at": CREATED_AT, "name": TEXT, "guest": OBJECT, "guest.sha256": TEXT_OR_NULL,
         "grants": LIST, "read": LIST, "fetch": LIST, "cwd": TEXT_OR_NULL, "input_bytes": OBJECT,
         "limits": OBJECT, "model": TEXT_OR_NULL, "infer": OBJECT, "debug": OBJECT_OR_NULL,
-        "replay_of": OBJECT_OR_NULL},
+        "replay_of": OBJECT_OR_NULL, "require_grounded": LIST_OR_NULL},
     event_types.JOB_FILE_OPENED: {**_OPENED, "path": TEXT, "resolved": TEXT},
     event_types.JOB_FILE_SLICED: {
         "handle": INTEGER, "offset": COUNT, "requested": COUNT, "length": COUNT, "next_offset": COUNT,
@@ -220,9 +220,79 @@ def check_usage(usage: Any, prefix: str = "usage.") -> str | None:
     return _check_fields(usage, USAGE_FIELDS, prefix)
 
 
+#: What a reader accepts of a result's sources and confidence (the host gives at most 1,000 fields, 3 sources
+#: each, ``host/grounding.py``): fields, sources per field, the characters of a field's name, file or URL.
+MAX_SOURCE_FIELDS = 10_000
+MAX_FIELD_SOURCES = 64
+MAX_SOURCE_TEXT = 64 * 1024
+#: How a field was matched (``host.grounding.MATCHES``).
+SOURCE_MATCHES = frozenset({"exact", "normalised", "fuzzy"})
+
+
+def _is_fraction(value: Any) -> bool:
+    return type(value) in (int, float) and 0 <= value <= 1
+
+
+def _short_text_or_null(value: Any) -> bool:
+    return value is None or isinstance(value, str) and len(value) <= MAX_SOURCE_TEXT
+
+
+def check_source(source: Any) -> str | None:
+    """What is wrong with one source (``{file, url, page, start, end, match, score}``), or None."""
+    if not isinstance(source, dict):
+        return "is not an object"
+    if not _short_text_or_null(source.get("file")) or not _short_text_or_null(source.get("url")):
+        return "has a file or url that is not text (of at most 64 KiB) or null"
+    if source.get("file") is None and source.get("url") is None:
+        return "names neither a file nor a url"
+    page = source.get("page")
+    if page is not None and not _is_count(page):
+        return "has a page that is not a whole number from 0 or null"
+    start, end = source.get("start"), source.get("end")
+    if not (_is_count(start) and _is_count(end) and start <= end):
+        return "has a start and end that are not byte offsets, start before end"
+    if source.get("match") not in SOURCE_MATCHES:
+        return f"has a match that is not one of {', '.join(sorted(SOURCE_MATCHES))}"
+    if not _is_fraction(source.get("score")):
+        return "has a score that is not a number from 0 to 1"
+    return None
+
+
+def check_sources(sources: Any) -> str | None:
+    """What is wrong with a result's sources (``{field: [source, ...]}``), or None."""
+    if not isinstance(sources, dict):
+        return "is not an object"
+    if len(sources) > MAX_SOURCE_FIELDS:
+        return f"names more than {MAX_SOURCE_FIELDS} fields"
+    for name, found in sources.items():
+        if len(name) > MAX_SOURCE_TEXT:
+            return "names a field longer than 64 KiB"
+        if not isinstance(found, list) or len(found) > MAX_FIELD_SOURCES:
+            return f"gives a field something other than a list of at most {MAX_FIELD_SOURCES} sources"
+        for source in found:
+            problem = check_source(source)
+            if problem is not None:
+                return f"has a source that {problem}"
+    return None
+
+
+def check_confidence(confidence: Any) -> str | None:
+    """What is wrong with a result's confidence (``{field: number from 0 to 1, or null}``), or None."""
+    if not isinstance(confidence, dict):
+        return "is not an object"
+    if len(confidence) > MAX_SOURCE_FIELDS:
+        return f"names more than {MAX_SOURCE_FIELDS} fields"
+    for name, value in confidence.items():
+        if len(name) > MAX_SOURCE_TEXT:
+            return "names a field longer than 64 KiB"
+        if value is not None and not _is_fraction(value):
+            return "gives a field something other than a number from 0 to 1 or null"
+    return None
+
+
 def check_envelope(envelope: Any, prefix: str = "") -> str | None:
     """What is wrong with an envelope as a reader uses it -- its status, its error's code and message,
-    its usage -- or None. (Its result is any JSON value.)"""
+    its usage, a completed one's sources and confidence -- or None. (Its result is any JSON value.)"""
     if not isinstance(envelope, dict):
         return f"its {prefix.rstrip('.') or 'envelope'} is not an object"
     status = envelope.get("status")
@@ -234,6 +304,15 @@ def check_envelope(envelope: Any, prefix: str = "") -> str | None:
         return f"its {prefix}error is {'missing' if ended_badly else 'there'} for a {status} job"
     if status != JobStatus.COMPLETED.value and envelope.get("result") is not None:
         return f"its {prefix}result is there for a {status} job"
+    for name, check in (("sources", check_sources), ("confidence", check_confidence)):
+        value = envelope.get(name)
+        if value is None:
+            continue
+        if status != JobStatus.COMPLETED.value:
+            return f"its {prefix}{name} are there for a {status} job"
+        problem = check(value)
+        if problem is not None:
+            return f"its {prefix}{name} {problem}"
     if error is not None:
         if not isinstance(error, dict):
             return f"its {prefix}error is not an object"
@@ -300,6 +379,7 @@ def check_version(created: dict, run_dir: Path) -> int:
 __all__ = [
     "MAX_LINE_BYTES", "MAX_EVENT_VALUES", "MAX_EVENT_DEPTH", "MAX_T_MS", "MAX_CREATED_AT", "TranscriptError",
     "shown_run", "check_shape", "Kind", "COUNT", "INTEGER", "TEXT", "OBJECT", "LIST", "FLAG", "T_MS", "CREATED_AT",
-    "VECTORS", "COMMON_FIELDS", "EVENT_FIELDS", "ENVELOPE_STATUSES", "USAGE_FIELDS", "check_usage", "check_envelope",
+    "VECTORS", "COMMON_FIELDS", "EVENT_FIELDS", "ENVELOPE_STATUSES", "USAGE_FIELDS", "check_usage", "MAX_SOURCE_FIELDS", "MAX_FIELD_SOURCES",
+    "MAX_SOURCE_TEXT", "SOURCE_MATCHES", "check_source", "check_sources", "check_confidence", "check_envelope",
     "check_event", "parse_event", "check_version"
 ]

@@ -50,7 +50,10 @@ def test_a_map_result_is_rows_a_dataframe_and_a_short_repr(finished_map):
     rows = result.rows()
     assert [r["item"] for r in rows] == [0, 1]
     assert list(rows[0]) == ["item", "key", "input.path", "input.n", "status", "error_code", "error_message",
-                             "result.label", "result.nested"]
+                             "result.label", "result.nested", "source.label", "source.nested.deep.0",
+                             "source.nested.deep.1", "grounded.label", "grounded.nested.deep.0",
+                             "grounded.nested.deep.1"]  # each leaf: where it was found (the guest read nothing)
+    assert (rows[0]["source.label"], rows[0]["grounded.nested.deep.1"]) == ("", False)
     assert [r["key"] for r in rows] == ["a.txt", "b.txt"]
     assert rows[1]["input.n"] is None and rows[1]["status"] == "completed"
     assert rows[0]["result.nested"] == {"deep": [1, 2]}  # flattened one level only

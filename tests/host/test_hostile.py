@@ -26,6 +26,7 @@ from tensorjob_jupyter.record.events import EventStream, TranscriptWriteError
 from tensorjob_jupyter.fanout import ManifestError, ResumeRefused, parse_manifest
 from tensorjob_jupyter.inference import ScriptedBackend
 from tensorjob_jupyter.host.reactor import Reactor
+from tensorjob_jupyter.host import grounding
 
 import wat
 from conftest import assert_host_healthy
@@ -126,7 +127,12 @@ def test_a_deep_wide_result_writes_a_compact_envelope(tmp_path):
     result = nested(127, 2000)  # with the command object: 128 levels, serde_json's limit
     job = run_raw([b'{"cmd":"done","result":' + result + b"}"])
     assert job.envelope.ok
-    assert job.envelope_path.stat().st_size < 2 * len(result) + 1000
+    # each of its first 1,000 leaves is a field of 127 parts ("0.0...."), found in nothing the guest read: the
+    # sources are bounded by their own budget, the rest of the envelope by the result
+    sources = json.dumps(job.envelope.sources, separators=(",", ":")).encode()
+    assert 0 < len(sources) <= grounding.DEFAULT_BOUNDS.max_sources_bytes
+    assert set(map(len, job.envelope.sources.values())) == {0}
+    assert job.envelope_path.stat().st_size < 2 * len(result) + len(sources) + 1000
 
 
 def test_nesting_deeper_than_serde_allows_is_refused():

@@ -1,0 +1,85 @@
+"""A run's sources as ``tensorjob show --sources`` prints them: each field, its place, an excerpt of the file.
+
+A source names a file and byte offsets (``host/grounding.py``); the excerpt reads those bytes again, with a
+little context on each side, at most ``EXCERPT_BYTES`` of it, from a regular file only. A transcript can
+come from elsewhere: its offsets and paths are untrusted, so the read is bounded, the text is decoded with
+replacement and made terminal-safe, and a page's text or a fetched body (which the host does not keep) gives
+no excerpt.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from tensorjob_jupyter.host.fields import result_fields
+from tensorjob_jupyter.host.grounding import source_label
+from tensorjob_jupyter.record.event_checks import check_sources
+from tensorjob_jupyter.text import clip, for_terminal, json_text
+
+#: Bytes of context read on each side of a span, and the most of the span itself shown.
+CONTEXT_BYTES = 40
+SPAN_BYTES = 200
+
+
+def source_excerpt(source: dict, *, width: int = 100) -> str | None:
+    """``…before«span»after…`` around ``source`` in its file (one terminal-safe line of about ``width``
+    characters); None where there is no file to read (a URL, a page's text), or it cannot be read now."""
+    path, page = source.get("file"), source.get("page")
+    start, end = source.get("start"), source.get("end")
+    if not isinstance(path, str) or page is not None or not isinstance(start, int) or not isinstance(end, int):
+        return None
+    if start < 0 or end < start:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except (OSError, ValueError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        lo = max(0, start - CONTEXT_BYTES)
+        span_end = min(end, start + SPAN_BYTES)
+        data = os.pread(fd, (span_end - lo) + CONTEXT_BYTES, lo)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    before = data[:start - lo].decode("utf-8", "replace")
+    span = data[start - lo:span_end - lo].decode("utf-8", "replace") + ("…" if span_end < end else "")
+    after = data[span_end - lo:].decode("utf-8", "replace") if span_end == end else ""
+    shown = [for_terminal(part, one_line=True) for part in (before, span, after)]
+    room = max(10, width - len(shown[1]) - 4) // 2
+    return ("…" if lo > 0 else "") + shown[0][-room:] + "«" + shown[1] + "»" + shown[2][:room] + "…"
+
+
+def sources_text(envelope: dict | None, *, width: int = 100) -> str:
+    """``show --sources``: each field of a run's result with where it was found and a clipped excerpt around
+    the span (read again from the file; a fetched body is not kept, so a URL's field shows its offsets only),
+    or ``not found``; terminal-safe."""
+    if not isinstance(envelope, dict) or envelope.get("status") != "completed":
+        return "sources: the run did not complete; it has no result to locate"
+    sources = envelope.get("sources")
+    if not isinstance(sources, dict) or check_sources(sources) is not None:
+        return "sources: none recorded for this run"
+    if not sources:
+        return "sources: the result has no field to locate"
+    values = dict(result_fields(envelope.get("result")))
+    lines = ["sources:"]
+    for name, found in sources.items():
+        shown = for_terminal(name or "(the result)", one_line=True)
+        value = for_terminal(clip(json_text(values.get(name), pretty=False), 60), one_line=True)
+        if not found:
+            lines.append(f"  {shown} = {value}: not found in what the job read")
+            continue
+        best = found[0]
+        more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
+        lines.append(f"  {shown} = {value}: {for_terminal(source_label(best), one_line=True)} "
+                     f"{best['match']} {best['score']:g}{more}")
+        excerpt = source_excerpt(best, width=max(40, width - 6))
+        if excerpt is not None:
+            lines.append(f"      {excerpt}")
+    return "\n".join(lines)
+
+
+__all__ = ["CONTEXT_BYTES", "SPAN_BYTES", "source_excerpt", "sources_text"]

@@ -1,0 +1,141 @@
+"""Sources from outside: each field of a result located in what its job read, as a user reaches it.
+
+``tests/guests/quote.c`` reads a document's first line (``quote``, copied from the window) and returns a
+``claim`` it was only told (a planted value, found in no window). Through Python, ``tensorjob run`` and
+``tensorjob map`` in a subprocess: the sources in the envelope, ``results.jsonl`` and ``rows()``;
+``--require-grounded`` failing the planted item with ``ungrounded``; ``runs --table --review`` putting it
+first; ``show --sources`` printing the excerpt; and ``replay --map`` giving the same sources with no model.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tensorjob_jupyter as tj
+from tensorjob_jupyter.abi import codes
+
+GUEST = Path(__file__).resolve().parents[1] / "guests" / "quote.c"
+LINES = ["Invoice 1 from ACME Corp, total 1,234 EUR", "Order 2 for Zoë Ångström", "Ticket 3: kettle broken"]
+
+
+def cli(*argv, cwd):
+    return subprocess.run([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", *argv], capture_output=True,
+                          text=True, cwd=cwd, timeout=300, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def docs(tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i, line in enumerate(LINES):
+        (folder / f"d{i}.txt").write_text(f"{line}\nsecond line of {i}\n", encoding="utf-8")
+    claims = ["ACME Corp", "zoë  ångström", "The product named, or null,"]  # exact, normalised, planted
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"path": str(folder / f"d{i}.txt"), "claim": c}) + "\n"
+                                for i, c in enumerate(claims)), encoding="utf-8")
+    return tmp_path
+
+
+def test_python_a_result_carries_its_sources_into_the_envelope_and_transcript(docs):
+    doc = docs / "docs" / "d0.txt"
+    job = tj.Job(GUEST,
+                 input={"path": str(doc), "claim": "1,234 EUR"}, read=[docs / "docs"], runs_dir=docs / "runs")
+    envelope = job.start().wait(120)
+    assert envelope.ok, envelope.error
+    [quote] = envelope.sources["quote"]
+    assert (quote["file"], quote["start"], quote["end"], quote["match"]) == (str(doc.resolve()), 0,
+                                                                            len(LINES[0]), "exact")
+    [claim] = envelope.sources["claim"]
+    assert doc.read_bytes()[claim["start"]:claim["end"]] == b"1,234 EUR"
+    recorded = json.loads(job.envelope_path.read_text())
+    assert recorded["sources"] == envelope.sources
+
+
+def test_python_require_grounded_fails_a_planted_value_with_ungrounded(docs):
+    doc = docs / "docs" / "d2.txt"
+    job = tj.Job(GUEST, input={"path": str(doc), "claim": "Widget Pro"}, read=[docs / "docs"],
+                 runs_dir=docs / "runs", require_grounded="quote,claim").start()
+    envelope = job.wait(120)
+    assert envelope.error.code == codes.UNGROUNDED and "`claim`" in envelope.error.message
+    assert envelope.result is None and envelope.sources is None
+    ok = tj.Job(GUEST, input={"path": str(doc), "claim": "kettle"}, read=[docs / "docs"], runs_dir=docs / "runs",
+                require_grounded=["claim"]).start().wait(120)
+    assert ok.ok and ok.sources["claim"][0]["match"] == "exact"
+
+
+def test_cli_run_require_grounded_and_show_sources(docs):
+    doc = docs / "docs" / "d2.txt"
+    given = json.dumps({"path": str(doc), "claim": "Widget Pro"})
+    failed = cli("run", str(GUEST), "--input", given, "--read", "docs", "--runs", "runs", "--require-grounded",
+                 "claim", "--json", "--quiet", cwd=docs)
+    assert failed.returncode == 1, failed.stderr
+    assert json.loads(failed.stdout)["error"]["code"] == "ungrounded"
+    done = cli("run", str(GUEST), "--input", given, "--read", "docs", "--runs", "runs", "--json", "--quiet", cwd=docs)
+    assert done.returncode == 0, done.stderr
+    envelope = json.loads(done.stdout)
+    assert envelope["sources"]["claim"] == [] and envelope["sources"]["quote"][0]["match"] == "exact"
+    runs = sorted((docs / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
+    shown = cli("show", str(runs[-1]), "--sources", "--quiet", cwd=docs)
+    assert shown.returncode == 0, shown.stderr
+    assert '  claim = "Widget Pro": not found in what the job read' in shown.stdout
+    assert "d2.txt:0-23 exact 1" in shown.stdout and "«Ticket 3: kettle broken»" in shown.stdout
+
+
+def test_a_bad_require_grounded_is_one_line(docs):
+    done = cli("run", str(GUEST), "--require-grounded", "a,,b", cwd=docs)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "empty field name" in done.stderr
+
+
+def test_cli_map_sources_in_results_rows_review_and_replay(docs):
+    done = cli("map", str(GUEST), "--over", "m.jsonl", "--run-dir", "run", "--read", "docs", "--quiet", cwd=docs)
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in (docs / "run" / "results.jsonl").read_text().splitlines()]
+    by_item = {r["item"]: r["sources"] for r in records}
+    assert [by_item[i]["claim"][0]["match"] if by_item[i]["claim"] else None for i in range(3)] == [
+        "exact", "normalised", None]
+    rows = tj.MapResult.read(docs / "run").rows()
+    assert [r["grounded.claim"] for r in rows] == [True, True, False]
+    assert rows[0]["source.claim"] == f"d0.txt:{LINES[0].index('ACME')}-{LINES[0].index('ACME') + 9}"
+    assert rows[2]["source.claim"] == "" and rows[2]["grounded.quote"] is True
+    assert [r["item"] for r in tj.MapResult.read(docs / "run").review()] == [2, 0, 1]  # the planted one first
+
+    table = cli("runs", "--table", "run", "--review", "--json", cwd=docs)
+    assert table.returncode == 0, table.stderr
+    reviewed = [json.loads(line) for line in table.stdout.splitlines()]
+    assert [r["item"] for r in reviewed] == [2, 0, 1] and reviewed[0]["not_found"] == ["claim"]
+    assert cli("runs", "--review", cwd=docs).returncode == 2
+
+    # a replayed map has the same sources with no model
+    replayed = cli("replay", "--map", "run", str(GUEST), "--run-dir", "again", "--json", cwd=docs)
+    assert replayed.returncode == 0, replayed.stderr
+    again = {json.loads(line)["item"]: json.loads(line)["sources"]
+             for line in (docs / "again" / "results.jsonl").read_text().splitlines()}
+    assert again == by_item
+
+    # --require-grounded: the planted item fails ungrounded, the others complete
+    strict = cli("map", str(GUEST), "--over", "m.jsonl", "--run-dir", "strict", "--read", "docs",
+                 "--require-grounded", "claim", "--quiet", cwd=docs)
+    assert strict.returncode == 1, strict.stderr
+    [failure] = [json.loads(line) for line in (docs / "strict" / "failures.jsonl").read_text().splitlines()]
+    assert failure["item"] == 2 and failure["error"]["code"] == "ungrounded"
+
+
+def test_the_review_magic_orders_a_map_doubtful_first(docs, monkeypatch):
+    from IPython.testing import globalipapp
+
+    globalipapp.start_ipython()
+    ip = globalipapp.get_ipython()
+    ip.run_line_magic("load_ext", "tensorjob_jupyter")
+    monkeypatch.chdir(docs)
+    result = ip.run_line_magic("tensorjob", f"map {GUEST} --over m.jsonl --run-dir run --read docs --quiet")
+    ip.user_ns["mapped"] = result
+    for target in ("run", "$mapped"):
+        rows = ip.run_line_magic("tensorjob", f"review {target}")
+        assert [r["item"] for r in rows] == [2, 0, 1] and rows[0]["not_found"] == ["claim"]
+        assert "claim" in repr(rows)  # shown as the table
+    from IPython.core.error import UsageError
+    with pytest.raises(UsageError, match="review nowhere"):
+        ip.run_line_magic("tensorjob", "review nowhere")

@@ -1,0 +1,267 @@
+"""The locator (host/grounding.py) and what a job read (host/windows.py): matches, offsets, bounds.
+
+Unit rows for each kind of match, then Hypothesis properties that look for results and windows that break it:
+a value that is in a window is found exact at its offsets; every span lies in what was read and decodes to
+its value; the budgets are never exceeded; any Unicode, repeated and overlapping values, huge numbers.
+"""
+
+import json
+
+import pytest
+from hypothesis import given, strategies as st
+
+from tensorjob_jupyter import abi
+from tensorjob_jupyter.abi import codes
+from tensorjob_jupyter.host import grounding
+from tensorjob_jupyter.host.grounding import Bounds, canonical, locate, require_grounded, sources_label
+from tensorjob_jupyter.host.windows import Place, ReadWindows, Segment
+
+FILE = Place(file="/docs/a.txt")
+
+
+def seg(text: str | bytes, start: int = 0, place: Place = FILE) -> Segment:
+    return Segment(place, start, text.encode("utf-8") if isinstance(text, str) else text)
+
+
+def one(value, *segments, **kw):
+    return locate({"v": value}, list(segments), **kw).get("v")
+
+
+# --- each kind of match --------------------------------------------------------------------------------
+
+
+def test_an_exact_value_has_its_byte_offsets_in_the_file():
+    text = "Preface. Invoice from ACME Corp. Total due."
+    [source] = one("ACME Corp", seg(text, start=1000))
+    assert source == {"file": "/docs/a.txt", "url": None, "page": None, "start": 1000 + text.index("ACME"),
+                      "end": 1000 + text.index("ACME") + 9, "match": "exact", "score": 1.0}
+
+
+def test_offsets_count_bytes_not_characters():
+    text = "Ünïcödé first, then Zoë Ångström."
+    [source] = one("Zoë Ångström", seg(text))
+    data = text.encode()
+    assert data[source["start"]:source["end"]].decode() == "Zoë Ångström"
+
+
+@pytest.mark.parametrize("value, text, span", [
+    ("acme corp", "Invoice from ACME  Corp today", "ACME  Corp"),
+    ("ﬁnance", "the finance team", "finance"),  # NFKC: the ligature is f + i
+    ("STRASSE", "in der Straße 5", "Straße"),  # case-folded
+    (1234567, "a total of 1,234,567 units", "1,234,567"),
+    (1234567, "a total of 1 234 567 units", "1 234 567"),
+    (42.0, "about 42 items", "42"),
+    (1e21, "1,000,000,000,000,000,000,000 atoms", "1,000,000,000,000,000,000,000"),
+    ("2024-03-05", "signed on March 5, 2024 in Paris", "March 5, 2024"),
+    ("2024-03-05", "signed on 5th March 2024 in Paris", "5th March 2024"),
+    ("hello world", "HELLO\n\tWORLD", "HELLO\n\tWORLD"),
+])
+def test_a_normalised_value_is_found_with_the_span_it_came_from(value, text, span):
+    [source] = one(value, seg(text))
+    assert source["match"] == "normalised"
+    assert text.encode()[source["start"]:source["end"]].decode() == span
+
+
+def test_a_rephrased_value_is_found_fuzzy_with_its_score():
+    text = "The customer writes that the Widget Pro 3000 stopped charging after a week."
+    [source] = one("the widget pro 300 stoped charging", seg(text))
+    assert source["match"] == "fuzzy" and 0.9 <= source["score"] < 1
+    assert "Widget Pro 3000" in text.encode()[source["start"]:source["end"]].decode()
+
+
+def test_a_planted_value_is_found_nowhere():
+    assert one("The product named, or null,", seg("Hi, my kettle is broken. Regards, Ann")) == []
+
+
+def test_a_number_is_not_found_inside_a_longer_number():
+    assert one(12, seg("in 2012 and 3.12 and 1,12")) == []
+    [source] = one(12, seg("in 2012 we had 12 of them"))
+    assert source["start"] == len("in 2012 we had ")
+
+
+def test_text_inside_a_word_is_found_only_when_nothing_better_is():
+    [inside] = one("cat", seg("concatenate"))
+    assert (inside["match"], inside["score"]) == ("exact", grounding.MID_WORD_SCORE)
+    [edged] = one("cat", seg("concatenate the cat"))
+    assert edged["score"] == 1.0 and edged["start"] == len("concatenate the ")
+
+
+def test_booleans_are_words_and_null_or_blank_is_no_claim():
+    found = locate({"a": True, "b": None, "c": "  ", "d": False}, [seg("it is true")])
+    assert found["a"][0]["match"] == "exact" and found["d"] == []
+    assert "b" not in found and "c" not in found
+
+
+def test_array_fields_have_dotted_paths_and_sources_come_best_first():
+    found = locate({"facts": {"authors": ["Ann Lee", "Bo Ng"]}}, [seg("by Ann Lee and bo ng; Ann Lee again")])
+    assert [s["match"] for s in found["facts.authors.0"]] == ["exact", "exact"]
+    assert found["facts.authors.1"][0]["match"] == "normalised"
+
+
+def test_a_value_cut_by_consecutive_windows_is_found_whole():
+    windows = ReadWindows()
+    windows._keep(FILE, 0, b"the total is 1,2")
+    windows._keep(FILE, 16, b"34 units")
+    windows._keep(FILE, 4, b"total")  # read twice: searched once
+    [segment] = windows.segments()
+    assert segment.data == b"the total is 1,234 units"
+    [source] = locate({"n": 1234}, windows.segments())["n"]
+    assert (source["start"], source["end"]) == (13, 18)
+
+
+def test_slice_bytes_that_cut_a_character_are_searched_around_it():
+    data = "é".encode()[1:] + "price: 40 €".encode() + b"\xff\xfe" + "Zoë".encode() + "é".encode()[:1]
+    found = locate({"p": 40, "z": "Zoë"}, [seg(data, start=7)])
+    assert data[found["p"][0]["start"] - 7:found["p"][0]["end"] - 7] == b"40"
+    assert data[found["z"][0]["start"] - 7:found["z"][0]["end"] - 7] == "Zoë".encode()
+
+
+def test_pages_and_urls_are_places_of_their_own():
+    page = Place(file="/docs/r.pdf", page=3)
+    url = Place(url="https://example.org/a")
+    found = locate({"a": "alpha", "b": "beta"}, [seg("alpha", place=page), seg("x beta", place=url)])
+    assert found["a"][0]["page"] == 3 and found["a"][0]["file"] == "/docs/r.pdf"
+    assert found["b"][0]["url"] == "https://example.org/a" and found["b"][0]["file"] is None
+    assert sources_label(found["a"]) == "r.pdf#3:0-5" and sources_label([]) == "" and sources_label(None) is None
+
+
+# --- bounds -------------------------------------------------------------------------------------------
+
+
+def test_a_spent_budget_leaves_the_field_out_not_found_nowhere():
+    bounds = Bounds(exact_budget_bytes=10)
+    assert locate({"v": "x"}, [seg("a" * 100)], bounds=bounds) == {}
+
+
+def test_required_fields_are_searched_first_so_the_bounds_reach_them():
+    result = {f"k{i}": f"value {i}" for i in range(50)}
+    found = locate(result, [seg("value 49")], first=["k49"], bounds=Bounds(max_fields=50, exact_budget_bytes=8))
+    assert list(found) == ["k49"] and found["k49"][0]["match"] == "exact"
+
+
+def test_the_sources_of_a_deep_result_stay_within_their_byte_bound():
+    deep = 0
+    for _ in range(200):
+        deep = [deep] * 3
+    found = locate(deep, [seg("0")], bounds=Bounds(max_sources_bytes=4096))
+    assert 0 < len(abi.dumps(found).encode()) <= 4096
+
+
+def test_read_windows_keep_at_most_their_bound():
+    windows = ReadWindows(max_kept_bytes=10)
+    windows._keep(FILE, 0, b"12345678")
+    windows._keep(FILE, 8, b"abcdef")
+    assert (windows.kept, windows.dropped) == (8, 6)
+    assert [s.data for s in windows.segments()] == [b"12345678"]
+
+
+# --- require_grounded -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("required, message", [
+    (["product"], "field `product` = \"Widget\" was found in no window"),
+    (["missing"], "the result has no field `missing`"),
+    (["none"], "field `none` of the result is null"),
+    (["facts"], "field `facts.1` = \"Bo\" was found in no window"),
+])
+def test_a_required_field_found_nowhere_is_ungrounded(required, message):
+    result = {"product": "Widget", "none": None, "facts": ["Ann", "Bo"], "ok": "Ann"}
+    sources = locate(result, [seg("Ann wrote")])
+    with pytest.raises(abi.JobFailure) as e:
+        require_grounded(result, sources, required)
+    assert e.value.code == codes.UNGROUNDED and message in e.value.message
+    require_grounded(result, sources, ["ok", "facts.0"])  # found: no failure
+
+
+# --- properties -------------------------------------------------------------------------------------------
+
+texts = st.text(min_size=0, max_size=200)
+values = st.text(min_size=1, max_size=40).filter(lambda v: v.strip())
+scalars = st.one_of(values, st.integers(min_value=-10**30, max_value=10**30), st.booleans(),
+                    st.floats(allow_nan=False, allow_infinity=False), st.none())
+results = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                       st.dictionaries(st.text(max_size=6), inner, max_size=4)),
+                       max_leaves=20)
+binary = st.binary(max_size=300)
+
+
+def _word_edge(text: str, i: int, j: int) -> bool:
+    return not (i > 0 and grounding._is_word(text[i - 1])) and not (j < len(text) and grounding._is_word(text[j]))
+
+
+@given(before=texts, value=values, after=texts, start=st.integers(0, 10**12))
+def test_a_value_in_a_window_is_always_found_exact_at_its_offsets(before, value, after, start):
+    text = before + value + after
+    sources = one(value, seg(text, start=start), bounds=Bounds(max_sources=1000, max_occurrences=10**6))
+    assert sources, "a value that is in the window must be found"
+    data = text.encode()
+    at = start + len(before.encode())
+    exact = [s for s in sources if s["match"] == "exact"]
+    if grounding._Field(value, grounding.DEFAULT_BOUNDS).edges_ok(*grounding._around(data, at - start,
+                                                                                      at - start + len(value.encode()))):
+        assert {"start": at, "end": at + len(value.encode())} in [{"start": s["start"], "end": s["end"]}
+                                                                 for s in exact]
+    for s in exact:
+        assert data[s["start"] - start:s["end"] - start] == value.encode()
+
+
+@given(result=results, windows=st.lists(st.tuples(st.integers(0, 500), st.one_of(texts.map(str.encode), binary)),
+                                        max_size=4))
+def test_every_source_lies_within_what_was_read_and_decodes_to_its_value(result, windows):
+    read = ReadWindows()
+    for start, data in windows:
+        read._keep(FILE, start, data)
+    segments = read.segments()
+    found = locate(result, segments)
+    leaves = dict(grounding.result_fields(result))
+    json.dumps(found, allow_nan=False)
+    assert set(found) <= set(leaves)
+    for path, sources in found.items():
+        assert len(sources) <= grounding.DEFAULT_BOUNDS.max_sources
+        for s in sources:
+            [segment] = [g for g in segments if g.start <= s["start"] <= s["end"] <= g.end]
+            span = segment.data[s["start"] - segment.start:s["end"] - segment.start]
+            assert s["match"] in grounding.MATCHES and 0 <= s["score"] <= 1
+            field = grounding._Field(leaves[path], grounding.DEFAULT_BOUNDS)
+            if s["match"] == "exact":
+                assert span == field.exact
+            elif s["match"] == "normalised":
+                assert field.same(span.decode("utf-8"))
+
+
+@given(value=values, repeat=st.integers(1, 50), sep=st.sampled_from(["", " ", "\n", ","]))
+def test_repeated_and_overlapping_values_stay_within_the_source_bound(value, repeat, sep):
+    bounds = Bounds(max_sources=3, max_occurrences=8)
+    sources = one(value, seg(sep.join([value] * repeat)), bounds=bounds)
+    assert sources is not None and len(sources) <= 3
+
+
+@given(result=results, text=texts, budget=st.integers(0, 2000))
+def test_the_budgets_are_never_exceeded(result, text, budget):
+    spent = []
+    original = grounding._Budget
+
+    class Recording(original):
+        def __setattr__(self, name, value):
+            if value < 0:
+                spent.append((name, value))
+            super().__setattr__(name, value)
+
+    grounding._Budget = Recording
+    try:
+        locate(result, [seg(text * 5)], bounds=Bounds(exact_budget_bytes=budget, normalised_budget_chars=budget,
+                                                      fuzzy_budget_chars=budget))
+    finally:
+        grounding._Budget = original
+    assert spent == []
+
+
+@given(number=st.integers(min_value=-10**400, max_value=10**400) | st.floats(allow_nan=False), text=texts)
+def test_huge_numbers_never_break_the_locator(number, text):
+    found = locate({"n": number}, [seg(text + " " + abi.dumps(number) + " " + text)])
+    assert found["n"] and found["n"][0]["match"] in ("exact", "normalised")
+
+
+@given(text=texts)
+def test_canonical_is_idempotent_on_any_unicode(text):
+    assert canonical(canonical(text)) == canonical(text)
