@@ -7,10 +7,13 @@ A ``Guest`` owns a wasmtime ``Store`` and must be used from one thread only
   deserialize the cached artifact instead of recompiling.
 * Imports and exports are checked before instantiation, so a wrong guest gets
   a message that names the export and the expected signature.
-* Each job gets its own ``Engine`` so that its epoch counter is its own: one
-  clock thread ticks every live engine, every call into the guest runs under
-  an epoch deadline, and ``interrupt()`` (from any thread) pushes the epoch
-  past any deadline, stopping a guest even while it spins inside ``cf_step``.
+* Each guest has a ``Store`` of its own -- its instance, its memory under
+  its limit, its fuel -- on an engine shared by every guest of the same
+  configuration (``engines.py``), where the module is deserialized, checked
+  and linked to the host's functions once (an ``InstancePre``): a guest
+  starts in tens of microseconds. Every call runs under a deadline of its
+  own, and ``interrupt()`` (from any thread) stops this guest alone, even
+  while it spins inside ``cf_step``.
 * Descriptors and payloads are bounds-checked against the memory size before
   they are read: ``Memory.read`` clamps like a Python slice and would
   silently return short data.
@@ -24,27 +27,25 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import importlib.metadata
-import math
 import struct
 import threading
 import time
-import weakref
 from dataclasses import dataclass
-from typing import Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 import wasmtime
 
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import JobFailure, codes
 from tensorjob_jupyter.limits import Limits
-from tensorjob_jupyter.sandbox.wasmcall import HotCall, set_deadline
+from tensorjob_jupyter.sandbox.engines import TICK_S, EpochTicked, SharedEngine, forget_prepared, shared_engine
+from tensorjob_jupyter.sandbox.wasmcall import HotCall
 
 WASM_MAGIC = b"\0asm"
 #: Compiling is the one step no deadline can interrupt (it runs before the guest
 #: does), so the module size bounds it: real guests are kilobytes to a few MiB.
 MAX_MODULE_BYTES = 8 * 1024 * 1024
 PAGE = 65536
-TICK_S = 0.02  # epoch tick: deadlines fire within one tick; interrupts are immediate
 _DESC = struct.Struct("<II")
 
 I32 = wasmtime.ValType.i32()
@@ -56,99 +57,25 @@ class GuestTrap(JobFailure):
 
 
 class HostImports(Protocol):
-    """Host functions a guest may import (e.g. the wasi:tensor streaming ones)."""
+    """Host functions a guest may import (e.g. the wasi:tensor streaming ones).
+
+    An import kind that can be linked once per engine also has ``shared_key`` (a string naming the kind)
+    and a classmethod ``define_shared(linker, current)``: its functions find the calling guest's own
+    instance of the kind through ``current()`` (``current_import``), so the linker -- and the
+    ``InstancePre`` made with it -- serves every guest on the engine."""
 
     def names(self) -> Iterable[tuple[str, str]]: ...
 
     def define(self, linker: wasmtime.Linker) -> None: ...
 
 
-# --- the epoch clock -----------------------------------------------------------
+#: The imports of the guest whose call is running on this thread (a store is used by one thread at a time).
+_CURRENT = threading.local()
 
 
-class _EpochClock:
-    """One daemon thread that advances the epoch of every live guest engine.
-
-    Ticks are counted from a monotonic start, so a late wake-up catches up
-    instead of stretching every deadline. An engine marked for interruption
-    is pushed far past any deadline on every tick until it is released.
-    """
-
-    def __init__(self) -> None:
-        self._engines: dict[int, tuple[weakref.ref, list]] = {}
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
-
-    def register(self, guest: "Guest") -> None:
-        with self._cond:
-            self._engines[id(guest)] = (weakref.ref(guest), [False])
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="tensorjob-epoch", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-
-    def unregister(self, guest: "Guest") -> None:
-        with self._cond:
-            self._engines.pop(id(guest), None)
-
-    def interrupt(self, guest: "Guest") -> None:
-        with self._cond:
-            entry = self._engines.get(id(guest))
-            if entry:
-                entry[1][0] = True
-        guest._burst()
-
-    def _run(self) -> None:
-        start = time.monotonic()
-        done = 0
-        while True:
-            with self._cond:
-                while not self._engines:
-                    self._cond.wait()
-                    start, done = time.monotonic(), 0
-                entries = list(self._engines.values())
-            due = int((time.monotonic() - start) / TICK_S)
-            steps, done = max(due - done, 1), max(due, done + 1)
-            for ref, flag in entries:
-                guest = ref()
-                if guest is None:
-                    continue
-                if flag[0]:
-                    guest._burst()
-                else:
-                    for _ in range(steps):
-                        guest._engine.increment_epoch()
-            time.sleep(TICK_S)
-
-
-_CLOCK = _EpochClock()
-
-
-class EpochTicked:
-    """What every guest kind shares with the one epoch clock: its wasmtime engine (``_engine``) ticks
-    while the guest is live (``_start_ticks``/``_stop_ticks``), and a cancel from any thread
-    (``interrupt``) pushes it past every deadline at once (``_burst``), where the guest's next call
-    (or the one running) traps. The wasm ``Guest`` and the ``PythonGuest`` both are one."""
-
-    _engine: wasmtime.Engine
-    _interrupted: bool = False
-    _deadline_ticks_max: int = 0
-
-    def _start_ticks(self, call_timeout_s: float) -> None:
-        self._deadline_ticks_max = math.ceil(call_timeout_s / TICK_S) + 2
-        _CLOCK.register(self)
-
-    def _stop_ticks(self) -> None:
-        _CLOCK.unregister(self)
-
-    def interrupt(self) -> None:
-        """Stop the guest as soon as possible, from any thread (for cancel)."""
-        self._interrupted = True
-        _CLOCK.interrupt(self)
-
-    def _burst(self) -> None:
-        for _ in range(self._deadline_ticks_max):
-            self._engine.increment_epoch()
+def current_import(kind: str) -> object | None:
+    """The running guest's import of kind ``kind`` (its ``shared_key``), for a function linked once."""
+    return getattr(_CURRENT, "imports", {}).get(kind)
 
 
 # --- compiled-module cache -------------------------------------------------------
@@ -163,8 +90,10 @@ class CacheStats:
 class ModuleCache:
     """Compiled modules by (sha256 of the bytes, engine configuration).
 
-    Artifacts are kept serialized so that each job's own engine can load them
-    with ``Module.deserialize`` (about 40 us) instead of compiling again.
+    Artifacts are kept serialized, so a module the shared engine has let go
+    of (``engines.MAX_PREPARED``) is loaded again with ``Module.deserialize``
+    instead of compiled again. ``stats.hits`` counts every guest that started
+    without a compile (from the engine's prepared module or from here).
     """
 
     def __init__(self, max_entries: int = 256, max_bytes: int = 256 * 1024 * 1024) -> None:
@@ -194,10 +123,15 @@ class ModuleCache:
                 self._bytes += len(blob)
         return module
 
+    def count_hit(self) -> None:
+        with self._lock:
+            self.stats.hits += 1
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
             self._bytes = 0
+        forget_prepared()
 
 
 MODULE_CACHE = ModuleCache()
@@ -212,6 +146,12 @@ def _engine_config(limits: Limits) -> tuple[wasmtime.Config, tuple]:
     cfg.wasm_threads = False
     key = ("epoch", limits.fuel is not None, limits.stack_bytes, WASMTIME_VERSION)
     return cfg, key
+
+
+def _shared_engine(limits: Limits) -> tuple[SharedEngine, tuple]:
+    """The engine every guest with these settings (fuel on or off, the stack size) shares, and its key."""
+    cfg, key = _engine_config(limits)
+    return shared_engine(("core", *key), lambda: cfg), key
 
 
 # --- module validation ---------------------------------------------------------------
@@ -281,87 +221,127 @@ class Guest(EpochTicked):
 
     def __init__(self, wasm: bytes, limits: Limits | None = None,
                  imports: Iterable[HostImports] = (), *, deadline: float | None = None,
-                 cache: ModuleCache = MODULE_CACHE):
+                 cache: ModuleCache = MODULE_CACHE, digest: str | None = None):
         self.limits = limits or Limits()
         self.deadline = deadline  # monotonic time the whole job must end by
-        self.digest = module_digest(wasm)
         self.peak_memory_bytes = 0
         self._size = 0  # the memory's size after the last guest call
         self._interrupted = False
         self._closed = False
-        wasm = bytes(wasm)
+        if not isinstance(wasm, bytes):
+            wasm = bytes(wasm)
         if len(wasm) > MAX_MODULE_BYTES:
             raise GuestTrap(codes.WASM_TRAP, f"module is {len(wasm)} bytes, over the {MAX_MODULE_BYTES}-byte limit")
         if not wasm.startswith(WASM_MAGIC):
             raise GuestTrap(codes.WASM_TRAP, "not a WebAssembly module (no \\0asm header)")
+        self.digest = digest or module_digest(wasm)
 
-        cfg, key = _engine_config(self.limits)
-        self._engine = wasmtime.Engine(cfg)
-        try:
-            module = cache.load(self._engine, key, wasm, self.digest)
-        except wasmtime.WasmtimeError as e:
-            raise GuestTrap(codes.WASM_TRAP, f"invalid WebAssembly module: {_first_line(e)}") from None
-
+        self._shared, key = _shared_engine(self.limits)
         imports = list(imports)
+        kinds = tuple(sorted(getattr(imp, "shared_key", None) or "" for imp in imports))
+        linked_once = all(kinds)
+        self._imports = {imp.shared_key: imp for imp in imports} if linked_once else {}
+        module = self._module(wasm, key, cache)
         available = {n for imp in imports for n in imp.names()}
-        validate_module(module, self.limits, available)
+        self._shared.prepared(("valid", self.digest, self.limits.memory_bytes, frozenset(available)),
+                              lambda: validate_module(module, self.limits, available) or True)
 
-        self._store = wasmtime.Store(self._engine)
-        self._store.set_limits(memory_size=self.limits.memory_bytes, table_elements=1_000_000,
-                               instances=1, tables=4, memories=1)
+        store = self._store = wasmtime.Store(self._shared.engine)
+        store.set_limits(memory_size=self.limits.memory_bytes, table_elements=1_000_000,
+                         instances=1, tables=4, memories=1)
         if self.limits.fuel is not None:
-            self._store.set_fuel(self.limits.fuel)
-        linker = wasmtime.Linker(self._engine)
-        for imp in imports:
-            imp.define(linker)
-        self._start_ticks(self.limits.call_timeout_s)
+            store.set_fuel(self.limits.fuel)
+        self._watch(store)
+        self._start_ticks()
         self._export = "instantiate"
         try:
             self._arm()
-            instance = linker.instantiate(self._store, module)
+            _CURRENT.imports = self._imports
+            if linked_once:
+                pre, _ = self._shared.prepared(("pre", self.digest, kinds),
+                                               lambda: self._linker(imports, kinds).instantiate_pre(module))
+                instance = pre.instantiate(store)
+            else:  # an import only this guest has: linked for it alone
+                linker = wasmtime.Linker(self._shared.engine)
+                for imp in imports:
+                    imp.define(linker)
+                instance = linker.instantiate(store, module)
+        except GuestTrap:
+            self.close()
+            raise
         except wasmtime.Trap as e:
             self.close()
             raise self._trap(e) from None
         except wasmtime.WasmtimeError as e:
             self.close()
+            if self._stopped is not None:
+                raise self._stop_trap() from None
             raise GuestTrap(codes.WASM_TRAP, f"could not instantiate the guest: {_first_line(e)}") from None
-        ex = instance.exports(self._store)
+        ex = instance.exports(store)
         self._memory: wasmtime.Memory = ex["memory"]
         # The ABI's exports, called through prepared C calls (wasmcall.py): their
         # signatures were checked above, and they are the host's hottest path.
-        self._alloc = HotCall(self._store, ex["cf_alloc"], 1)
-        self._init = HotCall(self._store, ex["cf_init"], 2)
-        self._step = HotCall(self._store, ex["cf_step"], 2)
+        self._alloc = HotCall(store, ex["cf_alloc"], 1, checked=True)
+        self._init = HotCall(store, ex["cf_init"], 2, checked=True)
+        self._step = HotCall(store, ex["cf_step"], 2, checked=True)
         on_token = ex.get("cf_on_token")
-        self._on_token = HotCall(self._store, on_token, 2) if on_token is not None else None
+        self._on_token = HotCall(store, on_token, 2, checked=True) if on_token is not None else None
         self.has_on_token = self._on_token is not None
         self._note_memory()
+
+    def _module(self, wasm: bytes, key: tuple, cache: ModuleCache) -> wasmtime.Module:
+        """The module on the shared engine: compiled (or deserialized from ``cache``) the first time."""
+        def load() -> wasmtime.Module:
+            try:
+                return cache.load(self._shared.engine, key, wasm, self.digest)
+            except wasmtime.WasmtimeError as e:
+                raise GuestTrap(codes.WASM_TRAP, f"invalid WebAssembly module: {_first_line(e)}") from None
+
+        module, made = self._shared.prepared(("module", self.digest), load)
+        if not made:
+            cache.count_hit()
+        return module
+
+    def _linker(self, imports: list[HostImports], kinds: tuple) -> wasmtime.Linker:
+        """The engine's linker for this set of import kinds, their functions defined once."""
+        def make() -> wasmtime.Linker:
+            linker = wasmtime.Linker(self._shared.engine)
+            for imp in {type(imp): imp for imp in imports}.values():
+                kind = imp.shared_key
+                imp.define_shared(linker, lambda kind=kind: current_import(kind))
+            return linker
+        return self._shared.prepared(("linker", kinds), make)[0]
 
     # -- deadlines and interruption ---------------------------------------------------
 
     def _arm(self) -> None:
         if self._interrupted:
             raise GuestTrap(codes.CANCELLED, "job cancelled")
-        budget = self.limits.call_timeout_s
-        self._cause = "call"
+        budget, cause = self.limits.call_timeout_s, "call"
         if self.deadline is not None:
             remaining = self.deadline - time.monotonic()
             if remaining <= 0:
                 raise GuestTrap(codes.TIMEOUT, f"the job ran past its time limit of {self.limits.job_timeout_s} s")
             if remaining < budget:
-                budget, self._cause = remaining, "job"
-        set_deadline(self._store, max(1, math.ceil(budget / TICK_S)) + 1)
+                budget, cause = remaining, "job"
+        self._stopped = None
+        self._arm_until(self._store, budget, cause)
+
+    def _stop_trap(self) -> GuestTrap:
+        """Why the call the clock stopped ended (``_stopped``: cancelled, or whose time ran out)."""
+        where = self._export
+        if self._stopped == "cancelled" or self._interrupted:
+            return GuestTrap(codes.CANCELLED, "job cancelled")
+        if self._stopped == "job":
+            return GuestTrap(codes.TIMEOUT, f"the job ran past its time limit of {self.limits.job_timeout_s} s "
+                                            f"(inside `{where}`)")
+        return GuestTrap(codes.TIMEOUT, f"`{where}` ran past its {self.limits.call_timeout_s} s deadline")
 
     def _trap(self, e: wasmtime.Trap) -> GuestTrap:
         code = e.trap_code
         where = self._export
         if code == wasmtime.TrapCode.INTERRUPT:
-            if self._interrupted:
-                return GuestTrap(codes.CANCELLED, "job cancelled")
-            if self._cause == "job":
-                return GuestTrap(codes.TIMEOUT, f"the job ran past its time limit of {self.limits.job_timeout_s} s "
-                                                f"(inside `{where}`)")
-            return GuestTrap(codes.TIMEOUT, f"`{where}` ran past its {self.limits.call_timeout_s} s deadline")
+            return self._stop_trap()
         if code == wasmtime.TrapCode.OUT_OF_FUEL:
             return GuestTrap(codes.TIMEOUT, f"the guest used up its fuel ({self.limits.fuel}) inside `{where}`")
         if code == wasmtime.TrapCode.STACK_OVERFLOW:
@@ -372,11 +352,14 @@ class Guest(EpochTicked):
     def _call(self, name: str, func: HotCall, *args: int) -> int:
         self._export = name
         self._arm()
+        _CURRENT.imports = self._imports
         try:
             return func(*args)
         except wasmtime.Trap as e:
             raise self._trap(e) from None
         except wasmtime.WasmtimeError as e:
+            if self._stopped is not None:
+                raise self._stop_trap() from None
             raise GuestTrap(codes.WASM_TRAP, f"`{name}` failed: {_first_line(e)}") from None
         finally:
             self._note_memory()
@@ -461,6 +444,7 @@ class Guest(EpochTicked):
             return
         self._closed = True
         self._stop_ticks()
+        self._imports = {}
         for attr in ("_memory", "_alloc", "_init", "_step", "_on_token"):
             self.__dict__.pop(attr, None)
         store = self.__dict__.pop("_store", None)
@@ -493,5 +477,5 @@ def _first_line(e: BaseException) -> str:
 
 __all__ = [
     "WASM_MAGIC", "MAX_MODULE_BYTES", "PAGE", "TICK_S", "I32", "WASMTIME_VERSION", "GuestTrap", "HostImports",
-    "EpochTicked", "CacheStats", "ModuleCache", "MODULE_CACHE", "validate_module", "module_digest", "Guest"
+    "current_import", "EpochTicked", "CacheStats", "ModuleCache", "MODULE_CACHE", "validate_module", "module_digest", "Guest"
 ]

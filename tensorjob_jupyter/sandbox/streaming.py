@@ -15,13 +15,15 @@ The functions run on the job's thread, inside a guest call, and never raise:
 an exception escaping a host function would cross wasmtime-py's process-wide
 error slot, so every failure becomes a return code. Chunks go to ``on_chunk``
 (the event stream) in the order they were emitted. The functions are
-registered under both ``wasi:tensor/host@0.1.0`` and ``wasi:tensor/host``.
+registered under both ``wasi:tensor/host@0.1.0`` and ``wasi:tensor/host``,
+once per engine (``define_shared``): each call finds the calling guest's own
+``StreamingHost`` -- its caps, counters, input and sink -- through the guest.
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 import wasmtime
 
@@ -45,6 +47,9 @@ def _range_ok(mem: wasmtime.Memory, caller: wasmtime.Caller, ptr: int, length: i
 
 class StreamingHost:
     """One job's streaming state: its caps, counters, staged input and sink."""
+
+    #: The kind of import this is, for a linker shared by every guest on an engine (``guest.HostImports``).
+    shared_key = "wasi:tensor/host"
 
     def __init__(self, limits: Limits, on_chunk: Callable[[bytes], None],
                  input_bytes: bytes = b"", *, enabled: bool = True,
@@ -74,6 +79,34 @@ class StreamingHost:
             linker.define_func(module, "flush", none, self._flush, access_caller=True)
             linker.define_func(module, "input-len", none, self._input_len, access_caller=True)
             linker.define_func(module, "read-input", two, self._read_input, access_caller=True)
+
+    @classmethod
+    def define_shared(cls, linker: wasmtime.Linker, current: Callable[[], Optional["StreamingHost"]]) -> None:
+        """The functions once for every guest on ``linker``'s engine; ``current()`` is the calling guest's host."""
+        two = wasmtime.FuncType([_I32, _I32], [_I32])
+        none = wasmtime.FuncType([], [_I32])
+
+        def emit_chunk(caller: wasmtime.Caller, ptr: int, length: int) -> int:
+            host = current()
+            return host._emit_chunk(caller, ptr, length) if host is not None else REFUSED
+
+        def flush(caller: wasmtime.Caller) -> int:
+            host = current()
+            return host._flush(caller) if host is not None else REFUSED
+
+        def input_len(caller: wasmtime.Caller) -> int:
+            host = current()
+            return host._input_len(caller) if host is not None else 0
+
+        def read_input(caller: wasmtime.Caller, ptr: int, length: int) -> int:
+            host = current()
+            return host._read_input(caller, ptr, length) if host is not None else REFUSED
+
+        for module in MODULES:
+            linker.define_func(module, "emit-chunk", two, emit_chunk, access_caller=True)
+            linker.define_func(module, "flush", none, flush, access_caller=True)
+            linker.define_func(module, "input-len", none, input_len, access_caller=True)
+            linker.define_func(module, "read-input", two, read_input, access_caller=True)
 
     # -- the functions ------------------------------------------------------------
 

@@ -36,11 +36,13 @@ class HotCall:
 
     __slots__ = ("_context", "_func", "_values", "_count")
 
-    def __init__(self, store: wasmtime.Store, func: wasmtime.Func, params: int):
-        ty = func.type(store)
-        if len(ty.params) != params or len(ty.results) != 1 or any(
-                str(t) != "i32" for t in [*ty.params, *ty.results]):
-            raise TypeError(f"HotCall needs ({params} x i32) -> i32, got {ty.params} -> {ty.results}")
+    def __init__(self, store: wasmtime.Store, func: wasmtime.Func, params: int, *, checked: bool = False):
+        """``checked``: the caller has already checked the signature on the module (``validate_module``)."""
+        if not checked:
+            ty = func.type(store)
+            if len(ty.params) != params or len(ty.results) != 1 or any(
+                    str(t) != "i32" for t in [*ty.params, *ty.results]):
+                raise TypeError(f"HotCall needs ({params} x i32) -> i32, got {ty.params} -> {ty.results}")
         self._context = store._context()
         self._func = ctypes.byref(func._func)
         self._count = max(params, 1)

@@ -73,7 +73,8 @@ from wasmtime import component
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import codes
 from tensorjob_jupyter.limits import Limits
-from tensorjob_jupyter.sandbox.guest import TICK_S, EpochTicked, GuestTrap
+from tensorjob_jupyter.sandbox.engines import EpochTicked, SharedEngine, shared_engine
+from tensorjob_jupyter.sandbox.guest import GuestTrap
 from tensorjob_jupyter.sandbox.python import hostcall, interpreter
 from tensorjob_jupyter.sandbox.python.program import MAX_SOURCE_BYTES, PythonProgram, format_syntax_error
 from tensorjob_jupyter.sandbox.streaming import DISABLED, DISCONNECTED, OK, REFUSED, StreamingHost
@@ -268,32 +269,26 @@ class PythonGuest(EpochTicked):
         self._log_partial = {1: "", 2: ""}
         self._log_extra = {1: 0, 2: 0}
         self.fuel = self.limits.fuel is not None
-        self._call_ticks = max(1, math.ceil(self.limits.call_timeout_s / TICK_S)) + 1
 
         if len(program.source.encode("utf-8")) > MAX_SOURCE_BYTES:
             raise GuestTrap(codes.WASM_TRAP, f"the Python guest is over {MAX_SOURCE_BYTES} bytes")
         try:
             self.interpreter = interpreter.ensure(self.fuel, progress)
+            self._shared, comp, linker = _prepared(self.interpreter, self.fuel, self.limits.stack_bytes)
         except interpreter.InterpreterError as e:
             raise GuestTrap(codes.UNSUPPORTED, f"cannot run a Python guest: {e}") from None
-        self._engine = wasmtime.Engine(interpreter.engine_config(self.fuel, self.limits.stack_bytes))
-        try:
-            comp = interpreter.load_component(self._engine, self.interpreter)
-        except interpreter.InterpreterError as e:
-            raise GuestTrap(codes.UNSUPPORTED, f"cannot run a Python guest: {e}") from None
-        self._linker = component.Linker(self._engine)
-        self._linker.add_wasip2()
-        self._linker.allow_shadowing = True
-        self._define(self._linker)
-        self._store = wasmtime.Store(self._engine)
+        self._rng = random.Random(self.determinism.seed)
+        self._store = wasmtime.Store(self._shared.engine)
         self._store.set_wasi(wasmtime.WasiConfig())  # nothing granted: no dirs, env, args, network
         self._store.set_limits(memory_size=self.limits.memory_bytes, table_elements=1_000_000)
         if self.fuel:
             self._store.set_fuel(STARTUP_FUEL)
-        self._start_ticks(self.limits.call_timeout_s)
+        self._watch(self._store)
+        self._start_ticks()
+        _CURRENT.guest = self
         try:
             self._arm(self._store)
-            instance = self._linker.instantiate(self._store, comp)
+            instance = linker.instantiate(self._store, comp)
             self._run = instance.get_func(self._store, "run")
             self._check = instance.get_func(self._store, "check")
         except wasmtime.WasmtimeError as e:
@@ -303,6 +298,8 @@ class PythonGuest(EpochTicked):
                 raise GuestTrap(codes.LIMIT_EXCEEDED, f"the Python interpreter needs more memory than the job's "
                                                       f"memory_bytes ({self.limits.memory_bytes}): {message}") from None
             raise GuestTrap(codes.WASM_TRAP, f"could not start the Python interpreter: {message}") from None
+        finally:
+            _CURRENT.guest = None
         if self._run is None or self._check is None:
             self.close()
             raise GuestTrap(codes.WASM_TRAP, "the Python interpreter lacks its run/check exports")
@@ -312,67 +309,25 @@ class PythonGuest(EpochTicked):
 
     # -- the host functions (run on the interpreter's thread, inside a guest call) ---------------
 
-    def _define(self, linker: component.Linker) -> None:
-        def guarded(fn: Callable) -> Callable:
-            def call(store: Any, *args: Any) -> Any:
-                try:
-                    return fn(store, *args)
-                except wasmtime.WasmtimeError:
-                    raise
-                except _Protocol as e:
-                    raise wasmtime.WasmtimeError(f"tensorjob: the guest broke the host protocol: {e}") from None
-                except BaseException as e:  # noqa: BLE001 - never into wasmtime's process-wide error slot
-                    if self._host_error is None:
-                        self._host_error = e
-                    raise wasmtime.WasmtimeError(f"tensorjob: host failure: {type(e).__name__}: {e}") from None
-            return call
+    def _guarded(self, fn: Callable, store: Any, *args: Any) -> Any:
+        """A host function's call: a failure ends the guest's call with a ``WasmtimeError``, never an
+        exception into wasmtime's process-wide error slot."""
+        try:
+            return fn(store, *args)
+        except wasmtime.WasmtimeError:
+            raise
+        except _Protocol as e:
+            raise wasmtime.WasmtimeError(f"tensorjob: the guest broke the host protocol: {e}") from None
+        except BaseException as e:  # noqa: BLE001 - never into wasmtime's process-wide error slot
+            if self._host_error is None:
+                self._host_error = e
+            raise wasmtime.WasmtimeError(f"tensorjob: host failure: {type(e).__name__}: {e}") from None
 
-        def refuse(what: str) -> Callable:
-            def fn(store: Any, *args: Any) -> Any:
-                raise wasmtime.WasmtimeError(f"tensorjob: a guest cannot {what}")
-            return fn
+    def _h_random_u64(self, store: Any) -> int:
+        return self._rng.getrandbits(64)
 
-        with linker.root() as root:
-            with root.add_instance(HOST) as h:  # the hot ones through hostcall (fixed signatures)
-                hostcall.add_func(h, "command", guarded(self._h_command), ("string", "bool"), "string")
-                hostcall.add_func(h, "verdict", guarded(self._h_verdict), ("bool",), "string")
-                hostcall.add_func(h, "log", guarded(self._h_log), ("u8", "string"))
-                hostcall.add_func(h, "emit-chunk", guarded(self._h_emit_chunk), ("string",), "s32")
-                hostcall.add_func(h, "flush", guarded(self._h_flush), (), "s32")
-                hostcall.add_func(h, "input-len", guarded(self._h_input_len), (), "u32")
-                hostcall.add_func(h, "read-input", guarded(self._h_read_input), ("u32", "u32"), "string")
-                hostcall.add_func(h, "sleep", guarded(self._h_sleep), ("u64",))
-                hostcall.add_func(h, "ready", guarded(self._h_ready))
-            with root.add_instance("wasi:clocks/wall-clock" + WASI) as w:
-                w.add_func("now", guarded(self._h_wall_now))
-                w.add_func("resolution", lambda store: _record(seconds=0, nanoseconds=1000))
-            with root.add_instance("wasi:clocks/monotonic-clock" + WASI) as m:
-                m.add_func("now", guarded(self._h_monotonic_now))
-                m.add_func("resolution", lambda store: 1000)
-                m.add_func("subscribe-instant", refuse("wait on a timer (time.sleep is a host call)"))
-                m.add_func("subscribe-duration", refuse("wait on a timer (time.sleep is a host call)"))
-            with root.add_instance("wasi:random/random" + WASI) as r:
-                r.add_func("get-random-bytes", guarded(self._h_random_bytes))
-                r.add_func("get-random-u64", guarded(lambda store: self._rng.getrandbits(64)))
-            with root.add_instance("wasi:random/insecure" + WASI) as r:
-                r.add_func("get-insecure-random-bytes", guarded(self._h_random_bytes))
-                r.add_func("get-insecure-random-u64", guarded(lambda store: self._rng.getrandbits(64)))
-            with root.add_instance("wasi:random/insecure-seed" + WASI) as r:
-                r.add_func("insecure-seed", guarded(lambda store: (self._rng.getrandbits(64),
-                                                                   self._rng.getrandbits(64))))
-            with root.add_instance("wasi:cli/environment" + WASI) as e:
-                e.add_func("get-environment", lambda store: [])
-                e.add_func("get-arguments", lambda store: [])
-                e.add_func("initial-cwd", lambda store: None)
-            with root.add_instance("wasi:cli/exit" + WASI) as x:
-                x.add_func("exit", refuse("exit the interpreter (return from main, or tj.fail)"))
-            with root.add_instance("wasi:filesystem/preopens" + WASI) as p:
-                p.add_func("get-directories", lambda store: [])
-            with root.add_instance("wasi:sockets/tcp-create-socket" + WASI) as s:
-                s.add_func("create-tcp-socket", lambda store, family: "access-denied")
-            with root.add_instance("wasi:sockets/udp-create-socket" + WASI) as s:
-                s.add_func("create-udp-socket", lambda store, family: "access-denied")
-        self._rng = random.Random(self.determinism.seed)
+    def _h_insecure_seed(self, store: Any) -> tuple[int, int]:
+        return self._rng.getrandbits(64), self._rng.getrandbits(64)
 
     def _h_command(self, store: Any, text: str, stream: bool) -> str:
         if self._expect != "command":
@@ -557,18 +512,13 @@ class PythonGuest(EpochTicked):
         return budget, cause
 
     def _arm(self, store: Any) -> None:
-        """Set the epoch deadline for the stretch of guest code about to run (any store context)."""
+        """Set the deadline for the stretch of guest code about to run (any store context)."""
         if self._interrupted:
             raise wasmtime.WasmtimeError(_CLOSE)
-        if self.deadline is None:
-            self._cause = "call"
-            ticks = self._call_ticks
-        else:
-            budget, self._cause = self._budget()
-            if budget <= 0:
-                raise wasmtime.WasmtimeError("tensorjob: the job ran past its time limit")
-            ticks = max(1, math.ceil(budget / TICK_S)) + 1
-        ffi.wasmtime_context_set_epoch_deadline(store._context(), ticks)
+        budget, cause = self._budget()
+        if self.deadline is not None and budget <= 0:
+            raise wasmtime.WasmtimeError("tensorjob: the job ran past its time limit")
+        self._arm_until(store, budget, cause)
 
     def _classify(self, e: BaseException) -> GuestTrap:
         """The GuestTrap for an error that ended the interpreter's call."""
@@ -608,6 +558,7 @@ class PythonGuest(EpochTicked):
     def _thread_main(self, input_text: str) -> None:
         store = self._store
         message: tuple
+        _CURRENT.guest = self
         try:
             self._export = "start-up"
             self._arm(store)
@@ -622,6 +573,7 @@ class PythonGuest(EpochTicked):
                                                                f"{type(e).__name__}: {e}"))
         finally:
             self._dead = True
+            _CURRENT.guest = None
         try:
             if message[0] == "final":
                 self._finish_log()
@@ -638,9 +590,6 @@ class PythonGuest(EpochTicked):
             self.__dict__.pop(attr, None)
         if store is not None:
             store.close()
-        linker = self.__dict__.pop("_linker", None)
-        if linker is not None:
-            linker.close()
 
     # -- the reactor's side ----------------------------------------------------------------------
 
@@ -662,7 +611,7 @@ class PythonGuest(EpochTicked):
                     now = time.monotonic()
                     if waited_past is None:
                         waited_past = now
-                        self._burst()  # the deadline passed; make sure the guest traps
+                        self._kick()  # the deadline passed: the guest's call stops at once
                     elif now - waited_past > GRACE_S:
                         raise GuestTrap(codes.TIMEOUT, "the Python guest did not stop at its deadline")
         kind = message[0]
@@ -742,8 +691,12 @@ class PythonGuest(EpochTicked):
         if self._thread is not None:
             raise RuntimeError("check_syntax() runs before init()")
         self._arm(self._store)
-        out = self._check(self._store, self.program.source, self.program.filename)
-        self._check.post_return(self._store)
+        _CURRENT.guest = self
+        try:
+            out = self._check(self._store, self.program.source, self.program.filename)
+            self._check.post_return(self._store)
+        finally:
+            _CURRENT.guest = None
         return out
 
     def close(self) -> None:
@@ -756,8 +709,7 @@ class PythonGuest(EpochTicked):
             self._to_guest.put(("close",))
             thread.join(timeout=1.0)
             if thread.is_alive():  # still running guest code: stop it
-                self._interrupted = True
-                self._burst()
+                self.interrupt()
                 thread.join(timeout=GRACE_S)
         elif thread is None:
             self._release_store()
@@ -767,6 +719,96 @@ class PythonGuest(EpochTicked):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# --- what every Python guest on an engine shares ---------------------------------------------------
+
+#: The Python guest whose interpreter is running on this thread: the host functions, linked once per
+#: engine, serve it (a store is used by one thread at a time).
+_CURRENT = threading.local()
+
+
+def _current() -> "PythonGuest":
+    guest = getattr(_CURRENT, "guest", None)
+    if guest is None:
+        raise wasmtime.WasmtimeError("tensorjob: a host function was called outside a Python guest's call")
+    return guest
+
+
+def _serve(name: str) -> Callable:
+    """The host function ``name`` of the calling guest (a ``PythonGuest`` method), guarded."""
+    def call(store: Any, *args: Any) -> Any:
+        guest = _current()
+        return guest._guarded(getattr(guest, name), store, *args)
+    return call
+
+
+def _refuse(what: str) -> Callable:
+    def fn(store: Any, *args: Any) -> Any:
+        raise wasmtime.WasmtimeError(f"tensorjob: a guest cannot {what}")
+    return fn
+
+
+def _define_shared(linker: component.Linker) -> None:
+    """Every function the interpreter imports, once per engine: each serves the calling guest."""
+    with linker.root() as root:
+        with root.add_instance(HOST) as h:  # the hot ones through hostcall (fixed signatures)
+            hostcall.add_func(h, "command", _serve("_h_command"), ("string", "bool"), "string")
+            hostcall.add_func(h, "verdict", _serve("_h_verdict"), ("bool",), "string")
+            hostcall.add_func(h, "log", _serve("_h_log"), ("u8", "string"))
+            hostcall.add_func(h, "emit-chunk", _serve("_h_emit_chunk"), ("string",), "s32")
+            hostcall.add_func(h, "flush", _serve("_h_flush"), (), "s32")
+            hostcall.add_func(h, "input-len", _serve("_h_input_len"), (), "u32")
+            hostcall.add_func(h, "read-input", _serve("_h_read_input"), ("u32", "u32"), "string")
+            hostcall.add_func(h, "sleep", _serve("_h_sleep"), ("u64",))
+            hostcall.add_func(h, "ready", _serve("_h_ready"))
+        with root.add_instance("wasi:clocks/wall-clock" + WASI) as w:
+            w.add_func("now", _serve("_h_wall_now"))
+            w.add_func("resolution", lambda store: _record(seconds=0, nanoseconds=1000))
+        with root.add_instance("wasi:clocks/monotonic-clock" + WASI) as m:
+            hostcall.add_func(m, "now", _serve("_h_monotonic_now"), (), "u64")
+            m.add_func("resolution", lambda store: 1000)
+            m.add_func("subscribe-instant", _refuse("wait on a timer (time.sleep is a host call)"))
+            m.add_func("subscribe-duration", _refuse("wait on a timer (time.sleep is a host call)"))
+        with root.add_instance("wasi:random/random" + WASI) as r:
+            hostcall.add_func(r, "get-random-bytes", _serve("_h_random_bytes"), ("u64",), "bytes")
+            hostcall.add_func(r, "get-random-u64", _serve("_h_random_u64"), (), "u64")
+        with root.add_instance("wasi:random/insecure" + WASI) as r:
+            hostcall.add_func(r, "get-insecure-random-bytes", _serve("_h_random_bytes"), ("u64",), "bytes")
+            hostcall.add_func(r, "get-insecure-random-u64", _serve("_h_random_u64"), (), "u64")
+        with root.add_instance("wasi:random/insecure-seed" + WASI) as r:
+            r.add_func("insecure-seed", _serve("_h_insecure_seed"))
+        with root.add_instance("wasi:cli/environment" + WASI) as e:
+            e.add_func("get-environment", lambda store: [])
+            e.add_func("get-arguments", lambda store: [])
+            e.add_func("initial-cwd", lambda store: None)
+        with root.add_instance("wasi:cli/exit" + WASI) as x:
+            x.add_func("exit", _refuse("exit the interpreter (return from main, or tj.fail)"))
+        with root.add_instance("wasi:filesystem/preopens" + WASI) as p:
+            p.add_func("get-directories", lambda store: [])
+        with root.add_instance("wasi:sockets/tcp-create-socket" + WASI) as s:
+            s.add_func("create-tcp-socket", lambda store, family: "access-denied")
+        with root.add_instance("wasi:sockets/udp-create-socket" + WASI) as s:
+            s.add_func("create-udp-socket", lambda store, family: "access-denied")
+
+
+def _prepared(interp: interpreter.Interpreter, fuel: bool, stack_bytes: int
+              ) -> tuple[SharedEngine, component.Component, component.Linker]:
+    """The engine for these settings, the interpreter's component loaded into it once, and its linker
+    with the host's functions defined once (``InterpreterError`` if the component cannot be loaded)."""
+    shared = shared_engine(("python", interpreter.engine_key(fuel), stack_bytes),
+                           lambda: interpreter.engine_config(fuel, stack_bytes))
+    comp, _ = shared.prepared(("component", interp.sha256), lambda: interpreter.load_component(shared.engine, interp))
+
+    def make_linker() -> component.Linker:
+        linker = component.Linker(shared.engine)
+        linker.add_wasip2()
+        linker.allow_shadowing = True
+        _define_shared(linker)
+        return linker
+
+    linker, _ = shared.prepared(("linker",), make_linker)
+    return shared, comp, linker
 
 
 def check_syntax(source: str, filename: str = "cell.py", *, progress: interpreter.Progress | None = None) -> None:

@@ -37,7 +37,15 @@ _KINDS = {
     "u32": ("u32", ffi.WASMTIME_COMPONENT_U32),
     "u64": ("u64", ffi.WASMTIME_COMPONENT_U64),
     "string": ("string", ffi.WASMTIME_COMPONENT_STRING),
+    "bytes": ("list", ffi.WASMTIME_COMPONENT_LIST),  # list<u8>, as a result only
 }
+#: A ``list<u8>`` is a list of whole values, one per byte: laid out here in one pass over the bytes
+#: (wasmtime-py's own conversion makes a Python object per byte, about a microsecond each).
+_VAL = ffi.wasmtime_component_val_t
+_VAL_SIZE = ctypes.sizeof(_VAL)
+_KIND_OFFSET = _VAL.kind.offset
+_U8_OFFSET = _VAL.of.offset
+_U8_KIND = ffi.WASMTIME_COMPONENT_U8.value
 
 _lock = threading.Lock()
 _functions: dict[int, tuple[Callable, tuple[str, ...], str | None]] = {}
@@ -66,10 +74,26 @@ def _read(value: Any, kind: str) -> Any:
     return int(getattr(value.of, _KINDS[kind][0]))
 
 
+def _byte_list(data: bytes) -> Any:
+    """A ``wasmtime_component_vallist_t`` of ``u8`` values holding ``data``."""
+    raw = ffi.wasmtime_component_vallist_t()
+    n = len(data)
+    if n == 0:
+        ffi.wasmtime_component_vallist_new_empty(ctypes.byref(raw))
+        return raw
+    layout = bytearray(n * _VAL_SIZE)
+    layout[_KIND_OFFSET::_VAL_SIZE] = bytes((_U8_KIND,)) * n
+    layout[_U8_OFFSET::_VAL_SIZE] = data
+    ffi.wasmtime_component_vallist_new(ctypes.byref(raw), n, (_VAL * n).from_buffer(layout))
+    return raw
+
+
 def _write(result: Any, kind: str, value: Any) -> None:
     field, constant = _KINDS[kind]
     result.contents.kind = constant
-    if kind == "string":
+    if kind == "bytes":
+        result.contents.of.list = _byte_list(bytes(value))
+    elif kind == "string":
         result.contents.of.string = ffi.str_to_capi(value)
     elif kind == "bool":
         result.contents.of.boolean = bool(value)
@@ -110,8 +134,8 @@ def _finalize(idx):  # type: ignore[no-untyped-def]
 def add_func(instance: Any, name: str, fn: Callable, params: tuple[str, ...] = (), result: str | None = None) -> None:
     """Define ``name`` in a component ``LinkerInstance`` as ``fn(store, *params) -> result``."""
     for kind in (*params, *([result] if result else [])):
-        if kind not in _KINDS:
-            raise ValueError(f"hostcall converts {', '.join(_KINDS)}, not {kind}")
+        if kind not in _KINDS or (kind == "bytes" and kind in params):
+            raise ValueError(f"hostcall converts {', '.join(_KINDS)} (bytes as a result only), not {kind}")
     instance._assert_not_locked()
     with _lock:
         idx = next(_ids)

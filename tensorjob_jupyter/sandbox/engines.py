@@ -1,0 +1,241 @@
+"""Shared wasmtime engines: one per configuration, each guest in a store of its own on it.
+
+Making an engine, loading a module into it and linking the host's functions cost about a millisecond,
+a few for the Python interpreter's component; doing it once per configuration instead of once per guest
+is what lets a map start thousands of guests a second. What stays per guest is what the guarantees are
+made of: its own ``Store`` (its instance, its memory under its limit, its fuel), its own deadline and its
+own cancel. Only the engine and what was compiled or linked for it are shared, and none of that holds
+guest state.
+
+Deadlines and cancel on a shared engine. An engine has one epoch counter, so pushing it past every
+deadline -- how a cancel reached a guest spinning in a call when each guest had its own engine -- would
+now stop every guest on it. Instead each store's deadline is always the next tick, and when it passes
+wasmtime asks the store's callback (``wasmtime_store_epoch_deadline_callback``) whether to go on: it goes
+on for another tick unless its guest was interrupted or its call's time is up (``EpochTicked``), and then
+the call ends with an error that says ``wasm trap: interrupt``. A cancel marks the guest and ticks the
+engine at once, so it lands within microseconds, not at the next tick; the other guests on the engine
+are merely asked, and go on. A guest that runs no code costs nothing: the callback runs only while a
+store is inside a call when a tick comes.
+
+``EpochClock`` is the one thread that ticks every engine with live guests (one increment per engine per
+tick, however many guests it holds).
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import itertools
+import math
+import threading
+import time
+import weakref
+from typing import Any, Callable
+
+import wasmtime
+from wasmtime import _ffi as ffi
+
+#: Epoch tick: deadlines fire within one tick; interrupts are immediate.
+TICK_S = 0.02
+#: What a store's call ends with when its guest is stopped (the interpreter's classifier and ``Guest``
+#: look for these words, as for a wasmtime interrupt trap).
+STOPPED_MESSAGE = b"wasm trap: interrupt (tensorjob: the guest was stopped)"
+#: Prepared items (modules, pre-linked instances, components) one engine keeps, the least used dropped first.
+MAX_PREPARED = 256
+
+_DEADLINE_CB = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.POINTER(ffi.wasmtime_context_t), ctypes.c_void_p,
+                                ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ffi.wasmtime_update_deadline_kind_t))
+_FINALIZE_CB = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_UPDATE_CONTINUE = 0
+
+
+class SharedEngine:
+    """One wasmtime ``Engine`` for one configuration, and what has been prepared on it.
+
+    ``prepared(key, make)`` is a small cache (least recently used dropped past ``MAX_PREPARED``): a
+    module compiled or deserialized once, a linker with the host's functions defined once, an
+    ``InstancePre`` -- each made by ``make()`` the first time, on the calling thread.
+    """
+
+    def __init__(self, config: wasmtime.Config, key: tuple):
+        self.engine = wasmtime.Engine(config)
+        self.key = key
+        self.live = 0  # guests with a store on this engine now (the clock ticks it while > 0)
+        self._prepared: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def prepared(self, key: Any, make: Callable[[], Any]) -> tuple[Any, bool]:
+        """What ``make()`` made for ``key`` on this engine, and whether it was made just now."""
+        with self._lock:
+            item = self._prepared.get(key)
+            if item is not None:
+                self._prepared.move_to_end(key)
+                return item, False
+        item = make()  # outside the lock: a slow compile must not hold the other guests' starts
+        with self._lock:
+            kept = self._prepared.setdefault(key, item)
+            self._prepared.move_to_end(key)
+            while len(self._prepared) > MAX_PREPARED:
+                self._prepared.popitem(last=False)
+        return kept, kept is item
+
+    def forget(self) -> None:
+        with self._lock:
+            self._prepared.clear()
+
+
+_ENGINES: dict[tuple, SharedEngine] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def shared_engine(key: tuple, config: Callable[[], wasmtime.Config]) -> SharedEngine:
+    """The process's engine for configuration ``key`` (``config()`` builds it the first time)."""
+    with _ENGINES_LOCK:
+        engine = _ENGINES.get(key)
+        if engine is None:
+            engine = _ENGINES[key] = SharedEngine(config(), key)
+        return engine
+
+
+def forget_prepared() -> None:
+    """Drop every module and component prepared on the shared engines (the next guests prepare them again)."""
+    with _ENGINES_LOCK:
+        engines = list(_ENGINES.values())
+    for engine in engines:
+        engine.forget()
+
+
+# --- the clock -------------------------------------------------------------------------------
+
+
+class EpochClock:
+    """One daemon thread that advances the epoch of every engine with live guests, once a tick."""
+
+    def __init__(self) -> None:
+        self._engines: dict[int, SharedEngine] = {}
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def register(self, engine: SharedEngine) -> None:
+        with self._cond:
+            engine.live += 1
+            self._engines[id(engine)] = engine
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="tensorjob-epoch", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def unregister(self, engine: SharedEngine) -> None:
+        with self._cond:
+            engine.live -= 1
+            if engine.live <= 0:
+                engine.live = 0
+                self._engines.pop(id(engine), None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._engines:
+                    self._cond.wait()
+                engines = list(self._engines.values())
+            for engine in engines:
+                engine.engine.increment_epoch()
+            time.sleep(TICK_S)
+
+
+CLOCK = EpochClock()
+
+
+# --- each store's deadline ---------------------------------------------------------------------
+
+_TICKED: dict[int, "weakref.ref[EpochTicked]"] = {}
+_TICKED_LOCK = threading.Lock()
+_IDS = itertools.count(1)
+
+
+@_DEADLINE_CB
+def _on_deadline(context, data, delta, kind):  # type: ignore[no-untyped-def]
+    """A store's deadline passed (a tick, or a kick): on for one more tick, or stop the call."""
+    try:
+        ref = _TICKED.get(data or 0)
+        guest = ref() if ref is not None else None
+        if guest is not None and guest._epoch_verdict() is None:
+            delta[0] = 1
+            kind[0] = _UPDATE_CONTINUE
+            return 0
+    except BaseException:  # noqa: BLE001 - never into wasmtime: a failure here stops the call
+        pass
+    return ctypes.cast(ffi.wasmtime_error_new(STOPPED_MESSAGE), ctypes.c_void_p).value or 0
+
+
+@_FINALIZE_CB
+def _forget_store(data):  # type: ignore[no-untyped-def]
+    with _TICKED_LOCK:
+        _TICKED.pop(data or 0, None)
+
+
+class EpochTicked:
+    """What every guest kind shares with the clock: a store on a shared engine whose deadline is the next
+    tick, a callback that decides at each tick, and a cancel from any thread (``interrupt``).
+
+    A guest sets ``_shared`` and calls ``_watch(store)`` once its store exists, ``_start_ticks`` while it
+    is live, ``_arm_until(seconds, cause)`` before each stretch of guest code, and reads ``_stopped``
+    (``"cancelled"``, ``"call"`` or ``"job"``) when a call ends in an error."""
+
+    _shared: SharedEngine
+    _interrupted: bool = False
+    _stop_at: float = math.inf
+    _cause: str = "call"
+    _stopped: str | None = None
+    _ticking: bool = False
+
+    def _watch(self, store: wasmtime.Store) -> None:
+        """Install the deadline callback on ``store`` (once, right after it is made)."""
+        key = next(_IDS)
+        with _TICKED_LOCK:
+            _TICKED[key] = weakref.ref(self)
+        ffi.wasmtime_store_epoch_deadline_callback(store.ptr(), _on_deadline, key, _forget_store)
+        ffi.wasmtime_context_set_epoch_deadline(store._context(), 1)
+
+    def _start_ticks(self, call_timeout_s: float | None = None) -> None:
+        if not self._ticking:
+            self._ticking = True
+            CLOCK.register(self._shared)
+
+    def _stop_ticks(self) -> None:
+        if self._ticking:
+            self._ticking = False
+            CLOCK.unregister(self._shared)
+
+    def _arm_until(self, context: Any, seconds: float, cause: str) -> None:
+        """The next stretch of guest code on ``context`` (a store or a call's context) may run ``seconds``."""
+        self._stop_at = time.monotonic() + seconds
+        self._cause = cause
+        ffi.wasmtime_context_set_epoch_deadline(context._context(), 1)
+
+    def _epoch_verdict(self) -> str | None:
+        """None: the call goes on; else why it stops (kept in ``_stopped``). On the guest's thread."""
+        if self._interrupted:
+            self._stopped = "cancelled"
+        elif time.monotonic() >= self._stop_at:
+            self._stopped = self._cause
+        else:
+            return None
+        return self._stopped
+
+    def interrupt(self) -> None:
+        """Stop the guest as soon as possible, from any thread (for cancel)."""
+        self._interrupted = True
+        self._kick()
+
+    def _kick(self) -> None:
+        """Tick this guest's engine now: a store inside a call asks its callback at once."""
+        shared = getattr(self, "_shared", None)
+        if shared is not None:
+            shared.engine.increment_epoch()
+
+
+__all__ = [
+    "TICK_S", "STOPPED_MESSAGE", "MAX_PREPARED", "SharedEngine", "shared_engine", "forget_prepared", "EpochClock",
+    "CLOCK", "EpochTicked"
+]

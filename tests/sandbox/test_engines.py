@@ -1,0 +1,61 @@
+"""Guests on a shared engine (sandbox/engines.py) keep their own instance, memory, deadline and cancel."""
+
+import threading
+import time
+
+import pytest
+
+import tensorjob_jupyter as tj
+from tensorjob_jupyter.abi import codes
+from tensorjob_jupyter.sandbox.guest import Guest, GuestTrap
+
+import wat
+
+#: cf_init traps if the cell at 0x8000 is already set, else sets it: a second guest that saw the first's
+#: memory would trap.
+FRESH = wat.script_guest([{"cmd": "done", "result": "fresh"}], init_body="""
+  (if (i32.load (i32.const 0x8000)) (then (unreachable)))
+  (i32.store (i32.const 0x8000) (i32.const 1))
+  (call $next)""")
+
+
+def test_guests_of_one_module_each_start_with_memory_of_their_own():
+    for _ in range(3):
+        env = tj.run(FRESH)
+        assert env.ok and env.result == "fresh", env
+    with Guest(FRESH) as a, Guest(FRESH) as b:  # two live instances of the one prepared module at once
+        a.init(b"{}")
+        b.init(b"{}")
+
+
+def test_cancelling_one_spinning_guest_leaves_another_on_the_same_engine_running():
+    spin = wat.spin_in_init()
+    outcome: dict = {}
+
+    def run(name, guest):
+        started = time.monotonic()
+        try:
+            guest.init(b"{}")
+        except GuestTrap as e:
+            outcome[name] = (e.code, time.monotonic() - started)
+
+    with Guest(spin, tj.Limits(call_timeout_s=30)) as a, Guest(spin, tj.Limits(call_timeout_s=1.0)) as b:
+        threads = [threading.Thread(target=run, args=("a", a)), threading.Thread(target=run, args=("b", b))]
+        for t in threads:
+            t.start()
+        time.sleep(0.2)
+        a.interrupt()
+        threads[0].join(5)
+        assert outcome.get("a", (None,))[0] == codes.CANCELLED
+        assert "b" not in outcome  # b spins on: a's cancel was a's alone
+        threads[1].join(10)
+    code, took = outcome["b"]
+    assert code == codes.TIMEOUT and took >= 0.95  # b stopped at its own deadline, not at a's cancel
+
+
+@pytest.mark.parametrize("memory_bytes", [8 << 20, 16 << 20])
+def test_each_guest_on_a_shared_engine_has_its_own_memory_limit(memory_bytes):
+    job = tj.Job(wat.memory_bomb(), limits=tj.Limits(memory_bytes=memory_bytes)).start()
+    env = job.wait(30)
+    assert env.ok and env.result == "survived"
+    assert memory_bytes // 2 < job.stats.peak_memory_bytes <= memory_bytes
