@@ -147,8 +147,8 @@ def per_item(args, tmp: Path) -> dict:
     results: dict = {}
     for rnd in range(args.rounds):
         for kind, path in files.items():
-            for name, tree in trees.items():
-                row = run_child(CHILD, tree, [str(path), str(tmp / f"{kind}-{rnd}-{len(results)}"), str(args.items)])
+            for n, (name, tree) in enumerate(trees.items()):  # a run folder of its own for each map
+                row = run_child(CHILD, tree, [str(path), str(tmp / f"{kind}-{rnd}-{n}"), str(args.items)])
                 row["load"] = load()
                 results.setdefault((kind, name), []).append(row)
                 print(f"  round {rnd + 1} {kind:<7} {name:<20} {row['items_s']:8.1f} items/s  "
