@@ -46,6 +46,7 @@ MAX_PREPARED = 256
 _DEADLINE_CB = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.POINTER(ffi.wasmtime_context_t), ctypes.c_void_p,
                                 ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ffi.wasmtime_update_deadline_kind_t))
 _FINALIZE_CB = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_NO_FINALIZER = _FINALIZE_CB()  # a NULL finalizer
 _UPDATE_CONTINUE = 0
 
 
@@ -168,10 +169,9 @@ def _on_deadline(context, data, delta, kind):  # type: ignore[no-untyped-def]
     return ctypes.cast(ffi.wasmtime_error_new(STOPPED_MESSAGE), ctypes.c_void_p).value or 0
 
 
-@_FINALIZE_CB
-def _forget_store(data):  # type: ignore[no-untyped-def]
+def _forget(key: int) -> None:
     with _TICKED_LOCK:
-        _TICKED.pop(data or 0, None)
+        _TICKED.pop(key, None)
 
 
 class EpochTicked:
@@ -192,9 +192,9 @@ class EpochTicked:
     def _watch(self, store: wasmtime.Store) -> None:
         """Install the deadline callback on ``store`` (once, right after it is made)."""
         key = next(_IDS)
-        with _TICKED_LOCK:
-            _TICKED[key] = weakref.ref(self)
-        ffi.wasmtime_store_epoch_deadline_callback(store.ptr(), _on_deadline, key, _forget_store)
+        with _TICKED_LOCK:  # the entry goes with the guest (no store finalizer: one called back into Python
+            _TICKED[key] = weakref.ref(self, lambda _ref, key=key: _forget(key))  # as the interpreter ends crashes)
+        ffi.wasmtime_store_epoch_deadline_callback(store.ptr(), _on_deadline, key, _NO_FINALIZER)
         ffi.wasmtime_context_set_epoch_deadline(store._context(), 1)
 
     def _start_ticks(self, call_timeout_s: float | None = None) -> None:
