@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-__all__ = ["MAX_FIELDS", "Scalar", "field_path", "result_fields", "split_path"]
+__all__ = ["MAX_FIELDS", "MISSING", "Scalar", "field_path", "result_fields", "split_path", "value_at"]
 
 #: The most leaves of one result that get a field of their own; the rest are not walked.
 MAX_FIELDS = 1_000
@@ -44,6 +44,25 @@ def split_path(path: str) -> list[str]:
             current.append(ch)
     parts.append("".join(current))
     return parts
+
+
+#: What ``value_at`` gives for a path that names nothing in the value.
+MISSING = object()
+
+
+def value_at(value: Any, path: str) -> Any:
+    """The value (a leaf, or an object or array) that ``path`` names in ``value``, or ``MISSING``."""
+    node = value
+    if path == "":
+        return node
+    for part in split_path(path):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return MISSING
+    return node
 
 
 def result_fields(value: Any, *, limit: int = MAX_FIELDS) -> Iterator[tuple[str, Scalar]]:

@@ -42,7 +42,7 @@ from rapidfuzz import fuzz
 
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import JobFailure, codes
-from tensorjob_jupyter.host.fields import MAX_FIELDS, result_fields, split_path
+from tensorjob_jupyter.host.fields import MAX_FIELDS, MISSING, result_fields, value_at
 from tensorjob_jupyter.host.windows import ReadWindows, Segment
 from tensorjob_jupyter.text import clip
 
@@ -562,30 +562,13 @@ def _under(path: str, named: str) -> bool:
 
 # --- a required field ---------------------------------------------------------------------------------
 
-_MISSING = object()
-
-
-def _value_at(result: Any, path: str) -> Any:
-    node = result
-    if path == "":
-        return node
-    for part in split_path(path):
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return _MISSING
-    return node
-
-
 def require_grounded(result: Any, sources: dict[str, list[dict]], required: Sequence[str]) -> None:
     """``JobFailure`` (``ungrounded``) naming the first of ``required`` -- a field, or an object or array whose
     every field is meant -- that is not in ``result``, holds no value, or was found in no window."""
     for name in required:
         shown = clip(name, 200)
-        value = _value_at(result, name)
-        if value is _MISSING:
+        value = value_at(result, name)
+        if value is MISSING:
             raise JobFailure(codes.UNGROUNDED, f"the result has no field `{shown}`, which must be found in what the "
                                                f"job read (require_grounded)")
         leaves = [(p, v) for p, v in result_fields(value)]

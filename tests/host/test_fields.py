@@ -52,3 +52,25 @@ def test_field_path_and_split_path_are_inverse_for_keys(parts):
     if not parts:
         return
     assert split_path(field_path(parts)) == [str(p) for p in parts]
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner,
+                                                                                        max_size=4), max_leaves=20)
+
+
+@given(json_values)
+def test_every_field_path_names_its_own_leaf(value):
+    from tensorjob_jupyter.host.fields import value_at
+
+    for path, leaf in result_fields(value):
+        if path != "" or not isinstance(value, (dict, list)):  # "" is the root (a key "" shares the path)
+            assert value_at(value, path) == leaf
+
+
+def test_a_path_that_names_nothing_is_missing():
+    from tensorjob_jupyter.host.fields import MISSING, value_at
+
+    doc = {"a": [1, {"b": 2}], "c.d": 3}
+    assert value_at(doc, "a.1.b") == 2 and value_at(doc, "c\\.d") == 3 and value_at(doc, "") is doc
+    assert all(value_at(doc, p) is MISSING for p in ("x", "a.2", "a.b", "a.1.b.c", "c.d"))
