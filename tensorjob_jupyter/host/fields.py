@@ -58,7 +58,7 @@ def value_at(value: Any, path: str) -> Any:
     for part in split_path(path):
         if isinstance(node, dict) and part in node:
             node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        elif isinstance(node, list) and part.isascii() and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
             return MISSING

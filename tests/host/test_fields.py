@@ -74,3 +74,4 @@ def test_a_path_that_names_nothing_is_missing():
     doc = {"a": [1, {"b": 2}], "c.d": 3}
     assert value_at(doc, "a.1.b") == 2 and value_at(doc, "c\\.d") == 3 and value_at(doc, "") is doc
     assert all(value_at(doc, p) is MISSING for p in ("x", "a.2", "a.b", "a.1.b.c", "c.d"))
+    assert value_at([1, 2, 3], "²") is MISSING and value_at([1], "١") is MISSING  # digits, but not indices
