@@ -201,3 +201,31 @@ def test_a_cluster_without_workers_is_refused_after_a_wait():
             distributed.Client(cluster, set_as_default=False) as empty:
         with pytest.raises(fanout.ClusterError, match="no workers are connected .* add one with `dask worker "):
             check_workers(empty, fanout.BackendSpec.of(FACTORY, None), cluster.scheduler_address, timeout=0.5)
+
+
+def test_sources_confidence_and_require_grounded_on_a_cluster(client, tmp_path):
+    """A map on Dask gives each item's sources and confidence as a local one does, and fails a planted value
+    with ``ungrounded`` when its field is required to be grounded."""
+    from test_confidence import ANSWER, confident_guest
+    from test_sources import GUEST, LINES
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i, line in enumerate(LINES):
+        (docs / f"d{i}.txt").write_text(f"{line}\n", encoding="utf-8")
+    claims = ["ACME Corp", "zoë  ångström", "The product named, or null,"]  # exact, normalised, planted
+    manifest = write_manifest(tmp_path / "m.jsonl", [{"path": str(docs / f"d{i}.txt"), "claim": c}
+                                                     for i, c in enumerate(claims)])
+    grounded = tj_map(GUEST, manifest, tmp_path / "grounded", read=[docs], backend=FACTORY, cluster=client)
+    assert grounded.status == "finished" and grounded.completed == 3
+    assert [grounded.sources()[i]["claim"] != [] for i in range(3)] == [True, True, False]
+    assert [row["item"] for row in grounded.review()][0] == 2
+    strict = tj_map(GUEST, manifest, tmp_path / "strict", read=[docs], backend=FACTORY, cluster=client,
+                    require_grounded=["claim"])
+    assert (strict.completed, strict.failed) == (2, 1) and strict.failures()[2]["code"] == "ungrounded"
+
+    sure = functools.partial(ScriptedBackend, ANSWER, logprobs=-0.05)
+    confident = tj_map(confident_guest(), write_manifest(tmp_path / "c.jsonl", [{"n": i} for i in range(3)]),
+                       tmp_path / "confident", backend=sure, cluster=client)
+    assert confident.completed == 3
+    assert all(0.5 < c["name"] <= 1 for c in confident.confidences().values())
+    assert all(0.5 < v <= 1 for v in confident.to_pandas()["confidence.name"])

@@ -5,6 +5,7 @@ widget messages (comm_open / comm_msg), streams and results, send comm
 messages back (a click on the Cancel button) and interrupt the kernel.
 """
 
+import json
 import os
 import queue
 import time
@@ -485,3 +486,33 @@ def test_a_scored_map_its_replay_by_a_changed_guest_and_the_gate_in_a_kernel(ker
     reply, messages = run(kc, f"%tensorjob map {tmp_path / 'v1.py'} --over {manifest} --run-dir {run_dir} "
                               "--scorer $nothing_here")
     assert reply["content"]["status"] == "error" and "no variable named 'nothing_here'" in stderr(messages)
+
+
+def test_sources_review_and_require_grounded_in_a_fresh_kernel(kernel, tmp_path):
+    """What test_sources.py does in-process, in a real kernel: a map's sources, ``%tensorjob review`` doubtful
+    first, and ``--require-grounded`` failing the planted item with ``ungrounded``."""
+    from test_sources import GUEST, LINES
+    _, kc = kernel
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i, line in enumerate(LINES):
+        (docs / f"d{i}.txt").write_text(f"{line}\nsecond line of {i}\n", encoding="utf-8")
+    claims = ["ACME Corp", "zoë  ångström", "The product named, or null,"]  # exact, normalised, planted
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"path": str(docs / f"d{i}.txt"), "claim": c}) + "\n"
+                                for i, c in enumerate(claims)), encoding="utf-8")
+    reply, messages = run(kc, f"m = %tensorjob map {GUEST} --over {manifest} --run-dir {tmp_path / 'run'} "
+                              f"--read {docs} --quiet\n"
+                              f"r = %tensorjob review {tmp_path / 'run'}\n"
+                              "import json\n"
+                              "print(json.dumps([[x['item'], x['not_found']] for x in r]))\n"
+                              "print(json.dumps(m.to_pandas()['grounded.claim'].tolist()))", timeout=180)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    order, grounded = stdout(messages).splitlines()
+    assert json.loads(order)[0] == [2, ["claim"]] and [i for i, _ in json.loads(order)] == [2, 0, 1]
+    assert json.loads(grounded) == [True, True, False]
+    reply, messages = run(kc, f"s = %tensorjob map {GUEST} --over {manifest} --run-dir {tmp_path / 'strict'} "
+                              f"--read {docs} --quiet --require-grounded claim\n"
+                              "print(json.dumps([(i, e['code']) for i, e in s.failures().items()]))", timeout=180)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert json.loads(stdout(messages)) == [[2, "ungrounded"]]
