@@ -19,6 +19,7 @@ from typing import Any, Iterator, Sequence
 from tensorjob_jupyter.fanout.folder_reader import (
     FAILURES, RESULTS, confirmed_items, pinned_manifest, read_ledger, read_records,
 )
+from tensorjob_jupyter.fanout.calibration import evidence_of, field_signals
 from tensorjob_jupyter.fanout.manifest import MAX_KEY_CHARS, item_key
 from tensorjob_jupyter.fanout.scoring import Expected, ItemScore, ScoreSummary, read_scores, scorer_name
 from tensorjob_jupyter.host.fields import MAX_FIELDS
@@ -208,8 +209,13 @@ class MapResult:
         if scores is None:
             return None
         expected = self.expected()
-        return ScoreSummary.of(scorer_name(self.run_dir) or "?", self.total, scores.values(),
-                               labelled=expected.labelled if expected is not None else None)
+        scorer = scorer_name(self.run_dir) or "?"
+        evidence = evidence_of(scorer, {i: s.fields for i, s in scores.items()},
+                               dict(expected.items()) if expected is not None else {},
+                               self.sources(), self.confidences())
+        return ScoreSummary.of(scorer, self.total, scores.values(),
+                               labelled=expected.labelled if expected is not None else None,
+                               signals=field_signals(evidence))
 
     @classmethod
     def read(cls, run_dir: str | Path) -> "MapResult":
