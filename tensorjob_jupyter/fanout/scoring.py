@@ -634,8 +634,12 @@ class ScoreSummary:
         header, body = self.signal_table()
         if not body:
             return []
-        return (["  whether to trust the evidence (right/count; AUROC of confidence for a right answer, ties 1/2):"]
-                + ["  " + line for line in _text_table(header, body)])
+        return ["  " + self._signal_heading(header) + ":"] + ["  " + line for line in _text_table(header, body)]
+
+    @staticmethod
+    def _signal_heading(header: list[str]) -> str:
+        auroc = "; AUROC of confidence for a right answer, ties 1/2" if "AUROC" in header else ""
+        return f"whether to trust the evidence (right/count{auroc})"
 
     def _labels_line(self) -> str:
         if not self.unlabelled:
@@ -677,8 +681,7 @@ class ScoreSummary:
         signals = ""
         if rows:
             cells = "".join(f"<th>{escape(c)}</th>" for c in header)
-            signals = ("<div>whether to trust the evidence (right/count; AUROC of confidence for a right answer, "
-                       "ties 1/2)</div><table><thead><tr>" + cells + "</tr></thead><tbody>"
+            signals = (f"<div>{escape(self._signal_heading(header))}</div><table><thead><tr>" + cells + "</tr></thead><tbody>"
                        + "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in rows)
                        + "</tbody></table>")
         if not self.field_rows:
