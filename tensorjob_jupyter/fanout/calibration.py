@@ -11,9 +11,7 @@ and when not to trust them: docs/maps.md, "Whether to trust sources and confiden
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
-
-from tensorjob_jupyter.host.fields import field_path
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 __all__ = ["Evidence", "FieldSignal", "auroc", "halves", "field_signals", "evidence_of"]
 
@@ -129,28 +127,19 @@ def field_signals(evidence: Mapping[str, Sequence[Evidence]]) -> tuple[FieldSign
     return tuple(out)
 
 
-def _paths_of(expected: Any, scorer: str) -> dict[str, str]:
-    """The field path (``host.fields``) of each verdict name: for ``json_fields`` the expected object's leaf
-    (its keys escaped as ``host.fields`` escapes them: a key ``a.b`` is ``a\\.b``); for another scorer the
-    verdict name itself, taken as a path."""
-    if scorer != "json_fields" or not isinstance(expected, dict):
-        return {}
-    from tensorjob_jupyter.fanout.scoring import leaves  # the verdicts' own walk; scoring shows these figures
-
-    return {name: field_path(path) for name, path, _value in leaves(expected)}
-
-
-def evidence_of(scorer: str, verdicts: Mapping[int, Mapping[str, bool] | None], expected: Mapping[int, Any],
+def evidence_of(verdicts: Mapping[int, Mapping[str, bool] | None], paths_of: Callable[[int], Mapping[str, str]],
                 sources: Mapping[int, Mapping[str, list]], confidences: Mapping[int, Mapping[str, float | None]]
                 ) -> dict[str, list[Evidence]]:
     """Per verdict name, each scored item's verdict with its field's grounding and confidence, where the map
-    recorded them. Only completed items have either (a failed item's misses have none)."""
+    recorded them. ``paths_of(item)``: the field path (``host.fields``) of each of its verdict names, a name not
+    there taken as a path itself (``scoring.verdict_paths``). Only completed items have grounding or confidence
+    (a failed item's misses have none)."""
     out: dict[str, list[Evidence]] = {}
     for item in sorted(verdicts):
         fields = verdicts[item]
         if not fields:
             continue
-        paths = _paths_of(expected.get(item), scorer)
+        paths = paths_of(item)
         found, sure = sources.get(item, {}), confidences.get(item, {})
         for name, ok in fields.items():
             path = paths.get(name, name)

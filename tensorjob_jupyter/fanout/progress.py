@@ -21,7 +21,9 @@ from tensorjob_jupyter.fanout.folder_reader import (
 )
 from tensorjob_jupyter.fanout.calibration import evidence_of, field_signals
 from tensorjob_jupyter.fanout.manifest import MAX_KEY_CHARS, item_key
-from tensorjob_jupyter.fanout.scoring import Expected, ItemScore, ScoreSummary, read_scores, scorer_name
+from tensorjob_jupyter.fanout.scoring import (
+    Expected, ItemScore, ScoreSummary, read_scores, scorer_name, verdict_paths,
+)
 from tensorjob_jupyter.host.fields import MAX_FIELDS
 from tensorjob_jupyter.host.grounding import sources_label
 from tensorjob_jupyter.record.event_checks import check_sources
@@ -210,9 +212,9 @@ class MapResult:
             return None
         expected = self.expected()
         scorer = scorer_name(self.run_dir) or "?"
-        evidence = evidence_of(scorer, {i: s.fields for i, s in scores.items()},
-                               dict(expected.items()) if expected is not None else {},
-                               self.sources(), self.confidences())
+        wanted = dict(expected.items()) if expected is not None else {}
+        evidence = evidence_of({i: s.fields for i, s in scores.items()},
+                               lambda item: verdict_paths(scorer, wanted.get(item)), self.sources(), self.confidences())
         return ScoreSummary.of(scorer, self.total, scores.values(),
                                labelled=expected.labelled if expected is not None else None,
                                signals=field_signals(evidence))

@@ -64,6 +64,7 @@ from tensorjob_jupyter.fanout.folder_reader import (  # every file of the folder
     FAILURES, LEDGER, RESULTS, SCORING_FILES, FolderError, read_folder_json, read_ledger, read_records,
 )
 from tensorjob_jupyter.fanout.manifest import MAX_KEY_CHARS, read_manifest
+from tensorjob_jupyter.host.fields import field_path
 
 EXPECTED, SCORING, SCORES = SCORING_FILES  # a restarted run folder loses them with the rest
 SCORING_FORMAT = "tensorjob-scoring/1"
@@ -153,6 +154,15 @@ def leaves(value: dict, path: tuple[str, ...] = ()) -> Iterator[tuple[str, tuple
             yield from leaves(item, here)
         else:
             yield ".".join(here), here, item
+
+
+def verdict_paths(scorer: str, expected: Any) -> dict[str, str]:
+    """The field path (``host.fields``, what sources and confidence are keyed by) of each verdict name: for
+    ``json_fields`` each expected leaf's, its keys escaped as ``host.fields`` escapes them (a key ``a.b`` is
+    ``a\\.b``); for another scorer none (a verdict's name is then taken as a path itself)."""
+    if scorer != "json_fields" or not isinstance(expected, dict):
+        return {}
+    return {name: field_path(path) for name, path, _value in leaves(expected)}
 
 
 _MISSING = object()
@@ -864,7 +874,7 @@ def _clip(text: str) -> str:
 
 __all__ = [
     "SCORING_FORMAT", "MAX_ERROR_CHARS", "MAX_FIELDS", "MAX_SCORING_JSON_BYTES", "ScoringError", "Scored", "ItemScore", "same", "leaves",
-    "value_at", "exact", "json_fields", "contains", "Scorer", "BUILTINS", "DEFAULT_SCORER", "scorer_of", "score_item",
+    "value_at", "verdict_paths", "exact", "json_fields", "contains", "Scorer", "BUILTINS", "DEFAULT_SCORER", "scorer_of", "score_item",
     "KEYED_SHAPES", "Expected", "CONFIDENCE", "INTERVAL_METHOD", "THIN", "wilson_interval", "FieldScore", "ScoreSummary",
     "read_scores", "scorer_name", "Scoring"
 ]

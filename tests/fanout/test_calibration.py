@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import tensorjob_jupyter as tj
 from tensorjob_jupyter.fanout.calibration import Evidence, auroc, evidence_of, field_signals, halves
-from tensorjob_jupyter.fanout.scoring import ItemScore, ScoreSummary
+from tensorjob_jupyter.fanout.scoring import ItemScore, ScoreSummary, verdict_paths
 from tensorjob_jupyter.inference import ScriptedBackend
 from test_confidence import ANSWER, confident_guest
 from test_map import puppet_guest, write_manifest
@@ -71,7 +71,9 @@ def test_a_field_without_grounding_or_confidence_has_no_figures_and_the_summary_
 
 
 def test_a_verdict_path_meets_the_confidence_path_that_escapes_a_dot_in_a_key():
-    found = evidence_of("json_fields", {0: {"a.b": True, "c.d": False}}, {0: {"a.b": 1, "c": {"d": 2}}},
+    paths = verdict_paths("json_fields", {"a.b": 1, "c": {"d": 2}})
+    assert paths == {"a.b": "a\\.b", "c.d": "c.d"}
+    found = evidence_of({0: {"a.b": True, "c.d": False}}, lambda item: paths,
                         {0: {"a\\.b": [{"kind": "exact"}], "c.d": []}}, {0: {"a\\.b": 0.9, "c.d": 0.2}})
     assert found == {"a.b": [Evidence(0, True, True, 0.9)], "c.d": [Evidence(0, False, False, 0.2)]}
 
