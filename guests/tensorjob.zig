@@ -55,7 +55,9 @@
 //! `.tools`, `.tool_choice`, and sampling `.temperature`, `.top_p`, `.top_k`, `.min_p`,
 //! `.repeat_penalty`, `.seed`, `.stop`; the answer held to a shape: `.regex = "[0-9]+"`
 //! (the whole answer matches), `.choices = &.{ "yes", "no" }` (it is one of them),
-//! `.grammar = "start: ..."` (a sentence of the Lark grammar); fields left null are not sent),
+//! `.grammar = "start: ..."` (a sentence of the Lark grammar); `.logprobs = true` and
+//! `.top_logprobs = N` ask for each token's logprob in `.infer_done.logprobs` and each JSON
+//! field's confidence, `e.fieldConfidence("facts.year")`; fields left null are not sent),
 //! `open(path)`, `slice(handle, offset, len)` (resume from `next_offset`),
 //! `sliceBytes`, `embed(texts)`, `emit(value)`, `progress(done, total)`,
 //! `done(value)`, `fail(code, message)`, `failf(code, fmt, args)`; `emit` and
@@ -206,7 +208,7 @@ pub const Kind = struct {
 
 /// One event from the host, as a tagged union. Strings point into scratch.
 pub const Event = union(enum) {
-    infer_done: struct { text: []const u8, tokens_out: u32, tool_calls: []const ToolCall = &.{} },
+    infer_done: InferDone,
     opened: struct { handle: u32, len: u64, kind: Kind },
     /// A text window; resume from `next_offset` (windows end on a UTF-8 boundary).
     sliced: struct { text: []const u8, next_offset: u64 },
@@ -237,6 +239,34 @@ pub const Event = union(enum) {
     };
 };
 
+/// The model's answer to an `infer`. `logprobs` (one record per generated token) and `confidence` (each
+/// field of a JSON answer, by dotted path) are there when the infer asked (`.logprobs = true`) and the
+/// model gave them; empty and null otherwise (docs/guests.md, "Confidence").
+pub const InferDone = struct {
+    text: []const u8,
+    tokens_out: u32,
+    tool_calls: []const ToolCall = &.{},
+    logprobs: []const TokenLogprob = &.{},
+    confidence: ?std.json.ArrayHashMap(?f64) = null,
+
+    /// A field's confidence, 0..1 (`""` is the whole answer): null when the model gave no logprobs or the
+    /// tokens do not spell that field.
+    pub fn fieldConfidence(self: InferDone, field: []const u8) ?f64 {
+        const map = self.confidence orelse return null;
+        return map.map.get(field) orelse null;
+    }
+};
+
+/// One generated token: its logprob (after the grammar's mask), the best other token's, and the top
+/// alternatives when the infer asked for `top_logprobs`.
+pub const TokenLogprob = struct {
+    token: []const u8 = "",
+    logprob: f64 = 0,
+    runner_up_logprob: ?f64 = null,
+    top_logprobs: []const TopLogprob = &.{},
+};
+pub const TopLogprob = struct { token: []const u8 = "", logprob: f64 = 0 };
+
 /// A tool call the model made (`infer` with `tools`); `arguments` is JSON text.
 pub const ToolCall = struct { call_id: []const u8 = "", name: []const u8 = "", arguments: []const u8 = "{}" };
 
@@ -244,6 +274,8 @@ pub const ToolCall = struct { call_id: []const u8 = "", name: []const u8 = "", a
 const WireEvent = struct {
     event: []const u8,
     tool_calls: []const ToolCall = &.{},
+    logprobs: ?[]const TokenLogprob = null,
+    confidence: ?std.json.ArrayHashMap(?f64) = null,
     text: ?[]const u8 = null,
     @"error": ?[]const u8 = null,
     tokens_out: u32 = 0,
@@ -263,7 +295,8 @@ pub fn parseEvent(bytes: []const u8) !Event {
     const eq = std.mem.eql;
     const text = w.text orelse "";
     if (eq(u8, w.event, "infer_done"))
-        return .{ .infer_done = .{ .text = text, .tokens_out = w.tokens_out, .tool_calls = w.tool_calls } };
+        return .{ .infer_done = .{ .text = text, .tokens_out = w.tokens_out, .tool_calls = w.tool_calls,
+                                   .logprobs = w.logprobs orelse &.{}, .confidence = w.confidence } };
     if (eq(u8, w.event, "opened")) return .{ .opened = .{ .handle = w.handle, .len = w.len, .kind = w.kind } };
     if (eq(u8, w.event, "sliced")) return .{ .sliced = .{ .text = text, .next_offset = w.next_offset } };
     if (eq(u8, w.event, "page_texted")) return .{ .page_texted = .{ .text = text } };
@@ -314,6 +347,8 @@ pub const Infer = struct {
     regex: ?[]const u8 = null,
     choices: ?[]const []const u8 = null,
     grammar: ?[]const u8 = null,
+    logprobs: ?bool = null,
+    top_logprobs: ?u32 = null,
 };
 
 /// `infer`'s optional fields (see `inferWith`).
@@ -331,6 +366,9 @@ pub const InferOptions = struct {
     regex: ?[]const u8 = null,
     choices: ?[]const []const u8 = null,
     grammar: ?[]const u8 = null,
+    /// Each token's logprob and each field's confidence in `infer_done`; `top_logprobs` (0..20) alternatives.
+    logprobs: ?bool = null,
+    top_logprobs: ?u32 = null,
 };
 pub const Open = struct { path: []const u8 };
 pub const Slice = struct { handle: u32, offset: u64, len: u64 };

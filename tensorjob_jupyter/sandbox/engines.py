@@ -23,8 +23,10 @@ tick, however many guests it holds).
 
 from __future__ import annotations
 
+import atexit
 import collections
 import ctypes
+import gc
 import itertools
 import math
 import threading
@@ -104,6 +106,15 @@ def forget_prepared() -> None:
         engines = list(_ENGINES.values())
     for engine in engines:
         engine.forget()
+
+
+# A linker's host functions end with a finalizer that is a Python callback (wasmtime-py's ``func_finalize``).
+# Left to the interpreter's teardown, a cached linker can be freed after that callback is, and the process
+# ends in SIGSEGV; dropping what the engines prepared while the interpreter is whole keeps the exit clean.
+@atexit.register
+def _release_at_exit() -> None:
+    forget_prepared()
+    gc.collect()  # and the guests a reference cycle still holds, while their finalizers can run
 
 
 # --- the clock -------------------------------------------------------------------------------

@@ -85,7 +85,7 @@ pub fn onToken(token: []const u8) tj.TokenAction {
 
 pub fn step(ev: tj.Event) !tj.Command {
     return switch (ev) {
-        .infer_done => |e| tj.emit(.{ .event = "infer_done", .text = e.text, .text_hex = hex(e.text), .tokens_out = e.tokens_out, .tool_calls = e.tool_calls, .kept = kept }),
+        .infer_done => |e| tj.emit(.{ .event = "infer_done", .text = e.text, .text_hex = hex(e.text), .tokens_out = e.tokens_out, .tool_calls = e.tool_calls, .logprobs = e.logprobs.len, .first_logprob = if (e.logprobs.len > 0) e.logprobs[0].logprob else null, .first_top = if (e.logprobs.len > 0) e.logprobs[0].top_logprobs.len else 0, .runner_up = if (e.logprobs.len > 0) e.logprobs[0].runner_up_logprob else null, .confidence_name = e.fieldConfidence("name"), .confidence_age = e.fieldConfidence("facts.age"), .kept = kept }),
         .opened => |e| tj.emit(.{ .event = "opened", .handle = e.handle, .len = e.len, .kind = e.kind.kind, .format = e.kind.format, .pages = e.kind.pages, .has_text_layer = e.kind.has_text_layer, .kept = kept }),
         .page_texted => |e| tj.emit(.{ .event = "page_texted", .text = e.text }),
         .page_text_attempted => |e| tj.emit(.{ .event = "page_text_attempted", .text = e.text, .@"error" = e.err }),

@@ -1,5 +1,7 @@
 """Guests on a shared engine (sandbox/engines.py) keep their own instance, memory, deadline and cancel."""
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -59,3 +61,23 @@ def test_each_guest_on_a_shared_engine_has_its_own_memory_limit(memory_bytes):
     env = job.wait(30)
     assert env.ok and env.result == "survived"
     assert memory_bytes // 2 < job.stats.peak_memory_bytes <= memory_bytes
+
+
+def test_a_process_that_ran_guests_on_the_shared_engines_exits_cleanly(tmp_path):
+    """The engines' prepared linkers hold host functions whose finalizers are Python callbacks; freed in the
+    interpreter's teardown they could outlive those callbacks and end the process in SIGSEGV (seen at the end
+    of a pytest run of the Python-guest tests). They are dropped at exit while the interpreter is whole."""
+    guest = tmp_path / "g.py"
+    guest.write_text('import tensorjob as tj\ndef main(input):\n    return tj.infer("hi").text\n')
+    script = f"""
+import tensorjob_jupyter as tj
+from tensorjob_jupyter.inference.scripted import ScriptedBackend
+from tensorjob_jupyter.sandbox import engines
+for limits in ({{}}, {{"fuel": 10**9}}):
+    assert tj.run({str(guest)!r}, backend=ScriptedBackend("ok"), **limits).ok
+assert any(e._prepared for e in engines._ENGINES.values())
+engines._release_at_exit()
+assert not any(e._prepared for e in engines._ENGINES.values())
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -114,6 +114,15 @@ def test_events_are_parsed_into_the_tagged_union(guest):
     calls = [{"call_id": "call_1", "name": "add", "arguments": '{"a": 1}'}]
     ev = emitted(guest.step({"event": "infer_done", "text": "", "tokens_out": 3, "tool_calls": calls}))
     assert (ev["text"], ev["tool_calls"]) == ("", calls)
+    assert (ev["logprobs"], ev["first_logprob"], ev["confidence_name"]) == (0, None, None)  # not asked: none
+
+    records = [{"token": "{", "logprob": -0.25, "bytes": [123], "runner_up_logprob": -2.5,
+                "top_logprobs": [{"token": "{", "logprob": -0.25, "bytes": [123]}, {"token": " ", "logprob": -2.5}]},
+               {"token": "x", "logprob": -1e-9, "top_logprobs": []}]
+    ev = emitted(guest.step({"event": "infer_done", "text": "{}", "tokens_out": 2, "logprobs": records,
+                             "confidence": {"name": 0.75, "facts.age": None, "other": 1}}))
+    assert (ev["logprobs"], ev["first_logprob"], ev["first_top"], ev["runner_up"]) == (2, -0.25, 2, -2.5)
+    assert (ev["confidence_name"], ev["confidence_age"]) == (0.75, None)
 
     ev = emitted(guest.step({"event": "embedded", "vectors": [[0.5, -0.25, 1e-3], [2.5e1, 0, -1e1]]}))
     assert (ev["vectors"], ev["dims"]) == (2, 6)
