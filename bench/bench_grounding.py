@@ -15,6 +15,10 @@ Run from the repository root::
 3. **Cost**: jobs that slice a 4 KiB document and return 12 fields, with the locator timed inside each job,
    against the same job's own wall time (the baseline, measured in the same run): the locator's share of item
    time. ``--real``: the same for ``guests/examples/extract.c`` on the embedded model. Goal: <= 2%.
+4. **Trust** (``--labelled N``): a labelled map of ``extract.c`` on the embedded model over N short notes made
+   here (a customer's name and an order number each, known), scored by ``json_fields``: per field the accuracy
+   of the most confident half against the least confident half, and the AUROC, with the counts they rest on
+   (``ScoreSummary.signals``). The baseline is the field's own accuracy over all its items.
 """
 
 from __future__ import annotations
@@ -157,14 +161,50 @@ def cost(jobs: int, rng: random.Random, tmp: Path, *, real: bool) -> dict:
             "locate_ms_mean": 1000 * timed.seconds / max(1, timed.calls), "share": timed.seconds / total}
 
 
+FIRST = ("Ada", "Bruno", "Chen", "Dara", "Emil", "Farah", "Goran", "Hana", "Ivo", "Jun", "Kofi", "Lena")
+LAST = ("Okafor", "Lindqvist", "Moreau", "Tanaka", "Novak", "Haddad", "Silva", "Kowalski")
+LABELLED_SCHEMA = {"type": "object", "properties": {"customer": {"type": "string"}, "order": {"type": "integer"}},
+                   "required": ["customer", "order"], "additionalProperties": False}
+
+
+def labelled(n: int, rng: random.Random, tmp: Path) -> dict:
+    """A labelled map of the embedded model: notes with a known customer and order number, scored, and the
+    trust figures of its summary."""
+    docs = tmp / "notes"
+    docs.mkdir(exist_ok=True)
+    items, expected = [], []
+    for i in range(n):
+        name, order = f"{rng.choice(FIRST)} {rng.choice(LAST)}", rng.randrange(10_000, 99_999)
+        noise = filler(rng, rng.randrange(8, 40))
+        text = (f"{noise}. Customer {name} wrote about order {order}: the {rng.choice(WORDS)} arrived late."
+                if i % 2 else f"Order {order} ({rng.choice(WORDS)}), {noise}; signed, {name}.")
+        path = docs / f"n{i}.txt"
+        path.write_text(text, encoding="utf-8")
+        items.append({"path": str(path), "schema": LABELLED_SCHEMA, "max_tokens": 48, "window": 1024})
+        expected.append({"facts": {"customer": name, "order": order}})
+    started = time.perf_counter()
+    result = tj.map(ROOT / "guests" / "examples" / "extract.c", items, tmp / "labelled", read=[docs],
+                    expected=expected, scorer="json_fields")
+    seconds = time.perf_counter() - started
+    summary = result.score_summary()
+    return {"items": n, "completed": result.completed, "seconds": seconds, "summary": summary,
+            "fields": {row.name: [row.right, row.labelled] for row in summary.field_rows},
+            "signals": [s.to_json() for s in summary.signals]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--real", action="store_true")
+    parser.add_argument("--labelled", type=int, default=0, metavar="N",
+                        help="also a labelled map of N notes on the embedded model: the trust figures")
+    parser.add_argument("--only-labelled", action="store_true", help="skip 1-3")
     args = parser.parse_args()
     rng = random.Random(36)
     n_docs, jobs = (100, 10) if args.quick else (400, 40)
     print(f"load: {os.getloadavg()[0]:.2f}")
+    if args.only_labelled:
+        return _labelled(args.labelled or 16, rng)
     q = quality(n_docs, rng)
     for kind in ("exact", "normalised"):
         print(f"{kind:>10}: precision {q[kind]['precision']:.3f}  recall {q[kind]['recall']:.3f}  "
@@ -182,8 +222,28 @@ def main() -> int:
             print(f"  embedded: locator {r['locate_ms_mean']:.3f} ms a job against an item of "
                   f"{r['item_ms_median']:.1f} ms (median): {r['share']:.2%} of item time (goal <= 2%)")
             summary["cost_real"] = r
+    if args.labelled:
+        _labelled(args.labelled, rng)
     print(f"load: {os.getloadavg()[0]:.2f}")
     print(json.dumps(summary))
+    return 0
+
+
+def _labelled(n: int, rng: random.Random) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        t = labelled(n, rng, Path(tmp))
+    print(f"  labelled map: {t['completed']} of {t['items']} items on the embedded model in {t['seconds']:.0f} s")
+    for line in t["summary"].lines():
+        print("  " + line)
+    for s in t["signals"]:
+        top, rest = s.get("confident_half"), s.get("least_confident_half")
+        if top and rest:
+            right, count = t["fields"][s["field"]]
+            print(f"  {s['field']}: most confident half {top['right']}/{top['count']} right against the least "
+                  f"confident half {rest['right']}/{rest['count']} (baseline: all {right}/{count}); AUROC "
+                  f"{'-' if s['auroc'] is None else s['auroc']} ({s['auroc_right']} right, {s['auroc_wrong']} wrong)")
+    print(f"load: {os.getloadavg()[0]:.2f}")
+    print(json.dumps({k: v for k, v in t.items() if k != "summary"}))
     return 0
 
 

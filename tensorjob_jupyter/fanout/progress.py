@@ -19,8 +19,11 @@ from typing import Any, Iterator, Sequence
 from tensorjob_jupyter.fanout.folder_reader import (
     FAILURES, RESULTS, confirmed_items, pinned_manifest, read_ledger, read_records,
 )
+from tensorjob_jupyter.fanout.calibration import evidence_of, field_signals
 from tensorjob_jupyter.fanout.manifest import MAX_KEY_CHARS, item_key
-from tensorjob_jupyter.fanout.scoring import Expected, ItemScore, ScoreSummary, read_scores, scorer_name
+from tensorjob_jupyter.fanout.scoring import (
+    Expected, ItemScore, ScoreSummary, read_scores, scorer_name, verdict_paths,
+)
 from tensorjob_jupyter.host.fields import MAX_FIELDS
 from tensorjob_jupyter.host.grounding import sources_label
 from tensorjob_jupyter.record.event_checks import check_sources
@@ -208,8 +211,13 @@ class MapResult:
         if scores is None:
             return None
         expected = self.expected()
-        return ScoreSummary.of(scorer_name(self.run_dir) or "?", self.total, scores.values(),
-                               labelled=expected.labelled if expected is not None else None)
+        scorer = scorer_name(self.run_dir) or "?"
+        wanted = dict(expected.items()) if expected is not None else {}
+        evidence = evidence_of({i: s.fields for i, s in scores.items()},
+                               lambda item: verdict_paths(scorer, wanted.get(item)), self.sources(), self.confidences())
+        return ScoreSummary.of(scorer, self.total, scores.values(),
+                               labelled=expected.labelled if expected is not None else None,
+                               signals=field_signals(evidence))
 
     @classmethod
     def read(cls, run_dir: str | Path) -> "MapResult":

@@ -57,12 +57,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from tensorjob_jupyter.abi import dumps
+from tensorjob_jupyter.fanout.calibration import FieldSignal
 from tensorjob_jupyter.fanout.errors import MapError, ResumeRefused, TooManyItems
 from tensorjob_jupyter.fanout.folder import _fsync_write as fsync_write  # the folder's one atomic writer
 from tensorjob_jupyter.fanout.folder_reader import (  # every file of the folder read back through its one reader
     FAILURES, LEDGER, RESULTS, SCORING_FILES, FolderError, read_folder_json, read_ledger, read_records,
 )
 from tensorjob_jupyter.fanout.manifest import MAX_KEY_CHARS, read_manifest
+from tensorjob_jupyter.host.fields import field_path
 
 EXPECTED, SCORING, SCORES = SCORING_FILES  # a restarted run folder loses them with the rest
 SCORING_FORMAT = "tensorjob-scoring/1"
@@ -152,6 +154,15 @@ def leaves(value: dict, path: tuple[str, ...] = ()) -> Iterator[tuple[str, tuple
             yield from leaves(item, here)
         else:
             yield ".".join(here), here, item
+
+
+def verdict_paths(scorer: str, expected: Any) -> dict[str, str]:
+    """The field path (``host.fields``, what sources and confidence are keyed by) of each verdict name: for
+    ``json_fields`` each expected leaf's, its keys escaped as ``host.fields`` escapes them (a key ``a.b`` is
+    ``a\\.b``); for another scorer none (a verdict's name is then taken as a path itself)."""
+    if scorer != "json_fields" or not isinstance(expected, dict):
+        return {}
+    return {name: field_path(path) for name, path, _value in leaves(expected)}
 
 
 _MISSING = object()
@@ -540,6 +551,8 @@ class ScoreSummary:
     labelled: int | None = None  # items with an expected answer (None: not known, as before labels were counted)
     low: float | None = None
     high: float | None = None
+    #: Per field with grounding or confidence recorded: whether they told right from wrong (``calibration``).
+    signals: tuple[FieldSignal, ...] = ()
 
     @property
     def fields(self) -> dict[str, float]:
@@ -557,7 +570,8 @@ class ScoreSummary:
         return self.unscored - self.errors - self.unlabelled
 
     @classmethod
-    def of(cls, scorer: str, items: int, scores: Iterable[ItemScore], labelled: int | None = None) -> "ScoreSummary":
+    def of(cls, scorer: str, items: int, scores: Iterable[ItemScore], labelled: int | None = None,
+           signals: Sequence[FieldSignal] = ()) -> "ScoreSummary":
         scored = passed = errors = 0
         total = 0.0
         right: dict[str, int] = {}
@@ -577,7 +591,7 @@ class ScoreSummary:
         rows = tuple(FieldScore(name, seen[name], right[name], *wilson_interval(right[name] / seen[name], seen[name]))
                      for name in seen)
         return cls(scorer, items, scored, mean, passed, scored - passed, errors, items - scored, rows, labelled,
-                   low, high)
+                   low, high, tuple(signals))
 
     def lines(self) -> list[str]:
         """The summary in a few lines and a table of the fields (deterministic: no times, no paths)."""
@@ -595,10 +609,47 @@ class ScoreSummary:
         if self.field_rows:
             out += ["  " + line for line in _text_table(list(FieldScore.COLUMNS),
                                                         [row.cells() for row in self.field_rows])]
+        out += self._signal_lines()
         if self.scored < THIN:
             out.append(f"  a mean over {self.scored} items is thin: its 95% interval is "
                        f"{self.high - self.low:.2f} wide ({INTERVAL_METHOD})")
         return out
+
+    def signal_table(self) -> tuple[list[str], list[list[str]]]:
+        """The trust figures as a header and rows: grounded and ungrounded answers' accuracy where any field was
+        located, the most and least confident halves' and the AUROC where any had a confidence; each figure
+        with the counts it rests on, ``-`` for a field without that data. ([], []) with no such data."""
+        if not self.signals:
+            return [], []
+        grounding = any(s.has_grounding for s in self.signals)
+        confidence = any(s.has_confidence for s in self.signals)
+        header = ["field"]
+        header += ["grounded right", "ungrounded right"] if grounding else []
+        header += ["confident half right", "least confident half right", "AUROC"] if confidence else []
+        body = []
+        for s in self.signals:
+            row = [s.name]
+            if grounding:
+                row += [_share(s.grounded), _share(s.ungrounded)] if s.has_grounding else ["-", "-"]
+            if confidence:
+                if s.has_confidence:
+                    row += [_share(s.confident), _share(s.unconfident),
+                            ("-" if s.auroc is None else f"{s.auroc:.3f}") + f" ({s.right} right, {s.wrong} wrong)"]
+                else:
+                    row += ["-", "-", "-"]
+            body.append(row)
+        return header, body
+
+    def _signal_lines(self) -> list[str]:
+        header, body = self.signal_table()
+        if not body:
+            return []
+        return ["  " + self._signal_heading(header) + ":"] + ["  " + line for line in _text_table(header, body)]
+
+    @staticmethod
+    def _signal_heading(header: list[str]) -> str:
+        auroc = "; AUROC of confidence for a right answer, ties 1/2" if "AUROC" in header else ""
+        return f"whether to trust the evidence (right/count{auroc})"
 
     def _labels_line(self) -> str:
         if not self.unlabelled:
@@ -614,7 +665,8 @@ class ScoreSummary:
                 "errors": self.errors, "unscored": self.unscored, "labelled": self.labelled,
                 "unlabelled": self.unlabelled,
                 "fields": {k: round(v, 6) for k, v in self.fields.items()},
-                "field_table": [row.to_json() for row in self.field_rows]}
+                "field_table": [row.to_json() for row in self.field_rows],
+                **({"signals": [s.to_json() for s in self.signals]} if self.signals else {})}
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
@@ -635,14 +687,21 @@ class ScoreSummary:
         head = escape(lines[0])
         notes = "".join(f"<div>{escape(line.strip())}</div>" for line in lines[1:]
                         if not line.startswith("  ") or "labelled:" in line or "is thin" in line)
+        header, rows = self.signal_table()
+        signals = ""
+        if rows:
+            cells = "".join(f"<th>{escape(c)}</th>" for c in header)
+            signals = (f"<div>{escape(self._signal_heading(header))}</div><table><thead><tr>" + cells + "</tr></thead><tbody>"
+                       + "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+                       + "</tbody></table>")
         if not self.field_rows:
-            return f'<div class="tj-score-summary"><div><b>{head}</b></div>{notes}</div>'
+            return f'<div class="tj-score-summary"><div><b>{head}</b></div>{notes}{signals}</div>'
         header = "".join(f"<th>{escape(c)}</th>" for c in FieldScore.COLUMNS)
         right = ' style="text-align:right"'
         body = "".join("<tr>" + "".join(f"<td{right if i else ''}>{escape(c)}</td>" for i, c in enumerate(row.cells()))
                        + "</tr>" for row in self.field_rows)
         return (f'<div class="tj-score-summary"><div><b>{head}</b></div>{notes}'
-                f'<table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table></div>')
+                f'<table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table>{signals}</div>')
 
 
 #: Scored items under which a summary says its mean is thin.
@@ -651,6 +710,14 @@ THIN = 30
 
 def _interval(low: float | None, high: float | None) -> str:
     return "-" if low is None or high is None else f"{low:.2f}-{high:.2f}"
+
+
+def _share(pair: tuple[int, int] | None) -> str:
+    """``0.750 (6/8)``: a share with the counts it rests on; ``- (0/0)`` when there are none."""
+    if pair is None:
+        return "-"
+    right, count = pair
+    return f"{right / count:.3f} ({right}/{count})" if count else "- (0/0)"
 
 
 def _text_table(header: list[str], body: list[list[str]]) -> list[str]:
@@ -807,7 +874,7 @@ def _clip(text: str) -> str:
 
 __all__ = [
     "SCORING_FORMAT", "MAX_ERROR_CHARS", "MAX_FIELDS", "MAX_SCORING_JSON_BYTES", "ScoringError", "Scored", "ItemScore", "same", "leaves",
-    "value_at", "exact", "json_fields", "contains", "Scorer", "BUILTINS", "DEFAULT_SCORER", "scorer_of", "score_item",
+    "value_at", "verdict_paths", "exact", "json_fields", "contains", "Scorer", "BUILTINS", "DEFAULT_SCORER", "scorer_of", "score_item",
     "KEYED_SHAPES", "Expected", "CONFIDENCE", "INTERVAL_METHOD", "THIN", "wilson_interval", "FieldScore", "ScoreSummary",
     "read_scores", "scorer_name", "Scoring"
 ]
