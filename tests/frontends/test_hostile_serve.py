@@ -108,8 +108,11 @@ def test_half_sent_headers_are_capped_and_dropped_at_the_header_deadline(tiny_se
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-")
         socks.append(sock)
     try:
-        held = tiny_serve.fds() - baseline
-        assert held <= MAX_CONNECTIONS + 8, f"{held} connections held"
+        # past the cap, the server closes a connection as soon as it accepts it: within a moment, well before
+        # the 3 s header deadline closes the rest (the accept loop may still be catching up as the last connect
+        # returns)
+        held = lambda: tiny_serve.fds() - baseline  # noqa: E731
+        assert settles(held, MAX_CONNECTIONS + 8, 2.0), f"{held()} connections held"
         # every one is closed by the server: past the cap at once, the others at the header deadline (3 s)
         end = time.monotonic() + 15
         still_open = [s for s in socks if not closed_by_server(s, max(0.01, end - time.monotonic()))]
