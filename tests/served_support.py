@@ -193,10 +193,12 @@ def sse(obj) -> bytes:
     return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
 
 
-def chunk(content=None, finish=None, usage=None, chat=True, model="fake-model") -> dict:
+def chunk(content=None, finish=None, usage=None, chat=True, model="fake-model", logprobs=None) -> dict:
     choices = [] if content is None and finish is None else [
         {"index": 0, "delta": ({"content": content} if content is not None else {}), "finish_reason": finish}
         if chat else {"index": 0, "text": content or "", "finish_reason": finish}]
+    if logprobs is not None:
+        choices[0]["logprobs"] = logprobs
     out = {"id": "chatcmpl-1", "object": "chat.completion.chunk" if chat else "text_completion", "created": 1,
            "model": model, "choices": choices}
     if usage is not None:
@@ -278,6 +280,10 @@ class FakeServer:
     then the connection ends), ``malformed`` (a data line that is not JSON), ``status`` (HTTP
     ``status`` with an error body ``error_message``), ``embed`` (answers /embeddings), ``deltas``
     (each of ``deltas`` as a chat delta, as given: tool calls; then finish ``tool_calls``).
+
+    ``logprobs``: None, or a function of (piece's index, piece, chat) giving the ``logprobs`` field that
+    piece's chunk carries, sent when the request asked for them; ``refuse_logprobs``: a request that asks
+    for them is answered HTTP 400 naming them, as a server without them says.
     """
 
     class _Server(ThreadingHTTPServer):
@@ -295,6 +301,8 @@ class FakeServer:
                       "prompt_tokens_details": {"cached_tokens": 3}}
         self.delay_s = 0.05
         self.deltas: list[dict] = []
+        self.logprobs = None
+        self.refuse_logprobs = False
         self.status = 500
         self.error_message = "boom"
         self.requests: list[dict] = []
@@ -315,6 +323,8 @@ class FakeServer:
                     for i, t in reversed(list(enumerate(texts)))]
             return h._json(200, {"object": "list", "data": data, "model": body.get("model"),
                                  "usage": {"prompt_tokens": 1, "total_tokens": 1}})
+        if self.refuse_logprobs and body.get("logprobs"):
+            return h._json(400, {"error": {"message": "logprobs are not supported by this model", "type": "x"}})
         if mode == "status":
             return h._json(self.status, {"error": {"message": self.error_message, "type": "x", "code": None}})
         if mode == "no_headers":
@@ -347,8 +357,9 @@ class FakeServer:
             h.write(sse(b"[DONE]"))
             return
         pieces = self.pieces[:2] if mode == "truncated" else self.pieces
-        for piece in pieces:
-            h.write(sse(chunk(piece, chat=chat)))
+        for i, piece in enumerate(pieces):
+            logprobs = self.logprobs(i, piece, chat) if self.logprobs and body.get("logprobs") else None
+            h.write(sse(chunk(piece, chat=chat, logprobs=logprobs)))
             if mode == "slow":
                 time.sleep(self.delay_s)
         if mode == "truncated":

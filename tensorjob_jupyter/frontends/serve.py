@@ -29,8 +29,16 @@ Why it is shaped so:
   embeddings. ``tools`` are refused (the client holds a call to a
   ``response_format`` for this server instead: its dialect says so), and so
   is every field that would change the answer and is not honoured
-  (``logprobs``, ``logit_bias``, penalties, ``echo``...: ``UNSERVED_FIELDS``),
-  rather than ignored.
+  (``logit_bias``, penalties, ``echo``...: ``UNSERVED_FIELDS``), rather than
+  ignored.
+* **Logprobs as OpenAI answers them.** Chat takes ``logprobs: true`` and
+  ``top_logprobs`` (0 to 20; it needs ``logprobs``) and answers each token's
+  ``{token, logprob, bytes, top_logprobs}`` in ``logprobs.content`` -- the
+  engine's own records, read off the distribution it sampled from, with the
+  best other token's ``runner_up_logprob`` beside them; completions takes
+  ``logprobs: N`` (0 to 20 alternatives) and answers the legacy ``tokens``,
+  ``token_logprobs``, ``top_logprobs``, ``text_offset``. Streamed, each
+  chunk carries the records of the tokens its text was made of.
 * **No thread per request.** The worker's thread hands each token to the
   request's asyncio queue (``call_soon_threadsafe``); the response streams
   it as a server-sent event. A client that leaves stops its sequence at the
@@ -81,7 +89,8 @@ from typing import Any, TextIO
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.host import (
     FINISH_LENGTH, HF, URL, Backend, ConstraintError, GenerateRequest, GenerateResult, ModelError, ModelRef,
-    OutputSpec, QueueFull, RequestTooLarge, Sampler, SchemaError, get_backend, hub, served,
+    OutputSpec, QueueFull, RequestTooLarge, Sampler, SchemaError, get_backend, hub, logprobs_of, openai_logprobs,
+    served,
 )
 from tensorjob_jupyter.frontends.options import EXIT_FAILED, EXIT_OK, OptionError
 from tensorjob_jupyter.text import for_terminal
@@ -109,7 +118,7 @@ MAX_HEADER_BYTES = 16 * 1024
 MAX_PENDING_BODY_BYTES = 64 << 20
 #: Fields that change an answer and that this server does not honour: refused, never silently ignored
 #: (the value each may have and still be served).
-UNSERVED_FIELDS = {"logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None, {}),
+UNSERVED_FIELDS = {"logit_bias": (None, {}),
                    "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
                    "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1)}
 
@@ -136,6 +145,8 @@ class Planned:
     stream: bool
     include_usage: bool
     chat: bool
+    #: Each token's logprob is answered (``logprobs`` asked).
+    logprobs: bool = False
 
 
 # --- an OpenAI request as an infer -------------------------------------------------------------
@@ -282,10 +293,37 @@ def plan(body: Any, *, chat: bool) -> Planned:
     except (abi.AbiError, SchemaError) as e:
         raise RequestError(400, str(e).replace("`infer.", "`").replace("infer: ", "")) from None
     options = body.get("stream_options")
+    logprobs, top = _logprobs(body, chat)
     request = GenerateRequest(command.prompt, command.max_tokens, Sampler(**command.sampling()), chat=chat,
-                              constraint=spec.constraint, system=system)
+                              constraint=spec.constraint, system=system, logprobs=logprobs, top_logprobs=top)
     return Planned(request, bool(body.get("stream")),
-                   isinstance(options, dict) and bool(options.get("include_usage")), chat)
+                   isinstance(options, dict) and bool(options.get("include_usage")), chat, logprobs)
+
+
+def _logprobs(body: dict, chat: bool) -> tuple[bool, int]:
+    """(whether each token's logprob is answered, how many alternatives beside it), as OpenAI reads them:
+    chat's ``logprobs`` (true or false) and ``top_logprobs`` (which needs it), completions' ``logprobs: N``."""
+    most = abi.MAX_TOP_LOGPROBS
+    asked, top = body.get("logprobs"), body.get("top_logprobs")
+
+    def count(value: Any, name: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+            raise RequestError(400, f"{name} must be a whole number from 0 to {most}")
+        return value
+
+    if chat:
+        if asked is not None and not isinstance(asked, bool):
+            raise RequestError(400, "logprobs must be true or false")
+        n = 0 if top is None else count(top, "top_logprobs")
+        if n and not asked:
+            raise RequestError(400, "top_logprobs needs logprobs: true")
+        return bool(asked), n
+    if top not in (None, 0) or isinstance(top, bool):
+        raise RequestError(400, "/completions takes logprobs: N (the alternatives beside each token), "
+                                "not top_logprobs")
+    if asked is None or asked is False:
+        return False, 0
+    return True, count(asked, "logprobs")
 
 
 # --- answers ----------------------------------------------------------------------------------
@@ -296,7 +334,9 @@ class Answer:
 
     def __init__(self, planned: Planned, model: str):
         self.chat = planned.chat
+        self.logprobs = planned.logprobs
         self.model = model
+        self._chars = 0  # of the answer streamed so far: the legacy shape's text_offset
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + secrets.token_hex(12)
         self.created = int(time.time())
 
@@ -307,12 +347,17 @@ class Answer:
     def piece(self, text: str) -> bytes:
         choice = ({"index": 0, "delta": {"content": text}, "finish_reason": None} if self.chat
                   else {"index": 0, "text": text, "finish_reason": None})
+        choice["logprobs"] = self._logprobs(logprobs_of(text))
+        self._chars += len(text)
         return _event(self._envelope([choice], whole=False))
+
+    def _logprobs(self, records) -> dict | None:
+        return openai_logprobs(records, chat=self.chat, offset=self._chars) if self.logprobs else None
 
     def end(self, result: GenerateResult, include_usage: bool) -> bytes:
         finish = _finish(result)
-        choice = ({"index": 0, "delta": {}, "finish_reason": finish} if self.chat
-                  else {"index": 0, "text": "", "finish_reason": finish})
+        choice = ({"index": 0, "delta": {}, "finish_reason": finish, "logprobs": None} if self.chat
+                  else {"index": 0, "text": "", "finish_reason": finish, "logprobs": None})
         out = _event(self._envelope([choice], whole=False))
         if include_usage:
             out += _event({**self._envelope([], whole=False), "usage": _usage(result)})
@@ -322,6 +367,7 @@ class Answer:
         finish = _finish(result)
         choice = ({"index": 0, "message": {"role": "assistant", "content": result.text}, "finish_reason": finish}
                   if self.chat else {"index": 0, "text": result.text, "finish_reason": finish})
+        choice["logprobs"] = self._logprobs(result.logprobs or ())
         return {**self._envelope([choice], whole=True), "usage": _usage(result)}
 
 

@@ -36,6 +36,7 @@ from tensorjob_jupyter.inference.base import (
     FINISH_LENGTH, Backend, ConstraintError, GenerateRequest, GenerateResult, ModelError, QueueFull, RequestTooLarge,
     Sampler,
 )
+from tensorjob_jupyter.inference.logprobs import logprobs_of, openai_logprobs
 from tensorjob_jupyter.inference.models import get_backend
 from tensorjob_jupyter.inference.providers import HF, URL, ModelRef
 # transcripts, read back (record): what the view's scrubbing reads
@@ -48,6 +49,7 @@ __all__ = [
     "check_fetch", "wait_or_cancel",
     "CompileError", "GuestSource", "cache_dir", "cache_usage", "clear_cache", "detect_language", "python_interpreter",
     "FINISH_LENGTH", "HF", "URL", "Backend", "ConstraintError", "GenerateRequest", "GenerateResult", "ModelError",
-    "ModelRef", "QueueFull", "RequestTooLarge", "Sampler", "get_backend", "hub", "served",
+    "ModelRef", "QueueFull", "RequestTooLarge", "Sampler", "get_backend", "hub", "logprobs_of", "openai_logprobs",
+    "served",
     "EVENTS_FILE", "MAX_LINE_BYTES", "TranscriptError", "parse_event", "read_line",
 ]

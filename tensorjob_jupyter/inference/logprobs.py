@@ -15,6 +15,11 @@ The work is a few passes of numpy over one row of the vocabulary (about a tenth 
 ``TokenText`` is a piece of streamed text that carries the records of the tokens it was made of, so the
 per-token callback path (``TokenCallback``) keeps its signature: a listener that wants only text sees a
 ``str``.
+
+The OpenAI wire shapes live here too, both ways, so the client of a served model (``served.py``) and
+``tensorjob serve`` read and write one shape: a chat answer's ``logprobs.content`` (a record a token, as
+``TokenLogprob.to_json``) and the legacy completions ``logprobs`` (``tokens``, ``token_logprobs``,
+``top_logprobs`` as ``{token: logprob}`` maps, ``text_offset``). ``read_openai_logprobs`` takes either.
 """
 
 from __future__ import annotations
@@ -137,6 +142,65 @@ class TokenText(str):
         return TokenText, (str(self), self.logprobs)
 
 
+def openai_logprobs(records: Sequence[TokenLogprob], *, chat: bool, offset: int = 0) -> dict:
+    """``records`` in a choice's ``logprobs`` field: ``{"content": [...]}`` for a chat answer, the legacy
+    completions object for a raw one (``text_offset``: each token's character offset in the answer, from
+    ``offset``, the characters of the answer before these tokens)."""
+    if chat:
+        return {"content": [r.to_json() for r in records]}
+    tokens, offsets = [], []
+    for r in records:
+        text = token_text(r.token)
+        tokens.append(text)
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": [r.logprob for r in records],
+            "top_logprobs": [{token_text(t.token): t.logprob for t in r.top} for r in records],
+            "text_offset": offsets}
+
+
+def read_openai_logprobs(value: Any, top: int = 0) -> list[TokenLogprob]:
+    """The records in a choice's ``logprobs`` as a server sent it (either shape of ``openai_logprobs``),
+    each with at most ``top`` alternatives; a record's ``runner_up`` is the server's own
+    (``runner_up_logprob``) or the best alternative that is not the chosen token. ``ValueError`` unless every
+    record is one (``TokenLogprob.from_json``'s bounds; a legacy object's lists of one length)."""
+    if not isinstance(value, dict):
+        raise ValueError("logprobs is not an object")
+    if "content" in value:
+        content = value["content"]
+        if content is None:
+            return []
+        if not isinstance(content, list):
+            raise ValueError("logprobs.content is not a list")
+        records = [TokenLogprob.from_json(item) for item in content]
+    else:
+        tokens, logprobs, tops = value.get("tokens"), value.get("token_logprobs"), value.get("top_logprobs")
+        if not isinstance(tokens, list) or not isinstance(logprobs, list) or len(tokens) != len(logprobs):
+            raise ValueError("logprobs' tokens and token_logprobs are not lists of one length")
+        if tops is None:
+            tops = [None] * len(tokens)
+        if not isinstance(tops, list) or len(tops) != len(tokens):
+            raise ValueError("logprobs' top_logprobs is not a list as long as its tokens")
+        records = []
+        for token, logprob, alternatives in zip(tokens, logprobs, tops):
+            if alternatives is None:
+                alternatives = {}
+            if not isinstance(alternatives, dict) or len(alternatives) > MAX_TOP_LOGPROBS:
+                raise ValueError(f"a token's top_logprobs is not a map of at most {MAX_TOP_LOGPROBS}")
+            records.append(TokenLogprob.from_json({
+                "token": token, "logprob": logprob,
+                "top_logprobs": sorted(({"token": t, "logprob": lp} for t, lp in alternatives.items()),
+                                       key=lambda t: -t["logprob"] if isinstance(t["logprob"], (int, float)) else 0)}))
+    return [_with_runner_up(r, top) for r in records]
+
+
+def _with_runner_up(record: TokenLogprob, top: int) -> TokenLogprob:
+    runner = record.runner_up
+    if runner is None:
+        runner = max((t.logprob for t in record.top if t.token != record.token), default=None)
+    return TokenLogprob(record.token, record.logprob, runner, record.top[:max(0, int(top))])
+
+
 def logprobs_of(piece: str) -> tuple[TokenLogprob, ...]:
     """The token records a piece carries (none for a plain ``str``)."""
     return getattr(piece, "logprobs", ())
@@ -189,5 +253,5 @@ def token_logprob(logits: np.ndarray, token: int, piece: Callable[[int], bytes],
 
 __all__ = [
     "MAX_TOP_LOGPROBS", "MAX_TOKEN_BYTES", "MIN_LOGPROB", "clamp_logprob", "token_text", "TopLogprob", "TokenLogprob",
-    "TokenText", "logprobs_of", "penalised", "token_logprob"
+    "TokenText", "logprobs_of", "openai_logprobs", "read_openai_logprobs", "penalised", "token_logprob"
 ]

@@ -20,7 +20,7 @@ model, so a guest author's own tests import it from the installed package
 *processes* a pickled ``functools.partial(ScriptedBackend, ...)``: pickle
 stores it by module path, so every worker must be able to import it from
 ``tensorjob_jupyter``. It is small, pure Python, and imports no model
-library. Its attributes (``scripted.prompts``, ``requests_served``) are what
+library. Its attributes (``scripted.prompts``, ``scripted.requests``, ``requests_served``) are what
 such tests read.
 """
 
@@ -58,6 +58,7 @@ class ScriptedEngine:
         self.model_name = model_name
         self.embedding_dim = embedding_dim
         self.prompts: list[str] = []
+        self.requests: list[GenerateRequest] = []  # each request as it came, for tests of what was asked
 
     def _text_for(self, prompt: str) -> str:
         if callable(self.reply):
@@ -69,6 +70,7 @@ class ScriptedEngine:
 
     def generate(self, request: GenerateRequest, on_token: TokenCallback) -> GenerateResult:
         self.prompts.append(request.prompt)
+        self.requests.append(request)
         if self.fail:
             raise ModelError(self.fail)
         words = self._text_for(request.prompt).split()

@@ -49,6 +49,16 @@ Why it is shaped so:
   at most the tokens asked and cached tokens at most the prompt's; a model
   id is recorded clipped to ``MAX_MODEL_ID_CHARS``. So whatever a server
   sends, what the job writes can be read back.
+* **Logprobs where the server has them.** A request that records logprobs
+  (``GenerateRequest.logprobs``, on by default) asks for them --
+  ``logprobs``/``top_logprobs`` on chat, ``logprobs: N`` on completions, at
+  least ``RUNNER_UP_TOP`` alternatives so a choice's runner-up is known --
+  and reads either answer shape (``logprobs.read_openai_logprobs``) onto the
+  text pieces as the local engine's records. A server that gives none leaves
+  them null; one that refuses the fields (HTTP 400/422 naming ``logprobs``)
+  is asked again without them, and not asked again; a record that is not one,
+  or more records than tokens asked, ends the records of that answer (the
+  text goes on), so what a server sends never fails an answer through them.
 * **Only whole, final text reaches the guest.** Stop strings are sent to the
   server *and* cut here (``TextStream``), so a server that ignores some (the
   OpenAI API takes four) never shows the guest text a stop string takes back.
@@ -155,6 +165,7 @@ from tensorjob_jupyter.abi import MAX_COUNT
 from tensorjob_jupyter.inference.base import (FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, Constraint,
                                               ConstraintError, GenerateRequest, GenerateResult, GenerateUsage,
                                               ModelError, ModelTimeout, QueueFull, TokenCallback)
+from tensorjob_jupyter.inference.logprobs import TokenLogprob, TokenText, read_openai_logprobs
 from tensorjob_jupyter.inference.text_stream import TextStream
 
 DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
@@ -174,6 +185,9 @@ MAX_MODEL_ID_CHARS = 256
 KEY_RUN_CHARS = 6
 #: The OpenAI API takes at most four stop strings; the rest are cut here only.
 MAX_SERVER_STOPS = 4
+#: The alternatives asked of a server with each token's logprob, at least: the chosen token and the best
+#: other, which a choice's confidence is measured against.
+RUNNER_UP_TOP = 2
 _THREAD_PREFIX = "tensorjob-served"
 
 
@@ -487,6 +501,7 @@ class ServedBackend:
         self._dialect_name = dialect
         self._info: ServerInfo | None = None
         self._info_lock = threading.Lock()
+        self._logprobs_refused = False  # the server said no to logprobs once: not asked again
         self.concurrency = max(1, int(concurrency))
         self.queue_size = max(0, int(queue_size))
         self.connect_timeout_s = float(connect_timeout_s)
@@ -737,6 +752,9 @@ class ServedBackend:
         if d.top_k_min_p:
             extra["top_k"] = int(s.top_k) if s.top_k and s.top_k > 0 else d.top_k_off
             extra["min_p"] = float(s.min_p)
+        if request.logprobs and not self._logprobs_refused:
+            top = max(int(request.top_logprobs), RUNNER_UP_TOP)
+            body.update({"logprobs": True, "top_logprobs": top} if chat else {"logprobs": top})
         c = request.constraint
         if self._native_tools(request, info, chat):
             tools = request.tools
@@ -776,12 +794,31 @@ class ServedBackend:
         # building its typed models costs ~200 us a chunk, most of the served path's cost per token
         import openai
 
-        stream = client.post("/chat/completions" if chat else "/completions", cast_to=object, body=body,
-                             options={"headers": self._headers}, stream=True, stream_cls=openai.Stream[object])
-        return self._read(call, stream, request, on_token, chat, native)
+        def post(body: dict):
+            return client.post("/chat/completions" if chat else "/completions", cast_to=object, body=body,
+                               options={"headers": self._headers}, stream=True, stream_cls=openai.Stream[object])
+
+        try:
+            stream = post(body)
+        except openai.APIStatusError as e:  # before any token: a server that refuses logprobs is asked without
+            if "logprobs" not in body or e.status_code not in (400, 422) or "logprob" not in _server_text(e).lower():
+                raise
+            self._logprobs_refused = True
+            stream = post({k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")})
+        records = _Records(request.max_tokens, request.top_logprobs) if "logprobs" in body else None
+        return self._read(call, stream, request, on_token, chat, native, records)
 
     def _read(self, call: _Call, stream, request: GenerateRequest, on_token: TokenCallback,
-              chat: bool, native_tools: bool = False) -> GenerateResult:
+              chat: bool, native_tools: bool = False, records: "_Records | None" = None) -> GenerateResult:
+        """The answer ``stream`` carries, its text delivered to ``on_token`` as it comes (with the token
+        records ``records`` reads off it, when logprobs were asked)."""
+        result = self._read_answer(call, stream, request, on_token, chat, native_tools, records)
+        if records is not None:
+            result.logprobs = records.delivered
+        return result
+
+    def _read_answer(self, call: _Call, stream, request: GenerateRequest, on_token: TokenCallback,
+                     chat: bool, native_tools: bool, records: "_Records | None") -> GenerateResult:
         text_stream = TextStream(request.sampler.stop)
         tool_call = CallText() if native_tools else None
         events = 0
@@ -791,6 +828,8 @@ class ServedBackend:
 
         def deliver(text: str) -> bool:
             call.parts.append(text)
+            if records is not None:
+                text = records.carried_by(text)
             try:
                 return bool(on_token(text))
             except BaseException:  # noqa: BLE001 - a dead listener means stop
@@ -810,6 +849,8 @@ class ServedBackend:
                 for choice in _field(chunk, "choices", list) or ():
                     if not isinstance(choice, dict) or choice.get("index", 0) not in (0, None):
                         continue
+                    if records is not None and choice.get("logprobs") is not None:
+                        records.take(choice["logprobs"])
                     delta = choice.get("delta") if chat else None
                     delta = delta if isinstance(delta, dict) else {}
                     piece = delta.get("content") if chat else choice.get("text")
@@ -1009,6 +1050,44 @@ class CallText:
 
     def close(self) -> str:
         return "}"
+
+
+class _Records:
+    """The token records a served answer carries (``choices[0].logprobs``), handed on with its text.
+
+    Records wait (``take``) until text is delivered, and go with it (``carried_by``): a stop string's
+    lookahead can hold text back past the chunk its tokens came in. At most ``max_tokens`` records are
+    taken; a record that is not one, or one past that, ends the records of this answer (``delivered``
+    keeps those handed on), and the text goes on without them."""
+
+    def __init__(self, max_tokens: int, top: int):
+        self.max_tokens = max(0, int(max_tokens))
+        self.top = top
+        self.waiting: list[TokenLogprob] = []
+        self.delivered: list[TokenLogprob] | None = None  # None: the server gave none
+        self.broken = False
+
+    def take(self, value: Any) -> None:
+        if self.broken:
+            return
+        try:
+            got = read_openai_logprobs(value, self.top)
+        except ValueError:
+            got = None
+        taken = len(self.waiting) + len(self.delivered or ())
+        if got is None or taken + len(got) > self.max_tokens:
+            self.broken, self.waiting = True, []
+            return
+        self.waiting += got
+
+    def carried_by(self, text: str) -> str:
+        if not self.waiting:
+            return text
+        records, self.waiting = self.waiting, []
+        if self.delivered is None:
+            self.delivered = []
+        self.delivered.extend(records)
+        return TokenText(text, records)
 
 
 def _wrap_stream(inner, call: _Call):

@@ -111,6 +111,25 @@ def test_a_format_and_a_tool_call_are_held_to_their_schemas(server, served):
     assert refused.value.code == 400 and "not" in json.loads(refused.value.read())["error"]["message"]
 
 
+def test_a_job_through_the_server_has_the_engine_s_logprobs_and_each_field_s_confidence(served):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                               "big": {"type": "boolean"}}, "required": ["city", "big"]}
+    job, env = run(infer_guest("Name a city, and say whether it is big, as JSON.", max_tokens=40, logprobs=True,
+                               top_logprobs=3, format={"type": "json_schema", "name": "place", "schema": schema}),
+                   backend=served)
+    assert env.ok, env
+    deltas = [e for e in job.events if e["type"] == "response.output_text.delta"]
+    records = [r for d in deltas for r in d["logprobs"]]
+    assert records and "".join(r["token"] for r in records) == answer(job)  # a record a token, in order
+    # the alternatives the grammar allowed, at most the three asked (a forced token has itself alone)
+    assert all(-1e4 <= r["logprob"] <= 0 and 1 <= len(r["top_logprobs"]) <= 3 for r in records)
+    assert any(len(r["top_logprobs"]) == 3 for r in records)
+    assert all(r["runner_up_logprob"] is None or r["runner_up_logprob"] <= 0 for r in records)
+    [done] = [e for e in job.events if e["type"] == "response.completed"]
+    confidence = done["confidence"]
+    assert set(confidence) == {"city", "big"} and all(0 < c <= 1 for c in confidence.values()), confidence
+
+
 def post(server, path: str, body: dict) -> dict:
     request = urllib.request.Request(server.url + path, method="POST", headers={"Content-Type": "application/json"},
                                      data=json.dumps(body).encode())

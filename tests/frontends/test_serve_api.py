@@ -183,12 +183,13 @@ def test_a_constraint_the_checks_refuse_is_400_with_their_reason(client, body, s
     (chat(response_format={"type": "yaml"}), "response_format"),
     (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
     (chat(n=2), "n must be 1"),
-    (chat(logprobs=True), "logprobs"),
-    (chat(logprobs=True, top_logprobs=3), "logprobs"),
+    (chat(top_logprobs=3), "top_logprobs needs logprobs: true"),
+    (chat(logprobs=True, top_logprobs=21), "top_logprobs must be a whole number from 0 to 20"),
+    (chat(logprobs=True, top_logprobs=True), "top_logprobs must be a whole number"),
     (chat(logit_bias={"50256": -100}), "logit_bias"),
     (chat(presence_penalty=0.5), "presence_penalty"),
     (chat(frequency_penalty=1), "frequency_penalty"),
-    (chat(logprobs=1), "logprobs"),  # not the boolean off
+    (chat(logprobs=1), "logprobs must be true or false"),  # chat's is a boolean; completions' a count
     ({"model": MODEL, "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]},
      "one user message"),
     ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text"),
@@ -333,3 +334,56 @@ def test_any_json_body_is_answered_or_refused_never_a_server_error(shared_client
 def test_plan_refuses_with_request_error_not_anything_else():
     with pytest.raises(RequestError):
         plan({"prompt": 3}, chat=False)
+
+
+# --- logprobs ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def confident():
+    b = ScriptedBackend("Hello there friend", logprobs=[-0.25, -0.5, -0.6])  # each word the likelier option
+    yield b
+    b.close()
+
+
+def test_a_chat_answer_has_each_token_s_logprob_streamed_and_whole_in_the_openai_shape(confident):
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    with TestClient(build_app(confident, MODEL)) as c:
+        r = c.post("/v1/chat/completions", json=chat(stream=True, logprobs=True, top_logprobs=2))
+        chunks = [e for e in sse_objects(r.text) if e != "[DONE]"]
+        pieces = [ChatCompletionChunk.model_validate(e).choices[0] for e in chunks if e["choices"]]
+        records = [t for p in pieces if p.logprobs for t in p.logprobs.content]
+        assert [t.token for t in records] == ["Hello", " there", " friend"]
+        assert [t.logprob for t in records] == [-0.25, -0.5, -0.6]
+        assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].token == t.token for t in records)
+        assert all(bytes(t.bytes).decode() == t.token for t in records)
+
+        whole = ChatCompletion.model_validate(c.post("/v1/chat/completions", json=chat(logprobs=True)).json())
+        content = whole.choices[0].logprobs.content
+        assert [t.logprob for t in content] == [-0.25, -0.5, -0.6] and all(not t.top_logprobs for t in content)
+        assert confident.scripted.requests[-1].top_logprobs == 0 and confident.scripted.requests[-1].logprobs
+
+        plain = c.post("/v1/chat/completions", json=chat()).json()
+        assert plain["choices"][0]["logprobs"] is None  # not asked: null, as OpenAI answers
+        assert confident.scripted.requests[-1].logprobs is False  # and the engine records none
+
+
+def test_a_raw_completion_answers_logprobs_n_in_the_legacy_shape(confident):
+    from openai.types import Completion
+
+    with TestClient(build_app(confident, MODEL)) as c:
+        body = c.post("/v1/completions", json={"model": MODEL, "prompt": "Once", "logprobs": 1}).json()
+        legacy = Completion.model_validate(body).choices[0].logprobs
+        assert legacy.tokens == ["Hello", " there", " friend"] and legacy.token_logprobs == [-0.25, -0.5, -0.6]
+        assert legacy.text_offset == [0, 5, 11] and [list(t) for t in legacy.top_logprobs] == [
+            ["Hello"], [" there"], [" friend"]]
+        r = c.post("/v1/completions", json={"model": MODEL, "prompt": "Once", "logprobs": 2, "stream": True})
+        offsets = [o for e in sse_objects(r.text) if e != "[DONE]" and e["choices"] and e["choices"][0]["logprobs"]
+                   for o in e["choices"][0]["logprobs"]["text_offset"]]
+        assert offsets == [0, 5, 11]
+        for wrong, says in ((21, "from 0 to 20"), (-1, "from 0 to 20"), (True, "whole number"), ("2", "whole")):
+            r = c.post("/v1/completions", json={"model": MODEL, "prompt": "Once", "logprobs": wrong})
+            assert r.status_code == 400 and says in r.json()["error"]["message"], (wrong, r.text)
+        r = c.post("/v1/completions", json={"model": MODEL, "prompt": "Once", "top_logprobs": 2})
+        assert r.status_code == 400 and "logprobs: N" in r.json()["error"]["message"]

@@ -24,7 +24,8 @@ from tensorjob_jupyter.history.replay import replay
 from tensorjob_jupyter.host.confidence import FieldConfidence, answer_confidence, json_leaves
 from tensorjob_jupyter.host.fields import field_path, result_fields
 from tensorjob_jupyter.inference.logprobs import (
-    MAX_TOKEN_BYTES, MIN_LOGPROB, TokenLogprob, TokenText, clamp_logprob, penalised, token_logprob,
+    MAX_TOKEN_BYTES, MIN_LOGPROB, TokenLogprob, TokenText, TopLogprob, clamp_logprob, openai_logprobs, penalised,
+    read_openai_logprobs, token_logprob,
 )
 from tensorjob_jupyter.inference.scripted import ScriptedBackend
 from tensorjob_jupyter.record.transcript import EventReader
@@ -143,6 +144,45 @@ def test_a_token_record_read_back_is_one_as_written_or_a_value_error(value):
     assert len(record.token) <= MAX_TOKEN_BYTES and MIN_LOGPROB <= record.logprob <= 0.0
     assert record.runner_up is None or MIN_LOGPROB <= record.runner_up <= 0.0
     json.dumps(record.to_json(), allow_nan=False)
+
+
+server_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(
+        st.sampled_from(["content", "tokens", "token_logprobs", "top_logprobs", "text_offset", "token", "logprob",
+                         "bytes", "runner_up_logprob", "x"]) | st.text(max_size=3), inner, max_size=5),
+    max_leaves=40)
+
+
+@given(server_json, st.integers(0, 20))
+def test_a_server_s_logprobs_are_records_as_written_or_a_value_error(value, top):
+    try:
+        records = read_openai_logprobs(value, top)
+    except ValueError:
+        return
+    for record in records:
+        assert len(record.top) <= top and MIN_LOGPROB <= record.logprob <= 0.0
+        assert record.runner_up is None or MIN_LOGPROB <= record.runner_up <= 0.0
+        json.dumps(record.to_json(), allow_nan=False)
+
+
+logprob_values = st.floats(-50.0, 0.0)
+records_strategy = st.lists(st.builds(
+    lambda token, lp, tops: TokenLogprob(token.encode(), lp, None, tuple(
+        TopLogprob(t.encode(), v) for t, v in sorted(tops.items(), key=lambda kv: -kv[1]))),
+    st.text(min_size=1, max_size=6), logprob_values,
+    st.dictionaries(st.text(min_size=1, max_size=6), logprob_values, max_size=4)), max_size=8)
+
+
+@given(records_strategy, st.booleans())
+def test_records_written_in_either_openai_shape_read_back_the_same(records, chat):
+    """What ``tensorjob serve`` writes, its client reads: tokens, logprobs, alternatives, and a runner-up that
+    is the best alternative other than the chosen token."""
+    back = read_openai_logprobs(json.loads(json.dumps(openai_logprobs(records, chat=chat))), top=20)
+    assert [(r.token, r.logprob) for r in back] == [(r.token, r.logprob) for r in records]
+    for r, b in zip(records, back):
+        assert sorted((t.token, t.logprob) for t in b.top) == sorted((t.token, t.logprob) for t in r.top)
+        assert b.runner_up == max((t.logprob for t in r.top if t.token != r.token), default=None)
 
 
 # --- an answer's fields ----------------------------------------------------------------------------------

@@ -660,3 +660,89 @@ def test_the_command_line_runs_a_job_on_a_served_model(fake, tmp_path):
     assert json.loads(done.stdout)["status"] == "completed"
     assert fake.requests[-1]["headers"]["authorization"] == f"Bearer {KEY}"  # the child read its own environment
     assert KEY not in done.stdout + done.stderr
+
+
+# --- logprobs --------------------------------------------------------------------------------------
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+JSON_PIECES = ['{"name": ', '"Ada"', ', "age": ', "36}"]
+
+
+def json_guest(**fields):
+    infer = {"cmd": "infer", "prompt": "who?", "max_tokens": 20,
+             "format": {"type": "json_schema", "name": "person", "schema": SCHEMA}, **fields}
+    return script_guest([infer, {"cmd": "done", "result": {"name": "Ada", "age": 36}}])
+
+
+def chat_record(piece, logprob, runner=None):
+    """A piece as one token in the chat shape: its bytes and the top two, as the OpenAI API sends them."""
+    data = list(piece.encode())
+    top = [{"token": piece, "logprob": logprob, "bytes": data}]
+    if runner is not None:
+        top.append({"token": "x", "logprob": runner, "bytes": [120]})
+    return {"content": [{"token": piece, "logprob": logprob, "bytes": data, "top_logprobs": top}]}
+
+
+def test_a_served_model_s_logprobs_reach_the_events_and_give_each_field_a_confidence(fake):
+    fake.pieces = JSON_PIECES
+    fake.logprobs = lambda i, piece, chat: chat_record(piece, -0.1 * (i + 1), -3.0)
+    job, env = run_job(backend_for(fake), json_guest(logprobs=True, top_logprobs=1))
+    assert env.ok, env
+    body = fake.requests[-1]["body"]
+    assert body["logprobs"] is True and body["top_logprobs"] == 2  # the runner-up is always asked
+    deltas = of_type(job, "response.output_text.delta")
+    assert [d["delta"] for d in deltas] == JSON_PIECES
+    assert [d["logprobs"][0]["logprob"] for d in deltas] == pytest.approx([-0.1, -0.2, -0.3, -0.4])
+    assert all(len(d["logprobs"][0]["top_logprobs"]) == 1 for d in deltas)  # as many as the guest asked
+    assert all(d["logprobs"][0]["runner_up_logprob"] == -3.0 for d in deltas)
+    assert set(env.confidence) == {"name", "age"} and all(0 < c < 1 for c in env.confidence.values())
+
+
+def test_raw_completions_ask_logprobs_as_a_count_and_read_the_legacy_shape(fake):
+    fake.pieces = ["Hello", " there"]
+    fake.logprobs = lambda i, piece, chat: {"tokens": [piece], "token_logprobs": [-0.5],
+                                            "top_logprobs": [{piece: -0.5, "z": -2.0}], "text_offset": [0]}
+    job, env = run_job(backend_for(fake), infer_guest(logprobs=True), infer=InferOptions(chat=False))
+    assert env.ok, env
+    assert fake.requests[-1]["path"] == "/v1/completions" and fake.requests[-1]["body"]["logprobs"] == 2
+    records = [d["logprobs"][0] for d in of_type(job, "response.output_text.delta")]
+    assert [(r["token"], r["logprob"], r["runner_up_logprob"]) for r in records] == [
+        ("Hello", -0.5, -2.0), (" there", -0.5, -2.0)]
+
+
+def test_a_server_that_gives_no_logprobs_leaves_them_null_and_one_that_refuses_them_is_asked_without(fake):
+    fake.pieces = JSON_PIECES
+    job, env = run_job(backend_for(fake), json_guest())
+    assert env.ok and env.confidence is None
+    assert all(not d["logprobs"] for d in of_type(job, "response.output_text.delta"))
+
+    fake.refuse_logprobs = True
+    backend = backend_for(fake)
+    for _ in range(2):
+        job, env = run_job(backend, json_guest())
+        assert env.ok, env
+    asked = [r["body"].get("logprobs") for r in fake.requests[-3:]]
+    assert asked == [True, None, None]  # refused once, then asked without, and never asked again
+    backend.close()
+
+
+def test_records_that_are_not_records_or_too_many_end_the_records_but_never_the_answer(fake):
+    fake.pieces = JSON_PIECES
+    broken = {1: {"content": [{"token": "x", "logprob": 0.5}]},  # a logprob above 0
+              2: {"content": "not a list"}}
+    fake.logprobs = lambda i, piece, chat: broken.get(i, chat_record(piece, -0.1))
+    job, env = run_job(backend_for(fake), json_guest(logprobs=True))
+    assert env.ok, env
+    carried = [len(d["logprobs"]) for d in of_type(job, "response.output_text.delta")]
+    assert carried == [1, 0, 0, 0]  # the first record, then none: the rest of the answer went on without
+    fake.logprobs = lambda i, piece, chat: {"content": [chat_record(piece, -0.1)["content"][0]] * 50}
+    job, env = run_job(backend_for(fake), json_guest(logprobs=True))
+    assert env.ok and [len(d["logprobs"]) for d in of_type(job, "response.output_text.delta")] == [0, 0, 0, 0]
+
+
+def test_a_request_that_records_no_logprobs_asks_for_none(fake):
+    backend = backend_for(fake)
+    done = backend.generate_stream(GenerateRequest("hi", 8, logprobs=False), lambda _t: True).result(30)
+    assert done.logprobs is None and "logprobs" not in fake.requests[-1]["body"]
+    backend.close()

@@ -163,6 +163,18 @@ def test_a_named_function_is_the_server_s_tool_choice_and_streams_back_as_a_vali
     assert len(pieces) >= 3 and env.usage.tokens_out >= 3
 
 
+def test_the_server_s_logprobs_give_the_job_s_fields_a_confidence(served):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}
+    job, env = run(infer_guest("Name a city, as JSON.", max_tokens=30, logprobs=True,
+                               format={"type": "json_schema", "name": "place", "schema": schema}),
+                   backend=served, infer=CHAT_GREEDY)
+    assert env.ok, env
+    records = [r for e in job.events if e["type"] == "response.output_text.delta" for r in e["logprobs"]]
+    assert records and all(r["logprob"] <= 0 for r in records)
+    [done] = [e for e in job.events if e["type"] == "response.completed"]
+    assert set(done["confidence"]) == {"city"} and 0 < done["confidence"]["city"] <= 1, done["confidence"]
+
+
 def test_embeddings_through_the_server_are_unit_vectors_in_input_order(served):
     a, b, a_again = served.embed(["a lighthouse on a cliff", "tax law", "a lighthouse on a cliff"]).result(120)
     assert len(a) == len(b) > 0 and a == a_again
