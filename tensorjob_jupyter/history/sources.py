@@ -1,5 +1,7 @@
 """A run's sources as ``tensorjob show --sources`` prints them: each field, its place, an excerpt of the file.
 
+``excerpt_parts`` is the excerpt's text before any display's escaping; the map view shows it as HTML.
+
 A source names a file and byte offsets (``host/grounding.py``); the excerpt reads those bytes again, with a
 little context on each side, at most ``EXCERPT_BYTES`` of it, from a regular file only. A transcript can
 come from elsewhere: its offsets and paths are untrusted, so the read is bounded, the text is decoded with
@@ -25,6 +27,20 @@ SPAN_BYTES = 200
 def source_excerpt(source: dict, *, width: int = 100) -> str | None:
     """``…before«span»after…`` around ``source`` in its file (one terminal-safe line of about ``width``
     characters); None where there is no file to read (a URL, a page's text), or it cannot be read now."""
+    parts = excerpt_parts(source)
+    if parts is None:
+        return None
+    before, span, after, cut_before = parts
+    shown = [for_terminal(part, one_line=True) for part in (before, span, after)]
+    room = max(10, width - len(shown[1]) - 4) // 2
+    return ("…" if cut_before else "") + shown[0][-room:] + "«" + shown[1] + "»" + shown[2][:room] + "…"
+
+
+def excerpt_parts(source: dict) -> tuple[str, str, str, bool] | None:
+    """(the text before the span, the span -- at most ``SPAN_BYTES`` of it, ``…`` where cut -- the text after
+    it, whether the file goes on before) read again from ``source``'s file, each decoded with replacement and
+    at most ``CONTEXT_BYTES`` of context a side; None where there is no file to read. Not yet made safe for
+    any display: the caller escapes for its own."""
     path, page = source.get("file"), source.get("page")
     start, end = source.get("start"), source.get("end")
     if not isinstance(path, str) or page is not None or not isinstance(start, int) or not isinstance(end, int):
@@ -48,9 +64,7 @@ def source_excerpt(source: dict, *, width: int = 100) -> str | None:
     before = data[:start - lo].decode("utf-8", "replace")
     span = data[start - lo:span_end - lo].decode("utf-8", "replace") + ("…" if span_end < end else "")
     after = data[span_end - lo:].decode("utf-8", "replace") if span_end == end else ""
-    shown = [for_terminal(part, one_line=True) for part in (before, span, after)]
-    room = max(10, width - len(shown[1]) - 4) // 2
-    return ("…" if lo > 0 else "") + shown[0][-room:] + "«" + shown[1] + "»" + shown[2][:room] + "…"
+    return before, span, after, lo > 0
 
 
 def sources_text(envelope: dict | None, *, width: int = 100) -> str:
@@ -82,4 +96,4 @@ def sources_text(envelope: dict | None, *, width: int = 100) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["CONTEXT_BYTES", "SPAN_BYTES", "source_excerpt", "sources_text"]
+__all__ = ["CONTEXT_BYTES", "SPAN_BYTES", "excerpt_parts", "source_excerpt", "sources_text"]

@@ -285,3 +285,56 @@ def test_every_job_and_map_status_has_its_one_colour():
         assert f'background:{render.STATUS_COLOURS[status]};' in render.status_badge(status)
     assert render.STATUS_COLOURS["completed"] == render.STATUS_COLOURS["finished"]  # success looks the same
     assert render.STATUS_COLOURS["failed"] == render.STATUS_COLOURS["error"]
+
+
+def test_a_map_view_marks_each_field_grounded_or_not_and_opens_to_its_span_highlighted(tmp_path):
+    """``tests/guests/quote.c`` copies a document's first line (``quote``) and returns a ``claim`` it was told:
+    found in the file, or planted. Each result cell marks both, and opens (a ``<details>``, no script) to an
+    excerpt of the file with the span in ``<mark>`` -- document text escaped -- in the live view, the static
+    export and a view that subscribed after the end."""
+    import re
+    from pathlib import Path
+
+    from tensorjob_jupyter.fanout import start_map
+    from tensorjob_jupyter.frontends.view.map_widget import MapView
+
+    guest = Path(__file__).resolve().parents[1] / "guests" / "quote.c"
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "d0.txt").write_text("Invoice <script>alert(1)</script> from ACME\nnext line\n")
+    (docs / "d1.txt").write_text("Ticket 3: kettle broken\n")
+    items = [{"path": str(docs / "d0.txt"), "claim": "ACME"}, {"path": str(docs / "d1.txt"), "claim": "Widget Pro"}]
+    run = start_map(guest, items, tmp_path / "run", read=[docs])
+    view = MapView(run, "quote.c", refresh_hz=20).start()
+    assert run.wait(120).completed == 2
+    view.join(10)
+    late = MapView(run, "late", refresh_hz=20).start()
+    late.join(10)
+    for html in (view.items.value, view.static_html(), late.static_html()):
+        assert html.count('<details class="tj-map-item-sources">') == 2, html
+        assert html.count('class="tj-grounded"') == 3 and html.count('class="tj-ungrounded"') == 1
+        spans = re.findall(r'<mark class="tj-span">(.*?)</mark>', html)
+        assert "Invoice &lt;script&gt;alert(1)&lt;/script&gt; from ACME" in spans and "ACME" in spans
+        assert "Ticket 3: kettle broken" in spans
+        assert "<script" not in html and "not found in what the item read" in html
+        assert "d1.txt:0-23 exact 1" in html
+
+
+def test_a_cell_shows_each_field_s_confidence_and_bounds_its_fields():
+    from tensorjob_jupyter.frontends.view.map_widget import VIEW_FIELDS, item_row, render_items
+
+    result = {f"f{i}": f"<v{i}>" for i in range(VIEW_FIELDS + 3)}
+    event = {"type": "item.completed", "item": 0, "input": "x", "result": result,
+             "confidence": {"f0": 0.934, "f1": None, "f2": 7, "f3": "high"},
+             "sources": {"f0": [], "f1": [{"file": "/nonexistent", "start": 0, "end": 3, "match": "exact",
+                                            "score": 1.0}], "f2": "not a list"}}
+    row = item_row(event)
+    html = render_items([row], finished=True)
+    import re
+
+    # the one confidence in 0..1, in the marks and in the opened sources; 7 and "high" are not taken
+    assert re.findall(r'class="tj-confidence"[^>]*>([^<]*)<', html) == ["0.93"] and "confidence 0.93" in html
+    assert html.count('class="tj-confidence"') == 1 and f"+3 fields" in html
+    assert html.count('class="tj-field-source') == VIEW_FIELDS and "&lt;v0&gt;" in html and "<v0>" not in html
+    assert "nonexistent:0-3 exact 1.0" in html and "<mark" not in html  # a file that is gone: no excerpt
+    assert item_row({**event, "sources": None, "confidence": None})["fields"] is None

@@ -18,6 +18,13 @@ Dask cluster the header links to the cluster's dashboard. The Cancel button
 only asks the map to stop; its click runs on a side thread while the cell
 waits, as for jobs. Once the map has ended, ``show()``'s output carries the
 final view as static HTML too (``LiveView.finish_display``).
+
+A result that was located (``host/grounding.py``) or measured (``host/confidence.py``) shows each field's
+mark in its cell -- ✓ found in what the item read, ✗ found nowhere -- and its confidence; clicking the cell
+opens, under it, each field's source with the span highlighted in an excerpt of the file
+(``history.sources.excerpt_parts``, read again when the row is first drawn, at most ``VIEW_FIELDS`` fields
+of a row). It is a ``<details>`` element: it opens with no script, in the static export as in the live
+view, and all of it is escaped text.
 """
 
 from __future__ import annotations
@@ -33,7 +40,10 @@ from tensorjob_jupyter.abi import dumps
 from tensorjob_jupyter.fanout import MapProgress, MapRun
 from tensorjob_jupyter.fanout.manifest import item_key
 from tensorjob_jupyter.frontends.view.live import LiveView, check_refresh_hz
-from tensorjob_jupyter.frontends.view.render import BLUE, GREEN, GREY, LIGHT_GREY, RED, status_badge
+from tensorjob_jupyter.frontends.view.render import BLUE, GREEN, GREY, LIGHT_GREY, PALE, PRE, RED, status_badge
+from tensorjob_jupyter.history.sources import excerpt_parts
+from tensorjob_jupyter.host.fields import result_fields
+from tensorjob_jupyter.host.grounding import source_label
 from tensorjob_jupyter.text import for_html
 
 #: Concluded items the table shows while the map runs: the latest ones.
@@ -47,6 +57,11 @@ OUTCOME_CHARS = 120
 MAX_LINE_SOURCE_CHARS = 1 << 20
 
 NOWRAP = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
+#: Fields of one result whose marks and sources a row shows (the rest are counted; ``tensorjob show --sources``
+#: lists every one).
+VIEW_FIELDS = 12
+#: Characters of a field's value in its source's heading.
+VALUE_CHARS = 60
 
 
 def one_line(value: Any, limit: int) -> str:
@@ -80,7 +95,31 @@ def item_row(event: dict) -> dict:
     named = key != str(item) or isinstance(raw, (str, int)) and not isinstance(raw, bool)
     return {"item": item, "ok": ok, "input": one_line(key if named else raw, INPUT_CHARS),
             "input_json": one_line(raw, INPUT_CHARS * 4), "outcome": outcome,
-            "score": f"{value:.2f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""}
+            "score": f"{value:.2f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "",
+            "fields": result_evidence(event) if ok else None}
+
+
+def result_evidence(event: dict) -> dict | None:
+    """The marks a completed item's cell shows: ``{"fields": [(name, value, sources, confidence)], "more": N}``
+    for the first ``VIEW_FIELDS`` fields of its result (``sources``: a list, ``[]`` for found nowhere, None
+    when not located; ``confidence``: 0 to 1, or None), or None when the item has neither. The sources are
+    kept as the event gave them; their excerpts are read when the row is drawn."""
+    sources = event.get("sources") if isinstance(event.get("sources"), dict) else None
+    confidence = event.get("confidence") if isinstance(event.get("confidence"), dict) else None
+    if sources is None and confidence is None:
+        return None
+    fields = []
+    total = 0
+    for name, value in result_fields(event.get("result")):
+        total += 1
+        if len(fields) >= VIEW_FIELDS:
+            continue
+        found = sources.get(name) if sources is not None else None
+        found = [f for f in found if isinstance(f, dict)] if isinstance(found, list) else None
+        sure = confidence.get(name) if confidence is not None else None
+        sure = float(sure) if type(sure) in (int, float) and 0 <= sure <= 1 else None
+        fields.append((name, value, found, sure))
+    return {"fields": fields, "more": total - len(fields)} if fields else None
 
 
 def render_header(name: str, p: MapProgress) -> str:
@@ -124,6 +163,65 @@ def render_items(rows: list[dict], *, finished: bool = False, concluded: int | N
     return _items_table(rows[-SHOW_ITEMS:])
 
 
+def field_marks(evidence: dict) -> str:
+    """One line of marks: each field's name, ✓ (found in what the item read) or ✗ (found nowhere), and its
+    confidence."""
+    marks = []
+    for name, _value, found, sure in evidence["fields"]:
+        mark = ("" if found is None else f'<span class="tj-grounded" style="color:{GREEN}">✓</span>' if found
+                else f'<span class="tj-ungrounded" style="color:{RED}" title="found in no window the item read">✗'
+                     f'</span>')
+        conf = "" if sure is None else f' <span class="tj-confidence" style="color:{GREY}">{sure:.2f}</span>'
+        marks.append(f'<span class="tj-field-mark">{for_html(name or "(result)")} {mark}{conf}</span>')
+    more = f' <span style="color:{GREY}">+{evidence["more"]} fields</span>' if evidence["more"] else ""
+    return " · ".join(marks) + more
+
+
+def field_sources(evidence: dict) -> str:
+    """What a cell opens to: each field's value, its best source and match, its confidence, and an excerpt of
+    the file around the span, the span highlighted (``<mark>``); a field found nowhere says so."""
+    parts = []
+    for name, value, found, sure in evidence["fields"]:
+        head = f'<b>{for_html(name or "(result)")}</b> = {for_html(one_line(value, VALUE_CHARS))}'
+        conf = "" if sure is None else f" · confidence {sure:.2f}"
+        if found is None:
+            parts.append(f'<div class="tj-field-source">{head}{conf}</div>')
+            continue
+        if not found:
+            parts.append(f'<div class="tj-field-source tj-not-found">{head} · <span style="color:{RED}">not found '
+                         f'in what the item read</span>{conf}</div>')
+            continue
+        best = found[0]
+        more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
+        where = f"{source_label(best)} {best.get('match', '')} {best.get('score', '')}{more}"
+        excerpt = excerpt_parts(best)
+        shown = ""
+        if excerpt is not None:
+            before, span, after, cut = excerpt
+            shown = (f'<pre class="tj-preview tj-source-excerpt" style="{PRE}white-space:pre-wrap;margin:1px 0;'
+                     f'background:{PALE};padding:2px">{"…" if cut else ""}{for_html(before)}<mark class="tj-span">'
+                     f'{for_html(span)}</mark>{for_html(after)}…</pre>')
+        parts.append(f'<div class="tj-field-source">{head} · <span style="color:{GREY}">{for_html(where)}'
+                     f'</span>{conf}{shown}</div>')
+    return "".join(parts)
+
+
+def _outcome_cell(row: dict, cell: str) -> str:
+    """The result or error cell: one clipped line; a result with evidence also marks each field, and opens
+    (a click, no script) to its sources."""
+    evidence = row.get("fields")
+    if not evidence:
+        return (f'<td style="{cell};color:{"inherit" if row["ok"] else RED}" title="{for_html(row["outcome"])}">'
+                f'{for_html(row["outcome"])}</td>')
+    opened = row.get("_sources_html")
+    if opened is None:  # read once a row, when it is first drawn (not on the map's thread)
+        opened = row["_sources_html"] = field_sources(evidence)
+    return (f'<td class="tj-map-item-result" style="padding:1px 6px;max-width:0" title="{for_html(row["outcome"])}">'
+            f'<details class="tj-map-item-sources"><summary style="{NOWRAP};cursor:pointer">{field_marks(evidence)}'
+            f' <span style="color:{GREY}">{for_html(row["outcome"])}</span></summary>'
+            f'<div style="font-family:sans-serif;font-size:11px;white-space:normal">{opened}</div></details></td>')
+
+
 def _items_table(rows: list[dict]) -> str:
     cell = f"padding:1px 6px;max-width:0;{NOWRAP}"
     whole = "padding:1px 6px;white-space:nowrap;overflow:visible;box-sizing:content-box"  # numbers never clipped
@@ -138,8 +236,7 @@ def _items_table(rows: list[dict]) -> str:
         f'<td style="{cell};width:1.5em;color:{GREEN if row["ok"] else RED}">{"✓" if row["ok"] else "✗"}</td>'
         + (f'<td class="tj-map-item-score" style="{whole};width:{score_chars}ch;color:{GREY}">'
            f'{for_html(row.get("score", ""))}</td>' if scored else "") +
-        f'<td style="{cell};color:{"inherit" if row["ok"] else RED}" title="{for_html(row["outcome"])}">'
-        f'{for_html(row["outcome"])}</td></tr>' for row in rows)
+        f'{_outcome_cell(row, cell)}</tr>' for row in rows)
     return (f'<table class="tj-map-items" style="font-family:monospace;font-size:11px;border-collapse:collapse;'
             f'table-layout:fixed;width:100%;line-height:1.4"><tbody>{body}</tbody></table>')
 
@@ -230,7 +327,10 @@ class MapView(LiveView):
             scores = result.scores() or {}
             inputs = result.inputs
             found = {i: ("item.failed", i, {"error": e}) for i, e in result.failures().items()}
-            found.update({i: ("item.completed", i, {"result": r}) for i, r in result.results().items()})
+            sources, confidences = result.sources(), result.confidences()
+            found.update({i: ("item.completed", i, {"result": r, "sources": sources.get(i),
+                                                    "confidence": confidences.get(i)})
+                          for i, r in result.results().items()})
         except Exception:  # noqa: BLE001 - a folder that cannot be read back leaves the rows the events gave
             return
         rows = []
@@ -258,6 +358,7 @@ class MapView(LiveView):
 
 
 __all__ = [
-    "SHOW_ITEMS", "KEEP_ITEMS", "INPUT_CHARS", "OUTCOME_CHARS", "MAX_LINE_SOURCE_CHARS", "NOWRAP", "one_line", "item_row",
+    "SHOW_ITEMS", "KEEP_ITEMS", "INPUT_CHARS", "OUTCOME_CHARS", "MAX_LINE_SOURCE_CHARS", "NOWRAP", "VIEW_FIELDS",
+    "VALUE_CHARS", "one_line", "item_row", "result_evidence", "field_marks", "field_sources",
     "render_header", "render_counts", "render_items", "render_bar", "MapView"
 ]
