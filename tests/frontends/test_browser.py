@@ -661,3 +661,75 @@ def test_a_40_item_maps_view_shows_two_digit_items_and_two_decimal_scores_whole(
             raise
         finally:
             context.close()
+
+
+#: The first result cell of the map view: its marks, whether its sources are open, and what they show.
+MAP_SOURCES_JS = """() => {
+  const d = document.querySelector('.tensorjob-map-view details.tj-map-item-sources');
+  if (!d) return null;
+  const mark = d.querySelector('mark.tj-span');
+  const box = mark ? mark.getBoundingClientRect() : null;
+  return {open: d.open, grounded: d.querySelectorAll('summary .tj-grounded').length,
+          ungrounded: d.querySelectorAll('summary .tj-ungrounded').length,
+          span: mark ? mark.textContent : null, span_visible: !!box && box.width > 0 && box.height > 0,
+          scripts: document.querySelectorAll('.tensorjob-map-view script').length};
+}"""
+
+
+def test_a_maps_result_cell_opens_to_each_field_s_source_with_the_span_highlighted(jupyterlab):
+    """A map of ``tests/guests/quote.c`` over two documents (one line holds markup) from a notebook cell: the
+    first item's cell marks its fields found; a click opens the excerpt with the span in a visible ``<mark>``,
+    the document's markup shown as text."""
+    base, tmp, server_log = jupyterlab
+    root = tmp / "root"
+    folder = root / "mapsrc"
+    folder.mkdir()
+    guest = Path(__file__).resolve().parents[1] / "guests" / "quote.c"
+    (folder / "quote.c").write_bytes(guest.read_bytes())
+    (folder / "docs").mkdir()
+    (folder / "docs" / "d0.txt").write_text("Invoice <b>42</b> from ACME\nnext\n")
+    (folder / "docs" / "d1.txt").write_text("Ticket 3: kettle broken\n")
+    (folder / "m.jsonl").write_text(json.dumps({"path": "docs/d0.txt", "claim": "ACME"}) + "\n"
+                                    + json.dumps({"path": "docs/d1.txt", "claim": "Widget Pro"}) + "\n")
+    cells = ["%load_ext tensorjob_jupyter",
+             "%tensorjob map quote.c --over m.jsonl --run-dir run --read docs"]
+    (folder / "mapsrc.ipynb").write_text(json.dumps({
+        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": c}
+                  for c in cells],
+        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+        "nbformat": 4, "nbformat_minor": 5}, indent=1))
+    shots = tmp / "screenshots-mapsrc"
+    shots.mkdir()
+    print(f"JupyterLab log: {server_log}\nscreenshots: {shots}")
+    console: list[str] = []
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp / "chromium-profile-mapsrc"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 900})
+        page = context.pages[0] if context.pages else context.new_page()
+        try:
+            page.set_default_timeout(60_000)
+            page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+            page.goto(f"{base}/lab/workspaces/mapsrc/tree/mapsrc/mapsrc.ipynb")
+            page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell")
+            page.wait_for_function(KERNEL_READY_JS, timeout=90_000)
+            _run_cell(page, 0)
+            _wait_executed(page, 0, 60, "the %load_ext cell")
+            _run_cell(page, 1)
+            output = _wait_executed(page, 1, 240, "the map cell")
+            page.wait_for_function(MAP_SOURCES_JS, timeout=60_000)
+            before = page.evaluate(MAP_SOURCES_JS)
+            assert before["open"] is False and before["grounded"] == 2 and before["ungrounded"] == 0, (
+                before, output[-2000:], console[-10:])
+            page.locator(".tensorjob-map-view details.tj-map-item-sources summary").first.click()
+            page.wait_for_function(f"() => ({MAP_SOURCES_JS})().span_visible", timeout=10_000)
+            after = page.evaluate(MAP_SOURCES_JS)
+            assert after["open"] is True and after["span"] == "Invoice <b>42</b> from ACME", after
+            assert after["scripts"] == 0
+            page.locator(".tensorjob-map-view").first.screenshot(path=str(shots / "map-view-sources.png"))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(shots / "failure.png"))
+            raise
+        finally:
+            context.close()
