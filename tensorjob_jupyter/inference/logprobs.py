@@ -10,7 +10,7 @@ distribution at temperature 1. Top-k, top-p and min-p are not applied: they only
 probability, and leave the numbers comparable across settings (as OpenAI's logprobs are).
 
 The work is a few passes of numpy over one row of the vocabulary (about a tenth of a millisecond for a
-50,000-token vocabulary), far below a decode step; ``bench/bench_logprobs.py`` measures it.
+50,000-token vocabulary), far below a decode step; ``bench/bench_grounding.py --real`` measures its share of an item.
 
 ``TokenText`` is a piece of streamed text that carries the records of the tokens it was made of, so the
 per-token callback path (``TokenCallback``) keeps its signature: a listener that wants only text sees a

@@ -6,7 +6,7 @@ whose client hangs up while its texts take the model for a minute. Whatever they
 
 * at most ``MAX_CONNECTIONS`` connections are held at once, and none past ``--header-timeout`` /
   ``--body-timeout``; stalled uploads hold at most ``MAX_PENDING_BODY_BYTES`` of the server's memory;
-* ``Host: localhost:evil`` is not a loopback name; ``logprobs`` and ``logit_bias`` are refused;
+* ``Host: localhost:evil`` is not a loopback name; ``logprobs`` are answered within bounds and ``logit_bias`` is refused;
 * an abandoned embed stops (the server goes idle), an innocent chat behind it is served between its
   pieces, and an embed past the engine's token budget is refused at once.
 
@@ -165,9 +165,13 @@ def test_the_host_check_and_unhonoured_fields(tiny_serve):
         assert request(tiny_serve.url, "/models", headers={"Host": host})[0] == status, host
     chat = {"messages": [{"role": "user", "content": "the cat"}], "max_tokens": 2}
     assert request(tiny_serve.url, "/chat/completions", chat)[0] == 200
-    for extra in ({"logprobs": True, "top_logprobs": 2}, {"logit_bias": {"3": 100}}):
+    status, answer = request(tiny_serve.url, "/chat/completions", {**chat, "logprobs": True, "top_logprobs": 2})
+    assert status == 200 and answer["choices"][0]["logprobs"]["content"], answer
+    for extra in ({"top_logprobs": 2}, {"logprobs": True, "top_logprobs": 21}, {"logprobs": "yes"},
+                  {"logit_bias": {"3": 100}}):
         status, answer = request(tiny_serve.url, "/chat/completions", {**chat, **extra})
-        assert status == 400 and next(iter(extra)) in answer["error"]["message"], answer
+        named = "logprobs" if "logprobs" in str(extra) else "logit_bias"
+        assert status == 400 and named in answer["error"]["message"], answer
 
 
 # --- an abandoned embed -----------------------------------------------------------------------------------
