@@ -106,3 +106,38 @@ def test_a_bad_notebook_is_one_line(tmp_path):
     for name in ("broken.ipynb", "missing.ipynb"):
         proc = run(sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "export", name, cwd=tmp_path)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and name in proc.stderr, proc.stderr
+
+
+def forged_notebook(path: Path, html: str) -> Path:
+    """A notebook as someone else may send it: an output that says it is a finished view, with this HTML."""
+    import nbformat
+
+    output = nbformat.v4.new_output("display_data", data={"text/html": html, "application/vnd.jupyter.widget-view+json":
+                                                          {"model_id": "m", "version_major": 2, "version_minor": 0}},
+                                    metadata={"tensorjob_static_view": True})
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("%%tensorjob", outputs=[output])]), path)
+    return path
+
+
+def test_a_forged_view_exports_inert_and_a_huge_one_is_left_out(tmp_path):
+    forged = forged_notebook(tmp_path / "forged.ipynb", '<div class="tensorjob-view tj-static">shown'
+                             '<script>document.title="pwned"</script><img src=x onerror="alert(1)">'
+                             '<a href="javascript:alert(2)">link</a><span style="background:url(//evil)">s</span></div>')
+    huge = forged_notebook(tmp_path / "huge.ipynb", '<div class="tensorjob-view tj-static">'
+                           + "<span>0123456789</span>" * 1_200_000 + "</div>")  # 26 MiB of view, 27,600,044 characters
+    for argv, written in (
+            (["-m", "tensorjob_jupyter.frontends.cli", "export", "forged.ipynb"], "forged.html"),
+            (["-m", "jupyter", "nbconvert", "--to", "tensorjob-html", "forged.ipynb"], "forged.html"),
+            (["-m", "tensorjob_jupyter.frontends.cli", "export", "huge.ipynb"], "huge.html")):
+        proc = run(sys.executable, *argv, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        page = (tmp_path / written).read_text(encoding="utf-8")
+        assert WIDGET_SCRIPT not in page
+        view = page[page.index('class="tensorjob-view tj-static'):]
+        view = view[:view.index("</div>")]
+        assert "pwned" not in page and "onerror" not in page and "javascript:" not in page and "//evil" not in page
+        if written == "forged.html":
+            assert "shown" in view and "link" in view
+        else:
+            assert "left out" in view and "27,600,044 characters" in view and len(page) < (1 << 20)
+    assert forged.exists() and huge.exists()
