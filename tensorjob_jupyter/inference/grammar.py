@@ -65,6 +65,7 @@ from __future__ import annotations
 import ctypes
 import json
 import queue
+import re
 import sys
 import threading
 from concurrent.futures import Future
@@ -216,8 +217,21 @@ def matches(constraint: Constraint, text: str) -> bool:
 _KIND_WORDS = {"json": "the JSON schema", "regex": "the regex", "choices": "the choices", "lark": "the Lark grammar"}
 
 
+#: llguidance's names for its bounds (``LIMITS``), which no guest can change: a message that names one says
+#: instead what the guest can.
+_BOUND_WORDS = re.compile(r"initial_lexer_fuel|step_lexer_fuel|step_max_items|max_items_in_row|max_lexer_states|"
+                          r"max_grammar_size|precompute_large_lexemes|fuel|too many", re.I)
+_TOO_COSTLY = ("the grammar needs more work for one token than its bounds allow: make it less ambiguous (rules "
+               "that can split the same text many ways, repetitions nested in repetitions) or smaller")
+
+
 def _one_line(message: Any) -> str:
-    return " ".join(str(message).split())[:400]
+    """llguidance's message on one line, without its ``<non-verbose/>`` marker; one that names a setting of the
+    engine (fixed here) says what to change in the grammar instead."""
+    text = " ".join(str(message).replace("<non-verbose/>", " ").split())
+    if _BOUND_WORDS.search(text):
+        return f"{_TOO_COSTLY} (llguidance: {text[:200]})"
+    return text[:400]
 
 
 class _Bytes:

@@ -376,6 +376,7 @@ def test_the_worst_walk_through_a_hostile_grammar_costs_a_bounded_time_per_token
     except ConstraintError as e:  # past llguidance's limits: this request alone fails, at the token it would pass them
         assert ends is not None and ends in str(e), e
         assert e.code == codes.SCHEMA_VALIDATION_FAILED
+        assert "<non-verbose/>" not in str(e) and "\n" not in str(e) and "make it less ambiguous" in str(e), e
         return
     assert ends is None, f"the walk went {taken} tokens past where its grammar should have met a bound"
     assert slowest < TOKEN_BUDGET_S, slowest
