@@ -354,7 +354,8 @@ class RecordedWorld:
             job.count_tokens(0, len(already))
             response.fail(divergence.message(), code=codes.REPLAY_DIVERGENCE, error_type="server_error")
             raise JobFailure(codes.REPLAY_DIVERGENCE, divergence.message()) from None
-        return job.answer_infer(plan, router, response, source.result(response), delivery, already=already)
+        return job.answer_infer(plan, router, response, source.result(response, job.count_tokens), delivery,
+                                already=already)
 
     # -- embed from the recording -----------------------------------------------------------------
 

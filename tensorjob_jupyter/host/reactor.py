@@ -498,7 +498,7 @@ class Reactor:
         router = OutputRouter(plan.spec, response)
         source = ModelTokens(backend, plan.request, self.cancel, response)
         delivery = self.token_loop(response, router.delta).run(source)
-        return self.answer_infer(plan, router, response, source.result(response), delivery)
+        return self.answer_infer(plan, router, response, source.result(response, self.count_tokens), delivery)
 
     def plan_infer(self, cmd: abi.Infer) -> "InferPlan":
         """What an ``infer`` asks of the model, checked: its output spec, sampling and token budget."""

@@ -165,22 +165,33 @@ class ModelTokens:
         except Exception:  # noqa: BLE001 - still prefilling, cancelled in the queue, or failed
             return 0, delivered
 
-    def result(self, response: ResponseStream) -> GenerateResult:
-        """The model's answer; its failure closes ``response`` and raises the job's ``JobFailure``."""
+    def result(self, response: ResponseStream, count: Callable[[int, int], None]) -> GenerateResult:
+        """The model's answer; its failure closes ``response``, counts what the request spent (``count``: the
+        engine's figures where it gives them, else the pieces delivered) and raises the job's ``JobFailure``."""
         try:
             return self.future.result()
         except CancelledError:  # cancelled while it waited in the queue: no token was made
             response.finish("".join(response.text_parts), usage=response.usage_json(0, 0), reason=FINISH_CANCELLED)
             raise JobFailure(codes.CANCELLED, "cancelled during inference") from None
-        except ConstraintError as e:  # llama.cpp refused the grammar: before any token
+        except ConstraintError as e:  # a grammar refused before any token, or past its bounds mid-answer
+            self._count_failed(e, count)
             response.fail(e.message, code=e.code, error_type=_ERROR_TYPES[e.code])
             raise JobFailure(e.code, f"infer: {e.message}") from None
         except JobFailure as e:  # ModelError (model_load_failed), QueueFull (busy), ModelTimeout (timeout)
+            self._count_failed(e, count)
             response.fail(e.message, code=e.code, error_type=_ERROR_TYPES.get(e.code, "model_error"))
             raise
         except Exception as e:  # noqa: BLE001 - anything else the engine raised
             response.fail(str(e), code=codes.MODEL_LOAD_FAILED)
             raise JobFailure(codes.MODEL_LOAD_FAILED, str(e)) from None
+
+
+    def _count_failed(self, e: JobFailure, count: Callable[[int, int], None]) -> None:
+        usage = getattr(e, "usage", None)
+        if usage is not None:
+            count(usage.prompt_tokens, max(usage.completion_tokens, len(self._took)))
+        elif self._took:
+            count(0, len(self._took))
 
 
 class RecordedTokens:

@@ -40,6 +40,9 @@ class ModelError(JobFailure):
 
     def __init__(self, message: str):
         super().__init__(self.CODE, message)
+        #: What the request had spent when it failed (a grammar past its bounds mid-answer), set by the engine
+        #: where it knows; None: nothing known (the caller counts what it was delivered).
+        self.usage: GenerateUsage | None = None
 
 
 class QueueFull(ModelError):

@@ -672,8 +672,10 @@ class LlamaEngine:
                 active.remove(seq)
                 self._finish(seq, FINISH_CANCELLED, "", time.perf_counter())
                 continue
-            except ConstraintError as e:
+            except ConstraintError as e:  # mid-answer: what it had spent is counted all the same
                 active.remove(seq)
+                e.usage = GenerateUsage(prompt_tokens=seq.prompt_tokens, completion_tokens=seq.n_out,
+                                        cached_tokens=seq.cached_tokens)
                 self._release(seq)
                 seq.pending.done(None, e)
                 continue

@@ -206,6 +206,22 @@ def test_what_a_hostile_answer_is_when_it_completes(roomy_tiny):
             assert job.envelope.error.code == codes.LIMIT_EXCEEDED, job.envelope
 
 
+def test_an_infer_that_fails_on_its_grammar_counts_what_it_spent_and_a_budget_sees_it(roomy_tiny, echo, tmp_path):
+    """A grammar past its bounds mid-answer fails its infer; the tokens generated before are the job's usage all
+    the same (the engine's own count), so ``max_total_tokens`` stops a map of such items."""
+    fields = {"regex": remembering_regex(24, tail=1000), "temperature": 1.0, "seed": 5}
+    job = guest_job(fields, roomy_tiny, max_tokens=600)
+    envelope = job.wait(120)
+    assert envelope.error is not None and envelope.error.code == codes.SCHEMA_VALIDATION_FAILED, envelope
+    deltas = [e for e in job.events if e["type"] == "response.output_text.delta"]
+    assert deltas, "the grammar failed before the first token: this case no longer tests a failure mid-answer"
+    assert envelope.usage.tokens_out >= len(deltas) and envelope.usage.tokens_in > 0, envelope.usage
+    items = [{"prompt": "the cat", "max_tokens": 600, "options": fields} for _ in range(5)]
+    result = tj.map(echo, items, tmp_path / "run", backend=roomy_tiny, concurrency=1, max_total_tokens=30)
+    assert result.status == "stopped" and result.failed >= 1 and result.ran < 5, result
+    assert result.tokens >= 30
+
+
 # --- the cases that could crash the process, in one of its own -----------------------------------------------------
 
 
