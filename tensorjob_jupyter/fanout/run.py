@@ -213,7 +213,9 @@ class MapRun:
         self._check_budget(progress)
 
     def _score(self, index: int, ok: bool, result: Any) -> ItemScore | None:
-        if self.scoring is None:
+        """The item's score; none once the map is cancelled (or its budget spent), so a slow scorer never holds
+        the end: at most the call under way finishes, and the next session scores what this one left."""
+        if self.scoring is None or self._cancel.is_set():
             return None
         return self.scoring.add(index, ok, result)
 

@@ -405,6 +405,36 @@ def test_the_token_budget_stops_the_map_cleanly_and_a_resume_goes_on(guest, tmp_
         tj.map(guest, items, tmp_path / "x", max_total_tokens=0)
 
 
+def test_a_slow_scorer_never_holds_a_cancel_and_the_next_session_scores_what_it_left(guest, tmp_path):
+    """Once a map is cancelled, the items that conclude are recorded but not scored: its end waits at most for
+    the scorer call under way (the issue measured 38 s of waiting), and the next session scores them."""
+    import threading
+
+    from tensorjob_jupyter.fanout import start_map
+
+    calls, cancelled, release = [], threading.Event(), threading.Event()
+
+    def slow(result, expected):
+        calls.append((result, cancelled.is_set()))
+        if len(calls) == 1:
+            release.wait(30)  # the first score holds the map's thread while every item ends
+        return float(result == expected)
+
+    items = [done(i) for i in range(8)]
+    run = start_map(guest, items, tmp_path / "run", expected=list(range(8)), scorer=slow, concurrency=4)
+    while not calls:
+        run.wait_done(0.01)
+    run.cancel()
+    cancelled.set()
+    release.set()
+    result = run.wait(60)
+    assert result.status == "cancelled"
+    assert [c for c in calls if c[1]] == [], "an item was scored after the map was cancelled"
+    assert len(calls) == 1 and len(run.scoring.scores) == 1
+    again = tj.map(guest, items, tmp_path / "run", scorer=slow)
+    assert again.ok and again.score_summary().scored == 8 and len(calls) == 9
+
+
 # --- the command line ---------------------------------------------------------------------------------------
 
 
