@@ -59,8 +59,13 @@ SPEED_INFERS = 400
 #: ended (its response's ``timing.load_per_core``); the speed is taken from quiet infers when there are enough.
 QUIET_LOAD_PER_CPU = 0.75
 MIN_QUIET_INFERS = 3
-#: How long one item's run to its first infer may take.
-DRY_RUN_TIMEOUT_S = 120.0
+#: How long one item's run to its first infer may take (a guest that opens and slices a large document first is
+#: well inside it), and how many such runs may time out before the estimate stops sampling: a guest that never
+#: reaches an infer costs the estimate about a minute, not one limit per sampled item.
+DRY_RUN_TIMEOUT_S = 30.0
+MAX_DRY_RUN_TIMEOUTS = 2
+#: How long a model's tokenizer may take to count one request.
+COUNT_TIMEOUT_S = 120.0
 #: The error a dry run's stand-in model gives at the first infer.
 STOPPED_HERE = "stopped at the first infer: an estimate decodes nothing"
 
@@ -133,6 +138,8 @@ class MapEstimate:
     sampled: list[ItemEstimate]
     shared_prefix_tokens: int
     speed: Speed | None
+    #: Items picked for the sample but not run: sampling stopped once ``MAX_DRY_RUN_TIMEOUTS`` runs timed out.
+    unsampled: int = 0
 
     @property
     def reached(self) -> list[ItemEstimate]:
@@ -222,11 +229,14 @@ class MapEstimate:
             out.append(f"item {e.item} never reaches an infer: {e.error}")
         if len(failed) > 5:
             out.append(f"... and {len(failed) - 5} more sampled items never reach one")
+        if self.unsampled:
+            out.append(f"sampling stopped after {MAX_DRY_RUN_TIMEOUTS} items timed out: {self.unsampled} more "
+                       f"picked for the sample were not run")
         return out
 
     def to_json(self) -> dict:
         return {"items": self.items, "model": self.model, "counted_by": self.counted_by,
-                "sampled": len(self.sampled), "prompt_tokens_per_item": self.prompt_tokens_per_item,
+                "sampled": len(self.sampled), "unsampled": self.unsampled, "prompt_tokens_per_item": self.prompt_tokens_per_item,
                 "prompt_tokens": self.prompt_tokens, "shared_prefix_tokens": self.shared_prefix_tokens,
                 "decoded_prompt_tokens": self.decoded_prompt_tokens, "output_tokens": self.output_tokens,
                 "speed": self.speed.to_json() if self.speed else None,
@@ -262,20 +272,28 @@ def estimate_map(guest: Any, manifest: str | os.PathLike | Sequence[Any], *, bac
         model_backend = instance if instance is not None else process_backend(spec.backend)
         name = getattr(model_backend, "model_name", "model")
         picks = _spread(len(items), sample)
-        sampled, counted_by, prompts = [], "tokenizer", []
-        for index in picks:
+        sampled, counted_by, prompts, unsampled = [], "tokenizer", [], 0
+        timeouts = 0
+        for n, index in enumerate(picks):
+            if timeouts >= MAX_DRY_RUN_TIMEOUTS:
+                unsampled = len(picks) - n
+                break
             catcher = _FirstInfer(name)
             job = Job(spec.item_job(index, items[index]), backend=catcher).start()
+            timed_out = False
             try:
                 envelope = job.wait(DRY_RUN_TIMEOUT_S)
             except TimeoutError:
+                timed_out = True
                 job.cancel()
                 envelope = job.wait()
             request = catcher.request
             if request is None:
                 error = envelope.error
-                why = f"{error.code}: {error.message}" if error is not None else (
-                    "it completed without one" if envelope.status is JobStatus.COMPLETED else envelope.status.value)
+                why = (f"it did not reach one within {DRY_RUN_TIMEOUT_S:.0f} s" if timed_out else
+                       f"{error.code}: {error.message}" if error is not None else
+                       "it completed without one" if envelope.status is JobStatus.COMPLETED else envelope.status.value)
+                timeouts += timed_out
                 sampled.append(ItemEstimate(index, None, None, " ".join(why.split())[:300]))
                 continue
             try:
@@ -292,7 +310,7 @@ def estimate_map(guest: Any, manifest: str | os.PathLike | Sequence[Any], *, bac
         places = [Path(run_dir).absolute() / JOBS] if run_dir is not None else []
         places.append(runs_folder(runs_dir))
         return MapEstimate(len(items), name, counted_by, sampled, _shared_prefix(prompts) if len(prompts) > 1 else 0,
-                           measured_speed(name, places))
+                           measured_speed(name, places), unsampled)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -311,7 +329,7 @@ def _tokens(backend: Any, request: GenerateRequest) -> list[int] | None:
     if count is None:
         return None
     try:
-        return list(count(request).result(DRY_RUN_TIMEOUT_S))
+        return list(count(request).result(COUNT_TIMEOUT_S))
     except ModelError as e:
         if "context window" in str(e):
             raise
@@ -431,6 +449,7 @@ def _duration(seconds: float) -> str:
 
 
 __all__ = [
-    "DEFAULT_SAMPLE", "CHARS_PER_TOKEN", "QUIET_LOAD_PER_CPU", "MIN_QUIET_INFERS", "SPEED_RUNS", "SPEED_INFERS", "DRY_RUN_TIMEOUT_S", "STOPPED_HERE", "Speed",
+    "DEFAULT_SAMPLE", "CHARS_PER_TOKEN", "QUIET_LOAD_PER_CPU", "MIN_QUIET_INFERS", "SPEED_RUNS", "SPEED_INFERS",
+    "DRY_RUN_TIMEOUT_S", "MAX_DRY_RUN_TIMEOUTS", "COUNT_TIMEOUT_S", "STOPPED_HERE", "Speed",
     "ItemEstimate", "MapEstimate", "estimate_map", "measured_speed"
 ]

@@ -346,6 +346,20 @@ def test_an_estimate_samples_a_large_manifest_and_counts_the_rest_as_the_sample(
     assert estimate.output_tokens == 200
 
 
+def test_an_estimate_of_a_guest_that_never_reaches_an_infer_stops_sampling_after_two_timeouts(monkeypatch):
+    """The issue measured about 2 minutes a sampled item: now each dry run has ``DRY_RUN_TIMEOUT_S`` (1 s here)
+    and sampling stops once ``MAX_DRY_RUN_TIMEOUTS`` of them timed out, saying how many were not run."""
+    import wat
+    from tensorjob_jupyter.fanout import estimate
+
+    monkeypatch.setattr(estimate, "DRY_RUN_TIMEOUT_S", 1.0)
+    result = estimate_map(wat.spin_in_init(), [{"n": i} for i in range(20)], backend=ScriptedBackend("x"), sample=8)
+    assert [e.prompt_tokens for e in result.sampled] == [None, None] and result.unsampled == 6
+    text = str(result)
+    assert "did not reach one within 1 s" in text and "sampling stopped after 2 items timed out: 6 more" in text
+    assert result.to_json()["unsampled"] == 6
+
+
 def test_measured_speed_skips_what_a_transcript_from_anywhere_puts_in_place_of_numbers(tmp_path):
     run = tmp_path / "runs" / "r1"
     run.mkdir(parents=True)
