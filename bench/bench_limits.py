@@ -59,7 +59,10 @@ Run from the repository root::
    jobs with the largest schemas allowed on the tiny model: what stays after
    them, against the memos' bounds. *The time limit*: a job with a JSON
    format and ``job_timeout_s=2`` in a fresh process, against a plain one: how
-   far past the limit each ends.
+   far past the limit each ends. *Beside other jobs* (issue 38): an innocent 120-token chat alone and started
+   with an ambiguous grammar's job (``x: x x | x x x``) or ``(a{1000}){1000}``'s: its seconds against alone,
+   and when and with what the hostile one ends (before: 13.8-14.2 s against 1.2-2.0 s alone, the masks
+   computed on the decode thread and bounded in work only).
 
 6. **A served model's and ``tensorjob serve``'s bounds** (issue 31;
    ``--only served``). A hostile model server (tests/hostile_http.py, its own
@@ -644,6 +647,40 @@ def hostile_grammars(engine) -> dict:
     return out
 
 
+def grammar_beside_others(engine) -> dict:
+    """An innocent 120-token greedy chat alone, then started together with a job of an ambiguous grammar (masks
+    that grow past half a second within llguidance's bounds on work) and with ``(a{1000}){1000}`` (a first mask
+    of a million positions): the innocent one's seconds beside each against alone, and when and how the hostile
+    one ends."""
+    from tensorjob_jupyter.inference.base import Constraint, GenerateRequest, Pending, Sampler
+
+    def request(constraint=None, max_tokens=120):
+        return GenerateRequest("Write a long story about a cat.", max_tokens, Sampler(temperature=0.0), chat=True,
+                               constraint=constraint, logprobs=False)
+
+    def together(requests):
+        ended, started = {}, time.perf_counter()
+        items = [Pending(r, lambda _: True, lambda res, err, i=i: ended.__setitem__(
+            i, (time.perf_counter() - started, res, err))) for i, r in enumerate(requests)]
+        rest = iter(items[1:])
+        engine.serve(items[0], lambda *_: next(rest, None))
+        return ended
+
+    alone = together([request()])[0][0]
+    print(f"an innocent 120-token chat alone: {alone:.2f} s", flush=True)
+    out = {"alone_s": alone}
+    for name, constraint in (("ambiguous", Constraint(lark="start: x\nx: x x | x x x | /[a-z ]/\n")),
+                             ("(a{1000}){1000}", Constraint(regex="(a{1000}){1000}"))):
+        ended = together([request(constraint, 300), request()])
+        (hostile_s, _, error), (innocent_s, result, _) = ended[0], ended[1]
+        out[name] = {"hostile_s": hostile_s, "hostile_error": str(error)[:120], "innocent_s": innocent_s,
+                     "innocent_tokens": result.usage.completion_tokens}
+        print(f"beside {name}: the innocent chat {innocent_s:.2f} s ({innocent_s / alone:.2f}x alone, "
+              f"{result.usage.completion_tokens} tokens); the hostile one ended after {hostile_s:.2f} s: "
+              f"{str(error)[:70]}", flush=True)
+    return out
+
+
 def _nested(depth: int) -> dict:
     node: dict = {"type": "integer"}
     for _ in range(depth):
@@ -1090,7 +1127,7 @@ def model_bounds(runs_dir: str, quick: bool) -> dict:
     engine = LlamaEngine(default_model_path(), n_ctx=512)
     try:
         out = {"hostile": hostile_grammars(engine), "per_token": grammar_work_per_token(engine, quick),
-               "abandon": abandon_latency(engine, quick)}
+               "abandon": abandon_latency(engine, quick), "beside": grammar_beside_others(engine)}
     finally:
         engine.close()
     with tempfile.TemporaryDirectory() as tmp:

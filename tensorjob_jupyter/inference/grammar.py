@@ -10,15 +10,23 @@ over the vocabulary in tens of microseconds; its JSON Schema compiler covers
 ``$ref`` with recursion and the rest of what real schemas use, and refuses
 what it cannot enforce by naming the keyword.
 
-**Bounds.** The grammar runs on the shared model's thread, so what it may cost is bounded before it runs:
+**Bounds.** The grammar runs beside every other request of the shared model, so what it may cost is bounded:
 
 * what is compiled is bounded in size first: a schema by the host
   (``MAX_SCHEMA_BYTES``), a regex, the choices and a Lark grammar by
   ``abi``'s caps on an ``infer``;
 * llguidance's own limits (``LIMITS``) bound the work of one token's mask
-  (lexer fuel, Earley items: a few milliseconds at most), the lexer's states
-  (memory) and the grammar's size; a token past them is an error that ends
-  its own request (``ConstraintError``), never a stall;
+  (lexer fuel, Earley items), the lexer's states (memory) and the grammar's
+  size; a token past them is an error that ends its own request
+  (``ConstraintError``), never a stall. They bound work, not time: an
+  ambiguous grammar (``x: x x | x x x``) stays inside them while one mask
+  grows past half a second, and the first mask of ``(a{1000}){1000}``
+  builds a lexer of a million positions. So a mask is also bounded in time:
+  one that took more than ``MASK_CPU_LIMIT_S`` of its thread's CPU (not of
+  the clock: a busy machine does not count against it) ends its request
+  the same way. Real schemas' masks take under 2 ms (bench/schemas); the
+  engine computes masks off its decode thread (``llama.py``), so the masks
+  of one request never hold another's tokens;
 * every compile runs on one thread with a large stack (``_Compiler``):
   llguidance's compiler recurses once per link of a chain of rules, and a
   ``$ref`` chain a few thousand long overflows an 8 MiB thread stack and
@@ -68,6 +76,7 @@ import queue
 import re
 import sys
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any, Callable
 
@@ -83,6 +92,8 @@ from tensorjob_jupyter.inference.memo import BytesLRU
 LIMITS = llguidance.LLParserLimits(
     max_items_in_row=2000, initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, step_max_items=50_000,
     max_lexer_states=10_000, max_grammar_size=200_000, verbose_errors=False)
+#: The CPU one token's mask may take (real schemas' take under 2 ms; an ambiguous grammar's grow past this).
+MASK_CPU_LIMIT_S = 0.25
 #: How JSON is written under a schema: one space after ``:`` and ``,``, nowhere else (what models write,
 #: and no room to pad an answer with whitespace); guest schemas cannot loosen it (``x-guidance`` is overridden).
 JSON_OPTIONS = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", ", "lenient": False,
@@ -522,13 +533,22 @@ class GrammarSampler:
 
     def _allowed(self) -> np.ndarray:
         """The tokens the grammar allows next (a boolean array over the vocabulary)."""
-        self._matcher.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
+        self._compute_mask()
         if self._matcher.is_error() and self._renew():
-            self._matcher.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
+            self._compute_mask()
         if self._matcher.is_error():
             raise ConstraintError(f"the grammar went past its bounds for one token: "
                                   f"{_one_line(self._matcher.get_error())}")
         return np.unpackbits(self._mask.view(np.uint8), bitorder="little")[:self._n].astype(bool)
+
+    def _compute_mask(self) -> None:
+        """The matcher's mask into ``_mask``; ``ConstraintError`` when it took more than ``MASK_CPU_LIMIT_S``."""
+        started = time.thread_time()
+        self._matcher.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
+        spent = time.thread_time() - started
+        if spent > MASK_CPU_LIMIT_S:
+            raise ConstraintError(f"one token's mask took {spent:.2f} s, past the bound of {MASK_CPU_LIMIT_S} s: "
+                                  f"{_TOO_COSTLY}")
 
     def sample(self, ctx, idx: int) -> int:
         """The next token, from the logits of batch row ``idx`` of the llama.cpp context ``ctx``."""
@@ -577,7 +597,7 @@ class GrammarSampler:
 
 
 __all__ = [
-    "LIMITS", "JSON_OPTIONS", "FREE_TEXT_RULE", "COMPILE_STACK_BYTES", "GRAMMAR_MEMO_BYTES", "COMPILED_MEMO",
-    "GRAMMARS", "EXACT_FORMATS", "Abandoned", "grammar_of", "check", "matches", "ROUND_TRIP_PROBES", "ModelGrammars",
+    "LIMITS", "MASK_CPU_LIMIT_S", "JSON_OPTIONS", "FREE_TEXT_RULE", "COMPILE_STACK_BYTES", "GRAMMAR_MEMO_BYTES",
+    "COMPILED_MEMO", "GRAMMARS", "EXACT_FORMATS", "Abandoned", "grammar_of", "check", "matches", "ROUND_TRIP_PROBES", "ModelGrammars",
     "GrammarSampler"
 ]

@@ -59,7 +59,11 @@ counts greedy text is *not* the same; nothing in the suite depends on it.
 * **Constrained decoding.** A request's ``Constraint`` is decoded under a
   grammar through ``grammar.GrammarSampler`` (``grammar.py``, on
   llguidance), whose work per token is bounded; a grammar past its bounds
-  fails its own request alone.
+  fails its own request alone. Its tokens are chosen off this thread, on
+  a mask thread of the engine's (llguidance computes a mask without the
+  GIL), from a copy of its logits: a choice that is not made within
+  ``MASK_WAIT_S`` sits the next decode steps out until it is, so one
+  request's costly grammar never holds the other requests' tokens.
 * **An ended job leaves at once.** A request whose job has ended
   (``Pending.abandoned``) is answered ``cancelled`` before the next decode
   step or the grammar's next token, without waiting for a token to reach its
@@ -86,10 +90,12 @@ context all share one llama.cpp context's state, which only this class touches.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import ctypes
 import logging
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
@@ -130,6 +136,11 @@ HELD_POLL_S = 0.001
 #: The fewest prompt tokens a copy of another slot's KV must save over the request's own slot: a copy
 #: across KV streams moves the whole stream buffer, which costs about what decoding a token or two does.
 PREFIX_COPY_MIN_TOKENS = 32
+#: After a decode step, how long the step waits for the constrained sequences' choices (each on a mask thread;
+#: a mask costs microseconds to a few milliseconds): one not made by then sits the decode out until it is.
+MASK_WAIT_S = 0.02
+#: While no sequence can decode for want of its choice: how often to look at the jobs (one may have ended).
+MASK_POLL_S = 0.05
 
 # -- the engine ---------------------------------------------------------------------------------
 
@@ -168,6 +179,8 @@ class _Sequence:
     batch: int = 1  # the most sequences decoded in one step with this one (itself included)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # records of tokens sampled, not yet delivered
     delivered_logprobs: list[TokenLogprob] = field(default_factory=list)
+    choosing: Future | None = None  # its grammar's choice of the next token, on a mask thread
+    logits: np.ndarray | None = None  # the copy of its logits that choice is made from
 
 
 class LlamaEngine:
@@ -258,6 +271,7 @@ class LlamaEngine:
             self._embed_ctx = None
             self._embed_batch = None
             self._grammars: ModelGrammars | None = None
+            self._mask_threads: ThreadPoolExecutor | None = None
         except BaseException:
             self._model.close()
             raise
@@ -269,6 +283,8 @@ class LlamaEngine:
         if self._closed:
             return
         self._closed = True
+        if self._mask_threads is not None:
+            self._mask_threads.shutdown(wait=True, cancel_futures=True)
         for obj in (self._embed_batch, self._embed_ctx, self._batch, self._ctx):
             if obj is not None:
                 obj.close()
@@ -636,22 +652,28 @@ class LlamaEngine:
         return self._grammars
 
     def _step(self, active: list[_Sequence]) -> None:
-        """One decode for every active sequence, then one sampled token each.
+        """One decode for every active sequence that has its next token, then one sampled token each.
 
         A sequence whose job has ended is answered ``cancelled`` before the decode; one whose grammar
         fails (``ConstraintError``) or sees its job end mid-token (``Abandoned``) ends alone, never the batch.
         A sequence whose listener is not ready for its token (``Pending.ready``: a job thread late to judge
-        the last one) keeps it and sits the decode out, so a late job never holds the others' step; the
-        worker waits for a listener only when no sequence can decode.
+        the last one) keeps it and sits the decode out, so a late job never holds the others' step; so does
+        a constrained sequence whose grammar has not chosen its token within ``MASK_WAIT_S``. The worker
+        waits for a listener or a grammar only when no sequence can decode.
         """
         for seq in [seq for seq in active if seq.pending.abandoned()]:
             active.remove(seq)
             self._finish(seq, FINISH_CANCELLED, "", time.perf_counter())
+        for seq in [seq for seq in active if seq.choosing is not None and seq.choosing.done()]:
+            self._chosen(seq, active)
         self._deliver_held(active)
         # in slot order: llama.cpp cuts a batch over separate KV streams into one micro-batch per run of
         # consecutive sequence ids, in batch order ([1, 2, 3, 0] is two graph computes, [0, 1, 2, 3] one)
-        decoding = sorted((seq for seq in active if seq.held is None), key=_by_slot)
+        decoding = sorted((seq for seq in active if seq.held is None and seq.choosing is None), key=_by_slot)
         if not decoding:
+            choosing = [seq.choosing for seq in active if seq.choosing is not None]
+            if choosing:  # every sequence waits for a grammar, or for a listener: look again soon
+                concurrent.futures.wait(choosing, timeout=MASK_POLL_S, return_when=concurrent.futures.FIRST_COMPLETED)
             return
         batch = self._batch.batch
         batch.n_tokens = len(decoding)
@@ -665,24 +687,50 @@ class LlamaEngine:
         for i, seq in enumerate(decoding):
             seq.batch = max(seq.batch, len(decoding))
             seq.slot.tokens.append(seq.next_token)
-            try:
-                token = seq.sampler.sample(self._ctx, i)
-                self._note_logprob(seq, i, token)
-            except Abandoned:
-                active.remove(seq)
-                self._finish(seq, FINISH_CANCELLED, "", time.perf_counter())
-                continue
-            except ConstraintError as e:  # mid-answer: what it had spent is counted all the same
-                active.remove(seq)
-                e.usage = GenerateUsage(prompt_tokens=seq.prompt_tokens, completion_tokens=seq.n_out,
-                                        cached_tokens=seq.cached_tokens)
-                self._release(seq)
-                seq.pending.done(None, e)
-                continue
-            if not seq.pending.ready(0.0):
-                seq.held = token
-            elif self._accept(seq, token):
-                active.remove(seq)  # answered: never answered twice if a later one fails
+            logits = np.ctypeslib.as_array(self._lc.llama_get_logits_ith(self._ctx.ctx, i), shape=(self.n_vocab,))
+            if isinstance(seq.sampler, GrammarSampler):  # chosen on a mask thread, from a copy of its logits
+                seq.logits = logits.copy()
+                seq.choosing = self._mask_pool().submit(seq.sampler.sample_logits, seq.logits)
+            else:
+                self._sampled(seq, active, lambda: seq.sampler.sample(self._ctx, i), logits)
+        choosing = [seq.choosing for seq in decoding if seq.choosing is not None]
+        if choosing:
+            concurrent.futures.wait(choosing, timeout=MASK_WAIT_S)
+            for seq in [seq for seq in decoding if seq.choosing is not None and seq.choosing.done()]:
+                self._chosen(seq, active)
+
+    def _mask_pool(self) -> ThreadPoolExecutor:
+        if self._mask_threads is None:
+            self._mask_threads = ThreadPoolExecutor(self.n_slots, thread_name_prefix="tensorjob-grammar-mask")
+        return self._mask_threads
+
+    def _chosen(self, seq: _Sequence, active: list[_Sequence]) -> None:
+        """Take the token a sequence's grammar has chosen on a mask thread."""
+        future, seq.choosing = seq.choosing, None
+        logits, seq.logits = seq.logits, None
+        self._sampled(seq, active, future.result, logits)
+
+    def _sampled(self, seq: _Sequence, active: list[_Sequence], sample: Callable[[], int],
+                 logits: np.ndarray) -> None:
+        """Take the token ``sample()`` gives ``seq`` (chosen from ``logits``): to its listener, or held."""
+        try:
+            token = sample()
+            self._note_logprob(seq, logits, token)
+        except Abandoned:
+            active.remove(seq)
+            self._finish(seq, FINISH_CANCELLED, "", time.perf_counter())
+            return
+        except ConstraintError as e:  # mid-answer: what it had spent is counted all the same
+            active.remove(seq)
+            e.usage = GenerateUsage(prompt_tokens=seq.prompt_tokens, completion_tokens=seq.n_out,
+                                    cached_tokens=seq.cached_tokens)
+            self._release(seq)
+            seq.pending.done(None, e)
+            return
+        if not seq.pending.ready(0.0):
+            seq.held = token
+        elif self._accept(seq, token):
+            active.remove(seq)  # answered: never answered twice if a later one fails
 
     def _deliver_held(self, active: list[_Sequence]) -> None:
         """Hand each held token to its listener once it is ready. Waits only while every sequence holds one
@@ -705,15 +753,14 @@ class LlamaEngine:
                 active.remove(seq)
                 self._finish(seq, FINISH_CANCELLED, "", time.perf_counter())
 
-    def _note_logprob(self, seq: _Sequence, row: int, token: int) -> None:
-        """The record of ``token``, just sampled from batch row ``row``: its logprob under the distribution it
+    def _note_logprob(self, seq: _Sequence, logits: np.ndarray, token: int) -> None:
+        """The record of ``token``, just sampled from ``logits``: its logprob under the distribution it
         was drawn from (``logprobs.token_logprob``: the penalties' window is the slot's last tokens, as the
         chain saw them; the grammar's mask is the one it chose under). Kept until its text is delivered."""
         request = seq.pending.request
         if not request.logprobs:
             return
         s = request.sampler
-        logits = np.ctypeslib.as_array(self._lc.llama_get_logits_ith(self._ctx.ctx, row), shape=(self.n_vocab,))
         penalty = float(s.repeat_penalty) if s.repeat_penalty else 1.0
         seq.logprobs.append(token_logprob(
             logits, token, self.piece, temperature=float(s.temperature), penalty=penalty,
@@ -771,7 +818,12 @@ class LlamaEngine:
         seq.slot.busy = False
         seq.slot.last_used = time.monotonic()
         sampler, seq.sampler = seq.sampler, None
-        if sampler is not None:
+        if sampler is None:
+            return
+        if seq.choosing is not None:  # its grammar is still choosing on a mask thread: closed once it has
+            seq.choosing.add_done_callback(lambda _: sampler.close())
+            seq.choosing = None
+        else:
             sampler.close()
 
     # -- embeddings ----------------------------------------------------------------------------

@@ -398,6 +398,26 @@ def test_the_worst_walk_through_a_hostile_grammar_costs_a_bounded_time_per_token
     assert slowest < TOKEN_BUDGET_S, slowest
 
 
+#: A grammar that splits the same text every way: within llguidance's bounds on work, one token's mask grows
+#: past half a second after a few dozen characters.
+AMBIGUOUS = "start: x\nx: x x | x x x | /[a-z ]/\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fields", [{"grammar": AMBIGUOUS}, {"regex": "(a{1000}){1000}"}],
+                         ids=["ambiguous", "a million positions"])
+def test_a_grammar_whose_mask_takes_too_long_fails_its_own_job_and_the_one_beside_it_runs_on(smollm, fields):
+    """A mask is bounded in time (``grammar.MASK_CPU_LIMIT_S`` of CPU), not only in llguidance's work: the job
+    fails with ``schema_validation_failed`` saying what to change, and a job started beside it completes."""
+    hostile = guest_job(fields, smollm, max_tokens=300)
+    innocent = guest_job({}, smollm, max_tokens=40)
+    envelope = hostile.wait(300)
+    assert envelope.error is not None and envelope.error.code == codes.SCHEMA_VALIDATION_FAILED, envelope
+    assert "make it less ambiguous" in envelope.error.message and "\n" not in envelope.error.message
+    assert innocent.wait(300).ok, innocent.envelope
+    assert innocent_seconds(smollm) < AT_ONCE_S * 4  # the model answers the next job: nothing left running
+
+
 # --- a request whose job ended leaves the worker at once -----------------------------------------------------
 
 

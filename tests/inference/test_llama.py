@@ -21,7 +21,8 @@ import pytest
 import tensorjob_jupyter
 from tensorjob_jupyter.inference.worker import InferenceWorker
 from tensorjob_jupyter.inference.base import (
-    FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, GenerateRequest, LoraChoice, ModelError, QueueFull, Sampler,
+    FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, Constraint, GenerateRequest, LoraChoice, ModelError, QueueFull,
+    Sampler,
 )
 from tensorjob_jupyter.inference.llama import LlamaEngine
 from tensorjob_jupyter.inference.text_stream import TextStream
@@ -366,6 +367,87 @@ def test_a_late_listener_sits_steps_out_and_never_holds_the_batch(tiny):
     result, error, _ = done["late"]
     assert error is None and result.usage.completion_tokens == 10
     assert result.text == "".join(late.pieces) == alone["the cat 0"]
+
+
+def test_a_grammar_slow_to_choose_sits_steps_out_and_never_holds_the_batch(tiny, monkeypatch):
+    """A constrained sequence whose grammar has not chosen its next token (a costly mask: it is chosen on a mask
+    thread) sits the decode steps out; the others run on to their end meanwhile -- the first mask here waits for
+    the other request to be answered, which it could never be if masks held the decode thread -- and each
+    answer is the one it gets alone."""
+    from tensorjob_jupyter.inference import grammar
+    from tensorjob_jupyter.inference.base import Pending
+
+    constraint = Constraint(regex="[a-z ]{1,40}")
+    alone = {"slow": gen(tiny, "the cat 0", 10, constraint=constraint)[0].text,
+             "quick": gen(tiny, "the cat 1", 10)[0].text}
+    quick_answered = threading.Event()
+    waits: list[bool] = []
+    choose = grammar.GrammarSampler.sample_logits
+
+    def slow_to_choose(self, logits):
+        if not waits:
+            waits.append(quick_answered.wait(30))
+        return choose(self, logits)
+
+    monkeypatch.setattr(grammar.GrammarSampler, "sample_logits", slow_to_choose)
+    done = {}
+
+    def finished(name):
+        def record(result, error):
+            done[name] = (result, error)
+            if name == "quick":
+                quick_answered.set()
+        return record
+
+    items = [Pending(GenerateRequest("the cat 0", 10, constraint=constraint), Collector(), finished("slow")),
+             Pending(GenerateRequest("the cat 1", 10), Collector(), finished("quick"))]
+    queue = list(items[1:])
+    tiny.serve(items[0], lambda wait=0.0: queue.pop(0) if queue else None)
+    assert waits == [True], "the other request was not answered while the first mask waited"
+    for name in ("slow", "quick"):
+        result, error = done[name]
+        assert error is None and result.usage.completion_tokens >= 1, (name, error)
+        assert result.text == alone[name], name
+
+
+def test_a_request_ended_while_its_grammar_chooses_is_answered_at_once_and_its_sampler_closed_after(
+        tiny, monkeypatch):
+    """A job that ends while its grammar is still choosing (on a mask thread) is answered ``cancelled`` without
+    waiting for the mask; its sampler is closed only once the mask is done, and the engine serves on."""
+    from tensorjob_jupyter.inference import grammar
+    from tensorjob_jupyter.inference.base import Pending
+
+    ended, answered, release = threading.Event(), threading.Event(), threading.Event()
+    closed: list[bool] = []
+    choose, close = grammar.GrammarSampler.sample_logits, grammar.GrammarSampler.close
+
+    def held_mask(self, logits):
+        ended.set()
+        release.wait(30)
+        return choose(self, logits)
+
+    def watched_close(self):
+        closed.append(release.is_set())
+        close(self)
+
+    monkeypatch.setattr(grammar.GrammarSampler, "sample_logits", held_mask)
+    monkeypatch.setattr(grammar.GrammarSampler, "close", watched_close)
+    done = {}
+
+    def record(result, error):
+        done["ended"] = (result, error, release.is_set())
+        answered.set()
+
+    request = GenerateRequest("the cat", 10, constraint=Constraint(regex="[a-z ]{1,40}"))
+    releaser = threading.Thread(target=lambda: answered.wait(30) and release.set())
+    releaser.start()
+    tiny.serve(Pending(request, Collector(), record, abandoned=ended.is_set))
+    releaser.join()
+    result, error, mask_was_released = done["ended"]
+    assert error is None and result.finish_reason == FINISH_CANCELLED
+    assert not mask_was_released  # answered while the mask still ran
+    assert wait_for(lambda: closed, 30) and closed == [True]  # closed once, after the mask was done
+    assert gen(tiny, "the cat", 3)[0].usage.completion_tokens == 3
 
 
 def test_llama_cpp_chatter_stays_out_of_the_output(tiny_files, capfd, caplog):  # noqa: F811
