@@ -222,6 +222,42 @@ def test_an_infer_that_fails_on_its_grammar_counts_what_it_spent_and_a_budget_se
     assert result.tokens >= 30
 
 
+def test_an_infer_ended_by_its_time_limit_inside_a_slow_mask_counts_what_it_spent(roomy_tiny, monkeypatch):
+    """The time limit ends a job while its grammar computes a mask (here one that waits far past the limit): the
+    engine answers the abandoned request at once -- masks are computed off its decode thread -- so the job's usage
+    is the engine's own count of the prompt and of the tokens made, not the pieces delivered alone."""
+    choose = grammar.GrammarSampler.sample_logits
+    inside, release = threading.Event(), threading.Event()
+    calls = []
+
+    def slow_from_the_third_token(self, logits):
+        calls.append(1)
+        if len(calls) >= 3:
+            inside.set()
+            release.wait(30)
+        return choose(self, logits)
+
+    monkeypatch.setattr(grammar.GrammarSampler, "sample_logits", slow_from_the_third_token)
+    limit = 4.0
+    try:
+        for _ in range(3):  # a busy machine may bring the limit before the third token: try again with more time
+            calls.clear()
+            inside.clear()
+            job = guest_job({"regex": "[a-z ]{50,100}", "temperature": 1.0, "seed": 1}, roomy_tiny, max_tokens=200,
+                            job_timeout_s=limit)
+            envelope = job.wait(120)
+            if inside.is_set():
+                break
+            limit *= 2
+        assert inside.is_set(), "the time limit came before the third token every time"
+        assert envelope.error is not None and envelope.error.code == codes.TIMEOUT, envelope
+        deltas = [e for e in job.events if e["type"] == "response.output_text.delta"]
+        assert envelope.usage.tokens_in > 0, envelope.usage  # the engine's count: it answered within the wait
+        assert envelope.usage.tokens_out >= len(deltas) >= 1, (envelope.usage, len(deltas))
+    finally:
+        release.set()
+
+
 # --- the cases that could crash the process, in one of its own -----------------------------------------------------
 
 
