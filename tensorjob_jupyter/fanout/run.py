@@ -192,7 +192,8 @@ class MapRun:
             self._update(lambda p: replace(p, running=p.running - 1, cancelled=p.cancelled + 1,
                                            tokens=p.tokens + tokens))
             return
-        self.folder.record(outcome, item_key(self.manifest.items[index], index))
+        item = self.manifest.items[index]
+        self.folder.record(outcome, item_key(item, index))
         ok = status == JobStatus.COMPLETED.value
         unanswered = not ok and (outcome.get("error") or {}).get("code") == codes.REPLAY_DIVERGENCE
         score = self._score(index, ok, outcome.get("result"))
@@ -201,7 +202,7 @@ class MapRun:
                                                   needs_model=p.needs_model + unanswered,
                                                   **(self.scoring.tally() if score else {})))
         event = {"type": "item.completed" if ok else "item.failed", "item": index,
-                 "input": self.manifest.items[index], "progress": progress.to_json()}
+                 "input": item, "progress": progress.to_json()}
         if ok:
             event["result"] = outcome.get("result")
             event.update({k: outcome[k] for k in ("sources", "confidence") if k in outcome})

@@ -29,6 +29,7 @@ finished jobs for ``jobs()`` up to ``KEEP_FINISHED_JOBS`` of them and
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import logging
 import os
@@ -219,7 +220,7 @@ class Job:
             with self._callbacks_lock:
                 self._done.set()
                 callbacks = list(self._callbacks)
-            _forget_old_jobs()
+            _remember_finished(self)
             for callback in callbacks:
                 try:
                     callback(self)
@@ -377,22 +378,31 @@ KEEP_FINISHED_JOBS = 100
 KEEP_FINISHED_BYTES = 16 * 1024 * 1024
 
 
+#: The finished jobs ``jobs()`` remembers, in the order they finished, with what each keeps (``retained_bytes``),
+#: and those bytes in all: a job's end costs the same however many jobs the process has run.
+_FINISHED: collections.OrderedDict[str, int] = collections.OrderedDict()
+_finished_bytes = 0
+
+
 def _register(job: Job) -> None:
     """Remember a job for ``jobs()``."""
     with _JOBS_LOCK:
         _JOBS[job.id] = job
-    _forget_old_jobs()
 
 
-def _forget_old_jobs() -> None:
-    """Forget the oldest finished jobs past the count and byte bounds (the newest stays)."""
+def _remember_finished(job: Job) -> None:
+    """Count ``job`` among the finished, then forget the oldest finished past the count and byte bounds (the
+    newest stays)."""
+    global _finished_bytes
     with _JOBS_LOCK:
-        finished = [j for j in _JOBS.values() if j.done]
-        kept = sum(j.retained_bytes for j in finished)
-        while len(finished) > 1 and (len(finished) > KEEP_FINISHED_JOBS or kept > KEEP_FINISHED_BYTES):
-            old = finished.pop(0)
-            kept -= old.retained_bytes
-            del _JOBS[old.id]
+        if job.id in _JOBS and job.id not in _FINISHED:
+            size = job.retained_bytes
+            _FINISHED[job.id] = size
+            _finished_bytes += size
+        while len(_FINISHED) > 1 and (len(_FINISHED) > KEEP_FINISHED_JOBS or _finished_bytes > KEEP_FINISHED_BYTES):
+            old, size = _FINISHED.popitem(last=False)
+            _finished_bytes -= size
+            _JOBS.pop(old, None)
 
 
 def encode_envelope(job_id: str, envelope: Envelope) -> bytes:

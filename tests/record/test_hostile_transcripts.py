@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tensorjob_jupyter as tj
+from tensorjob_jupyter import abi
 from tensorjob_jupyter.fanout import ManifestError, parse_manifest, read_manifest
 from tensorjob_jupyter.fanout.manifest import MAX_LINE_BYTES as MANIFEST_LINE_BYTES
 from tensorjob_jupyter.frontends.cli import main
@@ -593,3 +594,25 @@ def test_any_manifest_bytes_give_items_or_one_error_naming_a_line(lines):
         assert "\n" not in str(e)
         return
     assert len(manifest) == len(list(manifest.items)) >= 1
+    written = [line for line in data.split(b"\n") if line.decode("utf-8").strip()]
+    assert list(manifest.items) == [abi.loads_strict(line) for line in written]
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-2 ** 63, max_value=2 ** 63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=20)
+
+
+@given(values=st.lists(_JSON, min_size=1, max_size=6), spaced=st.booleans())
+def test_a_manifest_gives_each_item_as_the_strict_reader_reads_its_line(values, spaced):
+    """Items are parsed by orjson from bytes ``loads_strict`` checked when the manifest was read: the same values,
+    types included (an integral float stays a float), whatever the JSON."""
+    lines = [json.dumps(v, ensure_ascii=not spaced, indent=None, separators=(", ", ": ") if spaced else (",", ":"))
+             for v in values]
+    manifest = parse_manifest("\n".join(lines).encode("utf-8"))
+    items = list(manifest.items)
+    expected = [abi.loads_strict(line.encode("utf-8")) for line in lines]
+    assert items == expected
+    assert [type(i) for i in items] == [type(e) for e in expected]

@@ -41,6 +41,7 @@ progress bar or a notebook line.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -91,7 +92,9 @@ def cache_root() -> Path:
     return cache_dir() / "python"
 
 
+@functools.lru_cache(maxsize=1)
 def componentize_py_version() -> str | None:
+    """The installed componentize-py's version, read once a process (a search of every path's metadata)."""
     try:
         return importlib.metadata.version(COMPONENTIZE_PY)
     except importlib.metadata.PackageNotFoundError:
@@ -103,9 +106,16 @@ def runtime_files() -> list[Path]:
 
 
 def build_key() -> str:
-    """A hash of everything the built component depends on."""
+    """A hash of everything the built component depends on (hashed again only when a file's size or time
+    changes: every job asks)."""
+    files = runtime_files()
+    return _build_key(tuple((path, path.stat().st_size, path.stat().st_mtime_ns) for path in files))
+
+
+@functools.lru_cache(maxsize=4)
+def _build_key(files: tuple[tuple[Path, int, int], ...]) -> str:
     h = hashlib.sha256(f"tensorjob-python {_BUILD_FORMAT} componentize-py {componentize_py_version()}\n".encode())
-    for path in runtime_files():
+    for path, _, _ in files:
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:20]
 
