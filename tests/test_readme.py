@@ -51,3 +51,9 @@ def test_the_tutorials_listed_are_the_notebooks_in_order_and_no_page_miscounts_t
             if number in NUMBER_WORDS or number.isdigit():
                 count = NUMBER_WORDS.index(number) if number in NUMBER_WORDS else int(number)
                 assert count == len(notebooks), f"{path.name} says {number} tutorials; there are {len(notebooks)}"
+
+
+def test_it_stays_a_front_door_under_350_lines():
+    """Detail belongs in docs/: the README says what the project is, how to start and where to read on."""
+    lines = README.count("\n")
+    assert lines < 350, f"README.md has {lines} lines; move detail into docs/"
