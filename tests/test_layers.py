@@ -79,3 +79,26 @@ def test_function_level_imports_of_our_own_code_only_defer_heavy_ones():
     assert not unexplained, "a function-level import of the package's own code must say what heavy import " \
                             "it defers (# deferred: ...):\n" + "\n".join(unexplained)
     assert len(found) <= 8, textwrap.shorten(str(found), 400)
+
+
+def private_imports(source: str) -> list[str]:
+    """The names a module's source imports from another module of the package that are private there
+    (``_name``: the other module's own business)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.level > 0 or (node.module or "").startswith("tensorjob_jupyter")):
+            found += [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")
+                      and not a.name.startswith("__")]
+    return found
+
+
+def test_no_module_imports_another_ones_private_names():
+    found = {str(p.relative_to(ROOT)): names for p in sorted(PACKAGE.rglob("*.py"))
+             if (names := private_imports(p.read_text()))}
+    assert not found, f"a private name used across modules should be public where it lives: {found}"
+
+
+def test_a_planted_private_import_is_caught():
+    assert private_imports("from tensorjob_jupyter.fanout.folder import _open_own as opener\n") == [
+        "tensorjob_jupyter.fanout.folder._open_own"]
+    assert private_imports("from tensorjob_jupyter.abi import dumps\nfrom __future__ import annotations\n") == []

@@ -57,7 +57,9 @@ def _open_own(path: Path, flags: int, mode: str):
     return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
 
 
-def _fsync_write(path: Path, text: str) -> None:
+def fsync_write(path: Path, text: str) -> None:
+    """``text`` as the whole of ``path``, atomically: written to a new file of the folder's own beside it,
+    fsynced, then renamed over it (the folder's one writer of whole files: ledger, results, scoring)."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)  # a leftover, or a link planted there: never written through
     with _open_own(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "w") as f:
@@ -99,13 +101,13 @@ class RunFolder:
             failures = [r for r in read_records(self.failures_path, total=total, repair=True)
                         if r["item"] not in self.completed]
             if retry_failed and failures:
-                _fsync_write(self.failures_path, "")
+                fsync_write(self.failures_path, "")
                 failures = []
             self.failed = {r["item"] for r in failures}
             self._ledger.setdefault("sessions", []).append({"started_at": _now(), "finished_at": None, "where": where,
                                              **({"concurrency": concurrency} if concurrency else {}),
                                              **({"deterministic": deterministic} if deterministic else {})})
-            _fsync_write(self.path / LEDGER, json.dumps(self._ledger, indent=2) + "\n")
+            fsync_write(self.path / LEDGER, json.dumps(self._ledger, indent=2) + "\n")
             self.jobs_path.mkdir(exist_ok=True)
             append = os.O_WRONLY | os.O_CREAT | os.O_APPEND
             self._results = _open_own(self.results_path, append, "a")
@@ -191,7 +193,7 @@ class RunFolder:
         self._put_in_item_order()
         if self._ledger.get("sessions"):
             self._ledger["sessions"][-1].update(finished_at=_now(), **summary)
-            _fsync_write(self.path / LEDGER, json.dumps(self._ledger, indent=2) + "\n")
+            fsync_write(self.path / LEDGER, json.dumps(self._ledger, indent=2) + "\n")
 
     def _put_in_item_order(self) -> None:
         """Rewrite both results files sorted by item (each atomically, fsynced), under the lock."""
@@ -204,7 +206,7 @@ class RunFolder:
             records = read_records(path)
             if any(a["item"] > b["item"] for a, b in zip(records, records[1:])):
                 records.sort(key=lambda r: r["item"])
-                _fsync_write(path, "".join(dumps(r) + "\n" for r in records))
+                fsync_write(path, "".join(dumps(r) + "\n" for r in records))
 
     def close(self) -> None:
         for f in (self._results, self._failures, self._lock_file):
@@ -222,5 +224,5 @@ def _now() -> str:
 
 __all__ = [
     "LEDGER", "RESULTS", "FAILURES", "JOBS", "LEDGER_FORMAT", "SCORING_FILES", "MAX_LEDGER_BYTES", "RESTART_HINT",
-    "read_records", "SESSION_STATUSES", "read_ledger", "FolderError", "RunFolder"
+    "read_records", "SESSION_STATUSES", "read_ledger", "FolderError", "RunFolder", "fsync_write"
 ]

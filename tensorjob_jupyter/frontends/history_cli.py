@@ -59,7 +59,7 @@ from tensorjob_jupyter.history.map_compare import compare
 from tensorjob_jupyter.history.map_replay import MapReplayRun, start_map_replay
 from tensorjob_jupyter.history.replay_setup import ReplayError
 from tensorjob_jupyter.history.sources import sources_text
-from tensorjob_jupyter.frontends.map_cli import _ProgressPrinter
+from tensorjob_jupyter.frontends.map_cli import ProgressPrinter
 from tensorjob_jupyter.host.waiting import wait_or_cancel
 
 #: Runs a listing shows unless told otherwise.
@@ -369,7 +369,7 @@ def cmd_replay_map(args, out: TextIO, err: TextIO) -> int:
     if replay_run is None:
         return EXIT_FAILED
     run = replay_run.run
-    run.subscribe(_ProgressPrinter(err, quiet=args.quiet))
+    run.subscribe(ProgressPrinter(err, quiet=args.quiet))
     wait_or_cancel(run.wait_done, replay_run.cancel)
     replay = replay_run.wait()
     if run.cancelled:

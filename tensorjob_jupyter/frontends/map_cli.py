@@ -91,7 +91,7 @@ def cmd_map(args, out: TextIO, err: TextIO) -> int:
         out.write((json_text(estimate.to_json()) if args.json else for_terminal(str(estimate))) + "\n")
         return EXIT_OK
     run = start_map_run(guest, args, options)
-    printer = _ProgressPrinter(err, quiet=args.quiet)
+    printer = ProgressPrinter(err, quiet=args.quiet)
     run.subscribe(printer)
     wait_or_cancel(run.wait_done, run.cancel)
     result = run.wait()
@@ -186,7 +186,7 @@ def progress_line(p: dict) -> str:
             + f"{p['skipped']} skipped, {p['running']} running" + (f", {rate}" if rate else "") + ")")
 
 
-class _ProgressPrinter:
+class ProgressPrinter:
     """Throttled progress lines on stderr, plus the first few failures."""
 
     def __init__(self, err: TextIO, *, quiet: bool, every_s: float = 1.0):
@@ -223,5 +223,5 @@ class _ProgressPrinter:
 
 __all__ = [
     "SHOW_FAILURES", "add_map_parser", "add_experiment_arguments", "cmd_map", "start_map_run", "estimate_map_run",
-    "CONCURRENCY_HELP", "concurrency_value", "progress_line"
+    "CONCURRENCY_HELP", "concurrency_value", "progress_line", "ProgressPrinter"
 ]
