@@ -110,7 +110,9 @@ from tensorjob_jupyter.inference.grammar import Abandoned, GrammarSampler, Model
 from tensorjob_jupyter.inference.library import CaptureLog, llama_cpp_library, log_reason
 from tensorjob_jupyter.inference.logprobs import TokenLogprob, TokenText, token_logprob
 from tensorjob_jupyter.inference.text_stream import TextStream
-from tensorjob_jupyter.inference.topology import default_threads, gpu_offload_supported
+from tensorjob_jupyter.inference.topology import (
+    CpuShare, default_threads, fitting_threads, gpu_offload_supported, logical_cpus,
+)
 
 log = logging.getLogger("tensorjob_jupyter.llama")
 log.addHandler(logging.NullHandler())
@@ -141,6 +143,9 @@ PREFIX_COPY_MIN_TOKENS = 32
 MASK_WAIT_S = 0.02
 #: While no sequence can decode for want of its choice: how often to look at the jobs (one may have ended).
 MASK_POLL_S = 0.05
+#: How often an engine given no thread count looks at what the rest of the machine uses of its CPUs; its
+#: generation threads change when two windows in a row say the same (``_fit_threads``).
+THREADS_CHECK_S = 2.0
 
 # -- the engine ---------------------------------------------------------------------------------
 
@@ -190,17 +195,20 @@ class LlamaEngine:
     model's training context; the KV cache holds ``n_ctx * slots`` cells,
     about 23 KB each for SmolLM2-135M); ``n_batch``: prompt tokens per decode; ``n_threads`` /
     ``n_threads_batch``: default to the physical cores / the CPUs this process
-    may use; ``n_gpu_layers``: default -1 (all) when the build can offload,
+    may use, and then fitted to the CPUs other work leaves free (given either,
+    the engine keeps them); ``n_gpu_layers``: default -1 (all) when the build can offload,
     else 0; ``slots``: cached sequences, and the most requests decoded
     together; ``loras``: adapter name -> GGUF path, selectable per request;
-    ``embedding_n_ctx``: the longest text embedded (longer ones are cut).
+    ``embedding_n_ctx``: the longest text embedded (longer ones are cut);
+    ``cpu_share``: how an engine that fits its threads measures the machine's
+    other work (default: a ``CpuShare`` over ``/proc/stat``).
     """
 
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 2048, n_batch: int = 512,
                  n_threads: int | None = None, n_threads_batch: int | None = None,
                  n_gpu_layers: int | None = None, slots: int = 4,
                  loras: Mapping[str, str | os.PathLike] | None = None,
-                 embedding_n_ctx: int = 2048, model_name: str | None = None):
+                 embedding_n_ctx: int = 2048, model_name: str | None = None, cpu_share: CpuShare | None = None):
         llama_cpp = llama_cpp_library()
         from llama_cpp import _internals
 
@@ -212,6 +220,8 @@ class LlamaEngine:
             n_gpu_layers = -1 if gpu_offload_supported() else 0
         self.n_gpu_layers = n_gpu_layers
         threads, threads_batch = default_threads()
+        #: given no thread count, the engine fits its threads to the cores other work leaves free
+        self.fits_threads = n_threads is None and n_threads_batch is None
         self.n_threads = n_threads or threads
         self.n_threads_batch = n_threads_batch or threads_batch
         self.n_slots = max(1, min(int(slots), int(llama_cpp.llama_max_parallel_sequences())))
@@ -258,6 +268,10 @@ class LlamaEngine:
             #: KV copies from one slot to another (a shared prefix decoded once), since creation.
             self.prefix_copies = 0
             self._threads_now = self.n_threads  # a request decoded alone may ask for others (``_use_threads``)
+            #: the threads that fit the machine now (``_fit_threads``), and a verdict waiting for its second window
+            self._fitted = self.n_threads
+            self._next_fit: int | None = None
+            self._cpu_share = (cpu_share or CpuShare(THREADS_CHECK_S)) if self.fits_threads else None
             self._lora: LoraKey = ()
             self._adapters: dict[str, object] = {}
             for name, path in (loras or {}).items():
@@ -562,8 +576,8 @@ class LlamaEngine:
         return best, min(best_len, limit), None
 
     def _use_threads(self, threads: int | None) -> None:
-        """Decode with ``threads`` threads from now on (None: the engine's own ``n_threads``)."""
-        want = max(1, int(threads)) if threads else self.n_threads
+        """Decode with ``threads`` threads from now on (None: the engine's own, as fitted to the machine)."""
+        want = max(1, int(threads)) if threads else self._fitted
         if want != self._threads_now:
             batch = self.n_threads_batch if want == self.n_threads else want
             self._lc.llama_set_n_threads(self._ctx.ctx, want, batch)
@@ -664,6 +678,7 @@ class LlamaEngine:
         for seq in [seq for seq in active if seq.pending.abandoned()]:
             active.remove(seq)
             self._finish(seq, FINISH_CANCELLED, "", time.perf_counter())
+        self._fit_threads(active)
         for seq in [seq for seq in active if seq.choosing is not None and seq.choosing.done()]:
             self._chosen(seq, active)
         self._deliver_held(active)
@@ -698,6 +713,27 @@ class LlamaEngine:
             concurrent.futures.wait(choosing, timeout=MASK_WAIT_S)
             for seq in [seq for seq in decoding if seq.choosing is not None and seq.choosing.done()]:
                 self._chosen(seq, active)
+
+    def _fit_threads(self, active: list[_Sequence]) -> None:
+        """Fit the generation threads to the CPUs the rest of the machine leaves free (an engine given no thread
+        count; never while a request decoded alone runs with its own): when two windows of ``THREADS_CHECK_S`` in a
+        row say the same other count, that is the count from the next step on. llama.cpp's threads meet every
+        step, so a thread the machine cannot run holds the rest (topology.py)."""
+        if self._cpu_share is None:
+            return
+        others = self._cpu_share.others()
+        if others is None or any(seq.pending.request.alone for seq in active):
+            return
+        verdict = fitting_threads(self.n_threads, logical_cpus(), others)
+        if verdict == self._fitted:
+            self._next_fit = None
+        elif verdict == self._next_fit:
+            self._fitted, self._next_fit = verdict, None
+            self._use_threads(None)
+            log.info("tensorjob: other work uses %.1f of %d CPUs: decoding with %d threads", others, logical_cpus(),
+                     verdict)
+        else:
+            self._next_fit = verdict
 
     def _mask_pool(self) -> ThreadPoolExecutor:
         if self._mask_threads is None:

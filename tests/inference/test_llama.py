@@ -33,9 +33,14 @@ from llama_support import (Collector, assert_ended_within, run_request, smollm, 
                            tiny_files)
 from wat import script_guest
 
+#: A thread count given, so the engine keeps it: the tests that compare one answer with another are not to see the
+#: engine fit its threads to the machine between them (that has tests of its own).
+PINNED = {"n_threads": physical_cores()}
+
+
 @pytest.fixture(scope="module")
 def tiny(tiny_files):  # noqa: F811
-    engine = LlamaEngine(tiny_files["model"], loras={"a": tiny_files["lora_a"], "b": tiny_files["lora_b"]})
+    engine = LlamaEngine(tiny_files["model"], loras={"a": tiny_files["lora_a"], "b": tiny_files["lora_b"]}, **PINNED)
     yield engine
     engine.close()
 
@@ -297,7 +302,7 @@ def test_a_prefix_shared_with_a_busy_slot_is_copied_once_and_answers_as_its_own_
     into their own slots and decode only their own ends; each answer is the one the request gets after the
     first request's prompt in one slot (its own cache), and the one it gets alone."""
     tails = ["the cat ran", "a dog hid", "the cat sat", "it rained"]
-    fresh = LlamaEngine(tiny_files["model"], slots=4)
+    fresh = LlamaEngine(tiny_files["model"], slots=4, **PINNED)
     try:
         alone = [gen(fresh, SHARED + t, 8, cache_prompt=False)[0].text for t in tails]
         own_cache = []
@@ -324,7 +329,7 @@ def test_a_prefix_shared_with_a_busy_slot_is_copied_once_and_answers_as_its_own_
 def test_no_copy_for_a_short_shared_prefix_another_adapter_or_no_prompt_cache(tiny_files):
     from tensorjob_jupyter.inference.llama import PREFIX_COPY_MIN_TOKENS
 
-    fresh = LlamaEngine(tiny_files["model"], slots=4, loras={"a": tiny_files["lora_a"]})
+    fresh = LlamaEngine(tiny_files["model"], slots=4, loras={"a": tiny_files["lora_a"]}, **PINNED)
     try:
         short = "the cat "  # a few tokens in common: not worth a copy of the whole stream
         assert len(fresh.tokenize(short)) < PREFIX_COPY_MIN_TOKENS
@@ -448,6 +453,42 @@ def test_a_request_ended_while_its_grammar_chooses_is_answered_at_once_and_its_s
     assert not mask_was_released  # answered while the mask still ran
     assert wait_for(lambda: closed, 30) and closed == [True]  # closed once, after the mask was done
     assert gen(tiny, "the cat", 3)[0].usage.completion_tokens == 3
+
+
+def test_an_engine_given_no_thread_count_fits_its_threads_to_the_cpus_other_work_leaves(tiny_files):
+    """Two windows in a row that say other work takes the CPUs: the engine decodes with one thread from the next
+    step on (its usage says so), and with its own again once the machine is free; a request decoded alone keeps
+    the threads it asked for; an engine given a thread count keeps it whatever the machine does."""
+    from tensorjob_jupyter.inference.topology import CpuShare, logical_cpus
+
+    clock, busy = [0.0], [0.0]
+    share = CpuShare(2.0, busy=lambda: busy[0], own=lambda: 0.0, clock=lambda: clock[0])
+
+    def one_request(others: float, **kwargs):
+        clock[0] += 2.5  # a window has passed by the request's first step...
+        busy[0] += 2.5 * others  # ...in which other work kept ``others`` CPUs busy
+        return gen(engine, "the cat", 4, cache_prompt=False, **kwargs)[0].usage.threads
+
+    engine = LlamaEngine(tiny_files["model"], cpu_share=share)
+    try:
+        assert engine.fits_threads and engine.n_threads == physical_cores()
+        own = engine.n_threads
+        taken = float(logical_cpus())  # every CPU busy with other work
+        assert one_request(taken) == own  # one window says so: not yet
+        assert one_request(taken) == 1  # the second agrees: one thread
+        assert one_request(taken, alone=True, threads=own) == own  # a deterministic request's own count stands
+        assert one_request(taken) == 1
+        assert one_request(0.0) == 1 and one_request(0.0) == own  # free again: after two windows, its own
+    finally:
+        engine.close()
+    pinned = LlamaEngine(tiny_files["model"], cpu_share=share, **PINNED)
+    try:
+        assert not pinned.fits_threads
+        clock[0] += 10
+        busy[0] += 10 * taken
+        assert gen(pinned, "the cat", 4)[0].usage.threads == pinned.n_threads
+    finally:
+        pinned.close()
 
 
 def test_llama_cpp_chatter_stays_out_of_the_output(tiny_files, capfd, caplog):  # noqa: F811
