@@ -28,7 +28,7 @@ from tensorjob_jupyter.frontends.options import EXIT_CANCELLED, EXIT_FAILED, EXI
 from tensorjob_jupyter.frontends.prompt import StdinLines, pause_lines, prompt
 from tensorjob_jupyter.frontends.view.state import progress_fraction
 from tensorjob_jupyter.frontends.view.summary import error_text
-from tensorjob_jupyter.host import CompileError, GuestSource, Job, detect_language
+from tensorjob_jupyter.host import CompileError, GuestSource, Job, busy_machine_line, detect_language
 from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.frontends import interpreter_progress
 from tensorjob_jupyter.text import for_terminal, json_text
@@ -133,6 +133,9 @@ class EventPrinter:
             self._line(f"{INDENT}[{reason}]" if reason not in (None, "stop") else "")
             if self._json_format and kind == event_types.RESPONSE_COMPLETED and reason == "stop":
                 self._json_tree(event["response"].get("output_text") or "")
+            busy = busy_machine_line(event)
+            if busy:
+                self._line(f"· {busy}")
         elif kind == event_types.JOB_REPLAY_DIVERGED and event.get("then") != "stopped":  # a stop is the job's error
 
             self._line(f"· {divergence_line(event)}")

@@ -41,6 +41,8 @@ from tensorjob_jupyter.inference.models import get_backend
 from tensorjob_jupyter.inference.providers import HF, URL, ModelRef
 # transcripts, read back (record): what the view's scrubbing reads
 from tensorjob_jupyter.record.event_checks import MAX_LINE_BYTES, TranscriptError, parse_event
+# a finished response, as the view and the terminal say it: decoded on a busy machine
+from tensorjob_jupyter.record.responses import busy_machine_line
 from tensorjob_jupyter.record.run_folder import EVENTS_FILE
 from tensorjob_jupyter.record.transcript import read_line
 
@@ -51,5 +53,5 @@ __all__ = [
     "FINISH_LENGTH", "HF", "URL", "Backend", "ConstraintError", "GenerateRequest", "GenerateResult", "ModelError",
     "ModelRef", "QueueFull", "RequestTooLarge", "Sampler", "get_backend", "hub", "logprobs_of", "openai_logprobs",
     "served",
-    "EVENTS_FILE", "MAX_LINE_BYTES", "TranscriptError", "parse_event", "read_line",
+    "EVENTS_FILE", "MAX_LINE_BYTES", "TranscriptError", "parse_event", "read_line", "busy_machine_line",
 ]

@@ -135,7 +135,8 @@ class InferOptions:
 
 def decode_timing(u: GenerateUsage) -> dict:
     """How an answer was decoded, as its response event records it: time to first token, tokens a second,
-    the most sequences decoded with it (``batch``), the decode threads, and the machine's load a CPU as it
+    the most sequences decoded with it (``batch``), the decode threads (and the engine's own count, when it
+    decoded with fewer because other work took the CPUs: ``own_threads``), and the machine's load a CPU as it
     ended (``load_per_core``: the one-minute load average over the CPUs this process may use) -- what an
     estimate needs to tell a quiet machine's speed from a busy one's (``fanout/estimate.py``)."""
     timing = {"time_to_first_token_s": u.time_to_first_token_s, "tokens_per_second": u.tokens_per_second}
@@ -143,6 +144,8 @@ def decode_timing(u: GenerateUsage) -> dict:
         timing["batch"] = u.batch
     if u.threads is not None:
         timing["threads"] = u.threads
+    if u.own_threads is not None and u.threads is not None and u.threads < u.own_threads:
+        timing["own_threads"] = u.own_threads  # fewer fitted to a busy machine (``busy_machine_line``)
     load = load_per_core()
     if load is not None:
         timing["load_per_core"] = round(load, 2)

@@ -199,6 +199,9 @@ class GenerateUsage:
     batch: int | None = None
     #: The decode threads the engine used for it; None: not known.
     threads: int | None = None
+    #: The threads the engine decodes with on a free machine: more than ``threads`` when it fitted fewer to the
+    #: CPUs other work left it (``LlamaEngine``); None: not known.
+    own_threads: int | None = None
 
 
 @dataclass

@@ -844,7 +844,8 @@ class LlamaEngine:
         usage = GenerateUsage(prompt_tokens=seq.prompt_tokens, completion_tokens=n,
                               cached_tokens=seq.cached_tokens,
                               time_to_first_token_s=(seq.first_at - seq.started) if seq.first_at else None,
-                              tokens_per_second=tps, batch=seq.batch, threads=self._threads_now)
+                              tokens_per_second=tps, batch=seq.batch, threads=self._threads_now,
+                              own_threads=self.n_threads if not seq.pending.request.alone else None)
         self._release(seq)
         logprobs = seq.delivered_logprobs if seq.pending.request.logprobs else None
         seq.pending.done(GenerateResult("".join(seq.parts), reason, usage, logprobs), None)

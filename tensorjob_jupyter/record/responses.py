@@ -45,7 +45,9 @@ counts across the whole job rather than restarting per response. Beside the
 spec's fields, ``response.created`` carries ``infer_index`` and the guest's
 ``command`` (its prompt and token limit, so a transcript can be replayed),
 and the terminal event the reactor's ``finish_reason``, ``timing`` and
-``guest_stopped_after``.
+``guest_stopped_after``. ``busy_machine_line`` reads a terminal event's
+timing for the front ends: whether the model decoded it with fewer threads
+than its own because other work took the CPUs.
 """
 
 from __future__ import annotations
@@ -236,4 +238,19 @@ class ResponseStream:
                                                     error={"code": spec_code, "message": message}))
 
 
-__all__ = ["ResponseStream"]
+def busy_machine_line(event: dict) -> str | None:
+    """The line a front end shows for a finished response whose model decoded it with fewer threads than its
+    own (``timing.threads`` below ``timing.own_threads``: it fitted them to a machine other work keeps busy);
+    None otherwise, or where the recorded numbers are not whole numbers of at least one."""
+    timing = event.get("timing")
+    if not isinstance(timing, dict):
+        return None
+    threads, own = timing.get("threads"), timing.get("own_threads")
+    if not all(isinstance(n, int) and not isinstance(n, bool) and 0 < n < 1 << 16 for n in (threads, own)):
+        return None
+    if threads >= own:
+        return None
+    return f"the machine is busy: decoded with {threads} of the model's {own} threads (other work takes the CPUs)"
+
+
+__all__ = ["ResponseStream", "busy_machine_line"]

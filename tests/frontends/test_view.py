@@ -338,3 +338,27 @@ def test_a_cell_shows_each_field_s_confidence_and_bounds_its_fields():
     assert html.count('class="tj-field-source') == VIEW_FIELDS and "&lt;v0&gt;" in html and "<v0>" not in html
     assert "nonexistent:0-3 exact 1.0" in html and "<mark" not in html  # a file that is gone: no excerpt
     assert item_row({**event, "sources": None, "confidence": None})["fields"] is None
+
+
+def test_an_answer_decoded_on_a_busy_machine_marks_the_header_until_one_is_decoded_with_every_thread():
+    s = ViewState()
+    busy = {"threads": 1, "own_threads": 2, "tokens_per_second": 30.0}
+    s.apply(ev("response.completed", finish_reason="stop", timing=busy, response={"output_text": "x"}))
+    header = render.header(s)
+    assert 'class="tj-busy"' in header and "machine busy" in header
+    assert "decoded with 1 of the model&#x27;s 2 threads" in header  # the whole line, escaped, in its title
+    s.apply(ev("response.completed", finish_reason="stop", timing={"threads": 2}, response={"output_text": "y"}))
+    assert "tj-busy" not in render.header(s)
+
+
+def test_the_terminal_says_when_an_answer_was_decoded_on_a_busy_machine():
+    import io
+
+    from tensorjob_jupyter.frontends.terminal import EventPrinter
+
+    out, err = io.StringIO(), io.StringIO()
+    printer = EventPrinter(out=out, err=err, quiet=False, chunks_to_stdout=True)
+    for timing in ({"threads": 1, "own_threads": 2}, {"threads": 2}):
+        printer.show(ev("response.completed", finish_reason="stop", timing=timing, response={}))
+    said = out.getvalue() + err.getvalue()
+    assert said.count("the machine is busy: decoded with 1 of the model's 2 threads") == 1

@@ -261,3 +261,12 @@ def test_several_jobs_run_at_once_on_one_model():
     jobs = [tj.Job(wat.script_guest([INFER, DONE]), backend=backend).start() for _ in range(4)]
     assert all(j.wait(30).ok for j in jobs)
     assert len({j.id for j in jobs}) == 4
+
+
+def test_an_answer_decoded_with_fewer_threads_than_the_models_own_says_so_in_its_timing():
+    from tensorjob_jupyter.host.reactor import decode_timing
+    from tensorjob_jupyter.inference.base import GenerateUsage
+
+    assert decode_timing(GenerateUsage(threads=1, own_threads=2))["own_threads"] == 2
+    assert "own_threads" not in decode_timing(GenerateUsage(threads=2, own_threads=2))
+    assert "own_threads" not in decode_timing(GenerateUsage(threads=2))

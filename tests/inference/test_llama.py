@@ -476,6 +476,8 @@ def test_an_engine_given_no_thread_count_fits_its_threads_to_the_cpus_other_work
         taken = float(logical_cpus())  # every CPU busy with other work
         assert one_request(taken) == own  # one window says so: not yet
         assert one_request(taken) == 1  # the second agrees: one thread
+        usage = gen(engine, "the cat", 4, cache_prompt=False)[0].usage
+        assert (usage.threads, usage.own_threads) == (1, own)  # what the response's timing says it decoded with
         assert one_request(taken, alone=True, threads=own) == own  # a deterministic request's own count stands
         assert one_request(taken) == 1
         assert one_request(0.0) == 1 and one_request(0.0) == own  # free again: after two windows, its own

@@ -68,9 +68,11 @@ def header(state: ViewState) -> str:
     if rate is not None:
         bits.append(f"{rate:.1f} tok/s")
     status = "paused" if state.paused and not state.done else state.status
+    busy = (f' <span class="tj-busy" style="color:{AMBER}" title="{for_html(state.busy_machine)}">'
+            f'· machine busy</span>' if state.busy_machine else "")
     return (f'<div style="font-family:sans-serif"><b>tensorjob</b> {for_html(state.name)} '
             f'{status_badge(status)} '
-            f'<span class="tj-elapsed" style="color:{GREY}">{" · ".join(bits)}</span></div>')
+            f'<span class="tj-elapsed" style="color:{GREY}">{" · ".join(bits)}</span>{busy}</div>')
 
 
 def log(state: ViewState) -> str:

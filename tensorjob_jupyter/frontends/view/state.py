@@ -39,6 +39,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 from tensorjob_jupyter.abi import dumps
+from tensorjob_jupyter.host import busy_machine_line
 from tensorjob_jupyter.host.debugger import bounded
 from tensorjob_jupyter.history.report import divergence_line
 
@@ -181,6 +182,9 @@ class ViewState:
         self.tokens = 0
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
+        #: the latest finished answer's line when the model decoded it with fewer threads than its own (a busy
+        #: machine: ``busy_machine_line``); None once one is decoded with all of them again
+        self.busy_machine: str | None = None
         self.files: dict[int, FileState] = {}
         self.output_parts: list[str] = []
         self._output_decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -395,9 +399,17 @@ class ViewState:
         self._finish_infer("completed", reason if reason not in (None, "stop") else None)
         if self.infers and self.infers[-1].kind == "json" and reason != "guest_stop":
             self.infers[-1].parse_value(str((event.get("response") or {}).get("output_text", "")))
+        self._note_busy_machine(event)
 
     def _on_response_incomplete(self, event: dict) -> None:
         self._finish_infer(event["response"].get("status") or "incomplete", event.get("finish_reason"))
+        self._note_busy_machine(event)
+
+    def _note_busy_machine(self, event: dict) -> None:
+        line = busy_machine_line(event)
+        if line != self.busy_machine:
+            self.busy_machine = line
+            self.dirty.add("header")
 
     def _on_response_failed(self, event: dict) -> None:
         self._finish_infer("failed")
