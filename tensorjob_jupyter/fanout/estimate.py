@@ -236,7 +236,8 @@ class MapEstimate:
 
     def to_json(self) -> dict:
         return {"items": self.items, "model": self.model, "counted_by": self.counted_by,
-                "sampled": len(self.sampled), "unsampled": self.unsampled, "prompt_tokens_per_item": self.prompt_tokens_per_item,
+                "sampled": len(self.sampled), "unsampled": self.unsampled,
+                "prompt_tokens_per_item": self.prompt_tokens_per_item,
                 "prompt_tokens": self.prompt_tokens, "shared_prefix_tokens": self.shared_prefix_tokens,
                 "decoded_prompt_tokens": self.decoded_prompt_tokens, "output_tokens": self.output_tokens,
                 "speed": self.speed.to_json() if self.speed else None,

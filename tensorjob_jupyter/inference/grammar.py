@@ -598,6 +598,6 @@ class GrammarSampler:
 
 __all__ = [
     "LIMITS", "MASK_CPU_LIMIT_S", "JSON_OPTIONS", "FREE_TEXT_RULE", "COMPILE_STACK_BYTES", "GRAMMAR_MEMO_BYTES",
-    "COMPILED_MEMO", "GRAMMARS", "EXACT_FORMATS", "Abandoned", "grammar_of", "check", "matches", "ROUND_TRIP_PROBES", "ModelGrammars",
-    "GrammarSampler"
+    "COMPILED_MEMO", "GRAMMARS", "EXACT_FORMATS", "Abandoned", "grammar_of", "check", "matches", "ROUND_TRIP_PROBES",
+    "ModelGrammars", "GrammarSampler"
 ]
