@@ -550,11 +550,6 @@ class GrammarSampler:
             raise ConstraintError(f"one token's mask took {spent:.2f} s, past the bound of {MASK_CPU_LIMIT_S} s: "
                                   f"{_TOO_COSTLY}")
 
-    def sample(self, ctx, idx: int) -> int:
-        """The next token, from the logits of batch row ``idx`` of the llama.cpp context ``ctx``."""
-        return self.sample_logits(np.ctypeslib.as_array(self._lc.llama_get_logits_ith(ctx.ctx, idx),
-                                                        shape=(self._n,)))
-
     def sample_logits(self, logits: np.ndarray) -> int:
         """The next token from ``logits`` (one float per vocabulary entry), taken by the grammar."""
         if self._abandoned():

@@ -724,14 +724,14 @@ class LlamaEngine:
         others = self._cpu_share.others()
         if others is None or any(seq.pending.request.alone for seq in active):
             return
-        verdict = fitting_threads(self.n_threads, logical_cpus(), others)
+        cpus = logical_cpus()
+        verdict = fitting_threads(self.n_threads, cpus, others)
         if verdict == self._fitted:
             self._next_fit = None
         elif verdict == self._next_fit:
             self._fitted, self._next_fit = verdict, None
             self._use_threads(None)
-            log.info("tensorjob: other work uses %.1f of %d CPUs: decoding with %d threads", others, logical_cpus(),
-                     verdict)
+            log.info("tensorjob: other work uses %.1f of %d CPUs: decoding with %d threads", others, cpus, verdict)
         else:
             self._next_fit = verdict
 

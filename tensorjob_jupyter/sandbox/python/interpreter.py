@@ -108,8 +108,8 @@ def runtime_files() -> list[Path]:
 def build_key() -> str:
     """A hash of everything the built component depends on (hashed again only when a file's size or time
     changes: every job asks)."""
-    files = runtime_files()
-    return _build_key(tuple((path, path.stat().st_size, path.stat().st_mtime_ns) for path in files))
+    stats = [(path, path.stat()) for path in runtime_files()]
+    return _build_key(tuple((path, st.st_size, st.st_mtime_ns) for path, st in stats))
 
 
 @functools.lru_cache(maxsize=4)
