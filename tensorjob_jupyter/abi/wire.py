@@ -1,197 +1,27 @@
-"""The wire types that cross the guest boundary, and their strict parsing.
+"""The wire types that cross the guest boundary: commands, events, usage and the envelope, and their reading.
 
-This module is the cuttlefish proc-block ABI in Python. A guest returns a
-``Command`` (JSON tagged by ``"cmd"``) from ``cf_init``/``cf_step``; the host
-answers with an ``Event`` (JSON tagged by ``"event"``). Everything is
-snake_case, the tag comes first and the other fields follow in declaration
-order, so the bytes we send are the bytes cuttlefish's serde would send.
-
-Guest output is hostile input, and this is the one place it is judged.
-``parse_command`` accepts exactly what cuttlefish's serde_json would accept
-(unknown extra keys ignored, ``images`` defaulting to ``[]``) and rejects
-everything else with an ``AbiError`` naming the problem (the runner turns it
-into ``wasm_trap``): invalid JSON or UTF-8, duplicate keys, an unknown
-``cmd``, a missing or mistyped field, non-finite numbers, integers outside
-64 bits, nesting deeper than serde_json's 128 levels, more values than the
-job's ``max_command_values`` (checked on the bytes, before anything is
-parsed), and **text that is not Unicode**: JSON can spell a lone surrogate
-(``"\ud800"``), which no UTF-8 encoder accepts, so a command containing one,
-in any field, key or nested value, is refused here, as serde_json refuses it.
-Whatever passes this boundary can be encoded, written and shown anywhere
-without another check; ``checked_value`` applies the same rule to a value
-from Python (a job's input).
-
-The job result is an ``Envelope``: ``status``, ``result`` (only when
-completed), ``error`` (only when failed or cancelled) and ``usage`` (always).
-The tables every layer names things by live here too: the error codes
-(``codes``), the event types (``event_types``), and the one error family of
-a job's end (``JobFailure``).
-
-This module is longer than the others on purpose: it is the whole boundary,
-the types and the one strict reader that builds them, and splitting the
-reader from the types would put the rule in two places.
+This is the cuttlefish proc-block ABI in Python. A guest returns a ``Command`` (JSON tagged by ``"cmd"``)
+from ``cf_init``/``cf_step``; the host answers with an ``Event`` (tagged by ``"event"``), snake_case, the tag
+first and the other fields in declaration order, so the bytes sent are the bytes cuttlefish's serde sends.
+``parse_command`` judges a guest's bytes (the strict JSON reader, ``abi.strict_json``, then the command's
+own fields), refusing anything serde_json would refuse with an ``AbiError`` naming the problem.
+The job result is an ``Envelope``: ``status``, ``result`` (completed only), ``error`` and ``usage``.
+The rule, and why it is kept at this one boundary: docs/limits.md.
 """
 
 from __future__ import annotations
 
 import enum
-import json
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-import numpy as np
 import orjson
 
+from tensorjob_jupyter.abi.errors import AbiError
+from tensorjob_jupyter.abi.strict_json import U32_MAX, U64_MAX, dumps, loads_strict
 from tensorjob_jupyter.text import clip
-
-U32_MAX = 2**32 - 1
-U64_MAX = 2**64 - 1
-
-
-class codes:
-    """The error codes, exact strings. Cuttlefish's nine plus ours (marked)."""
-
-    MODEL_LOAD_FAILED = "model_load_failed"
-    CAPABILITY_DENIED = "capability_denied"
-    SCHEMA_VALIDATION_FAILED = "schema_validation_failed"
-    SCRIPT_ERROR = "script_error"
-    WASM_TRAP = "wasm_trap"
-    TIMEOUT = "timeout"
-    CANCELLED = "cancelled"
-    UNSUPPORTED = "unsupported"
-    NOT_FOUND = "not_found"
-    #: Ours: the job ran into one of its configured limits (steps, handles,
-    #: emit payload size, token budget). The message names the limit.
-    LIMIT_EXCEEDED = "limit_exceeded"
-    #: Ours: the inference worker's request queue was full.
-    BUSY = "busy"
-    #: Ours: a map item whose Dask worker kept dying, retries exhausted.
-    WORKER_LOST = "worker_lost"
-    #: Ours: a bug in the host, not the guest; the traceback is logged.
-    INTERNAL_ERROR = "internal_error"
-    #: Ours: a replay (``tensorjob replay``) met a command its recording lacks --
-    #: another prompt, another window, past the recording's end -- and stopped
-    #: there; the message names the step, what was recorded and what was asked.
-    REPLAY_DIVERGENCE = "replay_divergence"
-    #: Ours: a job being debugged (``--debug``, ``--break-on``) stayed paused
-    #: longer than its ``max_paused_s`` and the host cancelled it (status
-    #: ``cancelled``), so a forgotten debug cell cannot hold the kernel.
-    PAUSED_TOO_LONG = "paused_too_long"
-    #: Ours: a field the job was told to ground (``--require-grounded``, ``require_grounded=``) was found
-    #: in no window the job read, or is not in its result; the message names the field.
-    UNGROUNDED = "ungrounded"
-
-
-class event_types:
-    """The event stream's ``type`` strings, exact: the one table every producer and reader names them by.
-
-    Job-level events describe the reactor; ``response.*`` and ``error`` are
-    the Open Responses events of one ``infer`` (one response each), in the
-    spec's own words.
-    """
-
-    JOB_CREATED = "job.created"
-    JOB_PROGRESS = "job.progress"
-    JOB_FILE_OPENED = "job.file.opened"
-    JOB_FILE_SLICED = "job.file.sliced"
-    JOB_CHUNK = "job.chunk"
-    JOB_EMBEDDED = "job.embedded"
-    JOB_FETCH = "job.fetch"
-    #: A Python guest's interpreter started: which one (its SHA-256), the guest's file, and the
-    #: random seed and wall-clock origin the host gave it (a replay gives them again).
-    JOB_INTERPRETER = "job.interpreter"
-    #: A Python guest's printed lines (``stream``: stdout or stderr; ``lines``; ``dropped`` past the cap).
-    JOB_LOG = "job.log"
-    #: Clock readings a Python guest took since the last event (nanoseconds since it started), for replay.
-    JOB_CLOCK = "job.clock"
-    JOB_DOCUMENT_PAGE = "job.document.page"
-    JOB_IMAGE_CREATED = "job.image.created"
-    JOB_PAUSED = "job.paused"
-    JOB_RESUMED = "job.resumed"
-    JOB_REPLAY_DIVERGED = "job.replay.diverged"
-    JOB_COMPLETED = "job.completed"
-    JOB_FAILED = "job.failed"
-    JOB_CANCELLED = "job.cancelled"
-    #: Never written: what ``show`` reports for a transcript that stops before its job's end.
-    JOB_INTERRUPTED = "job.interrupted"
-    RESPONSE_CREATED = "response.created"
-    RESPONSE_IN_PROGRESS = "response.in_progress"
-    RESPONSE_OUTPUT_ITEM_ADDED = "response.output_item.added"
-    RESPONSE_CONTENT_PART_ADDED = "response.content_part.added"
-    RESPONSE_OUTPUT_TEXT_DELTA = "response.output_text.delta"
-    RESPONSE_OUTPUT_TEXT_DONE = "response.output_text.done"
-    RESPONSE_CONTENT_PART_DONE = "response.content_part.done"
-    RESPONSE_FUNCTION_CALL_ARGUMENTS_DELTA = "response.function_call_arguments.delta"
-    RESPONSE_FUNCTION_CALL_ARGUMENTS_DONE = "response.function_call_arguments.done"
-    RESPONSE_OUTPUT_ITEM_DONE = "response.output_item.done"
-    RESPONSE_COMPLETED = "response.completed"
-    RESPONSE_INCOMPLETE = "response.incomplete"
-    RESPONSE_FAILED = "response.failed"
-    ERROR = "error"
-
-
-EVENT_TYPES = frozenset(v for k, v in vars(event_types).items() if not k.startswith("_") and isinstance(v, str))
-#: The events a job's stream ends with, one of them exactly once.
-TERMINAL_EVENT_TYPES = frozenset({event_types.JOB_COMPLETED, event_types.JOB_FAILED, event_types.JOB_CANCELLED})
-
-
-ERROR_CODES = frozenset(
-    v for k, v in vars(codes).items() if not k.startswith("_") and isinstance(v, str)
-)
-
-#: Codes that only the host may report: they say the host or the cluster broke,
-#: that a replay left its recording, that a debugger's pause ran out, or that the host
-#: found a required field in nothing the job read.
-#: A guest's ``fail`` with one of them is reported as ``script_error`` (see
-#: ``guest_failure``), so nobody debugging it is pointed at the host.
-HOST_ONLY_CODES = frozenset({codes.INTERNAL_ERROR, codes.WORKER_LOST, codes.REPLAY_DIVERGENCE,
-                             codes.PAUSED_TOO_LONG, codes.UNGROUNDED})
-
-
-class TensorjobError(Exception):
-    """The root of every error this package raises on purpose, each with a one-line message.
-
-    Two branches: ``JobFailure``, why a job ended (a code and a message, written into its envelope); and
-    the refusals that stop something before it starts -- a bad option (``OptionError``), a guest that does
-    not compile (``CompileError``), a run or transcript that cannot be read or replayed (``RunError``,
-    ``TranscriptError``, ``ReplayError``), a manifest or a run folder (``MapError``), a schema
-    (``SchemaError``), a malformed command (``AbiError``). The refusals that are about a value are
-    ``ValueError``s too. The command line and the magics catch this root once: anything else is a bug.
-    """
-
-
-class JobFailure(TensorjobError):
-    """Why a job ends: an error code (``codes``) and a one-line message.
-
-    The one exception family of a job's end. Every layer raises it, or a
-    subclass named for where the failure arose (``GuestTrap``, ``AccessError``,
-    ``DocumentError``, ``FetchError``, ``ModelError``, ...), and the reactor
-    catches it once and writes ``JobError(code, message)`` into the envelope.
-    Errors that stop a job before it starts (a bad option, a guest that does
-    not compile, a run that cannot be replayed) are the other branch of
-    ``TensorjobError``: they have no envelope.
-    """
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-    def __reduce__(self):  # subclasses take other arguments: rebuild from (code, message) in any process
-        return _rebuild_failure, (type(self), self.code, self.message)
-
-
-def _rebuild_failure(cls: type, code: str, message: str) -> JobFailure:
-    failure = Exception.__new__(cls)
-    JobFailure.__init__(failure, code, message)
-    return failure
-
-
-class AbiError(TensorjobError, ValueError):
-    """A guest produced bytes that are not a valid command (-> ``wasm_trap``)."""
-
 
 class JobStatus(str, enum.Enum):
     QUEUED = "queued"
@@ -605,12 +435,6 @@ Event = Union[InferDone, Opened, Sliced, SlicedBytes, Embedded, Emitted, PageTex
 
 # --- usage and the envelope --------------------------------------------------
 
-#: The largest count a transcript records (tokens, bytes, milliseconds, steps): 2^53, the largest whole
-#: number every JSON reader holds exactly. Counts from elsewhere (a model server's usage) are checked
-#: against it where they arrive, and the job's totals stop there.
-MAX_COUNT = 2 ** 53
-
-
 @dataclass
 class Usage:
     """What a job used: every envelope carries one, whatever the job's status."""
@@ -711,11 +535,6 @@ class Envelope:
 # --- encoding ----------------------------------------------------------------
 
 
-def dumps(value: Any) -> str:
-    """Compact JSON, non-ASCII kept as UTF-8: serde_json's output format."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
 def encode_event(event: Event) -> bytes:
     """An event's JSON bytes, as the guest receives them.
 
@@ -728,147 +547,7 @@ def encode_event(event: Event) -> bytes:
     return dumps(event.to_json()).encode("utf-8")
 
 
-# --- strict parsing ----------------------------------------------------------
-
-#: serde_json's recursion limit: deeper nesting is refused, as cuttlefish refuses it.
-MAX_DEPTH = 128
-#: Integers a command may hold: what serde_json's i64 and u64 can.
-INT_MIN, INT_MAX = -(2**63), U64_MAX
-# A JSON string (valid JSON assumed; anything else fails json.loads anyway):
-# strings may hold brackets, commas and colons that are not structure.
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-# A \u escape of a surrogate (may be a false hit after an escaped backslash;
-# the parsed value is checked exactly).
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise AbiError(f"duplicate field `{clip(key, 64)}`")
-            seen.add(key)
-    return obj
-
-
-def _no_constants(name: str) -> Any:
-    raise AbiError(f"{name} is not valid JSON")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise AbiError(f"number {text[:20]} is out of range")
-    return value
-
-
-def _int64(text: str) -> int:
-    value = int(text)
-    if not INT_MIN <= value <= INT_MAX:
-        raise AbiError(f"integer {text[:24]}{'...' if len(text) > 24 else ''} is out of range "
-                       f"(JSON integers must fit in 64 bits)")
-    return value
-
-
-def _check_shape(data: bytes, max_values: int, what: str) -> None:
-    """Refuse too deep or too many values from the bytes alone, before parsing.
-
-    Parsing costs about 25 bytes of memory per byte of JSON like ``[{},{}]``,
-    so the count is bounded first. The fast path counts bytes: fewer opening
-    brackets than the depth limit and fewer separators than the value limit
-    settle it. Otherwise strings are blanked out (they may hold any of these
-    characters) and depth and values are counted exactly.
-    """
-    opens = data.count(b"[") + data.count(b"{")
-    separators = data.count(b",") + data.count(b":")
-    if opens <= MAX_DEPTH and opens + separators < max_values:
-        return
-    structure = np.frombuffer(_JSON_STRING.sub(b'""', data), dtype=np.uint8)
-    opening = (structure == ord("[")) | (structure == ord("{"))
-    closing = (structure == ord("]")) | (structure == ord("}"))
-    values = 1 + int(np.count_nonzero(opening)) + int(np.count_nonzero(
-        (structure == ord(",")) | (structure == ord(":"))))
-    if values > max_values:
-        raise AbiError(f"{what} holds about {values} JSON values, more than the {max_values} allowed "
-                       f"(max_command_values)")
-    if np.count_nonzero(opening) > MAX_DEPTH:
-        depth = np.cumsum(opening.astype(np.int32) - closing.astype(np.int32))
-        if depth.size and int(depth.max()) > MAX_DEPTH:
-            raise AbiError(f"{what} JSON is nested too deeply (more than {MAX_DEPTH} levels)")
-
-
-def _first_non_unicode(value: Any) -> str | None:
-    """The first string (key or value) in ``value`` holding a lone surrogate."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if not item.isascii():
-                try:
-                    item.encode("utf-8")
-                except UnicodeEncodeError:
-                    return item
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return None
-
-
-def loads_strict(raw: bytes | bytearray | memoryview, *, max_values: int = 1_000_000,
-                 what: str = "command") -> Any:
-    """Parse JSON as serde_json would: UTF-8 text only, no NaN, no duplicate keys,
-    64-bit integers, at most ``MAX_DEPTH`` levels and ``max_values`` values."""
-    data = bytes(raw)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise AbiError(f"{what} is not valid UTF-8 (byte {e.start})") from None
-    _check_shape(data, max_values, what)
-    try:
-        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants,
-                           parse_float=_finite, parse_int=_int64)
-    except AbiError as e:
-        raise AbiError(f"{what}: {e}") from None
-    except json.JSONDecodeError as e:
-        raise AbiError(f"{what} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
-    except RecursionError:  # pragma: no cover - the shape check refuses this first
-        raise AbiError(f"{what} JSON is nested too deeply") from None
-    except ValueError as e:  # an integer with more digits than Python converts
-        raise AbiError(f"{what} JSON has a number it cannot hold: {clip(str(e), 120)}") from None
-    if _SURROGATE_ESCAPE.search(data):
-        bad = _first_non_unicode(value)
-        if bad is not None:
-            at = next(i for i, ch in enumerate(bad) if 0xD800 <= ord(ch) <= 0xDFFF)
-            raise AbiError(f"{what} has a string that is not valid Unicode: a lone surrogate "
-                           f"\\u{ord(bad[at]):04x} at character {at}; JSON strings must be UTF-8 text")
-    return value
-
-
-def checked_value(value: Any, what: str = "value", *, max_values: int = 1_000_000) -> tuple[Any, bytes]:
-    """A value from Python, held to the rule guest output is held to; returns
-    (the value as it will be seen, its compact JSON). ``ValueError`` otherwise."""
-    try:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as e:
-        raise ValueError(f"{what} is not JSON: {e}") from None
-    try:
-        data = text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ValueError(f"{what} holds text that is not valid Unicode (a lone surrogate at character "
-                         f"{e.start}); strings must be UTF-8 text") from None
-    try:
-        return loads_strict(data, max_values=max_values, what=what), data
-    except AbiError as e:
-        raise ValueError(str(e)) from None
-
-
-def encode_json(value: Any) -> bytes:
-    """Compact JSON bytes of a value that passed the boundary (or the host built)."""
-    return orjson.dumps(value)
+# --- reading commands and events ---------------------------------------------
 
 
 def _expect_object(value: Any, what: str) -> dict:
@@ -1222,14 +901,11 @@ def event_from_json(value: Any) -> Event:
 
 
 __all__ = [
-    "U32_MAX", "U64_MAX", "codes", "event_types", "EVENT_TYPES", "TERMINAL_EVENT_TYPES", "ERROR_CODES",
-    "HOST_ONLY_CODES", "TensorjobError", "JobFailure", "AbiError", "JobStatus", "TokenAction", "MediaKind", "TEXT",
-    "BINARY", "INFER_EXTENSIONS", "INFER_SAMPLING", "Infer", "Open", "Slice", "SliceBytes", "Embed", "Emit", "Done",
-    "Fail", "PageText", "PageTextOpt", "PageImage", "DocumentText", "Resize", "Crop", "ImageOperation", "ImageOp",
-    "Fetch", "Command", "UNSUPPORTED_COMMANDS", "InferDone", "Opened", "Sliced", "SlicedBytes", "Embedded", "Emitted",
-    "PageTexted", "PageTextAttempted", "PageImaged", "Event", "MAX_COUNT", "Usage", "JobError", "Envelope", "dumps",
-    "encode_event", "MAX_DEPTH", "loads_strict", "checked_value", "encode_json", "UnsupportedCommand",
-    "command_from_json", "MAX_TOOLS", "MAX_STOPS", "MAX_STOP_CHARS", "MAX_REGEX_CHARS", "MAX_GRAMMAR_CHARS",
-    "MAX_CHOICES", "MAX_CHOICE_CHARS", "MAX_TOP_LOGPROBS", "parse_command",
-    "event_from_json"
+    "JobStatus", "TokenAction", "MediaKind", "TEXT", "BINARY", "INFER_EXTENSIONS", "INFER_SAMPLING", "Infer", "Open",
+    "Slice", "SliceBytes", "Embed", "Emit", "Done", "Fail", "PageText", "PageTextOpt", "PageImage", "DocumentText",
+    "Resize", "Crop", "ImageOperation", "ImageOp", "Fetch", "Command", "UNSUPPORTED_COMMANDS", "InferDone", "Opened",
+    "Sliced", "SlicedBytes", "Embedded", "Emitted", "PageTexted", "PageTextAttempted", "PageImaged", "Event",
+    "Usage", "JobError", "Envelope", "encode_event", "UnsupportedCommand", "command_from_json",
+    "MAX_TOOLS", "MAX_STOPS", "MAX_STOP_CHARS", "MAX_REGEX_CHARS", "MAX_GRAMMAR_CHARS", "MAX_CHOICES",
+    "MAX_CHOICE_CHARS", "MAX_TOP_LOGPROBS", "parse_command", "event_from_json"
 ]
