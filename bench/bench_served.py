@@ -11,7 +11,7 @@
    (a lock around its one ``Llama``) while the in-process worker batches the
    four sequences into one ``llama_decode`` per step, so with that server the
    ratio is bounded by what batching buys. **2b** runs the four jobs against
-   a server that batches, ``tensorjob serve`` (frontends/serve.py: the same
+   a server that batches, ``tensorjob serve`` (serve/server.py: the same
    worker behind the API, in its own process), alternating with four more
    in-process: the served path's own cost when the server is not the limit.
 3. **Host overhead per token of the served path**: the CPU time the
@@ -91,7 +91,7 @@ def run_four(backend, max_tokens: int) -> tuple[int, float]:
 
 
 class TensorjobServer:
-    """``tensorjob serve`` (frontends/serve.py) in its own process: the batching worker behind the API."""
+    """``tensorjob serve`` (serve/server.py) in its own process: the batching worker behind the API."""
 
     def __init__(self, threads: int, log):
         self.process = subprocess.Popen([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "serve", "--port",

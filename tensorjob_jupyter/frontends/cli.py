@@ -4,7 +4,7 @@
     tensorjob map GUEST --over manifest.jsonl --run-dir DIR [job options] [--concurrency N] [--cluster ADDRESS]
     tensorjob compile FILE [-o OUT] [--cflags FLAGS] [--zigflags FLAGS] [--force]
     tensorjob cache [--clear]
-    tensorjob serve [--model PATH] [--host H] [--port P] [--slots N]   (serve.py: the model for other kernels)
+    tensorjob serve [--model PATH] [--host H] [--port P] [--slots N]   (serve/: the model for other kernels)
     tensorjob runs | show RUN | replay GUEST --from RUN | diff RUN_A RUN_B   (history_cli.py)
     tensorjob export NOTEBOOK [-o OUT] [--to html|ipynb] [--execute]   (export.py: views as static HTML)
 
@@ -34,7 +34,7 @@ from typing import Sequence, TextIO
 
 from tensorjob_jupyter.version import __version__
 from tensorjob_jupyter.frontends.map_cli import add_map_parser, cmd_map
-from tensorjob_jupyter.frontends.serve import add_serve_parser, cmd_serve
+from tensorjob_jupyter.frontends.serve_cli import add_serve_parser, cmd_serve
 from tensorjob_jupyter.frontends.export import add_export_parser, cmd_export
 from tensorjob_jupyter.frontends.history_cli import COMMANDS as HISTORY_COMMANDS
 from tensorjob_jupyter.frontends.history_cli import add_history_parsers

@@ -30,15 +30,9 @@ from tensorjob_jupyter.sandbox.compile import (
     CompileError, GuestSource, cache_dir, cache_usage, clear_cache, detect_language,
 )
 from tensorjob_jupyter.sandbox.python import interpreter as python_interpreter
-# the model: named once, its errors, and -- for tensorjob serve, which serves it over HTTP -- its requests
-from tensorjob_jupyter.inference import hub, served
-from tensorjob_jupyter.inference.base import (
-    FINISH_LENGTH, Backend, ConstraintError, GenerateRequest, GenerateResult, ModelError, QueueFull, RequestTooLarge,
-    Sampler,
-)
-from tensorjob_jupyter.inference.logprobs import logprobs_of, openai_logprobs
-from tensorjob_jupyter.inference.models import get_backend
-from tensorjob_jupyter.inference.providers import HF, URL, ModelRef
+# the model: named once (a job's ModelRef), and the error of one that fails
+from tensorjob_jupyter.inference.base import ModelError
+from tensorjob_jupyter.inference.providers import ModelRef
 # transcripts, read back (record): what the view's scrubbing reads
 from tensorjob_jupyter.record.event_checks import MAX_LINE_BYTES, TranscriptError, parse_event
 # a finished response, as the view and the terminal say it: decoded on a busy machine
@@ -50,8 +44,6 @@ __all__ = [
     "DEFAULT_MODEL", "Job", "JobSpec", "JobStats", "InferOptions", "OutputSpec", "SchemaError", "SIGNAL_CHECK_S",
     "check_fetch", "wait_or_cancel",
     "CompileError", "GuestSource", "cache_dir", "cache_usage", "clear_cache", "detect_language", "python_interpreter",
-    "FINISH_LENGTH", "HF", "URL", "Backend", "ConstraintError", "GenerateRequest", "GenerateResult", "ModelError",
-    "ModelRef", "QueueFull", "RequestTooLarge", "Sampler", "get_backend", "hub", "logprobs_of", "openai_logprobs",
-    "served",
+    "ModelError", "ModelRef",
     "EVENTS_FILE", "MAX_LINE_BYTES", "TranscriptError", "parse_event", "read_line", "busy_machine_line",
 ]

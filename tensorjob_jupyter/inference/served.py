@@ -169,7 +169,7 @@ from tensorjob_jupyter.inference.logprobs import TokenLogprob, TokenText, read_o
 from tensorjob_jupyter.inference.text_stream import TextStream
 
 DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
-#: ``owned_by`` in this package's own server's ``/v1/models`` (``frontends/serve.py``), and its dialect's name.
+#: ``owned_by`` in this package's own server's ``/v1/models`` (``serve/server.py``), and its dialect's name.
 TENSORJOB_OWNER = "tensorjob"
 #: Bytes of response body allowed per requested token (an SSE chunk of one token is a few hundred).
 MAX_BODY_BYTES_PER_TOKEN = 16 * 1024
@@ -301,7 +301,7 @@ DIALECTS = {
     # vLLM's structured outputs take a regex, choices and a grammar besides a schema
     "vllm": Dialect("vllm", "repetition_penalty", True, -1, native_tools=frozenset(("required", "function")),
                     enforces=ALL_KINDS, text_fields="structured_outputs"),
-    # this package's own server (frontends/serve.py): the local engine's sampling and grammars; calls held to a
+    # this package's own server (serve/server.py): the local engine's sampling and grammars; calls held to a
     # schema
     TENSORJOB_OWNER: Dialect(TENSORJOB_OWNER, "repeat_penalty", True, 0, native_tools=frozenset(),
                              enforces=ALL_KINDS),

@@ -31,7 +31,7 @@ from served_support import TensorjobServe, wait_until
 pytestmark = pytest.mark.slow
 pytest.importorskip("uvicorn")
 
-from tensorjob_jupyter.frontends.serve import MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_PENDING_BODY_BYTES  # noqa: E402
+from tensorjob_jupyter.serve.server import MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_PENDING_BODY_BYTES  # noqa: E402
 
 
 class Serve(TensorjobServe):

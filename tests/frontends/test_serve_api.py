@@ -1,4 +1,4 @@
-"""``tensorjob serve``'s HTTP API (frontends/serve.py), in process, on a scripted backend.
+"""``tensorjob serve``'s HTTP API (serve/server.py), in process, on a scripted backend.
 
 Each request goes through the real Starlette app and its ASGI stack
 (Starlette's ``TestClient``); the model is ``ScriptedBackend``, so every
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensorjob_jupyter.frontends.serve import MAX_BODY_BYTES, RequestError, RequestLog, build_app, plan
+from tensorjob_jupyter.serve.server import MAX_BODY_BYTES, RequestError, RequestLog, build_app, plan
 from tensorjob_jupyter.inference.base import QueueFull
 from tensorjob_jupyter.inference.scripted import ScriptedBackend
 
@@ -238,7 +238,7 @@ def test_a_web_page_cannot_use_a_loopback_server(backend):
 @settings(max_examples=300, deadline=None)
 @given(name=st.sampled_from(["localhost", "127.0.0.1", "[::1]"]), rest=st.text(max_size=12))
 def test_a_loopback_name_with_anything_but_a_port_after_it_is_not_loopback(name, rest):
-    from tensorjob_jupyter.frontends.serve import LOOPBACK_NAMES, host_name
+    from tensorjob_jupyter.serve.server import LOOPBACK_NAMES, host_name
 
     port = rest[1:] if rest.startswith(":") else None
     is_port = rest == "" or (port is not None and port.isascii() and port.isdigit() and len(port) <= 5

@@ -1,76 +1,12 @@
-"""``tensorjob serve``: this package's model worker behind an OpenAI-compatible API, for many kernels.
+"""The model behind an OpenAI-compatible API (``tensorjob serve``): one copy of it, batched, for many kernels.
 
-Twenty notebooks that each load the model hold twenty copies and decode one
-sequence each. Pointed at ``tensorjob serve`` (``--model
-http://HOST:PORT/v1``, ``inference/served.py``), they share one copy, and
-the worker batches their sequences into one decode step
-(``inference/worker.py``): what llama.cpp's ``llama-server --parallel``
-or vLLM do, with nothing to install but this package's ``serve`` extra.
-
-Why it is shaped so:
-
-* **An OpenAI request is checked as a guest's infer is.** Its prompt,
-  ``max_tokens``, sampling, stop strings and ``response_format`` become an
-  ``infer`` command and go through the same checks (``abi.command_from_json``,
-  then ``host/structured.py`` for the constraint, which must be one the grammar
-  can enforce); what they refuse is HTTP 400 with their message.
-  ``response_format`` is OpenAI's ``json_schema`` or ``json_object`` (or
-  llama-cpp-python's ``json_object`` with a ``schema``) or, this server's
-  extension, ``{"type": "regex", "regex": ...}``, ``{"type": "choices",
-  "choices": [...]}`` or ``{"type": "grammar", "grammar": ...}`` (a Lark
-  grammar in llguidance's dialect) -- an infer's ``format``, ``regex``,
-  ``choices`` or ``grammar``. vLLM's fields for the same are taken too
-  (``VLLM_FIELDS``: ``guided_json``, ``guided_regex``, ``guided_choice``,
-  ``guided_grammar``, and ``structured_outputs`` with ``json``, ``regex``,
-  ``choice`` or ``grammar``), so a client written for vLLM is held to what it
-  asked rather than answered freely. What is served
-  is what the client in ``inference/served.py`` sends: one user message after
-  an optional system message (chat), or one prompt (completions), and
-  embeddings. ``tools`` are refused (the client holds a call to a
-  ``response_format`` for this server instead: its dialect says so), and so
-  is every field that would change the answer and is not honoured
-  (``logit_bias``, penalties, ``echo``...: ``UNSERVED_FIELDS``), rather than
-  ignored.
-* **Logprobs as OpenAI answers them.** Chat takes ``logprobs: true`` and
-  ``top_logprobs`` (0 to 20; it needs ``logprobs``) and answers each token's
-  ``{token, logprob, bytes, top_logprobs}`` in ``logprobs.content`` -- the
-  engine's own records, read off the distribution it sampled from, with the
-  best other token's ``runner_up_logprob`` beside them; completions takes
-  ``logprobs: N`` (0 to 20 alternatives) and answers the legacy ``tokens``,
-  ``token_logprobs``, ``top_logprobs``, ``text_offset``. Streamed, each
-  chunk carries the records of the tokens its text was made of.
-* **No thread per request.** The worker's thread hands each token to the
-  request's asyncio queue (``call_soon_threadsafe``); the response streams
-  it as a server-sent event. A client that leaves stops its sequence at the
-  next token (the token callback's verdict), so a cancelled job frees its
-  slot at once.
-* **Bounded.** A body over ``MAX_BODY_BYTES`` is 413, and it is parsed as a
-  guest's command is (depth, values, no NaN); the checks and the parse run
-  off the event loop, so one costly body does not stall the other streams; a
-  full worker queue is 429 at once (the client maps it to ``busy``); an
-  answer ends at ``max_tokens`` or where the model's context does. An embed
-  holds at most the engine's token budget (more is 400), runs in pieces the
-  worker interleaves with generation, and stops when its client hangs up.
-* **Bounded connections.** uvicorn's own settings cap concurrent requests
-  (``limit_concurrency``: 503 past it), idle kept-alive connections and the
-  size of a header block; what they leave open is closed here
-  (``_bounded_h11``): at most ``MAX_CONNECTIONS`` connections, and a request
-  whose headers, then whose body, take longer than ``--header-timeout`` /
-  ``--body-timeout`` in all (a byte now and then) is dropped. The bodies being
-  received hold at most ``MAX_PENDING_BODY_BYTES`` together (503 past it).
-* **Loopback unless told, and not for web pages.** It binds 127.0.0.1 by
-  default and then answers only requests addressed to a loopback name (the
-  ``Host`` header, a name and at most a numeric port: a page that rebinds its
-  own name to 127.0.0.1 is refused, and so is ``localhost:evil``);
-  a POST must say ``Content-Type: application/json``, which a page cannot
-  send to another origin without a preflight this server never answers. With
-  ``--api-key-env VAR`` every request must carry ``Authorization: Bearer``
-  and the value of ``$VAR`` (compared in constant time), and the key is
-  never printed.
-* **One line per request** on stdout (``RequestLog``): method, path, status,
-  tokens and milliseconds, written when the answer has been sent -- for a
-  stream, when it ends -- so the line holds what the request cost; ``--quiet``
-  leaves it out. Only the path is logged, never a query, a body or a header.
+An OpenAI request is checked as a guest's ``infer`` is (``abi.command_from_json``, then ``host/structured.py``
+for the constraint) and refused with HTTP 400 where that refuses it; every field that would change the answer
+and is not honoured is refused too, never ignored. Tokens go from the worker's thread to the request's asyncio
+queue, so there is no thread per request, and a client that leaves stops its sequence at the next token.
+Bodies, connections and the time to send a request are bounded; it answers only loopback names unless told,
+and with ``--api-key-env`` every request must carry the key. ``listen`` serves until Ctrl-C.
+Design: docs/internals/serve.md
 """
 
 from __future__ import annotations
@@ -79,7 +15,6 @@ import asyncio
 import hmac
 import ipaddress
 import json
-import os
 import re
 import secrets
 import time
@@ -87,12 +22,14 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from tensorjob_jupyter import abi
-from tensorjob_jupyter.host import (
-    FINISH_LENGTH, HF, URL, Backend, ConstraintError, GenerateRequest, GenerateResult, ModelError, ModelRef,
-    OutputSpec, QueueFull, RequestTooLarge, Sampler, SchemaError, get_backend, hub, logprobs_of, openai_logprobs,
-    served,
+from tensorjob_jupyter.host.schemas import SchemaError
+from tensorjob_jupyter.host.structured import OutputSpec
+from tensorjob_jupyter.inference import served
+from tensorjob_jupyter.inference.base import (
+    FINISH_LENGTH, Backend, ConstraintError, GenerateRequest, GenerateResult, ModelError, QueueFull,
+    RequestTooLarge, Sampler,
 )
-from tensorjob_jupyter.frontends.options import EXIT_FAILED, EXIT_OK, OptionError
+from tensorjob_jupyter.inference.logprobs import logprobs_of, openai_logprobs
 from tensorjob_jupyter.text import for_terminal
 
 #: The largest request body read (a prompt and a schema fit many times over).
@@ -640,69 +577,6 @@ def build_app(backend: Backend, model: str, *, api_key: str | None = None, loopb
     ])
 
 
-# --- the command --------------------------------------------------------------------------------
-
-
-def add_serve_parser(sub) -> None:
-    serve = sub.add_parser("serve", help="serve the model to other kernels (an OpenAI-compatible API)",
-                           description="Serve a model over an OpenAI-compatible HTTP API; jobs elsewhere use it "
-                                       "with --model http://HOST:PORT/v1 and share one copy, batched.")
-    serve.add_argument("--model", default=None, metavar="PATH",
-                       help="a GGUF file or hf:ORG/REPO[:QUANT] (default: the embedded SmolLM2)")
-    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="the port (default: 8000; 0 picks a free one)")
-    serve.add_argument("--slots", type=int, default=4, help="sequences decoded together (default: 4)")
-    serve.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: the physical cores)")
-    serve.add_argument("--n-ctx", type=int, default=2048, help="the context of each slot (default: 2048)")
-    serve.add_argument("--api-key-env", default=None, metavar="VAR",
-                       help="require Authorization: Bearer $VAR on every request")
-    serve.add_argument("--header-timeout", type=float, default=HEADER_TIMEOUT_S, metavar="S",
-                       help=f"seconds a client may take to send a request's headers (default: {HEADER_TIMEOUT_S:g})")
-    serve.add_argument("--body-timeout", type=float, default=BODY_TIMEOUT_S, metavar="S",
-                       help=f"seconds a client may take to send a request's body (default: {BODY_TIMEOUT_S:g})")
-    serve.add_argument("--quiet", "-q", action="store_true",
-                       help="no line per request on stdout (method, path, status, tokens, ms)")
-
-
-def cmd_serve(args, out: TextIO, err: TextIO) -> int:
-    try:
-        import starlette  # noqa: F401  (deferred: the serve extra's, checked before the model loads)
-        import uvicorn  # noqa: F401
-    except ImportError as e:
-        err.write(f"tensorjob: error: tensorjob serve needs the serve extra ({e.name} is missing): "
-                  "pip install 'tensorjob-jupyter[serve]'\n")
-        return EXIT_FAILED
-    try:
-        model = ModelRef.parse(args.model)
-    except ValueError as e:
-        raise OptionError(f"--model: {e}") from None
-    if model.kind == URL:
-        raise OptionError("--model: tensorjob serve serves a model file, not another server")
-    for name, low, high in (("slots", 1, 256), ("n_ctx", 16, 1 << 20), ("port", 0, 65535), ("threads", 1, 1024),
-                            ("header_timeout", 0.1, 3600), ("body_timeout", 0.1, 3600)):
-        value = getattr(args, name)
-        if value is not None and not low <= value <= high:  # a NaN is never in range
-            raise OptionError(f"--{name.replace('_', '-')} {value}: out of range ({low} to {high})")
-    api_key = None
-    if args.api_key_env is not None:
-        api_key = os.environ.get(args.api_key_env)
-        if not api_key:
-            raise OptionError(f"--api-key-env {args.api_key_env}: the variable is not set")
-        if not api_key.isascii() or not api_key.isprintable():
-            raise OptionError(f"--api-key-env {args.api_key_env}: a key is printable ASCII (an HTTP header carries it)")
-    options: dict[str, Any] = {"slots": args.slots, "n_ctx": args.n_ctx}
-    if args.threads is not None:
-        options.update(n_threads=args.threads, n_threads_batch=args.threads)
-    try:
-        path = hub.resolve(model.name) if model.kind == HF else (model.name or None)
-        backend = get_backend(path, **options)
-        backend.generate_stream(GenerateRequest("", 1), lambda _t: True).result()  # load it now, fail now
-    except ModelError as e:
-        err.write(f"tensorjob: error: {e}\n")
-        return EXIT_FAILED
-    return _listen(backend, api_key, args, out, err)
-
-
 def _bounded_h11(header_timeout_s: float, body_timeout_s: float) -> type:
     """uvicorn's h11 protocol with what uvicorn's settings do not bound: at most ``MAX_CONNECTIONS`` at once
     (a connection past it is closed as it comes), and a deadline on sending a request's headers and then its
@@ -754,37 +628,42 @@ def _bounded_h11(header_timeout_s: float, body_timeout_s: float) -> type:
     return BoundedH11
 
 
-def _listen(backend: Backend, api_key: str | None, args, out: TextIO, err: TextIO) -> int:
+def listen(backend: Backend, *, host: str, port: int, api_key: str | None = None, quiet: bool = False,
+           header_timeout_s: float = HEADER_TIMEOUT_S, body_timeout_s: float = BODY_TIMEOUT_S,
+           out: TextIO, err: TextIO) -> None:
+    """Serve ``backend`` at ``host``:``port`` (0: a free port) until Ctrl-C; "serving at URL" on ``out`` once the
+    socket listens, a warning on ``err`` when it listens beyond loopback with no key. ``OSError`` if it cannot
+    bind."""
     import socket
 
     import uvicorn  # deferred: the serve extra's
 
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((args.host, args.port))
-    except OSError as e:
-        raise OptionError(f"--host {args.host} --port {args.port}: {e.strerror}") from None
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
     sock.listen(2048)  # before "serving at": a client that connects at once is queued, not refused
-    host, port = sock.getsockname()[:2]
-    loopback = ipaddress.ip_address(host).is_loopback
+    bound, port = sock.getsockname()[:2]
+    loopback = ipaddress.ip_address(bound).is_loopback
     app = build_app(backend, backend.model_name, api_key=api_key, loopback_only=loopback,
-                    log=None if args.quiet else RequestLog(out))
+                    log=None if quiet else RequestLog(out))
     if api_key is None and not loopback:
-        err.write(f"tensorjob: warning: serving on {host} without --api-key-env: anyone who can reach this port "
+        err.write(f"tensorjob: warning: serving on {bound} without --api-key-env: anyone who can reach this port "
                   "can use the model\n")
-    shown = f"[{host}]" if ":" in host else host
+    shown = f"[{bound}]" if ":" in bound else bound
     out.write(f"serving at http://{shown}:{port}/v1 (jobs: --model http://{shown}:{port}/v1)\n")
     out.flush()
     server = uvicorn.Server(uvicorn.Config(
         app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5,
-        http=_bounded_h11(args.header_timeout, args.body_timeout), limit_concurrency=MAX_CONNECTIONS,
+        http=_bounded_h11(header_timeout_s, body_timeout_s), limit_concurrency=MAX_CONNECTIONS,
         timeout_keep_alive=KEEP_ALIVE_S, h11_max_incomplete_event_size=MAX_HEADER_BYTES))
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:
         pass
-    return EXIT_OK
 
 
 __all__ = [
@@ -792,5 +671,5 @@ __all__ = [
     "HEADER_TIMEOUT_S", "BODY_TIMEOUT_S", "KEEP_ALIVE_S", "MAX_HEADER_BYTES", "MAX_PENDING_BODY_BYTES",
     "UNSERVED_FIELDS", "ClientLeft", "RequestError", "Planned", "TEXT_FORMATS", "VLLM_FIELDS",
     "VLLM_STRUCTURED_OUTPUTS", "plan", "Answer", "host_name", "LOOPBACK_NAMES", "RequestLog", "build_app",
-    "add_serve_parser", "cmd_serve"
+    "listen"
 ]
