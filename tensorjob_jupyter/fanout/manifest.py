@@ -1,26 +1,11 @@
 """The manifest: one item per non-blank JSONL line, read and checked in full first.
 
-Items are numbered from 0 in manifest order, counting only non-blank lines.
-The whole manifest is checked before any item runs, held to the rule guest
-output is held to (``abi.loads_strict``: UTF-8, JSON without ``NaN`` or
-duplicate keys, 64-bit integers, no lone surrogates, at most 128 levels), so
-a bad line, or a manifest with no items, raises ``ManifestError`` naming its
-1-based line in the file rather than failing a map halfway. A list of inputs
-is hashed as the JSONL it would be, so the SHA-256 the ledger pins for resume
-means the same either way.
+Items are numbered from 0, and the whole manifest is held to the rule guest output is held to before any item
+runs, so a bad line raises ``ManifestError`` naming it rather than failing a map halfway. A manifest is a file
+from anywhere and may be large, so it is streamed with capped lines and its items kept as JSON bytes in one
+buffer (``ManifestItems``). Each item also has a key (``item_key``) to name it to a person.
 
-A manifest is a file from anywhere, and may be large, so it is read the way a
-transcript is: streamed a line at a time, each line read up to
-``MAX_LINE_BYTES`` and never whole; only a regular file is read (a FIFO
-would block, ``/dev/zero`` never ends); and items are kept as their JSON
-bytes in one buffer (``ManifestItems``), parsed again when a map asks for
-one -- parsed JSON costs about 25 bytes of memory a byte, a million ``{}``
-lines 44 times their size, while bytes and an offset cost about 3 times.
-
-Each item also has a *key* (``item_key``), what names it to a person in a
-table or a results file: its input's ``id``, ``key``, ``name``, ``path``,
-``file`` or ``url`` field, the input itself when it is a string or a number,
-else its number. The item number stays the identity (keys may repeat).
+Design: docs/internals/fanout.md#manifestpy
 """
 
 from __future__ import annotations

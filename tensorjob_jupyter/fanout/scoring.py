@@ -3,46 +3,12 @@
     result = tj.map("extract.py", "reports.jsonl", "runs/reports", read=["reports"],
                     expected="answers.jsonl", scorer="json_fields")
     result.score_summary()                 # mean, passed, failed, per-field accuracy
-    result.to_pandas()[["score", "score.facts.year"]]
 
-**Expected answers** are given for the items that are labelled: a JSONL file whose i-th non-blank line
-is item i's expected value (read and checked as a manifest is; at most one value per item), or whose
-every line is ``{"key": KEY, "expected": VALUE}`` -- KEY the manifest's key of the item
-(``manifest.item_key``) -- or ``{"item": N, "expected": VALUE}``; a list, in either shape; or a dict
-``{item or key: value}``. ``null`` means *not labelled*, as does an item with no line (past the end of a
-file in item order) or no key: such an item is not scored and not counted, and the summary says how many
-there are, once.
+Expected answers are read and checked like a manifest; a scorer (``exact``, ``json_fields``, ``contains`` or a
+Python function) gives each labelled item a score from 0 to 1, and ``ScoreSummary`` the mean with its interval
+and a row per field. Scores are derived data, scored again each session from the run folder's results.
 
-**Scorers** take ``(result, expected)`` and give a score from 0 to 1:
-
-* ``exact``: 1 when the result is the expected value, as JSON (``1`` and ``1.0`` are equal, ``true`` and
-  ``1`` are not), else 0.
-* ``json_fields``: the expected value is an object, and each of its leaves (``facts.year`` for
-  ``{"facts": {"year": 1894}}``) is compared exactly with the result's value at the same place; the score is
-  the share that match, and each field's verdict is kept (the ``score.facts.year`` columns, the per-field
-  accuracy). A result that is a string holding a JSON object is parsed first.
-* ``contains``: the expected text -- or each of a list of texts -- occurs in the result (a string, or the
-  result as JSON), ignoring case; the score is the share found, each text a field.
-* any Python function ``(result, expected) -> float | bool`` (or a ``Scored``, to report fields), run in
-  this process, on the map's thread, as each item concludes: keep it quick. A score outside [0, 1], or a
-  function that raises, is that item's ``score_error`` and the map goes on.
-
-A failed item scores 0 (and misses every field). An item *passes* when its score is 1. The summary
-(``ScoreSummary``) gives the mean with the number of items it rests on and a 95% Wilson score interval (for
-scores between 0 and 1 a conservative one), and a row per field: labelled, right, accuracy, interval.
-
-Scores are derived data: each session of a map scores every concluded item again from ``results.jsonl``
-and ``failures.jsonl``, so a changed scorer or expected file on resume rescores the whole folder. What the
-run folder keeps, written by the map's own thread:
-
-    expected.jsonl   {"item": i, "expected": value} for each item that has an expected answer
-    scoring.json     the scorer's name and the expected answers' SHA-256
-    scores.jsonl     {"item": i, "score": s, "fields": {...}, "error": ...} per scored item, in item order,
-                     rewritten whole as each session ends
-
-A session given no expected answers scores with the folder's own when they were scored by a built-in
-scorer (a Python function cannot be named in a file). Everything read back from these files is checked
-like the rest of a run folder: it may come from anywhere.
+Design: docs/internals/fanout.md#scoringpy
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """Notebooks exported with each finished view as static HTML, whether or not widget state was saved.
 
-Once a job or a map ends, its view's output carries the final view twice: as
-the live widget (``application/vnd.jupyter.widget-view+json``) and as inert
-HTML (``text/html``, ``LiveView.finish_display``), marked in the output's
-metadata (``STATIC_VIEW``). A notebook saved without widget state exports
-the HTML; but nbclient, papermill and ``nbconvert --execute`` save the
-state by default, and nbconvert then prefers the widget, which only its
-JavaScript (fetched from a CDN) can draw: offline, the view is blank.
+A finished view's output carries both the live widget and its static HTML, but nbconvert prefers the widget
+when the widget state was saved (as nbclient and papermill do), and only its JavaScript can draw it: offline,
+the view is blank. ``tensorjob export NOTEBOOK`` (here), ``nbconvert --to tensorjob-html`` and the
+``StaticViews`` preprocessor all apply ``static_views.static_views`` instead. nbconvert is imported only when
+an export runs, so the command line starts as fast without it.
 
-``static_views.static_views(nb)`` settles it: in the outputs of our views it
-keeps the static HTML and drops the widget, so any exporter shows the
-finished view with no script at all. It comes three ways:
-
-* ``tensorjob export NOTEBOOK [-o OUT] [--execute]`` (here) -- HTML, or with
-  ``--to ipynb`` the notebook itself, views made static;
-* ``jupyter nbconvert --to tensorjob-html NOTEBOOK`` -- the exporter
-  ``nbconvert_static.StaticHTMLExporter``, an nbconvert exporter entry point;
-* ``c.HTMLExporter.preprocessors = ["tensorjob_jupyter.frontends.nbconvert_static.StaticViews"]``
-  in an nbconvert configuration, for any exporter.
-
-nbconvert is imported only when an export runs (``nbconvert_static``), so the
-command line starts as fast without it.
+Design: docs/internals/frontends.md#exportpy
 """
 
 from __future__ import annotations

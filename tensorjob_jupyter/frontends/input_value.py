@@ -1,20 +1,11 @@
 """The job input (``--input``) as people write it: JSON, a Python literal, or in a notebook a ``$name``.
 
-A terminal's ``--input`` is the text the shell handed over; a notebook line is
-read the way a shell reads it too (the magic splits it with ``shlex``: quotes
-are taken off once, ``\\"`` inside double quotes is a quote). Either way the
-value is JSON, or written as Python writes it:
-``--input "{'path': 'a.txt', 'n': 3}"``, ``--input True``, ``--input None``
--- read with ``ast.literal_eval``, which builds values and never runs code
-(and only on text of at most ``MAX_LITERAL_CHARS``). ``$name`` is a notebook
-variable, passed on as it is.
+A Python literal is read with ``ast.literal_eval``, which builds values and never runs code, and only on text of
+at most ``MAX_LITERAL_CHARS``. Whatever the form, the value is then held to the rule guest output is held to
+(``abi.checked_value``); a text that is none of these, or a string quoted once too often, is one error that
+shows how to write it.
 
-Whatever the form, the value is then held to the rule guest output is held
-to (``abi.checked_value``). A text that is none of these is one error that
-shows how to write it. And a string that itself holds an object or array
-(``'"{\\"a\\": 1}"'``: quoted once too often) is refused rather than passed
-on as a string the guest would not expect; a guest that really wants such a
-string gets it from a ``$name``.
+Design: docs/internals/frontends.md#input_valuepy
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """How a cell that ran a job ends: its value, shown once, or a short error that stops "Run All".
 
-A ``%%tensorjob`` cell (``%tensorjob run``, ``%tensorjob show``) returns the
-job's **envelope**, always -- completed, failed or cancelled -- so ``r =
-%tensorjob run ...`` never gives ``None``. The live view (or, without
-widgets, the plain summary) has already shown the job, so the envelope is
-not shown a second time as the cell's ``Out[]``: ``CellEnvelope`` displays
-nothing as the value of the cell that made it, and is displayed as any
-value is anywhere later (``r`` in the next cell, ``display(r)``).
+A ``%%tensorjob`` cell always returns the job's envelope, as a ``CellEnvelope`` that displays nothing as the
+value of the cell that made it, since the view has already shown the job. A job that failed or was cancelled
+then raises ``JobFailed`` (and a guest that does not compile ``GuestDoesNotCompile``), which IPython shows as one
+line, so running a notebook top to bottom stops there.
 
-A job that failed or was cancelled then raises ``JobFailed`` -- after the
-view has shown the failure -- so running a notebook top to bottom stops
-there, as a failed compile stops it. Like ``%%cython``'s compile errors it
-is short: ``_render_traceback_`` gives IPython one line with the code and
-the message, never the host's traceback. ``GuestDoesNotCompile`` is the
-same for a guest whose compiler's message was just printed. Both are plain
-exceptions in Python (``except tj.JobFailure`` catches ``JobFailed``).
+Design: docs/internals/frontends.md#outcomepy
 """
 
 from __future__ import annotations

@@ -1,29 +1,11 @@
 """The terminal debug prompt: drive a job being debugged from a line prompt.
 
-Where no widget shows the debug bar -- ``tensorjob run --debug``, a cell in a
-terminal IPython or with ``TensorJob.view = "text"`` -- ``prompt`` shows each
-pause (``pause_lines``: guest-made text bounded and made inert) and reads a
-word: ``s``tep, step to the next ``i``nfer, ``u KIND``, ``c``ontinue, ``q``uit.
-With no input to read (a closed stdin, a front end without stdin, nbval) it
-says so and lets the job run on without pausing again. The prompt only calls
-the debugger's controls (``host.debugger``); it owns nothing of the job.
+Where no widget shows the debug bar, ``prompt`` shows each pause and reads a word (step, continue, quit...),
+calling only the debugger's controls: it owns nothing of the job. A pause can end without an answer (its time
+runs out, the job is cancelled, a button resumes it), so the prompt reads its line in a way the end of the pause
+can interrupt, and never outlives its pause.
 
-A prompt never outlives its pause. A pause can end without an answer --
-``max_paused_s`` runs out and the host cancels the job (``paused_too_long``),
-the job is cancelled from elsewhere, a view's button resumes it -- so the
-prompt reads its line in a way the end of the pause can interrupt, and then
-goes back to waiting for the next pause or returns with the job:
-
-* ``StdinLines`` (``tensorjob run --debug``) reads a file descriptor with
-  ``select`` and ``os.read``, a ``POLL_S`` at a time, looking between reads
-  whether the pause still holds; nothing is left reading when it returns.
-* a plain blocking ``read_line()`` (the magic's ``input()``) is called on the
-  main thread while a watcher thread looks at the pause; if the pause ends
-  first, the watcher interrupts the read with ``SIGINT`` (the way a kernel
-  interrupt does) and the prompt takes that interrupt as "the pause is
-  over", not as the user's Ctrl-C. Off the main thread, or where SIGINT is
-  not Python's, the read runs on a helper thread instead, one read at a
-  time: a line that comes after its pause ended goes to the next prompt.
+Design: docs/internals/frontends.md#promptpy
 """
 
 from __future__ import annotations

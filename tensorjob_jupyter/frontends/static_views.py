@@ -1,25 +1,11 @@
 """What makes a notebook's finished views export as static HTML: the mark, and the one change to a notebook.
 
-Once a job or a map ends, its view's output carries the final view twice: as
-the live widget (``application/vnd.jupyter.widget-view+json``) and as inert
-HTML (``text/html``, ``LiveView.finish_display``), marked in the output's
-metadata (``STATIC_VIEW``). ``static_views(nb)`` keeps the static HTML of
-those outputs and drops their widget, so any exporter shows the finished view
-with no script at all; every other output, widgets of the user's own
-included, is left as it is. Only outputs whose static HTML is the view's own
-(``tensorjob-view tj-static`` or ``tensorjob-map-view tj-static``, as
-``render.static`` and the map view write it) count besides the metadata mark,
-so a notebook saved before the mark existed exports the same way.
+``static_views(nb)`` keeps the static HTML of this package's finished views and drops their widget, leaving
+every other output as it is. A shared notebook is input from elsewhere, so what is kept is nh3's rebuild of the
+saved HTML from an allowlist, never the HTML itself. It is a module of its own, needing neither nbconvert nor
+widgets: the view marks its output with it, and ``export`` and ``nbconvert_static`` apply it.
 
-A notebook is something users share, so a view's HTML read back from one is
-input from elsewhere: what is kept is never the saved HTML itself but nh3's
-rebuild of it from an allowlist of the tags, attributes and styles the views
-write (no script, no handler, no URL but the views' own links and PNG data),
-and a view over ``MAX_STATIC_VIEW_CHARS`` is replaced by a line saying so.
-
-Its own module, needing neither nbconvert nor widgets: the view marks its
-output with it, ``export`` (the command) and ``nbconvert_static`` (nbconvert's
-exporter) apply it.
+Design: docs/internals/frontends.md#static_viewspy
 """
 
 from __future__ import annotations

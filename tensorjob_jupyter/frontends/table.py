@@ -1,20 +1,11 @@
 """A map's items as a table for a terminal, or as CSV: what ``tensorjob map`` prints at the end.
 
-``map_table(rows)`` takes ``MapResult.rows()`` and keeps what a person scans
-for -- the item, its key, its status (with the error code of a failed item)
-and the result's fields; the input's own fields are summed up by the key.
-Every cell is made inert (``text.for_terminal``, one line), and the columns
-share the terminal's width: a cell wider than its column wraps onto a few
-lines (a key or a result is read whole, not clipped), and result columns that
-cannot fit are left out and named, so a guest's result can neither move the
-cursor nor push the table off the screen; past ``max_rows`` items, or with
-columns left out, the table says what is missing and where to see every row.
+``map_table(rows)`` keeps what a person scans for, with every cell made inert and the columns sharing the
+terminal's width, so a guest's result can neither move the cursor nor push the table off the screen.
+``rows_csv(rows)`` is every column of every row for a spreadsheet, with cells a spreadsheet would run as a
+formula quoted.
 
-``rows_csv(rows)`` is every column of every row, for a spreadsheet: values
-that are not text or numbers are written as JSON, terminal controls are
-removed (it may be printed to one; the exact values are in the results
-files), and a text cell a spreadsheet would run as a formula (``=``, ``+``,
-``-``, ``@``) is quoted with a leading ``'``.
+Design: docs/internals/frontends.md#tablepy
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Compare two recorded runs: where their command sequences part, and how their ends differ.
 
-``diff_runs(a, b)`` reads both transcripts step by step
-(``record.recording.StepReader``) and walks them side by side, holding one step of
-each at a time, so comparing two runs of a million events costs the memory of
-two steps, not of two recordings. Each run's sequence ends with how it ended
-(``done``, ``fail``, or the host's end), so a run that stopped early parts
-from one that went on. It reports:
+``diff_runs(a, b)`` walks both transcripts side by side a step at a time (``record.recording.StepReader``),
+so comparing two long runs costs the memory of two steps. It reports the first divergence, the first
+different answer, the results and the usage; ``RunDiff.lines()`` is what ``tensorjob diff`` prints. Both
+transcripts come from files, so every value is checked and every line printed made inert and clipped.
 
-* the first **divergence**: the first step whose command differs -- another
-  command, another prompt, another window -- with both commands, or None
-  when the sequences are the same;
-* the first **different answer** among the steps both share: an infer whose
-  text differs (another model, another machine), a window whose content
-  changed, other vectors;
-* the **result**: the two envelopes' status, result or error;
-* the **usage**: tokens in and out, duration, model.
-
-``RunDiff.lines()`` is the text ``tensorjob diff`` prints; ``to_json()`` the
-same as data. Both transcripts come from files: the reader checks their
-values' types and ranges, and every line printed is made inert and clipped.
+Design: docs/internals/history.md#diffpy
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """Two maps side by side, item by item: their results, scores, tokens and time.
 
     diff = tj.compare("runs/v1", "runs/v2")        # tensorjob diff --map runs/v1 runs/v2
-    diff.to_pandas()                               # one row per item
-    print(diff)                                    # the summary, and the items that changed
 
-Both maps must have mapped the same manifest (their ledgers pin its SHA-256), so item ``i`` is the same
-input in both; anything else is refused. Each row (``rows()``) has the item, its input's fields
-(``input.NAME``, where the manifest is still there), each side's ``status``, ``result`` (or error code),
-``score``, ``tokens`` (in and out) and ``ms`` (the job's duration), and ``changed``: the statuses differ,
-or the results, or the error codes -- with ``changed_fields``, the fields of a result object that differ
-(``facts.year``; a result that is not an object is the field ``result``). The summary counts what
-changed, which items' scores went up or down, the mean scores over the items both scored, and the
-tokens and time each map took.
+Both maps must have mapped the same manifest, so item ``i`` is the same input in both. Each row says what
+changed; the summary counts it. Everything read comes from run folders, which may come from anywhere.
 
-A map replayed with a changed guest (``map_replay.py``) is compared with its recording the same way, with
-the replay's own columns beside these. Everything read comes from run folders, which may come from
-anywhere; every line printed is made inert and clipped.
+Design: docs/internals/history.md#map_comparepy
 """
 
 from __future__ import annotations

@@ -1,51 +1,13 @@
 """Replay: run a guest again against a recorded run's world, with no model.
 
-``ReplayJob(guest, run)`` (``tj.replay``, ``tensorjob replay GUEST --from
-RUN``, ``%tensorjob replay``) is a ``Job`` whose commands a ``RecordedWorld``
-answers (the host's answerer interface, ``host/answerer.py``): it walks the recording's steps (``record.recording.Recording``) beside the guest --
-the same guest or a changed one. Each command the guest returns is compared
-with the recorded command of the same step *before* anything is done:
+``ReplayJob(guest, run)`` (``tj.replay``, ``tensorjob replay``) is a ``Job`` whose commands a ``RecordedWorld``
+answers (``host/answerer.py``): each command is compared with the recorded one before anything is done; infers
+and embeds are answered from the recording, the rest carried out live and compared. The first command the
+recording cannot answer is the divergence: the replay stops there, or with ``--live`` the model takes over. A
+transcript is a file from anywhere, so what a replay adopts from it is said first, and no recorded limit looser
+than the default is taken.
 
-* ``infer`` is answered from the recording, token by token through the
-  guest's ``cf_on_token``, on the job's own thread: no model is loaded and no
-  worker thread runs. The answer is published as the same Open Responses
-  events and counted in the same usage, so the replay's own transcript, view
-  and envelope look like a live run's. A guest that stops generation at the
-  recorded token gets the recorded text; one that stops *sooner* gets the
-  recorded tokens up to its stop (the model's greedy output has that prefix;
-  ``tokens_out`` then counts the pieces it was given).
-* ``embed`` gets the recorded vectors.
-* ``open``, ``slice``, the document and image commands, ``fetch`` and
-  ``emit`` are carried out live, under the run's grants and limits (files
-  are read again), and what they answer is compared with what was recorded,
-  so a file that changed since is noticed where it is read.
-
-The first command the recording cannot answer -- another command, another
-prompt, another window, more tokens than were recorded, a different
-answer from a file, or a step past the recording's end -- is the
-*divergence*. The replay stops there with ``replay_divergence`` (one line:
-the step, what was recorded, what the guest asked) and publishes
-``job.replay.diverged``; with ``live=True`` (``--live``) the model answers
-from that step on instead. A guest that finishes (``done``/``fail``) where the
-run went on is noted as a divergence too, but its result stands.
-
-Where the recording ends because the host stopped the run -- cancelled, timed
-out, the model failed -- the replay ends the same way at the same step (the
-error's message says "as recorded"), so a cancelled run replays as one.
-
-What a replay takes from the recording, unless given again: the input, the
-grants (``read``, with the job's directory), the fetch prefixes, the limits
-and the sampler. A transcript is a file from anywhere, so what it grants is
-said before the replay runs (``ReplayJob.adopted``: one line each for the
-grants, the fetch prefixes and the limits taken, printed by ``tensorjob
-replay`` and ``%tensorjob replay``), and no recorded limit looser than the
-default is taken (``RecordedRun.limits``): a run recorded with
-``--call-timeout 1e9`` replays under the default unless the command line (or
-a keyword) gives it again. What it cannot: the bytes staged for ``read-input``
-(``--input-file``) are recorded only as their length and SHA-256, so they
-must be given again, and must match; the wasm itself (the guest is named
-again, and may differ). Transcripts older than format version 1 record no
-prompts and cannot be replayed (``tensorjob show`` still shows them).
+Design: docs/internals/history.md#replaypy
 """
 
 from __future__ import annotations

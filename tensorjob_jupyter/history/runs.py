@@ -1,31 +1,11 @@
 """The runs folder: list past runs, find one by id, prune old ones safely.
 
-Every job leaves a folder under the runs folder (``--runs``, ``runs_dir``,
-else ``$TENSORJOB_RUNS`` or ``~/.tensorjob/runs``) named by its id:
-``events.jsonl`` and, once it has ended, ``envelope.json``. A listing
-(``tensorjob runs``, ``%tensorjob runs``, ``list_runs``) reads only what it
-shows from each -- the first line of ``events.jsonl`` (``job.created``: the
-guest, when it started) and ``envelope.json`` (status, tokens, duration) --
-never the events themselves, so it costs two small reads a run. There is no
-index to keep in step: runs are written by many processes, copied between
-machines and deleted by hand, and the folder itself is always the truth.
+Every job leaves a folder under the runs folder named by its id. There is no index: runs are written by many
+processes, copied and deleted by hand, so the folder itself is the truth, and a listing reads only the two small
+files it shows, through the checked reader. ``prune`` keeps the newest runs by what the file system says and
+deletes only what a job wrote, never following a symlink.
 
-A run without an envelope is ``running`` while a job still holds its
-transcript's lock (``record.run_folder.is_live``), else ``interrupted`` (its process died).
-Everything a listing shows is read through the checked reader
-(``record/transcript.py``): a folder whose transcript is damaged, planted or
-from a newer tensorjob is one ``unreadable`` line saying why, never the end
-of the listing.
-
-``prune`` deletes all but the newest runs -- newest by what the file system
-says (when ``events.jsonl`` was last written), not by the ``created_at`` a
-transcript claims, so a planted run dated in the future cannot outlive the
-real ones -- and is careful about what it deletes: only real folders directly in the runs folder (a symlink is never
-followed or removed), only ones whose ``events.jsonl`` is a regular file
-that starts with that folder's own ``job.created``, never a running job's,
-and only the files a job writes -- a folder holding anything else is left
-as it is and reported. ``RUN`` arguments are an id, a unique prefix of one,
-or a path to a run folder (``resolve_run``).
+Design: docs/internals/history.md#runspy
 """
 
 from __future__ import annotations

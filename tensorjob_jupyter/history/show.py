@@ -1,29 +1,11 @@
 """Showing a recorded run again: the same folding and printing, at once or at its own speed.
 
-A live job is watched through its subscription; a recorded one is played
-back through an object that looks the same. ``Playback(run_dir, speed=...)``
-reads the transcript (``transcript.EventReader``: checked, torn tail
-dropped) and hands its events out one at a time -- ``subscribe().get(timeout)``,
-``ended``, ``drain()``, as ``events.Subscription`` does -- each when its
-recorded time (``t_ms``) comes, scaled by ``speed`` (0: all at once; 1: as
-fast as it happened, pauses included; 2: twice as fast). Its ``clock`` reads the recorded
-time, so a ``ViewState`` folding the events (the widget, ``view.widget.JobView``,
-takes the playback in place of a job) shows the run's own elapsed time and
-token rate. ``cancel()`` (the view's Cancel button, or Ctrl-C) skips to the
-end. For the terminal, ``Playback.events()`` feeds the same printer
-``tensorjob run`` uses (``frontends.terminal.EventPrinter``).
+A live job is watched through its subscription; a recorded one is played back through ``Playback``, an object
+that looks the same and hands out the transcript's events at their recorded times (scaled by ``speed``), so the
+widget and the terminal printer show a run again unchanged. A transcript that stops early ends with a synthetic
+``job.interrupted``, and the times, which come from a file, are bounded.
 
-A transcript that stops before the job's end ends with a ``job.interrupted``
-event made here, marked ``"synthetic": true`` and never written anywhere:
-its envelope's status is ``interrupted`` (the process died), or ``running``
-when a job still holds the transcript (shown as far as it has got), so a
-view never waits for an end that is not coming. Transcripts older than format version 1 have no times and play
-at once.
-
-The times come from a file, so they are bounded twice: the reader refuses a
-``t_ms`` past ``record.event_checks.MAX_T_MS``, and a speed must be 0 or at least
-``MIN_SPEED`` (``check_speed``), so no wait overflows a clock; a wait is cut
-to ``MAX_WAIT_S`` at a time and taken again, and ``cancel()`` ends it at once.
+Design: docs/internals/history.md#showpy
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """Who carries out a guest's commands: the live world, or a recording -- the reactor takes one.
 
-The reactor (``reactor.py``) steps the guest and owns what every job has: its
-limits, clock, cancel, debugger and event stream. An ``Answerer`` carries out
-each command the guest returns and hands back the event that answers it --
-beside the token loop's token source (``tokens.py``), which does the same for
-one answer's pieces:
+The reactor steps the guest and owns what every job has (limits, clock, cancel, debugger, events); an
+``Answerer`` carries out each command it returns and hands back the answering event. ``LiveWorld`` answers
+from the world, ``history.replay.RecordedWorld`` from a recording. Both reach the job only through
+``JobContext``, so an answer from a recording passes the same checks and publishes the same events as a live one.
 
-* ``LiveWorld`` answers from the world: files under the job's grants, fetch,
-  documents and the model, through ``Reactor.carry_out``;
-* ``history.replay.RecordedWorld`` answers from a run's recording, comparing
-  each command with the recorded one first, and from a divergence on falls
-  back to the live world (``--live``) or stops the job.
-
-What an answerer may use of the job is ``JobContext``, the reactor's public
-face: its stream, limits, usage, stats and cancel, ``carry_out``, and the
-steps of one infer -- plan it, open its response, run its token loop, check
-and close its answer -- so an answer from a recording goes through the same
-checks and publishes the same events as a live one.
+Design: docs/internals/host.md#answererpy
 """
 
 from __future__ import annotations

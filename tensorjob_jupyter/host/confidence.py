@@ -1,27 +1,12 @@
 """How sure the model was of each field: an answer's leaves from its tokens' logprobs, a result's from its answers.
 
-**An answer's fields** (``answer_confidence``). An infer whose answer is JSON (a ``format``), one of its
-``choices`` or a match of its ``regex`` is read back with the character span of each scalar leaf (a string's
-span holds its quotes: the closing one is the token that ended it). The answer's tokens (each a
-``TokenLogprob``, with its bytes) are laid over the answer's UTF-8 bytes, and a leaf's confidence is the
-probability of the tokens that spell it: ``exp`` of the sum of the logprobs of every token that overlaps its
-span. A choice -- a ``choices`` answer, a leaf the schema holds to an ``enum`` or a ``const``, a boolean --
-is measured instead against the runner-up at its deciding token (the token of its span the model was least
-sure of): ``p / (p + p_runner_up)``, so an answer the model split evenly between two options is 0.5 however
-many other options there were. Leaves whose tokens cannot be laid over the text (a served model whose
-tokens do not spell its answer) get none.
-
-**A result's fields** (``FieldConfidence``). The job's result is its guest's value, built from its answers
-or not. Each field of it (``host.fields.result_fields``: dotted paths) gets the confidence of the answer
-leaf it came from: one with the same path and an equal value (the latest answer's, when several have one),
-else -- for a string or a number, values that say where they came from -- one with an equal value at any
-path, else None (no answer spelled that value: the guest made it, or changed it). Equal means the same JSON
-value: ``1`` and ``1.0`` are equal, ``true`` and ``1`` are not.
-A job none of whose answers has a confidence has none (``None``, not a map of nulls).
-
-Bounded: an answer is at most its infer's tokens, read once; its leaves and a result's fields are at most
-``host.fields.MAX_FIELDS``; the schema is walked along one path at a time, at most ``MAX_SCHEMA_HOPS`` steps.
+``answer_confidence`` lays an answer's tokens over its text and scores each scalar leaf by the probability of
+the tokens that spell it (a choice against its runner-up); ``FieldConfidence`` gives each field of the job's
+result the confidence of the answer leaf it came from, or None where no answer spelled it. Everything here is
+bounded by the answer's tokens, ``host.fields.MAX_FIELDS`` and ``MAX_SCHEMA_HOPS``.
 What these numbers can and cannot say is docs/guests.md's "Confidence".
+
+Design: docs/internals/host.md#confidencepy
 """
 
 from __future__ import annotations

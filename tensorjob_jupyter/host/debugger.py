@@ -1,48 +1,12 @@
 """Stepping through a guest: pauses between commands, breakpoints, and what a pause shows.
 
-A job started with ``debug=True`` (``--debug``) or ``break_on=[...]``
-(``--break-on infer,open,...``) carries a ``Debugger``. Its reactor consults
-it at the job's **stop points**, which lie between commands, never inside
-a guest call and never on the per-token path of an ``infer``:
+A job started with ``debug=True`` or ``break_on=[...]`` carries a ``Debugger``, which its reactor consults at
+stop points between commands -- never inside a guest call, never on the per-token path -- and where it stops,
+publishes a bounded snapshot (``job.paused``) and waits. The controls (``pause``, ``step``, ``resume``) may be
+called from any thread and never wait on the guest; paused time does not count against the job's time limit,
+though one pause lasts at most ``max_paused_s``. A job without a debugger pays one local check per command.
 
-* before ``cf_init`` (step 0): a ``--debug`` job stops here first;
-* each time the guest has returned a command, before the host carries it
-  out (step N is the guest's Nth command): ``step()`` stops at the next one,
-  ``step(until="infer")`` at the next ``infer``, a breakpoint (``break_on``)
-  at every command of its kind -- ``fail`` too, before the failure is final;
-* where the job is about to fail for any other reason the guest caused (a
-  trap, a denied ``open``, a limit) when ``break_on`` holds ``fail``: the
-  failure stands, the pause only lets its last state be seen.
-
-At a stop, the job's thread builds a **snapshot** -- the step, why it
-stopped, the command about to be carried out, the previous command and the
-event that answered it, the open handles, the guest's memory -- publishes it
-as ``job.paused`` (so views, printers and the transcript see it; a replay
-ignores it) and waits. Every value in a snapshot that came from the guest is
-**bounded** here (``text.bounded``: depth, children, nodes, characters; a few tens
-of KB at most however large the command), so a hostile guest cannot make a
-pause expensive; it is escaped wherever it is shown.
-
-The controls -- ``pause()``, ``step(until=None)``, ``resume()`` -- may be
-called from any thread (a widget's click handler on the side channel, a
-later notebook cell, a terminal prompt). They only change a mode under a
-lock the job's thread never holds while it calls the guest or publishes, so
-nothing a guest does can make them wait; ``wait=True`` waits for the next
-pause (or the job's end), ``wait=False`` returns at once.
-
-**Time.** Paused time does not count against ``job_timeout_s``: the
-reactor's deadline (and the guest's per-call deadlines, computed from it)
-move on by the time paused. One pause may last at most ``max_paused_s`` (a
-limit, so a flag, a traitlet and a keyword); past it the job is cancelled
-with ``paused_too_long``. Cancel and a kernel interrupt end a paused job at
-once (``wake``).
-
-A job without a debugger pays nothing for any of this: the reactor checks
-one local variable per command.
-
-The controls are reached from the live view's debug bar
-(``frontends/view``) and, where no widget shows it, from a line prompt
-(``frontends/prompt.py``).
+Design: docs/internals/host.md#debuggerpy
 """
 
 from __future__ import annotations

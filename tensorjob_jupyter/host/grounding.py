@@ -1,28 +1,11 @@
 """Sources: where each field of a job's result was found in the windows that job read.
 
-When a job's result is final, each of its fields (``host.fields``: strings, numbers, booleans as the words
-``true``/``false``, dates) is looked for in the job's own windows (``host.windows``), and only there:
+Each field of a final result is looked for in the job's own windows (``host.windows``) and only there --
+exactly, normalised, then fuzzily -- and gets its sources, best first, or ``[]`` when it is found nowhere.
+The work is bounded by ``Bounds``; ``require_grounded`` turns a named field found nowhere into the job's
+failure (``ungrounded``).
 
-1. **exact** -- the value's UTF-8 bytes (a number: its JSON text) in a window's bytes;
-2. **normalised** -- equal once both sides are folded (Unicode NFKC, then case-folded, one character and its
-   combining marks at a time), runs of whitespace are one space, and digit groups are joined (``1,234,567``,
-   ``1 234 567`` and ``1234567`` are one number); a number also matches any decimal spelling of its value
-   (``1e21`` is ``1,000,000,000,000,000,000,000``, ``42.0`` is ``42``), and an ISO date (``2024-03-05``) the
-   usual spellings of that day (``March 5, 2024``, ``5th March 2024``, ``05/03/2024``, ...);
-3. **fuzzy** -- a string of ``fuzzy_min_chars`` to ``fuzzy_max_chars`` characters aligned with the best
-   matching stretch of a window by rapidfuzz's ``partial_ratio_alignment``, kept when the stretch's own
-   similarity to the value (``fuzz.ratio``, 0 to 1) is at least ``fuzzy_cutoff``.
-
-A match must start and end at word edges (``12`` is not found in ``2012``); an exact match inside a word is
-given (score 0.5) only when nothing else is found. Each located field gets its sources, best first -- ``file``
-(the resolved path) or ``url``, ``page`` (zero-based; None: the file's or body's own bytes), ``start``/``end``
-(byte offsets into that file, body or page text; every reported span decodes to the value by its match
-kind), ``match`` and ``score`` -- or ``[]``: found in no window. A field that is null or empty text is not a
-claim and gets no entry; neither does one the bounds stopped before it was searched through.
-
-The work is bounded (``Bounds``): the fields searched, the longest value, and for each kind of match a budget
-of window bytes or characters scanned for the whole job; windows kept are bounded by ``host.windows``.
-``require_grounded`` turns a named field found nowhere into the job's failure (``ungrounded``).
+Design: docs/internals/host.md#groundingpy
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
 """``Job``: one tensor job on its own thread -- start, watch, cancel, wait.
 
-This is the public face of the host for Python, the command line and the
-notebook alike. A ``Job`` resolves its guest (wasm bytes, or a ``.wasm``,
-``.c``, ``.zig`` or ``.wat`` file compiled on the way), canonicalises its
-read grants, opens its event stream and transcript under the runs folder,
-and runs the reactor on a background thread so that the caller stays free:
-``wait()`` for the envelope, ``cancel()`` at any moment (even while the
-guest spins inside a step), ``subscribe()`` to the live events.
+This is the public face of the host for Python, the command line and the notebook alike: a ``Job`` resolves
+its guest, canonicalises its grants, opens its event stream and transcript, and runs the reactor on a
+background thread so that the caller stays free (``wait()``, ``cancel()``, ``subscribe()``, and the debugger's
+controls). ``run(...)`` is the one-line form. Whatever the guest does the job ends, and what a finished job
+keeps in memory is bounded by constants, not by what it published.
 
-``Job(..., debug=True)`` starts paused before ``cf_init`` and ``break_on=
-["infer", ...]`` pauses before the host carries out such a command
-(``host/debugger.py``): ``pause()``, ``step()``, ``step(until="infer")``,
-``resume()``, ``paused`` and ``debug_state`` drive and inspect it from any
-thread.
-
-``run(...)`` is the one-line form: start a job and return its envelope.
-
-Whatever the guest does, the job ends: ``wait()`` returns by the job's time
-limit plus a moment, with the terminal event and ``envelope.json`` written.
-And what a finished job keeps in memory is bounded by constants, not by what
-it published: its envelope and its input as compact JSON (the result is at
-most ``max_result_bytes``), its stats and its names; its events are in the
-transcript, read back on demand (``events``, ``subscribe``), and its guest,
-staged input bytes and handles are let go. This process remembers its newest
-finished jobs for ``jobs()`` up to ``KEEP_FINISHED_JOBS`` of them and
-``KEEP_FINISHED_BYTES`` of envelopes and inputs in all.
+Design: docs/internals/host.md#jobspy
 """
 
 from __future__ import annotations

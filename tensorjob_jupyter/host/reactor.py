@@ -1,36 +1,12 @@
 """The reactor: drive one guest from ``cf_init`` to ``done`` or ``fail``.
 
-A guest never calls the host and waits. It *returns* a command; the reactor
-carries it out and steps the guest again with the resulting event:
+A guest never calls the host and waits: it returns a command, and the reactor carries it out and steps the
+guest again with the resulting event. Because every iteration passes through here, the host sees and decides
+everything -- grants, windows, budgets, cancellation without the guest's cooperation -- and the one token loop
+(``tokens.py``) forwards each token of an ``infer``. Every exit path produces an ``Envelope`` with usage set,
+never a partial result: failures are values, and an unexpected exception is the host's bug (``internal_error``).
 
-    command = guest.init(input)
-    loop: check cancel and time -> execute(command) -> event -> command = guest.step(event)
-
-Because every iteration passes through here, the host sees everything and
-decides everything: ``open`` is checked against the job's grants (the one
-place a path enters the system; later ``slice``s name handles), windows are
-capped, ``emit`` payloads are measured and published verbatim, steps and
-tokens are counted against their budgets, and cancellation needs no
-cooperation from the guest -- between steps the reactor simply stops, and
-inside a step ``Guest.interrupt`` ends the call.
-
-A job being debugged (``host.debugger.Debugger``) may pause at the loop's stop
-points: before ``cf_init``, and after the guest returned a command, before
-it is carried out -- between commands, never on the per-token path. Paused
-time moves the job's deadline on (``paused_for``); a job without a debugger
-checks one local variable per command.
-
-``infer`` runs on the model's worker thread while this thread forwards each
-token first to the event stream (as an Open Responses delta) and then to the
-guest's ``cf_on_token``: the one token loop (``tokens.py``), which replay
-drives too. A stop verdict travels back to the decoder through the token
-callback's return value, so generation ends within a token or two.
-
-Every exit path -- done, fail, trap, denial, limit, timeout, cancel --
-produces an ``Envelope`` with usage set and never a partial result; failures
-are values, not exceptions. An exception nobody expected is a bug in the
-host, never the guest's fault: it ends the job with ``internal_error`` and
-its traceback goes to the ``tensorjob_jupyter`` logger.
+Design: docs/internals/host.md#reactorpy
 """
 
 from __future__ import annotations

@@ -1,38 +1,11 @@
 """Structured output and tool calls: what a guest's ``infer`` may ask the model to produce.
 
-An ``infer`` may carry a ``format`` (``{"type":"json_schema",...}`` or
-``{"type":"json_object"}``), a ``regex`` the whole answer matches, ``choices``
-(the answer is one of these strings) or a Lark ``grammar``; or ``tools``
-(functions the model may call) and a ``tool_choice``. This module turns them
-into what the engine needs and back:
+An ``infer`` may carry a ``format``, a ``regex``, ``choices``, a Lark ``grammar``, or ``tools``. ``OutputSpec.of``
+checks them and refuses what the grammar engine cannot enforce before a token is generated; ``OutputRouter``
+publishes the streamed text as the right Open Responses item; ``OutputSpec.check`` checks the finished output
+independently of the engine that produced it. What is remembered between infers is bounded in bytes.
 
-* ``OutputSpec.of(infer)`` checks every schema (``schemas.py``: that it is a
-  JSON Schema of a bounded size), builds the ``Constraint`` the engine turns
-  into a grammar, and asks the grammar engine whether it can enforce it
-  (``inference/grammar.check``) -- so what it cannot enforce is refused here,
-  with ``SchemaError`` (``schema_validation_failed``) naming the keyword,
-  before a token is generated. It also writes the instructions that tell the
-  model about the tools, and what the response object reports.
-* ``OutputRouter`` reads the streamed text of one infer and publishes it
-  as the right Open Responses item: a message, or a ``function_call`` whose
-  name is known once its JSON says it and whose arguments stream as they
-  grow (``CallScanner``).
-* ``OutputSpec.check`` checks the finished output: JSON against the schema
-  exactly as the guest gave it (with the ``jsonschema`` library, independent
-  of the engine that produced it), a regex, choices or a grammar by running
-  the same grammar over the answer (``inference/grammar.matches``), and
-  returns the ``tool_calls`` for ``infer_done``. A served model that could
-  not enforce what was asked is caught here.
-
-A tool call is the JSON object ``{"name": NAME, "arguments": {...}}``; the
-grammar holds the model to it (``required``, or one function by name), or
-lets the first token choose between it and free text (``auto``; free text
-cannot begin with ``{`` or whitespace). One call per response.
-
-What is remembered between infers -- checked specs (as JSON text) and
-validators -- is kept in memos bounded in bytes, not in entries: a finished
-job leaves at most ``SPEC_MEMO_BYTES`` + ``VALIDATOR_MEMO_BYTES`` behind here,
-whatever its schemas were.
+Design: docs/internals/host.md#structuredpy
 """
 
 from __future__ import annotations

@@ -1,34 +1,11 @@
 """The one token loop of an ``infer``: live from the model, or from a recording.
 
-Tokens arrive from a source; each reaches the subscribers (an Open Responses
-delta) and then the guest's ``cf_on_token``. A stop verdict goes back to the
-source at once, so it lands within a token; cancel and the job's deadline
-are checked between tokens and while waiting for one, and end the answer
-early with its partial usage counted. Every infer runs through this loop:
+Tokens arrive from a source (``ModelTokens`` live, ``RecordedTokens`` in a replay) and each reaches the
+subscribers and then the guest's ``cf_on_token``; a stop verdict goes back at once, and cancel and the deadline
+are checked between tokens. The model runs at most one token ahead of the guest, but a guest slow to answer
+never holds the shared model. Model failures close the response once, with the code the job ends with.
 
-* the live reactor (``reactor.Reactor._infer``): ``ModelTokens`` feeds it
-  from the model's worker thread;
-* replay (``history.replay``): ``RecordedTokens`` feeds it the recorded
-  pieces on the job's own thread, and ``--live`` hands the rest of an answer
-  to ``ModelTokens`` again, skipping the pieces the guest already judged
-  (checked against the recording: the model must repeat them).
-
-**Lookahead.** The model may run at most one token ahead of the guest, so a
-stop verdict lands within a token or two however fast the model is
-(``cf_on_token`` takes microseconds, a token milliseconds). But the model is
-shared, so a guest slow to answer never holds it: once a credit takes longer
-than ``LOOKAHEAD_WAIT_S``, the generation runs free (tokens queue up, bounded
-by ``max_tokens``; the verdict lands late). The one credit is a plain lock,
-held while the decoder is a token ahead: both sides wait in C, so a token
-costs two thread wake-ups. A batching engine asks ``ready()`` first and,
-while a job is late, holds that one sequence's token back (out of the next
-decode step) instead of waiting: one late job never stalls the others.
-
-Model failures are ``JobFailure``s already (``inference.base``), each with
-the code a job ends with; here they close the response once: a full queue is
-``busy`` (its ``error`` event typed ``too_many_requests``), a model that
-fails is ``model_load_failed``, one that goes silent ``timeout``, a grammar
-llama.cpp refuses ``schema_validation_failed``; a cancel is ``cancelled``.
+Design: docs/internals/host.md#tokenspy
 """
 
 from __future__ import annotations

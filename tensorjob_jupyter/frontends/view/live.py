@@ -1,22 +1,12 @@
 """What every live view shares: the column, the Cancel button, the updater thread.
 
-A live view (a job's, a map's) is a column of plain widgets, a Cancel button
-whose clicks run on a side thread while the cell waits (``side_channel``),
-and one updater thread -- the only writer of the widgets -- that runs in a
-copy of the creating cell's context, so in a kernel its messages stay with
-that cell whatever runs later. Its ``text/plain`` form is a fixed line, so a
-notebook that shows it compares equal under nbval. Subclasses build their
-widgets and supply the updater's loop.
+A live view is a column of plain widgets, a Cancel button whose clicks run on a side thread while the cell waits
+(``side_channel``), and one updater thread, the only writer of the widgets, running in the creating cell's
+context. Its ``text/plain`` form is a fixed line, for nbval. Once the job or map has ended,
+``finish_display()`` adds a static HTML rendering of the final view for readers that cannot run the widget.
+Subclasses build their widgets and supply the updater's loop.
 
-``show()`` displays the view with a display id; once the job (or map) has
-ended, ``finish_display()`` updates that output to carry, beside the
-widget, a static HTML rendering of the final view (``static_html``): a
-front end with the widget manager keeps showing the live widget, while
-nbconvert's HTML, GitHub and nbviewer -- which cannot run the widget --
-show the static view. (nbconvert prefers the widget when the notebook saved
-the widgets' state, as nbclient and papermill do, and only its JavaScript can
-draw it; ``tensorjob export`` and ``--to tensorjob-html`` export the static
-view instead: ``frontends/static_views.py``.)
+Design: docs/internals/frontends.md#viewlivepy
 """
 
 from __future__ import annotations

@@ -1,30 +1,11 @@
 """The live view of a map: items done, failed and running, the rate, the latest answers, the dashboard.
 
-Like the job view, it is a few plain widgets written by one updater thread,
-at most ``refresh_hz`` times a second however fast items finish: the thread
-waits on ``MapRun.wait_for_update`` and renders a fresh ``MapProgress``
-snapshot. Under the counts, a bounded table shows the latest items to
-conclude as they arrive (once the map has ended, every item, up to
-``KEEP_ITEMS``, in item order in a box that scrolls) -- each item's input, its status and its result or
-error on one line, clipped and escaped (inputs come from a manifest,
-results and messages from guests and models), and its score when the map
-has expected answers. An input reads as its key (``item_key``: its
-``path``, ``id``...) with the whole input in the cell's title; item numbers
-and scores are sized to their digits and never clipped; the counts carry the running score (the mean so
-far, and how many items passed). The rate reads right from the
-first item (``fanout.progress.rate_text``: "12.3 s/item" while items are
-slower than one a second, never "0.0 items/s"), and no label wraps. On a
-Dask cluster the header links to the cluster's dashboard. The Cancel button
-only asks the map to stop; its click runs on a side thread while the cell
-waits, as for jobs. Once the map has ended, ``show()``'s output carries the
-final view as static HTML too (``LiveView.finish_display``).
+Like the job view, it is a few plain widgets written by one updater thread at most ``refresh_hz`` times a
+second, however fast items finish. A bounded table shows the latest items, every cell clipped and escaped
+(inputs come from a manifest, results from guests and models), with each located or measured field's mark and
+confidence, and its sources in a ``<details>`` that opens with no script.
 
-A result that was located (``host/grounding.py``) or measured (``host/confidence.py``) shows each field's
-mark in its cell -- ✓ found in what the item read, ✗ found nowhere -- and its confidence; clicking the cell
-opens, under it, each field's source with the span highlighted in an excerpt of the file
-(``history.sources.excerpt_parts``, read again when the row is first drawn, at most ``VIEW_FIELDS`` fields
-of a row). It is a ``<details>`` element: it opens with no script, in the static export as in the live
-view, and all of it is escaped text.
+Design: docs/internals/frontends.md#viewmap_widgetpy
 """
 
 from __future__ import annotations

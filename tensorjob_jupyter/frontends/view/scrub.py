@@ -1,23 +1,10 @@
 """Scrubbing a finished job: its view as it was at any event, re-folded on demand.
 
-``Timeline(transcript)`` reads a run's ``events.jsonl`` once, folding every
-event into a ``ViewState`` exactly as the live view did, and keeps a
-checkpoint -- a ``ViewState.copy()`` and the byte offset of the next line --
-every ``every`` events. ``state_at(k)`` then copies the nearest checkpoint at
-or before event ``k`` and folds the few events after it, read back from the
-file: the same pure folding the live view uses, from a nearer start, so
-re-folding to any event of a long job costs at most ``every`` events and
-one copy, never the whole job (``bench/bench_debug.py`` measures it).
+``Timeline(transcript)`` folds a run's events once as the live view did, keeping a checkpoint every ``every``
+events; ``state_at(k)`` folds on from the nearest one, so any event costs at most ``every`` folds and a copy.
+Memory stays bounded whatever the job's length (``MAX_CHECKPOINTS``), and times are the run's own.
 
-Memory stays bounded whatever the job's length: the events are not kept
-(only the checkpoints' states), and when the checkpoints pass
-``MAX_CHECKPOINTS`` every other one is dropped and the spacing doubles.
-
-Times are the run's own: a ``RecordedClock`` reads the ``t_ms`` of the event
-being folded (and, once folded, of event ``k``), so the header shows the
-elapsed time and token rate as they were at that moment. Events a
-transcript lacks but a view folded (``show.Playback``'s synthetic
-``job.interrupted``) are given as ``extra`` and follow the file's.
+Design: docs/internals/frontends.md#viewscrubpy
 """
 
 from __future__ import annotations

@@ -1,33 +1,11 @@
 """Let a widget's clicks through while its cell is still running.
 
-A ``%%tensorjob`` cell waits for its job by default, and while a cell runs
-the kernel's main thread handles no other shell message -- so a click on the
-view's Cancel button would wait for the job it means to cancel. ipykernel 7
-can run shell messages on *subshells*, threads of their own, and ipykernel
-7.4 routes the front end's messages for a comm to the subshell named by the
-comm's ``_reply_subshell_id``. We create one such subshell per kernel and
-point the Cancel button's comm at it, so its click handler (which only sets
-a flag and interrupts the guest) runs at once on that thread. The debugger's
-buttons and the scrub slider go the same way.
+While a cell waits for its job the kernel's main thread handles no other shell message, so a click on Cancel
+would wait for the job it means to cancel. ipykernel 7.4 can route a comm's messages to a subshell of its own;
+the view's comms are pointed at one side subshell and pinned there. This leans on ipykernel internals
+(``TESTED_IPYKERNEL``); where routing cannot apply it says so once, and a kernel interrupt still cancels.
 
-ipykernel also re-points a comm at the subshell of whoever last *sent* on it
-(``BaseComm.publish_msg``), so a widget whose state the view's updater
-thread writes -- a debug button enabled and disabled as the job pauses and
-runs -- would fall back to the main thread at its first update. A routed
-comm is therefore *pinned*: its class is swapped for a subclass whose
-``_reply_subshell_id`` always names the side subshell (writes to it are
-ignored).
-
-This leans on ipykernel internals (``_supports_kernel_subshells``,
-``shell_channel_thread.manager._create_subshell``, the comm's
-``_reply_subshell_for``), present in 7.4 and absent from 7.1 to 7.3; it is
-tested on ``TESTED_IPYKERNEL``, the range ``pyproject.toml`` pins, and
-``tests/frontends/test_browser.py`` (a real click in JupyterLab while the cell waits)
-and ``tests/frontends/test_kernel.py`` guard it. Where routing cannot apply (another
-ipykernel, or a step fails) it says so once, as a logged warning, and the
-button still works whenever the cell is not waiting (``--bg``), and
-interrupting the kernel always cancels a waiting job. Outside a kernel
-(plain Python, a terminal) there is no front end and nothing to route.
+Design: docs/internals/frontends.md#viewside_channelpy
 """
 
 from __future__ import annotations

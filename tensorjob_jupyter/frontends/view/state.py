@@ -1,28 +1,11 @@
 """What a job view shows, folded from the job's events; no widgets here.
 
-``ViewState.apply(event)`` turns the event stream into the handful of facts
-a person watches: status and timing, progress from ``emit`` payloads of the
-form ``{"done": n, "total": m}`` or ``{"fraction": x}`` (anything else is a
-log line), the streamed text of each infer, every open file with the byte
-ranges read from it and a preview of the latest window, cut at a line or word
-and marked ``…`` where the host sent only its start (for a document, the
-pages read and the latest page's text; for an image the host made, a small
-thumbnail), the guest's streamed output, the result and the usage, and for a job being
-debugged (``host/debugger.py``) whether it is paused and what its latest pause showed
-(``job.paused``: the step, the command about to be carried out, the last
-command and the event that answered it, handles, memory). Each section records whether it
-changed since the last render, so a view resends only what moved.
+``ViewState.apply(event)`` turns the event stream into the handful of facts a person watches, each section
+recording whether it changed so a view resends only what moved; ``copy()`` is cheap, for scrubbing. Keeping
+this pure makes the view testable without a front end and lets every renderer share one reading of the stream.
+Times come from ``clock``: the monotonic clock live, the recorded times for a run shown again.
 
-``copy()`` is cheap (the bulky parts are joined or shared, never deep-copied
-value by value), so a finished job can be re-folded to any event from
-checkpoints (``view/scrub.py``): the same folding, from a nearer start.
-
-Keeping this pure makes the view testable without a front end and lets the
-widget, the plain-text summary and any future renderer share one reading of
-the stream. Times come from ``clock`` (default: the monotonic clock, for a
-live job); a recorded run shown again (``history/show.py``) passes the playback's
-clock, which reads each event's recorded ``t_ms``, so the elapsed time and
-the token rate are the run's own.
+Design: docs/internals/frontends.md#viewstatepy
 """
 
 from __future__ import annotations

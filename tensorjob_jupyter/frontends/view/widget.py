@@ -1,44 +1,12 @@
 """The live job view: small ipywidgets, written by one thread, throttled.
 
-``JobView(job)`` builds a column of plain widgets -- a header (status,
-elapsed, tokens per second), a progress bar and its label, a log, the
-streamed tokens of each infer, a Files panel (path, size, coverage bar,
-preview of the latest window), the guest's streamed output, the result as
-collapsible JSON, the usage line and a Cancel button -- and one updater
-thread that folds the job's events into a ``ViewState`` and pushes only the
-sections that changed, at most ``refresh_hz`` times a second. Jupyter drops
-IOPub traffic past 1000 messages a second, and every update of an HTML
-widget resends its whole value, so the rate is bounded whatever the token
-rate; the updater is the only thread that writes widget state (traitlets
-take no locks). The Cancel button only asks the job to stop.
+``JobView(job)`` builds a column of plain widgets and one updater thread that folds the job's events into a
+``ViewState`` and pushes only the sections that changed, at most ``refresh_hz`` times a second: Jupyter drops
+IOPub traffic past 1000 messages a second, so the rate is bounded whatever the token rate. A job being debugged
+gets a debug bar, and a finished one a slider to scrub through its events; their clicks go through the side
+channel. The job may also be a recorded run played back (``show.Playback``).
 
-The job may also be a recorded run played back (``show.Playback``): it
-subscribes, cancels (skips to the end) and names itself the same way, and
-brings the clock its ViewState reads.
-
-**Debugging** (a job started with ``debug`` or ``break_on``): a debug bar --
-Continue, Step (one command), Step to next infer, Pause -- and a panel with the
-latest pause (``render.debug``). The buttons' clicks go through the same
-side channel as Cancel (``side_channel``), so they act while the cell
-waits; their handlers only call the job's non-blocking controls
-(``host.debugger.Debugger``), and their labels and states are the host's own: the
-updater enables Continue and the Steps while the job is paused, Pause while
-it runs, nothing once it has ended.
-
-**Scrubbing.** Once the job has ended, a slider over its events appears:
-moving it re-folds the view to that event (``view/scrub.py``: the same
-folding from the nearest checkpoint) and shows it -- progress, tokens so far,
-file coverage, output, the debugger's panel -- with the event's number and
-type beside the slider. The slider's messages also go through the side
-channel; a scrub thread (started on the first move, gone after a quiet
-minute) takes the latest position only, so dragging never queues work, and
-it is then the only writer of the view (the updater has finished).
-
-The view's ``text/plain`` form is ``LiveView.text_plain``, a fixed line, so a
-notebook that shows it compares equal under nbval whatever happened live;
-once the job has ended, an output made with ``show()`` also carries the
-final view as static HTML (``render.static``) for readers without widgets.
-The progress bar stays hidden until the guest reports progress.
+Design: docs/internals/frontends.md#viewwidgetpy
 """
 
 from __future__ import annotations
