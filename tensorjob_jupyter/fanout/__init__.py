@@ -65,7 +65,7 @@ Past maps read back, compared and replayed with a changed guest are ``history``'
 """
 
 from tensorjob_jupyter.fanout.errors import ClusterError, ManifestError, MapError, ResumeRefused
-from tensorjob_jupyter.fanout.folder import RunFolder
+from tensorjob_jupyter.fanout.map_folder import MapFolder
 from tensorjob_jupyter.fanout.items import WORKER_LOST, BackendSpec, ItemSpec, process_backend, run_item
 from tensorjob_jupyter.fanout.manifest import Manifest, parse_manifest, read_manifest
 from tensorjob_jupyter.fanout.progress import MapProgress, MapResult
@@ -74,6 +74,6 @@ from tensorjob_jupyter.fanout.scoring import Scored, ScoreSummary, ScoringError
 from tensorjob_jupyter.fanout.start import map, start_map
 
 __all__ = ["BackendSpec", "ClusterError", "ItemSpec", "Manifest", "ManifestError", "MapError", "MapProgress",
-           "MapResult", "MapRun", "ResumeRefused", "RunFolder", "Scored", "ScoreSummary", "ScoringError",
+           "MapResult", "MapRun", "ResumeRefused", "MapFolder", "Scored", "ScoreSummary", "ScoringError",
            "WORKER_LOST", "map",
            "parse_manifest", "process_backend", "read_manifest", "run_item", "start_map"]

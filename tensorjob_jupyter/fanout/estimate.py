@@ -25,9 +25,9 @@ from tensorjob_jupyter.abi import JobStatus
 from tensorjob_jupyter.host.jobs import Job
 from tensorjob_jupyter.inference.base import GenerateRequest, ModelError
 from tensorjob_jupyter.record.event_checks import TranscriptError
-from tensorjob_jupyter.record.run_folder import runs_folder
+from tensorjob_jupyter.record.job_folder import runs_folder
 from tensorjob_jupyter.record.transcript import EventReader
-from tensorjob_jupyter.fanout.folder import JOBS
+from tensorjob_jupyter.fanout.map_folder import JOBS
 from tensorjob_jupyter.fanout.manifest import read_manifest
 from tensorjob_jupyter.fanout.start import item_spec, map_job, process_backend
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from tensorjob_jupyter.fanout.folder_reader import (
+from tensorjob_jupyter.fanout.map_folder_reader import (
     FAILURES, RESULTS, confirmed_items, pinned_manifest, read_ledger, read_records,
 )
 from tensorjob_jupyter.fanout.calibration import evidence_of, field_signals
@@ -223,9 +223,9 @@ class MapResult:
     def read(cls, run_dir: str | Path) -> "MapResult":
         """The map in ``run_dir`` as its files tell it, whether it finished, stopped or still runs: the counts
         from the results files, the status from the ledger's last session, the item count as what was read
-        confirms it (``folder_reader.confirmed_items``), and the inputs from the manifest when the file the
+        confirms it (``map_folder_reader.confirmed_items``), and the inputs from the manifest when the file the
         ledger names is still the one it pins (else rows have no ``input`` columns). Every file is read through
-        ``folder_reader``; ``ManifestError``/``ResumeRefused`` name what is wrong with a folder that is not a
+        ``map_folder_reader``; ``ManifestError``/``ResumeRefused`` name what is wrong with a folder that is not a
         map's, or not as a map left it."""
         run_dir = Path(run_dir).absolute()
         ledger = read_ledger(run_dir)

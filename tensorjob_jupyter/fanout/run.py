@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from tensorjob_jupyter.abi import JobStatus, codes
-from tensorjob_jupyter.fanout.folder import RunFolder
+from tensorjob_jupyter.fanout.map_folder import MapFolder
 from tensorjob_jupyter.fanout.manifest import Manifest, item_key
 from tensorjob_jupyter.fanout.progress import ItemTimes, MapProgress, MapResult
 from tensorjob_jupyter.fanout.scoring import ItemScore, Scoring
@@ -45,7 +45,7 @@ class MapRun:
     #: Item events a subscriber that comes late (a view shown once the map runs) is given first.
     REPLAYED_EVENTS = 16
 
-    def __init__(self, folder: RunFolder, manifest: Manifest, executor: Any, *, scoring: Scoring | None = None,
+    def __init__(self, folder: MapFolder, manifest: Manifest, executor: Any, *, scoring: Scoring | None = None,
                  max_total_tokens: int | None = None):
         self.folder = folder
         self.manifest = manifest

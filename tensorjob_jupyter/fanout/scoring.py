@@ -25,8 +25,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from tensorjob_jupyter.abi import dumps
 from tensorjob_jupyter.fanout.calibration import FieldSignal
 from tensorjob_jupyter.fanout.errors import MapError, ResumeRefused, TooManyItems
-from tensorjob_jupyter.fanout.folder import fsync_write  # the folder's one atomic writer
-from tensorjob_jupyter.fanout.folder_reader import (  # every file of the folder read back through its one reader
+from tensorjob_jupyter.fanout.map_folder import fsync_write  # the folder's one atomic writer
+from tensorjob_jupyter.fanout.map_folder_reader import (  # every file of the folder read back through its one reader
     FAILURES, LEDGER, RESULTS, SCORING_FILES, FolderError, read_folder_json, read_ledger, read_records,
 )
 from tensorjob_jupyter.fanout.manifest import MAX_KEY_CHARS, read_manifest

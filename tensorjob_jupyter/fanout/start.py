@@ -26,7 +26,7 @@ from tensorjob_jupyter.host.spec import JobSpec
 from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.fanout.concurrency import AUTO, auto_concurrency, check_concurrency
 from tensorjob_jupyter.fanout.errors import ClusterError
-from tensorjob_jupyter.fanout.folder import JOBS, RunFolder
+from tensorjob_jupyter.fanout.map_folder import JOBS, MapFolder
 from tensorjob_jupyter.fanout.items import BackendSpec, ItemSpec, process_backend
 from tensorjob_jupyter.fanout.local import LocalExecutor
 from tensorjob_jupyter.fanout.manifest import item_key, read_manifest
@@ -100,7 +100,7 @@ def start_map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike", manife
     if deterministic:
         job, concurrency, pinned = deterministic_job(job, concurrency, cluster)
     spec, instance = item_spec(job, backend, Path(run_dir).absolute() / JOBS)
-    folder = RunFolder(run_dir, fsync=fsync)
+    folder = MapFolder(run_dir, fsync=fsync)
     executor = _executor(spec, instance, concurrency, cluster, retries)
     try:
         folder.open(items, spec.sha256, retry_failed=retry_failed, restart=restart,

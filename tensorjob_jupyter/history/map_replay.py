@@ -45,8 +45,8 @@ from typing import Any, Callable
 
 from tensorjob_jupyter.abi import JobStatus, codes
 from tensorjob_jupyter.fanout.errors import MapError
-from tensorjob_jupyter.fanout.folder import JOBS, LEDGER, RunFolder
-from tensorjob_jupyter.fanout.folder_reader import read_ledger_json
+from tensorjob_jupyter.fanout.map_folder import JOBS, LEDGER, MapFolder
+from tensorjob_jupyter.fanout.map_folder_reader import read_ledger_json
 from tensorjob_jupyter.fanout.items import envelope_outcome, failed_outcome
 from tensorjob_jupyter.fanout.local import LocalExecutor
 from tensorjob_jupyter.fanout.manifest import read_manifest
@@ -364,7 +364,7 @@ def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, ou
                               concurrency=concurrency or len(available_cpus()) or 1, job_options=job_options,
                               deterministic_threads=deterministic_threads(model) if deterministic else None)
     manifest = _manifest(recorded)
-    folder = RunFolder(target, fsync=fsync)
+    folder = MapFolder(target, fsync=fsync)
     folder.open(manifest, executor.guest.sha256, retry_failed=False, restart=True, where=executor.where)
     try:
         if scoring is not None:

@@ -1,13 +1,13 @@
 """A past map read back: its result, and the job transcript each of its items concluded in.
 
-A map's run folder (``fanout.folder``) records each concluded item's result or error, and keeps every
+A map's run folder (``fanout.map_folder``) records each concluded item's result or error, and keeps every
 item's job transcript under ``jobs/`` -- one folder per job, named by the job's id, whose
 ``job.created`` names the job ``GUEST[i]`` for item ``i``. There is no index to keep in step (as for
 the runs folder, ``runs.py``): the transcripts themselves say which item each one ran, and how it ended.
 An item may have several (a map cancelled and resumed, a Dask worker that died mid-item); the one that
 counts is the latest that ended as the folder says the item concluded -- completed or failed.
 
-Everything here is read as files from anywhere (``fanout.folder_reader``): a ``jobs/`` that is a link out of
+Everything here is read as files from anywhere (``fanout.map_folder_reader``): a ``jobs/`` that is a link out of
 the folder is refused; a transcript that cannot be read, or that names an item the map does not have, is
 skipped (that item then has no recording), never trusted.
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from tensorjob_jupyter.fanout.folder_reader import MAX_ITEMS, job_folders, read_ledger
+from tensorjob_jupyter.fanout.map_folder_reader import MAX_ITEMS, job_folders, read_ledger
 from tensorjob_jupyter.fanout.progress import MapResult
 from tensorjob_jupyter.history.runs import RunInfo, run_info
 from tensorjob_jupyter.record.event_checks import TranscriptError

@@ -22,7 +22,7 @@ import orjson
 
 from tensorjob_jupyter.abi import TensorjobError
 from tensorjob_jupyter.text import for_html, for_terminal
-from tensorjob_jupyter.record.run_folder import EVENTS_FILE, RUN_FILES, is_live, runs_folder
+from tensorjob_jupyter.record.job_folder import EVENTS_FILE, RUN_FILES, is_live, runs_folder
 from tensorjob_jupyter.record.transcript import read_header
 from tensorjob_jupyter.record.event_checks import TranscriptError
 from tensorjob_jupyter.regular_file import open_fd

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 from tensorjob_jupyter.abi import event_types
 from tensorjob_jupyter.record.events import ReadsEvents
-from tensorjob_jupyter.record.run_folder import is_live
+from tensorjob_jupyter.record.job_folder import is_live
 from tensorjob_jupyter.record.transcript import EventReader, read_header
 
 #: The slowest a recorded run plays (a thousandth of its speed); 0 plays it at once.

@@ -37,7 +37,7 @@ from tensorjob_jupyter.inference.providers import ModelRef
 from tensorjob_jupyter.record.event_checks import MAX_LINE_BYTES, TranscriptError, parse_event
 # a finished response, as the view and the terminal say it: decoded on a busy machine
 from tensorjob_jupyter.record.responses import busy_machine_line
-from tensorjob_jupyter.record.run_folder import EVENTS_FILE
+from tensorjob_jupyter.record.job_folder import EVENTS_FILE
 from tensorjob_jupyter.record.transcript import read_line
 
 __all__ = [

@@ -33,7 +33,7 @@ from tensorjob_jupyter.inference.base import Backend
 
 from tensorjob_jupyter.host.reactor import JobStats, Reactor, internal_error
 from tensorjob_jupyter.world.fetch import FetchGrants
-from tensorjob_jupyter.record.run_folder import ENVELOPE_FILE, EVENTS_FILE, default_runs_dir, new_job_id
+from tensorjob_jupyter.record.job_folder import ENVELOPE_FILE, EVENTS_FILE, default_runs_dir, new_job_id
 from tensorjob_jupyter.sandbox.compile import GuestSource
 
 log = logging.getLogger("tensorjob_jupyter")

@@ -27,7 +27,7 @@ import orjson
 
 from tensorjob_jupyter.abi import MAX_COUNT, MAX_DEPTH, TERMINAL_EVENT_TYPES, JobStatus, dumps, event_types, TensorjobError
 from tensorjob_jupyter.record.events import TRANSCRIPT_VERSION
-from tensorjob_jupyter.record.run_folder import EVENTS_FILE
+from tensorjob_jupyter.record.job_folder import EVENTS_FILE
 from tensorjob_jupyter.text import for_terminal
 
 #: Bytes of one line of ``events.jsonl`` a reader accepts, its newline included; a longer line is

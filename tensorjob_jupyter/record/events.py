@@ -52,7 +52,7 @@ from typing import Any, Iterator
 import orjson
 
 from tensorjob_jupyter.abi import TERMINAL_EVENT_TYPES, JobFailure, codes
-from tensorjob_jupyter.record.run_folder import ENVELOPE_FILE, ENVELOPE_TMP_FILE, EVENTS_FILE, lock_transcript
+from tensorjob_jupyter.record.job_folder import ENVELOPE_FILE, ENVELOPE_TMP_FILE, EVENTS_FILE, lock_transcript
 
 
 #: The transcript format this host writes (``job.created``'s ``transcript_version``).

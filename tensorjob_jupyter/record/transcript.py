@@ -37,7 +37,7 @@ from tensorjob_jupyter.record.event_checks import (
     MAX_LINE_BYTES, TranscriptError, check_envelope, check_shape, check_version, parse_event, shown_run,
 )
 from tensorjob_jupyter.record.events import TRANSCRIPT_VERSION
-from tensorjob_jupyter.record.run_folder import ENVELOPE_FILE, EVENTS_FILE
+from tensorjob_jupyter.record.job_folder import ENVELOPE_FILE, EVENTS_FILE
 from tensorjob_jupyter.regular_file import open_regular
 
 #: Bytes of the first line (``job.created``) a listing reads at most; a job

@@ -317,7 +317,7 @@ def test_a_broken_run_folder_ends_the_map_as_an_error_not_a_hang(guest, tmp_path
     def disk_full(self, outcome, key):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(fanout.RunFolder, "record", disk_full)
+    monkeypatch.setattr(fanout.MapFolder, "record", disk_full)
     started = time.monotonic()
     result = tj_map(guest, [infer()] * 8, tmp_path / "run", backend=slow_backend(0.2), concurrency=4)
     assert result.status == "error" and "No space left" in result.error

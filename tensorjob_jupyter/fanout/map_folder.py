@@ -1,6 +1,6 @@
-"""The run folder: the map's ledger, its results files, and the lock that keeps it one map's.
+"""A map's folder (its ``--run-dir``): the ledger, the results files, and the lock that keeps it one map's.
 
-The folder is what makes a map resumable, so ``RunFolder`` guards it: the
+The folder is what makes a map resumable, so ``MapFolder`` guards it: the
 ledger pins the manifest's and the guest's SHA-256 (another of either is
 ``ResumeRefused``, since mixing them would make the results files lie), an
 advisory lock keeps a second map out, each concluded item is appended,
@@ -9,7 +9,7 @@ cut off on resume so that its item runs again. When a map ends (finished,
 failed or cancelled) the results files are rewritten in item order, so a
 finished folder reads in manifest order whatever order items finished in; each
 record carries the item's ``key`` (``manifest.item_key``) beside its number. Only the map's own thread
-writes here (see ``run.MapRun``); what is read back goes through ``folder_reader``, which checks every file
+writes here (see ``run.MapRun``); what is read back goes through ``map_folder_reader``, which checks every file
 as one from anywhere. A refused folder can be started over
 (``restart``: under the lock, the map's own files are removed first, and
 nothing else in the folder is touched); the refusal says so.
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tensorjob_jupyter.abi import JobStatus, dumps
 from tensorjob_jupyter.fanout.errors import ResumeRefused
-from tensorjob_jupyter.fanout.folder_reader import (  # the one reader of a run folder; its names, here too
+from tensorjob_jupyter.fanout.map_folder_reader import (  # the one reader of a run folder; its names, here too
     FAILURES, JOBS, LEDGER, LEDGER_FORMAT, MAX_LEDGER_BYTES, RESULTS, SCORING_FILES, SESSION_STATUSES, FolderError,
     jobs_folder, read_ledger, read_ledger_json, read_records,
 )
@@ -69,7 +69,7 @@ def fsync_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-class RunFolder:
+class MapFolder:
     """The ledger, the results files and the lock of one map's run folder."""
 
     def __init__(self, path: str | os.PathLike, *, fsync: bool = True):
@@ -224,5 +224,5 @@ def _now() -> str:
 
 __all__ = [
     "LEDGER", "RESULTS", "FAILURES", "JOBS", "LEDGER_FORMAT", "SCORING_FILES", "MAX_LEDGER_BYTES", "RESTART_HINT",
-    "read_records", "SESSION_STATUSES", "read_ledger", "FolderError", "RunFolder", "fsync_write"
+    "read_records", "SESSION_STATUSES", "read_ledger", "FolderError", "MapFolder", "fsync_write"
 ]

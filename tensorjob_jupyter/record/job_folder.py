@@ -1,4 +1,4 @@
-"""The runs folder's layout: where it is, what a run folder holds, whether a run is live.
+"""A job's folder: where the runs folder is, what each job's folder holds, whether its job is live.
 
 Every job leaves a folder named by its id under the runs folder (``--runs``,
 ``runs_dir``, else ``$TENSORJOB_RUNS``, else ``~/.tensorjob/runs``):
