@@ -1,22 +1,15 @@
 """Model backends: the request shapes, the worker thread, and the engines.
 
-One room per reason to change:
+One room per reason to change: ``base`` (the request and answer shapes, the model errors),
+``providers`` (``ModelRef``, a job's model named once, and the providers that build each kind's
+backend), ``worker`` (one thread per model, a bounded queue, continuous batching), ``models`` with
+``lazy``, ``hub`` and ``gguf`` (where models come from, one loaded model per process and options),
+``library`` (the llama-cpp-python pin and the one door to it, used by ``llama`` and ``grammar``),
+``served`` (an OpenAI-compatible server as the model), ``text_stream`` and ``memo`` (whole
+characters, caches bounded in bytes), ``topology`` (CPUs, threads, GPU offload) and ``scripted``
+(the deterministic stand-in for a model, public for guest tests).
 
-* ``base``: the request and answer shapes every backend speaks, and the model errors;
-* ``providers``: a job's model named once (``ModelRef``: embedded, a file, ``hf:``, a server's URL) and
-  the table of providers that build each kind's backend;
-* ``worker``: one thread per model, a bounded queue, continuous batching;
-* ``models``: where models come from (the embedded SmolLM2, GGUF checks) and
-  one loaded model per process and options; ``lazy``: load on first use;
-  ``hub``: ``hf:`` models from the Hugging Face cache; ``gguf``: the file check;
-* ``library``: the llama-cpp-python pin and the one door to it -- ``llama`` (the llama.cpp engine) and
-  ``grammar`` (constrained decoding on llguidance) use what it hands them, and no other module touches
-  llama-cpp-python;
-* ``served``: a model on an OpenAI-compatible server (``--model http://.../v1``),
-  through the openai SDK, with the local worker's guarantees;
-* ``text_stream``: token bytes to whole characters, stop strings cut; ``memo``: caches bounded in bytes;
-* ``topology``: CPUs, cores, ``TENSORJOB_THREADS``, GPU offload;
-* ``scripted``: the deterministic stand-in for a model, public for guest tests.
+Design: docs/internals/inference.md#__init__py
 """
 
 from tensorjob_jupyter.inference.base import (

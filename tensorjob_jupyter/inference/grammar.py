@@ -1,71 +1,14 @@
 """Constrained decoding on llguidance: a constraint becomes a grammar, and the sampler holds each token to it.
 
-A request's ``Constraint`` -- a JSON Schema, a regex, a list of choices or a
-Lark grammar -- becomes an llguidance grammar (``grammar_of``). llguidance
-(PyPI ``llguidance``: the engine behind guidance, llama.cpp's ``llg``
-sampler, vLLM and SGLang) parses with an Earley parser over a lexer of
-derivative regexes and computes the set of tokens allowed next as a bitmask
-over the vocabulary in tens of microseconds; its JSON Schema compiler covers
-``anyOf``/``oneOf``/``allOf``, number bounds, ``pattern``, ``format``,
-``$ref`` with recursion and the rest of what real schemas use, and refuses
-what it cannot enforce by naming the keyword.
+A request's ``Constraint`` -- a JSON Schema, a regex, a list of choices or a Lark grammar --
+becomes an llguidance grammar (``grammar_of``), and ``GrammarSampler`` holds each token to it,
+computing the mask only when the sampler's own choice is refused. The grammar runs beside every
+other request of the shared model, so what it may cost is bounded in size, in work (``LIMITS``)
+and in CPU time (``MASK_CPU_LIMIT_S``), and a grammar past a bound fails its own request alone
+(``ConstraintError``). ``check`` and ``matches`` run the same grammars without a model, so the
+local sampler and the check of a served model's answer share one meaning of every grammar.
 
-**Bounds.** The grammar runs beside every other request of the shared model, so what it may cost is bounded:
-
-* what is compiled is bounded in size first: a schema by the host
-  (``MAX_SCHEMA_BYTES``), a regex, the choices and a Lark grammar by
-  ``abi``'s caps on an ``infer``;
-* llguidance's own limits (``LIMITS``) bound the work of one token's mask
-  (lexer fuel, Earley items), the lexer's states (memory) and the grammar's
-  size; a token past them is an error that ends its own request
-  (``ConstraintError``), never a stall. They bound work, not time: an
-  ambiguous grammar (``x: x x | x x x``) stays inside them while one mask
-  grows past half a second, and the first mask of ``(a{1000}){1000}``
-  builds a lexer of a million positions. So a mask is also bounded in time:
-  one that took more than ``MASK_CPU_LIMIT_S`` of its thread's CPU (not of
-  the clock: a busy machine does not count against it) ends its request
-  the same way. Real schemas' masks take under 2 ms (bench/schemas); the
-  engine computes masks off its decode thread (``llama.py``), so the masks
-  of one request never hold another's tokens;
-* every compile runs on one thread with a large stack (``_Compiler``):
-  llguidance's compiler recurses once per link of a chain of rules, and a
-  ``$ref`` chain a few thousand long overflows an 8 MiB thread stack and
-  kills the process; the size bounds keep the longest chain far inside
-  ``COMPILE_STACK_BYTES``.
-
-**Sampling** (``GrammarSampler``): each token is first chosen by the sampler
-chain alone and offered to the matcher (microseconds); only when the matcher
-refuses it is the mask computed and the choice made again among the
-allowed tokens. Greedy decoding picks the same token either way, and a
-sampled one is drawn from the same distribution restricted to the allowed
-tokens. A compiled grammar is kept for the next request with the same one
-(a map's items share theirs); each request gets its own copy.
-
-**Objects closed, dates as the validator reads them.** An object schema
-that names its ``properties`` and says nothing of others is held to those
-(``additionalProperties: false``, as OpenAI's strict mode and llama.cpp's
-converter do; ``additionalProperties: true`` allows others): a small model
-otherwise invents keys until its token limit. And llguidance's ``date``
-format allows the 29th of February in every year and the year 0000, and its
-``date-time`` and ``time`` a leap second (``:60``); the host checks every answer with
-``jsonschema``, whose ``date``, ``date-time`` and ``time`` follow Python's
-calendar and refuse them. So each of the three is also held to a pattern of
-exactly what that validator accepts (``EXACT_FORMATS``, added beside the
-guest's own ``pattern`` through ``allOf``), and a grammar-following answer
-always validates.
-
-**A lexer shared between requests.** A compiled grammar's copies share one
-lexer, whose states grow with the text every copy walks, up to
-``LIMITS.max_lexer_states``. A request whose copy errs that way therefore
-compiles the grammar afresh (it replaces the kept one), takes again the
-tokens it had taken, and goes on; only a request whose own walk passes the
-bound fails -- never the tenth item of a map after nine others filled it.
-
-**Checking without a model** (``check``, ``matches``): the host asks
-whether a constraint compiles before the model runs, and a served model's
-answer to a regex, choices or a Lark grammar is checked by running the same
-grammar over the answer's bytes (a vocabulary of the 256 bytes), so the
-local sampler and the check share one meaning of every grammar.
+Design: docs/internals/inference.md#grammarpy
 """
 
 from __future__ import annotations

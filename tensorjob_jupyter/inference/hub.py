@@ -1,28 +1,12 @@
 """Models by name: ``hf:ORG/REPO[:FILE_OR_QUANT]`` resolved to a GGUF file in the Hugging Face cache.
 
-``--model`` (``c.TensorJob.model_path``, ``Job(model=...)``) takes a path or
-a Hugging Face reference:
+``hf:ORG/REPO`` names the repository's one GGUF file (or the first of ``DEFAULT_QUANTS``),
+``hf:ORG/REPO:FILE.gguf`` a file and ``hf:ORG/REPO:QUANT`` a quantisation. The standard cache is
+looked in first, without the network; only a model not cached is downloaded, with
+``huggingface_hub``. The hub is reached once within ``REACH_TIMEOUT_S`` first, so a model that is
+not cached on an offline machine is one line within seconds, not half a minute of retries.
 
-* ``hf:ORG/REPO`` -- the repository's one GGUF file (or, among several, the
-  first of ``DEFAULT_QUANTS`` found);
-* ``hf:ORG/REPO:FILE.gguf`` -- that file (a path inside the repository);
-* ``hf:ORG/REPO:QUANT`` -- the file whose name carries that quantisation
-  (``Q4_K_M``, ``q8_0``, ...), case-insensitively; a model split in parts
-  (``...-00001-of-00003.gguf``) is fetched whole and loaded from its first part.
-
-The file is looked up first in the standard cache (``$HF_HUB_CACHE``, else
-``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``) without touching the
-network: a model already there is used as it is. Otherwise it is downloaded
-into that cache with ``huggingface_hub``, whose progress bar is a text bar
-in a terminal and a widget in a notebook (``tqdm.auto``); with
-``HF_HUB_OFFLINE=1`` a model not in the cache is an error naming it. Nothing
-is downloaded unless a reference names a model that is not cached.
-
-Before a download the hub (``$HF_ENDPOINT``, or the proxy the environment
-names) is reached once, within ``REACH_TIMEOUT_S``: on a machine without
-network ``huggingface_hub`` would otherwise retry for half a minute, printing
-each retry, so a model that is not cached on an offline machine is one line
-("not in the cache, and ... cannot be reached") within a few seconds.
+Design: docs/internals/inference.md#hubpy
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """The pin: which llama-cpp-python the package uses, and the one door to it.
 
-The low-level
-classes used here -- ``LlamaModel``, ``LlamaContext``, ``LlamaBatch`` and
-``LlamaSampler`` -- live in the private module ``llama_cpp._internals``,
-which can change in any release, and so can the ctypes bindings' signatures
-(``llama_sampler_init_penalties`` has gained and lost ``n_vocab`` upstream).
-Only the engine (``llama.py``) and the grammar sampler (``grammar.py``) use
-what this module hands them; none imports ``llama_cpp`` itself. They are tested
-on llama-cpp-python >=0.3.36,<0.3.37 (``TESTED_LLAMA_CPP``, pinned the same
-in ``pyproject.toml``); on first use it checks that the installed version has
-every class, method, parameter, function and context field used here
-(``missing_llama_cpp_api``), and refuses with a ``ModelError`` that names
-what is missing and the tested range rather than failing later, mid-job,
-with an ``AttributeError``. A version outside the range that has everything
-is used, with one logged warning.
+The low-level classes used here live in the private ``llama_cpp._internals``, which can change in
+any release. So only ``llama.py`` and ``grammar.py`` use what this module hands them, the versions
+tested are pinned (``TESTED_LLAMA_CPP``), and on first use the installed library is checked for
+everything used (``missing_llama_cpp_api``): a ``ModelError`` naming what is missing, not an
+``AttributeError`` mid-job. ``llama_cpp_library()`` imports it once per process and routes its log
+lines to the ``tensorjob_jupyter.llama`` logger; ``CaptureLog`` keeps a failed load's reasons.
 
-``llama_cpp_library()`` imports and initialises the library once per
-process (a heavy import, deferred to first use), routes llama.cpp's log lines
-to the ``tensorjob_jupyter.llama`` logger instead of stderr, and hands back
-the module; ``CaptureLog`` collects a load's error lines so a failed load's
-``ModelError`` can say why.
+Design: docs/internals/inference.md#librarypy
 """
 
 from __future__ import annotations

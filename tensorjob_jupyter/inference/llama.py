@@ -1,90 +1,15 @@
 """The llama.cpp engine: a GGUF model served through llama-cpp-python.
 
-``LlamaEngine`` implements the ``Engine`` protocol on llama-cpp-python's
-low-level API rather than on ``Llama.create_completion``, because the
-high-level loop cannot give us what the host needs:
+``LlamaEngine`` implements the ``Engine`` protocol on llama-cpp-python's low-level API rather than
+on ``Llama.create_completion``, because the high-level loop cannot give the host what it needs: a
+stop verdict that reaches the decoder, whole characters only, a prefix cache per slot keyed by the
+LoRA selection (a busy slot's prefix copied rather than decoded again), runtime LoRA, continuous
+batching, grammar masks off the decode thread, and embeddings on a second context. Each slot has a
+KV stream of its own and the last prompt token is decoded in a decode step, so a repeated prompt
+gives exactly what a cold run gives. It is one class on purpose: the decode loop, the slots, the
+samplers and the embedding context share one llama.cpp context's state, which only it touches.
 
-* **Stopping reaches the decoder.** Each sampled token goes to ``on_token``
-  *before* it is decoded; a False return ends the sequence at once, so a stop
-  verdict or a cancel costs at most the token already sampled.
-* **Whole characters only.** Token bytes pass through a ``TextStream``
-  (``text_stream.py``): ``on_token`` only ever sees complete, final text, and
-  the result's text is exactly what was delivered.
-* **A prefix cache keyed by what produced the KV.** The context holds a few
-  *slots* (llama.cpp sequences, each with its own KV stream). Each slot remembers
-  the tokens whose KV it holds and the LoRA selection they were computed
-  under; a request reuses the longest common prefix of a slot with the same
-  LoRA key, and reports it as ``cached_tokens``. Switching adapters never
-  reuses KV computed under another selection.
-* **A shared prefix is decoded once.** When the longest match is in a slot
-  that is busy (the items of a map start together, each with the same
-  instructions before its own document), the request's slot takes a copy of
-  that slot's KV (``llama_memory_seq_cp``) and decodes only the rest, so the
-  prefix is evaluated once however many slots use it. Across KV streams
-  llama.cpp copies the whole stream buffer at the next decode (about 8 ms
-  for SmolLM2's 2048-cell streams, against about 4 s to evaluate a
-  600-token prefix on 2 cores); a copy is made only when it saves at least
-  ``PREFIX_COPY_MIN_TOKENS``. The copied cells are bitwise the cells the
-  source computed, at the same positions, so what a request decodes from a
-  copy equals what it decodes from its own slot's cache (and, on this CPU
-  build, a cold run's: bench/bench_map.py ``--prefix`` measures it). A
-  unified KV cache would share the cells with no copy, but measured it saves
-  nothing here and gives up the per-slot numerics: each sequence attends
-  over every slot's cells (a decode step no faster, up to twice as slow
-  under other load on 2 cores), and its logits depend on where its cells
-  sit (up to 0.73 from a cold run's).
-* **Runtime LoRA.** Adapters named at creation are loaded once
-  (``llama_adapter_lora_init``) and set per request with their scales
-  (``llama_set_adapters_lora``); an unknown name is an error, never ignored.
-* **Batching.** ``serve`` decodes every active sequence in one
-  ``llama_decode`` per step and can admit new requests between steps
-  (continuous batching); ``InferenceWorker`` feeds it from its queue.
-  Sequences in one batch share a LoRA selection, since adapters are set on
-  the whole context.
-
-On determinism: llama.cpp's kernels are not bitwise invariant to batch shape
-or to where a sequence sits in the KV cache (on this CPU build a batch of
-more than ~32 tokens takes another matmul path, and a sequence placed after
-another one's cells attends in other blocks; logits move by a few tenths).
-So each slot has a KV stream of its own, and the last prompt token is never
-decoded with the rest of its prompt but in a decode step, as every generated
-token is (a prompt's first token costs no decode of its own, and requests
-admitted together take theirs together): a repeated prompt gives exactly what
-a cold run gives, from the cache or not, and decode steps of a few sequences
-together match a lone sequence. A prompt that merely shares a prefix with an earlier one
-reuses KV computed in another batch shape and can differ from a cold run at
-a near tie. Across machines, builds (instruction sets, GPU) and thread
-counts greedy text is *not* the same; nothing in the suite depends on it.
-
-* **Constrained decoding.** A request's ``Constraint`` is decoded under a
-  grammar through ``grammar.GrammarSampler`` (``grammar.py``, on
-  llguidance), whose work per token is bounded; a grammar past its bounds
-  fails its own request alone. Its tokens are chosen off this thread, on
-  a mask thread of the engine's (llguidance computes a mask without the
-  GIL), from a copy of its logits: a choice that is not made within
-  ``MASK_WAIT_S`` sits the next decode steps out until it is, so one
-  request's costly grammar never holds the other requests' tokens.
-* **An ended job leaves at once.** A request whose job has ended
-  (``Pending.abandoned``) is answered ``cancelled`` before the next decode
-  step or the grammar's next token, without waiting for a token to reach its
-  callback.
-
-Embeddings use a second context on the same model weights (``embeddings``
-on, per-token outputs mean-pooled here), created on first use; vectors are
-L2-normalised. An embed is decoded in pieces of at most ``EMBED_PIECE_TOKENS``
-(``Embedding``: a long text's KV stays between its pieces), so the worker can
-serve generation requests between them, and one request holds at most
-``EMBED_MAX_TOKENS``.
-
-llama.cpp's log lines are routed to the ``tensorjob_jupyter.llama`` logger
-(silent unless configured) instead of stderr, and the error lines of a
-failed load become part of the ``ModelError``.
-
-Which llama-cpp-python is used, and the check that it has everything used
-here and in ``grammar.py``, is ``library.py``: the pin.
-
-This module is one class on purpose: the decode loop, the slots, the samplers and the embedding
-context all share one llama.cpp context's state, which only this class touches.
+Design: docs/internals/inference.md#llamapy
 """
 
 from __future__ import annotations

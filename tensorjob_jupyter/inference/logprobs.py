@@ -1,25 +1,12 @@
 """Each generated token's log-probability: what the sampler's distribution gave the token it chose.
 
-``token_logprob`` reads the logits row the sampler has just drawn from and returns a ``TokenLogprob``:
-the chosen token's logprob, the most likely other token's (``runner_up``, what an enum's or a choice's
-confidence is measured against), and the top alternatives when asked. The distribution is the one the
-token was drawn from: the model's logits after the repetition penalty (computed here exactly as
-llama.cpp's penalties sampler does, over the same window), after the grammar's mask (a token the grammar
-forbids has probability 0), and divided by the temperature; greedy decoding is described by the
-distribution at temperature 1. Top-k, top-p and min-p are not applied: they only ever raise a kept token's
-probability, and leave the numbers comparable across settings (as OpenAI's logprobs are).
+``token_logprob`` reads the logits row the sampler has just drawn from: after the repetition
+penalty, the grammar's mask and the temperature, not after top-k, top-p or min-p, so the numbers
+stay comparable across settings. ``TokenText`` is streamed text that carries its tokens' records,
+so a listener that wants only text still sees a ``str``. The OpenAI wire shapes live here too, both
+ways (``read_openai_logprobs``), so ``served.py`` and ``tensorjob serve`` share one shape.
 
-The work is a few passes of numpy over one row of the vocabulary (about a tenth of a millisecond for a
-50,000-token vocabulary), far below a decode step; ``bench/bench_grounding.py --real`` measures its share of an item.
-
-``TokenText`` is a piece of streamed text that carries the records of the tokens it was made of, so the
-per-token callback path (``TokenCallback``) keeps its signature: a listener that wants only text sees a
-``str``.
-
-The OpenAI wire shapes live here too, both ways, so the client of a served model (``served.py``) and
-``tensorjob serve`` read and write one shape: a chat answer's ``logprobs.content`` (a record a token, as
-``TokenLogprob.to_json``) and the legacy completions ``logprobs`` (``tokens``, ``token_logprobs``,
-``top_logprobs`` as ``{token: logprob}`` maps, ``text_offset``). ``read_openai_logprobs`` takes either.
+Design: docs/internals/inference.md#logprobspy
 """
 
 from __future__ import annotations

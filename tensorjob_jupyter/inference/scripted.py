@@ -1,27 +1,13 @@
 """A deterministic engine for tests and demos: replies from a script.
 
-``ScriptedEngine`` answers each prompt with a fixed text (or one computed
-from the prompt), streamed as word tokens the way cuttlefish's stub does:
-the first word bare, the rest with a leading space. It honours
-``max_tokens`` and the stop verdict the way a real decoder does -- the token
-whose callback returns False is counted and kept, so with the host's
-one-token lookahead the text may hold one token the guest never judged --
-and can be told to pause between tokens or to fail, so every path of the
-host can be tested without a model. Embeddings are stable pseudo-random unit vectors.
-Each word can be given a logprob (``logprobs``: one for every word, one a
-word in order, or a function of the word's index and text): its piece then
-carries a ``TokenLogprob`` whose runner-up holds the rest of the probability,
-as though one other word had it all; with none given, no word has one.
+``ScriptedEngine`` answers each prompt with a fixed (or computed) text, streamed as word tokens,
+honours ``max_tokens`` and the stop verdict the way a real decoder does, and can pause, fail or
+give each word a logprob, so every path of the host can be tested without a model. It ships in the
+installed package because it is public API: guest authors' tests import ``ScriptedBackend``, and a
+Dask map pickles it by module path for its workers. It is small, pure Python, and imports no model
+library.
 
-Why a test double ships in the installed package: it is public API.
-The documentation names ``ScriptedBackend`` as the backend to run a guest without a
-model, so a guest author's own tests import it from the installed package
-(never from our ``tests/``); and a map on a Dask cluster hands worker
-*processes* a pickled ``functools.partial(ScriptedBackend, ...)``: pickle
-stores it by module path, so every worker must be able to import it from
-``tensorjob_jupyter``. It is small, pure Python, and imports no model
-library. Its attributes (``scripted.prompts``, ``scripted.requests``, ``requests_served``) are what
-such tests read.
+Design: docs/internals/inference.md#scriptedpy
 """
 
 from __future__ import annotations

@@ -1,147 +1,15 @@
 """Models served elsewhere: any OpenAI-compatible server as a job's model.
 
-``--model http://HOST:PORT/v1`` (``Job(model=URL)``, ``tj.map(..., model=URL)``,
-``c.TensorJob.model_path``) points the job at a server -- vLLM, llama.cpp's
-``llama-server``, llama-cpp-python's ``python -m llama_cpp.server``, Ollama's
-``/v1``, a hosted endpoint -- instead of loading a GGUF into this process.
-``ServedBackend`` speaks the OpenAI chat/completions, completions, models and
-embeddings endpoints through the ``openai`` SDK (its SSE parser, its error
-types) and gives jobs the same ``Backend`` contract as the local worker, so
-nothing changes for guests.
+``--model http://HOST:PORT/v1`` points a job at a server (vLLM, llama.cpp's server, Ollama, a
+hosted endpoint) instead of loading a GGUF. ``ServedBackend`` speaks the OpenAI endpoints through
+the ``openai`` SDK and keeps the local worker's ``Backend`` contract, so nothing changes for
+guests: one connection per request, owned by a thread of ours; a stop or cancel that reaches the
+server; every answer bounded in time, pieces and bytes; what the server sends checked where it
+arrives; constraints sent where the server's ``Dialect`` enforces them and every answer validated
+by the host either way; errors as one line that never holds the key. It is longer than most rooms
+because it is a whole client, whose parts belong to one request's life and change together.
 
-Why it is shaped so:
-
-* **Every request is one connection, owned by one thread of ours.** Requests
-  run on at most ``concurrency`` threads that this backend starts when work
-  arrives and that end as soon as no work waits; at most ``queue_size``
-  requests wait, and one more is refused at once with ``QueueFull`` (``busy``).
-  Keep-alive is off, so an answer's connection closes with the answer: no
-  thread and no socket of a job outlives it (the price, over https, is a TLS
-  handshake per infer: milliseconds against an answer's seconds).
-* **Stopping reaches the server.** A False from ``on_token`` (the guest's stop
-  verdict, a cancel) closes the stream at once; the server sees the client
-  leave and stops generating. ``future.cancel()`` on a running request --
-  what the reactor does on cancel and on every timeout -- shuts the socket
-  down from the caller's thread, so a request blocked before the response
-  headers, in prefill or on a silent server ends now, not at its next byte.
-  (A ``close()`` from another thread does not wake a blocked ``recv``; a
-  ``shutdown`` does, so the socket is caught as it connects, through the
-  HTTP client's ``trace`` hook.)
-* **Bounded.** ``connect_timeout_s`` (unreachable: ``model_load_failed``),
-  ``read_timeout_s`` between bytes and ``request_timeout_s`` for the whole
-  answer (``timeout``), kept by a timer that shuts the socket down, so a
-  server that trickles a byte now and then ends on time; at most
-  ``max_tokens`` text pieces (a server that sends more is cut there, finish
-  ``length``), at most ``4 * max_tokens + 64`` SSE events and
-  ``MAX_BODY_BYTES_PER_TOKEN`` bytes a token (more is a malformed stream,
-  ``model_load_failed``); every other answer -- an error's body, the
-  embeddings -- is bounded in bytes too.
-* **Nothing is asked of the server on the caller's thread.** Which model it
-  serves (``/v1/models``, when no ``--model-name`` is given) is asked on a
-  request thread (``resolve_model``) that the job waits for under its
-  deadline and cancel before its first infer or embed; the listing has its
-  own bounds, ``MAX_MODELS_BYTES`` and ``MODELS_TIMEOUT_S`` in all. A job
-  created before the answer records ``?`` in ``job.created``; its responses
-  and its usage name the model.
-* **What the server says is checked where it arrives.** A usage count is a
-  whole number from 0 to 2^53 (the transcript's own rule; anything else is
-  not taken, and the text pieces are counted instead), completion tokens are
-  at most the tokens asked and cached tokens at most the prompt's; a model
-  id is recorded clipped to ``MAX_MODEL_ID_CHARS``. So whatever a server
-  sends, what the job writes can be read back.
-* **Logprobs where the server has them.** A request that records logprobs
-  (``GenerateRequest.logprobs``, on by default) asks for them --
-  ``logprobs``/``top_logprobs`` on chat, ``logprobs: N`` on completions, at
-  least ``RUNNER_UP_TOP`` alternatives so a choice's runner-up is known --
-  and reads either answer shape (``logprobs.read_openai_logprobs``) onto the
-  text pieces as the local engine's records. A server that gives none leaves
-  them null; one that refuses the fields (HTTP 400/422 naming ``logprobs``)
-  is asked again without them, and not asked again; a record that is not one,
-  or more records than tokens asked, ends the records of that answer (the
-  text goes on), so what a server sends never fails an answer through them.
-* **Only whole, final text reaches the guest.** Stop strings are sent to the
-  server *and* cut here (``TextStream``), so a server that ignores some (the
-  OpenAI API takes four) never shows the guest text a stop string takes back.
-
-What maps to the request (``Dialect``, chosen from ``owned_by`` in
-``/v1/models``, or given): temperature, top_p, seed, stop and max_tokens
-always; top_k, min_p and llama.cpp's multiplicative ``repeat_penalty`` as
-extra body fields where the server has them (llama.cpp and llama-cpp-python:
-``repeat_penalty``; vLLM: ``repetition_penalty``); on other servers (OpenAI,
-Ollama) they are not sent -- ``frequency_penalty``/``presence_penalty`` are
-additive and would change the answer, not reproduce it. ``chat`` (or None)
-uses ``/chat/completions`` with the ``system`` text as a system turn;
-``chat=False`` uses ``/completions`` with the raw prompt, ``system`` before it
-as the local engine does. Tools (``GenerateRequest.tools``) go to the server
-as its own ``tools`` and ``tool_choice`` where the dialect enforces that
-choice (OpenAI and llama.cpp: all; vLLM: ``required`` and a named function;
-llama-cpp-python: a named function, with the descriptions also in a system
-turn since its template does not show them; Ollama, which ignores
-``tool_choice``, and this package's own server: none). The server's streamed
-``tool_calls`` come back as the host's call text, ``{"name": NAME,
-"arguments": ...}``, piece by piece as they arrive (``CallText``); one call
-a response, text and a call never mixed.
-
-Otherwise a ``Constraint`` goes to the server in its own structured-output
-fields where its dialect enforces that kind (``Dialect.enforces``), and is
-sent unconstrained where it does not:
-
-* **JSON** (a format, or a required tool call: the host's ``{"name",
-  "arguments"}`` JSON): ``response_format`` ``json_schema`` (OpenAI, vLLM,
-  llama.cpp, Ollama, this package's server) or llama-cpp-python's
-  ``json_object`` with a ``schema``; the tool descriptions travel in the
-  system turn, exactly as for the local model. A free-text-or-call constraint
-  (``tool_choice: "auto"``) that is not sent natively cannot be expressed as a
-  ``response_format``, so it is sent unconstrained.
-* **A regex, choices or a Lark grammar**: vLLM gets ``structured_outputs``
-  (``{"regex": ...}``, ``{"choice": [...]}``, ``{"grammar": ...}``: the only
-  form vLLM reads since v0.12, which removed the ``guided_*`` fields and
-  ignores them as unknown) and, beside it, the same value as the older
-  ``guided_regex`` / ``guided_choice`` / ``guided_grammar`` (the only form
-  before v0.10.2; in between both are read, ``structured_outputs`` first).
-  vLLM's ``guidance`` backend is llguidance, the same dialect as here; its
-  ``xgrammar`` backend translates a Lark grammar into its own and refuses
-  what it cannot translate (``schema_validation_failed``, with its reason).
-  This package's own server takes them in ``response_format``, its
-  extension: ``{"type": "regex", "regex": ...}``, ``{"type": "choices",
-  "choices": [...]}``, ``{"type": "grammar", "grammar": ...}``. llama.cpp's
-  server and llama-cpp-python take a ``grammar`` only in GBNF, which none of
-  these is; OpenAI and Ollama take JSON Schema only: all of them get the
-  request unconstrained.
-
-Either way the host validates every finished answer against what the guest
-asked (``host/structured.py``, ``OutputSpec.check``: JSON against the schema,
-a regex, choices or a grammar by running the same grammar over the answer): a
-server that cannot or did not enforce it -- one that ignores a field it does
-not know, as vLLM does -- gives ``schema_validation_failed``, never a
-silently accepted answer. LoRA selection is the server's business: a
-request naming adapters is refused. ``cache_prompt`` is left to the server.
-
-Embeddings use ``/embeddings`` and come back L2-normalised, one per text in
-input order; a server that answers one vector per token (llama-cpp-python on
-a model without pooling) is mean-pooled here, as the local engine pools.
-
-Usage comes from the server's own count (``stream_options.include_usage``,
-cached tokens from ``prompt_tokens_details``); a server that reports none
-(llama-cpp-python) gets the text pieces counted as completion tokens and 0
-prompt tokens.
-
-Errors are one line and never hold the key (it is scrubbed from the server's text before that is
-clipped, and so is any run of ``KEY_RUN_CHARS`` of its characters): unreachable, refused, 4xx, 5xx,
-a malformed or truncated stream -> ``ModelError`` (``model_load_failed``);
-HTTP 429 and 503 -> ``ServerBusy`` (a ``QueueFull``: ``busy``); no byte for
-``read_timeout_s``, the answer past ``request_timeout_s``, HTTP 408 and 504 ->
-``ModelTimeout`` (``timeout``); a constraint the server refuses (HTTP 400/422
-whose message is about the schema, the regex, the choices, the grammar,
-``response_format`` or ``structured_outputs``) -> ``ConstraintError``
-(``schema_validation_failed``). The key is read from the environment variable
-named by ``api_key_env`` (``OPENAI_API_KEY`` by default) when the backend is
-built -- in each process, so a map's Dask workers read their own -- and is
-never stored anywhere a transcript, a pickle or a message reaches.
-
-It is longer than most rooms because it is a whole client: the request mapping, the stream's
-reader with its bounds, the connection's life, and the error mapping belong to one request's life
-and change together when a server changes.
+Design: docs/internals/inference.md#servedpy
 """
 
 from __future__ import annotations

@@ -1,29 +1,13 @@
 """What this machine offers llama.cpp: CPUs, cores, a thread setting, a GPU.
 
-llama.cpp runs fastest with one generation thread per *physical* core (two
-threads on hyperthread siblings fight over one core's units) and with prompt
-processing on every CPU the process may use. "May use" is the narrow reading:
-the CPU affinity mask first, then any cgroup CPU quota (a container limited
-to two CPUs on a 64-CPU host must not start 64 threads). These facts change
-with the machine, not with the engine, so they live apart from it.
+llama.cpp runs fastest with one generation thread per physical core and prompt processing on every
+CPU the process may use (the affinity mask, then any cgroup quota). These facts change with the
+machine, not with the engine, so they live apart from it. ``TENSORJOB_THREADS`` overrides both
+counts (greedy output is deterministic only for one machine, build and thread count), ``CpuShare``
+measures what other work takes of this process's CPUs so the engine can fit its threads to the
+cores actually free, and GPU offload is asked of the llama.cpp build itself.
 
-``TENSORJOB_THREADS`` overrides both thread counts for every model a process
-builds with ``get_backend`` (the CLI, the magic, ``tj.run`` and map workers
-all do). It exists because greedy output is deterministic on one machine,
-build and thread count, not across them: the test suite runs the tutorials
-and the model tests under two thread counts to prove that nothing it checks
-depends on the model's exact words. It is also how to keep a job from using
-every core.
-
-On a machine shared with other work, llama.cpp's threads meet at a barrier
-every step, so one descheduled thread holds the others: measured here with
-both cores busy, two threads decoded 11-13 tokens a second and one 33-41.
-``CpuShare`` measures what the rest of the machine uses of this process's
-CPUs (their busy time in ``/proc/stat`` less this process's own), so the
-engine can fit its threads to the cores actually free (``fitting_threads``).
-
-GPU offload is a property of the llama.cpp build (CUDA, Metal, Vulkan, ...),
-asked of the library itself.
+Design: docs/internals/inference.md#topologypy
 """
 
 from __future__ import annotations

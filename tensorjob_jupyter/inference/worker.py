@@ -1,28 +1,13 @@
 """One thread per model, fed by a bounded queue of requests.
 
-A model object (``llama_cpp.Llama`` above all) is not thread-safe, so exactly
-one thread ever touches it: the worker. Jobs submit ``generate_stream`` and
-``embed`` requests and get futures; requests start in arrival order, so no
-job starves. When the engine can batch (it has ``serve``), generate requests
-that arrive while a generation runs join its decode steps instead of waiting
-for it to end (``admit(wait)``: the engine may wait a few milliseconds for
-requests sent together); an embed, or a request that cannot join, stops
-admission until the batch drains, so order is kept. The queue is bounded: when it is
-full a request fails at once with ``QueueFull`` instead of blocking the
-caller forever.
+A model object (``llama_cpp.Llama`` above all) is not thread-safe, so exactly one thread ever
+touches it. Requests start in arrival order; generate requests join a running batch's decode steps
+when the engine can batch, a long embed runs in pieces so it holds the others back by one piece,
+and a full queue refuses at once (``QueueFull``). The engine is built on this thread on first use,
+so a failed load, a raising callback or a cancelled request fails its own requests, never the
+worker.
 
-An embed runs in pieces when the engine can cut it (``embedding``): after
-each piece, the generation requests already waiting run (one batch, to its
-end) before the next piece, so a long embed holds the others back by one
-piece, not by all of its texts; and an embed whose caller left (its future
-cancelled: a job that ended, a client that hung up) stops at the next piece.
-
-The engine is built on the worker thread on first use, so a model that fails
-to load fails the requests that needed it (``ModelError`` with the reason)
-and nothing else. A token callback that raises -- a job that died mid-request
--- stops that generation and never wedges the worker; so does cancelling a
-running request's future (``Request``), which the engine sees between decode
-steps and inside a grammar's work for one token.
+Design: docs/internals/inference.md#workerpy
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """A transcript's events checked as they are read: sizes, depth, and each field's type and range.
 
-A transcript is a file from anywhere (copied between machines, edited by
-hand, planted), so every value is checked as it is read, the way guest
-output is checked at the ABI: a line is at most ``MAX_LINE_BYTES`` (a
-longer one is measured, never held), holds at most ``MAX_EVENT_VALUES`` JSON
-values nested at most ``MAX_EVENT_DEPTH`` levels (counted on its bytes
-before it is parsed: parsed JSON costs about 25 bytes of memory a byte), and
-each field a consumer uses has the type and range it was written with
-(``EVENT_FIELDS``: counts are whole numbers from 0 to 2^53, times are finite
-and within ``MAX_T_MS``, a start time within the calendar, the envelope's
-status, error and usage as the host writes them). What passes can be
-printed, folded into a view, compared and replayed without a type or range
-error; strings still carry whatever text they carry and are made inert where
-they are shown. Problems are ``TranscriptError``: one line naming the folder
-and what is wrong with it.
+A transcript is a file from anywhere (copied between machines, edited by hand, planted), so every
+value is checked as it is read, the way guest output is checked at the ABI: a line's size
+(``MAX_LINE_BYTES``), its JSON values and depth (counted on its bytes before it is parsed), and
+each field a consumer uses (``EVENT_FIELDS``: its type and range). What passes can be printed,
+folded into a view, compared and replayed without a type or range error. Problems are
+``TranscriptError``: one line naming the folder and what is wrong with it.
+
+Design: docs/internals/record.md#event_checkspy
 """
 
 from __future__ import annotations

@@ -1,43 +1,15 @@
 """A job's ordered event stream, its subscribers and its on-disk transcript.
 
-Every event is a JSON object with ``type``, ``sequence_number`` (counting
-from 0 with no gaps, across the whole job) and ``job_id``, then its own
-fields. Job-level events describe the reactor (``job.created``,
-``job.progress``, ``job.file.opened``, ``job.file.sliced``, ``job.chunk``,
-``job.embedded``, and one of ``job.completed``/``job.failed``/
-``job.cancelled``); each infer adds one Open Responses sequence
-(``response.*``, built by ``responses.py``).
+Every event is a JSON object with ``type``, ``sequence_number`` (from 0, no gaps, across the whole
+job) and ``job_id``; each infer adds one Open Responses sequence (``responses.py``). An event is
+written to the transcript (``events.jsonl``) before anyone sees it, so no reader ever sees a
+number the file lacks. The stream keeps no history of its own -- the transcript is the history --
+and each subscriber's queue is bounded, so memory is bounded by constants, not by what a guest publishes,
+and a slow reader catches up from the file without slowing the model or the guest. Every event
+carries ``t_ms``, the format is versioned (``TRANSCRIPT_VERSION``), a running job's transcript
+holds a ``flock``, and ``close`` writes ``envelope.json``.
 
-**Write, then publish.** An event is encoded once, to bytes, and appended to
-the transcript (``events.jsonl`` in the job's run folder) before anyone sees
-it; an event that cannot be encoded or written takes no sequence number, so
-the file never has a gap and no reader ever saw a number the file lacks.
-
-**Memory is bounded by constants, not by what a guest publishes.** The
-stream keeps no history of its own: the transcript is the history, and
-``history`` and late subscribers read it back. Each subscriber has a queue
-bounded in events and in bytes; one that falls behind is not fed live until
-it has caught up from the transcript (``Subscription.get`` does that on the
-reader's thread), so a slow reader never slows the model or the guest and
-still sees every event, in order. Only a stream with no run folder (tests,
-benchmarks) keeps its encoded lines in memory, bounded by ``max_bytes``.
-
-**Time.** Every event carries ``t_ms``: whole milliseconds since the stream
-was opened (a monotonic clock), so a transcript can be shown again at the
-speed it happened (``history/show.py``). It costs one clock read and a small integer
-per event.
-
-**The format is versioned.** ``job.created`` (sequence 0) carries
-``transcript_version`` (``TRANSCRIPT_VERSION``); readers refuse a version
-they do not know (``record/transcript.py``). The documentation's "Transcripts" page (docs/transcripts.md) lists
-the events and the fields replay relies on.
-
-While the job runs, its transcript file holds an exclusive ``flock``, so
-another process can tell a running job's folder from an interrupted one's
-(``history/runs.py`` never prunes a locked folder); the lock goes with the file.
-
-Publishing happens on the job's thread. When the job ends, ``close`` writes
-``envelope.json`` (compact JSON) next to the transcript.
+Design: docs/internals/record.md#eventspy
 """
 
 from __future__ import annotations

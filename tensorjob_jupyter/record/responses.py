@@ -1,53 +1,15 @@
 """Each ``infer`` as one response in the Open Responses event format.
 
-An infer publishes, in order: ``response.created`` (status ``queued``),
-``response.in_progress``, ``response.output_item.added`` (a message item),
-``response.content_part.added``, one ``response.output_text.delta`` per
-token, ``response.output_text.done``, ``response.content_part.done``,
-``response.output_item.done``, and then exactly one terminal event:
-``response.completed`` (the model ended, or the guest said stop, as a stop
-sequence ends a response); ``response.incomplete`` with
-``incomplete_details.reason`` = ``max_output_tokens`` when the token limit cut
-it short, or with the response's status ``cancelled`` when the job was
-cancelled; or ``error`` followed by ``response.failed`` when the model (or the
-guest's ``cf_on_token``) failed. Every terminal event also carries this
-project's ``finish_reason`` -- ``stop``, ``length``, ``guest_stop`` or
-``cancelled`` -- beside the spec's fields.
+An infer publishes ``response.created``, its output item, one ``response.output_text.delta`` per
+token (a ``function_call`` item when the model calls a tool), and exactly one terminal event:
+``response.completed``, ``response.incomplete`` or ``error`` then ``response.failed``. The schema
+of record is the openai SDK's ``ResponseStreamEvent`` (the tests validate every event against
+it), so the spec's shape and closed vocabularies are kept, and this project's own fields
+(``finish_reason``, the ``sampler``, a token's ``runner_up_logprob``, the guest's ``command`` for
+replay, ``timing``) go beside them. ``busy_machine_line`` reads a terminal event's timing for the
+front ends.
 
-The schema of record is the openai SDK's (``ResponseStreamEvent``): the
-tests validate every event against it, so the spec's closed vocabularies are
-kept -- ``response.failed`` says ``server_error`` or ``rate_limit_exceeded``,
-and the ``error`` event before it carries this project's own code. Text
-events carry ``item_id``, nullable fields are present as ``null``, usage
-includes ``input_tokens_details`` -- the spec's shape, not a subset.
-
-When the model calls a tool (``tools`` in the infer), the output item is a
-``function_call`` instead of a message: ``response.output_item.added`` (with
-its ``name`` and ``call_id``, as soon as the model has written the name),
-``response.function_call_arguments.delta`` as the arguments grow,
-``response.function_call_arguments.done``, ``response.output_item.done``.
-The response object reports what the infer asked for and ran with: ``text``
-(its format), ``tools``, ``tool_choice``, ``temperature``, ``top_p``, and
-this project's ``sampler`` (every sampling setting, seed and stop strings
-included).
-
-Each ``response.output_text.delta`` carries the ``logprobs`` of the tokens
-it was made of (seed 002's shape: ``token``, ``logprob``, ``bytes``,
-``top_logprobs``, and this project's ``runner_up_logprob``), and
-``response.output_text.done`` and the part of ``response.content_part.done``
-carry all of them; the item and response snapshots after them do not repeat
-them (their part has no ``logprobs``), so a transcript holds each token's
-record about three times, not five. A model that gives none leaves them
-empty. The response object's ``top_logprobs`` is what the infer asked for.
-
-The events are published on the job's stream, so their ``sequence_number``
-counts across the whole job rather than restarting per response. Beside the
-spec's fields, ``response.created`` carries ``infer_index`` and the guest's
-``command`` (its prompt and token limit, so a transcript can be replayed),
-and the terminal event the reactor's ``finish_reason``, ``timing`` and
-``guest_stopped_after``. ``busy_machine_line`` reads a terminal event's
-timing for the front ends: whether the model decoded it with fewer threads
-than its own because other work took the CPUs.
+Design: docs/internals/record.md#responsespy
 """
 
 from __future__ import annotations

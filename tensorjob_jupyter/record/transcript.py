@@ -1,26 +1,13 @@
 """Reading a transcript back: its version, its events, its end, and the commands it records.
 
-A run folder holds ``events.jsonl`` (one event a line, each written before
-it was published) and ``envelope.json``. This is the one reader that every
-consumer shares -- ``history/runs.py`` (listing), ``history/show.py`` (playing a run
-again), ``history/replay.py`` and ``history/diff.py`` (its commands):
+A run folder holds ``events.jsonl`` and ``envelope.json``. This is the one reader that every
+consumer shares (listing, showing, replaying and diffing runs): ``read_header`` for what a listing
+needs, ``EventReader`` for every event, parsed one at a time and checked as it is read
+(``event_checks.py``: a transcript is a file from anywhere), and ``Recording``/``StepReader``
+(``recording.py``) for the commands. Problems are ``TranscriptError``: one line naming the folder
+and what is wrong with it, for the command line and the magics to print as they are.
 
-* ``read_header(dir)``: only ``job.created`` (the first line, read up to a
-  bound) and ``envelope.json`` -- what a listing needs, without the events.
-* ``EventReader(dir)``: every event, checked as it is read: the first is
-  ``job.created`` with a ``transcript_version`` this host knows (an unknown
-  one is refused), sequence numbers count from 0 with no gap; a torn last
-  line (a process that died mid-write) is dropped and noted, a damaged line
-  anywhere else is an error. Events are parsed one at a time, never all
-  held.
-* ``Recording.read(dir)`` and ``StepReader(dir)`` (``recording.py``): the
-  commands the events record, with the host's answers.
-
-Every event is checked as it is read (``event_checks.py``: sizes, depth,
-each field's type and range): a transcript is a file from anywhere.
-
-Problems are ``TranscriptError``: one line naming the folder and what is
-wrong with it, for the command line and the magics to print as they are.
+Design: docs/internals/record.md#transcriptpy
 """
 
 from __future__ import annotations

@@ -1,43 +1,15 @@
 """Guest sources (C, Zig, WAT) to WebAssembly, with a content-hash cache.
 
-Every guest reaches the host as a :class:`GuestSource` -- its name, its
-language (detected once), its wasm bytes and where it came from -- made by
-``GuestSource.from_file`` (a ``.wasm`` as it is, a ``.c``/``.zig``/``.wat``
-compiled), ``from_text`` (a notebook cell) or ``from_wasm`` (bytes). A string
-is always a path, never source code. C and Zig go through the ``ziglang``
-wheel (``zig cc`` and ``zig build-exe`` for ``wasm32-freestanding``), so
-nothing but pip is needed; WAT goes through ``wasmtime.wat2wasm`` in-process.
-Python (``.py``, ``lang="python"``) is not compiled: its syntax is checked by
-the guest's own interpreter (a ``SyntaxError`` is a ``CompileError`` with line
-and column) and the source travels as the guest's bytes
-(``sandbox/python/program.py``), run by CPython-in-wasm (``sandbox/python``).
+Every guest reaches the host as a :class:`GuestSource` -- its name, its language (detected once),
+its wasm bytes and where it came from -- made by ``from_file``, ``from_text`` or ``from_wasm``; a
+string is always a path, never source code. C and Zig go through the ``ziglang`` wheel, WAT through
+``wasmtime.wat2wasm``, so nothing but pip is needed; Python is not compiled, only checked by the
+guest's own interpreter. Compiling is slow and notebooks re-run cells, so results are cached by a
+hash of everything that determines the bytes (``cache_dir()``, always safe to delete). The four
+languages' compilers sit side by side here (one cache, one error shape), which is why it runs a
+little past the others' length.
 
-Why it is shaped so:
-
-* Guests are freestanding and import nothing (unless they call the
-  ``wasi:tensor/host`` streaming functions), export exactly the ABI
-  (``memory``, ``cf_alloc``, ``cf_init``, ``cf_step``, optional
-  ``cf_on_token``/``cf_signature``) and start small: a 64 KiB shadow stack,
-  optimised for size. Zig needs ``-rdynamic`` to keep ``@export``ed functions
-  (``--export=`` fails when the optional ``cf_on_token`` is absent), which also
-  exports linker globals such as ``__stack_pointer``; we drop those from the
-  export section afterwards so a guest never exposes its stack pointer.
-* Compiling is slow (a first Zig build takes seconds), and notebooks re-run
-  cells, so results are cached, as ``%%cython`` caches, by a hash of
-  everything that determines the bytes: language, source, flags, compiler
-  version and the SDK files. ``force=True`` (``--force``) compiles again and
-  replaces the cached module. The cache lives in ``cache_dir()``
-  (``sandbox/cache.py``: ``$TENSORJOB_CACHE``, else ``~/.cache/tensorjob/wasm``,
-  shared with the Python interpreter's build); deleting it is
-  always safe (``tensorjob cache --clear``). Cache files are written to a
-  temporary name and renamed, so concurrent compiles never see a torn file.
-* The compiler's warnings are kept even when it succeeds
-  (``GuestSource.warnings``), and shown by the CLI and the magic.
-* Diagnostics keep the compiler's ``file:line:col`` but name the file as the
-  user knows it (``cell.c``), never the temporary directory it was built in.
-
-It holds the four languages' compilers side by side (one cache, one error shape), which is why
-it runs a little past the others' length.
+Design: docs/internals/sandbox.md#compilepy
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
 """Shared wasmtime engines: one per configuration, each guest in a store of its own on it.
 
-Making an engine, loading a module into it and linking the host's functions cost about a millisecond,
-a few for the Python interpreter's component; doing it once per configuration instead of once per guest
-is what lets a map start thousands of guests a second. What stays per guest is what the guarantees are
-made of: its own ``Store`` (its instance, its memory under its limit, its fuel), its own deadline and its
-own cancel. Only the engine and what was compiled or linked for it are shared, and none of that holds
-guest state.
+Making an engine and linking the host's functions costs about a millisecond; doing it once per
+configuration instead of once per guest is what lets a map start thousands of guests a second.
+What stays per guest is what the guarantees are made of: its own ``Store`` (instance, memory,
+fuel), deadline and cancel. Since an engine has one epoch counter, each store's deadline is the
+next tick and its callback decides whether it goes on (``EpochTicked``), so a cancel stops one
+guest within microseconds and leaves the others running. ``EpochClock`` is the one thread that
+ticks every engine with live guests.
 
-Deadlines and cancel on a shared engine. An engine has one epoch counter, so pushing it past every
-deadline -- how a cancel reached a guest spinning in a call when each guest had its own engine -- would
-now stop every guest on it. Instead each store's deadline is always the next tick, and when it passes
-wasmtime asks the store's callback (``wasmtime_store_epoch_deadline_callback``) whether to go on: it goes
-on for another tick unless its guest was interrupted or its call's time is up (``EpochTicked``), and then
-the call ends with an error that says ``wasm trap: interrupt``. A cancel marks the guest and ticks the
-engine at once, so it lands within microseconds, not at the next tick; the other guests on the engine
-are merely asked, and go on. A guest that runs no code costs nothing: the callback runs only while a
-store is inside a call when a tick comes.
-
-``EpochClock`` is the one thread that ticks every engine with live guests (one increment per engine per
-tick, however many guests it holds).
+Design: docs/internals/sandbox.md#enginespy
 """
 
 from __future__ import annotations

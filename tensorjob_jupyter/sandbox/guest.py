@@ -1,25 +1,14 @@
 """One wasm guest instance: validated exports, bounded memory access, limited calls.
 
-A ``Guest`` owns a wasmtime ``Store`` and must be used from one thread only
-(the job's thread). Everything else about it is shaped by hostility:
+A ``Guest`` owns a wasmtime ``Store`` and must be used from one thread only (the job's thread).
+Everything else about it is shaped by hostility: modules are compiled once per content hash and
+configuration; imports and exports are checked before instantiation, with a message naming the
+export; each guest has its own store on a shared engine (``engines.py``), every call runs under
+its own deadline and ``interrupt()`` stops this guest alone; descriptors and payloads are
+bounds-checked before they are read. Failures surface as ``GuestTrap(code, message)``: ``timeout``
+for deadlines and fuel, ``cancelled`` after ``interrupt()``, ``wasm_trap`` for the rest.
 
-* Modules are compiled once per content hash and configuration; later loads
-  deserialize the cached artifact instead of recompiling.
-* Imports and exports are checked before instantiation, so a wrong guest gets
-  a message that names the export and the expected signature.
-* Each guest has a ``Store`` of its own -- its instance, its memory under
-  its limit, its fuel -- on an engine shared by every guest of the same
-  configuration (``engines.py``), where the module is deserialized, checked
-  and linked to the host's functions once (an ``InstancePre``): a guest
-  starts in tens of microseconds. Every call runs under a deadline of its
-  own, and ``interrupt()`` (from any thread) stops this guest alone, even
-  while it spins inside ``cf_step``.
-* Descriptors and payloads are bounds-checked against the memory size before
-  they are read: ``Memory.read`` clamps like a Python slice and would
-  silently return short data.
-
-Failures surface as ``GuestTrap(code, message)``: ``timeout`` for deadlines
-and fuel, ``cancelled`` after ``interrupt()``, ``wasm_trap`` for the rest.
+Design: docs/internals/sandbox.md#guestpy
 """
 
 from __future__ import annotations

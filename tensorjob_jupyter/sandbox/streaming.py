@@ -1,23 +1,12 @@
 """The ``wasi:tensor/host@0.1.0`` streaming functions a guest may import.
 
-These follow the tensor-wasm streaming interface exactly, return codes
-included, so a guest written for it streams here unchanged:
+They follow the tensor-wasm streaming interface exactly, return codes included, so a guest written
+for it streams here unchanged: ``emit-chunk``, ``flush``, ``input-len`` and ``read-input``. They
+run on the job's thread inside a guest call and never raise (an exception would cross
+wasmtime-py's process-wide error slot), so every failure is a return code. They are registered once
+per engine (``define_shared``), and each call finds the calling guest's own ``StreamingHost``.
 
-* ``emit-chunk(ptr, len) -> i32``: 0 accepted (whole chunk), -1 streaming is
-  disabled, -2 over the per-chunk or per-job cap *or* any pointer range
-  outside memory (one code, so a guest cannot map the host's memory layout),
-  -3 nobody is listening any more (the job is being cancelled).
-* ``flush() -> i32``: 0; chunks are delivered as they are emitted.
-* ``input-len() -> i32`` and ``read-input(ptr, len) -> i32``: the bytes the
-  caller staged for the job (``input_bytes``), copied from the start.
-
-The functions run on the job's thread, inside a guest call, and never raise:
-an exception escaping a host function would cross wasmtime-py's process-wide
-error slot, so every failure becomes a return code. Chunks go to ``on_chunk``
-(the event stream) in the order they were emitted. The functions are
-registered under both ``wasi:tensor/host@0.1.0`` and ``wasi:tensor/host``,
-once per engine (``define_shared``): each call finds the calling guest's own
-``StreamingHost`` -- its caps, counters, input and sink -- through the guest.
+Design: docs/internals/sandbox.md#streamingpy
 """
 
 from __future__ import annotations

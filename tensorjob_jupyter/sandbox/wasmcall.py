@@ -1,23 +1,14 @@
 """The hot calls into a guest, made through wasmtime's C API directly.
 
-This is the one module that goes below wasmtime-py's public API, and only
-for speed: a token costs the host two guest calls (``cf_alloc``, then
-``cf_on_token``), and ``Func.__call__`` spends most of its time in Python --
-asking the function for its type, boxing each argument as a ``Val``,
-rooting and unrooting, unboxing the result -- around a call that takes a
-microsecond. ``HotCall`` does the same call with everything prepared once:
-the store's context, the function, a reusable array of raw values, then
-``wasmtime_func_call_unchecked``. The signatures are checked when the guest
-is validated (``guest.validate_module``: i32 parameters, one i32 result),
-which is what makes the unchecked call sound.
+This is the one module that goes below wasmtime-py's public API, and only for speed: a token costs
+the host two guest calls, and ``Func.__call__`` spends most of its time in Python around a call
+that takes a microsecond. ``HotCall`` prepares everything once and calls
+``wasmtime_func_call_unchecked``, which is sound because the signatures are checked when the guest
+is validated. Traps and errors surface exactly as through the public API
+(``tests/sandbox/test_wasmcall.py`` checks it). Tested with wasmtime-py 50 (the range
+``pyproject.toml`` pins).
 
-A trap surfaces exactly as wasmtime-py surfaces it (a ``wasmtime.Trap``,
-after any exception a host function left behind), an error as
-``WasmtimeError``; ``tests/sandbox/test_wasmcall.py`` checks this against the public
-API for results, traps, epoch interrupts, fuel and stack overflow.
-``Memory`` access stays on the public API, which already is a thin call.
-
-Tested with wasmtime-py 50 (the range ``pyproject.toml`` pins).
+Design: docs/internals/sandbox.md#wasmcallpy
 """
 
 from __future__ import annotations

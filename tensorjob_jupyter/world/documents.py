@@ -1,72 +1,16 @@
 """Documents and images for a job: PDF pages and their text, page images, image operations.
 
-The reactor calls this module for cuttlefish's document commands --
-``page_text``, ``page_text_opt``, ``document_text``, ``page_image`` and
-``image_op`` -- and to refine the kind of a file that ``open`` (or ``fetch``)
-sniffed as a PDF into ``{"kind":"document","pages":N,"has_text_layer":B}``.
-Pages are zero-based; ``page_text`` on a page without text fails
-(``unsupported``) where ``page_text_opt`` answers ``{"text":null,"error":...}``
-and lets the guest go on; ``page_image`` and ``image_op`` register a *new*
-handle holding a PNG, readable with ``slice_bytes`` like any file; a crop
-outside the image is refused, not clamped.
+The reactor calls this module for cuttlefish's document commands (``page_text``,
+``page_text_opt``, ``document_text``, ``page_image``, ``image_op``) and to refine a file sniffed as
+a PDF into ``{"kind":"document",...}``; a rendered page or an image operation is a new handle
+holding a PNG. pdfium and Pillow's decoders are large native code fed hostile bytes, and pdfium is
+not thread-safe, so each job that needs them gets its own engine process (``docworker.py``),
+started on first use and killed when the job ends: a crash or a hang there ends one job with a
+clear code, never the kernel. Every call has a deadline, the engine's memory and CPU time are
+capped, it never sees a path, its replies are checked like guest output, and every size is
+bounded before the work it bounds.
 
-**Why a separate process.** pdfium is a large native library fed hostile
-bytes, and so are Pillow's decoders. In the kernel's process a crash in either
-would take the kernel -- every job, the model, the user's variables -- with
-it; a hang (a page whose content stream takes minutes to draw) cannot be
-interrupted, since no Python signal or exception reaches native code; and
-pdfium is not thread-safe (pypdfium2 5.x takes no lock), so two jobs reading
-PDFs at once on their threads could corrupt each other. So each job that
-touches a document or an image gets its own engine process
-(``docworker.py``), started on first use and killed when the job ends:
-
-* every call has a deadline (``document_timeout_s``, and never past the job's
-  own); at the deadline the engine is killed and the job ends with
-  ``timeout``. Cancelling the job kills it at once.
-* an engine that dies (a segfault, an abort) ends its job with
-  ``unsupported`` and a message naming the signal; nothing else notices.
-  Its memory is capped (``document_memory_bytes``, with ``RLIMIT_AS``): a
-  Python ``MemoryError`` there is ``limit_exceeded``, native code dying of
-  it is the crash above.
-* the engine never sees a path: the host opens every file after checking the
-  grants and passes the descriptor (``SCM_RIGHTS``). Its replies are checked
-  like guest output: types, sizes, PNG signatures, known error codes.
-* it dies with its host. The host may die without killing it (``SIGKILL``,
-  a ``SIGTERM`` or ``SIGHUP`` nothing handles, a crash) while a page is
-  rendering in native code, where no end-of-file on its socket is noticed;
-  an engine re-parented to init would render on for minutes. So the engine
-  asks the kernel for ``SIGKILL`` when its parent dies (``PR_SET_PDEATHSIG``,
-  first thing, before any request) and then checks that its parent is still
-  the host's pid, which closes the race with a host dying during the start.
-  Linux sends that signal when the *thread* that started the child ends; the
-  engine is started on the job's thread and killed before that thread leaves
-  the job, so this is never early. It also limits its own CPU time
-  (``document_cpu_s``, ``RLIMIT_CPU`` over the whole job): past it the kernel
-  stops it (``SIGXCPU``) and the job ends with ``limit_exceeded`` -- a bound
-  that holds even where the parent-death signal does not exist.
-* jobs read documents in parallel, one process each.
-
-The cost, measured by ``bench/bench_documents.py`` (figures in
-bench/README.md, on a shared 2-core machine): starting an engine -- a Python
-interpreter importing pypdfium2 -- takes 70 to 160 ms (with the machine's
-load), once per job that needs one (a job that never touches a document or an image starts none).
-After that each call adds a socket round trip (about 30 us for an empty
-request) and, for real work, process wake-ups that cost a few hundred
-microseconds on a busy machine, to pdfium's own work, and the text then travels on through the guest and the
-event stream: ``page_text`` through a job ran at about half the pages per
-second of pypdfium2 called directly in-process (0.35 to 0.4 of it counting
-the start-up, over 200 pages), ``page_image`` -- dominated by drawing and
-PNG encoding -- at about 0.8. For isolation from crashes and hangs that
-cannot be had any other way, and parallel jobs, that is the price.
-
-Limits, each checked before the work it bounds: pages per document
-(``max_document_pages``, at open), text per answer (``max_text_bytes``),
-pixels of a rendered page (``max_render_pixels``, from the page size before
-rendering) and of a decoded image (``max_image_pixels``, from the header
-before decoding: a PNG claiming 100000 x 100000 pixels is refused unread),
-and the PNG a ``page_image`` or ``image_op`` makes must fit in what the job's
-handles may still hold (``max_handle_bytes``): the engine is told the room
-and stops encoding as soon as the PNG passes it, and the host checks again.
+Design: docs/internals/world.md#documentspy
 """
 
 from __future__ import annotations

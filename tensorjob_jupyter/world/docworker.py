@@ -1,39 +1,15 @@
 """The document engine process: every PDF and image decode a job asks for runs here.
 
-pdfium (through pypdfium2) and Pillow's decoders are large native code fed
-hostile bytes. In this process a crash (a segfault in pdfium), a hang (a page
-whose content stream takes minutes to draw) or a memory blow-up (a
-decompression bomb) costs only this process: the host (``documents.py``)
-kills it on a deadline, notices when it dies, and ends the one job that was
-using it with a clear code. Before it reads a single request the process
-makes sure it dies with its host -- ``PR_SET_PDEATHSIG`` (``SIGKILL`` when
-the host goes), then a check that its parent is still the host's pid (the
-host may have died before the request to the kernel was made) -- and limits
-itself: address space (``RLIMIT_AS``), CPU time over its whole life
-(``RLIMIT_CPU``: the kernel sends ``SIGXCPU``, which ends it), no core files.
-Where the parent-death signal does not exist (not Linux) a watchdog thread
-polls the parent instead.
+A crash, a hang or a memory blow-up in pdfium or Pillow costs only this process: the host
+(``documents.py``) kills it on a deadline, notices when it dies, and ends the one job that used
+it. Before its first request it makes sure it dies with its host (``PR_SET_PDEATHSIG``, or a
+watchdog where that does not exist) and limits its own address space and CPU time. It is run by
+path, not imported as part of the package, so at module level it uses the standard library only.
+Messages are a length prefix, a JSON header and a blob; a file arrives as a descriptor
+(``SCM_RIGHTS``), so the engine never resolves a path. Requests come one at a time: pdfium
+requires a single thread.
 
-This file is run by path (``python docworker.py SOCKET_FD MEMORY_BYTES CPU_S HOST_PID``), not
-imported as part of the package, so at module level it uses the standard
-library only; pypdfium2 and Pillow are imported on first use. ``documents.py``
-imports it for the wire framing and the image geometry, which are shared.
-
-The wire: each message is an 8-byte prefix (little-endian u32 JSON length,
-u32 blob length), the JSON header, then the blob (PNG bytes). A request that
-names a file carries its descriptor with the prefix (``SCM_RIGHTS``): the
-engine never resolves a path, so it can read only what the host opened after
-checking the job's grants. Replies are ``{"ok": true, ...}`` or ``{"ok":
-false, "code": ..., "message": ...}``; the host checks every reply as the
-untrusted output it is.
-
-Requests (one at a time; the engine is single-threaded, as pdfium requires):
-``open`` (a descriptor -> ``pages``, ``has_text_layer``), ``page_text``,
-``document_text``, ``render`` (a page -> PNG), ``image`` (decode an image,
-apply an ``image_op`` -> PNG), ``close``. ``render`` and ``image`` take
-``max_png_bytes``, the room the job's handles have left (``max_handle_bytes``):
-the PNG is encoded into a buffer that refuses to grow past it, so an image
-that would not fit stops encoding there.
+Design: docs/internals/world.md#docworkerpy
 """
 
 from __future__ import annotations

@@ -1,60 +1,14 @@
 """``fetch``: download a URL the job was granted, as a handle like any opened file.
 
-A guest's ``{"cmd":"fetch","url":...}`` is answered by ``opened``, exactly as
-``open`` is: the body lands in an anonymous temporary file, its kind is
-sniffed from content (a PDF becomes a ``document``), and ``slice``,
-``page_text`` and the rest work on the handle unchanged.
+A guest's ``fetch`` is answered by ``opened``, exactly as ``open`` is, so every command that works
+on a handle works on a download unchanged. A grant admits a URL component by component (scheme,
+host, port, path segments), never by string prefix, with URLs parsed once by httpx, the client
+that sends them. Redirects are checked again, the body is capped (``max_fetch_bytes``, the
+handles' ``max_handle_bytes``), the whole fetch is bounded in time, and nothing of the user's
+environment is sent. The download runs on a helper thread whose socket the job's thread can shut
+down at any moment, so nothing outlives the fetch.
 
-**Grants.** ``--fetch PREFIX`` (``fetch=[...]`` in Python) grants every URL
-under a prefix, where "under" is decided component by component, never by
-string prefix: the scheme must be equal (only ``http`` and ``https`` exist
-here), the host equal (case-insensitively, after IDNA encoding, exactly as
-the HTTP client will send it), the port equal (explicit or the scheme's
-default), and the grant's path segments a prefix of the URL's path segments.
-So the grant ``https://example.org/docs`` admits ``https://example.org/docs/a``
-but not ``https://example.org.evil/docs``, ``https://example.org/docs-secret``,
-``http://example.org/docs`` or ``https://example.org:8443/docs``. URLs are
-parsed once, by httpx (the client that sends them), so the check and the
-request cannot read a URL differently. A URL with credentials
-(``user@host``), a backslash, whitespace or control characters, a dot segment
-(``.``/``..``, also percent-encoded) or an encoded slash is refused outright;
-cuttlefish's own rule is a string prefix plus "no ``..`` anywhere", and this
-one is stricter.
-
-**The download.** Redirects are followed by hand, at most
-``max_fetch_redirects``, and every target is checked against the grants
-again, so a granted server cannot bounce the job somewhere else. The body is
-capped at ``max_fetch_bytes`` (the ``Content-Length`` is checked first, then
-every chunk; gzip/deflate bodies are decoded in bounded steps, so a
-compression bomb is stopped at the cap), and the whole fetch, redirects
-included, at ``fetch_timeout_s`` and the job's own deadline: a slow server
-or an endless body ends the fetch, not the job's patience. Only 2xx answers
-are bodies; anything else is an error naming the status. No proxy, ``.netrc``
-credentials or cookies from the environment are used (``trust_env=False``),
-so nothing of the user's is sent to a URL a guest chose.
-
-The body also counts against the bytes all of the job's handles may hold
-together (``max_handle_bytes``): the caller passes the room left, the body is
-capped at the smaller of the two, and the error names whichever limit it
-passed.
-
-**Nothing outlives the fetch.** The download runs on a helper thread; the
-job's thread waits for it while watching for cancellation, the job's deadline
-and the fetch's own, and on any of them it shuts the connection's socket down
-and joins the helper (briefly) before the job goes on or ends. httpx's own
-timeouts are per read, so a server that answers ``100 Continue`` forever or
-trickles its status line a byte at a time never trips them; only the waiting
-thread's deadline ends it, so the socket must be reachable *before* the
-response headers arrive. httpcore's ``trace`` extension reports the stream
-the moment the TCP connection (and then TLS) is up; the helper keeps a
-duplicate of its descriptor, and ``shutdown`` on it wakes any blocked read or
-handshake at once (shutdown acts on the connection, whichever descriptor
-names it, so the duplicate taken before TLS wraps the socket still reaches
-it). The duplicate is closed by the helper as it ends. A stop that
-comes before the connection exists is seen by the trace callback, which shuts
-the new connection down itself, so the first read fails. Only a DNS lookup
-(``getaddrinfo``) cannot be interrupted; it is bounded by the resolver's own
-timeouts.
+Design: docs/internals/world.md#fetchpy
 """
 
 from __future__ import annotations

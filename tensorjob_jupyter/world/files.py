@@ -1,29 +1,13 @@
 """A job's open files: handles, content sniffing and bounded windows.
 
-Bulk data never crosses the guest boundary whole. ``open`` yields a handle,
-the length and the kind (sniffed from the first 4 KiB of content, never from
-the name) without reading the file; ``slice`` and ``slice_bytes`` then serve
-one bounded window at a time with ``pread``, so neither the host nor the
-guest ever holds the whole file, and offsets past 4 GiB work.
+Bulk data never crosses the guest boundary whole: ``open`` yields a handle, the length and the
+kind (sniffed from content, never from the name) without reading the file, and ``slice`` and
+``slice_bytes`` serve one bounded window at a time with ``pread`` (``slice`` cut to a UTF-8
+boundary). Handles count from 0 in each job, are never reused, and are the capability: a bad one
+is ``capability_denied``. The bytes the host makes for handles (fetched bodies, rendered pages)
+share one budget, ``max_handle_bytes``, which a producer asks about before it works (``room()``).
 
-``slice`` cuts each window back to a UTF-8 character boundary and reports
-the ``next_offset`` to resume from; a window too small to hold one character
-is an error, never an empty read that would spin a guest forever (only a
-request for zero bytes, or one at the end of the file, reads nothing). The job's
-``max_window_bytes`` caps every window: a guest asking for more gets less.
-
-Handles count from 0 in each job and are never reused; a job may hold at
-most ``max_handles`` of them. Errors carry cuttlefish's codes: a bad handle
-or offset is ``capability_denied`` (the handle is the capability).
-
-**Bytes held.** An opened file stays on disk, but some handles hold bytes the
-host made: a fetched body, a rendered page, an ``image_op`` result, each in an
-anonymous in-memory file. Each has its own cap (``max_fetch_bytes``, the pixel
-limits), and those multiply by ``max_handles`` (64 fetches of 64 MiB are
-4 GiB), so the table also keeps one budget for all of them together,
-``max_handle_bytes``: ``room()`` tells a producer how much is left *before* it
-downloads or renders, and a handle that would pass the budget is refused with
-``limit_exceeded`` naming it. Opened files do not count.
+Design: docs/internals/world.md#filespy
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """Read grants: which paths a job's guest may open, decided at ``open``, beneath a root.
 
-A grant is a root -- a directory or a single file -- canonicalised when the
-job is created (host input, trusted). A path from the guest (hostile) is
-answered in three moves, none of which looks outside the roots:
+A grant is a root, canonicalised when the job is created (host input, trusted). A path from the
+guest (hostile) is answered in three moves, none of which looks outside the roots: lexically (it
+must lie under a root by path components, so the answer outside every root is always
+``capability_denied``), then walked beneath the root from its descriptor (``O_NOFOLLOW``, symlinks
+followed only while they stay under a root), then opened as a regular file. There is no
+``realpath`` and no walk over ancestors, and a path's length is bounded before any work.
 
-1. **Lexically**: the path (relative ones joined to the job's directory) is
-   normalised as text -- ``.``, ``..`` and repeated slashes resolved -- and
-   must then lie under a root *by path components* (``data-secret`` is never
-   inside ``data``). Nothing is asked of the file system, so the answer for a
-   path outside every root is always ``capability_denied``, whatever exists
-   there: ``X/../data/a.txt`` is ``data/a.txt`` whether or not ``X`` exists.
-2. **Beneath the root**: the rest of the path is walked component by
-   component from the root's descriptor with ``O_NOFOLLOW`` and ``dir_fd``.
-   A symlink met on the way is followed only to where it leads lexically
-   (relative to its directory, or absolute), and only while that stays under
-   a granted root; anything leading out is ``capability_denied``, after at
-   most ``MAX_SYMLINKS`` links. No ``realpath``, no walk over ancestors.
-3. **As opened**: the last component is opened without blocking, and must be
-   a regular file (``regular_file.open_fd``: directories, FIFOs, devices and sockets are refused).
-
-A missing file inside a root is ``not_found`` (the guest could have learnt
-that by listing the root itself). Paths longer than ``MAX_PATH_BYTES`` (the
-kernel's ``PATH_MAX``) are refused before any work, so the host time an
-``open`` costs is bounded by that length, whatever the guest sends.
+Design: docs/internals/world.md#grantspy
 """
 
 from __future__ import annotations

@@ -1,56 +1,15 @@
 """``PythonGuest``: a Python guest, run by CPython-in-wasm, that the reactor drives like any guest.
 
-The reactor steps a guest: ``init(input) -> command``, ``step(event) ->
-command``, ``on_token(piece) -> bool``, ``interrupt()`` from any thread,
-``close()``. A Python guest's ``main(input)`` is ordinary blocking code
-(``for token in tj.infer(...): ... break``), so the interpreter runs on a
-thread of its own and every guest-API call crosses to the reactor's thread:
+A Python guest's ``main(input)`` is ordinary blocking code, so the interpreter runs on a thread of
+its own and every guest-API call hands one command to the reactor's thread and waits for its
+answer. The host still sees every command before it is carried out (grants, limits, the debugger,
+the transcript), and the two threads strictly alternate, so the wasmtime ``Store`` is only used by
+the interpreter's thread. Deadlines, fuel and memory are the job's; nothing of the host is
+granted, and the clock and random source are the host's, recorded for replay. It is longer than
+most rooms because it is the whole adapter: the interpreter's thread, the hand-over of each
+command, the host calls it serves and the deadline it arms all change together.
 
-* the guest's ``tj`` call makes one host call (``host.command``) that hands
-  the command to the reactor (``init``/``step`` return it) and waits, inside
-  the host function, for the reactor's answer: the event (``step(event)``),
-  or the first token of a streamed infer (``on_token``);
-* while a streamed infer runs, each ``on_token(piece)`` goes to the guest,
-  which judges it in its loop and answers with ``host.verdict``; an infer
-  whose reply the guest reads whole costs no crossing per token.
-
-So the host still sees every command before it is carried out: grants,
-limits, the debugger's pauses between commands, the transcript -- all as for
-a compiled guest. The two threads strictly alternate (queues hand over the
-turn), so the wasmtime ``Store`` is only ever used by the interpreter's
-thread, and the reactor's state only by the reactor's.
-
-Guarantees, each tested (tests/test_python_guest*.py):
-
-* **Deadlines.** Every stretch of guest code between two host calls runs
-  under the epoch deadline of one call (``call_timeout_s``, or what is left
-  of the job's time): the deadline is set again each time a host function
-  returns to the guest. ``while True: pass`` ends ``timeout``; ``interrupt()``
-  (cancel) pushes the epoch past any deadline at once.
-* **Fuel** (when set) counts the guest's own code: the interpreter's start-up
-  runs on a separate allowance (``STARTUP_FUEL``); when the guest's code starts
-  (``host.ready``) the store's fuel is set to the job's ``fuel``.
-* **Memory.** The store's memory limit is the job's ``memory_bytes``: past it
-  ``memory.grow`` fails and the guest sees ``MemoryError`` (or, when CPython
-  cannot even raise it, the job ends ``limit_exceeded``). A raw WIT binding
-  called with a value its type cannot hold aborts the interpreter too; the
-  trap's backtrace shows the binding runtime's panic, and that is
-  ``wasm_trap`` naming the binding, not memory.
-* **Nothing of the host.** WASI is there because CPython needs it, with nothing
-  granted: no preopened directory, no environment, no arguments, sockets
-  refused, ``exit`` ends the job, and the clocks and the random source are
-  the host's own: a seeded generator and readings that the transcript records
-  (``job.interpreter``: seed and wall-clock origin; ``job.clock``: each
-  reading), so ``replay`` gives the guest the same values. Timers (sleeping
-  inside WASI) are refused; ``time.sleep`` is a host call cancel reaches.
-* **Host functions never raise Python exceptions into wasmtime** (its error
-  slot is process-wide): every failure inside one becomes a ``WasmtimeError``
-  that ends the guest's call, and the reactor sees a ``GuestTrap``.
-* ``print()`` lines go to the job's log (``job.log`` events), bounded per line
-  and per job.
-
-It is longer than most rooms because it is the whole adapter: the interpreter's thread, the
-hand-over of each command, the host calls it serves and the deadline it arms all change together.
+Design: docs/internals/sandbox.md#pythonguestpy
 """
 
 from __future__ import annotations

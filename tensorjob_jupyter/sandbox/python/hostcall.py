@@ -1,22 +1,13 @@
 """Host functions for the Python interpreter's component, defined through wasmtime's C API directly.
 
-``wasmtime.component.LinkerInstance.add_func`` wraps every call of a host
-function in Python that asks the function for its type, builds a type object
-per parameter and converts each value generically: about 15 us a call, which
-is most of the cost of a guest's command or token. The interpreter's own
-imports (``wit/guest.wit``) have fixed, simple signatures -- strings, bools,
-integers -- so ``add_func`` here registers a function with its signature
-stated once and converts the raw values directly, as ``sandbox/wasmcall.py``
-does for a compiled guest's exports. Values are read and written exactly as
-wasmtime-py's own ``String``/``Bool``/``U32``... conversions do (ownership
-included: a string argument's bytes are freed once read, a string result is
-handed over with ``str_to_capi``).
+``wasmtime.component.LinkerInstance.add_func`` converts every value generically, about 15 us a
+call: most of the cost of a guest's command or token. The interpreter's own imports
+(``wit/guest.wit``) have fixed, simple signatures, so ``add_func`` here states each signature once
+and converts the raw values directly, exactly as wasmtime-py's own conversions do, ownership
+included. An exception never crosses into wasmtime's process-wide error slot: it becomes the
+call's ``WasmtimeError``. Tested with wasmtime-py 50 (the range ``pyproject.toml`` pins).
 
-An exception never crosses into wasmtime's process-wide error slot: a
-``WasmtimeError`` raised by the function becomes the call's error (the guest's
-call ends with it), and anything else is turned into one first.
-
-Tested with wasmtime-py 50 (the range ``pyproject.toml`` pins).
+Design: docs/internals/sandbox.md#pythonhostcallpy
 """
 
 from __future__ import annotations

@@ -1,41 +1,14 @@
 """The Python interpreter guests run in: built once, compiled once per engine configuration, checked.
 
-The interpreter is CPython 3.14 compiled to WebAssembly by **componentize-py**
-(Bytecode Alliance; pinned in ``pyproject.toml``): a WebAssembly component
-whose world is ``wit/guest.wit`` and whose app module is the guest API
-(``runtime/``). componentize-py runs the app module once at build time and
-snapshots the initialised interpreter, so a job starts from a ready heap in a
-few milliseconds instead of booting CPython (hundreds of millions of
-instructions). The standard library a guest can import is what the app module
-imports: the snapshot has no file system behind it.
+The interpreter is CPython compiled to a WebAssembly component by componentize-py, with the guest
+API (``runtime/``) as its app module, snapshotted once initialised, so a job starts from a ready
+heap in milliseconds instead of booting CPython. Building (about 20 s) and compiling for an engine
+configuration (15-30 s) are slow, so both results are kept in ``<cache_dir()>/python/`` with a
+manifest of their SHA-256, built once under a lock file; the compiled file is checked against the
+manifest before wasmtime maps it (deserializing is trusting native code), and the cache's files
+are read only if they are regular files.
 
-Three artefacts, all in ``<cache_dir()>/python/`` (``$TENSORJOB_CACHE``,
-else ``~/.cache/tensorjob/wasm``; ``tensorjob cache --clear`` removes them):
-
-* ``interpreter-<key>.wasm``: the component, built by componentize-py from
-  the runtime's sources. ``<key>`` hashes everything that determines it (the
-  runtime files, the WIT, componentize-py's version), so editing the guest
-  API rebuilds it. About 20 MB; about 20 s to build.
-* ``interpreter-<key>-<engine>.cwasm``: the component compiled by wasmtime
-  for one engine configuration (the wasmtime version and whether fuel is on:
-  the only settings a serialized module must match). About 37 MB; the first
-  compile takes 15-30 s, every later job maps it in about 5 ms.
-* ``interpreter-<key>.json``: the manifest: the SHA-256 of both files.
-
-componentize-py's output is not byte-for-byte reproducible (its snapshot
-differs per build), so the SHA-256 pinned is the one recorded when this
-machine built the file; ``load_component`` checks the compiled file against
-it before wasmtime maps it (once per process per file: deserializing is
-trusting native code). A file that does not match is deleted and rebuilt.
-
-The cache's files are read only if they are regular files (``open_regular``):
-a FIFO planted where the manifest belongs would otherwise hang a guest's
-start waiting for a writer; it is refused, ``tensorjob cache --clear``
-removes it.
-
-Building and compiling run under a lock file, so parallel processes (a map,
-pytest workers) build once. ``ensure(progress=...)`` reports the stages for a
-progress bar or a notebook line.
+Design: docs/internals/sandbox.md#pythoninterpreterpy
 """
 
 from __future__ import annotations

@@ -1,42 +1,16 @@
 """The guest API of a Python tensor job: ``import tensorjob as tj``.
 
-This module runs *inside* the sandbox, in CPython compiled to WebAssembly.
-A guest is a script that defines ``main(input)``; what ``main`` returns is
-the job's result (JSON), an uncaught exception ends the job ``script_error``
-with the guest's own traceback, and ``tj.fail(code, message)`` ends it with
-a code of the guest's choosing.
+This module runs *inside* the sandbox, in CPython compiled to WebAssembly. A guest is a script
+that defines ``main(input)``: what ``main`` returns is the job's result (JSON), an uncaught
+exception ends the job ``script_error`` with the guest's own traceback, and ``tj.fail(code,
+message)`` ends it with a code of the guest's choosing. Everything the guest can reach is a command
+of the tensor-job ABI, carried out by the host under the job's grants and limits: ``tj.infer(...)``
+returns a :class:`Reply` to iterate token by token (``break`` stops the model) or read whole
+(``.text``, ``.json()``), and ``tj.open`` reads granted files one bounded window at a time. It is
+one file on purpose: it is the module a guest imports, built into the interpreter's snapshot, and
+a guest sees its whole API in one place.
 
-Everything the guest can reach is a command of the tensor-job ABI, carried
-out by the host under the job's grants and limits, exactly as for a guest
-written in C::
-
-    import tensorjob as tj
-
-    def main(input):
-        with tj.open(input["path"]) as f:          # open: checked against the grants
-            for window in f.windows(64 * 1024):    # slice: one bounded window at a time
-                tj.emit({"read": f.tell()})        # emit: progress for the view
-        words = []
-        for token in tj.infer("Say hello", max_tokens=32):   # tokens stream in
-            words.append(token)
-            if "." in token:
-                break                              # break stops generation
-        return {"answer": "".join(words)}
-
-``tj.infer(...)`` returns a :class:`Reply`: iterate it to judge each token
-(``break`` stops the model), or read ``.text`` / ``.json()`` for the whole
-answer (no per-token round trips). A reply nobody reads is still sent, at the
-guest's next call or when ``main`` returns. ``on_token=fn`` is the callback
-form (return ``False`` or ``tj.STOP`` from ``fn`` to stop).
-
-Nothing else of the host is reachable: no host files (``open`` names granted
-paths only, read through windows), no network (``fetch`` goes through the
-grants), an empty environment, and a clock and random source that the host
-supplies and records, so a replay of the job sees the same values.
-``print()`` goes to the job's log.
-
-It is one file on purpose: it is the module a guest imports, built into the interpreter's
-snapshot, and a guest sees its whole API in one place.
+Design and an example: docs/internals/sandbox.md#pythonruntimetensorjobpy
 """
 
 import base64 as _base64
