@@ -15,7 +15,7 @@ steps the guest again, publishing every move as an ordered event stream.
 """
 
 from tensorjob_jupyter.abi import (
-    AbiError, Envelope, JobError, JobFailure, JobStatus, TensorjobError, TokenAction, Usage, codes,
+    AbiError, Envelope, JobError, JobFailure, JobStatus, OptionError, TensorjobError, TokenAction, Usage, codes,
 )
 from tensorjob_jupyter.fanout import ManifestError, MapResult, MapRun, ResumeRefused, map, start_map
 from tensorjob_jupyter.fanout.errors import ClusterError, MapError
@@ -23,7 +23,7 @@ from tensorjob_jupyter.fanout.scoring import ScoringError
 from tensorjob_jupyter.fanout.estimate import MapEstimate, estimate_map
 from tensorjob_jupyter.fanout.scoring import Scored, ScoreSummary
 from tensorjob_jupyter.host.jobs import Job, get_job, jobs, run
-from tensorjob_jupyter.host.spec import JobSpec
+from tensorjob_jupyter.host.spec import JobSpec, Overrides
 from tensorjob_jupyter.inference.providers import ModelRef
 from tensorjob_jupyter.limits import Limits
 from tensorjob_jupyter.host.reactor import InferOptions, JobStats
@@ -33,20 +33,20 @@ from tensorjob_jupyter.host.schemas import SchemaError
 from tensorjob_jupyter.inference.base import ModelError
 from tensorjob_jupyter.record.event_checks import TranscriptError
 from tensorjob_jupyter.sandbox.compile import CompileError
-from tensorjob_jupyter.frontends.options import OptionError
 from tensorjob_jupyter.history.replay import ReplayJob, replay
 from tensorjob_jupyter.history.report import ReplayReport
 from tensorjob_jupyter.history.diff import diff_runs
 from tensorjob_jupyter.history.map_compare import MapComparison, compare
-from tensorjob_jupyter.history.map_replay import MapReplay, replay_map, start_map_replay
+from tensorjob_jupyter.history.map_replay import MapReplay, MapReplayRun, replay_map, start_map_replay
 
 from tensorjob_jupyter.version import __version__
 
-__all__ = ["Envelope", "InferOptions", "Job", "JobSpec", "ModelRef", "JobError", "JobFailure", "JobStats", "JobStatus", "Limits", "ManifestError",
+__all__ = ["Envelope", "InferOptions", "Job", "JobSpec", "Overrides", "ModelRef", "JobError", "JobFailure", "JobStats",
+           "JobStatus", "Limits", "ManifestError",
            "MapResult", "MapRun", "ResumeRefused", "TokenAction", "Usage", "codes", "get_job", "jobs", "map", "run",
            "start_map", "list_runs", "replay", "ReplayJob", "ReplayReport", "diff_runs", "__version__",
            "MapEstimate", "estimate_map", "Scored", "ScoreSummary", "MapComparison", "compare", "MapReplay",
-           "replay_map", "start_map_replay",
+           "MapReplayRun", "replay_map", "start_map_replay",
            # the errors: one root, TensorjobError; a job's end (JobFailure and ModelError) and every refusal
            "TensorjobError", "AbiError", "ClusterError", "CompileError", "MapError", "ModelError", "OptionError",
            "ReplayError", "RunError", "SchemaError", "ScoringError", "TranscriptError"]

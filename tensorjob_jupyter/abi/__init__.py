@@ -7,8 +7,8 @@ This door names them all, so ``from tensorjob_jupyter.abi import Envelope, codes
 """
 
 from tensorjob_jupyter.abi.errors import (
-    ERROR_CODES, EVENT_TYPES, HOST_ONLY_CODES, TERMINAL_EVENT_TYPES, AbiError, JobFailure, TensorjobError, codes,
-    event_types,
+    ERROR_CODES, EVENT_TYPES, HOST_ONLY_CODES, TERMINAL_EVENT_TYPES, AbiError, JobFailure, OptionError,
+    TensorjobError, codes, event_types,
 )
 from tensorjob_jupyter.abi.strict_json import (
     MAX_COUNT, MAX_DEPTH, U32_MAX, U64_MAX, checked_value, dumps, encode_json, loads_strict,
@@ -24,7 +24,8 @@ from tensorjob_jupyter.abi.wire import (
 
 __all__ = [
     "U32_MAX", "U64_MAX", "codes", "event_types", "EVENT_TYPES", "TERMINAL_EVENT_TYPES", "ERROR_CODES",
-    "HOST_ONLY_CODES", "TensorjobError", "JobFailure", "AbiError", "JobStatus", "TokenAction", "MediaKind", "TEXT",
+    "HOST_ONLY_CODES", "TensorjobError", "JobFailure", "OptionError", "AbiError", "JobStatus", "TokenAction",
+    "MediaKind", "TEXT",
     "BINARY", "INFER_EXTENSIONS", "INFER_SAMPLING", "Infer", "Open", "Slice", "SliceBytes", "Embed", "Emit", "Done",
     "Fail", "PageText", "PageTextOpt", "PageImage", "DocumentText", "Resize", "Crop", "ImageOperation", "ImageOp",
     "Fetch", "Command", "UNSUPPORTED_COMMANDS", "InferDone", "Opened", "Sliced", "SlicedBytes", "Embedded", "Emitted",

@@ -3,7 +3,7 @@
 ``codes`` are cuttlefish's error strings plus the host's own; ``event_types`` name every event of the
 stream. ``TensorjobError`` is the root of every error raised on purpose, with two branches: ``JobFailure``
 (why a job ended: a code and a message, written into its envelope) and the refusals that stop something
-before it starts (``AbiError`` here; ``OptionError``, ``CompileError``, ``MapError``... where they arise).
+before it starts (``AbiError`` and ``OptionError`` here; ``CompileError``, ``MapError``... where they arise).
 """
 
 from __future__ import annotations
@@ -147,11 +147,15 @@ def _rebuild_failure(cls: type, code: str, message: str) -> JobFailure:
     return failure
 
 
+class OptionError(TensorjobError, ValueError):
+    """An option that cannot be used: one line, naming the flag (exit 2, or a ``UsageError`` in a notebook)."""
+
+
 class AbiError(TensorjobError, ValueError):
     """A guest produced bytes that are not a valid command (-> ``wasm_trap``)."""
 
 
 __all__ = [
     "codes", "event_types", "EVENT_TYPES", "TERMINAL_EVENT_TYPES", "ERROR_CODES", "HOST_ONLY_CODES",
-    "TensorjobError", "JobFailure", "AbiError"
+    "TensorjobError", "JobFailure", "OptionError", "AbiError"
 ]

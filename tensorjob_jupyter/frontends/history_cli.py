@@ -8,29 +8,10 @@
     tensorjob diff RUN_A RUN_B [--runs DIR] [--json]
     tensorjob diff --map RUN_DIR_A RUN_DIR_B [--json]
 
-A RUN is a run's id (or a unique prefix of one) in the runs folder, or the
-path of a run folder. ``runs`` lists (``history/runs.py``) -- or with ``--table``
-shows a map's run folder as a table of its items (``fanout.MapResult.read``,
-``frontends/table.py``), as CSV with ``--csv`` --, ``show`` plays a
-transcript through the same printer as ``tensorjob run`` (``history/show.py``,
-``frontends.terminal.EventPrinter``), ``replay`` runs a guest against a recording
-(``history/replay.py``; it takes the same job options as ``run``, each replacing the
-recorded one) and prints how the replay compares with the run, and ``diff``
-compares two runs (``history/diff.py``). ``replay --map`` re-runs a changed guest
-over a recorded map, each item against its own recording (``history/map_replay.py``),
-and prints the summary and the items that changed or need the model; ``diff --map``
-compares two maps of one manifest item by item (``history/map_compare.py``).
-Exit statuses are ``run``'s: ``show`` 0 once shown, ``replay`` as its job ended
-(1 also when it stopped at a divergence), ``replay --map`` 0 when every item was
-answered from its recording -- with ``--fail-under X``, when also the new mean
-score is at least X (or the recorded one's, ``--fail-under recorded``) -- else 1,
-``diff`` 0 when the runs (or maps) are the same and 1 when they differ; a problem
-with a run folder or an argument is one line and exit 2.
-
-``find_runs``, ``open_playback`` and ``start_replay`` are the work of
-``runs``, ``show`` and ``replay`` short of printing; the magic's
-``%tensorjob runs|show|replay`` call them too, so both check the same
-things the same way.
+A thin shell: each command reads its arguments once into typed values (job options become ``Overrides`` for a
+replay) and calls the public API through ``frontends/requests.py``, as ``%tensorjob`` does. Exit statuses are
+``run``'s; ``replay --map`` is 0 when every item was answered from its recording (and, with ``--fail-under``,
+the new mean score passes), ``diff`` 0 when the two are the same; a problem is one line and exit 2.
 """
 
 from __future__ import annotations
@@ -38,26 +19,20 @@ from __future__ import annotations
 import shutil
 from typing import Any, Mapping, TextIO
 
-from tensorjob_jupyter.fanout.concurrency import AUTO
 from tensorjob_jupyter.fanout.errors import MapError
-from tensorjob_jupyter.fanout.progress import MapResult
 from tensorjob_jupyter.frontends.table import map_table, rows_csv
 
 from tensorjob_jupyter.frontends.options import (
-    BY_NAME, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, JobOptions, OptionError, add_job_arguments,
+    BY_NAME, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, JobOptions, OptionError, add_job_arguments, fail_under,
+)
+from tensorjob_jupyter.frontends.requests import (
+    MapReplayRequest, find_runs, map_rows, open_playback, replay_job, start_map_replay,
 )
 from tensorjob_jupyter.text import for_terminal, json_text
 from tensorjob_jupyter.frontends.terminal import DOES_NOT_COMPILE, EventPrinter, exit_status, load_guest, run_live
-from tensorjob_jupyter.history.runs import RunList, list_runs, prune
-from tensorjob_jupyter.history.runs import resolve_run
-from tensorjob_jupyter.history.show import Playback, check_speed
-from tensorjob_jupyter.history.replay import ReplayJob
-from tensorjob_jupyter.history.replay_setup import load_run, replay_spec
-from tensorjob_jupyter.frontends.options import options_for
+from tensorjob_jupyter.history.runs import prune
 from tensorjob_jupyter.history.diff import diff_runs
 from tensorjob_jupyter.history.map_compare import compare
-from tensorjob_jupyter.history.map_replay import MapReplayRun, start_map_replay
-from tensorjob_jupyter.history.replay_setup import ReplayError
 from tensorjob_jupyter.history.sources import sources_text
 from tensorjob_jupyter.frontends.map_cli import ProgressPrinter
 from tensorjob_jupyter.host.waiting import wait_or_cancel
@@ -162,28 +137,6 @@ def add_map_replay_arguments(p) -> None:
 # --- runs ------------------------------------------------------------------------------------------
 
 
-def find_runs(runs: str | None, *, status: str | None, limit: int | None) -> tuple[RunList, int]:
-    """The runs a listing shows -- newest first, only ``status`` if given, the newest ``limit`` (0 or None:
-    all) -- and how many there are in all. ``tensorjob runs`` and ``%tensorjob runs`` both list through it."""
-    if limit is not None and limit < 0:
-        raise OptionError("--limit must be 0 (all) or more")
-    listing = list_runs(runs, status=status)
-    total = len(listing)
-    if limit:
-        del listing[limit:]
-    return listing, total
-
-
-def map_rows(run_dir: str, *, review: bool = False, what: str = "--table") -> list[dict]:
-    """The rows of the map in ``run_dir`` (``MapResult.rows()``; ``review``: its completed items doubtful first,
-    ``MapResult.review()``); a folder that is not a map's is one ``OptionError``."""
-    try:
-        result = MapResult.read(run_dir)
-        return result.review() if review else result.rows()
-    except (MapError, OSError) as e:
-        raise OptionError(f"{what} {run_dir}: {' '.join(str(e).split())}") from None
-
-
 def cmd_runs(args, out: TextIO, err: TextIO) -> int:
     if args.csv and args.table is None:
         raise OptionError("--csv goes with --table MAP_RUN_DIR")
@@ -230,20 +183,6 @@ def _write_end(envelope: dict | None, *, as_json: bool, out: TextIO) -> None:
     out.flush()
 
 
-def open_playback(run, runs: str | None, *, speed: float, watched: bool = True) -> Playback:
-    """A recorded run ready to be shown again, by ``tensorjob show`` and ``%tensorjob show`` alike: ``--speed``
-    checked (here only), and the transcript read through once, so a damaged one is one error line before
-    anything is shown. ``watched=False``: nobody watches the pauses (plain text), so it plays at once."""
-    try:
-        check_speed(speed)
-    except ValueError as e:
-        raise OptionError(str(e)) from None
-    playback = Playback(resolve_run(run, runs), speed=speed if watched else 0.0)
-    for _ in playback.reader:
-        pass
-    return playback
-
-
 def cmd_show(args, out: TextIO, err: TextIO) -> int:
     playback = open_playback(args.run, args.runs, speed=args.speed)
     printer = EventPrinter(out=out, err=err, quiet=args.quiet, chunks_to_stdout=not args.json)
@@ -264,30 +203,9 @@ def cmd_show(args, out: TextIO, err: TextIO) -> int:
 # --- replay ----------------------------------------------------------------------------------------
 
 
-def start_replay(guest: str, from_run, args, err: TextIO, *, runs: str | None, defaults: JobOptions | None = None,
-                 variables: Mapping[str, Any] | None = None, heading: str = DOES_NOT_COMPILE) -> ReplayJob | None:
-    """The replay of ``guest`` (a file) against the run ``from_run`` (an id, a folder or a ``Job``), with the job
-    options ``args`` gives in place of the recorded ones -- not started; None when the guest does not compile
-    (the compiler's message is on ``err``), and what the replay takes from the recording that widens what the
-    guest may do is said on ``err`` (``ReplayJob.adopted``). ``tensorjob replay`` and ``%tensorjob replay`` both
-    start here."""
-    run = load_run(from_run, runs)
-    kwargs, options = options_for(run, args, defaults=defaults, variables=variables)
-    source = load_guest(options, guest, err, heading=heading)
-    if source is None:
-        return None
-    job = ReplayJob(replay_spec(source, run, **kwargs), run, live=args.live)
-    for line in job.adopted:  # what the transcript grants, said before anything runs
-        err.write(line + "\n")
-    return job
-
-
 def cmd_replay(args, out: TextIO, err: TextIO) -> int:
     if (args.from_run is None) == (args.map_run is None):
         raise OptionError("replay needs the recorded run: --from RUN, or --map RUN_DIR for a map (one of them)")
-    if getattr(args, "recorded_grants", False) and not args.live:
-        raise OptionError("--recorded-grants is for a --live replay (a replay without --live reads under the "
-                          "recorded grants, and stops where a file's answer differs)")
     if args.map_run is not None:
         return cmd_replay_map(args, out, err)
     for name in ("run_dir", "fail_under", "concurrency", "expected", "scorer"):
@@ -295,9 +213,12 @@ def cmd_replay(args, out: TextIO, err: TextIO) -> int:
             raise OptionError(f"--{name.replace('_', '-')} is for replay --map RUN_DIR")
     if args.deterministic:
         raise OptionError("--deterministic is for replay --map RUN_DIR --live")
-    job = start_replay(args.guest, args.from_run, args, err, runs=args.runs)
-    if job is None:
+    options = JobOptions.from_args(args)
+    guest = load_guest(options, args.guest, err)
+    if guest is None:
         return EXIT_FAILED
+    job = replay_job(guest, args.from_run, options.overrides(), live=args.live,
+                     recorded_grants=bool(args.recorded_grants), err=err)
     envelope = run_live(job, args, out, err)
     report = job.report
     assert report is not None
@@ -315,59 +236,16 @@ def cmd_replay(args, out: TextIO, err: TextIO) -> int:
 # --- replay --map ----------------------------------------------------------------------------------
 
 
-def fail_under(text: str | None) -> float | str | None:
-    """``--fail-under``: a score from 0 to 1, or ``recorded``."""
-    if text is None or text.strip().lower() == "recorded":
-        return None if text is None else "recorded"
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:
-        raise OptionError(f"--fail-under {text}: a score from 0 to 1, or 'recorded' (the recorded map's mean)")
-    return value
-
-
-def start_map_replay_run(guest: str, run_dir: Any, args, err: TextIO, *, defaults: JobOptions | None = None,
-                         variables: Mapping[str, Any] | None = None, scorer: Any = None,
-                         heading: str = DOES_NOT_COMPILE) -> MapReplayRun | None:
-    """The replay of ``guest`` (a file) over the recorded map in ``run_dir``, started; the job options ``args``
-    gives replace each item's recorded ones. None when the guest does not compile (the message is on ``err``).
-    ``tensorjob replay --map`` and ``%tensorjob replay --map`` both start here; anything that keeps it from
-    starting is one ``OptionError`` line."""
-    if getattr(args, "input", None) is not None:
-        raise OptionError("replay --map takes each item's input from its recording, not --input")
-    if getattr(args, "debug", None) or getattr(args, "break_on", None):
-        raise OptionError("replay --map does not debug its items: replay one item's run with --from RUN --debug")
-    concurrency = None if args.concurrency in (None, AUTO) else args.concurrency  # the magic's may be auto
-    if concurrency is not None and concurrency < 1:
-        raise OptionError("--concurrency must be at least 1")
-    fail_under(args.fail_under)
-    options = JobOptions.from_args(args, defaults=defaults, variables=variables)
-    source = load_guest(options, guest, err, heading=heading)
-    if source is None:
-        return None
-
-    def job_options(recording) -> dict:
-        kwargs, _ = options_for(recording, args, defaults=defaults, variables=variables)
-        for key in ("runs_dir", "model", "debug", "break_on"):
-            kwargs.pop(key)
-        return kwargs
-
-    try:
-        return start_map_replay(run_dir, source, out=args.run_dir, live=args.live,
-                                recorded_grants=bool(getattr(args, "recorded_grants", False)), model=options.model,
-                                concurrency=concurrency, expected=args.expected,
-                                scorer=scorer if scorer is not None else args.scorer, job_options=job_options,
-                                deterministic=bool(getattr(args, "deterministic", False)))
-    except (MapError, ReplayError, OSError, ValueError) as e:
-        raise OptionError(" ".join(str(e).split())) from None
-
-
 def cmd_replay_map(args, out: TextIO, err: TextIO) -> int:
-    replay_run = start_map_replay_run(args.guest, args.map_run, args, err)
-    if replay_run is None:
+    gate = fail_under(args.fail_under)
+    options = JobOptions.from_args(args)
+    guest = load_guest(options, args.guest, err)
+    if guest is None:
         return EXIT_FAILED
+    replay_run = start_map_replay(guest, MapReplayRequest(
+        args.map_run, out=args.run_dir, live=args.live, recorded_grants=bool(args.recorded_grants),
+        concurrency=args.concurrency, expected=args.expected, scorer=args.scorer,
+        deterministic=bool(args.deterministic)), options.overrides())
     run = replay_run.run
     run.subscribe(ProgressPrinter(err, quiet=args.quiet))
     wait_or_cancel(run.wait_done, replay_run.cancel)
@@ -376,7 +254,6 @@ def cmd_replay_map(args, out: TextIO, err: TextIO) -> int:
         out.write(for_terminal(f"replay cancelled: {replay.replayed.completed + replay.replayed.failed} of "
                                f"{replay.total} items replayed") + "\n")
         return EXIT_CANCELLED
-    gate = fail_under(args.fail_under)
     passed, line = replay.gate(gate) if gate is not None else (not replay.needs_model, None)
     if args.json:
         out.write(json_text({**replay.to_json(), "passed": passed}, pretty=False) + "\n")
@@ -410,7 +287,6 @@ COMMANDS = {"runs": cmd_runs, "show": cmd_show, "replay": cmd_replay, "diff": cm
 
 
 __all__ = [
-    "DEFAULT_LIMIT", "add_history_parsers", "add_map_replay_arguments", "find_runs", "map_rows", "cmd_runs",
-    "open_playback", "cmd_show", "start_replay", "cmd_replay", "fail_under", "start_map_replay_run", "cmd_replay_map",
-    "cmd_diff", "COMMANDS"
+    "DEFAULT_LIMIT", "add_history_parsers", "add_map_replay_arguments", "cmd_runs", "cmd_show", "cmd_replay",
+    "cmd_replay_map", "cmd_diff", "COMMANDS"
 ]

@@ -78,22 +78,22 @@ from traitlets.config import Configurable
 from tensorjob_jupyter.abi import Envelope, TensorjobError
 from tensorjob_jupyter.fanout import MapResult
 from tensorjob_jupyter.frontends import options as job_options
-from tensorjob_jupyter.frontends.history_cli import (
-    fail_under, find_runs, map_rows, open_playback, start_map_replay_run, start_replay,
+from tensorjob_jupyter.frontends.requests import (
+    MapReplayRequest, MapRequest, estimate_map, find_runs, map_rows, open_playback, replay_job, start_map,
+    start_map_replay,
 )
 from tensorjob_jupyter.frontends.table import ReviewRows
-from tensorjob_jupyter.frontends.map_cli import CONCURRENCY_HELP, concurrency_value, estimate_map_run, start_map_run
-from tensorjob_jupyter.frontends.options import JobOptions, OptionError, job_arguments
+from tensorjob_jupyter.frontends.options import (
+    CONCURRENCY_HELP, JobOptions, OptionError, concurrency_value, fail_under, job_arguments,
+)
 from tensorjob_jupyter.frontends.outcome import CellEnvelope, CellError, GateFailed, GuestDoesNotCompile, JobFailed
 from tensorjob_jupyter.frontends.prompt import prompt as debug_prompt
 from tensorjob_jupyter.frontends.terminal import load_guest
 from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.frontends.view.summary import map_summary, summary
-from tensorjob_jupyter.history.map_replay import MapReplay, MapReplayRun
-from tensorjob_jupyter.history.report import ReplayReport
+from tensorjob_jupyter import MapReplay, MapReplayRun, ReplayReport, get_job, jobs
 from tensorjob_jupyter.history.runs import prune
 from tensorjob_jupyter.host import GuestSource, Job, ModelError, cache_dir, cache_usage, clear_cache
-from tensorjob_jupyter.host.jobs import get_job, jobs
 from tensorjob_jupyter.text import clip, for_terminal
 
 #: The job options' defaults, one traitlet per row of ``options.OPTIONS`` that has one.
@@ -455,11 +455,11 @@ class TensorJob(Magics, JobSettings):
         if not args.over or not args.run_dir:
             raise UsageError("map needs --over MANIFEST and --run-dir DIR")
         if args.estimate:
-            estimate = estimate_map_run(guest, args, options)
+            estimate = estimate_map(options.map_spec(guest), self._map_request(args))
             if args.out:
                 self.shell.user_ns[args.out] = estimate
             return estimate
-        run = start_map_run(guest, args, options, scorer=self._scorer(args))
+        run = start_map(options.map_spec(guest), self._map_request(args, scorer=self._scorer(args)))
         view = None
         if not args.quiet and self._use_widgets():
             from tensorjob_jupyter.frontends.view.map_widget import MapView  # deferred: ipywidgets, only for a view
@@ -542,6 +542,14 @@ class TensorJob(Magics, JobSettings):
             print(summary(playback.name, env))
         return self._value(env, args)
 
+    @staticmethod
+    def _map_request(args, *, scorer=None) -> MapRequest:
+        """The map the magic's own options describe; ``scorer`` (a notebook's function) replaces ``--scorer``."""
+        return MapRequest(args.over, args.run_dir, concurrency=args.concurrency, cluster=args.cluster,
+                          retry_failed=args.retry_failed, restart=args.restart, expected=args.expected,
+                          scorer=scorer if scorer is not None else args.scorer,
+                          max_total_tokens=args.max_total_tokens, deterministic=args.deterministic)
+
     def _scorer(self, args):
         """``--scorer $name``: the notebook's function; a name stays a name (checked by the map)."""
         text = (args.scorer or "").strip().strip("'\"")
@@ -558,11 +566,14 @@ class TensorJob(Magics, JobSettings):
         """``%tensorjob replay PATH --map RUN_DIR``: the replay of a changed guest over a recorded map."""
         if args.from_run:
             raise UsageError("replay takes --from RUN (one run) or --map RUN_DIR (a map), not both")
-        replay_run = start_map_replay_run(args.target, self._run_arg(args.map_run, "replay --map"), args,
-                                          sys.stderr, defaults=JobOptions.from_settings(self),
-                                          variables=self.shell.user_ns, scorer=self._scorer(args), heading="")
-        if replay_run is None:
-            raise GuestDoesNotCompile("the guest does not compile (the compiler's message is above)")
+        gate = fail_under(args.fail_under)
+        options = self._options(args)
+        scorer = self._scorer(args)
+        replay_run = start_map_replay(self._guest(options, args.target), MapReplayRequest(
+            self._run_arg(args.map_run, "replay --map"), out=args.run_dir, live=args.live,
+            recorded_grants=bool(args.recorded_grants), concurrency=args.concurrency, expected=args.expected,
+            scorer=scorer if scorer is not None else args.scorer, deterministic=bool(args.deterministic)),
+            options.overrides())
         view = None
         if not args.quiet and self._use_widgets():
             from tensorjob_jupyter.frontends.view.map_widget import MapView  # deferred: ipywidgets, only for a view
@@ -579,7 +590,6 @@ class TensorJob(Magics, JobSettings):
             print("\n".join(replay.lines()))
         if args.out:
             self.shell.user_ns[args.out] = replay
-        gate = fail_under(args.fail_under)
         if gate is not None:
             passed, line = replay.gate(gate)
             if not passed:
@@ -594,11 +604,10 @@ class TensorJob(Magics, JobSettings):
         for name in ("fail_under", "expected", "scorer"):
             if getattr(args, name) is not None:
                 raise UsageError(f"--{name.replace('_', '-')} is for replay --map RUN_DIR")
-        job = start_replay(args.target, self._run_arg(args.from_run, "replay --from"), args, sys.stderr,
-                           runs=self._runs_dir(args), defaults=JobOptions.from_settings(self),
-                           variables=self.shell.user_ns, heading="")
-        if job is None:
-            raise GuestDoesNotCompile("the guest does not compile (the compiler's message is above)")
+        options = self._options(args)
+        job = replay_job(self._guest(options, args.target), self._run_arg(args.from_run, "replay --from"),
+                         options.overrides(), live=args.live, recorded_grants=bool(args.recorded_grants),
+                         err=sys.stderr)
         if args.out and args.bg:
             job.add_done_callback(lambda j: self.shell.user_ns.__setitem__(args.out, j.report))
         self.run_and_show(job, args)

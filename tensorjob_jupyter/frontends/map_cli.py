@@ -1,16 +1,11 @@
 """``tensorjob map``: the subcommand's parser, its run, and its progress lines.
 
-A thin shell over ``start_map``, so the command and ``tj.map`` cannot drift
-apart (``start_map_run`` is shared with ``%tensorjob map``). Anything that keeps a map from starting (a missing file, a bad
-number, a changed manifest, an unreachable cluster) is one line on stderr
-and exit 2; live progress goes to stderr, throttled, with the first few
-failures; a table of the items (``frontends/table.py``) and the summary (or
-``--json``) go to stdout, with the score when the map has expected answers
-(``--expected FILE.jsonl``, ``--scorer NAME``). ``--estimate`` prints what the
-map would cost and runs nothing (``fanout.estimate``); ``--max-total-tokens N``
-stops it, resumably, once its items have used N tokens. Exit codes: 0 every
-item completed, 1 some failed (or the token budget stopped the map), 2 usage
-error, 130 Ctrl-C.
+A thin shell over the public API (``tj.start_map`` through ``frontends/requests.py``, as ``%tensorjob map``
+does): the job options become the map's ``JobSpec`` and the map's own flags a ``MapRequest``, read once.
+Anything that keeps a map from starting is one line on stderr and exit 2; live progress goes to stderr,
+throttled, with the first few failures; the table and the summary (or ``--json``) go to stdout, with the score
+when there are expected answers. ``--estimate`` prints what the map would cost and runs nothing. Exit codes:
+0 every item completed, 1 some failed (or the token budget stopped the map), 2 usage error, 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -21,20 +16,16 @@ import time
 from typing import TextIO
 
 from tensorjob_jupyter.frontends.options import (
-    EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, JobOptions, OptionError, add_job_arguments,
+    CONCURRENCY_HELP, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, JobOptions, add_job_arguments, concurrency_value,
 )
+from tensorjob_jupyter.frontends.requests import MapRequest, estimate_map, start_map
 from tensorjob_jupyter.abi import codes
-from tensorjob_jupyter.fanout.errors import MapError
-from tensorjob_jupyter.fanout.estimate import MapEstimate, estimate_map
 from tensorjob_jupyter.fanout.progress import MapResult, rate_text
-from tensorjob_jupyter.fanout.run import STOPPED, MapRun
-from tensorjob_jupyter.fanout.concurrency import AUTO
+from tensorjob_jupyter.fanout.run import STOPPED
 from tensorjob_jupyter.fanout.scoring import BUILTINS, DEFAULT_SCORER
-from tensorjob_jupyter.fanout.start import start_map
 from tensorjob_jupyter.frontends.table import map_table
 from tensorjob_jupyter.frontends.terminal import load_guest
 from tensorjob_jupyter.host.waiting import wait_or_cancel
-from tensorjob_jupyter.host import GuestSource
 from tensorjob_jupyter.text import for_terminal, json_text
 
 SHOW_FAILURES = 20
@@ -86,11 +77,12 @@ def cmd_map(args, out: TextIO, err: TextIO) -> int:
     guest = load_guest(options, args.guest, err)
     if guest is None:
         return EXIT_FAILED
+    request = map_request(args)
     if args.estimate:
-        estimate = estimate_map_run(guest, args, options)
+        estimate = estimate_map(options.map_spec(guest), request)
         out.write((json_text(estimate.to_json()) if args.json else for_terminal(str(estimate))) + "\n")
         return EXIT_OK
-    run = start_map_run(guest, args, options)
+    run = start_map(options.map_spec(guest), request)
     printer = ProgressPrinter(err, quiet=args.quiet)
     run.subscribe(printer)
     wait_or_cancel(run.wait_done, run.cancel)
@@ -107,55 +99,11 @@ def cmd_map(args, out: TextIO, err: TextIO) -> int:
     return EXIT_OK if result.ok else EXIT_FAILED
 
 
-def start_map_run(guest: GuestSource, args, options: JobOptions, *, scorer=None) -> MapRun:
-    """Start the map ``args`` describe (``--over``, ``--run-dir``, ``--concurrency``, ``--cluster``,
-    ``--retry-failed``, ``--restart``, ``--expected``, ``--scorer``, ``--max-total-tokens``) with ``options``;
-    ``scorer`` (a Python function, from a notebook) replaces ``--scorer``. Whatever keeps it from starting -- a
-    bad number, a manifest, a refused run folder, a cluster that cannot be reached, expected answers that do
-    not fit -- is one ``OptionError`` line. ``tensorjob map`` and ``%tensorjob map`` both start here."""
-    if args.max_total_tokens is not None and args.max_total_tokens < 1:
-        raise OptionError("--max-total-tokens must be at least 1")
-    try:
-        return start_map(options.map_spec(guest), args.over, args.run_dir, concurrency=args.concurrency,
-                         cluster=args.cluster, retry_failed=args.retry_failed, restart=args.restart,
-                         expected=args.expected, scorer=scorer if scorer is not None else args.scorer,
-                         max_total_tokens=args.max_total_tokens, deterministic=args.deterministic)
-    except (MapError, OSError, ValueError) as e:
-        raise OptionError(_one_line(e)) from None
-    except Exception as e:  # noqa: BLE001 - e.g. the cluster cannot be reached
-        raise OptionError(f"{type(e).__name__}: {_one_line(e)}") from None
-
-
-def estimate_map_run(guest: GuestSource, args, options: JobOptions) -> MapEstimate:
-    """``--estimate``: what the map ``args`` describe would cost; a problem is one ``OptionError`` line."""
-    try:
-        return estimate_map(options.map_spec(guest), args.over, run_dir=args.run_dir)
-    except (MapError, OSError, ValueError) as e:
-        raise OptionError(_one_line(e)) from None
-
-
-#: ``--concurrency``'s help, the same in the terminal and the magic.
-CONCURRENCY_HELP = ("items at once: a number, or auto (the default: as many as the model decodes together -- "
-                    "its slots, 4 unless set -- at most twice the physical cores); on a cluster, items in flight "
-                    "(default twice its threads)")
-
-
-def concurrency_value(text: str) -> int | str:
-    """``--concurrency``: ``auto`` or a whole number at least 1; anything else is one usage line."""
-    text = text.strip()
-    if text == AUTO:
-        return AUTO
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither auto nor a whole number at least 1")
-    return value
-
-
-def _one_line(e: object) -> str:
-    return " ".join(str(e).split())
+def map_request(args) -> MapRequest:
+    """The map this command's own flags describe (``--over``, ``--run-dir``, ``--concurrency``, ...)."""
+    return MapRequest(args.over, args.run_dir, concurrency=args.concurrency, cluster=args.cluster,
+                      retry_failed=args.retry_failed, restart=args.restart, expected=args.expected,
+                      scorer=args.scorer, max_total_tokens=args.max_total_tokens, deterministic=args.deterministic)
 
 
 def _summary_text(result: MapResult) -> str:
@@ -222,6 +170,6 @@ class ProgressPrinter:
 
 
 __all__ = [
-    "SHOW_FAILURES", "add_map_parser", "add_experiment_arguments", "cmd_map", "start_map_run", "estimate_map_run",
-    "CONCURRENCY_HELP", "concurrency_value", "progress_line", "ProgressPrinter"
+    "SHOW_FAILURES", "add_map_parser", "add_experiment_arguments", "cmd_map", "map_request", "progress_line",
+    "ProgressPrinter"
 ]

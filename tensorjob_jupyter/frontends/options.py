@@ -1,26 +1,14 @@
 """Job options, written once: one table, one value, one way onto a parser.
 
-Every way to start a job -- ``%%tensorjob``, ``%tensorjob run``, ``%tensorjob
-map``, ``tensorjob run``, ``tensorjob map``, and ``tj.Job``/``tj.run``/
-``tj.map`` -- takes the same options under the same names, checked the same
-way:
-
-* ``OPTIONS`` is the table: each row is one option -- its keyword (the Python
-  name, and the ``TensorJob`` traitlet where it has one), its flag, how its
-  text is read, its help. The limits are rows too, made from ``Limits``
-  itself (``limits.FIELDS``), so a new limit is a flag, a traitlet and a
-  keyword with no other line written.
-* ``add_job_arguments(parser)`` puts the table on any argparse parser: the
-  command's subcommands, and the magics' (``magic_arguments`` is argparse
-  underneath; see ``job_arguments``).
-* ``JobOptions`` is the value: ``from_args`` reads a parsed namespace over
-  defaults (the traitlets in a notebook, the built-in ones elsewhere) and
-  checks everything -- files exist, the input is JSON or a Python literal
-  (or in a notebook ``$name``, a variable: ``input_value``) held to the
-  guest rule, each limit is valid -- or raises
-  one ``OptionError`` naming the flag. ``spec(guest)`` and ``map_spec(guest)``
-  are the ``JobSpec``s ``Job`` and ``start_map`` take.
-* ``EXIT_*`` are the exit codes of both commands.
+Every way to start a job -- the magics, the ``tensorjob`` commands and the Python API -- takes the same options
+under the same names, checked the same way. ``OPTIONS`` is the table (the limits are rows made from ``Limits``
+itself, so a new limit is a flag, a traitlet and a keyword with no other line written); ``add_job_arguments``
+puts it on any argparse parser, the magics' included. ``JobOptions.from_args`` reads a parsed namespace once,
+over defaults (the notebook's traitlets, or the built-in ones), and checks everything, or raises one
+``OptionError`` naming the flag; the typed values a front end then hands to the public API are
+``spec(guest)``/``map_spec(guest)`` (a ``JobSpec``) and ``overrides()`` (an ``Overrides``: only what was given,
+for a replay). ``fail_under`` and ``concurrency_value`` read the two experiment options; ``EXIT_*`` are the
+commands' exit codes.
 """
 
 from __future__ import annotations
@@ -34,20 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from tensorjob_jupyter import limits as limits_table
-from tensorjob_jupyter.abi import TensorjobError
+from tensorjob_jupyter.abi import OptionError
+from tensorjob_jupyter.fanout.concurrency import AUTO
 from tensorjob_jupyter.limits import BYTES, COUNT, SECONDS, Limits
 from tensorjob_jupyter.host.debugger import parse_break_on
-from tensorjob_jupyter.host.spec import parse_fields
-from tensorjob_jupyter.host import GuestSource, InferOptions, JobSpec, ModelRef, check_fetch
-from tensorjob_jupyter.history.replay_setup import RECORDED, RecordedRun, ReplayError
-from tensorjob_jupyter.text import for_terminal
+from tensorjob_jupyter.host import GuestSource, InferOptions, JobSpec, ModelRef, Overrides, check_fetch, parse_fields
 from tensorjob_jupyter.frontends.input_value import InputError, read_input
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
-
-
-class OptionError(TensorjobError, ValueError):
-    """An option that cannot be used: one line, naming the flag (exit 2, or a ``UsageError``)."""
 
 
 # --- reading an option's text ---------------------------------------------------------
@@ -243,6 +225,8 @@ class JobOptions:
     break_on: tuple[str, ...] = ()
     require_grounded: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
+    #: the options given on the line (``from_args``), by name: what ``overrides`` holds
+    given: frozenset[str] = frozenset()
 
     @classmethod
     def from_settings(cls, settings: Any) -> "JobOptions":
@@ -281,7 +265,8 @@ class JobOptions:
                 continue
             value = _read(opt, text, variables)
             (limit_changes if opt.is_limit else changes)[opt.name] = value
-        options = dataclasses.replace(base, limits=base.limits.replace(**limit_changes), **changes)
+        given = frozenset(changes) | frozenset(limit_changes)
+        options = dataclasses.replace(base, limits=base.limits.replace(**limit_changes), given=given, **changes)
         return options.checked(local_model=local_model)
 
     def checked(self, *, local_model: bool = True) -> "JobOptions":
@@ -370,6 +355,30 @@ class JobOptions:
                        model=self.model_ref(), runs_dir=self.runs, debug=self.debug, break_on=self.break_on,
                        require_grounded=self.require_grounded)
 
+    def overrides(self) -> Overrides:
+        """What these options give anew over a recorded run (a replay's ``Overrides``): each option given on the
+        line, and the runs folder and model the settings name (a notebook's ``TensorJob.runs_dir``,
+        ``model_path``, ...) -- never a default sampling or limit, so a replay keeps the run's own."""
+        given = self.given
+        infer: list[tuple[str, Any]] = [(name, getattr(self, name)) for name in ("temperature", "top_p",
+                                                                                  "repeat_penalty", "seed", "chat")
+                                        if name in given]
+        if "no_prompt_cache" in given:
+            infer.append(("cache_prompt", not self.no_prompt_cache))
+        loras = self.loras(local_model=False) if self.lora else None
+        if loras is not None:
+            infer.append(("lora", {name: scale for name, (_path, scale) in loras.items()}))
+        return Overrides(
+            input=self.input if "input" in given else Overrides().input,
+            read=self.read if "read" in given else None, fetch=self.fetch if "fetch" in given else None,
+            input_bytes=self.input_bytes() if self.input_file is not None else None,
+            limits=tuple((name, getattr(self.limits, name)) for name in limits_table.FIELDS if name in given),
+            infer=tuple(infer), model=self.model, model_name=self.model_name, api_key_env=self.api_key_env,
+            loras=tuple((name, path) for name, (path, _scale) in loras.items()) if loras is not None else None,
+            runs_dir=self.runs, debug=self.debug if "debug" in given else None,
+            break_on=self.break_on if "break_on" in given else None,
+            require_grounded=self.require_grounded if "require_grounded" in given else None)
+
     def map_spec(self, guest: GuestSource) -> JobSpec:
         """The ``JobSpec`` every item of a map of ``guest`` starts from (what ``start_map`` takes): these options
         but for the input, which each item takes from the manifest."""
@@ -427,45 +436,42 @@ def _read_input(text: str, variables: Mapping[str, Any] | None) -> Any:
         raise OptionError(str(e)) from None
 
 
-# --- replay: a recorded run's setup, with what the command line gives anew -----------------------------
+# --- the experiment options: a gate and a width -------------------------------------------------
 
-#: The job options that change how the model is asked (given anew, they replace the run's own).
-SAMPLING_OPTIONS = frozenset({"temperature", "top_p", "repeat_penalty", "seed", "chat", "lora", "no_prompt_cache"})
+#: ``--concurrency``'s help, the same in the terminal and the magic.
+CONCURRENCY_HELP = ("items at once: a number, or auto (the default: as many as the model decodes together -- "
+                    "its slots, 4 unless set -- at most twice the physical cores); on a cluster, items in flight "
+                    "(default twice its threads)")
 
 
-def options_for(run: RecordedRun, args: Any, *, defaults: Any = None,
-                variables: Any = None) -> tuple[dict, Any]:
-    """``replay_spec`` keywords (and the ``JobOptions`` they came from) from parsed job options
-    (``add_job_arguments``): the recorded run's own setup, with each option given on the command line (or in
-    the magic) in its place. A live replay (``args.live``) takes no recorded read grant unless
-    ``args.recorded_grants`` says so: it reads only what ``--read`` grants now."""
-    given = {o.name for o in OPTIONS if getattr(args, o.name, None) is not None}
-    defaults = defaults or JobOptions()
-    read: list[str] = []
-    if "read" not in given and getattr(args, "live", False) and not getattr(args, "recorded_grants", False):
-        pass  # a live replay reads only what is granted now: a recorded grant from elsewhere never widens it
-    elif "read" not in given:
-        missing = [g for g in run.grants if not os.path.exists(g)]
-        if missing:
-            raise ReplayError(f"the run was granted {for_terminal(missing[0], one_line=True)}, which does not exist "
-                              f"here; files are read live, so give the grants again with --read")
-        read = [r for r in run.read if os.path.exists(r)]
-    infer = run.infer
-    base = JobOptions(read=tuple(read), fetch=run.fetch, input=run.input, limits=run.limits,
-                      chat=infer.chat, temperature=infer.sampler.temperature, top_p=infer.sampler.top_p,
-                      repeat_penalty=infer.sampler.repeat_penalty, seed=infer.sampler.seed,
-                      no_prompt_cache=not infer.cache_prompt,
-                      runs=defaults.runs, model=defaults.model, cflags=defaults.cflags, zigflags=defaults.zigflags)
-    options = JobOptions.from_args(args, defaults=base, variables=variables)
-    return {"input": options.input, "read": list(options.read), "fetch": list(options.fetch),
-            "limits": options.limits, "runs_dir": options.runs, "model": options.model,
-            "infer": options.infer_options() if given & SAMPLING_OPTIONS else RECORDED,
-            "debug": options.debug, "break_on": options.break_on,
-            "require_grounded": options.require_grounded if "require_grounded" in given else RECORDED,
-            "input_bytes": options.input_bytes() if options.input_file is not None else None}, options
+def concurrency_value(text: str) -> int | str:
+    """``--concurrency``: ``auto`` or a whole number at least 1; anything else is one usage line."""
+    text = text.strip()
+    if text == AUTO:
+        return AUTO
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither auto nor a whole number at least 1")
+    return value
+
+
+def fail_under(text: str | None) -> float | str | None:
+    """``--fail-under``: a score from 0 to 1, or ``recorded`` (the recorded map's mean); None when not given."""
+    if text is None or text.strip().lower() == "recorded":
+        return None if text is None else "recorded"
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise OptionError(f"--fail-under {text}: a score from 0 to 1, or 'recorded' (the recorded map's mean)")
+    return value
 
 
 __all__ = [
     "OptionError", "parse_bytes", "Option", "OPTIONS", "BY_NAME", "add_job_arguments", "job_arguments", "traitlets",
-    "JobOptions", "SAMPLING_OPTIONS", "options_for"
+    "JobOptions", "CONCURRENCY_HELP", "concurrency_value", "fail_under"
 ]

@@ -5,33 +5,12 @@
     replay.needs_model           # the items whose prompts changed: the recording cannot answer them
     replay.passed(0.8)           # the regression gate (--fail-under 0.8)
 
-A map records every item's job (``jobs/`` of its run folder); a replay (``replay.py``) answers a guest's
-infers from such a recording while its prompts are the recorded ones. So a guest whose parsing changed --
-or whose prompt changed for some items only -- is re-run over the whole map at the cost of running
-guests: each item is a ``ReplayJob`` against the transcript the item concluded in (``maps.RecordedMap``),
-with that item's recorded input, grants and limits (job options given anew replace them for every item,
-as for one replay). The first command an item's recording cannot answer -- another prompt, another
-window, more tokens than were recorded -- is that item's divergence: the item *needs the model*, and its
-job stops there with ``replay_divergence``; with ``live=True`` (``--live``) the model answers it from that
-step on, so only the items whose prompts changed touch the model. An item the recorded map never
-concluded is not run; a concluded one with no readable transcript (it failed before its job
-started, or the file is gone) needs the model.
-
-The replay is itself a map (``fanout.MapRun``, with this module's ``ReplayExecutor`` running its items,
-``concurrency`` at a time on threads), into its own run folder (``out``; default ``RUN_DIR/replay``),
-started over each time: the same results files, the same live view, and the same scores -- its results are
-scored against the recorded map's expected answers with its scorer (or those given). A replay folder is
-never the recorded map's own, and never another map's: those are refused rather than started over.
-
-What comes back is a ``MapReplay``: the recorded map and the replay compared item by item
-(``map_compare.MapComparison``: ``status_old``/``status_new``, ``result_old``/``result_new``,
-``changed``, ``changed_fields``,
-``score_old``/``score_new``, tokens and time), with the replay's own columns: ``needs_model``,
-``diverged_at`` (the step), ``divergence`` (one line: what the recording had, what the guest asked) and
-``live`` (the model answered from some step). An item that needs the model has the new status
-``needs the model``, no new result and no new score, and does not count as changed.
-``passed(fail_under)`` is the regression gate: True when no item needs the model and the new mean score
-is at least ``fail_under`` (a number, or ``"recorded"``: the recorded map's own mean over the same items).
+Each item is a ``ReplayJob`` against the transcript it concluded in, with its recorded setup and the same
+``Overrides`` merged over every item's (what was given anew, once). The first command its recording cannot
+answer is the item's divergence: it *needs the model*, unless ``live=True`` lets the model answer from there.
+The replay is itself a map (``fanout.MapRun`` with ``ReplayExecutor``) into its own folder, scored as the
+recorded map was; ``MapReplay`` compares the two item by item and ``passed`` is the gate.
+Design: docs/internals/history.md#map_replaypy
 """
 
 from __future__ import annotations
@@ -56,13 +35,13 @@ from tensorjob_jupyter.fanout.scoring import BUILTINS, Expected, Scoring, scorer
 from tensorjob_jupyter.fanout.start import deterministic_threads
 from tensorjob_jupyter.history.map_compare import MapComparison
 from tensorjob_jupyter.history.maps import RecordedMap
-from tensorjob_jupyter.history.replay import ReplayJob, live_model_needed
-from tensorjob_jupyter.history.replay_setup import ReplayError, load_run, replay_spec
+from tensorjob_jupyter.history.replay import ReplayJob
+from tensorjob_jupyter.history.replay_setup import ReplayError, live_model, load_run
+from tensorjob_jupyter.host.spec import Overrides
 from tensorjob_jupyter.sandbox.compile import GuestSource
 from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.host.reactor import internal_error
-from tensorjob_jupyter.inference.lazy import DEFAULT_MODEL_NAME
-from tensorjob_jupyter.inference.providers import model_backend
+from tensorjob_jupyter.inference.providers import ModelRef
 from tensorjob_jupyter.inference.topology import available_cpus
 from tensorjob_jupyter.text import for_terminal
 
@@ -93,8 +72,8 @@ class ReplayExecutor(LocalExecutor):
     (``LocalExecutor``'s loop, with each item a ``ReplayJob``); ``details`` says how each one went."""
 
     def __init__(self, recorded: RecordedMap, guest: Any, *, live: bool, backend: Any, jobs_dir: Path,
-                 concurrency: int, job_options: Callable[[Any], dict] | None = None, recorded_grants: bool = False,
-                 deterministic_threads: int | None = None):
+                 concurrency: int, overrides: Overrides | None = None, recorded_grants: bool = False,
+                 deterministic_threads: int | None = None, model: ModelRef | None = None):
         super().__init__(spec=None, backend=backend, concurrency=concurrency)
         self.recorded_grants = recorded_grants  # a live replay takes the recorded read grants only when told
         self.deterministic_threads = deterministic_threads
@@ -102,7 +81,9 @@ class ReplayExecutor(LocalExecutor):
         self.guest = GuestSource.of(guest)
         self.live = live
         self.jobs_dir = jobs_dir
-        self.job_options = job_options or (lambda recording: {})
+        # what was given anew, for every item alike: each item's transcript and name are the replay's own
+        self.overrides = (overrides or Overrides()).replace(debug=None, break_on=None, runs_dir=os.fspath(jobs_dir))
+        self.model = model  # the live model, named once for every item
         self.where = WHERE + str(recorded.path)
         self.concluded = set(recorded.result.results()) | set(recorded.result.failures())
         self.details: dict[int, ItemReplay] = {}  # written by the pool's threads, one item each
@@ -120,8 +101,11 @@ class ReplayExecutor(LocalExecutor):
             return failed_outcome(index, codes.REPLAY_DIVERGENCE, f"{why}: it needs the model")
         try:
             run = load_run(found.path)
-            spec = replay_spec(self.guest, run, runs_dir=self.jobs_dir, name=f"{self.guest.name}[{index}]",
-                               live=self.live, recorded_grants=self.recorded_grants, **self.job_options(run))
+            spec = run.spec(self.guest, live=self.live, recorded_grants=self.recorded_grants,
+                            grants=self.overrides.read is None).merge(
+                self.overrides.replace(name=f"{self.guest.name}[{index}]"))
+            if self.model is not None:
+                spec = spec.replace(model=self.model)
             if self.deterministic_threads is not None:
                 spec = spec.replace(infer=dataclasses.replace(spec.infer, cache_prompt=False, alone=True,
                                                               threads=self.deterministic_threads))
@@ -332,17 +316,22 @@ class MapReplayRun:
 
 def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, out: str | os.PathLike | None = None,
                      live: bool = False, recorded_grants: bool = False, model: str | os.PathLike | None = None,
-                     backend: Any = None,
-                     concurrency: int | None = None, expected: Any = None, scorer: Any = None,
-                     job_options: Callable[[Any], dict] | None = None, fsync: bool = True,
+                     backend: Any = None, overrides: Overrides | None = None,
+                     concurrency: int | None = None, expected: Any = None, scorer: Any = None, fsync: bool = True,
                      deterministic: bool = False) -> MapReplayRun:
-    """Start replaying ``guest`` over the recorded map in ``run_dir`` (see the module doc). ``recorded_grants``: a
-    live replay runs each item under its recorded read grants only when True (else under what ``job_options``
-    grants now). ``job_options``:
-    for each item's ``RecordedRun``, ``replay_spec`` keywords in place of the recorded ones (``read=``, limits...).
-    ``deterministic`` (with ``live``): one item at a time, each live infer decoded alone with a fixed thread
-    count and no prompt cache (``fanout.start.deterministic_job``).
+    """Start replaying ``guest`` over the recorded map in ``run_dir`` (see the module doc). ``overrides``: what
+    is given anew for every item (``Overrides``: ``read``, limits, sampling, the model's options...) over its
+    recorded setup; ``model`` is a shorthand for ``Overrides(model=...)``. ``recorded_grants``: a live replay
+    runs each item under its recorded read grants only when True (else under what ``overrides`` grants now).
+    A live replay runs on ``backend``, else on the model named (or the one the map recorded, checked on its
+    first item: never a recorded server). ``deterministic`` (with ``live``): one item at a time, each live infer
+    decoded alone with a fixed thread count and no prompt cache (``fanout.start.deterministic_job``).
     ``MapError``/``ReplayError``/``ValueError`` before anything runs."""
+    overrides = overrides or Overrides()
+    if model is not None:
+        if overrides.model is not None:
+            raise ValueError("name the model once: model= or overrides.model")
+        overrides = overrides.replace(model=os.fspath(model))
     if deterministic:
         if not live:
             raise ValueError("deterministic goes with live: a replay with no model decodes nothing")
@@ -355,14 +344,15 @@ def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, ou
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     target = Path(out).absolute() if out is not None else recorded.path / REPLAY_DIR
     _check_target(target, recorded.path)
+    live_ref = None
     if live and backend is None:
-        _check_live_model(recorded, model)
-        backend = model_backend(model)
+        live_ref = _live_model(recorded, overrides)
+        backend = live_ref.backend()
     scoring = _scoring(recorded, expected, scorer)
     executor = ReplayExecutor(recorded, guest, live=live, backend=backend, jobs_dir=target / JOBS,
-                              recorded_grants=recorded_grants,
-                              concurrency=concurrency or len(available_cpus()) or 1, job_options=job_options,
-                              deterministic_threads=deterministic_threads(model) if deterministic else None)
+                              recorded_grants=recorded_grants, overrides=overrides, model=live_ref,
+                              concurrency=concurrency or len(available_cpus()) or 1,
+                              deterministic_threads=deterministic_threads(live_ref) if deterministic else None)
     manifest = _manifest(recorded)
     folder = MapFolder(target, fsync=fsync)
     folder.open(manifest, executor.guest.sha256, retry_failed=False, restart=True, where=executor.where)
@@ -399,15 +389,12 @@ def _check_target(target: Path, recorded: Path) -> None:
                            f"so name another (--run-dir)")
 
 
-def _check_live_model(recorded: RecordedMap, model: Any) -> None:
-    """``--live`` needs the recorded model: named, unless it is the embedded one (checked on one item)."""
-    if model is not None:
-        return
+def _live_model(recorded: RecordedMap, overrides: Overrides) -> ModelRef:
+    """The model a live replay runs every item on: the one ``overrides`` names, else the one the map recorded
+    (read from its first item with a readable transcript; a map runs one model)."""
     for item in recorded.item_runs().values():
-        run = load_run(item.path)
-        if run.model not in (None, DEFAULT_MODEL_NAME) or run.model_server is not None:
-            raise ReplayError(live_model_needed(run))
-        return
+        return live_model(load_run(item.path), overrides)
+    return overrides.model_ref(ModelRef())
 
 
 def _scoring(recorded: RecordedMap, expected: Any, scorer: Any) -> Scoring | None:

@@ -27,7 +27,7 @@ from tensorjob_jupyter.host.jobs import Job
 from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.history.report import Divergence, ReplayReport
 from tensorjob_jupyter.history.replay_setup import (
-    RecordedRun, ReplayError, adoption_lines, load_run, replay_spec, sampling_of,
+    RecordedRun, ReplayError, adoption_lines, live_model_needed, load_run, replay_spec, sampling_of,
 )
 from tensorjob_jupyter.record.responses import ResponseStream
 from tensorjob_jupyter.host.reactor import PREVIEW_BYTES, PREVIEW_CHARS, InferPlan, Reactor
@@ -414,19 +414,21 @@ class ReplayJob(Job):
     ``ReplayJob(spec, run)``: ``spec`` is the replay's ``JobSpec`` (``replay_setup.replay_spec`` builds it
     from the run with what is given anew), ``run`` a ``RecordedRun`` (``replay_setup.load_run``).
     ``ReplayJob(guest, run, **keywords)`` is the same with ``run`` an id, a path, a ``Job`` or a recording and
-    the spec built from the keywords: those left ``RECORDED`` take the run's own -- ``input``, ``read`` (a live
-    replay's only with ``recorded_grants=True``),
-    ``fetch``, ``infer``, ``limits`` (limit keywords such as ``max_tokens=`` apply on top) and ``cwd``.
+    the spec built by ``replay_spec``: the run's own setup with what is given in place -- ``overrides=`` (an
+    ``Overrides``, what a front end was given) or the Python API's keywords (``read=``, ``max_tokens=``, ...);
+    a live replay takes the recorded read grants only with ``recorded_grants=True``.
     The spec's ``input_bytes`` must be the bytes the run staged (checked by SHA-256). ``live=True`` falls
-    back to a model from the first divergence: ``backend``, else the spec's model -- which must be named
-    unless the run used the embedded one.
+    back to a model from the first divergence: ``backend``, else the spec's model -- the recorded one unless
+    another is given (a recorded server is never taken: it must be named again).
     """
 
     def __init__(self, spec: Any, run: Any, /, *, live: bool = False, backend: Backend | None = None,
                  **keywords: Any):
-        recorded = load_run(run, keywords.get("runs_dir"))
+        overrides = keywords.get("overrides")
+        runs = overrides.runs_dir if overrides is not None else keywords.get("runs_dir")
+        recorded = load_run(run, runs)
         if not isinstance(spec, JobSpec):
-            spec = replay_spec(spec, recorded, live=live, **keywords)
+            spec = replay_spec(spec, recorded, live=live, backend_given=backend is not None, **keywords)
         elif keywords:
             raise TypeError(f"ReplayJob takes a JobSpec, or a guest and keywords, not both ({', '.join(keywords)})")
         self.recording = recorded.recording
@@ -445,7 +447,10 @@ class ReplayJob(Job):
                 if spec.model.kind == EMBEDDED and (recorded.model not in (None, DEFAULT_MODEL_NAME)
                                                     or recorded.model_server is not None):
                     raise ReplayError(live_model_needed(recorded))
-                backend = spec.model.backend()
+                try:
+                    backend = spec.model.backend()
+                except ModelError as e:
+                    raise ReplayError(f"--live: {e}") from None
         else:
             backend = RecordedModel(recorded.model or "")
         self.world = RecordedWorld(recorded, live)
@@ -455,7 +460,7 @@ class ReplayJob(Job):
         #: What this replay took from its recording that widens what the guest may do, and the looser
         #: recorded limits it did not take: one inert line each, for a front end to show before it runs.
         self.adopted: list[str] = adoption_lines(recorded, read=spec.read, fetch=spec.fetch, limits=self.limits,
-                                                 live=live)
+                                                 live=live, model=spec.model if live and backend is not None else None)
 
     @property
     def guest_changed(self) -> bool:
@@ -470,19 +475,6 @@ class ReplayJob(Job):
         world = self.world
         return ReplayReport(self, envelope, self.recording.envelope, world.divergence, world.then == "stopped",
                             world.live_from, world.reproduced_end)
-
-
-def live_model_needed(run: RecordedRun) -> str:
-    """Why ``--live`` needs a model named: the recorded one is not the embedded model, or it ran on a
-    server. A served run's server is named but never adopted: a transcript may come from anywhere, and
-    must not choose where a request (with the key of a variable it names) is sent."""
-    model = for_terminal(str(run.model), one_line=True)[:200]
-    url = (run.model_server or {}).get("url")
-    if isinstance(url, str):
-        shown = for_terminal(url, one_line=True)[:200]
-        return (f"--live: the run used the model {model} on the server {shown}; name the server to send its "
-                f"infers to with --model URL (a replay never takes a server from its transcript)")
-    return f"--live: the run used the model {model}; name its GGUF file with --model PATH"
 
 
 def replay(guest: Any, run: Any, *, live: bool = False, timeout: float | None = None, **kwargs: Any) -> ReplayReport:

@@ -1,16 +1,12 @@
 """What a replay takes from its recording: ``RecordedRun``, the run's setup read once, and the replay's ``JobSpec``.
 
-A replay re-runs a guest against a recorded run's world (``replay.py``).
-Unless given anew, it takes the run's own setup from the transcript's
-``job.created``: its input, grants, fetch prefixes, limits and sampling. A
-transcript is a file from anywhere, so that setup is read once and checked
-when the run is loaded (``load_run``, giving a ``RecordedRun`` -- typed
-fields, never the raw dict again), and a limit the file records looser than
-the defaults is not taken unless given again (``RecordedRun.limits``,
-``looser_limits``). ``replay_spec`` builds the replay's ``JobSpec`` from it
-with what was given in place, and ``adoption_lines`` says in a few lines
-what a replay took, before it runs. ``RECORDED`` is the keyword value that
-means "the run's own".
+A replay re-runs a guest against a recorded run's world (``replay.py``); unless given anew it takes the run's
+own setup from the transcript's ``job.created`` -- input, grants, fetch prefixes, limits, sampling and the
+model (its whole ``ModelRef``). A transcript is a file from anywhere, so that setup is read and checked once
+(``load_run``), a recorded limit looser than the defaults is not taken unless given again, a live replay
+takes no recorded read grant unless told, and a recorded server is never adopted. ``RecordedRun.spec`` is the
+run's own ``JobSpec``; ``replay_spec`` merges what was given (``Overrides``) over it, and ``adoption_lines``
+says what a replay took before it runs.
 """
 
 from __future__ import annotations
@@ -22,14 +18,15 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from tensorjob_jupyter.abi import TensorjobError
-from tensorjob_jupyter.inference.base import (
-    LoraChoice, Sampler,
-)
+from tensorjob_jupyter.inference.base import LoraChoice, ModelError, Sampler
 from tensorjob_jupyter.limits import FIELDS as LIMIT_FIELDS
 from tensorjob_jupyter.limits import Limits
 from tensorjob_jupyter.limits import check as limits_check
 from tensorjob_jupyter.host.reactor import InferOptions
-from tensorjob_jupyter.host.spec import JobSpec, parse_fields
+from tensorjob_jupyter.sandbox.compile import GuestSource
+from tensorjob_jupyter.host.spec import JobSpec, Overrides, parse_fields
+from tensorjob_jupyter.inference.lazy import DEFAULT_MODEL_NAME
+from tensorjob_jupyter.inference.providers import URL, ModelRef
 from tensorjob_jupyter.record.event_checks import MAX_COUNT
 from tensorjob_jupyter.text import for_terminal
 from tensorjob_jupyter.record.recording import (
@@ -43,13 +40,6 @@ _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 class ReplayError(TensorjobError, ValueError):
     """A replay that cannot start: its run cannot be replayed, or what it needs was not given (one line)."""
-
-
-# --- --------------------------------------------------------
-
-_RECORDED: Any = type("Recorded", (), {"__repr__": lambda self: "RECORDED"})()
-#: A keyword left as ``RECORDED`` takes the recorded run's value.
-RECORDED = _RECORDED
 
 
 @dataclass(frozen=True)
@@ -77,6 +67,8 @@ class RecordedRun:
     model_server: dict | None
     #: the result fields the run had to find in what it read (``--require-grounded``)
     require_grounded: tuple[str, ...] = ()
+    #: the model it ran on, whole (transcripts before it was recorded: None)
+    model_ref: ModelRef | None = None
 
     @classmethod
     def of(cls, recording: Recording) -> "RecordedRun":
@@ -104,6 +96,7 @@ class RecordedRun:
             taken, looser = _limit_values(created.get("limits") or {})
             required = parse_fields(created.get("require_grounded") or ())
             infer = _infer_options(created.get("infer") or {})
+            model_ref = ModelRef.from_json(created["model_ref"]) if created.get("model_ref") is not None else None
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ReplayError(f"{shown}: its job.created cannot be replayed: "
                               f"{for_terminal(str(e), one_line=True)[:200]}") from None
@@ -112,7 +105,7 @@ class RecordedRun:
         return cls(recording, created.get("input"), lists["read"] or lists["grants"], lists["grants"],
                    lists["fetch"], cwd if isinstance(cwd, str) and os.path.isdir(cwd) else None, size, digest,
                    Limits(**taken), looser, infer, recording.model, server if isinstance(server, dict) else None,
-                   required)
+                   required, model_ref)
 
     @property
     def id(self) -> str:
@@ -121,6 +114,24 @@ class RecordedRun:
     @property
     def guest_sha256(self) -> str | None:
         return self.recording.guest.get("sha256")
+
+    def spec(self, guest: Any, *, live: bool = False, recorded_grants: bool = False, grants: bool = True) -> JobSpec:
+        """The run's own ``JobSpec`` for ``guest``: its input, fetch prefixes, sampling, limits (none looser than
+        the defaults), ``cwd``, required fields and model, and its read grants -- a ``live`` replay's only with
+        ``recorded_grants``: what a transcript grants must never widen what a guest running live may read.
+        ``ReplayError`` if a grant it takes does not exist here (files are read live). ``grants=False``: none
+        (the read grants are given anew)."""
+        read: tuple[str, ...] = ()
+        if grants and (recorded_grants or not live):
+            missing = [g for g in self.grants if not os.path.exists(g)]
+            if missing:
+                raise ReplayError(f"the run was granted {for_terminal(missing[0], one_line=True)}, which does not "
+                                  f"exist here; files are read live, so give the grants again with --read")
+            read = tuple(r for r in self.read if os.path.exists(r))
+        local = self.model_ref is not None and self.model_ref.kind != URL  # a recorded server is never taken
+        return JobSpec(guest=guest, input=self.input, read=read, fetch=self.fetch, limits=self.limits,
+                       infer=self.infer, model=self.model_ref if local else ModelRef(), cwd=self.cwd,
+                       require_grounded=self.require_grounded)
 
 
 def load_run(run: Any, runs: str | os.PathLike | None = None) -> RecordedRun:
@@ -131,27 +142,56 @@ def load_run(run: Any, runs: str | os.PathLike | None = None) -> RecordedRun:
     return RecordedRun.of(run if isinstance(run, Recording) else Recording.read(resolve_run(run, runs)))
 
 
-def replay_spec(guest: Any, run: RecordedRun, *, input: Any = RECORDED, read: Any = RECORDED,
-                fetch: Any = RECORDED, infer: Any = RECORDED, limits: Any = RECORDED,
-                input_bytes: bytes | None = None, model: Any = None, model_options: dict | None = None,
-                runs_dir: str | os.PathLike | None = None, cwd: Any = RECORDED, name: str | None = None,
-                debug: bool = False, break_on: Any = (), live: bool = False, recorded_grants: bool = False,
-                require_grounded: Any = RECORDED, **limit_keywords: Any) -> JobSpec:
-    """The ``JobSpec`` of a replay of ``guest`` against ``run``: each keyword left ``RECORDED`` is the run's own
-    (``input``, ``read``, ``fetch``, ``infer``, ``limits`` -- limit keywords apply on top --, ``cwd`` and
-    ``require_grounded``); ``input_bytes`` must be the bytes the run staged; ``model``: the model ``--live`` falls
-    back to. A ``live`` replay takes the recorded ``read`` grants only with ``recorded_grants=True``: a transcript
-    is a file from anywhere, and what it grants must never widen what a guest running live may read."""
-    if read is RECORDED:
-        read = run.read if recorded_grants or not live else ()
-    return JobSpec.of(guest, input=run.input if input is RECORDED else input,
-                      read=read, fetch=run.fetch if fetch is RECORDED else fetch,
-                      infer=run.infer if infer is RECORDED else infer, limits=run.limits if limits is RECORDED else limits,
-                      input_bytes=b"" if input_bytes is None else input_bytes, model=model, model_options=model_options,
-                      runs_dir=runs_dir, cwd=run.cwd if cwd is RECORDED else cwd, name=name, debug=debug,
-                      break_on=break_on,
-                      require_grounded=run.require_grounded if require_grounded is RECORDED else require_grounded,
-                      **limit_keywords)
+def replay_spec(guest: Any, run: RecordedRun, overrides: Overrides | None = None, *, live: bool = False,
+                recorded_grants: bool = False, backend_given: bool = False, **keywords: Any) -> JobSpec:
+    """The ``JobSpec`` of a replay of ``guest`` against ``run``: ``run.spec(guest)`` with ``overrides`` (what a
+    front end was given), or the Python API's ``keywords`` (``Overrides.of``), merged over it. A ``live``
+    replay runs on the recorded model unless another is given -- never on a recorded server, which must be
+    named again (``--model URL``; its recorded model id and key variable then carry over to the same URL) --
+    unless ``backend_given``: a backend of the caller's answers its infers."""
+    if keywords:
+        if overrides is not None:
+            raise TypeError("replay_spec takes overrides or keywords, not both")
+        overrides = Overrides.of(**keywords)
+    overrides = overrides or Overrides()
+    spec = run.spec(GuestSource.of(guest), live=live, recorded_grants=recorded_grants,
+                    grants=overrides.read is None).merge(overrides)
+    if live and not backend_given:
+        spec = spec.replace(model=live_model(run, overrides))
+    return spec
+
+
+def live_model(run: RecordedRun, overrides: Overrides) -> ModelRef:
+    """The model a live replay of ``run`` with ``overrides`` runs on: the one they name, else the one the run
+    recorded -- if it may be taken (``ReplayError`` says what to name instead)."""
+    if overrides.model is None and not _adoptable(run):
+        raise ReplayError(live_model_needed(run))
+    try:
+        return overrides.model_ref(run.model_ref or ModelRef())
+    except ModelError as e:
+        raise ReplayError(f"--live: {e}") from None
+
+
+def _adoptable(run: RecordedRun) -> bool:
+    """Whether a live replay may run on the model ``run`` recorded with no model named: a local one it recorded
+    whole, or the embedded model."""
+    if run.model_ref is not None:
+        return run.model_ref.kind != URL
+    return run.model in (None, DEFAULT_MODEL_NAME) and run.model_server is None
+
+
+def live_model_needed(run: RecordedRun) -> str:
+    """Why ``--live`` needs a model named: the run's model was not recorded whole (an older transcript), or it
+    ran on a server. A server is named but never adopted: a transcript may come from anywhere, and must not
+    choose where a request (with the key of a variable it names) is sent."""
+    model = for_terminal(str(run.model), one_line=True)[:200]
+    url = run.model_ref.name if run.model_ref is not None and run.model_ref.kind == URL else (
+        (run.model_server or {}).get("url"))
+    if isinstance(url, str):
+        shown = for_terminal(url, one_line=True)[:200]
+        return (f"--live: the run used the model {model} on the server {shown}; name the server to send its "
+                f"infers to with --model URL (a replay never takes a server from its transcript)")
+    return f"--live: the run used the model {model}; name its GGUF file with --model PATH"
 
 
 def _looser(value: Any, default: Any) -> bool:
@@ -223,11 +263,15 @@ def _named(items: list[str]) -> str:
 
 
 def adoption_lines(run: RecordedRun, *, read: Iterable[Any], fetch: Iterable[Any], limits: Limits,
-                   live: bool = False) -> list[str]:
-    """What a replay about to run with ``read``, ``fetch`` and ``limits`` took from its recording that
-    lets the guest do more -- the grants, the fetch prefixes, limits other than the defaults -- and the
-    recorded limits it did not take (looser than the defaults), one inert line each."""
+                   live: bool = False, model: ModelRef | None = None) -> list[str]:
+    """What a replay about to run with ``read``, ``fetch``, ``limits`` and (live) ``model`` took from its
+    recording that lets the guest do more -- the grants, the fetch prefixes, limits other than the defaults,
+    the model it recorded -- and the recorded limits it did not take (looser than the defaults), one inert
+    line each."""
     lines = []
+    if model is not None and run.model_ref is not None and model == run.model_ref and model.kind != "embedded":
+        adapters = f" with the adapters {_named([n for n, _ in model.loras])}" if model.loras else ""
+        lines.append(f"replay: --live runs on the recorded model {model.label}{adapters} (--model replaces it)")
     read, fetch = [os.fspath(r) for r in read], [str(f) for f in fetch]
     if read and set(read) <= set(run.read) | set(run.grants):
         lines.append(f"replay: reads under the recorded run's grants: {_named(read)} (--read replaces them)")
@@ -256,6 +300,6 @@ def sampling_of(options: InferOptions) -> dict:
 
 
 __all__ = [
-    "ReplayError", "RECORDED", "RecordedRun", "load_run", "replay_spec", "ADOPTED_SHOWN", "adoption_lines",
+    "ReplayError", "RecordedRun", "load_run", "replay_spec", "live_model", "live_model_needed", "ADOPTED_SHOWN", "adoption_lines",
     "sampling_of"
 ]

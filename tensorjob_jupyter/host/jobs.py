@@ -120,6 +120,10 @@ class Job:
         self.guest_sha256 = source.sha256
         self.grants = Grants.for_paths(spec.read, spec.cwd)
         self.fetch_grants = FetchGrants.parse(spec.fetch)
+        # the model as the spec names it, whole, for a replay to find again (never a key); an explicit backend
+        # (a test's, a replay's recording) is not one a ModelRef names
+        model_ref = {"model_ref": spec.model.to_json()} if backend is DEFAULT_MODEL or (
+            backend is not None and getattr(backend, "model_ref", None) == spec.model) else {}
         if backend is DEFAULT_MODEL:
             backend = spec.model.backend()
         self.backend = backend
@@ -151,7 +155,7 @@ class Job:
                                 cwd=str(self.grants.cwd),
                                 input_bytes={"bytes": len(input_bytes), "sha256": hashlib.sha256(input_bytes).hexdigest()},
                                 limits=self.limits.to_json(), model=backend.model_name if backend else None,
-                                **_model_server(backend),
+                                **_model_server(backend), **model_ref,
                                 infer=self._reactor.infer_options.to_json(), fetch=self.fetch_grants.prefixes,
                                 **({"debug": self.debugger.to_json()} if self.debugger is not None else {}),
                                 **({"require_grounded": list(spec.require_grounded)} if spec.require_grounded

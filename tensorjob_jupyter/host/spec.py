@@ -1,21 +1,12 @@
-"""``JobSpec``: everything that shapes one job, as one typed value -- what every front end builds and ``Job`` takes.
+"""``JobSpec``: everything that shapes one job, as one typed value, and ``Overrides``: what was given anew.
 
-A job is its guest, its input, what it may read and fetch, the bytes staged
-for ``read-input``, its limits, how its infers are sent (``InferOptions``),
-its model (``ModelRef``, named once), where its transcript goes, and whether
-it is debugged. They used to travel as fifteen keywords through every layer;
-now each way to start a job builds one ``JobSpec`` and hands it over:
-
-* ``JobSpec.of(guest, **keywords)`` reads the Python API's keywords (``tj.run``, ``Job(...)``: unchanged
-  for callers) and checks them at once -- a bad limit, a bad ``fetch`` prefix or ``break_on`` kind, a guest
-  that does not compile, a model option of the wrong kind;
-* the options table (``frontends/options.py``) builds one from the command line, a magic's line or the
-  notebook's settings;
-* a replay builds one from its ``RecordedRun``, with what was given anew in place
-  (``history/replay_setup.py``); a map builds one for every item from its template (``fanout``).
-
-A ``JobSpec`` is frozen and small enough to travel to a Dask worker once
-per map; ``replace`` gives a changed copy.
+A job is its guest, its input, what it may read and fetch, the bytes staged for ``read-input``, its limits,
+how its infers are sent (``InferOptions``), its model (``ModelRef``, named once), where its transcript goes,
+and whether it is debugged. Every way to start a job builds one ``JobSpec``: the Python API's keywords
+(``JobSpec.of``), a front end's options (``frontends/options.py``), a recorded run (``RecordedRun.spec``), a
+map's template for each item. ``Overrides`` holds only what a front end (or a caller) gave, parsed once, and
+``spec.merge(overrides)`` lays it over any of them: a replay is ``RecordedRun.spec(guest).merge(overrides)``,
+and a map replay merges the same value into every item's. Both are frozen and travel to Dask workers.
 """
 
 from __future__ import annotations
@@ -27,8 +18,9 @@ from typing import Any, Iterable
 
 from tensorjob_jupyter.host.debugger import parse_break_on
 from tensorjob_jupyter.host.reactor import InferOptions
-from tensorjob_jupyter.inference.base import ModelError
+from tensorjob_jupyter.inference.base import LoraChoice, ModelError, Sampler
 from tensorjob_jupyter.inference.providers import ModelRef
+from tensorjob_jupyter.limits import FIELDS as LIMIT_FIELDS
 from tensorjob_jupyter.limits import Limits, with_keywords
 from tensorjob_jupyter.sandbox.compile import GuestSource
 from tensorjob_jupyter.world.fetch import FetchGrants
@@ -102,6 +94,143 @@ class JobSpec:
         """A copy with ``changes`` (fields of this class)."""
         return dataclasses.replace(self, **changes)
 
+    def merge(self, overrides: "Overrides") -> "JobSpec":
+        """This spec with what ``overrides`` gives in place (see ``Overrides``); ``ModelError`` for a model
+        option that does not fit the model it lands on."""
+        changes: dict[str, Any] = {name: getattr(overrides, name) for name in _PLAIN
+                                   if getattr(overrides, name) is not None}
+        if overrides.input is not UNSET:
+            changes["input"] = overrides.input
+        if overrides.limits:
+            changes["limits"] = self.limits.replace(**dict(overrides.limits))
+        if overrides.infer:
+            changes["infer"] = _merged_infer(self.infer, dict(overrides.infer))
+        model = overrides.model_ref(self.model)
+        if model is not self.model:
+            changes["model"] = model
+        return dataclasses.replace(self, **changes) if changes else self
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+#: ``Overrides.input`` when no input was given (``None`` is JSON's null, a value a job may be given).
+UNSET: Any = _Unset()
+#: The ``InferOptions`` an override may set, by name: the sampler's fields, ``chat``, ``cache_prompt`` and
+#: ``lora`` ({adapter name: scale}).
+SAMPLER_FIELDS = tuple(f.name for f in dataclasses.fields(Sampler))
+INFER_FIELDS = SAMPLER_FIELDS + ("chat", "cache_prompt", "lora")
+#: The fields an override replaces as they are.
+_PLAIN = ("read", "fetch", "input_bytes", "runs_dir", "cwd", "name", "debug", "break_on", "require_grounded")
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """What was given for a job and nothing else -- each field None (``input``: ``UNSET``) when not given --
+    parsed and checked once, where it was given; ``JobSpec.merge`` lays it over a spec."""
+
+    input: Any = UNSET
+    read: tuple[str, ...] | None = None
+    fetch: tuple[str, ...] | None = None
+    input_bytes: bytes | None = None
+    #: the limits given, ``(name, value)``: each replaces the spec's own, the others stay
+    limits: tuple[tuple[str, Any], ...] = ()
+    #: the sampling given, ``(name, value)`` for names of ``INFER_FIELDS``: each replaces the spec's own
+    infer: tuple[tuple[str, Any], ...] = ()
+    #: the model given anew (its text), and its options: with no ``model`` they apply to the spec's own model
+    model: str | None = None
+    model_name: str | None = None
+    api_key_env: str | None = None
+    #: LoRA adapters, ``(name, path)``: they replace the model's own
+    loras: tuple[tuple[str, str], ...] | None = None
+    runs_dir: str | None = None
+    cwd: str | None = None
+    name: str | None = None
+    debug: bool | None = None
+    break_on: tuple[str, ...] | None = None
+    require_grounded: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        unknown = sorted({k for k, _ in self.infer} - set(INFER_FIELDS))
+        if unknown:
+            raise TypeError(f"Overrides.infer: not a sampling option: {', '.join(unknown)}")
+
+    @classmethod
+    def of(cls, *, input: Any = UNSET, read: Iterable[str | os.PathLike] | None = None,
+           fetch: Iterable[str] | None = None, input_bytes: bytes | None = None, limits: Limits | None = None,
+           infer: InferOptions | None = None, model: "str | os.PathLike | None" = None,
+           model_options: dict | None = None, runs_dir: str | os.PathLike | None = None,
+           cwd: str | os.PathLike | None = None, name: str | None = None, debug: bool | None = None,
+           break_on: str | Iterable[str] | None = None, require_grounded: str | Iterable[str] | None = None,
+           **limit_keywords: Any) -> "Overrides":
+        """The overrides the Python API's keywords give (as ``JobSpec.of`` reads them; a whole ``limits`` or
+        ``infer`` replaces every one of its fields, a limit keyword just its own). Raises as ``JobSpec.of``
+        does, before anything runs."""
+        given_limits = {f: getattr(limits, f) for f in LIMIT_FIELDS} if limits is not None else {}
+        if limit_keywords:
+            checked = with_keywords(None, limit_keywords, "replay")  # a TypeError or ValueError names a bad one
+            given_limits.update({k: getattr(checked, k) for k in limit_keywords})
+        options = dict(model_options or {})
+        loras = options.pop("loras", None)
+        model_name, api_key_env = options.pop("model_name", None), options.pop("api_key_env", None)
+        if options:
+            raise TypeError(f"a replay's model takes model_name, api_key_env and loras, not {', '.join(options)}")
+        if fetch is not None:
+            fetch = tuple(fetch)
+            check_fetch(fetch)
+        pairs: tuple[tuple[str, Any], ...] = ()
+        if infer is not None:
+            pairs = tuple((f, getattr(infer.sampler, f)) for f in SAMPLER_FIELDS) + (
+                ("chat", infer.chat), ("cache_prompt", infer.cache_prompt),
+                ("lora", {c.name: c.scale for c in infer.lora}))
+        return cls(input=input, read=tuple(os.fspath(r) for r in read) if read is not None else None, fetch=fetch,
+                   input_bytes=bytes(input_bytes) if input_bytes is not None else None,
+                   limits=tuple(given_limits.items()), infer=pairs,
+                   model=os.fspath(model) if model is not None else None, model_name=model_name,
+                   api_key_env=api_key_env,
+                   loras=tuple(sorted((str(k), str(v)) for k, v in loras.items())) if loras is not None else None,
+                   runs_dir=os.fspath(runs_dir) if runs_dir is not None else None,
+                   cwd=os.fspath(cwd) if cwd is not None else None, name=name,
+                   debug=bool(debug) if debug is not None else None,
+                   break_on=tuple(parse_break_on(break_on)) if break_on is not None else None,
+                   require_grounded=parse_fields(require_grounded) if require_grounded is not None else None)
+
+    @property
+    def given(self) -> frozenset[str]:
+        """The names of what was given (``input``, ``read``, ..., each limit's and sampling option's name)."""
+        names = {f.name for f in dataclasses.fields(self)
+                 if f.name not in ("input", "limits", "infer") and getattr(self, f.name) is not None}
+        if self.input is not UNSET:
+            names.add("input")
+        return frozenset(names | {k for k, _ in self.limits} | {k for k, _ in self.infer})
+
+    def model_ref(self, base: ModelRef) -> ModelRef:
+        """``base`` with the model options given here in place (``ModelRef.with_options``); ``ModelError`` names
+        one that does not fit the model it lands on."""
+        try:
+            return base.with_options(model=self.model, model_name=self.model_name, api_key_env=self.api_key_env,
+                                     loras=dict(self.loras) if self.loras is not None else None)
+        except ValueError as e:
+            raise ModelError(str(e)) from None
+
+    def replace(self, **changes: Any) -> "Overrides":
+        return dataclasses.replace(self, **changes)
+
+
+def _merged_infer(infer: InferOptions, given: dict[str, Any]) -> InferOptions:
+    """``infer`` with the sampling options in ``given`` in place; the rest of it (a deterministic map's
+    ``alone`` and ``threads``, the adapters not named) stays."""
+    sampler = dataclasses.replace(infer.sampler, **{k: given[k] for k in SAMPLER_FIELDS if k in given})
+    changes: dict[str, Any] = {"sampler": sampler}
+    for name in ("chat", "cache_prompt"):
+        if name in given:
+            changes[name] = given[name]
+    if "lora" in given:
+        changes["lora"] = tuple(LoraChoice(n, float(s)) for n, s in dict(given["lora"]).items())
+    return dataclasses.replace(infer, **changes)
+
 
 #: Fields ``require_grounded`` may name at most, and the longest name.
 MAX_REQUIRED_FIELDS = 100
@@ -136,4 +265,4 @@ def check_fetch(prefixes: Iterable[str]) -> None:
     FetchGrants.parse(prefixes)
 
 
-__all__ = ["JobSpec", "MAX_REQUIRED_FIELDS", "MAX_FIELD_NAME_CHARS", "parse_fields", "check_fetch"]
+__all__ = ["JobSpec", "Overrides", "UNSET", "SAMPLER_FIELDS", "INFER_FIELDS", "MAX_REQUIRED_FIELDS", "MAX_FIELD_NAME_CHARS", "parse_fields", "check_fetch"]

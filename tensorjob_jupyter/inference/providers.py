@@ -54,6 +54,60 @@ class ModelRef:
         return provider.parse(text, model_name=model_name, api_key_env=api_key_env,
                               loras={str(k): str(v) for k, v in (loras or {}).items()}, engine=engine)
 
+    def with_options(self, *, model: "str | os.PathLike | None" = None, model_name: str | None = None,
+                     api_key_env: str | None = None, loras: dict | None = None) -> "ModelRef":
+        """This reference with what was given anew in place: another ``model`` (then none of this one's options
+        carry over unless it names the same model), its ``model_name``, ``api_key_env`` or ``loras``. The
+        engine settings stay with the same model. ``ValueError`` names an option of the wrong kind."""
+        if model is None and model_name is None and api_key_env is None and loras is None:
+            return self
+        other = ModelRef.parse(model) if model is not None else self
+        same = other.kind == self.kind and other.name == self.name
+        keep = self if same else ModelRef(other.kind, other.name)
+        return ModelRef.parse(keep.name or None,
+                              model_name=model_name if model_name is not None else keep.served_name,
+                              api_key_env=api_key_env if api_key_env is not None else keep.api_key_env,
+                              loras=loras if loras is not None else dict(keep.loras), **dict(keep.engine))
+
+    def to_json(self) -> dict:
+        """The reference as a transcript records it (``job.created``'s ``model_ref``): never a key, only the
+        name of its variable."""
+        out: dict[str, Any] = {"kind": self.kind, "name": self.name}
+        if self.served_name is not None:
+            out["served_name"] = self.served_name
+        if self.api_key_env is not None:
+            out["api_key_env"] = self.api_key_env
+        if self.loras:
+            out["loras"] = [[n, p] for n, p in self.loras]
+        if self.engine:
+            out["engine"] = [[k, v] for k, v in self.engine]
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "ModelRef":
+        """A recorded reference (``to_json``'s form, from a file from anywhere), read back through ``parse`` so it
+        holds what a reference of its kind may; ``ValueError`` (one line) for anything else."""
+        if not isinstance(obj, dict) or obj.get("kind") not in BY_KIND or not isinstance(obj.get("name"), str):
+            raise ValueError("model_ref is not a model reference")
+        text = obj["name"]
+        if (obj["kind"] == EMBEDDED) != (text == ""):
+            raise ValueError("model_ref: the embedded model has no name, and only it")
+        strings = {k: obj.get(k) for k in ("served_name", "api_key_env")}
+        if any(v is not None and not isinstance(v, str) for v in strings.values()):
+            raise ValueError("model_ref: served_name and api_key_env are text")
+        loras, engine = obj.get("loras") or [], obj.get("engine") or []
+        if not (isinstance(loras, list) and all(isinstance(x, list) and len(x) == 2
+                                                 and all(isinstance(s, str) for s in x) for x in loras)):
+            raise ValueError("model_ref: loras are [name, path] pairs")
+        if not (isinstance(engine, list) and all(isinstance(x, list) and len(x) == 2 and isinstance(x[0], str)
+                                                  and isinstance(x[1], (int, float, str, bool)) for x in engine)):
+            raise ValueError("model_ref: engine settings are [name, value] pairs")
+        ref = ModelRef.parse(text or None, model_name=strings["served_name"], api_key_env=strings["api_key_env"],
+                             loras=dict(loras), **dict(engine))
+        if ref.kind != obj["kind"]:
+            raise ValueError(f"model_ref: {obj['kind']} does not name {ref.kind} model")
+        return ref
+
     @property
     def provider(self) -> "ModelProvider":
         return BY_KIND[self.kind]
@@ -65,8 +119,11 @@ class ModelRef:
 
     def backend(self) -> Backend:
         """The process's shared backend for this model, loaded when a job first needs it (a ``hf:`` model is
-        found, or downloaded, now); ``ModelError`` if it cannot be had."""
-        return self.provider.backend(self)
+        found, or downloaded, now); ``ModelError`` if it cannot be had. The backend keeps this reference
+        (``model_ref``), so a job given it records the model whole."""
+        backend = self.provider.backend(self)
+        backend.model_ref = self  # type: ignore[attr-defined]  # shared backends: the same reference each time
+        return backend
 
     @property
     def label(self) -> str:

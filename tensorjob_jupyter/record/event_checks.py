@@ -140,7 +140,7 @@ EVENT_FIELDS: dict[str, dict[str, Kind]] = {
         "created_at": CREATED_AT, "name": TEXT, "guest": OBJECT, "guest.sha256": TEXT_OR_NULL,
         "grants": LIST, "read": LIST, "fetch": LIST, "cwd": TEXT_OR_NULL, "input_bytes": OBJECT,
         "limits": OBJECT, "model": TEXT_OR_NULL, "infer": OBJECT, "debug": OBJECT_OR_NULL,
-        "replay_of": OBJECT_OR_NULL, "require_grounded": LIST_OR_NULL},
+        "replay_of": OBJECT_OR_NULL, "require_grounded": LIST_OR_NULL, "model_ref": OBJECT_OR_NULL},
     event_types.JOB_FILE_OPENED: {**_OPENED, "path": TEXT, "resolved": TEXT},
     event_types.JOB_FILE_SLICED: {
         "handle": INTEGER, "offset": COUNT, "requested": COUNT, "length": COUNT, "next_offset": COUNT,

@@ -18,7 +18,7 @@ import time
 
 import ipywidgets as w
 
-from tensorjob_jupyter.host.jobs import Job
+from tensorjob_jupyter.host import Job
 from tensorjob_jupyter.history.show import Playback
 from tensorjob_jupyter.frontends.view import render
 from tensorjob_jupyter.text import for_html

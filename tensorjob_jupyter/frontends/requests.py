@@ -1,0 +1,169 @@
+"""What ``tensorjob`` and ``%tensorjob`` both ask for, as typed requests over the public Python API.
+
+Each front end reads its own arguments once -- a guest, a ``JobSpec``, an ``Overrides``, a ``MapRequest`` --
+and hands them here; what is here calls ``tensorjob_jupyter``'s own names (``tj.start_map``,
+``tj.start_map_replay``, ``tj.ReplayJob``, ``tj.list_runs``, ...) and turns whatever keeps the work from
+starting into one ``OptionError`` line. Nothing here sees an argparse namespace or prints but what it is
+told to: the command line and the magic share the checks, never each other's parsers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import tensorjob_jupyter as tj
+from tensorjob_jupyter.abi import OptionError
+from tensorjob_jupyter.history.runs import RunList, resolve_run
+from tensorjob_jupyter.history.show import Playback, check_speed
+from tensorjob_jupyter.host import GuestSource, JobSpec, Overrides
+
+
+@dataclass(frozen=True)
+class MapRequest:
+    """A map to run (or estimate): its manifest, its folder, and how it runs (``tj.start_map``'s keywords)."""
+
+    over: str
+    run_dir: str
+    concurrency: int | str | None = None
+    cluster: str | None = None
+    retry_failed: bool = False
+    restart: bool = False
+    expected: Any = None
+    #: a built-in scorer's name, or (from a notebook) a Python function (result, expected) -> score
+    scorer: Any = None
+    max_total_tokens: int | None = None
+    deterministic: bool = False
+
+
+@dataclass(frozen=True)
+class MapReplayRequest:
+    """A replay over a recorded map: where it goes, whether it may ask the model, and how it is scored."""
+
+    run_dir: Any
+    out: str | None = None
+    live: bool = False
+    recorded_grants: bool = False
+    concurrency: int | str | None = None
+    expected: Any = None
+    scorer: Any = None
+    deterministic: bool = False
+
+
+def start_map(spec: JobSpec, request: MapRequest) -> tj.MapRun:
+    """Start the map ``request`` describes, of the job ``spec``; whatever keeps it from starting -- a bad number,
+    a manifest, a refused run folder, a cluster that cannot be reached, expected answers that do not fit -- is
+    one ``OptionError`` line."""
+    if request.max_total_tokens is not None and request.max_total_tokens < 1:
+        raise OptionError("--max-total-tokens must be at least 1")
+    with _one_line(unexpected=True):
+        return tj.start_map(spec, request.over, request.run_dir, concurrency=request.concurrency,
+                            cluster=request.cluster, retry_failed=request.retry_failed, restart=request.restart,
+                            expected=request.expected, scorer=request.scorer,
+                            max_total_tokens=request.max_total_tokens, deterministic=request.deterministic)
+
+
+def estimate_map(spec: JobSpec, request: MapRequest) -> tj.MapEstimate:
+    """``--estimate``: what the map ``request`` describes would cost; a problem is one ``OptionError`` line."""
+    with _one_line():
+        return tj.estimate_map(spec, request.over, run_dir=request.run_dir)
+
+
+def replay_job(guest: GuestSource, run: Any, overrides: Overrides, *, live: bool, recorded_grants: bool,
+               err: TextIO) -> tj.ReplayJob:
+    """The replay of ``guest`` against the run ``run`` (an id, a folder or a ``Job``) with ``overrides`` in place
+    of the recorded setup -- not started. What it takes from the recording that widens what the guest may do
+    (``ReplayJob.adopted``) is said on ``err`` before anything runs."""
+    if recorded_grants and not live:
+        raise OptionError("--recorded-grants is for a --live replay (a replay without --live reads under the "
+                          "recorded grants, and stops where a file's answer differs)")
+    job = tj.ReplayJob(guest, run, live=live, overrides=overrides, recorded_grants=recorded_grants)
+    for line in job.adopted:
+        err.write(line + "\n")
+    return job
+
+
+def start_map_replay(guest: GuestSource, request: MapReplayRequest, overrides: Overrides) -> Any:
+    """The replay of ``guest`` over the recorded map ``request.run_dir``, started, with ``overrides`` in place of
+    each item's recorded setup (a ``MapReplayRun``); anything that keeps it from starting is one
+    ``OptionError`` line."""
+    given = overrides.given
+    if "input" in given:
+        raise OptionError("replay --map takes each item's input from its recording, not --input")
+    if given & {"debug", "break_on"}:
+        raise OptionError("replay --map does not debug its items: replay one item's run with --from RUN --debug")
+    if request.recorded_grants and not request.live:
+        raise OptionError("--recorded-grants is for a --live replay (a replay without --live reads under the "
+                          "recorded grants, and stops where a file's answer differs)")
+    concurrency = None if request.concurrency in (None, "auto") else request.concurrency
+    if concurrency is not None and int(concurrency) < 1:
+        raise OptionError("--concurrency must be at least 1")
+    with _one_line():
+        return tj.start_map_replay(request.run_dir, guest, out=request.out, live=request.live,
+                                   recorded_grants=request.recorded_grants, overrides=overrides,
+                                   concurrency=int(concurrency) if concurrency is not None else None,
+                                   expected=request.expected, scorer=request.scorer,
+                                   deterministic=request.deterministic)
+
+
+def find_runs(runs: str | None, *, status: str | None, limit: int | None) -> tuple[RunList, int]:
+    """The runs a listing shows -- newest first, only ``status`` if given, the newest ``limit`` (0 or None:
+    all) -- and how many there are in all."""
+    if limit is not None and limit < 0:
+        raise OptionError("--limit must be 0 (all) or more")
+    listing = tj.list_runs(runs, status=status)
+    total = len(listing)
+    if limit:
+        del listing[limit:]
+    return listing, total
+
+
+def map_rows(run_dir: str, *, review: bool = False, what: str = "--table") -> list[dict]:
+    """The rows of the map in ``run_dir`` (``MapResult.rows()``; ``review``: its completed items doubtful first,
+    ``MapResult.review()``); a folder that is not a map's is one ``OptionError`` naming ``what`` asked."""
+    try:
+        result = tj.MapResult.read(run_dir)
+        return result.review() if review else result.rows()
+    except (tj.MapError, OSError) as e:
+        raise OptionError(f"{what} {run_dir}: {' '.join(str(e).split())}") from None
+
+
+def open_playback(run: Any, runs: str | None, *, speed: float, watched: bool = True) -> Playback:
+    """A recorded run ready to be shown again: ``speed`` checked, and the transcript read through once, so a
+    damaged one is one error line before anything is shown. ``watched=False``: nobody watches the pauses
+    (plain text), so it plays at once."""
+    try:
+        check_speed(speed)
+    except ValueError as e:
+        raise OptionError(str(e)) from None
+    playback = Playback(resolve_run(run, runs), speed=speed if watched else 0.0)
+    for _ in playback.reader:
+        pass
+    return playback
+
+
+class _one_line:
+    """Refusals from below as one ``OptionError`` line (``unexpected``: any other error too, named by its type:
+    a cluster that cannot be reached raises what its library raises)."""
+
+    def __init__(self, *, unexpected: bool = False):
+        self.unexpected = unexpected
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, error, _tb) -> bool:
+        if error is None or isinstance(error, OptionError) or not isinstance(error, Exception):
+            return False
+        line = " ".join(str(error).split())
+        if isinstance(error, (tj.MapError, tj.ReplayError, tj.ModelError, OSError, ValueError)):
+            raise OptionError(line) from None
+        if self.unexpected:
+            raise OptionError(f"{type(error).__name__}: {line}") from None
+        return False
+
+
+__all__ = [
+    "MapRequest", "MapReplayRequest", "start_map", "estimate_map", "replay_job", "start_map_replay", "find_runs",
+    "map_rows", "open_playback",
+]
