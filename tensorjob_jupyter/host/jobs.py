@@ -26,6 +26,7 @@ from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import Envelope, JobError, JobFailure, JobStatus, Usage, event_types
 from tensorjob_jupyter.world.grants import Grants
 from tensorjob_jupyter.host.debugger import Debugger
+from tensorjob_jupyter.inference.providers import ModelRef
 from tensorjob_jupyter.host.spec import JobSpec
 from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.record.events import TRANSCRIPT_VERSION, EventStream, Subscription
@@ -120,10 +121,10 @@ class Job:
         self.guest_sha256 = source.sha256
         self.grants = Grants.for_paths(spec.read, spec.cwd)
         self.fetch_grants = FetchGrants.parse(spec.fetch)
-        # the model as the spec names it, whole, for a replay to find again (never a key); an explicit backend
-        # (a test's, a replay's recording) is not one a ModelRef names
-        model_ref = {"model_ref": spec.model.to_json()} if backend is DEFAULT_MODEL or (
-            backend is not None and getattr(backend, "model_ref", None) == spec.model) else {}
+        # the model, whole, for a replay to find again (never a key): the spec's, or the one a backend given
+        # was made for (``ModelRef.backend``); a backend no reference names (a test's, a recording) has none
+        ref = spec.model if backend is DEFAULT_MODEL else getattr(backend, "model_ref", None)
+        model_ref = {"model_ref": ref.to_json()} if isinstance(ref, ModelRef) else {}
         if backend is DEFAULT_MODEL:
             backend = spec.model.backend()
         self.backend = backend

@@ -156,6 +156,9 @@ class Overrides:
         unknown = sorted({k for k, _ in self.infer} - set(INFER_FIELDS))
         if unknown:
             raise TypeError(f"Overrides.infer: not a sampling option: {', '.join(unknown)}")
+        unknown = sorted({k for k, _ in self.limits} - set(LIMIT_FIELDS))
+        if unknown:
+            raise TypeError(f"Overrides.limits: not a limit: {', '.join(unknown)}")
 
     @classmethod
     def of(cls, *, input: Any = UNSET, read: Iterable[str | os.PathLike] | None = None,
