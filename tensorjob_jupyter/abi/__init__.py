@@ -11,7 +11,8 @@ from tensorjob_jupyter.abi.errors import (
     TensorjobError, codes, event_types,
 )
 from tensorjob_jupyter.abi.strict_json import (
-    MAX_COUNT, MAX_DEPTH, U32_MAX, U64_MAX, checked_value, dumps, encode_json, loads_strict,
+    MAX_COUNT, MAX_DEPTH, U32_MAX, U64_MAX, CheckedJson, checked_input, checked_value, dumps, encode_json,
+    loads_strict,
 )
 from tensorjob_jupyter.abi.wire import (
     BINARY, INFER_EXTENSIONS, INFER_SAMPLING, MAX_CHOICE_CHARS, MAX_CHOICES, MAX_GRAMMAR_CHARS, MAX_REGEX_CHARS,
@@ -30,7 +31,7 @@ __all__ = [
     "Fail", "PageText", "PageTextOpt", "PageImage", "DocumentText", "Resize", "Crop", "ImageOperation", "ImageOp",
     "Fetch", "Command", "UNSUPPORTED_COMMANDS", "InferDone", "Opened", "Sliced", "SlicedBytes", "Embedded", "Emitted",
     "PageTexted", "PageTextAttempted", "PageImaged", "Event", "MAX_COUNT", "Usage", "JobError", "Envelope", "dumps",
-    "encode_event", "MAX_DEPTH", "loads_strict", "checked_value", "encode_json", "UnsupportedCommand",
+    "encode_event", "MAX_DEPTH", "loads_strict", "checked_value", "CheckedJson", "checked_input", "encode_json", "UnsupportedCommand",
     "command_from_json", "MAX_TOOLS", "MAX_STOPS", "MAX_STOP_CHARS", "MAX_REGEX_CHARS", "MAX_GRAMMAR_CHARS",
     "MAX_CHOICES", "MAX_CHOICE_CHARS", "MAX_TOP_LOGPROBS", "parse_command",
     "event_from_json"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -172,11 +173,35 @@ def checked_value(value: Any, what: str = "value", *, max_values: int = 1_000_00
         raise ValueError(str(e)) from None
 
 
+@dataclass(frozen=True)
+class CheckedJson:
+    """A JSON value carried as the compact bytes ``dumps`` writes, already held to ``loads_strict``'s rule (a
+    manifest item): it travels as bytes, and the job that takes it parses it once, with no second check but its
+    own value count (``checked_input``)."""
+
+    data: bytes
+
+    def value(self) -> Any:
+        """The value (orjson: for bytes that passed ``loads_strict`` it gives the same value; a property test
+        holds the two to it)."""
+        return orjson.loads(self.data)
+
+
+def checked_input(value: Any, what: str = "value", *, max_values: int = 1_000_000) -> tuple[Any, bytes]:
+    """``checked_value`` for a job's input, which may arrive checked already (``CheckedJson``): then it is parsed
+    once and only its value count is held to ``max_values`` (an ``AbiError``, a ``ValueError`` too, past it).
+    ``ValueError`` otherwise, as ``checked_value``."""
+    if isinstance(value, CheckedJson):
+        _check_shape(value.data, max_values, what)
+        return value.value(), value.data
+    return checked_value(value, what, max_values=max_values)
+
+
 def encode_json(value: Any) -> bytes:
     """Compact JSON bytes of a value that passed the boundary (or the host built)."""
     return orjson.dumps(value)
 
 
 __all__ = [
-    "U32_MAX", "U64_MAX", "MAX_COUNT", "dumps", "MAX_DEPTH", "loads_strict", "checked_value", "encode_json"
+    "U32_MAX", "U64_MAX", "MAX_COUNT", "dumps", "MAX_DEPTH", "loads_strict", "checked_value", "CheckedJson", "checked_input", "encode_json"
 ]

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tensorjob_jupyter.abi import JobStatus, codes
+from tensorjob_jupyter.abi import AbiError, JobStatus, codes
 from tensorjob_jupyter.inference.base import Backend
 from tensorjob_jupyter.host.jobs import Job
 from tensorjob_jupyter.host.reactor import internal_error
@@ -132,6 +132,8 @@ def run_item(spec: ItemSpec, backend: Backend, index: int, item: Any,
     started = time.perf_counter()
     try:
         job = Job(spec.item_job(index, item), backend=backend)
+    except AbiError as e:  # the item holds more values than the job's max_command_values
+        return failed_outcome(index, codes.LIMIT_EXCEEDED, str(e))
     except Exception as e:  # noqa: BLE001 - a host error fails this item only
         error = internal_error(f"{spec.name}[{index}]", e)
         return failed_outcome(index, error.code, error.message)

@@ -21,7 +21,7 @@ from typing import Any, BinaryIO, Iterator, Sequence
 
 import orjson
 
-from tensorjob_jupyter.abi import AbiError, dumps, loads_strict
+from tensorjob_jupyter.abi import AbiError, CheckedJson, dumps, loads_strict
 from tensorjob_jupyter.fanout.errors import ManifestError, TooManyItems
 from tensorjob_jupyter.regular_file import NotARegularFile, open_regular
 
@@ -53,7 +53,8 @@ def _names(value: Any) -> bool:
 
 
 class ManifestItems(SequenceABC):
-    """A manifest's items, held as their checked JSON bytes in one buffer and parsed when asked for."""
+    """A manifest's items, held as their checked JSON bytes (compact, as ``dumps`` writes them) in one buffer:
+    parsed when asked for, or handed on as bytes (``checked``) for the item's job to parse once."""
 
     def __init__(self, data: bytes, ends: array):
         self._data = data
@@ -65,8 +66,15 @@ class ManifestItems(SequenceABC):
     def _item(self, index: int) -> Any:
         """Item ``index``, parsed by orjson: its bytes were held to ``loads_strict`` when the manifest was read,
         and for JSON that passes it the two give the same value (a property test holds them to it)."""
+        return orjson.loads(self._bytes(index))
+
+    def _bytes(self, index: int) -> bytes:
         start = self._ends[index - 1] if index else 0
-        return orjson.loads(self._data[start:self._ends[index]])
+        return self._data[start:self._ends[index]]
+
+    def checked(self, index: int) -> CheckedJson:
+        """Item ``index`` as its checked bytes, unparsed: what a map hands its job."""
+        return CheckedJson(self._bytes(index))
 
     def __getitem__(self, index):
         if isinstance(index, slice):
@@ -121,9 +129,10 @@ def _read_items(stream: BinaryIO, source: str, max_items: int | None = None) -> 
             continue
         del text
         try:
-            loads_strict(line, what=f"line {number}")  # checked here; parsed again when the item is asked for
+            value = loads_strict(line, what=f"line {number}")  # checked here, once
         except AbiError as e:
             raise ManifestError(f"{source}: {e}", number) from None
+        line = dumps(value).encode("utf-8")  # kept compact: the bytes a job given this input is given
         if max_items is not None and len(ends) >= max_items:
             raise TooManyItems(f"{source}: more than {max_items} items (line {number} is item {max_items + 1})",
                                number)

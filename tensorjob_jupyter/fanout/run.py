@@ -171,10 +171,12 @@ class MapRun:
     # -- the sink the executor reports to (the map's thread) ---------------------------------
 
     def todo(self) -> Iterator[tuple[int, Any]]:
+        """The items still to run, each as its checked bytes (``CheckedJson``): its job parses it, once."""
         concluded = self.folder.completed | self.folder.failed
-        for index, item in enumerate(self.manifest.items):
+        items = self.manifest.items
+        for index in range(len(items)):
             if index not in concluded:
-                yield index, item
+                yield index, items.checked(index)
 
     def started(self, index: int) -> None:
         self._submitted[index] = time.monotonic()

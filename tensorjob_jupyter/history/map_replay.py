@@ -28,7 +28,7 @@ from tensorjob_jupyter.fanout.map_folder import JOBS, LEDGER, MapFolder
 from tensorjob_jupyter.fanout.map_folder_reader import read_ledger_json
 from tensorjob_jupyter.fanout.items import envelope_outcome, failed_outcome
 from tensorjob_jupyter.fanout.local import LocalExecutor
-from tensorjob_jupyter.fanout.manifest import read_manifest
+from tensorjob_jupyter.fanout.manifest import Manifest, ManifestItems, read_manifest
 from tensorjob_jupyter.fanout.progress import MapResult
 from tensorjob_jupyter.fanout.run import MapRun
 from tensorjob_jupyter.fanout.scoring import BUILTINS, Expected, Scoring, scorer_name, scorer_of
@@ -103,7 +103,7 @@ class ReplayExecutor(LocalExecutor):
             run = load_run(found.path)
             spec = run.spec(self.guest, live=self.live, recorded_grants=self.recorded_grants,
                             grants=self.overrides.read is None).merge(
-                self.overrides.replace(name=f"{self.guest.name}[{index}]"))
+                self.overrides.replace(name=f"{self.guest.name}[{index}]", input=item))
             if self.model is not None:
                 spec = spec.replace(model=self.model)
             if self.deterministic_threads is not None:
@@ -415,11 +415,15 @@ def _scoring(recorded: RecordedMap, expected: Any, scorer: Any) -> Scoring | Non
     return Scoring(scorer_of(scorer), found)
 
 
-def _manifest(recorded: RecordedMap):
-    """The recorded map's manifest: its items under the SHA-256 its ledger pins, so the replay's folder says it
-    is a map of the same items."""
+def _manifest(recorded: RecordedMap) -> Manifest:
+    """The recorded map's manifest: the file itself when it is still the one its ledger pins (its items as they
+    were checked, never dumped and read again), else its items' recorded inputs -- under the SHA-256 the ledger
+    pins either way, so the replay's folder says it is a map of the same items."""
     ledger = recorded.ledger
-    manifest = read_manifest(list(recorded.inputs()))
+    items = recorded.inputs()
+    if isinstance(items, ManifestItems):
+        return Manifest(items, ledger["manifest_sha256"], ledger["manifest_source"])
+    manifest = read_manifest(list(items))
     return dataclasses.replace(manifest, sha256=ledger["manifest_sha256"] or manifest.sha256,
                                source=ledger["manifest_source"] or manifest.source)
 

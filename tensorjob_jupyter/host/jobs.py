@@ -112,7 +112,7 @@ class Job:
         #: The job's ``host.debugger.Debugger`` when it is being debugged (``debug``, ``break_on``), else None.
         self.debugger = (Debugger(start_paused=spec.debug, break_on=spec.break_on, max_paused_s=self.limits.max_paused_s)
                          if spec.debug or spec.break_on else None)
-        input_value, input_json = abi.checked_value({} if spec.input is None else spec.input, "the job input",
+        input_value, input_json = abi.checked_input({} if spec.input is None else spec.input, "the job input",
                                                     max_values=self.limits.max_command_values)
         self._input_json = input_json  # kept as bytes, counted in ``retained_bytes``: not as parsed values
         source = spec.guest

@@ -163,6 +163,18 @@ def test_a_list_of_inputs_is_a_manifest_too(guest, tmp_path):
     assert result.ok and result.results() == {0: 0, 1: 1, 2: 2}
 
 
+def test_an_item_travels_as_checked_bytes_and_its_job_still_counts_its_values(guest, tmp_path):
+    """An item reaches its job as the bytes the manifest checked (parsed there once); the job's own
+    ``max_command_values`` still bounds it, as it bounds an input given directly."""
+    big = done(list(range(50)))
+    result = tj_map(guest, [done("small"), big], tmp_path / "run", max_command_values=20)
+    assert result.results() == {0: "small"}
+    assert result.failures()[1]["code"] == "limit_exceeded"
+    assert "more than the 20 allowed" in result.failures()[1]["message"]
+    with pytest.raises(ValueError, match="more than the 20 allowed"):  # given directly: refused before it starts
+        tj.run(guest, input=big, max_command_values=20)
+
+
 def test_every_item_gets_the_same_grants_and_limits(guest, tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "a.txt").write_text("hello")

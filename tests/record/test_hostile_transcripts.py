@@ -616,3 +616,6 @@ def test_a_manifest_gives_each_item_as_the_strict_reader_reads_its_line(values, 
     expected = [abi.loads_strict(line.encode("utf-8")) for line in lines]
     assert items == expected
     assert [type(i) for i in items] == [type(e) for e in expected]
+    for index, value in enumerate(expected):  # the bytes a job is handed are those it would write itself
+        assert abi.checked_input(manifest.items.checked(index), "the job input") == abi.checked_value(value,
+                                                                                                     "the job input")
