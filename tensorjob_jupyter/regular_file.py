@@ -7,7 +7,8 @@ never blocks and a swap after a check cannot slip past; a file that never ends (
 read; a regular file larger than its reader takes is refused before a byte is read (``read_regular``
 never reads past the size it had when opened, if it grows meanwhile). ``follow_symlinks=False``
 (``O_NOFOLLOW``) refuses a symbolic link as the last component where a file must be the folder's own.
-Every descriptor is close-on-exec.
+Every descriptor is close-on-exec. ``flags`` opens it for writing too (``O_WRONLY``, ``O_RDWR``, with
+``O_APPEND``, ``O_CREAT``, ``O_TRUNC``): a run folder's own files and a lock file take the same checks.
 
 Standard library only, in the bottom layer of the package (pyproject.toml's layers contract, beside
 ``text`` and ``version``), so that every layer opens files the same way.
@@ -18,9 +19,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import BinaryIO
+from typing import IO, Any
 
-__all__ = ["NotARegularFile", "open_fd", "open_regular", "read_regular", "kind_of"]
+__all__ = ["NotARegularFile", "ACCESS_FLAGS", "open_fd", "open_regular", "read_regular", "kind_of"]
 
 
 class NotARegularFile(OSError):
@@ -41,20 +42,28 @@ def kind_of(mode: int) -> str:
     return next((words for test, words in _KINDS if test(mode)), "not a regular file")
 
 
+#: The flags ``open_fd`` takes besides how it opens (they are its own): the access mode and what writing does.
+ACCESS_FLAGS = os.O_RDONLY | os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_EXCL
+
+
 def open_fd(path: str | os.PathLike, max_bytes: int | None = None, *, follow_symlinks: bool = True,
-            dir_fd: int | None = None) -> int:
-    """A read-only, close-on-exec descriptor of ``path`` (relative to ``dir_fd`` if given), if it is a regular
-    file of at most ``max_bytes``; ``NotARegularFile`` if not, ``FileNotFoundError`` and the other ``OSError``
-    as ``open`` raises them. Never blocks. The caller closes the descriptor."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
+            dir_fd: int | None = None, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+    """A close-on-exec descriptor of ``path`` (relative to ``dir_fd`` if given), if it is a regular file of at
+    most ``max_bytes``; ``NotARegularFile`` if not, ``FileNotFoundError`` and the other ``OSError`` as ``open``
+    raises them. Read-only unless ``flags`` say otherwise (``ACCESS_FLAGS``; ``mode`` for a file created).
+    Never blocks. The caller closes the descriptor."""
+    if flags & ~ACCESS_FLAGS:
+        raise ValueError(f"open_fd sets its own flags; it takes only access flags, not {flags & ~ACCESS_FLAGS:#o}")
+    flags |= os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, flags, dir_fd=dir_fd)
+        fd = os.open(path, flags, mode, dir_fd=dir_fd)
     except OSError as e:
         if e.errno == errno.ELOOP and not follow_symlinks and _is_link(path, dir_fd):
             raise NotARegularFile(errno.ELOOP, "a symbolic link, which is not followed here", os.fspath(path)) \
                 from None
-        if e.errno == errno.ENXIO:  # a socket, on systems whose open says so itself
-            raise NotARegularFile(errno.EINVAL, "a socket, not a regular file", os.fspath(path)) from None
+        if e.errno == errno.ENXIO:  # a socket; or a FIFO opened to write with no reader
+            raise NotARegularFile(errno.EINVAL, f"{_kind_at(path, dir_fd)}, not a regular file",
+                                  os.fspath(path)) from None
         raise
     try:
         st = os.fstat(fd)
@@ -71,6 +80,13 @@ def open_fd(path: str | os.PathLike, max_bytes: int | None = None, *, follow_sym
         raise
 
 
+def _kind_at(path, dir_fd) -> str:
+    try:
+        return kind_of(os.stat(path, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return "not a regular file"
+
+
 def _is_link(path, dir_fd) -> bool:
     try:
         return stat.S_ISLNK(os.lstat(path, dir_fd=dir_fd).st_mode)
@@ -79,10 +95,16 @@ def _is_link(path, dir_fd) -> bool:
 
 
 def open_regular(path: str | os.PathLike, max_bytes: int | None = None, *, follow_symlinks: bool = True,
-                 dir_fd: int | None = None) -> BinaryIO:
-    """``path`` open for reading in binary (``open_fd``'s checks). With ``max_bytes`` None the caller bounds
-    what it reads itself (a transcript read a line at a time, each line capped)."""
-    return os.fdopen(open_fd(path, max_bytes, follow_symlinks=follow_symlinks, dir_fd=dir_fd), "rb")
+                 dir_fd: int | None = None, flags: int = os.O_RDONLY, mode: str = "rb") -> IO[Any]:
+    """``path`` open as a file object (``open_fd``'s checks; ``flags`` as there, ``mode`` the object's: ``rb``,
+    ``ab``, ``a`` for text, ...). With ``max_bytes`` None the caller bounds what it reads itself (a transcript
+    read a line at a time, each line capped)."""
+    fd = open_fd(path, max_bytes, follow_symlinks=follow_symlinks, dir_fd=dir_fd, flags=flags)
+    try:
+        return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def read_regular(path: str | os.PathLike, max_bytes: int, *, follow_symlinks: bool = True,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import stat
 import threading
 from pathlib import Path
 
@@ -163,3 +164,46 @@ def test_its_descriptors_are_close_on_exec_and_blocking(tmp_path):
         assert read_regular("f", 3, dir_fd=dir_fd) == b"abc"
     finally:
         os.close(dir_fd)
+
+
+WRITES = {"write": os.O_WRONLY, "append": os.O_WRONLY | os.O_APPEND, "create": os.O_WRONLY | os.O_CREAT,
+          "replace": os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "update": os.O_RDWR}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from([k for k in KINDS if k not in ("growing", "truncated", "huge_sparse")]),
+       data=st.binary(min_size=1, max_size=64), follow=st.booleans(), how=st.sampled_from(sorted(WRITES)))
+def test_writing_goes_only_into_a_regular_file_and_never_through_a_link_it_refuses(tmp_path_factory, kind, data,
+                                                                                   follow, how):
+    """The run folder's own files, a lock, a staged transcript: opened to write with the same checks. The
+    descriptor is a regular file's, close-on-exec and blocking -- or the open is refused at once, and whatever
+    the path named (a FIFO with no reader, a link's target, ``/dev/null``) is left as it was."""
+    where = tmp_path_factory.mktemp("writes")
+    path = plant(where, kind, data)
+    target = where / "target"
+    before = target.read_bytes() if target.exists() else None
+    outcome, value = bounded(lambda: open_fd(path, flags=WRITES[how], follow_symlinks=follow))
+    if outcome == "value":
+        try:
+            st_ = os.fstat(value)
+            assert stat.S_ISREG(st_.st_mode) and not os.get_inheritable(value) and os.get_blocking(value)
+            os.write(value, b"!")
+        finally:
+            os.close(value)
+        assert kind in ("small", "at_cap", "past_cap", "link_file", "missing", "link_dangling")
+        assert follow or not kind.startswith("link")  # a link is written through only where links are followed
+        assert kind != "missing" or how in ("create", "replace")
+        return
+    assert isinstance(value, OSError), value
+    if kind.startswith("link") and not follow:
+        assert isinstance(value, NotARegularFile) and value.errno == errno.ELOOP
+    if kind in ("fifo", "link_fifo", "folder", "device", "socket", "link_zero") and (follow or not
+                                                                                   kind.startswith("link")):
+        assert isinstance(value, (NotARegularFile, IsADirectoryError)) or value.errno in (errno.EISDIR,
+                                                                                         errno.ENXIO), value
+    assert (target.read_bytes() if target.exists() else None) == before  # a refused open wrote nothing
+
+
+def test_open_fd_sets_its_own_flags():
+    with pytest.raises(ValueError, match="access flags"):
+        open_fd("/dev/null", flags=os.O_RDONLY | os.O_NONBLOCK)

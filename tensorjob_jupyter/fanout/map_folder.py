@@ -17,10 +17,10 @@ nothing else in the folder is touched); the refusal says so.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
-import stat
 import time
 from pathlib import Path
 
@@ -31,7 +31,7 @@ from tensorjob_jupyter.fanout.map_folder_reader import (  # the one reader of a 
     jobs_folder, read_ledger, read_ledger_json, read_records,
 )
 from tensorjob_jupyter.fanout.manifest import Manifest
-from tensorjob_jupyter.regular_file import kind_of
+from tensorjob_jupyter.regular_file import NotARegularFile, open_regular
 
 #: How to start a refused folder over, in the front ends' words.
 RESTART_HINT = "start this one over with --restart (restart=True in Python), which keeps none of its results"
@@ -41,20 +41,13 @@ def _open_own(path: Path, flags: int, mode: str):
     """Open a file of the run folder itself, never through a symbolic link (which could make the map append
     to, or truncate, a file elsewhere), never blocking on a FIFO, and only a regular file."""
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        if os.path.islink(path):
+        return open_regular(path, flags=flags, mode=mode, follow_symlinks=False)
+    except NotARegularFile as e:
+        if e.errno == errno.ELOOP:
             raise ResumeRefused(f"{path} is a symbolic link; a run folder's files must be its own") from None
+        raise ResumeRefused(f"cannot open {path}: it is {e.strerror}") from None
+    except OSError as e:
         raise ResumeRefused(f"cannot open {path}: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ResumeRefused(f"cannot open {path}: it is {kind_of(st.st_mode)}, not a regular file")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
 
 
 def fsync_write(path: Path, text: str) -> None:

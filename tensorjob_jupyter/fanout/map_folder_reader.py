@@ -22,7 +22,7 @@ import orjson
 from tensorjob_jupyter.fanout.errors import ManifestError, ResumeRefused
 from tensorjob_jupyter.fanout.manifest import Manifest, read_manifest
 from tensorjob_jupyter.record.transcript import read_line
-from tensorjob_jupyter.regular_file import NotARegularFile, open_regular
+from tensorjob_jupyter.regular_file import NotARegularFile, open_fd, open_regular
 from tensorjob_jupyter.text import for_terminal
 
 LEDGER = "ledger.json"
@@ -198,12 +198,11 @@ def read_records(path: str | os.PathLike, *, total: int | None = None, repair: b
     records, end = records_and_end(path, total=total)
     if repair and os.path.lexists(path) and os.lstat(path).st_size > end:  # its item runs again
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = open_fd(path, flags=os.O_WRONLY, follow_symlinks=False)
         except OSError as e:
             raise _refused(path, e) from None
         try:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                os.ftruncate(fd, end)
+            os.ftruncate(fd, end)
         finally:
             os.close(fd)
     return records

@@ -25,6 +25,7 @@ from tensorjob_jupyter import limits as limits_table
 from tensorjob_jupyter.abi import OptionError
 from tensorjob_jupyter.fanout.concurrency import AUTO
 from tensorjob_jupyter.limits import BYTES, COUNT, SECONDS, Limits
+from tensorjob_jupyter.regular_file import open_regular
 from tensorjob_jupyter.host.debugger import parse_break_on
 from tensorjob_jupyter.host import GuestSource, InferOptions, JobSpec, ModelRef, Overrides, check_fetch, parse_fields
 from tensorjob_jupyter.frontends.input_value import InputError, read_input
@@ -303,7 +304,7 @@ class JobOptions:
         if self.input_file is None:
             return b""
         try:
-            with open(self.input_file, "rb") as f:
+            with open_regular(self.input_file) as f:  # a FIFO or a device named here is refused, never read
                 return f.read()
         except OSError as e:
             raise OptionError(f"--input-file {self.input_file}: {e.strerror}") from None

@@ -12,11 +12,11 @@ no excerpt.
 from __future__ import annotations
 
 import os
-import stat
 
 from tensorjob_jupyter.host.fields import result_fields
 from tensorjob_jupyter.host.grounding import source_label
 from tensorjob_jupyter.record.event_checks import check_sources
+from tensorjob_jupyter.regular_file import open_fd
 from tensorjob_jupyter.text import clip, for_terminal, json_text
 
 #: Bytes of context read on each side of a span, and the most of the span itself shown.
@@ -48,12 +48,10 @@ def excerpt_parts(source: dict) -> tuple[str, str, str, bool] | None:
     if start < 0 or end < start:
         return None
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        fd = open_fd(path)  # a regular file only: a FIFO or a device named by a transcript is never read
     except (OSError, ValueError):
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
         lo = max(0, start - CONTEXT_BYTES)
         span_end = min(end, start + SPAN_BYTES)
         data = os.pread(fd, (span_end - lo) + CONTEXT_BYTES, lo)

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from tensorjob_jupyter.inference.base import ModelError
+from tensorjob_jupyter.regular_file import open_regular
 
 GGUF_MAGIC = b"GGUF"
 
@@ -25,7 +26,7 @@ def check_gguf(path: str | os.PathLike) -> Path:
     if not p.is_file():
         raise ModelError(f"model path is not a file: {p}")
     try:
-        with open(p, "rb") as f:
+        with open_regular(p) as f:  # a FIFO or a device in a model's place is refused, never read
             head = f.read(8)
     except OSError as e:
         raise ModelError(f"cannot read model file {p}: {e.strerror or e}") from None

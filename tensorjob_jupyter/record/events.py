@@ -25,6 +25,7 @@ import orjson
 
 from tensorjob_jupyter.abi import TERMINAL_EVENT_TYPES, JobFailure, codes
 from tensorjob_jupyter.record.job_folder import ENVELOPE_FILE, ENVELOPE_TMP_FILE, EVENTS_FILE, lock_transcript
+from tensorjob_jupyter.regular_file import open_regular
 
 
 #: The transcript format this host writes (``job.created``'s ``transcript_version``).
@@ -58,6 +59,10 @@ class TranscriptWriteError(JobFailure):
 # --- where the events are kept -----------------------------------------------------------
 
 
+#: How a job folder's own files are made: written afresh, never through a link planted in their place.
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+
+
 class _FileLog:
     """The transcript file: appended by the job, read back at any position."""
 
@@ -66,7 +71,7 @@ class _FileLog:
         # Created under another name, locked, then renamed into place: no reader ever sees the
         # transcript unlocked while it is written. The lock goes when the file closes or the process dies.
         staging = path.with_name(path.name + ".new")
-        self._file = open(staging, "wb")
+        self._file = open_regular(staging, flags=_NEW_FILE, mode="wb", follow_symlinks=False)
         lock_transcript(self._file.fileno())
         os.replace(staging, path)
         self.position = 0
@@ -82,7 +87,7 @@ class _FileLog:
     def read(self, cursor: int, count: int, max_bytes: int) -> tuple[list[bytes], int]:
         """Up to ``count`` lines from byte ``cursor`` (at least one); the new cursor."""
         lines = []
-        with open(self.path, "rb") as f:
+        with open_regular(self.path, follow_symlinks=False) as f:  # the transcript this stream writes
             f.seek(cursor)
             size = 0
             while len(lines) < count and (not lines or size < max_bytes):
@@ -361,7 +366,7 @@ class EventStream:
             try:
                 if self.run_dir is not None and envelope is not None:
                     tmp = self.run_dir / ENVELOPE_TMP_FILE
-                    with open(tmp, "wb") as f:
+                    with open_regular(tmp, flags=_NEW_FILE, mode="wb", follow_symlinks=False) as f:
                         f.write(envelope)
                         f.write(b"\n")
                     os.replace(tmp, self.run_dir / ENVELOPE_FILE)

@@ -32,6 +32,7 @@ from typing import Callable
 import wasmtime
 from wasmtime import component
 
+from tensorjob_jupyter.regular_file import open_fd
 from tensorjob_jupyter.sandbox.cache import NotARegularFile, cache_dir, open_regular, read_regular
 
 #: The componentize-py this interpreter is built with (pyproject pins the same).
@@ -177,7 +178,7 @@ class _FileLock:
         self._thread_lock.acquire()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            self._fd = open_fd(self.path, flags=os.O_RDWR | os.O_CREAT, mode=0o600, follow_symlinks=False)
             fcntl.flock(self._fd, fcntl.LOCK_EX)
         except BaseException:
             self._thread_lock.release()
@@ -261,8 +262,9 @@ def _compile(paths: Paths, manifest: dict, fuel: bool, progress: Progress) -> di
     except wasmtime.WasmtimeError as e:
         raise InterpreterError(f"wasmtime could not compile the Python interpreter: {e}") from None
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)  # a leftover, or a link planted there: never written through
     try:
-        with open(tmp, "wb") as f:
+        with open_regular(tmp, flags=os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode="wb", follow_symlinks=False) as f:
             f.write(blob)
         os.replace(tmp, out)
     finally:
