@@ -59,7 +59,6 @@ class ItemReplay:
     """How one item's replay went."""
 
     item: int
-    recorded_job: str | None
     replay_job: str | None = None
     needs_model: bool = False
     diverged_at: int | None = None
@@ -97,7 +96,7 @@ class ReplayExecutor(LocalExecutor):
                 return {"item": index, "status": JobStatus.CANCELLED.value}  # never concluded: not run
             why = ("the recorded map has no readable transcript for this item (it failed before its job started, "
                    "or the transcript is gone or damaged)")
-            self.details[index] = ItemReplay(index, None, needs_model=True, divergence=why)
+            self.details[index] = ItemReplay(index, needs_model=True, divergence=why)
             return failed_outcome(index, codes.REPLAY_DIVERGENCE, f"{why}: it needs the model")
         try:
             run = load_run(found.path)
@@ -112,18 +111,18 @@ class ReplayExecutor(LocalExecutor):
             job = ReplayJob(spec, run, live=self.live, backend=self.backend if self.live else None)
         except (ReplayError, MapError, ValueError, OSError) as e:
             why = " ".join(f"cannot replay its recording: {e}".split())[:300]
-            self.details[index] = ItemReplay(index, found.job_id, needs_model=True, divergence=why)
+            self.details[index] = ItemReplay(index, needs_model=True, divergence=why)
             return failed_outcome(index, codes.REPLAY_DIVERGENCE, f"{why}; it needs the model")
         except Exception as e:  # noqa: BLE001 - a host error fails this item only
             error = internal_error(f"replay of item {index}", e)
-            self.details[index] = ItemReplay(index, found.job_id)
+            self.details[index] = ItemReplay(index)
             return failed_outcome(index, error.code, error.message)
         ready = time.perf_counter()
         envelope = _await(job.start(), cancelled)
         report = job.report
         divergence = report.divergence if report is not None else None
         self.details[index] = ItemReplay(
-            index, found.job_id, job.id, needs_model=bool(report and report.stopped),
+            index, job.id, needs_model=bool(report and report.stopped),
             diverged_at=divergence.step if divergence else None,
             divergence=for_terminal(divergence.message(), one_line=True)[:500] if divergence else None,
             live_from=report.live_from if report else None)

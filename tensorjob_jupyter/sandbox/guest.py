@@ -275,7 +275,6 @@ class Guest(EpochTicked):
         self._step = HotCall(store, ex["cf_step"], 2, checked=True)
         on_token = ex.get("cf_on_token")
         self._on_token = HotCall(store, on_token, 2, checked=True) if on_token is not None else None
-        self.has_on_token = self._on_token is not None
         self._note_memory()
 
     def _module(self, wasm: bytes, key: tuple, cache: ModuleCache) -> wasmtime.Module:
@@ -423,10 +422,6 @@ class Guest(EpochTicked):
             return True
         ptr, n = self.write(token.encode("utf-8"))
         return self._call("cf_on_token", self._on_token, ptr, n) == abi.TokenAction.CONTINUE  # anything else stops
-
-    @property
-    def fuel_left(self) -> int | None:
-        return self._store.get_fuel() if self.limits.fuel is not None else None
 
     def close(self) -> None:
         if self._closed:

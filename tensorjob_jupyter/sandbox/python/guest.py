@@ -14,7 +14,6 @@ Design: docs/internals/sandbox.md#pythonguestpy
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import math
@@ -30,7 +29,7 @@ from wasmtime import _ffi as ffi
 from wasmtime import component
 
 from tensorjob_jupyter import abi
-from tensorjob_jupyter.abi import codes
+from tensorjob_jupyter.abi import codes, event_types
 from tensorjob_jupyter.limits import Limits
 from tensorjob_jupyter.sandbox.engines import EpochTicked, SharedEngine, shared_engine
 from tensorjob_jupyter.sandbox.guest import GuestTrap
@@ -55,9 +54,7 @@ MAX_CLOCK_READINGS = 100_000
 MAX_RANDOM_BYTES = 64 * 1024
 #: Most staged input one read-input call returns.
 MAX_READ_INPUT = 4 * 1024 * 1024
-EVENT_LOG = "job.log"
-EVENT_CLOCK = "job.clock"
-EVENT_INTERPRETER = "job.interpreter"
+EVENT_LOG, EVENT_CLOCK, EVENT_INTERPRETER = event_types.JOB_LOG, event_types.JOB_CLOCK, event_types.JOB_INTERPRETER
 
 _CLOSE = "tensorjob: the job has ended"
 
@@ -144,14 +141,6 @@ def _set_fuel(store: Any, fuel: int) -> None:
         raise wasmtime.WasmtimeError._from_ptr(err)
 
 
-def _get_fuel(store: Any) -> int:
-    remaining = ctypes.c_uint64(0)
-    err = ffi.wasmtime_context_get_fuel(store._context(), ctypes.byref(remaining))
-    if err:
-        raise wasmtime.WasmtimeError._from_ptr(err)
-    return remaining.value
-
-
 def _record(**fields: Any) -> component.Record:
     r = component.Record()
     r.__dict__.update(fields)
@@ -195,8 +184,6 @@ def _first_error_line(e: BaseException) -> str:
 class PythonGuest(EpochTicked):
     """A live Python guest: the interface of ``sandbox.guest.Guest``, for CPython-in-wasm."""
 
-    has_on_token = True
-
     def __init__(self, program: PythonProgram | bytes, limits: Limits | None = None,
                  imports: Iterable[Any] = (), *, deadline: float | None = None,
                  publish: Callable[..., Any] | None = None, determinism: Determinism | None = None,
@@ -220,7 +207,6 @@ class PythonGuest(EpochTicked):
         self._expect = "command"  # what the guest may call next: "command" or "verdict"
         self._stream_infer = False  # the infer being carried out is streamed to the guest
         self._thread: threading.Thread | None = None
-        self._fuel_left: int | None = None
         self._cause = "call"
         self._export = "start-up"
         self._log_bytes = 0
@@ -310,7 +296,6 @@ class PythonGuest(EpochTicked):
 
     def _hand_over(self, store: Any, message: tuple) -> None:
         """Give the turn to the reactor (the guest waits for the answer next)."""
-        self._note(store)
         self._publish_clock()
         self._to_host.put(message)
 
@@ -453,13 +438,6 @@ class PythonGuest(EpochTicked):
             self.determinism.pending = []
             self._publish(EVENT_CLOCK, readings=pending)
 
-    def _note(self, store: Any) -> None:
-        if self.fuel:
-            try:
-                self._fuel_left = _get_fuel(store)
-            except wasmtime.WasmtimeError:
-                pass
-
     # -- deadlines and interruption ------------------------------------------------------------
 
     def _budget(self) -> tuple[float, str]:
@@ -523,7 +501,6 @@ class PythonGuest(EpochTicked):
             self._arm(store)
             out = self._run(store, self.program.source, self.program.filename, input_text)
             self._run.post_return(store)
-            self._note(store)
             message = ("final", out)
         except wasmtime.WasmtimeError as e:
             message = ("trap", self._classify(e)) if _CLOSE not in str(e) or self._interrupted else ("closed",)
@@ -636,10 +613,6 @@ class PythonGuest(EpochTicked):
         if not message[1]:
             self._stream_infer = False
         return message[1]
-
-    @property
-    def fuel_left(self) -> int | None:
-        return self._fuel_left if self.fuel else None
 
     @property
     def memory_bytes(self) -> int:
