@@ -192,8 +192,9 @@ class MapResult:
                                      r["least_confidence"] or 0.0, r["item"]))
         return reviewed
 
-    def failures(self) -> dict[int, dict]:
-        """Each failed item's error (``code``, ``message``), by item number."""
+    def failures(self) -> dict[int, Any]:
+        """Each failed item's error (``code``, ``message``), by item number: as recorded, so None where a
+        line holds none."""
         return {r["item"]: r.get("error") for r in read_records(self.failures_path, total=self.total)}
 
     def scores(self) -> dict[int, ItemScore] | None:
@@ -267,6 +268,7 @@ class MapResult:
         scored = self._score_columns()
         confidences = self.confidences()
         confidence_keys = dict.fromkeys(f"confidence.{path}" for c in confidences.values() for path in c)
+        done: dict = {}  # one empty stand-in for every input already made a row
         for index in range(self.total):
             error = failures.get(index) if index not in results else None
             error = error if isinstance(error, dict) else {}
@@ -285,7 +287,7 @@ class MapResult:
                 row[f"grounded.{name}"] = None if found.get(name) is None else bool(found[name])
             if scored is not None:
                 row.update(scored(index))
-            inputs[index] = None  # done with: a large map's table is built as its rows go by
+            inputs[index] = done  # done with: a large map's table is built as its rows go by
             yield row
 
     def _score_columns(self):
