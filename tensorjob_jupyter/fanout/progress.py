@@ -12,6 +12,7 @@ expected answer and score when the map was scored (``scoring.py``).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -221,7 +222,7 @@ class MapResult:
                                signals=field_signals(evidence))
 
     @classmethod
-    def read(cls, run_dir: str | Path) -> "MapResult":
+    def read(cls, run_dir: str | os.PathLike) -> "MapResult":
         """The map in ``run_dir`` as its files tell it, whether it finished, stopped or still runs: the counts
         from the results files, the status from the ledger's last session, the item count as what was read
         confirms it (``folder_reader.confirmed_items``), and the inputs from the manifest when the file the
