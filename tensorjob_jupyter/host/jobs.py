@@ -36,7 +36,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import orjson
 
@@ -138,7 +138,7 @@ class Job:
         self.guest_sha256 = source.sha256
         self.grants = Grants.for_paths(spec.read, spec.cwd)
         self.fetch_grants = FetchGrants.parse(spec.fetch)
-        if backend is DEFAULT_MODEL:
+        if isinstance(backend, _DefaultModel):  # DEFAULT_MODEL, its one instance
             backend = spec.model.backend()
         self.backend = backend
         self.run_dir = Path(spec.runs_dir if spec.runs_dir is not None else default_runs_dir()) / self.id
@@ -183,7 +183,7 @@ class Job:
 
     # -- lifecycle -----------------------------------------------------------------
 
-    def start(self) -> "Job":
+    def start(self) -> Self:
         if self._thread is not None:
             raise RuntimeError(f"job {self.id} was already started")
         self.started_at = time.time()
