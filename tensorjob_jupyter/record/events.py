@@ -109,7 +109,7 @@ class _FileLog:
 
     def read(self, cursor: int, count: int, max_bytes: int) -> tuple[list[bytes], int]:
         """Up to ``count`` lines from byte ``cursor`` (at least one); the new cursor."""
-        lines = []
+        lines: list[bytes] = []
         with open(self.path, "rb") as f:
             f.seek(cursor)
             size = 0
@@ -161,7 +161,7 @@ class ReadsEvents:
 
     def drain(self) -> list[dict]:
         """Every event available now, without waiting."""
-        out = []
+        out: list[dict] = []
         while True:
             event = self.get(timeout=0)
             if event is None:
