@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from tensorjob_jupyter.fanout.folder_reader import (
     FAILURES, RESULTS, confirmed_items, pinned_manifest, read_ledger, read_records,
@@ -28,6 +28,9 @@ from tensorjob_jupyter.fanout.scoring import (
 from tensorjob_jupyter.host.fields import MAX_FIELDS
 from tensorjob_jupyter.host.grounding import sources_label
 from tensorjob_jupyter.record.event_checks import check_sources
+
+if TYPE_CHECKING:
+    import pandas  # an optional extra, imported by to_pandas
 
 #: What ``MapResult.rows`` says of an item the map never concluded (it was cancelled first).
 NOT_RUN = "not run"
@@ -329,7 +332,7 @@ class MapResult:
                     keys[index] = key[:MAX_KEY_CHARS]
         return keys
 
-    def to_pandas(self):
+    def to_pandas(self) -> pandas.DataFrame:
         """``rows()`` as a pandas DataFrame indexed by item, with pandas' nullable dtypes (needs the ``[pandas]``
         extra)."""
         try:
