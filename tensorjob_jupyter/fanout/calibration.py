@@ -116,11 +116,11 @@ def field_signals(evidence: Mapping[str, Sequence[Evidence]]) -> tuple[FieldSign
             found = [e.right for e in located if e.grounded]
             missing = [e.right for e in located if not e.grounded]
             grounded, ungrounded = (sum(found), len(found)), (sum(missing), len(missing))
-        measured = [e for e in rows if e.confidence is not None]
-        split = halves((e.item, e.confidence, e.right) for e in measured)
-        right = sum(1 for e in measured if e.right)
-        signal = FieldSignal(name, grounded, ungrounded, *(split or (None, None)),
-                             auroc([e.confidence for e in measured], [e.right for e in measured]) if measured else None,
+        measured = [(e.item, e.confidence, e.right) for e in rows if e.confidence is not None]
+        confident, unconfident = halves(measured) or (None, None)
+        right = sum(1 for _, _, correct in measured if correct)
+        signal = FieldSignal(name, grounded, ungrounded, confident, unconfident,
+                             auroc([c for _, c, _ in measured], [r for _, _, r in measured]) if measured else None,
                              right, len(measured) - right)
         if signal.has_grounding or signal.has_confidence:
             out.append(signal)

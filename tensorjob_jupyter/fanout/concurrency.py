@@ -18,7 +18,7 @@ AUTO = "auto"
 DEFAULT_WIDTH = 4
 
 
-def check_concurrency(concurrency: Any) -> int | str | None:
+def check_concurrency(concurrency: Any) -> int | str:
     """``concurrency`` as given -- None or ``"auto"`` (chosen), or a whole number at least 1 -- else ``ValueError``."""
     if concurrency is None or concurrency == AUTO:
         return AUTO

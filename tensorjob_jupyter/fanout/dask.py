@@ -17,9 +17,9 @@ import tempfile
 import threading
 import time
 from dataclasses import replace
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-from distributed import Client, as_completed
+from distributed import Client, Future, as_completed
 from distributed.scheduler import KilledWorker
 
 from tensorjob_jupyter.abi import JobStatus
@@ -28,6 +28,9 @@ from tensorjob_jupyter.host.reactor import internal_error
 from tensorjob_jupyter.fanout.errors import ClusterError
 from tensorjob_jupyter.fanout.items import WORKER_LOST, BackendSpec, ItemSpec, failed_outcome, process_backend, run_item
 from tensorjob_jupyter.inference.providers import HF, URL
+
+if TYPE_CHECKING:
+    from dask.typing import Key
 
 WINDOW_REFRESH_S = 2.0
 #: Times an item is sent again after the cluster lost what it needed (not its own failures).
@@ -58,9 +61,9 @@ class DaskExecutor:
         self.where = f"dask {self.address}"
         self.lost = 0
         self._lock = threading.Lock()
-        self._in_flight: dict[str, tuple[int, Any, Any]] = {}
+        self._in_flight: dict[Key, tuple[int, Any, Any]] = {}
         self._resubmits: dict[int, int] = {}
-        self._spec_future = None
+        self._spec_future: Future | None = None  # scattered by ``run``
         self._window, self._window_at = 2, float("-inf")
         try:
             self.dashboard_link = _dashboard_link(self.client)
@@ -121,6 +124,7 @@ class DaskExecutor:
         return True
 
     def _submit(self, index: int, item: Any, finished) -> None:
+        assert self._spec_future is not None, "run scatters the spec before submitting"
         if self._spec_future.status != "finished":  # lost with the workers that held it
             self._spec_future.release()
             self._spec_future = self.client.scatter(self.spec, broadcast=True, hash=False)
@@ -340,15 +344,17 @@ _RUNS_DIRS: dict[str, str] = {}
 def _local_spec(spec: ItemSpec) -> ItemSpec:
     """``spec`` with a transcript folder this worker can write (a shared path
     on one machine or a shared filesystem; otherwise a temporary folder)."""
-    usable = _RUNS_DIRS.get(spec.job.runs_dir)
+    runs_dir = spec.job.runs_dir
+    assert runs_dir is not None, "item_spec sets the template's runs_dir"
+    usable = _RUNS_DIRS.get(runs_dir)
     if usable is None:
         try:
-            os.makedirs(spec.job.runs_dir, exist_ok=True)
-            usable = spec.job.runs_dir
+            os.makedirs(runs_dir, exist_ok=True)
+            usable = runs_dir
         except OSError:
             usable = os.path.join(tempfile.gettempdir(), "tensorjob-map-jobs")
-        _RUNS_DIRS[spec.job.runs_dir] = usable
-    return spec if usable == spec.job.runs_dir else replace(spec, job=spec.job.replace(runs_dir=usable))
+        _RUNS_DIRS[runs_dir] = usable
+    return spec if usable == runs_dir else replace(spec, job=spec.job.replace(runs_dir=usable))
 
 
 __all__ = [

@@ -129,9 +129,14 @@ class MapEstimate:
         return [e for e in self.sampled if e.prompt_tokens is not None]
 
     @property
+    def reached_prompt_tokens(self) -> list[int]:
+        """The prompt tokens of each sampled item that reached an infer (``reached``'s, in its order)."""
+        return [e.prompt_tokens for e in self.sampled if e.prompt_tokens is not None]
+
+    @property
     def prompt_tokens_per_item(self) -> float | None:
-        reached = self.reached
-        return statistics.fmean(e.prompt_tokens for e in reached) if reached else None
+        reached = self.reached_prompt_tokens
+        return statistics.fmean(reached) if reached else None
 
     @property
     def prompts(self) -> int:
@@ -144,7 +149,7 @@ class MapEstimate:
         mean = self.prompt_tokens_per_item
         if mean is None:
             return None
-        return round(sum(e.prompt_tokens for e in self.reached) + mean * (self.items - len(self.sampled)))
+        return round(sum(self.reached_prompt_tokens) + mean * (self.items - len(self.sampled)))
 
     @property
     def decoded_prompt_tokens(self) -> int | None:
@@ -190,7 +195,7 @@ class MapEstimate:
         if mean is None:
             out.append("no sampled item reached an infer: nothing to count")
         else:
-            sizes = [e.prompt_tokens for e in self.reached]
+            sizes = self.reached_prompt_tokens
             out.append(f"prompt tokens per item: {mean:.0f} (from {min(sizes)} to {max(sizes)}; {counted})")
             out.append(f"prompt tokens in all: {self.prompt_tokens}; decoded with the shared prefix of "
                        f"{self.shared_prefix_tokens} tokens decoded once: {self.decoded_prompt_tokens}")
@@ -263,14 +268,14 @@ def estimate_map(guest: Any, manifest: str | os.PathLike | Sequence[Any], *, bac
                 unsampled = len(picks) - n
                 break
             catcher = _FirstInfer(name)
-            job = Job(spec.item_job(index, items[index]), backend=catcher).start()
+            dry_run = Job(spec.item_job(index, items[index]), backend=catcher).start()
             timed_out = False
             try:
-                envelope = job.wait(DRY_RUN_TIMEOUT_S)
+                envelope = dry_run.wait(DRY_RUN_TIMEOUT_S)
             except TimeoutError:
                 timed_out = True
-                job.cancel()
-                envelope = job.wait()
+                dry_run.cancel()
+                envelope = dry_run.wait()
             request = catcher.request
             if request is None:
                 error = envelope.error
@@ -398,12 +403,12 @@ def _measured(event: Any, model: str) -> _Measured | None:
     """A terminal response event of ``model`` as rates, or None (another event, model or nothing usable)."""
     if not isinstance(event, dict) or event.get("type") not in ("response.completed", "response.incomplete"):
         return None
-    response = event.get("response") if isinstance(event.get("response"), dict) else {}
+    response = _object(event.get("response"))
     if response.get("model") != model:
         return None
-    usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
-    timing = event.get("timing") if isinstance(event.get("timing"), dict) else {}
-    details = usage.get("input_tokens_details") if isinstance(usage.get("input_tokens_details"), dict) else {}
+    usage = _object(response.get("usage"))
+    timing = _object(event.get("timing"))
+    details = _object(usage.get("input_tokens_details"))
     fresh = _number(usage.get("input_tokens")) - _number(details.get("cached_tokens"))
     ttft, tps = _number(timing.get("time_to_first_token_s")), _number(timing.get("tokens_per_second"))
     load = timing.get("load_per_core")
@@ -412,6 +417,11 @@ def _measured(event: Any, model: str) -> _Measured | None:
     batch = timing.get("batch")
     batch = batch if isinstance(batch, int) and not isinstance(batch, bool) and batch >= 1 else None
     return _Measured(fresh / ttft if fresh > 0 and ttft > 0 else 0.0, tps if tps > 0 else 0.0, load, batch)
+
+
+def _object(value: Any) -> dict:
+    """``value`` where it is a JSON object, else an empty one."""
+    return value if isinstance(value, dict) else {}
 
 
 def _upper_quartile(values: list[float]) -> float:

@@ -12,9 +12,10 @@ expected answer and score when the map was scored (``scoring.py``).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from tensorjob_jupyter.fanout.map_folder_reader import (
     FAILURES, RESULTS, confirmed_items, pinned_manifest, read_ledger, read_records,
@@ -27,6 +28,9 @@ from tensorjob_jupyter.fanout.scoring import (
 from tensorjob_jupyter.host.fields import MAX_FIELDS
 from tensorjob_jupyter.host.grounding import sources_label
 from tensorjob_jupyter.record.event_checks import check_sources
+
+if TYPE_CHECKING:
+    import pandas  # an optional extra, imported by to_pandas
 
 #: What ``MapResult.rows`` says of an item the map never concluded (it was cancelled first).
 NOT_RUN = "not run"
@@ -192,8 +196,9 @@ class MapResult:
                                      r["least_confidence"] or 0.0, r["item"]))
         return reviewed
 
-    def failures(self) -> dict[int, dict]:
-        """Each failed item's error (``code``, ``message``), by item number."""
+    def failures(self) -> dict[int, Any]:
+        """Each failed item's error (``code``, ``message``), by item number: as recorded, so None where a
+        line holds none."""
         return {r["item"]: r.get("error") for r in read_records(self.failures_path, total=self.total)}
 
     def scores(self) -> dict[int, ItemScore] | None:
@@ -220,7 +225,7 @@ class MapResult:
                                signals=field_signals(evidence))
 
     @classmethod
-    def read(cls, run_dir: str | Path) -> "MapResult":
+    def read(cls, run_dir: str | os.PathLike) -> "MapResult":
         """The map in ``run_dir`` as its files tell it, whether it finished, stopped or still runs: the counts
         from the results files, the status from the ledger's last session, the item count as what was read
         confirms it (``map_folder_reader.confirmed_items``), and the inputs from the manifest when the file the
@@ -267,6 +272,7 @@ class MapResult:
         scored = self._score_columns()
         confidences = self.confidences()
         confidence_keys = dict.fromkeys(f"confidence.{path}" for c in confidences.values() for path in c)
+        done: dict = {}  # one empty stand-in for every input already made a row
         for index in range(self.total):
             error = failures.get(index) if index not in results else None
             error = error if isinstance(error, dict) else {}
@@ -285,7 +291,7 @@ class MapResult:
                 row[f"grounded.{name}"] = None if found.get(name) is None else bool(found[name])
             if scored is not None:
                 row.update(scored(index))
-            inputs[index] = None  # done with: a large map's table is built as its rows go by
+            inputs[index] = done  # done with: a large map's table is built as its rows go by
             yield row
 
     def _score_columns(self):
@@ -326,7 +332,7 @@ class MapResult:
                     keys[index] = key[:MAX_KEY_CHARS]
         return keys
 
-    def to_pandas(self):
+    def to_pandas(self) -> pandas.DataFrame:
         """``rows()`` as a pandas DataFrame indexed by item, with pandas' nullable dtypes (needs the ``[pandas]``
         extra)."""
         try:

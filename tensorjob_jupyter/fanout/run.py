@@ -199,10 +199,11 @@ class MapRun:
         ok = status == JobStatus.COMPLETED.value
         unanswered = not ok and (outcome.get("error") or {}).get("code") == codes.REPLAY_DIVERGENCE
         score = self._score(index, ok, outcome.get("result"))
+        scoring = self.scoring if score else None
         progress = self._update(lambda p: replace(p, running=p.running - 1, completed=p.completed + ok,
                                                   failed=p.failed + (not ok), tokens=p.tokens + tokens,
                                                   needs_model=p.needs_model + unanswered,
-                                                  **(self.scoring.tally() if score else {})))
+                                                  **(scoring.tally() if scoring is not None else {})))
         event = {"type": "item.completed" if ok else "item.failed", "item": index,
                  "input": item, "progress": progress.to_json()}
         if ok:
@@ -278,7 +279,8 @@ class MapRun:
         p = self.progress()
         summary = {"completed": p.completed, "failed": p.failed, "skipped": p.skipped,
                    "status": self._status(), "error": self._error}
-        keep_scores = (lambda: self.scoring.finish(self.folder.path)) if self.scoring is not None else (lambda: None)
+        scoring = self.scoring
+        keep_scores = (lambda: scoring.finish(self.folder.path)) if scoring is not None else (lambda: None)
         for step in (keep_scores, lambda: self.folder.finish(summary), self.folder.close,
                      getattr(self.executor, "close", lambda: None)):
             try:
@@ -302,7 +304,8 @@ class MapRun:
 
 def _tokens(outcome: dict) -> int:
     """Tokens in and out an item's envelope counts (0 for an item whose job never ran)."""
-    usage = outcome.get("usage") if isinstance(outcome.get("usage"), dict) else {}
+    usage = outcome.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
     return sum(v for v in (usage.get("tokens_in"), usage.get("tokens_out"))
                if isinstance(v, int) and not isinstance(v, bool) and v > 0)
 

@@ -20,7 +20,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeGuard
 
 from tensorjob_jupyter.abi import dumps
 from tensorjob_jupyter.fanout.calibration import FieldSignal
@@ -249,13 +249,14 @@ def score_item(scorer: Scorer, item: int, completed: bool, result: Any, expected
             raise
         return ItemScore(item, None, None, _clip(f"the scorer raised {type(e).__name__}"
                                                  + (f": {e}" if str(e) else "")))
-    fields = None
+    fields: dict[str, bool] | None = None
     if isinstance(got, Scored):
-        got, fields = got.value, got.fields
-        if fields is not None:
-            if not isinstance(fields, Mapping) or not all(isinstance(v, bool) for v in fields.values()):
+        given = got.fields
+        got = got.value
+        if given is not None:
+            if not isinstance(given, Mapping) or not all(isinstance(v, bool) for v in given.values()):
                 return ItemScore(item, None, None, "the scorer's fields are not names and True or False")
-            fields = {str(k): v for k, v in list(fields.items())[:MAX_FIELDS]}
+            fields = {str(k): v for k, v in list(given.items())[:MAX_FIELDS]}
     if isinstance(got, bool):
         return ItemScore(item, 1.0 if got else 0.0, fields)
     if not _is_score(got):
@@ -346,7 +347,7 @@ class Expected:
             try:  # a file of more values than items is refused at the first extra one, the rest unread
                 manifest = read_manifest(spec, max_items=total)
             except MapError as e:  # its words are a manifest's: say whose they are
-                if isinstance(e, TooManyItems):
+                if isinstance(e, TooManyItems) and isinstance(spec, (str, os.PathLike)):  # a list is refused above
                     raise ScoringError(f"expected answers {Path(spec).absolute()}: more than {total} values for a "
                                        f"manifest of {total} items (line {e.line}; one expected value a line, in "
                                        f"the manifest's order; null, or no line, for an item not labelled)") from None
@@ -565,6 +566,7 @@ class ScoreSummary:
         if not self.scored:
             out = [f"score ({self.scorer}): no item scored yet ({self.unscored} of {self.items} without a score)"]
             return out + ([labels] if labels else [])
+        assert self.low is not None and self.high is not None, "of() gives a scored summary its interval"
         head = (f"score ({self.scorer}): mean {self.mean:.3f} over {self.scored} item{'s' if self.scored != 1 else ''}"
                 f" (95% interval {_interval(self.low, self.high)}); {self.passed} passed, {self.failed} failed")
         head += f", {self.errors} could not be scored" if self.errors else ""
@@ -626,7 +628,8 @@ class ScoreSummary:
     def to_json(self) -> dict:
         return {"scorer": self.scorer, "items": self.items, "scored": self.scored,
                 "mean": None if self.mean is None else round(self.mean, 6),
-                "interval": None if self.low is None else [round(self.low, 6), round(self.high, 6)],
+                "interval": (None if self.low is None or self.high is None
+                             else [round(self.low, 6), round(self.high, 6)]),
                 "interval_method": INTERVAL_METHOD, "passed": self.passed, "failed": self.failed,
                 "errors": self.errors, "unscored": self.unscored, "labelled": self.labelled,
                 "unlabelled": self.unlabelled,
@@ -662,12 +665,12 @@ class ScoreSummary:
                        + "</tbody></table>")
         if not self.field_rows:
             return f'<div class="tj-score-summary"><div><b>{head}</b></div>{notes}{signals}</div>'
-        header = "".join(f"<th>{escape(c)}</th>" for c in FieldScore.COLUMNS)
+        columns = "".join(f"<th>{escape(c)}</th>" for c in FieldScore.COLUMNS)
         right = ' style="text-align:right"'
         body = "".join("<tr>" + "".join(f"<td{right if i else ''}>{escape(c)}</td>" for i, c in enumerate(row.cells()))
                        + "</tr>" for row in self.field_rows)
         return (f'<div class="tj-score-summary"><div><b>{head}</b></div>{notes}'
-                f'<table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table>{signals}</div>')
+                f'<table><thead><tr>{columns}</tr></thead><tbody>{body}</tbody></table>{signals}</div>')
 
 
 #: Scored items under which a summary says its mean is thin.
@@ -763,7 +766,9 @@ class Scoring:
             if found is None:
                 raise ScoringError("a scorer needs expected answers (expected=, --expected FILE.jsonl)")
             return cls(scorer_of(scorer), found)
-        name = scorer_name(folder) if found is not None else None
+        if folder is None or found is None:
+            return None
+        name = scorer_name(folder)
         return cls(BUILTINS[name], found) if name in BUILTINS else None
 
     def begin(self, run_dir: Path) -> None:
@@ -819,7 +824,7 @@ def _same_manifest(run_dir: Path, manifest_sha256: str) -> bool:
         return False  # not a ledger: the run folder says so when it is opened
 
 
-def _is_index(value: Any, total: int) -> bool:
+def _is_index(value: Any, total: int) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < total
 
 

@@ -191,10 +191,9 @@ def item_spec(job: JobSpec, backend: Any, runs_dir: Path) -> tuple[ItemSpec, Bac
 def _executor(spec: ItemSpec, instance: Backend | None, concurrency: int | str, cluster: Any, retries: int):
     if cluster is None:
         backend = instance if instance is not None else process_backend(spec.backend)
-        if concurrency == AUTO:
-            concurrency = auto_concurrency(spec.backend.model, instance)
-        return LocalExecutor(spec, backend, concurrency)
-    concurrency = None if concurrency == AUTO else concurrency
+        width = concurrency if isinstance(concurrency, int) else auto_concurrency(spec.backend.model, instance)
+        return LocalExecutor(spec, backend, width)
+    in_flight = concurrency if isinstance(concurrency, int) else None  # AUTO: twice the cluster's threads
     if instance is not None:
         raise ValueError("a backend object cannot be sent to Dask workers (it holds threads); pass a "
                          "picklable factory, e.g. functools.partial(ScriptedBackend, reply=...), or model=PATH")
@@ -203,7 +202,7 @@ def _executor(spec: ItemSpec, instance: Backend | None, concurrency: int | str, 
     except ImportError as e:
         raise ClusterError(f"a map on a Dask cluster needs dask.distributed in this environment "
                            f"(pip install 'tensorjob-jupyter[dask]'): {e}") from None
-    return DaskExecutor(spec, cluster, concurrency=concurrency, retries=retries)
+    return DaskExecutor(spec, cluster, concurrency=in_flight, retries=retries)
 
 
 __all__ = ["DEFAULT_CONCURRENCY", "NOT_FOR_MAPS", "start_map", "deterministic_threads", "deterministic_job", "map",

@@ -36,7 +36,8 @@ def prepare(err: TextIO, *, notebook: bool = False) -> None:
     """Make the interpreter ready, showing progress if it has to be built; errors surface at load."""
     if interpreter.is_ready():
         return
-    stage, done, errors = ["preparing the Python interpreter"], threading.Event(), []
+    stage, done = ["preparing the Python interpreter"], threading.Event()
+    errors: list[BaseException] = []
     threading.Thread(target=_build, args=(stage, done, errors), name="tensorjob-python-build", daemon=True).start()
     show = _Widget() if notebook else _Line(err)
     started = time.monotonic()

@@ -51,10 +51,12 @@ def pause_lines(state: dict) -> list[str]:
     where = "before cf_init" if step == 0 and reason != "failure" else f"before step {step}"
     if isinstance(cmd, str):
         where += f" ({for_terminal(cmd, one_line=True)[:40]})"
-    why = {"start": "started paused (--debug)", "pause": "paused on request", "step": "stepped",
-           "until": f"stepped to the next {for_terminal(str(state.get('until')), one_line=True)[:40]}",
-           "break": f"breakpoint on {for_terminal(str(cmd), one_line=True)[:40]}",
-           "failure": "before the failure is final (--break-on fail)"}.get(reason, for_terminal(str(reason))[:40])
+    whys: dict[Any, str] = {  # keyed by Any: the reason is whatever the pause (or its transcript) holds
+        "start": "started paused (--debug)", "pause": "paused on request", "step": "stepped",
+        "until": f"stepped to the next {for_terminal(str(state.get('until')), one_line=True)[:40]}",
+        "break": f"breakpoint on {for_terminal(str(cmd), one_line=True)[:40]}",
+        "failure": "before the failure is final (--break-on fail)"}
+    why = whys.get(reason, for_terminal(str(reason))[:40])
     lines = [f"⏸ paused {where}: {why}"]
     error = state.get("error")
     if isinstance(error, dict):
@@ -66,11 +68,13 @@ def pause_lines(state: dict) -> list[str]:
         lines.append(f"  last command: {_one_line(state['last_command'])}")
     if state.get("last_event") is not None:
         lines.append(f"  answered by:  {_one_line(state['last_event'])}")
-    handles = state.get("handles") if isinstance(state.get("handles"), list) else []
+    handles = state.get("handles")
+    handles = handles if isinstance(handles, list) else []
     shown = ", ".join(f"#{h.get('handle')} {for_terminal(str(h.get('path')), one_line=True)[:MAX_PATH_CHARS]} "
                       f"({h.get('len')} bytes, {for_terminal(str(h.get('kind')), one_line=True)[:40]})"
                       for h in handles[:8] if isinstance(h, dict))
-    count = state.get("open_handles") if isinstance(state.get("open_handles"), int) else len(handles)
+    count = state.get("open_handles")
+    count = count if isinstance(count, int) else len(handles)
     more = f", … {count - min(len(handles), 8)} more" if count > min(len(handles), 8) else ""
     lines.append(f"  step {step} · {count} open handles{': ' + shown + more if shown else ''} · guest memory "
                  f"{state.get('memory_bytes')} bytes (peak {state.get('peak_memory_bytes')})")
@@ -160,6 +164,7 @@ def _read_interrupting(read_line: Callable[[], str | None], holding: Callable[[]
     reading, fired = [True], [False]
     finished = threading.Event()
     main = threading.main_thread().ident
+    assert main is not None, "the main thread has started"
 
     def watch() -> None:
         while not finished.wait(POLL_S):

@@ -308,6 +308,7 @@ def load_guest(options: JobOptions, path: str | os.PathLike | None, err: TextIO,
             guest = GuestSource.from_text(source, lang=lang, name="cell", cflags=options.cflags,
                                           zigflags=options.zigflags, force=options.force)
         else:
+            assert path is not None, "a guest is a file, or a cell's source"
             guest = options.guest(path)
     except CompileError as e:
         err.write(f"{heading}{e}\n")

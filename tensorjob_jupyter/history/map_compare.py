@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Iterable
 
 from tensorjob_jupyter.abi import dumps
@@ -139,18 +140,22 @@ class MapComparison:
         """Counts and totals (see the module doc); ``mean_score_*`` over the items both sides scored."""
         xs, ys = self.sides
         changed = [i for i in range(self.total) if self.changed(i)]
-        both = [i for i in range(self.total) if xs[i].score is not None and ys[i].score is not None]
+        both: list[tuple[float, float]] = []  # the scores of the items both sides scored, a's then b's
+        for i in range(self.total):
+            x, y = xs[i].score, ys[i].score
+            if x is not None and y is not None:
+                both.append((x, y))
         na, nb = self.columns_a, self.columns_b
         out = {"items": self.total, "changed": len(changed), "same": self.total - len(changed),
                f"completed_{na}": sum(s.status == "completed" for s in xs),
                f"completed_{nb}": sum(s.status == "completed" for s in ys),
                "scored_both": len(both),
-               f"mean_score_{na}": _mean(xs[i].score for i in both),
-               f"mean_score_{nb}": _mean(ys[i].score for i in both),
-               f"passed_{na}": sum(xs[i].score >= 1.0 for i in both),
-               f"passed_{nb}": sum(ys[i].score >= 1.0 for i in both),
-               "improved": sum(ys[i].score > xs[i].score for i in both),
-               "regressed": sum(ys[i].score < xs[i].score for i in both),
+               f"mean_score_{na}": _mean(x for x, _ in both),
+               f"mean_score_{nb}": _mean(y for _, y in both),
+               f"passed_{na}": sum(x >= 1.0 for x, _ in both),
+               f"passed_{nb}": sum(y >= 1.0 for _, y in both),
+               "improved": sum(y > x for x, y in both),
+               "regressed": sum(y < x for x, y in both),
                f"tokens_{na}": sum(s.tokens or 0 for s in xs), f"tokens_{nb}": sum(s.tokens or 0 for s in ys),
                f"ms_{na}": sum(s.ms or 0 for s in xs), f"ms_{nb}": sum(s.ms or 0 for s in ys)}
         return out
@@ -188,7 +193,7 @@ class MapComparison:
         return out
 
     #: The columns of the printed table of items.
-    table_header = ("item", "status", "score", "changed")
+    table_header: tuple[str, ...] = ("item", "status", "score", "changed")
 
     def listed(self, row: dict) -> bool:
         """Whether the printed table lists this item's row."""
@@ -249,11 +254,11 @@ class MapComparison:
         return self._otherwise
 
     def _same_prompts_other_answer(self, item: int) -> bool:
-        runs = [self.a.item_run(item), self.b.item_run(item)]
-        if any(r is None for r in runs):
+        run_a, run_b = self.a.item_run(item), self.b.item_run(item)
+        if run_a is None or run_b is None:
             return False
         try:
-            steps = [list(StepReader(r.path))[:MAX_STEPS_COMPARED] for r in runs]
+            steps = [list(StepReader(r.path))[:MAX_STEPS_COMPARED] for r in (run_a, run_b)]
         except (OSError, TranscriptError):
             return False
         for x, y in zip(*steps):
@@ -322,16 +327,16 @@ def _sides(m: RecordedMap) -> list[Side]:
     for i in range(m.total):
         run = runs.get(i)
         score = scores.get(i)
-        common = {"score": score.score if score is not None else None,
-                  "tokens": run.tokens if run is not None else None, "ms": run.duration_ms if run is not None else None}
+        side = partial(Side, score=score.score if score is not None else None,
+                       tokens=run.tokens if run is not None else None, ms=run.duration_ms if run is not None else None)
         if i in results:
-            out.append(Side("completed", results[i], **common))
+            out.append(side("completed", results[i]))
         elif i in failures:
             error = failures[i] if isinstance(failures[i], dict) else {}
             code = error.get("code")
-            out.append(Side("failed", None, code if isinstance(code, str) else None, **common))
+            out.append(side("failed", None, code if isinstance(code, str) else None))
         else:
-            out.append(Side("not run", **common))
+            out.append(side("not run"))
     return out
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, overload
 
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import JobFailure, codes, event_types
@@ -135,11 +135,18 @@ class RecordedWorld:
         self._publish(job, "finished")
 
     def _publish(self, job: Reactor, then: str) -> None:
+        assert self.divergence is not None, "the divergence is recorded before it is published"
         self.then = then
         try:
             job.stream.publish(event_types.JOB_REPLAY_DIVERGED, **self.divergence.to_json(), then=then)
         except Exception:  # noqa: BLE001 - the envelope still says it
             pass
+
+    @overload
+    def _diverge(self, job: Reactor, divergence: Divergence, command: abi.Command) -> abi.Event: ...
+
+    @overload
+    def _diverge(self, job: Reactor, divergence: Divergence, command: None) -> None: ...
 
     def _diverge(self, job: Reactor, divergence: Divergence, command: abi.Command | None) -> abi.Event | None:
         """Record the divergence; stop the job, or (live) let the host and the model carry on from here."""
@@ -207,7 +214,8 @@ class RecordedWorld:
         """End the replay as the recorded run ended here (its error and its usage)."""
         self.reproduced_end = True
         error = end.error or {"code": codes.CANCELLED, "message": "job cancelled"}
-        usage = end.envelope.get("usage") if isinstance(end.envelope.get("usage"), dict) else {}
+        usage = end.envelope.get("usage")
+        usage = usage if isinstance(usage, dict) else {}
         for key in ("tokens_in", "tokens_out"):
             value = usage.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
@@ -303,6 +311,7 @@ class RecordedWorld:
     def _live_rest(self, job: Reactor, plan: InferPlan, router: OutputRouter, response: ResponseStream, *,
                    already: list[str]) -> abi.Event:
         """The rest of an answer from the model, past the pieces ``already`` judged from the recording."""
+        assert self.divergence is not None, "_more_than_recorded records the divergence first"
         source = ModelTokens(job.model_backend(), plan.request, job.cancel, response)
         try:
             delivery = job.token_loop(response, router.delta).run(source, already=already)
@@ -352,7 +361,9 @@ def _recorded_timing(answer: InferAnswer) -> tuple[float | None, float | None]:
     """(time to first token, tokens per second) as recorded, when they are numbers."""
     timing = answer.timing if isinstance(answer.timing, dict) else {}
     values = [timing.get("time_to_first_token_s"), timing.get("tokens_per_second")]
-    return tuple(v if isinstance(v, (int, float)) and not isinstance(v, bool) else None for v in values)
+    first_token_s, tokens_per_s = (v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+                                   for v in values)
+    return first_token_s, tokens_per_s
 
 
 def _answer_text(answer: InferAnswer) -> str:

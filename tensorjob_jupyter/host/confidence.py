@@ -15,7 +15,7 @@ import bisect
 import json
 import math
 import re
-from json.decoder import scanstring
+from json.decoder import scanstring  # type: ignore[attr-defined]  # in the module, not in typeshed's stub
 from typing import Any, Sequence
 
 from tensorjob_jupyter.host.fields import MAX_FIELDS, Scalar, field_path, result_fields
@@ -89,7 +89,9 @@ def json_leaves(text: str, limit: int = MAX_FIELDS) -> list[Leaf] | None:
 
 
 def _skip(text: str, i: int) -> int:
-    return _WHITESPACE.match(text, i).end()
+    m = _WHITESPACE.match(text, i)
+    assert m is not None  # [ \t\n\r]* matches (empty, at worst) at any position
+    return m.end()
 
 
 def _key(text: str, i: int) -> tuple[str, int]:
@@ -106,9 +108,9 @@ def _scalar(text: str, i: int) -> tuple[Scalar, int]:
     c = text[i]
     if c == '"':
         return scanstring(text, i + 1, True)
-    for word, value in _LITERALS:
+    for word, literal in _LITERALS:
         if text.startswith(word, i):
-            return value, i + len(word)
+            return literal, i + len(word)
     m = _NUMBER.match(text, i)
     if m is None or m.end() == i:
         raise ValueError("not a JSON value")

@@ -107,6 +107,10 @@ class Folded:
     the original it came from (whole characters, a character and its combining marks kept together)."""
 
     __slots__ = ("text", "base", "_starts", "_pieces")
+    text: str
+    base: int
+    _starts: list[int]
+    _pieces: list[tuple[int, int, Any]]  # (kind, first byte, payload: the kind's offsets or end byte)
 
     def __init__(self, text: str, base: int = 0):
         self.base = base
@@ -352,8 +356,8 @@ class _Field:
             if self.day is not None:
                 pattern = f"{pattern}|{date_pattern(self.day)}"
         self.pattern = re.compile(pattern) if pattern else None
-        fuzzy = isinstance(value, str) and self.canon is not None and self.day is None
-        self.fuzzy = fuzzy and bounds.fuzzy_min_chars <= len(self.canon) <= bounds.fuzzy_max_chars
+        self.fuzzy = (isinstance(value, str) and self.canon is not None and self.day is None
+                      and bounds.fuzzy_min_chars <= len(self.canon) <= bounds.fuzzy_max_chars)
 
     def same(self, span: str) -> bool:
         """Whether ``span`` is this value, normalised."""
@@ -418,6 +422,7 @@ def _exact(field: _Field, hay: _Haystack, budget: _Budget, bounds: Bounds) -> tu
 
 
 def _normalised(field: _Field, hay: _Haystack, budget: _Budget, bounds: Bounds) -> list[dict] | None:
+    assert field.pattern is not None, "only a field with a pattern is searched for normalised"
     folded = hay.folded(budget)
     if folded is None:
         return None
@@ -446,6 +451,7 @@ def _normalised(field: _Field, hay: _Haystack, budget: _Budget, bounds: Bounds) 
 
 
 def _fuzzy(field: _Field, hay: _Haystack, budget: _Budget, cutoff: float) -> list[dict] | None:
+    assert field.canon is not None, "a fuzzy field has its canonical text"
     folded = hay.folded(budget)
     if folded is None:
         return None

@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import orjson
 
@@ -123,9 +123,9 @@ class Job:
         self.fetch_grants = FetchGrants.parse(spec.fetch)
         # the model, whole, for a replay to find again (never a key): the spec's, or the one a backend given
         # was made for (``ModelRef.backend``); a backend no reference names (a test's, a recording) has none
-        ref = spec.model if backend is DEFAULT_MODEL else getattr(backend, "model_ref", None)
+        ref = spec.model if isinstance(backend, _DefaultModel) else getattr(backend, "model_ref", None)
         model_ref = {"model_ref": ref.to_json()} if isinstance(ref, ModelRef) else {}
-        if backend is DEFAULT_MODEL:
+        if isinstance(backend, _DefaultModel):  # DEFAULT_MODEL, its one instance
             backend = spec.model.backend()
         self.backend = backend
         self.run_dir = Path(spec.runs_dir if spec.runs_dir is not None else default_runs_dir()) / self.id
@@ -170,7 +170,7 @@ class Job:
 
     # -- lifecycle -----------------------------------------------------------------
 
-    def start(self) -> "Job":
+    def start(self) -> Self:
         if self._thread is not None:
             raise RuntimeError(f"job {self.id} was already started")
         self.started_at = time.time()

@@ -30,6 +30,7 @@ from tensorjob_jupyter.record.events import EventBudgetExceeded, EventStream, Tr
 from tensorjob_jupyter.world.files import Handles
 from tensorjob_jupyter.sandbox.guest import Guest
 from tensorjob_jupyter.sandbox.instance import open_guest
+from tensorjob_jupyter.sandbox.python.guest import PythonGuest
 from tensorjob_jupyter.inference.base import (
     DEFAULT_REPEAT_PENALTY, FINISH_GUEST_STOP, FINISH_LENGTH, FINISH_STOP, Backend, GenerateRequest,
     GenerateResult, GenerateUsage, LoraChoice, Sampler,
@@ -169,7 +170,7 @@ class Reactor:
         self.handles = Handles(limits.max_handles, limits.max_window_bytes, limits.max_handle_bytes)
         self.fetch_grants = fetch or FetchGrants(())
         self.documents: JobDocuments | None = None  # started on the first document or image command
-        self.guest: Guest | None = None
+        self.guest: Guest | PythonGuest | None = None
         #: The command the guest returned and the host has not yet answered (its ``cmd``),
         #: None while the guest runs: where the job was when it ended (``ended_during``).
         self.pending_command: str | None = None
@@ -267,15 +268,16 @@ class Reactor:
                                   listening=lambda: not self.cancel.is_set(), on_flush=self.stream.flush)
         # A wasm Guest, or a PythonGuest for a Python program (same interface; its log,
         # clock readings and seed go to the event stream).
-        self.guest = open_guest(self.wasm, self.limits, [streaming], deadline=self.deadline,
-                                publish=self.stream.publish, determinism=lambda: self.answerer.determinism(self))
+        self.guest = guest = open_guest(self.wasm, self.limits, [streaming], deadline=self.deadline,
+                                        publish=self.stream.publish,
+                                        determinism=lambda: self.answerer.determinism(self))
         if self.cancel.is_set():
-            self.guest.interrupt()
+            guest.interrupt()
         debugger = self.debugger
         if debugger is not None:
             debugger.stop_point(self, None)  # --debug: paused before cf_init
             self.check_running()
-        command = self.guest.init(self.input_json)
+        command = guest.init(self.input_json)
         self.stats.steps = 1
         while True:
             self.pending_command = command.cmd
@@ -295,7 +297,7 @@ class Reactor:
                              f"the guest returned {self.stats.steps} commands without finishing (max_steps)")
             self.check_running()
             self.pending_command = None
-            command = self.guest.step(event)
+            command = guest.step(event)
             self.stats.steps += 1
 
     def _result(self, command: abi.Done) -> Any:
@@ -353,6 +355,7 @@ class Reactor:
     def _slice(self, cmd: abi.Slice) -> abi.Event:
         window = self.handles.slice(cmd.handle, cmd.offset, cmd.len)
         text = window.text
+        assert text is not None, "slice decodes its window"
         self.stats.bytes_read += len(window.data)
         self.stream.publish(event_types.JOB_FILE_SLICED, handle=cmd.handle, offset=cmd.offset, requested=cmd.len,
                             length=len(window.data), next_offset=window.next_offset, binary=False,
@@ -441,6 +444,7 @@ class Reactor:
 
     def token_loop(self, response: ResponseStream, publish) -> TokenLoop:
         """The one token loop (``tokens.py``), wired to this job: its guest, its cancel and deadline, its usage."""
+        assert self.guest is not None, "an infer comes from the running guest"
         return TokenLoop(response, publish=publish, judge=self.guest.on_token, check_running=self.check_running,
                          count=self.count_tokens)
 
@@ -526,7 +530,7 @@ class Reactor:
         reason = FINISH_GUEST_STOP if stopped_after is not None else (
             FINISH_LENGTH if result.finish_reason == FINISH_LENGTH else FINISH_STOP)
         usage = response.usage_json(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
-        extra = {"timing": decode_timing(u), "guest_stopped_after": stopped_after}
+        extra: dict[str, Any] = {"timing": decode_timing(u), "guest_stopped_after": stopped_after}
         text, tool_calls = result.text, None
         if reason == FINISH_STOP or (reason == FINISH_LENGTH and not spec.constrained and not router.is_call):
             try:

@@ -73,7 +73,7 @@ def _rebased(node: Any, base: str) -> Any:
         return [_rebased(v, base) for v in node]
     if not isinstance(node, dict):
         return node
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in node.items():
         if key == "$ref" and isinstance(value, str) and value.startswith("#"):
             out[key] = base + value[1:]

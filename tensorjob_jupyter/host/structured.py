@@ -105,6 +105,7 @@ class OutputSpec:
         if self.kind == "text" or (self.kind == "auto" and not text.startswith("{")):
             return text, None
         if self.kind in TEXT_CONSTRAINTS:
+            assert self.constraint is not None, "a regex, choices or grammar kind comes with its constraint"
             if not grammar.matches(self.constraint, text):
                 raise SchemaError(f"the model's output does not match the infer's {KIND_WORDS[self.kind]}")
             return text, None
@@ -152,6 +153,7 @@ class OutputSpec:
         out = {"text": {"format": self.format}, "tools": self.tools, "tool_choice": self.tool_choice}
         if self.kind in TEXT_CONSTRAINTS:
             c = self.constraint
+            assert c is not None, "a regex, choices or grammar kind comes with its constraint"
             out[self.kind] = c.regex if c.regex is not None else list(c.choices) if c.choices is not None else c.lark
         return out
 

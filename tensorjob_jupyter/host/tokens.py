@@ -15,7 +15,8 @@ import threading
 import time
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from enum import Enum
+from typing import Callable, Final, Protocol, Sequence
 
 from tensorjob_jupyter.abi import JobFailure, codes
 from tensorjob_jupyter.inference.base import (
@@ -30,7 +31,15 @@ POLL_S = 0.02
 LOOKAHEAD_WAIT_S = 0.05
 #: How long an infer ended early waits for the decoder's own token count.
 PARTIAL_USAGE_WAIT_S = 0.5
-_END = object()
+
+
+class _End(Enum):
+    """What a token source gives once its pieces are over (one value, so ``is _END`` tells it from a piece)."""
+
+    END = "end"
+
+
+_END: Final = _End.END
 #: The ``error`` event's type for a model failure, by its code (Open Responses' words).
 _ERROR_TYPES = {codes.BUSY: "too_many_requests", codes.TIMEOUT: "server_error",
                 codes.SCHEMA_VALIDATION_FAILED: "invalid_request"}
@@ -39,7 +48,7 @@ _ERROR_TYPES = {codes.BUSY: "too_many_requests", codes.TIMEOUT: "server_error",
 class TokenSource(Protocol):
     """Where an answer's pieces come from."""
 
-    def get(self, timeout: float) -> "str | object | None":
+    def get(self, timeout: float) -> str | _End | None:
         """The next piece, ``_END`` when there are no more, None when none came within ``timeout``."""
 
     def judged(self, piece_index: int) -> None:
@@ -109,7 +118,7 @@ class ModelTokens:
             return True
         return False
 
-    def get(self, timeout: float):
+    def get(self, timeout: float) -> str | _End | None:
         try:
             item = self._pieces.get(timeout=timeout)
         except queue.Empty:
@@ -186,7 +195,7 @@ class RecordedTokens:
         self._recorded_stop = recorded_stop
         self._tokens_in = tokens_in
 
-    def get(self, timeout: float):
+    def get(self, timeout: float) -> str | _End | None:
         if self._next >= self._end:
             return _END
         piece = self._pieces[self._next]

@@ -256,6 +256,10 @@ class ModelEngine(Protocol):
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
 
+    def prompt_tokens(self, request: GenerateRequest) -> list[int]:
+        """The tokens of ``request``'s prompt as this engine decodes it (nothing is decoded)."""
+        ...
+
 
 class Backend(Protocol):
     """What a job holds: submit work, get futures. Thread-safe."""

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import llguidance
 import numpy as np
@@ -29,6 +29,9 @@ import numpy as np
 from tensorjob_jupyter.inference.base import Constraint, ConstraintError, ModelError
 from tensorjob_jupyter.inference.library import llama_cpp_library
 from tensorjob_jupyter.inference.memo import BytesLRU
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # declared in the stub only
 
 #: llguidance's bounds on one grammar (its documented speeds: lexer fuel ~14k/ms, items ~20k/ms, a lexer state
 #: 1-2 KB): a token's mask costs at most a few ms, a grammar's lexer at most ~20 MB.
@@ -39,8 +42,8 @@ LIMITS = llguidance.LLParserLimits(
 MASK_CPU_LIMIT_S = 0.25
 #: How JSON is written under a schema: one space after ``:`` and ``,``, nowhere else (what models write,
 #: and no room to pad an answer with whitespace); guest schemas cannot loosen it (``x-guidance`` is overridden).
-JSON_OPTIONS = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", ", "lenient": False,
-                "coerce_one_of": False}
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", ",
+                                    "lenient": False, "coerce_one_of": False}
 #: Free text beside a tool call (``Constraint.free_text``): it may not begin with whitespace or ``{``.
 FREE_TEXT_RULE = r"text: /[^{ \t\r\n][\s\S]*/"
 #: The stack of the thread every compile runs on (virtual memory: only what is touched is used).
@@ -83,7 +86,7 @@ def grammar_of(constraint: Constraint) -> str:
 
 def _make_grammar(c: Constraint) -> str:
     G = llguidance.LLMatcher
-    if c.kind == "json":
+    if c.schema is not None:  # c.kind, field by field: json, regex, choices, lark
         schema = json.loads(c.schema)
         if not isinstance(schema, dict):  # true/false schemas: llguidance takes objects
             schema = {} if schema else {"not": {}}
@@ -95,10 +98,11 @@ def _make_grammar(c: Constraint) -> str:
             return G.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
         except ValueError as e:
             raise ConstraintError(f"the JSON schema cannot be turned into a grammar: {_one_line(e)}") from None
-    if c.kind == "regex":
+    if c.regex is not None:
         return G.grammar_from_regex(c.regex)
-    if c.kind == "choices":
+    if c.choices is not None:
         return G.grammar_from_lark("start: " + " | ".join(_lark_string(s) for s in c.choices))
+    assert c.lark is not None, "a Constraint holds exactly one of schema, regex, choices and lark"
     return G.grammar_from_lark(c.lark)
 
 
@@ -286,8 +290,8 @@ class ModelGrammars:
         lc = llama_cpp_library()
         tokens, eog = _vocabulary_bytes(engine)
         tokenize = ctypes.cast(lc.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
-        native = llguidance.LLTokenizer.from_llamacpp(tokens=tokens, vocab_ptr=engine._vocab, tokenize_fptr=tokenize,
-                                                      eos_token=eog or None, slices=None)
+        native = llguidance.LLTokenizer.from_llamacpp(  # type: ignore[attr-defined]  # not in llguidance's stub
+            tokens=tokens, vocab_ptr=engine._vocab, tokenize_fptr=tokenize, eos_token=eog or None, slices=None)
         if all(_spells(tokens, native.tokenize_str(text), text.encode("utf-8")) for text in ROUND_TRIP_PROBES):
             self.tokenizer = native
         else:

@@ -19,6 +19,7 @@ import inspect
 import itertools
 import logging
 import threading
+from typing import Mapping
 
 
 from tensorjob_jupyter.inference.base import (
@@ -85,6 +86,7 @@ def missing_llama_cpp_api(llama_cpp, internals) -> list[str]:
         if cls is None:
             missing.append(f"_internals.{cls_name}")
             continue
+        params: Mapping[str, inspect.Parameter]
         try:
             params = inspect.signature(cls.__init__).parameters
         except (TypeError, ValueError):

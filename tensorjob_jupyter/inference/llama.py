@@ -22,7 +22,7 @@ import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -38,6 +38,11 @@ from tensorjob_jupyter.inference.text_stream import TextStream
 from tensorjob_jupyter.inference.topology import (
     CpuShare, default_threads, fitting_threads, gpu_offload_supported, logical_cpus,
 )
+
+if TYPE_CHECKING:  # llama-cpp-python is imported when an engine is made (library.llama_cpp_library)
+    from llama_cpp._internals import LlamaSampler
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+    from llama_cpp.llama_types import ChatCompletionRequestMessage
 
 log = logging.getLogger("tensorjob_jupyter.llama")
 log.addHandler(logging.NullHandler())
@@ -94,7 +99,7 @@ class _Sequence:
 
     pending: Pending
     slot: _Slot
-    sampler: object
+    sampler: LlamaSampler | GrammarSampler | None  # None once released
     stream: TextStream
     prompt_tokens: int
     cached_tokens: int
@@ -206,7 +211,7 @@ class LlamaEngine:
             self._eog_cache: dict[int, bool] = {}
             self._bos = self._model.token_bos()
             self._chat_template = self._model.metadata().get("tokenizer.chat_template")
-            self._chat_formatter = None
+            self._chat_formatter: Jinja2ChatFormatter | None = None
             self._embed_ctx = None
             self._embed_batch = None
             self._grammars: ModelGrammars | None = None
@@ -315,8 +320,11 @@ class LlamaEngine:
             self._chat_formatter = Jinja2ChatFormatter(
                 template=template, eos_token=self._model.token_get_text(eos) if eos >= 0 else "",
                 bos_token=self._model.token_get_text(self._bos) if self._bos >= 0 else "")
-        messages = [{"role": "system", "content": system}] if system is not None else []
-        return self._chat_formatter(messages=messages + [{"role": "user", "content": prompt}]).prompt
+        messages: list[ChatCompletionRequestMessage] = []
+        if system is not None:
+            messages.append({"role": "system", "content": system})
+        messages.append({"role": "user", "content": prompt})
+        return self._chat_formatter(messages=messages).prompt
 
     def _chat_tokens(self, prompt: str, system: str | None = None) -> list[int]:
         """The chat-formatted prompt; the template's markup may hold control tokens, the text may not.
@@ -628,11 +636,13 @@ class LlamaEngine:
             seq.batch = max(seq.batch, len(decoding))
             seq.slot.tokens.append(seq.next_token)
             logits = np.ctypeslib.as_array(self._lc.llama_get_logits_ith(self._ctx.ctx, i), shape=(self.n_vocab,))
-            if isinstance(seq.sampler, GrammarSampler):  # chosen on a mask thread, from a copy of its logits
+            sampler = seq.sampler
+            if isinstance(sampler, GrammarSampler):  # chosen on a mask thread, from a copy of its logits
                 seq.logits = logits.copy()
-                seq.choosing = self._mask_pool().submit(seq.sampler.sample_logits, seq.logits)
+                seq.choosing = self._mask_pool().submit(sampler.sample_logits, seq.logits)
             else:
-                self._sampled(seq, active, lambda: seq.sampler.sample(self._ctx, i), logits)
+                assert sampler is not None, "a decoding sequence holds its sampler until it is released"
+                self._sampled(seq, active, lambda: sampler.sample(self._ctx, i), logits)
         choosing = [seq.choosing for seq in decoding if seq.choosing is not None]
         if choosing:
             concurrent.futures.wait(choosing, timeout=MASK_WAIT_S)
@@ -669,6 +679,7 @@ class LlamaEngine:
         """Take the token a sequence's grammar has chosen on a mask thread."""
         future, seq.choosing = seq.choosing, None
         logits, seq.logits = seq.logits, None
+        assert future is not None and logits is not None, "called for a sequence its grammar chose for"
         self._sampled(seq, active, future.result, logits)
 
     def _sampled(self, seq: _Sequence, active: list[_Sequence], sample: Callable[[], int],
@@ -697,12 +708,12 @@ class LlamaEngine:
         """Hand each held token to its listener once it is ready. Waits only while every sequence holds one
         (nothing to decode): a listener's ``ready`` bounds its own wait (the lookahead credit runs free)."""
         while True:
-            held = [seq for seq in active if seq.held is not None]
+            held = [(seq, seq.held) for seq in active if seq.held is not None]
             if not held:
                 return
-            for seq in held:
+            for seq, token in held:
                 if seq.pending.ready(0.0):
-                    token, seq.held = seq.held, None
+                    seq.held = None
                     if self._accept(seq, token):
                         active.remove(seq)
             if any(seq.held is None for seq in active) or not active:

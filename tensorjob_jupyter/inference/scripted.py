@@ -88,6 +88,7 @@ class ScriptedEngine:
 
     def _record(self, index: int, piece: str, top: int) -> TokenLogprob:
         given = self.logprobs
+        assert given is not None, "generate keeps records only for a backend given logprobs"
         if callable(given):
             value = given(index, piece)
         elif isinstance(given, (int, float)):

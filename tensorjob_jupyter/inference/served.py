@@ -144,9 +144,9 @@ class Dialect:
 
     def constraint_fields(self, c: Constraint) -> dict[str, Any]:
         """The request fields that hold the server to ``c`` (of a kind in ``enforces``)."""
-        if c.kind == "json":
+        if c.schema is not None:  # c.kind == "json"
             return {"response_format": self.response_format(json.loads(c.schema))}
-        value = c.regex if c.kind == "regex" else list(c.choices) if c.kind == "choices" else c.lark
+        value = c.regex if c.regex is not None else list(c.choices) if c.choices is not None else c.lark
         if self.text_fields == "structured_outputs":
             # vLLM: ``structured_outputs`` (read since v0.10.2, the only form since v0.12) and the same value
             # in the ``guided_*`` field older servers read (and newer ones ignore)
@@ -223,7 +223,9 @@ class _Call:
         #: what reached the listener so far, and when: the answer of a request aborted mid-stream
         self.parts: list[str] = []
         self.pieces = 0
-        self.started = self.first_at = self.last_at = None
+        self.started: float | None = None
+        self.first_at: float | None = None
+        self.last_at: float | None = None
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
 
@@ -626,6 +628,7 @@ class ServedBackend:
         c = request.constraint
         if self._native_tools(request, info, chat):
             tools = request.tools
+            assert tools is not None, "_native_tools checked it"
             body["tools"] = [{"type": "function", "function": f} for f in json.loads(tools.functions)]
             body["tool_choice"] = (tools.choice if tools.choice != "function"
                                    else {"type": "function", "function": {"name": tools.name}})
@@ -781,10 +784,11 @@ class ServedBackend:
         cached = _count(_field(_field(usage, "prompt_tokens_details", dict), "cached_tokens", int))
         if cached is not None:
             cached = min(cached, prompt or 0)
-        tps = (pieces - 1) / (last_at - first_at) if pieces > 1 and last_at and last_at > first_at else None
+        tps = ((pieces - 1) / (last_at - first_at)
+               if pieces > 1 and last_at and first_at is not None and last_at > first_at else None)
         return GenerateUsage(prompt_tokens=prompt or 0, completion_tokens=completion if usage is not None
                              and completion is not None else pieces, cached_tokens=cached or 0,
-                             time_to_first_token_s=(first_at - started) if first_at else None,
+                             time_to_first_token_s=(first_at - started) if first_at and started is not None else None,
                              tokens_per_second=tps)
 
     # -- embeddings -------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ def logical_cpus() -> int:
 
 def physical_cores() -> int:
     """Physical cores this process may run on (hyperthread siblings counted once)."""
-    cores = set()
+    cores: set[tuple[str, str | int]] = set()  # (package, core), or ("cpu", n) where the topology is unreadable
     for cpu in available_cpus():
         base = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
         try:

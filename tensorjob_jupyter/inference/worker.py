@@ -16,7 +16,7 @@ import collections
 import queue
 import threading
 from concurrent.futures import Future
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 from tensorjob_jupyter.inference.base import (
     DoneCallback, ModelEngine, GenerateRequest, GenerateResult, ModelError, Pending, QueueFull, TokenCallback,
@@ -47,7 +47,12 @@ class InferenceWorker:
 
     def __init__(self, engine: ModelEngine | Callable[[], ModelEngine], *, model_name: str | None = None,
                  queue_size: int = 64, batching: bool = True, name: str = "tensorjob-inference"):
-        self._factory = engine if callable(engine) and not hasattr(engine, "generate") else (lambda: engine)
+        self._factory: Callable[[], ModelEngine]
+        if callable(engine) and not hasattr(engine, "generate"):
+            self._factory = engine
+        else:
+            given = cast(ModelEngine, engine)  # not a factory: the engine itself
+            self._factory = lambda: given
         self._engine: ModelEngine | None = None
         self._load_error: BaseException | None = None
         self._model_name = model_name or getattr(engine, "model_name", None)
@@ -179,6 +184,7 @@ class InferenceWorker:
         if not fut.set_running_or_notify_cancel():
             return  # cancelled while it waited in the queue
         done = self._resolver(fut)
+        result: Any  # the future's: a GenerateResult, the prompt's tokens or the vectors
         try:
             engine = self._load()
             if kind == "generate" and self.batching and hasattr(engine, "serve"):

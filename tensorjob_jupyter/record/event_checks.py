@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeGuard
 
 import numpy as np
 import orjson
@@ -80,7 +80,7 @@ def check_shape(data: bytes) -> str | None:
     return None
 
 
-def _is_count(value: Any) -> bool:
+def _is_count(value: Any) -> TypeGuard[int]:
     return type(value) is int and 0 <= value <= MAX_COUNT
 
 

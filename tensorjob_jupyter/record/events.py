@@ -86,7 +86,7 @@ class _FileLog:
 
     def read(self, cursor: int, count: int, max_bytes: int) -> tuple[list[bytes], int]:
         """Up to ``count`` lines from byte ``cursor`` (at least one); the new cursor."""
-        lines = []
+        lines: list[bytes] = []
         with open_regular(self.path, follow_symlinks=False) as f:  # the transcript this stream writes
             f.seek(cursor)
             size = 0
@@ -138,7 +138,7 @@ class ReadsEvents:
 
     def drain(self) -> list[dict]:
         """Every event available now, without waiting."""
-        out = []
+        out: list[dict] = []
         while True:
             event = self.get(timeout=0)
             if event is None:

@@ -63,7 +63,8 @@ class InferAnswer:
     def _usage(self, key: str, within: str | None = None) -> int:
         usage = self.usage if isinstance(self.usage, dict) else {}
         if within is not None:
-            usage = usage.get(within) if isinstance(usage.get(within), dict) else {}
+            inner = usage.get(within)
+            usage = inner if isinstance(inner, dict) else {}
         value = usage.get(key)
         return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
@@ -246,7 +247,8 @@ class StepReader:
         if kind == event_types.JOB_CREATED:
             return None
         if kind in TERMINAL_EVENT_TYPES:
-            envelope = event.get("envelope") if isinstance(event.get("envelope"), dict) else {}
+            envelope = event.get("envelope")
+            envelope = envelope if isinstance(envelope, dict) else {}
             self.end = End(kind.split(".", 1)[1], envelope, event.get("ended_during"), event.get("stats"))
         elif kind == event_types.JOB_CHUNK:
             self.chunks += 1
@@ -255,7 +257,8 @@ class StepReader:
             response = event.get("response") or {}
             answer = InferAnswer(max_output_tokens=response.get("max_output_tokens"),
                                  model=str(response.get("model") or ""))
-            command = event.get("command") if isinstance(event.get("command"), dict) else {"cmd": "infer"}
+            command = event.get("command")
+            command = command if isinstance(command, dict) else {"cmd": "infer"}
             return Step(self.count + 1, normalise(command), {}, answer)
         elif kind.startswith("response.") or kind == event_types.ERROR:
             if current is not None and current.infer is not None:
@@ -277,7 +280,8 @@ def _fold_answer(answer: InferAnswer, event: dict) -> None:
         logprobs = event.get("logprobs")
         answer.piece_logprobs.append(logprobs if isinstance(logprobs, list) and logprobs else None)
     elif kind == event_types.RESPONSE_OUTPUT_ITEM_ADDED:
-        item = event.get("item") if isinstance(event.get("item"), dict) else {}
+        item = event.get("item")
+        item = item if isinstance(item, dict) else {}
         call_id = item.get("call_id")
         if item.get("type") == "function_call" and isinstance(call_id, str) and len(call_id) <= 128:
             answer.call_id = call_id

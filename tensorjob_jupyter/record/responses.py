@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Any, TypeGuard
 
 from tensorjob_jupyter.abi import event_types
 from tensorjob_jupyter.record.events import EventStream
@@ -64,7 +64,7 @@ class ResponseStream:
     # -- snapshots ------------------------------------------------------------------
 
     def _part(self, text: str, logprobs: list[dict] | None = None) -> dict:
-        part = {"type": "output_text", "text": text, "annotations": []}
+        part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
         if logprobs is not None:
             part["logprobs"] = logprobs
         return part
@@ -200,6 +200,10 @@ class ResponseStream:
                                                     error={"code": spec_code, "message": message}))
 
 
+def _thread_count(n: Any) -> TypeGuard[int]:
+    return isinstance(n, int) and not isinstance(n, bool) and 0 < n < 1 << 16
+
+
 def busy_machine_line(event: dict) -> str | None:
     """The line a front end shows for a finished response whose model decoded it with fewer threads than its
     own (``timing.threads`` below ``timing.own_threads``: it fitted them to a machine other work keeps busy);
@@ -208,7 +212,7 @@ def busy_machine_line(event: dict) -> str | None:
     if not isinstance(timing, dict):
         return None
     threads, own = timing.get("threads"), timing.get("own_threads")
-    if not all(isinstance(n, int) and not isinstance(n, bool) and 0 < n < 1 << 16 for n in (threads, own)):
+    if not (_thread_count(threads) and _thread_count(own)):
         return None
     if threads >= own:
         return None

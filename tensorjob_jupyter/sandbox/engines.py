@@ -194,7 +194,7 @@ class EpochTicked:
         """Install the deadline callback on ``store`` (once, right after it is made)."""
         key = next(_IDS)
         with _TICKED_LOCK:  # the entry goes with the guest (no store finalizer: one called back into Python
-            _TICKED[key] = weakref.ref(self, lambda _ref, key=key: _forget(key))  # as the interpreter ends crashes)
+            _TICKED[key] = weakref.ref(self, lambda _ref: _forget(key))  # as the interpreter ends crashes)
         ffi.wasmtime_store_epoch_deadline_callback(store.ptr(), _on_deadline, key, _NO_FINALIZER)
         ffi.wasmtime_context_set_epoch_deadline(store._context(), 1)
 

@@ -20,7 +20,8 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol
+from functools import partial
+from typing import Any, Callable, Iterable, Protocol, cast
 
 import wasmtime
 
@@ -56,6 +57,15 @@ class HostImports(Protocol):
     def names(self) -> Iterable[tuple[str, str]]: ...
 
     def define(self, linker: wasmtime.Linker) -> None: ...
+
+
+class SharedHostImports(HostImports, Protocol):
+    """An import kind that can be linked once per engine (see ``HostImports``)."""
+
+    shared_key: str
+
+    @classmethod
+    def define_shared(cls, linker: wasmtime.Linker, current: Callable[[], Any]) -> None: ...
 
 
 #: The imports of the guest whose call is running on this thread (a store is used by one thread at a time).
@@ -229,11 +239,15 @@ class Guest(EpochTicked):
         imports = list(imports)
         kinds = tuple(sorted(getattr(imp, "shared_key", None) or "" for imp in imports))
         linked_once = all(kinds)
-        self._imports = {imp.shared_key: imp for imp in imports} if linked_once else {}
+        shared = cast("list[SharedHostImports]", imports) if linked_once else []  # each has a shared_key
+        self._imports = {imp.shared_key: imp for imp in shared}
         module = self._module(wasm, key, cache)
         available = {n for imp in imports for n in imp.names()}
-        self._shared.prepared(("valid", self.digest, self.limits.memory_bytes, frozenset(available)),
-                              lambda: validate_module(module, self.limits, available) or True)
+
+        def validate() -> bool:
+            validate_module(module, self.limits, available)
+            return True
+        self._shared.prepared(("valid", self.digest, self.limits.memory_bytes, frozenset(available)), validate)
 
         store = self._store = wasmtime.Store(self._shared.engine)
         store.set_limits(memory_size=self.limits.memory_bytes, table_elements=1_000_000,
@@ -248,7 +262,7 @@ class Guest(EpochTicked):
             _CURRENT.imports = self._imports
             if linked_once:
                 pre, _ = self._shared.prepared(("pre", self.digest, kinds),
-                                               lambda: self._linker(imports, kinds).instantiate_pre(module))
+                                               lambda: self._linker(shared, kinds).instantiate_pre(module))
                 instance = pre.instantiate(store)
             else:  # an import only this guest has: linked for it alone
                 linker = wasmtime.Linker(self._shared.engine)
@@ -290,13 +304,13 @@ class Guest(EpochTicked):
             cache.count_hit()
         return module
 
-    def _linker(self, imports: list[HostImports], kinds: tuple) -> wasmtime.Linker:
+    def _linker(self, imports: list[SharedHostImports], kinds: tuple) -> wasmtime.Linker:
         """The engine's linker for this set of import kinds, their functions defined once."""
         def make() -> wasmtime.Linker:
             linker = wasmtime.Linker(self._shared.engine)
             for imp in {type(imp): imp for imp in imports}.values():
                 kind = imp.shared_key
-                imp.define_shared(linker, lambda kind=kind: current_import(kind))
+                imp.define_shared(linker, partial(current_import, kind))
             return linker
         return self._shared.prepared(("linker", kinds), make)[0]
 

@@ -28,7 +28,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import IO, Any, Callable, TypeGuard
 
 from tensorjob_jupyter.world import docworker
 from tensorjob_jupyter.abi import JobFailure, MediaKind, codes, event_types
@@ -60,7 +60,7 @@ class DocumentEngine:
         self.cpu_s = cpu_s
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
-        self.stderr = None
+        self.stderr: IO[bytes] | None = None
         self.dead: str | None = None  # why the engine is gone, once it is
         self.started_s: float | None = None  # how long the start took
 
@@ -86,6 +86,7 @@ class DocumentEngine:
             raise DocumentError(codes.UNSUPPORTED, f"the document engine stopped earlier in this job ({self.dead})")
         if self.proc is None:
             self.start()
+        assert self.sock is not None, "a started engine has its socket until it is dead"
         try:
             docworker.send_message(self.sock, header, fds=fds)
             prefix = self._recv(docworker.PREFIX.size, deadline, check, what, timeout_s)
@@ -112,6 +113,8 @@ class DocumentEngine:
         return reply, blob
 
     def _recv(self, n: int, deadline: float, check: Callable[[], None], what: str, timeout_s: float) -> bytes:
+        sock = self.sock
+        assert sock is not None, "request starts the engine first"
         buf = bytearray(n)
         view = memoryview(buf)
         got = 0
@@ -122,10 +125,10 @@ class DocumentEngine:
                 self.kill("it ran past its deadline")
                 raise DocumentError(codes.TIMEOUT, f"the document engine took longer than {timeout_s:g} s {what} "
                                                    f"(document_timeout_s); it was stopped")
-            ready, _, _ = select.select([self.sock], [], [], min(POLL_S, deadline - now))
+            ready, _, _ = select.select([sock], [], [], min(POLL_S, deadline - now))
             if not ready:
                 continue
-            k = self.sock.recv_into(view[got:], n - got)
+            k = sock.recv_into(view[got:], n - got)
             if k == 0:
                 raise EOFError
             got += k
@@ -427,7 +430,7 @@ class JobDocuments:
         return room
 
 
-def _count(value) -> bool:
+def _count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 

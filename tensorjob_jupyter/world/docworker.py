@@ -25,6 +25,11 @@ import struct
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:  # the engine imports them only when a request needs them
+    import pypdfium2
+    from PIL import Image as PILImage
 
 PREFIX = struct.Struct("<II")
 #: Largest JSON header either side accepts (requests are tiny; replies carry text).
@@ -187,7 +192,7 @@ class _PreadFile(io.RawIOBase):
 
 class PageRenderer:
     def __init__(self) -> None:
-        self.docs: dict[int, object] = {}
+        self.docs: dict[int, pypdfium2.PdfDocument] = {}
 
     # pdfium ---------------------------------------------------------------------
 
@@ -312,7 +317,7 @@ class PageRenderer:
         Image.MAX_IMAGE_PIXELS = None
         source = io.BufferedReader(_PreadFile(fds[0]), 1 << 16)
         try:
-            image = Image.open(source, formats=IMAGE_FORMATS)  # reads the header only
+            image: PILImage.Image = Image.open(source, formats=IMAGE_FORMATS)  # reads the header only
         except MemoryError:
             raise
         except Exception as e:
@@ -334,7 +339,8 @@ class PageRenderer:
         if kind == "resize" and args != (width, height):
             if image.mode in ("1", "P"):
                 image = image.convert("RGBA" if "transparency" in image.info else "RGB")
-            image = image.resize(args, Image.Resampling.LANCZOS)
+            new_width, new_height = args
+            image = image.resize((new_width, new_height), Image.Resampling.LANCZOS)
         elif kind == "crop":
             x, y, w, h = args
             image = image.crop((x, y, x + w, y + h))
@@ -376,8 +382,10 @@ class PageRenderer:
         if fault == f"hang:{op}":
             while True:
                 pass
-        method = {"open": self.open, "page_text": self.page_text, "document_text": self.document_text,
-                  "render": self.render, "image": self.image, "close": self.close}.get(op)
+        methods: dict[Any, Callable[[dict, list[int]], dict | tuple[dict, bytes]]] = {
+            "open": self.open, "page_text": self.page_text, "document_text": self.document_text,
+            "render": self.render, "image": self.image, "close": self.close}
+        method = methods.get(op)  # keyed by Any: the request's op_name is whatever JSON it holds
         if method is None:
             raise Refusal("unsupported", f"unknown engine request {op!r}")
         out = method(req, fds)

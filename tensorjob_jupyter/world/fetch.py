@@ -238,7 +238,7 @@ class _Download:
         stream = info.get("return_value")
         get = getattr(stream, "get_extra_info", None)
         sock = get("socket") if get is not None else None
-        if not isinstance(sock, socket.socket):
+        if stream is None or not isinstance(sock, socket.socket):  # (no stream has no socket)
             return
         with self.lock:
             self._forget_connection()

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tensorjob_jupyter.abi import MediaKind, codes
-from tensorjob_jupyter.limits import FIELDS
+from tensorjob_jupyter.limits import Limits
 from tensorjob_jupyter.world.grants import AccessError
 
 SNIFF_BYTES = 4096
-DEFAULT_MAX_HANDLE_BYTES: int = FIELDS["max_handle_bytes"].default
+DEFAULT_MAX_HANDLE_BYTES: int = Limits.max_handle_bytes  # the field's default (a dataclass keeps it on the class)
 
 
 def sniff(head: bytes, length: int) -> MediaKind:
@@ -64,7 +64,7 @@ def utf8_prefix(buf: bytes) -> tuple[int, str]:
 @dataclass
 class OpenFile:
     handle: int
-    path: Path
+    path: Path | str  # a granted file's path; a fetched URL or a label for host-made bytes
     fd: int
     len: int
     kind: MediaKind
@@ -108,7 +108,7 @@ class Handles:
                            f"{what} would hold {size} bytes, but the job's handles already hold {self.held_bytes} "
                            f"of the {self.max_handle_bytes} bytes they may hold together (max_handle_bytes)")
 
-    def add(self, fd: int, path: Path, *, held: bool = False) -> OpenFile:
+    def add(self, fd: int, path: Path | str, *, held: bool = False) -> OpenFile:
         """Take ownership of an open descriptor; sniff its kind from the head.
 
         ``held``: the descriptor is host-made data in memory (a fetched body),
@@ -150,7 +150,7 @@ class Handles:
         if len(data) > self.room():
             raise self.over_budget(len(data), label)
         fd = anonymous_file(data)
-        return self.add(fd, label, held=True)  # type: ignore[arg-type]
+        return self.add(fd, label, held=True)
 
     def get(self, handle: int) -> OpenFile:
         f = self._files.get(handle)

@@ -33,6 +33,8 @@ def check_refresh_hz(refresh_hz: float) -> float:
 class LiveView:
     #: What a notebook stores for the view where no widget front end renders it (nbval compares it).
     text_plain = "tensorjob live view (shown by the Jupyter widget front end)"
+    #: The thread that updates the view: a subclass makes it with ``_updater`` as it is constructed.
+    _thread: threading.Thread
 
     def _cancel_button(self, tooltip: str, on_cancel: Callable[[], None]) -> w.Button:
         """A Cancel button that only asks; its clicks are handled off the main thread."""

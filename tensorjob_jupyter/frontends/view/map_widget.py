@@ -66,9 +66,11 @@ def item_row(event: dict) -> dict:
     if ok:
         outcome = one_line(event.get("result"), OUTCOME_CHARS)
     else:
-        error = event.get("error") if isinstance(event.get("error"), dict) else {}
+        error = event.get("error")
+        error = error if isinstance(error, dict) else {}
         outcome = one_line(f"{error.get('code', '')}: {error.get('message', '')}", OUTCOME_CHARS)
-    score = event.get("score") if isinstance(event.get("score"), dict) else {}
+    score = event.get("score")
+    score = score if isinstance(score, dict) else {}
     value = score.get("score")
     item = event["item"]
     raw = event.get("input")
@@ -89,7 +91,7 @@ def result_evidence(event: dict) -> dict | None:
     confidence = event.get("confidence") if isinstance(event.get("confidence"), dict) else None
     if sources is None and confidence is None:
         return None
-    fields = []
+    fields: list[tuple[str, Any, list[dict] | None, float | None]] = []
     total = 0
     for name, value in result_fields(event.get("result")):
         total += 1
@@ -98,7 +100,7 @@ def result_evidence(event: dict) -> dict | None:
         found = sources.get(name) if sources is not None else None
         found = [f for f in found if isinstance(f, dict)] if isinstance(found, list) else None
         sure = confidence.get(name) if confidence is not None else None
-        sure = float(sure) if type(sure) in (int, float) and 0 <= sure <= 1 else None
+        sure = float(sure) if (type(sure) is int or type(sure) is float) and 0 <= sure <= 1 else None
         fields.append((name, value, found, sure))
     return {"fields": fields, "more": total - len(fields)} if fields else None
 

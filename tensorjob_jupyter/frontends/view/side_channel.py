@@ -35,7 +35,7 @@ def _ignore(comm, value) -> None:
 
 def _pin(comm, subshell_id: str) -> None:
     """Route ``comm``'s front-end messages to ``subshell_id`` for good (see the module doc)."""
-    cls = type(comm)
+    cls: type = type(comm)  # its metaclass (type(cls)) makes the pinned subclass
     if getattr(cls, "_tensorjob_pinned", False):
         comm.__dict__["_tensorjob_side_subshell"] = subshell_id
         return

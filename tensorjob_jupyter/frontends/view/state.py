@@ -20,7 +20,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypeGuard
 from tensorjob_jupyter.abi import dumps
 from tensorjob_jupyter.host import busy_machine_line
 from tensorjob_jupyter.host.debugger import bounded
@@ -426,7 +426,8 @@ class ViewState:
             value = event.get(key)
             return value if _count(value) else None
 
-        handles = event.get("handles") if isinstance(event.get("handles"), list) else []
+        handles = event.get("handles")
+        handles = handles if isinstance(handles, list) else []
         error = event.get("error") if isinstance(event.get("error"), dict) else None
         self.debugging = self.paused = True
         self.debug = {
@@ -471,11 +472,11 @@ def progress_fraction(payload: Any) -> float | None:
     return max(0.0, min(1.0, value)) if math.isfinite(value) else None
 
 
-def _count(value: Any) -> bool:
+def _count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _number(value: Any) -> bool:
+def _number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 

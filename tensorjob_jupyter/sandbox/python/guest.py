@@ -234,8 +234,8 @@ class PythonGuest(EpochTicked):
         try:
             self._arm(self._store)
             instance = linker.instantiate(self._store, comp)
-            self._run = instance.get_func(self._store, "run")
-            self._check = instance.get_func(self._store, "check")
+            run = instance.get_func(self._store, "run")
+            check = instance.get_func(self._store, "check")
         except wasmtime.WasmtimeError as e:
             self.close()
             message = _first_error_line(e)
@@ -245,9 +245,10 @@ class PythonGuest(EpochTicked):
             raise GuestTrap(codes.WASM_TRAP, f"could not start the Python interpreter: {message}") from None
         finally:
             _CURRENT.guest = None
-        if self._run is None or self._check is None:
+        if run is None or check is None:
             self.close()
             raise GuestTrap(codes.WASM_TRAP, "the Python interpreter lacks its run/check exports")
+        self._run, self._check = run, check
         self._publish(EVENT_INTERPRETER, interpreter=self.interpreter.describe(), filename=program.filename,
                       source_sha256=hashlib.sha256(program.source.encode("utf-8")).hexdigest(),
                       seed=self.determinism.seed, wall_origin_ns=self.determinism.wall_origin_ns)
@@ -320,8 +321,9 @@ class PythonGuest(EpochTicked):
 
     def _h_ready(self, store: Any) -> None:
         self._export = "main"
-        if self.fuel:
-            _set_fuel(store, self.limits.fuel)
+        fuel = self.limits.fuel
+        if fuel is not None:  # self.fuel
+            _set_fuel(store, fuel)
 
     def _h_log(self, store: Any, stream: int, text: str) -> None:
         stream = 2 if stream == 2 else 1

@@ -43,7 +43,7 @@ _LOG_FLUSH_CHARS = 8 * 1024
 
 class _State:
     pending = None  # the Reply being streamed whose token verdict the host awaits
-    unsent = []  # Replies made but not yet sent, oldest first
+    unsent: "list[Reply]" = []  # Replies made but not yet sent, oldest first
     busy = False  # inside a host exchange (a generator finalizer must not start another)
 
 
