@@ -101,7 +101,7 @@ def open_regular(path: str | os.PathLike, max_bytes: int | None = None, *, follo
     read a line at a time, each line capped)."""
     fd = open_fd(path, max_bytes, follow_symlinks=follow_symlinks, dir_fd=dir_fd, flags=flags)
     try:
-        return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+        return os.fdopen(fd, mode) if "b" in mode else os.fdopen(fd, mode, encoding="utf-8")
     except BaseException:
         os.close(fd)
         raise

@@ -141,8 +141,8 @@ class JobFailure(TensorjobError):
         return _rebuild_failure, (type(self), self.code, self.message)
 
 
-def _rebuild_failure(cls: type, code: str, message: str) -> JobFailure:
-    failure = Exception.__new__(cls)
+def _rebuild_failure(cls: type[JobFailure], code: str, message: str) -> JobFailure:
+    failure = cls.__new__(cls)
     JobFailure.__init__(failure, code, message)
     return failure
 

@@ -651,8 +651,10 @@ def command_from_json(value: Any) -> Command:
     if tag == "fail":
         return Fail(_field(obj, "code", str, "fail"), _field(obj, "message", str, "fail"))
     if tag in ("page_text", "page_text_opt", "page_image"):
-        cls = {"page_text": PageText, "page_text_opt": PageTextOpt, "page_image": PageImage}[tag]
-        return cls(_u32(obj, "handle", tag), _u32(obj, "page", tag))
+        handle, page = _u32(obj, "handle", tag), _u32(obj, "page", tag)
+        if tag == "page_text":
+            return PageText(handle, page)
+        return PageTextOpt(handle, page) if tag == "page_text_opt" else PageImage(handle, page)
     if tag == "document_text":
         return DocumentText(_u32(obj, "handle", tag))
     if tag == "image_op":

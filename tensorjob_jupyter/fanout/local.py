@@ -20,7 +20,7 @@ from tensorjob_jupyter.fanout.run import MapRun
 class LocalExecutor:
     """``concurrency`` items at a time on threads, sharing one model backend."""
 
-    def __init__(self, spec: ItemSpec, backend: Backend, concurrency: int):
+    def __init__(self, spec: ItemSpec | None, backend: Backend, concurrency: int):
         self.spec = spec
         self.backend = backend
         self.concurrency = concurrency
@@ -47,6 +47,7 @@ class LocalExecutor:
 
     def run_item(self, index: int, item: Any, cancelled) -> dict:
         """One item's outcome, on a pool thread (never raises); a replay of a map runs its own here."""
+        assert self.spec is not None, "an executor with no item spec runs its own items"
         return run_item(self.spec, self.backend, index, item, cancelled)
 
 

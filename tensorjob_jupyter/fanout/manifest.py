@@ -17,7 +17,7 @@ from array import array
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator, Sequence
+from typing import IO, Any, Iterator, Sequence
 
 import orjson
 
@@ -103,7 +103,7 @@ class Manifest:
         return len(self.items)
 
 
-def _read_items(stream: BinaryIO, source: str, max_items: int | None = None) -> Manifest:
+def _read_items(stream: IO[bytes], source: str, max_items: int | None = None) -> Manifest:
     """Every item of a JSONL stream, checked line by line; ``ManifestError`` naming the first bad line, or the
     line of item ``max_items + 1`` at once (the rest unread) when there may be at most ``max_items``."""
     digest = hashlib.sha256()
@@ -148,7 +148,7 @@ def parse_manifest(data: bytes, source: str = "<bytes>") -> Manifest:
     return _read_items(io.BytesIO(data), source)
 
 
-def _open_regular(path: Path) -> BinaryIO:
+def _open_regular(path: Path) -> IO[bytes]:
     """``path`` opened for reading; ``ManifestError`` unless it is a regular file (a FIFO would block,
     a device such as ``/dev/zero`` never ends) -- checked on the open file (``regular_file``)."""
     try:

@@ -23,6 +23,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import IO
 
 from tensorjob_jupyter.abi import JobStatus, dumps
 from tensorjob_jupyter.fanout.errors import ResumeRefused
@@ -74,9 +75,9 @@ class MapFolder:
         self.completed: set[int] = set()
         self.failed: set[int] = set()
         self._ledger: dict = {}
-        self._lock_file = None
-        self._results = None
-        self._failures = None
+        self._lock_file: IO[str] | None = None
+        self._results: IO[str] | None = None
+        self._failures: IO[str] | None = None
 
     def open(self, manifest: Manifest, wasm_sha256: str, *, retry_failed: bool, where: str,
              restart: bool = False, concurrency: int | None = None, deterministic: dict | None = None) -> None:
@@ -126,11 +127,11 @@ class MapFolder:
             import fcntl
         except ImportError:  # pragma: no cover - no advisory locks on this platform
             return
-        self._lock_file = _open_own(self.path / ".lock", os.O_WRONLY | os.O_CREAT, "w")
+        lock_file = self._lock_file = _open_own(self.path / ".lock", os.O_WRONLY | os.O_CREAT, "w")
         try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            self._lock_file.close()
+            lock_file.close()
             self._lock_file = None
             raise ResumeRefused(f"run folder {self.path} is in use by another map right now") from None
 
@@ -175,6 +176,7 @@ class MapFolder:
         else:
             f, line = self._failures, {"item": index, "key": key, "error": outcome["error"]}
             self.failed.add(index)
+        assert f is not None, "record() before open()"
         f.write(dumps(line) + "\n")
         f.flush()
         if self.fsync:

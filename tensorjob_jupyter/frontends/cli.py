@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import NoReturn, Sequence, TextIO
 
 from tensorjob_jupyter.version import __version__
 from tensorjob_jupyter.frontends.map_cli import add_map_parser, cmd_map
@@ -47,7 +47,7 @@ from tensorjob_jupyter.abi import TensorjobError
 from tensorjob_jupyter.text import clip, for_terminal, json_text
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, no usage dump
+    def error(self, message: str) -> NoReturn:  # one line, no usage dump
         raise OptionError(f"{message} (see `{self.prog} --help`)")
 
 

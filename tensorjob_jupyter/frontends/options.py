@@ -177,10 +177,14 @@ def traitlets() -> dict[str, Any]:
     for opt in OPTIONS:
         if opt.trait is None:
             continue
+        trait: Any
         if opt.is_limit:
             default = getattr(defaults.limits, opt.name)
             optional = opt.name in limits_table.OPTIONAL
-            trait = (Float if opt.kind == SECONDS else Int)(default, allow_none=optional, help=opt.help)
+            if opt.kind == SECONDS:
+                trait = Float(default, allow_none=True, help=opt.help) if optional else Float(default, help=opt.help)
+            else:
+                trait = Int(default, allow_none=True, help=opt.help) if optional else Int(default, help=opt.help)
         elif opt.kind == "switch":
             trait = Bool(False, help=opt.help)
         elif opt.kind == "onoff":

@@ -9,8 +9,9 @@ told to: the command line and the magic share the checks, never each other's par
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any, Iterator, TextIO
 
 import tensorjob_jupyter as tj
 from tensorjob_jupyter.abi import OptionError
@@ -142,25 +143,20 @@ def open_playback(run: Any, runs: str | None, *, speed: float, watched: bool = T
     return playback
 
 
-class _one_line:
+@contextmanager
+def _one_line(*, unexpected: bool = False) -> Iterator[None]:
     """Refusals from below as one ``OptionError`` line (``unexpected``: any other error too, named by its type:
     a cluster that cannot be reached raises what its library raises)."""
-
-    def __init__(self, *, unexpected: bool = False):
-        self.unexpected = unexpected
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, error, _tb) -> bool:
-        if error is None or isinstance(error, OptionError) or not isinstance(error, Exception):
-            return False
-        line = " ".join(str(error).split())
-        if isinstance(error, (tj.MapError, tj.ReplayError, tj.ModelError, OSError, ValueError)):
-            raise OptionError(line) from None
-        if self.unexpected:
-            raise OptionError(f"{type(error).__name__}: {line}") from None
-        return False
+    try:
+        yield
+    except OptionError:
+        raise
+    except (tj.MapError, tj.ReplayError, tj.ModelError, OSError, ValueError) as e:
+        raise OptionError(" ".join(str(e).split())) from None
+    except Exception as e:
+        if not unexpected:
+            raise
+        raise OptionError(f"{type(e).__name__}: {' '.join(str(e).split())}") from None
 
 
 __all__ = [

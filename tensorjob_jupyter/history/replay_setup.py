@@ -128,9 +128,9 @@ class RecordedRun:
                 raise ReplayError(f"the run was granted {for_terminal(missing[0], one_line=True)}, which does not "
                                   f"exist here; files are read live, so give the grants again with --read")
             read = tuple(r for r in self.read if os.path.exists(r))
-        local = self.model_ref is not None and self.model_ref.kind != URL  # a recorded server is never taken
+        model = self.model_ref if self.model_ref is not None and self.model_ref.kind != URL else ModelRef()
         return JobSpec(guest=guest, input=self.input, read=read, fetch=self.fetch, limits=self.limits,
-                       infer=self.infer, model=self.model_ref if local else ModelRef(), cwd=self.cwd,
+                       infer=self.infer, model=model, cwd=self.cwd,  # a recorded server is never taken
                        require_grounded=self.require_grounded)
 
 
@@ -206,7 +206,8 @@ def _limit_values(values: Any) -> tuple[dict, dict]:
     if not isinstance(values, dict):
         raise ValueError("limits is not an object")
     defaults = Limits()
-    taken, refused = {}, {}
+    taken: dict[str, Any] = {}
+    refused: dict[str, Any] = {}
     for name, value in values.items():
         if name in LIMIT_FIELDS:
             try:

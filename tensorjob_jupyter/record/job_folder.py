@@ -18,12 +18,14 @@ process dies, in this process or any other, with no registry to consult.
 from __future__ import annotations
 
 import os
+from typing import Any
 import secrets
 import time
 from pathlib import Path
 
 from tensorjob_jupyter.regular_file import open_fd
 
+fcntl: Any
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not on Windows
