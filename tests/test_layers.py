@@ -113,3 +113,28 @@ def test_a_planted_private_import_is_caught():
     assert private_imports("from tensorjob_jupyter.fanout.map_folder import _open_own as opener\n") == [
         "tensorjob_jupyter.fanout.map_folder._open_own"]
     assert private_imports("from tensorjob_jupyter.abi import dumps\nfrom __future__ import annotations\n") == []
+
+
+#: A module's docstring says what it is for and why it is shaped so; the design goes to docs/internals/.
+MAX_DOCSTRING_LINES = 15
+
+
+def _docstrings():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False)
+        yield path.relative_to(PACKAGE), doc
+
+
+def test_every_module_says_what_it_is_for_in_a_few_lines():
+    missing = [str(p) for p, doc in _docstrings() if not doc and p.name != "__init__.py" or doc == ""]
+    long = {str(p): len(doc.splitlines()) for p, doc in _docstrings() if doc and len(doc.splitlines())
+            > MAX_DOCSTRING_LINES}
+    assert not missing and not long, (missing, long)
+
+
+def test_every_folder_says_what_it_owns_and_may_import():
+    folders = [p for p in PACKAGE.rglob("__init__.py") if p.parent.parent == PACKAGE]
+    assert len(folders) >= 9
+    for init in folders:
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        assert "Owns:" in doc and "May import:" in doc, init

@@ -1,28 +1,17 @@
-"""The ``tensorjob`` command: run, map and compile guests from a terminal.
+"""The ``tensorjob`` command: run, map and compile guests from a terminal -- a leaf over the public API.
 
     tensorjob run GUEST [job options] [--events FILE] [--json] [--quiet]
     tensorjob map GUEST --over manifest.jsonl --run-dir DIR [job options] [--concurrency N] [--cluster ADDRESS]
     tensorjob compile FILE [-o OUT] [--cflags FLAGS] [--zigflags FLAGS] [--force]
     tensorjob cache [--clear]
-    tensorjob serve [--model PATH] [--host H] [--port P] [--slots N]   (serve/: the model for other kernels)
+    tensorjob serve [--model PATH] [--host H] [--port P] [--slots N]   (serve_cli.py, over serve/)
     tensorjob runs | show RUN | replay GUEST --from RUN | diff RUN_A RUN_B   (history_cli.py)
     tensorjob export NOTEBOOK [-o OUT] [--to html|ipynb] [--execute]   (export.py: views as static HTML)
 
-The job options (``--read``, ``--input``, ``--model``, every limit, ...) are
-the table in ``frontends/options.py``, shared with the magics and the Python API.
-``run`` prints the job's progress, file reads and streamed tokens live on
-stderr as they happen (text from the guest or the model made inert first,
-model text indented under the host's lines), the guest's streamed output
-(``emit-chunk``) on stdout, and at the end the result as JSON on stdout -- or,
-with ``--json``, the whole envelope instead and nothing else on stdout. The
-exit status is 0 only when the job completed (1 failed or did not compile,
-130 cancelled by Ctrl-C, 2 usage error). A usage error is one line naming
-the problem, never a traceback. Events are printed by ``EventPrinter``, the
-same for a live job and for a transcript shown again (``tensorjob show``).
-
-``run --debug`` (and ``--break-on``) drives the job from a line prompt on
-stdin/stderr at each pause (``frontends.prompt``: step, step to the next infer,
-continue, quit); with stdin closed the job runs on without pausing again.
+The job options are ``frontends/options.py``'s table, shared with the magics. ``run`` prints the job's events
+live on stderr (``EventPrinter``), the guest's streamed output on stdout and the result (or with ``--json``
+the envelope) at the end; exit 0 only when the job completed (1 failed, 130 Ctrl-C, 2 a usage error: one line,
+never a traceback). Design: docs/internals/frontends.md#clipy
 """
 
 from __future__ import annotations

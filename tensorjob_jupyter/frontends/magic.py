@@ -1,66 +1,13 @@
-"""``%%tensorjob`` and ``%tensorjob``: tensor jobs from a notebook cell.
+"""``%%tensorjob`` and ``%tensorjob``: tensor jobs from a notebook cell -- a thin shell over the public API.
 
-``%%tensorjob [options]`` compiles the cell (C, Zig or WAT, by ``--lang`` or
-recognised from the text; a Python cell is checked and run by CPython-in-wasm) like ``%%cython`` does: cached by a hash of the
-source and flags (``--force`` compiles again; ``--cflags``/``--zigflags`` pass
-flags; warnings are shown even when the compile succeeds). It starts the job
-on a background thread against the kernel's shared model and shows the live
-view. By default the cell waits for the job -- a kernel interrupt cancels it
-cleanly -- so a notebook reads top to bottom and nbval sees finished output;
-``--bg`` returns the ``Job`` at once instead. ``%tensorjob run PATH`` does the
-same for a ``.wasm`` or source file, ``%tensorjob map`` runs a guest over a
-manifest (``%%tensorjob map`` takes the guest from the cell), ``%tensorjob
-jobs`` lists jobs, ``%tensorjob cancel ID`` stops one and ``%tensorjob cache
-[clear]`` shows or empties the compile cache. Past runs: ``%tensorjob runs``
-lists the runs folder (an HTML table in a notebook; ``--prune KEEP``),
-``%tensorjob show RUN`` plays a transcript through the live view (``--speed
-1``: as fast as it happened), and ``%tensorjob replay PATH --from RUN`` runs
-a guest against a recorded run with no model (``history/replay.py``); its
-value is the ``ReplayReport``. ``%tensorjob replay PATH --map RUN_DIR`` replays
-a changed guest over a recorded map (``history/map_replay.py``), in the map
-view; its value is the ``MapReplay`` (``.to_pandas()``: the diff, item by
-item), and with ``--fail-under X`` a replay under the gate raises a one-line
-``GateFailed``. A map takes ``--expected FILE.jsonl`` and ``--scorer NAME``
-(or ``--scorer $name``, a notebook function ``(result, expected) -> score``),
-``--max-total-tokens N`` and ``--estimate`` (its value is the ``MapEstimate``;
-nothing runs). A RUN may be ``$name``: a notebook variable
-holding an id, a path or a Job. These three do their work through the same
-functions as ``tensorjob runs|show|replay`` (``history_cli``), and every
-guest is loaded by the one loader the commands use (``terminal.load_guest``).
-
-**How a cell ends** (``outcome.py``). Its value is the job's envelope,
-whatever the outcome, and ``--out NAME`` stores it too; the view (or, with no
-widgets, the plain summary) has shown it, so it is not shown again as the
-cell's ``Out[]``. A job that failed or was cancelled then raises a one-line
-``JobFailed`` (the code and the message, no host traceback), so "Run All"
-stops there; ``--no-raise`` returns the envelope instead. A guest that does
-not compile shows the compiler's message, with the cell's own line numbers
-(line 1 is the ``%%tensorjob`` line), and raises ``GuestDoesNotCompile``.
-
-**Reading the line.** A magic's line is split as a shell splits it
-(``shlex``): a value is quoted once, and ``\\"`` in double quotes is a quote.
-So ``--input '{"path": "a.txt"}'``, ``--input "{\\"path\\": \\"a.txt\\"}"`` and
-``--input "{'path': 'a.txt'}"`` (a Python literal, ``input_value.py``) are
-the same input; mistakes in options are one ``UsageError`` line that says
-how to write it.
-
-``--debug`` starts the job paused before ``cf_init`` and ``--break-on
-infer,open,...`` pauses it before such commands (``host/debugger.py``): the
-live view gains a debug bar (Continue, Step, Step to next infer, Pause) whose
-clicks act while the cell waits, and a panel with the pause; with ``--bg``
-the ``Job`` is stepped from later cells (``job.step()``, ``job.resume()``).
-Where no widget view is shown (``--quiet``, ``TensorJob.view = "text"``,
-terminal IPython) the cell asks at each pause on a line prompt instead
-(``prompt.py``). A finished job's view has a slider that re-folds it to any
-of its events (scrubbing), and so has a run shown again with ``%tensorjob
-show``; once the job has ended its output also carries the final view as
-static HTML, for nbconvert, GitHub and nbviewer.
-
-The job options are ``frontends/options.py``'s table, shared with the
-command line and the Python API; their defaults are traitlets on the
-``TensorJob`` configurable, so they can be set in ``ipython_config.py``
-(``c.TensorJob.model_path = ...``) or with ``%config TensorJob.max_tokens =
-512``.
+``%%tensorjob`` compiles and runs the cell as a guest (cached, as ``%%cython`` does), ``%tensorjob run | map |
+replay | show | runs | review | jobs | cancel | cache`` do the rest, each showing the live view and waiting for
+the work (a kernel interrupt cancels it), or returning it at once with ``--bg``. Each reads its line once into
+typed values -- the job options (``frontends/options.py``, whose defaults are the ``TensorJob`` traitlets)
+become a ``JobSpec`` or ``Overrides`` -- and hands them to the public API through ``frontends/requests.py``,
+as the ``tensorjob`` command does; the magic never imports the command line's modules. A cell's value is its
+envelope (``outcome.py``): a failure raises one line, ``JobFailed``, with no host traceback.
+Design: docs/internals/frontends.md#magicpy
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """host: one job from ``cf_init`` to its envelope -- and the front ends' one door to everything below.
 
-Owns: ``spec`` (``JobSpec``: a job's whole setup as one typed value),
-``jobs`` (``Job``: a reactor on its own thread, the transcript, the registry),
-``reactor`` (the step loop: every command checked, then answered),
-``answerer`` (who answers a command: the live world, or a recording),
-``tokens`` (the one token loop of an ``infer``, used live and in replay),
-``waiting`` (waiting with Ctrl-C as cancel), ``fields`` (a result's leaves by dotted path), ``debugger`` (pauses between
-commands), ``schemas`` (a guest's JSON Schema checked) and ``structured`` (an
-infer's output: the constraint, the streamed items, the answer validated).
-May import: ``sandbox``, ``world``, ``record``, ``inference``, and the wire
-modules (``abi``, ``limits``, ``text``, ``version``). Never ``history``,
-``fanout`` or ``frontends``.
-
-The names below are what the front ends use of the host and of the layers
-under it: a front end imports ``host`` (and ``history``, ``fanout``, its
-view, the wire), never ``sandbox``, ``world``, ``record`` or ``inference``
-itself (``pyproject.toml``'s import contract says so, and CI checks it). So
-what a front end touches below the host is this list, read in one place.
+Owns: ``spec`` (``JobSpec`` and ``Overrides``: a job's setup, and what was given anew, as typed values),
+``jobs`` (``Job``: a reactor on its own thread, the transcript, the registry), ``reactor`` (the step loop),
+``answerer`` (the live world, or a recording), ``tokens`` (the one token loop of an ``infer``), ``debugger``,
+``schemas`` and ``structured`` (an infer's output, constrained and validated), ``windows``, ``fields``,
+``grounding`` and ``confidence`` (what a result's fields rest on), ``waiting`` (Ctrl-C as cancel).
+May import: ``sandbox``, ``world``, ``record``, ``inference``, and the wire modules (``abi``, ``limits``,
+``text``, ``version``, ``regular_file``). Never ``history``, ``fanout``, ``serve`` or ``frontends``.
+The names below are all a front end uses of the host and the layers under it (a contract in pyproject.toml
+says a front end imports nothing of ``sandbox``, ``world``, ``record`` or ``inference`` itself).
 """
 
 from tensorjob_jupyter.host.jobs import DEFAULT_MODEL, Job  # jobs(), get_job(), run(): from host.jobs (its name)

@@ -1,14 +1,13 @@
-"""Model backends: the request shapes, the worker thread, and the engines.
+"""inference: the model -- the request shapes, one worker thread per model, the engines and the served ones.
 
-One room per reason to change: ``base`` (the request and answer shapes, the model errors),
-``providers`` (``ModelRef``, a job's model named once, and the providers that build each kind's
-backend), ``worker`` (one thread per model, a bounded queue, continuous batching), ``models`` with
-``lazy``, ``hub`` and ``gguf`` (where models come from, one loaded model per process and options),
-``library`` (the llama-cpp-python pin and the one door to it, used by ``llama`` and ``grammar``),
-``served`` (an OpenAI-compatible server as the model), ``text_stream`` and ``memo`` (whole
-characters, caches bounded in bytes), ``topology`` (CPUs, threads, GPU offload) and ``scripted``
-(the deterministic stand-in for a model, public for guest tests).
-
+Owns: ``base`` (the request and answer shapes, the model errors), ``providers`` (``ModelRef``, a job's model
+named once, and the providers that build each kind's backend), ``worker`` (one thread per model, a bounded
+queue, continuous batching), ``models`` with ``lazy``, ``hub`` and ``gguf`` (where models come from, one loaded
+model per process), ``library`` (the llama-cpp-python pin, the one door to it), ``llama`` (the engine),
+``grammar`` and ``logprobs`` (the constrained sampler, each token's probability), ``served`` (an
+OpenAI-compatible server as the model), ``text_stream`` and ``memo``, ``topology`` (CPUs, threads, GPU
+offload) and ``scripted`` (the deterministic stand-in for a model, public for guest tests).
+May import: ``abi``, ``limits``, ``text``, ``version``, ``regular_file``. Nothing above: a model knows no job.
 Design: docs/internals/inference.md#__init__py
 """
 
