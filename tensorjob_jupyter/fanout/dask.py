@@ -27,7 +27,6 @@ from tensorjob_jupyter.version import __version__
 from tensorjob_jupyter.host.reactor import internal_error
 from tensorjob_jupyter.fanout.errors import ClusterError
 from tensorjob_jupyter.fanout.items import WORKER_LOST, BackendSpec, ItemSpec, failed_outcome, process_backend, run_item
-from tensorjob_jupyter.inference.providers import HF, URL
 
 if TYPE_CHECKING:
     from dask.typing import Key
@@ -229,10 +228,9 @@ def check_workers(client: Client, backend: BackendSpec, address: str, *, timeout
             raise ClusterError(f"the backend factory cannot be sent to Dask workers "
                                f"({type(e).__name__}: {e}); pass a picklable one, e.g. functools.partial") from None
     # a served model is on its server, not on the workers' disks
-    needs_model = backend.factory is None and backend.model.kind != URL
+    needs_model = backend.factory is None and not backend.model.served
     try:
-        reports = client.run(worker_probe(), backend.model.kind, backend.model.name, needs_model, factory,
-                             on_error="return")
+        reports = client.run(worker_probe(), backend.model.to_json(), needs_model, factory, on_error="return")
     except Exception as e:  # noqa: BLE001
         raise ClusterError(f"cannot check the workers of the Dask scheduler at {address} "
                            f"({type(e).__name__}: {' '.join(str(e).split())})") from None
@@ -261,12 +259,7 @@ def worker_problem(worker: str, report: Any, version: str, backend: BackendSpec)
     if report.get("factory_error"):
         return f"worker {worker} cannot load the backend factory ({report['factory_error']})"
     if report.get("model_error"):
-        if backend.model.kind == HF:
-            return f"worker {worker} cannot get the model {backend.model.name}: {report['model_error']}"
-        if backend.model.name:
-            return (f"model file {backend.model.name} not found on worker {worker} "
-                    f"(a --model path must exist on every worker)")
-        return f"worker {worker} cannot find the embedded model ({report['model_error']})"
+        return backend.model.missing(f"worker {worker}", report["model_error"])
     return None
 
 
@@ -278,7 +271,7 @@ def worker_probe():
     until the package is known to be there.
     """
 
-    def probe(kind: str, model: str, needs_model: bool, factory: bytes | None) -> dict:
+    def probe(model: dict, needs_model: bool, factory: bytes | None) -> dict:
         import os
         import sys
 
@@ -289,8 +282,7 @@ def worker_probe():
             # by name, here: this runs on a worker that may lack the package, which is what it checks
             importlib.import_module("tensorjob_jupyter.fanout.dask")  # what every task imports
             version = importlib.import_module("tensorjob_jupyter.version").__version__
-            models = importlib.import_module("tensorjob_jupyter.inference.models")
-            hub = importlib.import_module("tensorjob_jupyter.inference.hub")
+            providers = importlib.import_module("tensorjob_jupyter.inference.providers")
         except Exception as e:  # noqa: BLE001
             report["package_error"] = f"{type(e).__name__}: {e}"
             return report
@@ -302,20 +294,11 @@ def worker_probe():
                 cloudpickle.loads(factory)
             except Exception as e:  # noqa: BLE001
                 report["factory_error"] = f"{type(e).__name__}: {e}"
-        if needs_model:
-            if kind == "hf":  # from the worker's Hugging Face cache, or fetched
-                try:
-                    report["model"] = str(hub.resolve(model, progress=False))
-                except Exception as e:  # noqa: BLE001
-                    report["model_error"] = " ".join(str(e).split())
-            elif model:
-                if not os.path.isfile(model):
-                    report["model_error"] = f"no such file: {model}"
-            else:
-                try:
-                    report["model"] = str(models.default_model_path())
-                except Exception as e:  # noqa: BLE001
-                    report["model_error"] = " ".join(str(e).split())
+        if needs_model:  # where the model is on this worker: its provider says (a hf: one from its cache)
+            try:
+                report["model"] = providers.ModelRef.from_json(model).locate(progress=False)
+            except Exception as e:  # noqa: BLE001
+                report["model_error"] = " ".join(str(e).split())
         return report
 
     return probe

@@ -42,7 +42,7 @@ from tensorjob_jupyter.record.recording import (
 )
 from tensorjob_jupyter.inference.lazy import DEFAULT_MODEL_NAME
 from tensorjob_jupyter.inference.logprobs import TokenLogprob, TokenText
-from tensorjob_jupyter.inference.providers import EMBEDDED
+from tensorjob_jupyter.inference.providers import ModelRef
 
 #: How a recorded run can end that a replay reproduces at the same step rather than carry out:
 #: the host stopped it (a cancel, its time limit, the model or the host failing).
@@ -455,7 +455,7 @@ class ReplayJob(Job):
                               f"({recorded.input_bytes} bytes, SHA-256 {recorded.input_sha256[:16]}…)")
         if live:
             if backend is None:
-                if spec.model.kind == EMBEDDED and (recorded.model not in (None, DEFAULT_MODEL_NAME)
+                if spec.model == ModelRef() and (recorded.model not in (None, DEFAULT_MODEL_NAME)
                                                     or recorded.model_server is not None):
                     raise ReplayError(live_model_needed(recorded))
                 try:

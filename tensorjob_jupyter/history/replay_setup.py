@@ -26,7 +26,7 @@ from tensorjob_jupyter.host.reactor import InferOptions
 from tensorjob_jupyter.sandbox.compile import GuestSource
 from tensorjob_jupyter.host.spec import JobSpec, Overrides, parse_fields
 from tensorjob_jupyter.inference.lazy import DEFAULT_MODEL_NAME
-from tensorjob_jupyter.inference.providers import URL, ModelRef
+from tensorjob_jupyter.inference.providers import ModelRef
 from tensorjob_jupyter.record.event_checks import MAX_COUNT
 from tensorjob_jupyter.text import for_terminal
 from tensorjob_jupyter.record.recording import (
@@ -128,7 +128,7 @@ class RecordedRun:
                 raise ReplayError(f"the run was granted {for_terminal(missing[0], one_line=True)}, which does not "
                                   f"exist here; files are read live, so give the grants again with --read")
             read = tuple(r for r in self.read if os.path.exists(r))
-        model = self.model_ref if self.model_ref is not None and self.model_ref.kind != URL else ModelRef()
+        model = self.model_ref if self.model_ref is not None and not self.model_ref.served else ModelRef()
         return JobSpec(guest=guest, input=self.input, read=read, fetch=self.fetch, limits=self.limits,
                        infer=self.infer, model=model, cwd=self.cwd,  # a recorded server is never taken
                        require_grounded=self.require_grounded)
@@ -176,7 +176,7 @@ def _adoptable(run: RecordedRun) -> bool:
     """Whether a live replay may run on the model ``run`` recorded with no model named: a local one it recorded
     whole, or the embedded model."""
     if run.model_ref is not None:
-        return run.model_ref.kind != URL
+        return not run.model_ref.served
     return run.model in (None, DEFAULT_MODEL_NAME) and run.model_server is None
 
 
@@ -185,7 +185,7 @@ def live_model_needed(run: RecordedRun) -> str:
     ran on a server. A server is named but never adopted: a transcript may come from anywhere, and must not
     choose where a request (with the key of a variable it names) is sent."""
     model = for_terminal(str(run.model), one_line=True)[:200]
-    url = run.model_ref.name if run.model_ref is not None and run.model_ref.kind == URL else (
+    url = run.model_ref.name if run.model_ref is not None and run.model_ref.served else (
         (run.model_server or {}).get("url"))
     if isinstance(url, str):
         shown = for_terminal(url, one_line=True)[:200]
@@ -270,7 +270,7 @@ def adoption_lines(run: RecordedRun, *, read: Iterable[Any], fetch: Iterable[Any
     the model it recorded -- and the recorded limits it did not take (looser than the defaults), one inert
     line each."""
     lines = []
-    if model is not None and run.model_ref is not None and model == run.model_ref and model.kind != "embedded":
+    if model is not None and run.model_ref is not None and model == run.model_ref and model.name:
         adapters = f" with the adapters {_named([n for n, _ in model.loras])}" if model.loras else ""
         lines.append(f"replay: --live runs on the recorded model {model.label}{adapters} (--model replaces it)")
     read, fetch = [os.fspath(r) for r in read], [str(f) for f in fetch]

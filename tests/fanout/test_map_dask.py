@@ -167,15 +167,15 @@ def test_the_worker_check_names_what_is_missing(tmp_path, monkeypatch):
 
     probe = worker_probe()
     model = tmp_path / "m.gguf"
-    assert "model_error" in probe("file", str(model), True, None)
+    assert "model_error" in probe({"kind": "file", "name": str(model)}, True, None)
     model.write_bytes(b"GGUF")
-    assert "model_error" not in probe("file", str(model), True, None)
-    report = probe("embedded", "", False, cloudpickle.dumps(FACTORY))
+    assert "model_error" not in probe({"kind": "file", "name": str(model)}, True, None)
+    report = probe({"kind": "embedded", "name": ""}, False, cloudpickle.dumps(FACTORY))
     assert report["version"] == __version__ and not {"package_error", "factory_error", "model_error"} & set(report)
-    assert "factory_error" in probe("embedded", "", False, b"not a pickle")
+    assert "factory_error" in probe({"kind": "embedded", "name": ""}, False, b"not a pickle")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a hf: model not in the worker's cache, and no download tried
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    assert "model_error" in probe("hf", "hf:no-such-org/no-such-repo", True, None)
+    assert "model_error" in probe({"kind": "hf", "name": "hf:no-such-org/no-such-repo"}, True, None)
 
     spec = fanout.BackendSpec.of(None, str(model))
     assert worker_problem("tcp://w:1", report, __version__, spec) is None
