@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import shlex
 import sys
+from typing import TYPE_CHECKING
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
@@ -43,9 +44,17 @@ from tensorjob_jupyter.history.runs import prune
 from tensorjob_jupyter.host import GuestSource, Job, ModelError, cache_dir, cache_usage, clear_cache
 from tensorjob_jupyter.text import clip, for_terminal
 
-#: The job options' defaults, one traitlet per row of ``options.OPTIONS`` that has one.
-JobSettings = type("JobSettings", (Configurable,), {"__doc__": "Defaults of the job options.",
-                                                    **job_options.traitlets()})
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from tensorjob_jupyter import MapEstimate, MapRun
+
+    class JobSettings(Configurable):
+        """Defaults of the job options (their traitlets are made at run time, from ``options.OPTIONS``)."""
+else:
+    #: The job options' defaults, one traitlet per row of ``options.OPTIONS`` that has one.
+    JobSettings = type("JobSettings", (Configurable,), {"__doc__": "Defaults of the job options.",
+                                                        **job_options.traitlets()})
 
 #: How a value with spaces or quotes is written on a magic's line.
 QUOTING = ("quote a value once, as in a shell: --input '{\"path\": \"a.txt\"}' or --input \"{'path': 'a.txt'}\"")
@@ -105,6 +114,13 @@ class TensorJob(Magics, JobSettings):
     view = CaselessStrEnum(["auto", "widget", "text"], default_value="auto",
                            help="auto: widgets in a kernel, plain text elsewhere").tag(config=True)
 
+    @property
+    def _ipython(self) -> InteractiveShell:
+        """The shell the magics are registered with (``register_magics`` gives them one)."""
+        if self.shell is None:
+            raise RuntimeError("TensorJob magics need an IPython shell: load them with %load_ext tensorjob_jupyter")
+        return self.shell
+
     # -- reading the line and loading the guest --------------------------------------------------
 
     def _parse(self, func, line: str):
@@ -125,7 +141,7 @@ class TensorJob(Magics, JobSettings):
     def _options(self, args, *, local_model: bool = True) -> JobOptions:
         """The options given, over the traitlets' defaults; any mistake is one UsageError line."""
         try:
-            return JobOptions.from_args(args, defaults=JobOptions.from_settings(self), variables=self.shell.user_ns,
+            return JobOptions.from_args(args, defaults=JobOptions.from_settings(self), variables=self._ipython.user_ns,
                                         local_model=local_model)
         except OptionError as e:
             raise UsageError(str(e)) from None
@@ -188,7 +204,7 @@ class TensorJob(Magics, JobSettings):
             print(summary(job.name, envelope))
         return envelope
 
-    def _wait(self, job: Job, *, prompt: bool = False):
+    def _wait(self, job: Job, *, prompt: bool = False) -> Envelope:
         """Wait for the job; a kernel interrupt (KeyboardInterrupt) cancels it.
 
         The view's Cancel and debug buttons keep working meanwhile: their
@@ -208,9 +224,9 @@ class TensorJob(Magics, JobSettings):
         """A cell's (or ``run``'s) job run to its end: the envelope as the value and in ``--out``; a failure
         raised after the view has shown it, unless ``--no-raise``."""
         if args.out and args.bg:
-            job.add_done_callback(lambda j: self.shell.user_ns.__setitem__(args.out, j.envelope))
+            job.add_done_callback(lambda j: self._ipython.user_ns.__setitem__(args.out, j.envelope))
         outcome = self.run_and_show(job, args)
-        if args.bg:
+        if isinstance(outcome, Job):  # --bg: the running job
             return outcome
         value = self._value(outcome, args)
         if not value.ok and not args.no_raise:
@@ -219,9 +235,9 @@ class TensorJob(Magics, JobSettings):
 
     def _value(self, envelope: Envelope, args) -> CellEnvelope:
         """The envelope as a cell's value, stored in ``--out``; not shown again where the view showed it."""
-        value = CellEnvelope.of(envelope, shown_in=None if args.quiet else self.shell.execution_count)
+        value = CellEnvelope.of(envelope, shown_in=None if args.quiet else self._ipython.execution_count)
         if args.out:
-            self.shell.user_ns[args.out] = value
+            self._ipython.user_ns[args.out] = value
         return value
 
     # -- the magics -------------------------------------------------------------------------
@@ -229,7 +245,7 @@ class TensorJob(Magics, JobSettings):
     @magic_arguments(name="%tensorjob")
     @shared_arguments(line=False)
     @no_var_expand
-    @cell_magic("tensorjob")
+    @cell_magic("tensorjob")  # type: ignore[arg-type]  # IPython types cell_magic(name) as "_F | decorator"
     def tensorjob_cell(self, line: str, cell: str):
         """Compile this cell (C, Zig or WAT) to a guest and run it as a tensor job.
 
@@ -308,7 +324,7 @@ class TensorJob(Magics, JobSettings):
               help="replay --map: raise GateFailed unless the new mean score is at least X (or 'recorded')")
     @shared_arguments(line=True)
     @no_var_expand
-    @line_magic("tensorjob")
+    @line_magic("tensorjob")  # type: ignore[arg-type]  # IPython types line_magic(name) as "_F | decorator"
     def tensorjob_line(self, line: str):
         """Run a guest file, map one over a manifest, list or cancel jobs, see the compile cache.
 
@@ -381,7 +397,7 @@ class TensorJob(Magics, JobSettings):
 
     # -- maps -------------------------------------------------------------------------------------
 
-    def _map_cell(self, line: str, cell: str) -> "MapResult":
+    def _map_cell(self, line: str, cell: str) -> "MapResult | MapEstimate | MapRun":
         """``%%tensorjob map --over M --run-dir D [options]``: the cell's guest mapped over a manifest."""
         args = self._parse(self.tensorjob_line, line)
         if args.target:
@@ -393,7 +409,7 @@ class TensorJob(Magics, JobSettings):
             options = self._options(args, local_model=not args.cluster)
             return self._map(self._guest(options, cell=cell, lang=args.lang), options, args)
 
-    def _map(self, guest: GuestSource, options: JobOptions, args) -> "MapResult":
+    def _map(self, guest: GuestSource, options: JobOptions, args) -> "MapResult | MapEstimate | MapRun":
         if getattr(args, "input", None) is not None:
             raise UsageError("map takes each item's input from its manifest, not --input")
         if getattr(args, "debug", None) or getattr(args, "break_on", None):
@@ -404,7 +420,7 @@ class TensorJob(Magics, JobSettings):
         if args.estimate:
             estimate = estimate_map(options.map_spec(guest), self._map_request(args))
             if args.out:
-                self.shell.user_ns[args.out] = estimate
+                self._ipython.user_ns[args.out] = estimate
             return estimate
         run = start_map(options.map_spec(guest), self._map_request(args, scorer=self._scorer(args)))
         view = None
@@ -422,7 +438,7 @@ class TensorJob(Magics, JobSettings):
         elif not args.quiet:
             print(map_summary(guest.name, result))
         if args.out:
-            self.shell.user_ns[args.out] = result
+            self._ipython.user_ns[args.out] = result
         return result
 
     # -- past runs ---------------------------------------------------------------------------
@@ -436,9 +452,9 @@ class TensorJob(Magics, JobSettings):
             raise UsageError(f"{what} needs a run: an id (see %tensorjob runs), a run folder, or $name")
         text = text.strip().strip("'\"")
         if text.startswith("$") and text[1:].isidentifier():
-            if text[1:] not in self.shell.user_ns:
+            if text[1:] not in self._ipython.user_ns:
                 raise UsageError(f"no variable named {text[1:]!r} in the notebook")
-            value = self.shell.user_ns[text[1:]]
+            value = self._ipython.user_ns[text[1:]]
             job = getattr(value, "job", None)  # a ReplayReport
             return job if job is not None and hasattr(job, "run_dir") else value
         return text
@@ -449,7 +465,7 @@ class TensorJob(Magics, JobSettings):
             raise UsageError("review needs a map's run folder: %tensorjob review RUN_DIR (or $name, a MapResult)")
         text = target.strip().strip("'\"")
         if text.startswith("$") and text[1:].isidentifier():
-            value = self.shell.user_ns.get(text[1:])
+            value = self._ipython.user_ns.get(text[1:])
             if not isinstance(value, MapResult):
                 raise UsageError(f"{text} is not a MapResult (the value of %tensorjob map)")
             return ReviewRows(value.review())
@@ -502,9 +518,9 @@ class TensorJob(Magics, JobSettings):
         text = (args.scorer or "").strip().strip("'\"")
         if not (text.startswith("$") and text[1:].isidentifier()):
             return None
-        if text[1:] not in self.shell.user_ns:
+        if text[1:] not in self._ipython.user_ns:
             raise UsageError(f"no variable named {text[1:]!r} in the notebook")
-        scorer = self.shell.user_ns[text[1:]]
+        scorer = self._ipython.user_ns[text[1:]]
         if not callable(scorer):
             raise UsageError(f"--scorer {text}: {text[1:]} is not a function (result, expected) -> score")
         return scorer
@@ -536,14 +552,14 @@ class TensorJob(Magics, JobSettings):
         elif not args.quiet:
             print("\n".join(replay.lines()))
         if args.out:
-            self.shell.user_ns[args.out] = replay
+            self._ipython.user_ns[args.out] = replay
         if gate is not None:
             passed, line = replay.gate(gate)
             if not passed:
                 raise GateFailed(line, replay)
         return replay
 
-    def _replay(self, args) -> "ReplayReport | MapReplay | Job":
+    def _replay(self, args) -> "ReplayReport | MapReplay | MapReplayRun | Job":
         if not args.target:
             raise UsageError("replay needs a guest file: %tensorjob replay PATH --from RUN (or --map RUN_DIR)")
         if args.map_run:
@@ -556,16 +572,17 @@ class TensorJob(Magics, JobSettings):
                          options.overrides(), live=args.live, recorded_grants=bool(args.recorded_grants),
                          err=sys.stderr)
         if args.out and args.bg:
-            job.add_done_callback(lambda j: self.shell.user_ns.__setitem__(args.out, j.report))
+            job.add_done_callback(lambda j: self._ipython.user_ns.__setitem__(args.out, j.report))
         self.run_and_show(job, args)
         if args.bg:
             return job
         report = job.report
+        assert report is not None, "a replay that has ended has its report"  # run_and_show waited for the end
         if not args.quiet:
             for line in report.lines():
                 print(for_terminal(line, one_line=True))
         if args.out:
-            self.shell.user_ns[args.out] = report
+            self._ipython.user_ns[args.out] = report
         return report
 
     # -- jobs and the compile cache -----------------------------------------------------------------

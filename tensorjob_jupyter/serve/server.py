@@ -55,9 +55,9 @@ MAX_HEADER_BYTES = 16 * 1024
 MAX_PENDING_BODY_BYTES = 64 << 20
 #: Fields that change an answer and that this server does not honour: refused, never silently ignored
 #: (the value each may have and still be served).
-UNSERVED_FIELDS = {"logit_bias": (None, {}),
-                   "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
-                   "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1)}
+UNSERVED_FIELDS: dict[str, tuple[Any, ...]] = {
+    "logit_bias": (None, {}), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
+    "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1)}
 
 
 class ClientLeft(Exception):
@@ -213,11 +213,12 @@ def plan(body: Any, *, chat: bool) -> Planned:
     if chat:
         prompt, system = _chat_prompt(body.get("messages"))
     else:
-        prompt, system = body.get("prompt"), None
-        if isinstance(prompt, list) and len(prompt) == 1:
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
+        given = body.get("prompt")
+        if isinstance(given, list) and len(given) == 1:
+            given = given[0]
+        if not isinstance(given, str):
             raise RequestError(400, "prompt must be a string (one prompt a request)")
+        prompt, system = given, None
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     infer = {"cmd": "infer", "prompt": prompt, "max_tokens": DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
              **_constraints(body)}
@@ -226,6 +227,8 @@ def plan(body: Any, *, chat: bool) -> Planned:
             infer[name] = body[name]
     try:
         command = abi.command_from_json(infer)
+        if not isinstance(command, abi.Infer):  # "cmd" is "infer" above: nothing else parses from it
+            raise TypeError(f"an infer parsed as {type(command).__name__}")
         spec = OutputSpec.of(command)
     except (abi.AbiError, SchemaError) as e:
         raise RequestError(400, str(e).replace("`infer.", "`").replace("infer: ", "")) from None
