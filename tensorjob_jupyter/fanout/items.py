@@ -138,11 +138,14 @@ def run_item(spec: ItemSpec, backend: Backend, index: int, item: Any,
         error = internal_error(f"{spec.name}[{index}]", e)
         return failed_outcome(index, error.code, error.message)
     ready = time.perf_counter()
-    job.start()
-    envelope = _await_job(job, cancelled)
+    return job_outcome(index, job, await_job(job.start(), cancelled), started=started, ready=ready)
+
+
+def job_outcome(index: int, job: Job, envelope: Any, *, started: float, ready: float) -> dict:
+    """Item ``index``'s outcome from its finished ``job``: its status, job, usage and times (``setup_s``: from
+    ``started`` to ``ready`` to run, ``run_s``: from then to now), with the envelope's result or error."""
     outcome = {"item": index, "status": envelope.status.value, "job_id": job.id, "pid": os.getpid(),
-               "usage": envelope.usage.to_json(), "setup_s": ready - started,
-               "run_s": time.perf_counter() - ready}
+               "usage": envelope.usage.to_json(), "setup_s": ready - started, "run_s": time.perf_counter() - ready}
     outcome.update(envelope_outcome(envelope))
     return outcome
 
@@ -160,7 +163,8 @@ def envelope_outcome(envelope: Any) -> dict:
     return {"error": envelope.error.to_json()} if envelope.error is not None else {}
 
 
-def _await_job(job: Job, cancelled: Callable[[], bool]):
+def await_job(job: Job, cancelled: Callable[[], bool]):
+    """The job's envelope; the job is cancelled once ``cancelled()`` says the map is."""
     while True:
         try:
             return job.wait(CANCEL_POLL_S)
@@ -176,5 +180,5 @@ def failed_outcome(index: int, code: str, message: str) -> dict:
 
 __all__ = [
     "CANCEL_POLL_S", "WORKER_LOST", "BackendSpec", "process_backend", "process_backend_count", "ItemSpec", "run_item",
-    "envelope_outcome", "failed_outcome"
+    "job_outcome", "envelope_outcome", "await_job", "failed_outcome"
 ]

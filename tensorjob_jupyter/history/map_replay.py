@@ -26,7 +26,7 @@ from tensorjob_jupyter.abi import JobStatus, codes
 from tensorjob_jupyter.fanout.errors import MapError
 from tensorjob_jupyter.fanout.map_folder import JOBS, LEDGER, MapFolder
 from tensorjob_jupyter.fanout.map_folder_reader import read_ledger_json
-from tensorjob_jupyter.fanout.items import envelope_outcome, failed_outcome
+from tensorjob_jupyter.fanout.items import await_job, failed_outcome, job_outcome
 from tensorjob_jupyter.fanout.local import LocalExecutor
 from tensorjob_jupyter.fanout.manifest import Manifest, ManifestItems, read_manifest
 from tensorjob_jupyter.fanout.progress import MapResult
@@ -49,7 +49,6 @@ from tensorjob_jupyter.text import for_terminal
 REPLAY_DIR = "replay"
 #: What a replay folder's ledger says of where it ran (and how a replay folder is told from a map's).
 WHERE = "replay of "
-CANCEL_POLL_S = 0.25
 #: The new status of an item whose recording could not answer the changed guest.
 NEEDS_MODEL = "needs the model"
 
@@ -118,7 +117,7 @@ class ReplayExecutor(LocalExecutor):
             self.details[index] = ItemReplay(index)
             return failed_outcome(index, error.code, error.message)
         ready = time.perf_counter()
-        envelope = _await(job.start(), cancelled)
+        envelope = await_job(job.start(), cancelled)
         report = job.report
         divergence = report.divergence if report is not None else None
         self.details[index] = ItemReplay(
@@ -126,25 +125,11 @@ class ReplayExecutor(LocalExecutor):
             diverged_at=divergence.step if divergence else None,
             divergence=for_terminal(divergence.message(), one_line=True)[:500] if divergence else None,
             live_from=report.live_from if report else None)
-        outcome = {"item": index, "status": envelope.status.value, "job_id": job.id, "pid": os.getpid(),
-                   "usage": envelope.usage.to_json(), "setup_s": ready - started, "run_s": time.perf_counter() - ready}
-        outcome.update(envelope_outcome(envelope))  # with its sources: located again in the windows it read
-        return outcome
+        return job_outcome(index, job, envelope, started=started, ready=ready)  # with its sources, located again
 
 
 def _listed(items: list[int], show: int = 20) -> str:
     return ", ".join(map(str, items[:show])) + (f" ... ({len(items)} in all)" if len(items) > show else "")
-
-
-def _await(job: ReplayJob, cancelled: Callable[[], bool]):
-    """The job's envelope; it is cancelled once the map is."""
-    while True:
-        try:
-            return job.wait(CANCEL_POLL_S)
-        except TimeoutError:
-            if cancelled():
-                job.cancel()
-                return job.wait()
 
 
 class MapReplay(MapComparison):
@@ -428,6 +413,6 @@ def _manifest(recorded: RecordedMap) -> Manifest:
 
 
 __all__ = [
-    "REPLAY_DIR", "WHERE", "CANCEL_POLL_S", "NEEDS_MODEL", "ItemReplay", "ReplayExecutor", "MapReplay",
+    "REPLAY_DIR", "WHERE", "NEEDS_MODEL", "ItemReplay", "ReplayExecutor", "MapReplay",
     "MapReplayRun", "start_map_replay", "replay_map"
 ]
