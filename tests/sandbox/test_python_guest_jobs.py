@@ -320,8 +320,10 @@ def sentences(text: str) -> list[str]:
 def test_the_readme_quick_start_runs_the_python_summariser_from_a_fresh_cache(tmp_path):
     argv = readme_quick_start_job()
     assert argv[:2] == ["run", "guests/examples/summarise.py"]
+    # the thread count pinned: on a busy machine the engine fits its threads to the free cores, and greedy text
+    # repeats only at one thread count (docs/model.md)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TENSORJOB_CACHE": str(tmp_path / "cache"),
-           "TENSORJOB_RUNS": str(tmp_path / "runs")}
+           "TENSORJOB_RUNS": str(tmp_path / "runs"), "TENSORJOB_THREADS": "2"}
     runs = [subprocess.run([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", *argv], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=1200) for _ in range(2)]
     assert runs[0].returncode == 0, runs[0].stderr
