@@ -70,14 +70,20 @@ def result_fields(value: Any, *, limit: int = MAX_FIELDS) -> Iterator[tuple[str,
 
     A scalar result is one field with the empty path ``""``; an empty object or array has none.
     """
-    stack: list[tuple[tuple[str | int, ...], Any]] = [((), value)]
+    # each entry's path is a chain (parent, key) built when its leaf is reached: a deep value costs its depth once
+    # a leaf, never a copy of the path at every level
+    stack: list[tuple[Any, Any]] = [(None, value)]  # (its chain: (parent chain or None, key), the node)
     given = 0
     while stack and given < limit:
-        parts, node = stack.pop()
+        chain, node = stack.pop()
         if isinstance(node, dict):
-            stack.extend(reversed([(parts + (k,), v) for k, v in node.items()]))
+            stack.extend(reversed([((chain, k), v) for k, v in node.items()]))
         elif isinstance(node, list):
-            stack.extend(reversed([(parts + (i,), v) for i, v in enumerate(node)]))
+            stack.extend(reversed([((chain, i), v) for i, v in enumerate(node)]))
         else:
             given += 1
-            yield field_path(parts), node
+            parts: list[str | int] = []
+            while chain is not None:
+                chain, key = chain
+                parts.append(key)
+            yield field_path(tuple(reversed(parts))), node
