@@ -67,6 +67,12 @@ IDLE_S = 0.5  # how long the process is watched for a helper still burning CPU
 # --- a hostile HTTP server, in its own process (tests/hostile_http.py) ----------------------------
 
 
+#: The misbehaving servers each deadline test meets: one of them in the fast loop, all three in the full suite
+#: (each test waits out a deadline of seconds by design).
+HOSTILE_PATHS = [pytest.param("/continue", marks=pytest.mark.slow), "/trickle",
+                 pytest.param("/silent", marks=pytest.mark.slow)]
+
+
 @pytest.fixture(scope="module")
 def hostile():
     with hostile_http.serve() as port:
@@ -141,7 +147,7 @@ def fetch_guest(port: int, path: str) -> bytes:
 # --- item 3: fetch leaves nothing behind ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["/continue", "/trickle", "/silent"])
+@pytest.mark.parametrize("path", HOSTILE_PATHS)
 def test_a_fetch_timeout_leaves_no_thread_or_socket(hostile, path, healthy):
     threads_before, sockets_before = baseline(hostile)
     for _ in range(REPEAT):
@@ -169,7 +175,7 @@ def time_to_fetch(port: int, path: str) -> float:
         job.wait(30)
 
 
-@pytest.mark.parametrize("path", ["/continue", "/trickle", "/silent"])
+@pytest.mark.parametrize("path", HOSTILE_PATHS)
 def test_the_job_deadline_ends_a_fetch_and_leaves_nothing(hostile, path):
     # The job's deadline must come after its fetch began: its clock is set from a start measured now, so a
     # busy core (a slower compile and start) moves the deadline with it instead of ending the job first; and
@@ -198,7 +204,7 @@ def test_the_job_deadline_ends_a_fetch_and_leaves_nothing(hostile, path):
     assert_nothing_left(hostile, threads_before, sockets_before)
 
 
-@pytest.mark.parametrize("path", ["/continue", "/trickle", "/silent"])
+@pytest.mark.parametrize("path", HOSTILE_PATHS)
 def test_cancel_mid_fetch_leaves_nothing(hostile, path):
     threads_before, sockets_before = baseline(hostile)
     for _ in range(REPEAT):
