@@ -54,6 +54,8 @@ def open_fd(path: str | os.PathLike, max_bytes: int | None = None, *, follow_sym
     Never blocks. The caller closes the descriptor."""
     if flags & ~ACCESS_FLAGS:
         raise ValueError(f"open_fd sets its own flags; it takes only access flags, not {flags & ~ACCESS_FLAGS:#o}")
+    if flags & (os.O_CREAT | os.O_TRUNC) and follow_symlinks:
+        raise ValueError("open_fd creates or truncates only with follow_symlinks=False: never through a link")
     flags |= os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags, mode, dir_fd=dir_fd)

@@ -17,7 +17,7 @@ the new mean score passes), ``diff`` 0 when the two are the same; a problem is o
 from __future__ import annotations
 
 import shutil
-from typing import Any, Mapping, TextIO
+from typing import TextIO
 
 from tensorjob_jupyter.fanout.errors import MapError
 from tensorjob_jupyter.frontends.table import map_table, rows_csv
@@ -29,7 +29,7 @@ from tensorjob_jupyter.frontends.requests import (
     MapReplayRequest, find_runs, map_rows, open_playback, replay_job, start_map_replay,
 )
 from tensorjob_jupyter.text import for_terminal, json_text
-from tensorjob_jupyter.frontends.terminal import DOES_NOT_COMPILE, EventPrinter, exit_status, load_guest, run_live
+from tensorjob_jupyter.frontends.terminal import EventPrinter, exit_status, load_guest, run_live
 from tensorjob_jupyter.history.runs import prune
 from tensorjob_jupyter.history.diff import diff_runs
 from tensorjob_jupyter.history.map_compare import compare

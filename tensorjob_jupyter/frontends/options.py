@@ -375,7 +375,7 @@ class JobOptions:
                                         if name in given]
         if "no_prompt_cache" in given:
             infer.append(("cache_prompt", not self.no_prompt_cache))
-        loras = self.loras(local_model=False) if self.lora else None
+        loras = self.loras(local_model=False) if "lora" in given else None  # a notebook's setting is no replay's
         if loras is not None:
             infer.append(("lora", {name: scale for name, (_path, scale) in loras.items()}))
         return Overrides(

@@ -75,9 +75,7 @@ def replay_job(guest: GuestSource, run: Any, overrides: Overrides, *, live: bool
     """The replay of ``guest`` against the run ``run`` (an id, a folder or a ``Job``) with ``overrides`` in place
     of the recorded setup -- not started. What it takes from the recording that widens what the guest may do
     (``ReplayJob.adopted``) is said on ``err`` before anything runs."""
-    if recorded_grants and not live:
-        raise OptionError("--recorded-grants is for a --live replay (a replay without --live reads under the "
-                          "recorded grants, and stops where a file's answer differs)")
+    _check_recorded_grants(recorded_grants, live)
     job = tj.ReplayJob(guest, run, live=live, overrides=overrides, recorded_grants=recorded_grants)
     for line in job.adopted:
         err.write(line + "\n")
@@ -93,9 +91,7 @@ def start_map_replay(guest: GuestSource, request: MapReplayRequest, overrides: O
         raise OptionError("replay --map takes each item's input from its recording, not --input")
     if given & {"debug", "break_on"}:
         raise OptionError("replay --map does not debug its items: replay one item's run with --from RUN --debug")
-    if request.recorded_grants and not request.live:
-        raise OptionError("--recorded-grants is for a --live replay (a replay without --live reads under the "
-                          "recorded grants, and stops where a file's answer differs)")
+    _check_recorded_grants(request.recorded_grants, request.live)
     concurrency = None if request.concurrency in (None, "auto") else request.concurrency
     if concurrency is not None and int(concurrency) < 1:
         raise OptionError("--concurrency must be at least 1")
@@ -141,6 +137,12 @@ def open_playback(run: Any, runs: str | None, *, speed: float, watched: bool = T
     for _ in playback.reader:
         pass
     return playback
+
+
+def _check_recorded_grants(recorded_grants: bool, live: bool) -> None:
+    if recorded_grants and not live:
+        raise OptionError("--recorded-grants is for a --live replay (a replay without --live reads under the "
+                          "recorded grants, and stops where a file's answer differs)")
 
 
 @contextmanager

@@ -64,10 +64,11 @@ def cmd_serve(args, out: TextIO, err: TextIO) -> int:
     except ValueError as e:
         raise OptionError(f"--model: {e}") from None
     try:
-        serve.listen(backend, host=args.host, port=args.port, api_key=api_key, quiet=args.quiet,
-                     header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout, out=out, err=err)
+        sock = serve.bind(args.host, args.port)
     except OSError as e:
         raise OptionError(f"--host {args.host} --port {args.port}: {e.strerror}") from None
+    serve.listen(backend, sock, api_key=api_key, quiet=args.quiet, header_timeout_s=args.header_timeout,
+                 body_timeout_s=args.body_timeout, out=out, err=err)
     return EXIT_OK
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from tensorjob_jupyter.abi import JobStatus, codes
+from tensorjob_jupyter.abi import AbiError, JobStatus, codes
 from tensorjob_jupyter.fanout.errors import MapError
 from tensorjob_jupyter.fanout.map_folder import JOBS, LEDGER, MapFolder
 from tensorjob_jupyter.fanout.map_folder_reader import read_ledger_json
@@ -109,6 +109,9 @@ class ReplayExecutor(LocalExecutor):
                 spec = spec.replace(infer=dataclasses.replace(spec.infer, cache_prompt=False, alone=True,
                                                               threads=self.deterministic_threads))
             job = ReplayJob(spec, run, live=self.live, backend=self.backend if self.live else None)
+        except AbiError as e:  # the item holds more values than the job's max_command_values, as in its map
+            self.details[index] = ItemReplay(index)
+            return failed_outcome(index, codes.LIMIT_EXCEEDED, str(e))
         except (ReplayError, MapError, ValueError, OSError) as e:
             why = " ".join(f"cannot replay its recording: {e}".split())[:300]
             self.details[index] = ItemReplay(index, needs_model=True, divergence=why)

@@ -438,6 +438,7 @@ class ReplayJob(Job):
         overrides = keywords.get("overrides")
         runs = overrides.runs_dir if overrides is not None else keywords.get("runs_dir")
         recorded = load_run(run, runs)
+        own_model = live and backend is None  # the spec's model answers, not a backend of the caller's
         if not isinstance(spec, JobSpec):
             spec = replay_spec(spec, recorded, live=live, backend_given=backend is not None, **keywords)
         elif keywords:
@@ -471,7 +472,7 @@ class ReplayJob(Job):
         #: What this replay took from its recording that widens what the guest may do, and the looser
         #: recorded limits it did not take: one inert line each, for a front end to show before it runs.
         self.adopted: list[str] = adoption_lines(recorded, read=spec.read, fetch=spec.fetch, limits=self.limits,
-                                                 live=live, model=spec.model if live and backend is not None else None)
+                                                 live=live, model=spec.model if own_model else None)
 
     @property
     def guest_changed(self) -> bool:

@@ -11,6 +11,7 @@ says what a replay took before it runs.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -96,12 +97,12 @@ class RecordedRun:
             taken, looser = _limit_values(created.get("limits") or {})
             required = parse_fields(created.get("require_grounded") or ())
             infer = _infer_options(created.get("infer") or {})
-            model_ref = ModelRef.from_json(created["model_ref"]) if created.get("model_ref") is not None else None
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ReplayError(f"{shown}: its job.created cannot be replayed: "
                               f"{for_terminal(str(e), one_line=True)[:200]}") from None
         cwd = created.get("cwd")
         server = created.get("model_server")
+        model_ref = _recorded_model(created.get("model_ref"))
         return cls(recording, created.get("input"), lists["read"] or lists["grants"], lists["grants"],
                    lists["fetch"], cwd if isinstance(cwd, str) and os.path.isdir(cwd) else None, size, digest,
                    Limits(**taken), looser, infer, recording.model, server if isinstance(server, dict) else None,
@@ -134,6 +135,20 @@ class RecordedRun:
                        require_grounded=self.require_grounded)
 
 
+def _recorded_model(obj: Any) -> ModelRef | None:
+    """The model a transcript recorded, as far as a replay may take it: its file or ``hf:`` name, a served model's
+    id and its adapters -- never its key variable (a transcript must not choose which key is sent) nor its engine
+    settings (this machine's own apply). None when absent or not a reference (an older transcript, or a damaged
+    one: a replay then asks for the model, as for a run recorded before ``model_ref`` was)."""
+    if obj is None:
+        return None
+    try:
+        ref = ModelRef.from_json(obj)
+    except ValueError:
+        return None
+    return dataclasses.replace(ref, api_key_env=None, engine=())
+
+
 def load_run(run: Any, runs: str | os.PathLike | None = None) -> RecordedRun:
     """The recorded run ``run`` (an id, a path, a ``Job``, a ``Recording`` or a ``RecordedRun``), ready to
     replay; ``ReplayError`` if it cannot be."""
@@ -164,19 +179,21 @@ def replay_spec(guest: Any, run: RecordedRun, overrides: Overrides | None = None
 def live_model(run: RecordedRun, overrides: Overrides) -> ModelRef:
     """The model a live replay of ``run`` with ``overrides`` runs on: the one they name, else the one the run
     recorded -- if it may be taken (``ReplayError`` says what to name instead)."""
-    if overrides.model is None and not _adoptable(run):
+    if overrides.model is None and run.model_ref is None and not _adoptable(run):
         raise ReplayError(live_model_needed(run))
     try:
-        return overrides.model_ref(run.model_ref or ModelRef())
+        ref = overrides.model_ref(run.model_ref or ModelRef())
     except ModelError as e:
         raise ReplayError(f"--live: {e}") from None
+    if overrides.model is None and not ref.here():  # the recorded one, with what was given for it
+        raise ReplayError(live_model_needed(run))
+    return ref
 
 
 def _adoptable(run: RecordedRun) -> bool:
-    """Whether a live replay may run on the model ``run`` recorded with no model named: a local one it recorded
-    whole, or the embedded model."""
-    if run.model_ref is not None:
-        return not run.model_ref.served
+    """Whether a live replay of a run that recorded no ``model_ref`` may run with no model named: only on the
+    embedded model. (A recorded reference is taken when it is on this machine now -- ``ModelRef.here``: a ``hf:``
+    one already cached, nothing fetched because a transcript named it -- and never a server.)"""
     return run.model in (None, DEFAULT_MODEL_NAME) and run.model_server is None
 
 
@@ -191,6 +208,10 @@ def live_model_needed(run: RecordedRun) -> str:
         shown = for_terminal(url, one_line=True)[:200]
         return (f"--live: the run used the model {model} on the server {shown}; name the server to send its "
                 f"infers to with --model URL (a replay never takes a server from its transcript)")
+    if run.model_ref is not None:
+        shown = for_terminal(run.model_ref.label, one_line=True)[:200]
+        return (f"--live: the run used the model {shown}, which is not on this machine (or an adapter of it is "
+                f"not); name the model with --model PATH")
     return f"--live: the run used the model {model}; name its GGUF file with --model PATH"
 
 
@@ -270,7 +291,8 @@ def adoption_lines(run: RecordedRun, *, read: Iterable[Any], fetch: Iterable[Any
     the model it recorded -- and the recorded limits it did not take (looser than the defaults), one inert
     line each."""
     lines = []
-    if model is not None and run.model_ref is not None and model == run.model_ref and model.name:
+    if (model is not None and run.model_ref is not None and model.name and not model.served
+            and model.kind == run.model_ref.kind and model.name == run.model_ref.name):
         adapters = f" with the adapters {_named([n for n, _ in model.loras])}" if model.loras else ""
         lines.append(f"replay: --live runs on the recorded model {model.label}{adapters} (--model replaces it)")
     read, fetch = [os.fspath(r) for r in read], [str(f) for f in fetch]

@@ -6,7 +6,7 @@ and whether it is debugged. Every way to start a job builds one ``JobSpec``: the
 (``JobSpec.of``), a front end's options (``frontends/options.py``), a recorded run (``RecordedRun.spec``), a
 map's template for each item. ``Overrides`` holds only what a front end (or a caller) gave, parsed once, and
 ``spec.merge(overrides)`` lays it over any of them: a replay is ``RecordedRun.spec(guest).merge(overrides)``,
-and a map replay merges the same value into every item's. Both are frozen and travel to Dask workers.
+and a map replay merges the same value into every item's. Both are frozen; a ``JobSpec`` travels to Dask workers.
 """
 
 from __future__ import annotations
@@ -129,7 +129,8 @@ _PLAIN = ("read", "fetch", "input_bytes", "runs_dir", "cwd", "name", "debug", "b
 @dataclass(frozen=True)
 class Overrides:
     """What was given for a job and nothing else -- each field None (``input``: ``UNSET``) when not given --
-    parsed and checked once, where it was given; ``JobSpec.merge`` lays it over a spec."""
+    parsed once, where it was given (``Overrides.of``, or a front end's options, which check every value; built
+    field by field it holds what it is given, its names checked); ``JobSpec.merge`` lays it over a spec."""
 
     input: Any = UNSET
     read: tuple[str, ...] | None = None
@@ -170,8 +171,10 @@ class Overrides:
            break_on: str | Iterable[str] | None = None, require_grounded: str | Iterable[str] | None = None,
            **limit_keywords: Any) -> "Overrides":
         """The overrides the Python API's keywords give (as ``JobSpec.of`` reads them; a whole ``limits`` or
-        ``infer`` replaces every one of its fields, a limit keyword just its own). Raises as ``JobSpec.of``
-        does, before anything runs."""
+        ``infer`` replaces every one of its fields, a limit keyword just its own; ``model_options`` without a
+        ``model`` are the recorded model's ``model_name``, ``api_key_env`` or ``loras``). Raises before anything
+        runs: ``TypeError`` for an unknown keyword, ``ValueError`` for a bad limit or fetch prefix,
+        ``ModelError`` for a model that does not parse."""
         given_limits = {f: getattr(limits, f) for f in LIMIT_FIELDS} if limits is not None else {}
         if limit_keywords:
             checked = with_keywords(None, limit_keywords, "replay")  # a TypeError or ValueError names a bad one
@@ -231,8 +234,8 @@ class Overrides:
 
 
 def _merged_infer(infer: InferOptions, given: dict[str, Any]) -> InferOptions:
-    """``infer`` with the sampling options in ``given`` in place; the rest of it (a deterministic map's
-    ``alone`` and ``threads``, the adapters not named) stays."""
+    """``infer`` with the sampling options in ``given`` in place (a given ``lora`` is the whole choice of
+    adapters); the rest of it (a deterministic map's ``alone`` and ``threads``) stays."""
     sampler = dataclasses.replace(infer.sampler, **{k: given[k] for k in SAMPLER_FIELDS if k in given})
     changes: dict[str, Any] = {"sampler": sampler}
     for name in ("chat", "cache_prompt"):

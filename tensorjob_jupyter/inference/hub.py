@@ -137,12 +137,36 @@ def _listing(files: list[str], limit: int = 8) -> str:
     return ", ".join(files[:limit]) + (f", ... ({len(files) - limit} more)" if len(files) > limit else "")
 
 
+def cached(model: str) -> Path | None:
+    """The local GGUF file ``model`` (``hf:...``) names if the cache holds it whole; None otherwise. Never the
+    network."""
+    try:
+        ref = parse_ref(model)
+    except ValueError:
+        return None
+    return _from_cache(ref)
+
+
 def resolve(model: str, *, progress: bool = True) -> Path:
     """The local GGUF file ``model`` (``hf:...``) names: from the cache, else downloaded into it."""
     try:
         ref = parse_ref(model)
     except ValueError as e:
         raise ModelError(str(e)) from None
+    found = _from_cache(ref)
+    if found is not None:
+        return found
+    if offline():
+        raise ModelError(f"{ref} is not in the Hugging Face cache ({cache_dir()}) and HF_HUB_OFFLINE is set, "
+                         f"so it cannot be downloaded")
+    unreachable = _unreachable()
+    if unreachable is not None:
+        raise ModelError(f"{ref} is not in the Hugging Face cache ({cache_dir()}), and {unreachable}: this machine "
+                         f"looks offline; download it where there is network, or give --model a local .gguf file")
+    return _download(ref, progress)
+
+
+def _from_cache(ref: HfRef) -> Path | None:
     snapshot = _cached_snapshot(ref)
     if snapshot is not None:
         cached = [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*.gguf")]
@@ -152,14 +176,7 @@ def resolve(model: str, *, progress: bool = True) -> Path:
             parts = []
         if parts and all((snapshot / p).is_file() for p in parts):
             return (snapshot / parts[0]).absolute()  # the snapshot's name, not its blob's (a symlink)
-    if offline():
-        raise ModelError(f"{ref} is not in the Hugging Face cache ({cache_dir()}) and HF_HUB_OFFLINE is set, "
-                         f"so it cannot be downloaded")
-    unreachable = _unreachable()
-    if unreachable is not None:
-        raise ModelError(f"{ref} is not in the Hugging Face cache ({cache_dir()}), and {unreachable}: this machine "
-                         f"looks offline; download it where there is network, or give --model a local .gguf file")
-    return _download(ref, progress)
+    return None
 
 
 def _endpoint() -> tuple[str, str, int]:
@@ -218,7 +235,7 @@ def _download(ref: HfRef, progress: bool) -> Path:  # pragma: no cover - needs t
     return Path(paths[0]).absolute()
 
 
-__all__ = [
+__all__ = ["cached", 
     "PREFIX", "DEFAULT_QUANTS", "REACH_TIMEOUT_S", "HfRef", "is_hf_ref", "parse_ref", "cache_dir", "offline",
     "choose", "resolve"
 ]

@@ -110,6 +110,7 @@ class ModelRef:
                              loras=dict(loras), **dict(engine))
         if ref.kind != obj["kind"]:
             raise ValueError(f"model_ref: {obj['kind']} does not name {ref.kind} model")
+        ref.check(local=False)  # what a reference of its kind may hold (a key variable's name, a URL)
         return ref
 
     @property
@@ -130,6 +131,11 @@ class ModelRef:
     def missing(self, where: str, detail: str) -> str:
         """Why the model cannot be had on ``where`` (a worker), in one line, from what ``locate`` said."""
         return self.provider.missing(self, where, detail)
+
+    def here(self) -> bool:
+        """Whether the model (and its adapters) is on this machine now, asking nothing of the network: a file that
+        exists, a ``hf:`` model already in the cache, the embedded model; never a served one."""
+        return self.provider.here(self) and all(os.path.isfile(path) for _name, path in self.loras)
 
     def check(self, *, local: bool = True) -> None:
         """``ValueError`` (one line) if this reference cannot be used: ``local=False`` when the model need not
@@ -177,6 +183,8 @@ class ModelProvider(Protocol):
     def missing(self, ref: ModelRef, where: str, detail: str) -> str: ...
 
     def options(self, ref: ModelRef, *, model_name, api_key_env, loras: dict | None) -> ModelRef: ...
+
+    def here(self, ref: ModelRef) -> bool: ...
 
 
 def _local_options(kind: str, text: str, model_name, api_key_env, loras: dict, engine: dict) -> ModelRef:
@@ -232,6 +240,9 @@ class ServedModels:
     def missing(self, ref: ModelRef, where: str, detail: str) -> str:
         return f"{where} cannot reach the server {ref.name}: {detail}"
 
+    def here(self, ref: ModelRef) -> bool:
+        return False
+
     def options(self, ref: ModelRef, *, model_name, api_key_env, loras) -> ModelRef:
         if loras:
             raise ValueError("--lora: a served model's adapters are chosen on its server, not by the job")
@@ -264,6 +275,9 @@ class HubModels:
 
     def missing(self, ref: ModelRef, where: str, detail: str) -> str:
         return f"{where} cannot get the model {ref.name}: {detail}"
+
+    def here(self, ref: ModelRef) -> bool:
+        return hub.cached(ref.name) is not None  # never fetched to find out
 
     def options(self, ref: ModelRef, *, model_name, api_key_env, loras) -> ModelRef:
         return _local_options_anew(ref, model_name, api_key_env, loras)
@@ -299,6 +313,9 @@ class ModelFiles:
     def missing(self, ref: ModelRef, where: str, detail: str) -> str:
         return f"model file {ref.name} not found on {where} (a --model path must exist on every worker)"
 
+    def here(self, ref: ModelRef) -> bool:
+        return os.path.isfile(ref.name)
+
     def options(self, ref: ModelRef, *, model_name, api_key_env, loras) -> ModelRef:
         return _local_options_anew(ref, model_name, api_key_env, loras)
 
@@ -327,6 +344,9 @@ class EmbeddedModel:
 
     def missing(self, ref: ModelRef, where: str, detail: str) -> str:
         return f"{where} cannot find the embedded model ({detail})"
+
+    def here(self, ref: ModelRef) -> bool:
+        return True
 
     def options(self, ref: ModelRef, *, model_name, api_key_env, loras) -> ModelRef:
         return _local_options_anew(ref, model_name, api_key_env, loras)

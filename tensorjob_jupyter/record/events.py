@@ -59,8 +59,9 @@ class TranscriptWriteError(JobFailure):
 # --- where the events are kept -----------------------------------------------------------
 
 
-#: How a job folder's own files are made: written afresh, never through a link planted in their place.
-_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+#: How a job folder's own files are made: new files (what was in their place is removed first), never written
+#: through a link, a hard link or anything else planted there.
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL
 
 
 class _FileLog:
@@ -71,6 +72,7 @@ class _FileLog:
         # Created under another name, locked, then renamed into place: no reader ever sees the
         # transcript unlocked while it is written. The lock goes when the file closes or the process dies.
         staging = path.with_name(path.name + ".new")
+        staging.unlink(missing_ok=True)
         self._file = open_regular(staging, flags=_NEW_FILE, mode="wb", follow_symlinks=False)
         lock_transcript(self._file.fileno())
         os.replace(staging, path)
@@ -366,6 +368,7 @@ class EventStream:
             try:
                 if self.run_dir is not None and envelope is not None:
                     tmp = self.run_dir / ENVELOPE_TMP_FILE
+                    tmp.unlink(missing_ok=True)
                     with open_regular(tmp, flags=_NEW_FILE, mode="wb", follow_symlinks=False) as f:
                         f.write(envelope)
                         f.write(b"\n")

@@ -9,6 +9,6 @@ modules (``abi``, ``limits``, ``text``). Never ``sandbox``, ``world``, ``record`
 """
 
 from tensorjob_jupyter.serve.model import load_model
-from tensorjob_jupyter.serve.server import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, build_app, listen
+from tensorjob_jupyter.serve.server import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, bind, build_app, listen
 
-__all__ = ["BODY_TIMEOUT_S", "HEADER_TIMEOUT_S", "build_app", "listen", "load_model"]
+__all__ = ["BODY_TIMEOUT_S", "HEADER_TIMEOUT_S", "bind", "build_app", "listen", "load_model"]

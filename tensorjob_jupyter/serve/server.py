@@ -17,6 +17,7 @@ import ipaddress
 import json
 import re
 import secrets
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -631,16 +632,8 @@ def _bounded_h11(header_timeout_s: float, body_timeout_s: float) -> type:
     return BoundedH11
 
 
-def listen(backend: Backend, *, host: str, port: int, api_key: str | None = None, quiet: bool = False,
-           header_timeout_s: float = HEADER_TIMEOUT_S, body_timeout_s: float = BODY_TIMEOUT_S,
-           out: TextIO, err: TextIO) -> None:
-    """Serve ``backend`` at ``host``:``port`` (0: a free port) until Ctrl-C; "serving at URL" on ``out`` once the
-    socket listens, a warning on ``err`` when it listens beyond loopback with no key. ``OSError`` if it cannot
-    bind."""
-    import socket
-
-    import uvicorn  # deferred: the serve extra's
-
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port`` (0: a free port), for ``listen``; ``OSError`` if it cannot be bound."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -648,6 +641,16 @@ def listen(backend: Backend, *, host: str, port: int, api_key: str | None = None
     except OSError:
         sock.close()
         raise
+    return sock
+
+
+def listen(backend: Backend, sock: socket.socket, *, api_key: str | None = None, quiet: bool = False,
+           header_timeout_s: float = HEADER_TIMEOUT_S, body_timeout_s: float = BODY_TIMEOUT_S,
+           out: TextIO, err: TextIO) -> None:
+    """Serve ``backend`` on the bound ``sock`` (``bind``) until Ctrl-C; "serving at URL" on ``out`` once it
+    listens, a warning on ``err`` when it listens beyond loopback with no key."""
+    import uvicorn  # deferred: the serve extra's
+
     sock.listen(2048)  # before "serving at": a client that connects at once is queued, not refused
     bound, port = sock.getsockname()[:2]
     loopback = ipaddress.ip_address(bound).is_loopback
@@ -674,5 +677,5 @@ __all__ = [
     "HEADER_TIMEOUT_S", "BODY_TIMEOUT_S", "KEEP_ALIVE_S", "MAX_HEADER_BYTES", "MAX_PENDING_BODY_BYTES",
     "UNSERVED_FIELDS", "ClientLeft", "RequestError", "Planned", "TEXT_FORMATS", "VLLM_FIELDS",
     "VLLM_STRUCTURED_OUTPUTS", "plan", "Answer", "host_name", "LOOPBACK_NAMES", "RequestLog", "build_app",
-    "listen"
+    "bind", "listen"
 ]

@@ -1,6 +1,7 @@
 """A replay's model: the transcript records the whole ``ModelRef`` (never a key), and ``replay --live`` runs on
 it again -- with ``--model-name``, ``--api-key-env`` and ``--lora`` given anew taking its place -- but never on a
-server the transcript names: that must be named again.
+server the transcript names (that must be named again), never with the key of a variable the transcript names,
+and never on a model that is not on this machine (nothing is fetched because a transcript named it).
 
 The served model is a ``FakeServer`` (it records every request's headers and body, so the test sees which model
 and which key each live infer asked for); the LoRA is a real adapter on a real tiny GGUF model, loaded by the
@@ -63,17 +64,18 @@ def test_the_transcript_records_the_whole_model_and_never_a_key(tmp_path, server
     assert event["model_ref"] == {"kind": "url", "name": server.url, "served_name": "model-a",
                                   "api_key_env": "TJ_KEY_A"}
     assert KEY_A not in (Path(job.run_dir) / "events.jsonl").read_text(encoding="utf-8")
-    assert load_run(job.run_dir).model_ref == tj.ModelRef.parse(server.url, model_name="model-a",
-                                                                api_key_env="TJ_KEY_A")
+    # what a replay may take of it: the server's model id, never the key variable (a transcript from anywhere must
+    # not choose which secret is sent)
+    assert load_run(job.run_dir).model_ref == tj.ModelRef.parse(server.url, model_name="model-a")
 
 
-def test_a_live_replay_never_takes_a_recorded_server_and_takes_its_options_for_the_same_url(tmp_path, server,
-                                                                                            monkeypatch):
+def test_a_live_replay_never_takes_a_recorded_server_nor_its_key_and_keeps_its_model_id_for_the_same_url(
+        tmp_path, server, monkeypatch):
     job = record_served(tmp_path, server, monkeypatch)
     changed = tmp_path / "changed.wasm"
     changed.write_bytes(guest("Say hello again."))  # another prompt: the recording cannot answer it
     runs = ["--runs", tmp_path / "runs"]
-    env = {"TJ_KEY_A": KEY_A, "TJ_KEY_B": KEY_B}
+    env = {"TJ_KEY_A": KEY_A, "TJ_KEY_B": KEY_B, "OPENAI_API_KEY": ""}
 
     asked = len(server.requests)
     refused = tensorjob("replay", changed, "--from", job.id, "--live", *runs, env=env)
@@ -84,7 +86,7 @@ def test_a_live_replay_never_takes_a_recorded_server_and_takes_its_options_for_t
     assert same.returncode == 0, same.stderr
     request = server.requests[-1]
     assert len(server.requests) > asked and request["body"]["model"] == "model-a"
-    assert request["headers"].get("authorization") == f"Bearer {KEY_A}"
+    assert KEY_A not in str(request["headers"])  # the recorded variable's key is never sent
 
     anew = tensorjob("replay", changed, "--from", job.id, "--live", "--model", server.url, "--model-name",
                      "model-b", "--api-key-env", "TJ_KEY_B", "--json", *runs, env=env)
@@ -124,6 +126,19 @@ def test_a_live_replay_runs_on_the_recorded_local_model_and_its_adapters_and_lor
     missing = tensorjob("replay", changed, "--from", job.id, "--live", "--runs", runs,
                         "--lora", f"gone={tmp_path / 'gone.gguf'}")
     assert missing.returncode == 2 and "adapter file not found" in missing.stderr
+
+
+def test_a_recorded_model_that_is_not_here_is_asked_for_and_engine_settings_are_not_taken(tmp_path, tiny_files):  # noqa: F811
+    runs = tmp_path / "runs"
+    copy = tmp_path / "copy.gguf"
+    copy.write_bytes(tiny_files["model"].read_bytes())
+    job = tj.Job(guest("the cat"), model=copy, model_options={"n_ctx": 256}, runs_dir=runs).start()
+    assert job.wait(120).ok, job.envelope
+    assert created(job.run_dir)["model_ref"]["engine"] == [["n_ctx", 256]]  # recorded whole
+    assert load_run(job.run_dir).model_ref == tj.ModelRef.parse(copy)  # but not taken: this machine's apply
+    copy.unlink()
+    with pytest.raises(tj.ReplayError, match="not on this machine.*--model PATH"):
+        tj.ReplayJob(guest("the dog"), job.id, live=True, runs_dir=runs)
 
 
 def test_an_older_transcript_with_no_model_ref_still_asks_for_the_model(tmp_path):

@@ -162,7 +162,9 @@ def _read_manifest(paths: Paths) -> dict:
 
 def _write_manifest(paths: Paths, manifest: dict) -> None:
     tmp = paths.manifest.with_suffix(f".json.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    tmp.unlink(missing_ok=True)  # a leftover, or a link planted there: never written through
+    with open_regular(tmp, flags=os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode="w", follow_symlinks=False) as f:
+        f.write(json.dumps(manifest, indent=1, sort_keys=True))
     os.replace(tmp, paths.manifest)
 
 
