@@ -162,7 +162,7 @@ def replay_spec(guest: Any, run: RecordedRun, overrides: Overrides | None = None
     """The ``JobSpec`` of a replay of ``guest`` against ``run``: ``run.spec(guest)`` with ``overrides`` (what a
     front end was given), or the Python API's ``keywords`` (``Overrides.of``), merged over it. A ``live``
     replay runs on the recorded model unless another is given -- never on a recorded server, which must be
-    named again (``--model URL``; its recorded model id and key variable then carry over to the same URL) --
+    named again (``--model URL``; its recorded model id then carries over to the same URL, never a key variable) --
     unless ``backend_given``: a backend of the caller's answers its infers."""
     if keywords:
         if overrides is not None:
