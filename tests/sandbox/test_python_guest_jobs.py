@@ -394,6 +394,22 @@ def test_a_cache_manifest_that_is_not_a_regular_file_is_refused_at_once(tmp_path
 
 
 @pytest.mark.slow
+def test_a_link_planted_where_the_cache_lock_belongs_is_refused_and_never_written_through(tmp_path, monkeypatch):
+    """The build lock is the cache's own file: a symbolic link there (to a file elsewhere) is refused with the
+    cache's one-line hint, and the file it points at is left as it was."""
+    from tensorjob_jupyter.sandbox.python import interpreter
+
+    monkeypatch.setenv("TENSORJOB_CACHE", str(tmp_path / "cache"))
+    paths = interpreter.cache_paths()
+    paths.root.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("keep me", encoding="utf-8")
+    paths.lock.symlink_to(elsewhere)
+    with pytest.raises(interpreter.InterpreterError, match="symbolic link.*tensorjob cache --clear"):
+        interpreter.ensure(False)
+    assert elsewhere.read_text(encoding="utf-8") == "keep me" and paths.lock.is_symlink()
+
+
 def test_tensorjob_run_of_a_python_guest_with_a_fifo_in_its_cache_fails_in_one_line(tmp_path):
     from tensorjob_jupyter.sandbox.python import interpreter
 

@@ -180,7 +180,10 @@ class _FileLock:
         self._thread_lock.acquire()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self._fd = open_fd(self.path, flags=os.O_RDWR | os.O_CREAT, mode=0o600, follow_symlinks=False)
+            try:
+                self._fd = open_fd(self.path, flags=os.O_RDWR | os.O_CREAT, mode=0o600, follow_symlinks=False)
+            except NotARegularFile as e:  # a link, a FIFO or a folder where the lock should be
+                raise _damaged(e) from None
             fcntl.flock(self._fd, fcntl.LOCK_EX)
         except BaseException:
             self._thread_lock.release()
