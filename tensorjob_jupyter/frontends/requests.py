@@ -76,7 +76,8 @@ def replay_job(guest: GuestSource, run: Any, overrides: Overrides, *, live: bool
     of the recorded setup -- not started. What it takes from the recording that widens what the guest may do
     (``ReplayJob.adopted``) is said on ``err`` before anything runs."""
     _check_recorded_grants(recorded_grants, live)
-    job = tj.ReplayJob(guest, run, live=live, overrides=overrides, recorded_grants=recorded_grants)
+    with _one_line():  # a refusal below (an input past the job's values, a file) is one line, never a traceback
+        job = tj.ReplayJob(guest, run, live=live, overrides=overrides, recorded_grants=recorded_grants)
     for line in job.adopted:
         err.write(line + "\n")
     return job

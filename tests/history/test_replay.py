@@ -272,6 +272,14 @@ def test_staged_input_bytes_must_be_given_again_and_match():
     assert replay(EXAMPLES / "stream.c", job.id, input_bytes=b"staged\n").same_result
 
 
+def test_a_recorded_input_past_the_replay_s_value_limit_is_one_line_not_a_traceback(tmp_path):
+    guest = wat.script_guest([{"cmd": "done", "result": 0}])
+    job = record(guest, input={"items": list(range(40))})
+    code, _, err = run_cli("replay", _wasm(tmp_path, guest), "--from", job.id, "--max-command-values", "10")
+    assert code == 2 and "more than the 10 allowed" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
 def test_grants_that_do_not_exist_here_must_be_given_again(tmp_path, text_file):
     guest = wat.script_guest([{"cmd": "done", "result": 0}])
     job = record(guest, read=[text_file.parent])
