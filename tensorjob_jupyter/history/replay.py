@@ -27,7 +27,8 @@ from tensorjob_jupyter.host.jobs import Job
 from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.history.report import Divergence, ReplayReport
 from tensorjob_jupyter.history.replay_setup import (
-    RecordedRun, ReplayError, adoption_lines, live_model_needed, load_run, replay_spec, sampling_of,
+    RecordedRun, ReplayError, adoption_lines, embedded_model_will_do, live_model_needed, load_run, replay_spec,
+    sampling_of,
 )
 from tensorjob_jupyter.record.responses import ResponseStream
 from tensorjob_jupyter.host.reactor import PREVIEW_BYTES, PREVIEW_CHARS, InferPlan, Reactor
@@ -40,7 +41,6 @@ from tensorjob_jupyter.record.transcript import EventReader
 from tensorjob_jupyter.record.recording import (
     LIVE_COMMANDS, End, InferAnswer, Step, compare_commands, describe, normalise,
 )
-from tensorjob_jupyter.inference.lazy import DEFAULT_MODEL_NAME
 from tensorjob_jupyter.inference.logprobs import TokenLogprob, TokenText
 from tensorjob_jupyter.inference.providers import ModelRef
 
@@ -456,8 +456,7 @@ class ReplayJob(Job):
                               f"({recorded.input_bytes} bytes, SHA-256 {recorded.input_sha256[:16]}…)")
         if live:
             if backend is None:
-                if spec.model == ModelRef() and (recorded.model not in (None, DEFAULT_MODEL_NAME)
-                                                    or recorded.model_server is not None):
+                if spec.model == ModelRef() and not embedded_model_will_do(recorded):
                     raise ReplayError(live_model_needed(recorded))
                 try:
                     backend = spec.model.backend()

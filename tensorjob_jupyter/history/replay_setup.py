@@ -179,7 +179,7 @@ def replay_spec(guest: Any, run: RecordedRun, overrides: Overrides | None = None
 def live_model(run: RecordedRun, overrides: Overrides) -> ModelRef:
     """The model a live replay of ``run`` with ``overrides`` runs on: the one they name, else the one the run
     recorded -- if it may be taken (``ReplayError`` says what to name instead)."""
-    if overrides.model is None and run.model_ref is None and not _adoptable(run):
+    if overrides.model is None and run.model_ref is None and not embedded_model_will_do(run):
         raise ReplayError(live_model_needed(run))
     try:
         ref = overrides.model_ref(run.model_ref or ModelRef())
@@ -190,10 +190,10 @@ def live_model(run: RecordedRun, overrides: Overrides) -> ModelRef:
     return ref
 
 
-def _adoptable(run: RecordedRun) -> bool:
-    """Whether a live replay of a run that recorded no ``model_ref`` may run with no model named: only on the
-    embedded model. (A recorded reference is taken when it is on this machine now -- ``ModelRef.here``: a ``hf:``
-    one already cached, nothing fetched because a transcript named it -- and never a server.)"""
+def embedded_model_will_do(run: RecordedRun) -> bool:
+    """Whether a live replay of ``run`` may run on the embedded model with no other named: only if the run used
+    it, as its ``model`` field says. (A run that recorded its ``model_ref`` is replayed on that instead when it is
+    on this machine now -- ``ModelRef.here``: a ``hf:`` one already cached -- and never on a server.)"""
     return run.model in (None, DEFAULT_MODEL_NAME) and run.model_server is None
 
 
@@ -323,6 +323,6 @@ def sampling_of(options: InferOptions) -> dict:
 
 
 __all__ = [
-    "ReplayError", "RecordedRun", "load_run", "replay_spec", "live_model", "live_model_needed", "ADOPTED_SHOWN", "adoption_lines",
+    "ReplayError", "RecordedRun", "load_run", "replay_spec", "live_model", "live_model_needed", "embedded_model_will_do", "ADOPTED_SHOWN", "adoption_lines",
     "sampling_of"
 ]
