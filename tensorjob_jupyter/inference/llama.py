@@ -4,9 +4,9 @@
 on ``Llama.create_completion``, because the high-level loop cannot give the host what it needs: a
 stop verdict that reaches the decoder, whole characters only, a prefix cache per slot keyed by the
 LoRA selection (a busy slot's prefix copied rather than decoded again), runtime LoRA, continuous
-batching, grammar masks off the decode thread, and embeddings on a second context. Each slot has a
-KV stream of its own and the last prompt token is decoded in a decode step, so a repeated prompt
-gives exactly what a cold run gives. It is one class on purpose: the decode loop, the slots, the
+batching (a starting prompt read in chunks within the running sequences' decode steps), grammar masks
+off the decode thread, and embeddings on a second context. Each slot has a KV stream of its own and
+the last prompt token is decoded in a decode step, so a repeated prompt gives exactly what a cold run gives. It is one class on purpose: the decode loop, the slots, the
 samplers and the embedding context share one llama.cpp context's state, which only it touches.
 
 Design: docs/internals/inference.md#llamapy
@@ -68,6 +68,13 @@ HELD_POLL_S = 0.001
 #: The fewest prompt tokens a copy of another slot's KV must save over the request's own slot: a copy
 #: across KV streams moves the whole stream buffer, which costs about what decoding a token or two does.
 PREFIX_COPY_MIN_TOKENS = 32
+#: While other sequences decode, a step that also reads prompt tokens costs at most about this many times a step
+#: of theirs alone: the prompt tokens a step takes are fitted to the rates the engine has measured (``_prompt_budget``).
+PROMPT_STEP_RATIO = 2.0
+#: The fewest prompt tokens a step takes while others decode, however slow the measured rates make them.
+PROMPT_MIN_TOKENS = 8
+#: How much of each new measurement the rates take (an exponential average: one slow step moves them little).
+RATE_WEIGHT = 0.2
 #: After a decode step, how long the step waits for the constrained sequences' choices (each on a mask thread;
 #: a mask costs microseconds to a few milliseconds): one not made by then sits the decode out until it is.
 MASK_WAIT_S = 0.02
@@ -87,13 +94,14 @@ class _Slot:
     """One llama.cpp sequence: the tokens whose KV it holds, and under which LoRA."""
 
     seq_id: int
-    tokens: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # whose KV it holds now
+    prompt: list[int] = field(default_factory=list)  # while busy: the prompt it reads (its KV, but for the last token)
     lora: LoraKey = ()
     last_used: float = 0.0
     busy: bool = False
 
 
-@dataclass
+@dataclass(eq=False)  # each is itself: compared and hashed by identity
 class _Sequence:
     """One generation in progress."""
 
@@ -116,6 +124,14 @@ class _Sequence:
     delivered_logprobs: list[TokenLogprob] = field(default_factory=list)
     choosing: Future | None = None  # its grammar's choice of the next token, on a mask thread
     logits: np.ndarray | None = None  # the copy of its logits that choice is made from
+    prompt: list[int] = field(default_factory=list)  # all of its prompt's tokens
+    copy_from: _Slot | None = None  # a busy slot whose KV of the first ``copy_len`` prompt tokens it waits to copy
+    copy_len: int = 0
+
+    @property
+    def reading(self) -> bool:
+        """Whether its prompt is still being read (its KV short of all but the last prompt token)."""
+        return self.copy_from is not None or len(self.slot.tokens) < len(self.prompt) - 1
 
 
 class LlamaEngine:
@@ -197,6 +213,9 @@ class LlamaEngine:
             self._slots = [_Slot(i) for i in range(self.n_slots)]
             #: KV copies from one slot to another (a shared prefix decoded once), since creation.
             self.prefix_copies = 0
+            #: seconds a decode step of the running sequences takes, and a prompt token read with them (measured)
+            self._step_s: float | None = None
+            self._prompt_token_s: float | None = None
             self._threads_now = self.n_threads  # a request decoded alone may ask for others (``_use_threads``)
             #: the threads that fit the machine now (``_fit_threads``), and a verdict waiting for its second window
             self._fitted = self.n_threads
@@ -458,14 +477,12 @@ class LlamaEngine:
             slot, reuse, source = self._pick_slot(tokens, key, request.cache_prompt)
             sampler = self._sampler(request, tokens, item.abandoned)
             seq = _Sequence(item, slot, sampler, TextStream(request.sampler.stop), len(tokens), reuse,
-                            limit, started)
-            slot.busy = True
-            try:
-                self._prefill(slot, tokens, reuse, key, source)
-            except BaseException:
-                self._release(seq)
-                self._drop_slot(slot)
-                raise
+                            limit, started, prompt=tokens)
+            slot.busy, slot.prompt, slot.lora = True, tokens, key
+            if source is None:
+                self._keep_cached(seq, reuse)
+            else:  # copied once the busy slot has read that far (``_take_copies``)
+                seq.copy_from, seq.copy_len = next(other for other in active if other.slot is source), reuse
         except Abandoned:  # its job ended while the grammar was being built
             item.done(GenerateResult("", FINISH_CANCELLED, GenerateUsage()), None)
             return True
@@ -491,8 +508,8 @@ class LlamaEngine:
         source, source_len = None, 0
         if use_cache:
             for slot in self._slots:
-                if slot.busy and slot.lora == key and slot.tokens:
-                    n = _common_prefix(slot.tokens, tokens)
+                if slot.busy and slot.lora == key:
+                    n = _common_prefix(_will_hold(slot), tokens)
                     if n > source_len:
                         source, source_len = slot, n
         # at least one prompt token is always decoded, for fresh logits
@@ -520,40 +537,55 @@ class LlamaEngine:
         self._ctx.kv_cache_seq_rm(slot.seq_id, 0, -1)
         slot.tokens = []
 
-    def _prefill(self, slot: _Slot, tokens: list[int], reuse: int, key: LoraKey,
-                 source: _Slot | None = None) -> None:
-        """Bring ``slot``'s KV to all of ``tokens`` but the last, which the next decode step takes;
-        its first ``reuse`` tokens come from its own cache, or from a copy of ``source``'s."""
-        if source is not None:
-            # Across KV streams only a whole stream can be copied; llama.cpp does it before the next
-            # decode, whichever sequence that decode is for, so the cells copied are the ones held now.
-            self._ctx.kv_cache_seq_cp(source.seq_id, slot.seq_id, -1, -1)
-            self.prefix_copies += 1
+    def _keep_cached(self, seq: _Sequence, reuse: int) -> None:
+        """Start ``seq`` from the first ``reuse`` tokens its own slot's KV holds (all of it dropped if
+        llama.cpp cannot cut the rest)."""
+        slot = seq.slot
         if not self._ctx.kv_cache_seq_rm(slot.seq_id, reuse, -1):
             self._drop_slot(slot)
             reuse = 0
-        slot.tokens = tokens[:reuse]
-        slot.lora = key
-        # The last prompt token is never decoded with the rest: llama.cpp's kernels
-        # are not bitwise batch-size invariant, so it goes with a decode step, as
-        # every generated token does, and a repeated prompt (served from the
-        # cache) gives exactly what a cold run gives.
-        body = tokens[reuse:-1]
-        for start in range(0, len(body), self.n_batch):
-            self._decode_run(slot, body[start:start + self.n_batch])
+        slot.tokens = seq.prompt[:reuse]
+        seq.cached_tokens = reuse
 
-    def _decode_run(self, slot: _Slot, chunk: list[int]) -> None:
-        batch = self._batch.batch
-        pos = len(slot.tokens)
-        batch.n_tokens = len(chunk)
-        for i, tok in enumerate(chunk):
-            batch.token[i] = tok
-            batch.pos[i] = pos + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = slot.seq_id
-            batch.logits[i] = False
-        self._decode()
-        slot.tokens.extend(chunk)
+    def _take_copies(self, active: list[_Sequence]) -> None:
+        """Copy into each waiting sequence's slot the prefix it shares with a busy slot, once that slot has read
+        it. A source that ended or moved on before then leaves the sequence to its own slot's cache.
+
+        Across KV streams only a whole stream can be copied; llama.cpp does it before the next decode, whichever
+        sequences that decode is for, so the cells copied are the ones held now."""
+        for seq in active:
+            source = seq.copy_from
+            if source is None:
+                continue
+            if _common_prefix(source.slot.tokens, seq.prompt) >= seq.copy_len:
+                self._ctx.kv_cache_seq_cp(source.slot.seq_id, seq.slot.seq_id, -1, -1)
+                self.prefix_copies += 1
+                seq.copy_from = None
+                self._keep_cached(seq, seq.copy_len)
+            elif not source.reading or not any(other is source for other in active):
+                seq.copy_from = None
+                limit = len(seq.prompt) - 1
+                self._keep_cached(seq, min(_common_prefix(seq.slot.tokens, seq.prompt), limit))
+
+    def _prompt_budget(self, decoding: int) -> int:
+        """The prompt tokens the next step may read beside ``decoding`` sequences' next tokens: all the batch
+        holds when none decode, else what keeps the step within ``PROMPT_STEP_RATIO`` of their step alone."""
+        room = max(0, self.n_batch - decoding)
+        if not decoding:
+            return room
+        if self._step_s is None or self._prompt_token_s is None:
+            return min(room, PROMPT_MIN_TOKENS)
+        fit = int((PROMPT_STEP_RATIO - 1.0) * self._step_s / max(self._prompt_token_s, 1e-9))
+        return min(room, max(PROMPT_MIN_TOKENS, fit))
+
+    def _measured(self, seconds: float, decoding: int, prompt_tokens: int) -> None:
+        """Fold one step's time into the rates ``_prompt_budget`` fits the prompt tokens to."""
+        if not prompt_tokens:
+            self._step_s = _average(self._step_s, seconds)
+        elif not decoding:
+            self._prompt_token_s = _average(self._prompt_token_s, seconds / prompt_tokens)
+        elif self._step_s is not None:
+            self._prompt_token_s = _average(self._prompt_token_s, max(0.0, seconds - self._step_s) / prompt_tokens)
 
     def _decode(self) -> None:
         rc = self._lc.llama_decode(self._ctx.ctx, self._batch.batch)
@@ -599,7 +631,8 @@ class LlamaEngine:
         return self._grammars
 
     def _step(self, active: list[_Sequence]) -> None:
-        """One decode for every active sequence that has its next token, then one sampled token each.
+        """One decode for every active sequence that has its next token, with the next chunk of the prompts
+        being read (``_prompt_budget``), then one sampled token each.
 
         A sequence whose job has ended is answered ``cancelled`` before the decode; one whose grammar
         fails (``ConstraintError``) or sees its job end mid-token (``Abandoned``) ends alone, never the batch.
@@ -615,24 +648,23 @@ class LlamaEngine:
         for seq in [seq for seq in active if seq.choosing is not None and seq.choosing.done()]:
             self._chosen(seq, active)
         self._deliver_held(active)
-        # in slot order: llama.cpp cuts a batch over separate KV streams into one micro-batch per run of
-        # consecutive sequence ids, in batch order ([1, 2, 3, 0] is two graph computes, [0, 1, 2, 3] one)
-        decoding = sorted((seq for seq in active if seq.held is None and seq.choosing is None), key=_by_slot)
-        if not decoding:
+        self._take_copies(active)
+        decoding = [seq for seq in active if not seq.reading and seq.held is None and seq.choosing is None]
+        reading = [seq for seq in active if seq.reading and seq.copy_from is None]
+        chunks = _share(reading, self._prompt_budget(len(decoding)))
+        if not decoding and not chunks:
             choosing = [seq.choosing for seq in active if seq.choosing is not None]
             if choosing:  # every sequence waits for a grammar, or for a listener: look again soon
                 concurrent.futures.wait(choosing, timeout=MASK_POLL_S, return_when=concurrent.futures.FIRST_COMPLETED)
             return
-        batch = self._batch.batch
-        batch.n_tokens = len(decoding)
-        for i, seq in enumerate(decoding):
-            batch.token[i] = seq.next_token
-            batch.pos[i] = len(seq.slot.tokens)
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = seq.slot.seq_id
-            batch.logits[i] = True
+        rows = self._fill_batch(decoding, chunks)
+        started = time.perf_counter()
         self._decode()
-        for i, seq in enumerate(decoding):
+        self._measured(time.perf_counter() - started, len(decoding), sum(len(chunk) for chunk in chunks.values()))
+        for seq, chunk in chunks.items():
+            seq.slot.tokens.extend(chunk)
+        for seq in decoding:
+            i = rows[id(seq)]
             seq.batch = max(seq.batch, len(decoding))
             seq.slot.tokens.append(seq.next_token)
             logits = np.ctypeslib.as_array(self._lc.llama_get_logits_ith(self._ctx.ctx, i), shape=(self.n_vocab,))
@@ -648,6 +680,32 @@ class LlamaEngine:
             concurrent.futures.wait(choosing, timeout=MASK_WAIT_S)
             for seq in [seq for seq in decoding if seq.choosing is not None and seq.choosing.done()]:
                 self._chosen(seq, active)
+
+    def _fill_batch(self, decoding: list[_Sequence], chunks: dict[_Sequence, list[int]]) -> dict[int, int]:
+        """Lay out one decode: each decoding sequence's next token (its logits kept) and each prompt chunk (no
+        logits), in slot order; the batch row of each decoding sequence's token, by ``id``.
+
+        In slot order because llama.cpp cuts a batch over separate KV streams into micro-batches of runs of
+        consecutive sequence ids, each sequence giving as many tokens as the fewest of them: [1, 2, 3, 0] is two
+        graph computes a step, [0, 1, 2, 3] one, and a prompt chunk goes with the next tokens as its first token
+        and in a compute of its own for the rest."""
+        batch = self._batch.batch
+        rows: dict[int, int] = {}
+        n = 0
+        for seq in sorted([*decoding, *chunks], key=_by_slot):
+            pos = len(seq.slot.tokens)
+            tokens = chunks.get(seq) or [seq.next_token]
+            for j, token in enumerate(tokens):
+                batch.token[n] = token
+                batch.pos[n] = pos + j
+                batch.n_seq_id[n] = 1
+                batch.seq_id[n][0] = seq.slot.seq_id
+                batch.logits[n] = seq not in chunks
+                n += 1
+            if seq not in chunks:
+                rows[id(seq)] = n - 1
+        batch.n_tokens = n
+        return rows
 
     def _fit_threads(self, active: list[_Sequence]) -> None:
         """Fit the generation threads to the CPUs the rest of the machine leaves free (an engine given no thread
@@ -957,6 +1015,30 @@ class Embedding:
 
 def _by_slot(seq: _Sequence) -> int:
     return seq.slot.seq_id
+
+
+def _will_hold(slot: _Slot) -> list[int]:
+    """The tokens a busy slot's KV holds or, while its prompt is read, will hold: what a copy of it may share."""
+    reading = slot.prompt[:-1]
+    return slot.tokens if slot.tokens[:len(reading)] == reading else reading
+
+
+def _share(reading: list[_Sequence], budget: int) -> dict[_Sequence, list[int]]:
+    """The next chunk of each prompt being read, ``budget`` tokens in all shared out evenly (a prompt needing less
+    than its share leaves the rest to the others): prompts read together are read in the same decodes."""
+    needs = sorted(((len(seq.prompt) - 1 - len(seq.slot.tokens), seq) for seq in reading), key=lambda ns: ns[0])
+    chunks: dict[_Sequence, list[int]] = {}
+    for k, (need, seq) in enumerate(needs):
+        take = min(need, budget // (len(needs) - k))
+        if take > 0:
+            start = len(seq.slot.tokens)
+            chunks[seq] = seq.prompt[start:start + take]
+            budget -= take
+    return chunks
+
+
+def _average(old: float | None, new: float) -> float:
+    return new if old is None else old + RATE_WEIGHT * (new - old)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

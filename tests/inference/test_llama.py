@@ -326,6 +326,118 @@ def test_a_prefix_shared_with_a_busy_slot_is_copied_once_and_answers_as_its_own_
         fresh.close()
 
 
+class DecodeLog:
+    """Every decode ``engine`` runs, as its rows: (sequence id, logits kept -- a next token -- or not: a prompt's)."""
+
+    def __init__(self, engine, monkeypatch):
+        self.decodes: list[list[tuple[int, bool]]] = []
+        self.after_decode = lambda: None
+        decode = engine._decode
+
+        def recording_decode():
+            b = engine._batch.batch
+            self.decodes.append([(b.seq_id[i][0], bool(b.logits[i])) for i in range(b.n_tokens)])
+            decode()
+            self.after_decode()
+
+        monkeypatch.setattr(engine, "_decode", recording_decode)
+
+
+LONG_PROMPTS = ["a dog " * 12 + "hid under the bed", "it rained " * 8 + "all day long"]  # ~90 tokens each
+
+
+def _start_when(collector, pieces, items):
+    """An ``admit`` that hands ``items`` over once ``collector`` has had ``pieces`` pieces (mid-batch)."""
+    queue = list(items)
+    return lambda wait=0.0: queue.pop(0) if queue and len(collector.pieces) >= pieces else None
+
+
+def test_prompts_started_mid_batch_are_read_in_chunks_within_the_running_steps_and_answer_as_alone(
+        tiny, monkeypatch):
+    """Continuous batching: two long prompts that start while a request decodes are read a chunk a step, both in
+    the same decodes, each carrying the running request's next token -- it never waits for a prompt -- and every
+    answer is the one its request gets alone."""
+    from tensorjob_jupyter.inference.base import Pending
+
+    alone = [gen(tiny, p, 6, cache_prompt=False)[0].text for p in LONG_PROMPTS]
+    running_alone = gen(tiny, "the cat", 40, cache_prompt=False)[0].text
+    chunk = 16
+    monkeypatch.setattr(tiny, "_prompt_budget", lambda decoding: chunk if decoding else tiny.n_batch)
+    log = DecodeLog(tiny, monkeypatch)
+    done = {}
+    running = Collector()
+    first = Pending(GenerateRequest("the cat", 40, cache_prompt=False), running,
+                    lambda r, e: done.__setitem__("running", (r, e)))
+    starting = [Pending(GenerateRequest(p, 6, cache_prompt=False), Collector(),
+                        lambda r, e, i=i: done.__setitem__(i, (r, e))) for i, p in enumerate(LONG_PROMPTS)]
+    tiny.serve(first, _start_when(running, 3, starting))
+
+    assert all(error is None for _, error in done.values())
+    assert done["running"][0].text == running_alone
+    assert [done[i][0].text for i in range(2)] == alone
+    running_id = log.decodes[0][0][0]  # the first decode reads the running request's own prompt
+    reads = [rows for rows in log.decodes if any(not logits and seq_id != running_id for seq_id, logits in rows)]
+    assert len(reads) >= 2 * min(len(tiny.tokenize(p)) for p in LONG_PROMPTS) // (2 * chunk)  # a chunk a step
+    for rows in reads:
+        assert (running_id, True) in rows  # the running request's next token rides along every read
+        assert sum(1 for _, logits in rows if not logits) <= chunk
+    reading_ids = {seq_id for rows in reads for seq_id, logits in rows if not logits}
+    assert len(reading_ids) == 2 and reading_ids == {seq_id for seq_id, logits in reads[0] if not logits}
+    assert done[0][0].usage.batch == 3  # the two started ones and the running one, in one step
+
+
+def test_a_prompt_abandoned_while_it_is_read_leaves_the_batch_at_once(tiny, monkeypatch):
+    """A request whose job ends while its prompt is read a chunk a step is answered ``cancelled`` before the next
+    decode, which holds none of its rows; the running request goes on to the answer it gets alone."""
+    from tensorjob_jupyter.inference.base import Pending
+
+    running_alone = gen(tiny, "the cat", 30, cache_prompt=False)[0].text
+    monkeypatch.setattr(tiny, "_prompt_budget", lambda decoding: 8 if decoding else tiny.n_batch)
+    log = DecodeLog(tiny, monkeypatch)
+    ended = threading.Event()
+    done = {}
+    running = Collector()
+    first = Pending(GenerateRequest("the cat", 30, cache_prompt=False), running,
+                    lambda r, e: done.__setitem__("running", (r, e)))
+    leaving = Pending(GenerateRequest(LONG_PROMPTS[0], 6, cache_prompt=False), Collector(),
+                      lambda r, e: done.__setitem__("leaving", (r, e, len(log.decodes))), abandoned=ended.is_set)
+
+    def end_after_first_chunk():
+        running_id = log.decodes[0][0][0]  # the first decode reads the running request's own prompt
+        if any(not logits and seq_id != running_id for seq_id, logits in log.decodes[-1]) and not ended.is_set():
+            ended.set()
+            done["ended at"] = len(log.decodes)
+
+    log.after_decode = end_after_first_chunk
+    tiny.serve(first, _start_when(running, 2, [leaving]))
+
+    result, error, answered_at = done["leaving"]
+    assert error is None and result.finish_reason == FINISH_CANCELLED and result.usage.completion_tokens == 0
+    assert answered_at == done["ended at"]  # answered before another decode ran
+    leaving_id = next(seq_id for seq_id, logits in log.decodes[done["ended at"] - 1] if not logits)
+    assert leaving_id != log.decodes[0][0][0]
+    assert all(seq_id != leaving_id for rows in log.decodes[done["ended at"]:] for seq_id, _ in rows)
+    assert done["running"][0].text == running_alone
+
+
+def test_the_prompt_budget_keeps_a_step_within_its_ratio_of_the_running_step(tiny, monkeypatch):
+    """With nothing decoding a step reads all the batch holds; beside decoding sequences, the prompt tokens that
+    cost ``PROMPT_STEP_RATIO - 1`` of their measured step, never fewer than ``PROMPT_MIN_TOKENS`` nor more than
+    the batch's room; before anything is measured, the fewest."""
+    from tensorjob_jupyter.inference.llama import PROMPT_MIN_TOKENS, PROMPT_STEP_RATIO
+
+    monkeypatch.setattr(tiny, "_step_s", None)
+    monkeypatch.setattr(tiny, "_prompt_token_s", None)
+    assert tiny._prompt_budget(0) == tiny.n_batch
+    assert tiny._prompt_budget(3) == min(PROMPT_MIN_TOKENS, tiny.n_batch - 3)
+    tiny._measured(0.020, decoding=3, prompt_tokens=0)  # a step of three running sequences
+    tiny._measured(0.050, decoding=0, prompt_tokens=100)  # a prompt read alone: 0.5 ms a token
+    assert tiny._prompt_budget(3) == min(int((PROMPT_STEP_RATIO - 1) * 0.020 / 0.0005), tiny.n_batch - 3)
+    tiny._measured(10.0, decoding=3, prompt_tokens=40)  # prompt tokens turned slow beside the running ones
+    assert tiny._prompt_budget(3) >= PROMPT_MIN_TOKENS
+    assert tiny._prompt_budget(tiny.n_batch) == 0
+
+
 def test_no_copy_for_a_short_shared_prefix_another_adapter_or_no_prompt_cache(tiny_files):
     from tensorjob_jupyter.inference.llama import PREFIX_COPY_MIN_TOKENS
 
