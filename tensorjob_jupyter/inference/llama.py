@@ -579,12 +579,13 @@ class LlamaEngine:
         return min(room, max(PROMPT_MIN_TOKENS, fit))
 
     def _measured(self, seconds: float, decoding: int, prompt_tokens: int) -> None:
-        """Fold one step's time into the rates ``_prompt_budget`` fits the prompt tokens to."""
+        """Fold one step's time into the rates ``_prompt_budget`` fits the prompt tokens to: a step of the decoding
+        sequences alone, and what each prompt token read beside them added to it (the chunk's own micro-batch
+        included: llama.cpp computes a chunk apart from the next tokens of other KV streams). A prompt read with
+        nothing decoding, in chunks as large as the batch, says nothing of that and is not counted."""
         if not prompt_tokens:
             self._step_s = _average(self._step_s, seconds)
-        elif not decoding:
-            self._prompt_token_s = _average(self._prompt_token_s, seconds / prompt_tokens)
-        elif self._step_s is not None:
+        elif decoding and self._step_s is not None:
             self._prompt_token_s = _average(self._prompt_token_s, max(0.0, seconds - self._step_s) / prompt_tokens)
 
     def _decode(self) -> None:

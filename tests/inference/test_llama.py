@@ -431,8 +431,12 @@ def test_the_prompt_budget_keeps_a_step_within_its_ratio_of_the_running_step(tin
     assert tiny._prompt_budget(0) == tiny.n_batch
     assert tiny._prompt_budget(3) == min(PROMPT_MIN_TOKENS, tiny.n_batch - 3)
     tiny._measured(0.020, decoding=3, prompt_tokens=0)  # a step of three running sequences
-    tiny._measured(0.050, decoding=0, prompt_tokens=100)  # a prompt read alone: 0.5 ms a token
-    assert tiny._prompt_budget(3) == min(int((PROMPT_STEP_RATIO - 1) * 0.020 / 0.0005), tiny.n_batch - 3)
+    tiny._measured(0.010, decoding=0, prompt_tokens=100)  # a prompt read alone, a large chunk: not counted
+    assert tiny._prompt_budget(3) == min(PROMPT_MIN_TOKENS, tiny.n_batch - 3)
+    tiny._measured(0.025, decoding=3, prompt_tokens=10)  # ten prompt tokens beside them added 5 ms: 0.5 ms a token
+    assert tiny._step_s == 0.020 and tiny._prompt_token_s == pytest.approx(0.0005)
+    assert tiny._prompt_budget(3) == min(int((PROMPT_STEP_RATIO - 1) * 0.020 / tiny._prompt_token_s), tiny.n_batch - 3)
+    assert 30 <= tiny._prompt_budget(3) <= 40
     tiny._measured(10.0, decoding=3, prompt_tokens=40)  # prompt tokens turned slow beside the running ones
     assert tiny._prompt_budget(3) >= PROMPT_MIN_TOKENS
     assert tiny._prompt_budget(tiny.n_batch) == 0
