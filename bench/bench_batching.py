@@ -150,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                 row["load"] = load()
                 rows.setdefault(name, []).append(row)
                 print(f"round {r + 1} {name}: {row['items_s']:.2f} items/s, gap p95 while starting "
-                      f"{row['gap_starting_p95_s'] or 0:.3f} s (median {row['gap_median_s']:.3f} s), load {row['load']}",
+                      f"{row['gap_starting_p95_s'] or 0:.3f} s (median {row['gap_median_s']:.3f} s), "
+                      f"load {row['load']}",
                       flush=True)
     medians = {name: {k: statistics.median(row[k] for row in rs if row[k] is not None)
                       for k in rs[0] if k != "load"} for name, rs in rows.items()}

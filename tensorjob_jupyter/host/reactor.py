@@ -123,6 +123,8 @@ def decode_timing(u: GenerateUsage) -> dict:
         timing["threads"] = u.threads
     if u.own_threads is not None and u.threads is not None and u.threads < u.own_threads:
         timing["own_threads"] = u.own_threads  # fewer fitted to a busy machine (``busy_machine_line``)
+    if u.quiet_tokens_per_second is not None:
+        timing["quiet_tokens_per_second"] = round(u.quiet_tokens_per_second, 2)  # what tokens/s is read against
     load = load_per_core()
     if load is not None:
         timing["load_per_core"] = round(load, 2)

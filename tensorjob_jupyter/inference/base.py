@@ -202,6 +202,9 @@ class GenerateUsage:
     #: The threads the engine decodes with on a free machine: more than ``threads`` when it fitted fewer to the
     #: CPUs other work left it (``LlamaEngine``); None: not known.
     own_threads: int | None = None
+    #: The tokens a second the engine's sequences decoded at in steps of ``batch`` while other work left the machine
+    #: quiet (``LlamaEngine``, when it watches the machine): what ``tokens_per_second`` is to be read against.
+    quiet_tokens_per_second: float | None = None
 
 
 @dataclass

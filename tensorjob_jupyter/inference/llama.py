@@ -6,8 +6,9 @@ stop verdict that reaches the decoder, whole characters only, a prefix cache per
 LoRA selection (a busy slot's prefix copied rather than decoded again), runtime LoRA, continuous
 batching (a starting prompt read in chunks within the running sequences' decode steps), grammar masks
 off the decode thread, and embeddings on a second context. Each slot has a KV stream of its own and
-the last prompt token is decoded in a decode step, so a repeated prompt gives exactly what a cold run gives. It is one class on purpose: the decode loop, the slots, the
-samplers and the embedding context share one llama.cpp context's state, which only it touches.
+the last prompt token is decoded in a decode step, so a repeated prompt gives exactly what a cold run
+gives. It is one class on purpose: the decode loop, the slots, the samplers and the embedding context
+share one llama.cpp context's state, which only it touches.
 
 Design: docs/internals/inference.md#llamapy
 """
@@ -83,6 +84,9 @@ MASK_POLL_S = 0.05
 #: How often an engine given no thread count looks at what the rest of the machine uses of its CPUs; its
 #: generation threads change when two windows in a row say the same (``_fit_threads``).
 THREADS_CHECK_S = 2.0
+#: Over one of those windows, the machine is quiet while other work keeps fewer of its CPUs busy than this: a
+#: sequence that saw only quiet windows gives the model's quiet rate for its batch size (``quiet_tokens_per_second``).
+QUIET_OTHERS_CPUS = 0.25
 
 # -- the engine ---------------------------------------------------------------------------------
 
@@ -123,9 +127,11 @@ class _Sequence:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # records of tokens sampled, not yet delivered
     delivered_logprobs: list[TokenLogprob] = field(default_factory=list)
     choosing: Future | None = None  # its grammar's choice of the next token, on a mask thread
+    windows: int = 0  # the machine's windows (``_fit_threads``) that ended while it ran, and how many were busy
+    busy_windows: int = 0
     logits: np.ndarray | None = None  # the copy of its logits that choice is made from
     prompt: list[int] = field(default_factory=list)  # all of its prompt's tokens
-    copy_from: _Slot | None = None  # a busy slot whose KV of the first ``copy_len`` prompt tokens it waits to copy
+    copy_from: _Sequence | None = None  # a busy one whose KV of the first ``copy_len`` prompt tokens it waits to copy
     copy_len: int = 0
 
     @property
@@ -221,6 +227,8 @@ class LlamaEngine:
             self._fitted = self.n_threads
             self._next_fit: int | None = None
             self._cpu_share = (cpu_share or CpuShare(THREADS_CHECK_S)) if self.fits_threads else None
+            #: tokens a second of a sequence by the most sequences it was decoded with, on a quiet machine
+            self._quiet_rates: dict[int, float] = {}
             self._lora: LoraKey = ()
             self._adapters: dict[str, object] = {}
             for name, path in (loras or {}).items():
@@ -716,7 +724,12 @@ class LlamaEngine:
         if self._cpu_share is None:
             return
         others = self._cpu_share.others()
-        if others is None or any(seq.pending.request.alone for seq in active):
+        if others is None:
+            return
+        for seq in active:
+            seq.windows += 1
+            seq.busy_windows += others >= QUIET_OTHERS_CPUS
+        if any(seq.pending.request.alone for seq in active):
             return
         cpus = logical_cpus()
         verdict = fitting_threads(self.n_threads, cpus, others)
@@ -836,11 +849,14 @@ class LlamaEngine:
         tps = None
         if n > 1 and seq.first_at is not None and seq.last_at and seq.last_at > seq.first_at:
             tps = (n - 1) / (seq.last_at - seq.first_at)
+            if seq.windows and not seq.busy_windows:
+                self._quiet_rates[seq.batch] = _average(self._quiet_rates.get(seq.batch), tps)
         usage = GenerateUsage(prompt_tokens=seq.prompt_tokens, completion_tokens=n,
                               cached_tokens=seq.cached_tokens,
                               time_to_first_token_s=(seq.first_at - seq.started) if seq.first_at else None,
                               tokens_per_second=tps, batch=seq.batch, threads=self._threads_now,
-                              own_threads=self.n_threads if not seq.pending.request.alone else None)
+                              own_threads=self.n_threads if not seq.pending.request.alone else None,
+                              quiet_tokens_per_second=self._quiet_rates.get(seq.batch))
         self._release(seq)
         logprobs = seq.delivered_logprobs if seq.pending.request.logprobs else None
         seq.pending.done(GenerateResult("".join(seq.parts), reason, usage, logprobs), None)
@@ -1059,5 +1075,6 @@ _CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '
 
 __all__ = [
     "PENALTY_LAST_N", "EMBED_SEQS", "EMBED_PIECE_TOKENS", "EMBED_MAX_TOKENS", "ADMIT_WINDOW_S", "HELD_WAIT_S",
-    "HELD_POLL_S", "PREFIX_COPY_MIN_TOKENS", "LoraKey", "LlamaEngine", "Embedding"
+    "HELD_POLL_S", "PREFIX_COPY_MIN_TOKENS", "PROMPT_STEP_RATIO", "PROMPT_MIN_TOKENS", "RATE_WEIGHT",
+    "QUIET_OTHERS_CPUS", "LoraKey", "LlamaEngine", "Embedding"
 ]

@@ -204,19 +204,32 @@ def _thread_count(n: Any) -> TypeGuard[int]:
     return isinstance(n, int) and not isinstance(n, bool) and 0 < n < 1 << 16
 
 
+def _rate(x: Any) -> TypeGuard[float]:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 1e7  # NaN compares False
+
+
+#: A response decoded at less than this share of the model's quiet rate was slowed by other work.
+SLOW_SHARE = 0.6
+
+
 def busy_machine_line(event: dict) -> str | None:
-    """The line a front end shows for a finished response whose model decoded it with fewer threads than its
-    own (``timing.threads`` below ``timing.own_threads``: it fitted them to a machine other work keeps busy);
-    None otherwise, or where the recorded numbers are not whole numbers of at least one."""
+    """The line a front end shows for a finished response that other work slowed: its model decoded it with fewer
+    threads than its own (``timing.threads`` below ``timing.own_threads``: fitted to a machine other work keeps
+    busy), or at less than ``SLOW_SHARE`` of the tokens a second it decodes at on a quiet machine
+    (``timing.quiet_tokens_per_second``); None otherwise, or where the recorded numbers are not plausible ones."""
     timing = event.get("timing")
     if not isinstance(timing, dict):
         return None
+    parts = []
     threads, own = timing.get("threads"), timing.get("own_threads")
-    if not (_thread_count(threads) and _thread_count(own)):
+    if _thread_count(threads) and _thread_count(own) and threads < own:
+        parts.append(f"decoded with {threads} of the model's {own} threads")
+    rate, quiet = timing.get("tokens_per_second"), timing.get("quiet_tokens_per_second")
+    if _rate(rate) and _rate(quiet) and rate < SLOW_SHARE * quiet:
+        parts.append(f"{rate:.1f} tokens/s against the model's {quiet:.1f} on a quiet machine")
+    if not parts:
         return None
-    if threads >= own:
-        return None
-    return f"the machine is busy: decoded with {threads} of the model's {own} threads (other work takes the CPUs)"
+    return f"the machine is busy: {', '.join(parts)} (other work takes the CPUs)"
 
 
 __all__ = ["ResponseStream", "busy_machine_line"]

@@ -609,6 +609,42 @@ def test_an_engine_given_no_thread_count_fits_its_threads_to_the_cpus_other_work
         pinned.close()
 
 
+def test_the_quiet_rate_is_learnt_from_sequences_that_saw_only_quiet_windows_and_reported_beside_each_rate(
+        tiny_files):
+    """An engine that watches the machine learns, per batch size, the tokens a second its sequences decode at while
+    other work leaves the CPUs quiet, and reports it with every answer of that batch size -- what a front end reads
+    an answer's own rate against; a sequence that saw a busy window does not move it."""
+    from tensorjob_jupyter.inference.llama import RATE_WEIGHT
+    from tensorjob_jupyter.inference.topology import CpuShare, logical_cpus
+
+    clock, busy = [0.0], [0.0]
+    share = CpuShare(2.0, busy=lambda: busy[0], own=lambda: 0.0, clock=lambda: clock[0])
+
+    def one_request(others: float):
+        clock[0] += 2.5  # a window ends at the request's first step...
+        busy[0] += 2.5 * others  # ...in which other work kept ``others`` CPUs busy
+        return gen(engine, "the cat", 6, cache_prompt=False)[0].usage
+
+    engine = LlamaEngine(tiny_files["model"], cpu_share=share)
+    try:
+        assert gen(engine, "the cat", 6)[0].usage.quiet_tokens_per_second is None  # no window seen: nothing learnt
+        first = one_request(0.0)
+        assert first.quiet_tokens_per_second == first.tokens_per_second  # its own quiet run is the first measure
+        learnt = engine._quiet_rates[1]
+        busy_run = one_request(float(logical_cpus()))
+        assert busy_run.quiet_tokens_per_second == learnt and engine._quiet_rates[1] == learnt  # unmoved
+        quiet_again = one_request(0.0)  # moves it a step towards its own rate
+        assert quiet_again.quiet_tokens_per_second == pytest.approx(
+            learnt + RATE_WEIGHT * (quiet_again.tokens_per_second - learnt))
+    finally:
+        engine.close()
+    pinned = LlamaEngine(tiny_files["model"], **PINNED)  # watches nothing: says nothing
+    try:
+        assert gen(pinned, "the cat", 6)[0].usage.quiet_tokens_per_second is None
+    finally:
+        pinned.close()
+
+
 def test_llama_cpp_chatter_stays_out_of_the_output(tiny_files, capfd, caplog):  # noqa: F811
     import logging
 

@@ -1,6 +1,6 @@
 """A finished response read back for the front ends: ``busy_machine_line`` says when its model decoded it with
-fewer threads than its own (they were fitted to a machine other work kept busy), from numbers in a transcript
-that may come from anywhere."""
+fewer threads than its own (they were fitted to a machine other work kept busy) or well below its quiet rate, from
+numbers in a transcript that may come from anywhere."""
 
 from hypothesis import given, strategies as st
 
@@ -26,3 +26,26 @@ def test_whatever_a_transcript_holds_the_line_is_none_or_one_plain_line_of_two_s
     threads, own = timing["threads"], timing["own_threads"]
     assert type(threads) is int and type(own) is int and 0 < threads < own < 1 << 16
     assert f"with {threads} of the model's {own} threads" in line
+
+
+def test_a_rate_well_below_the_models_quiet_rate_is_a_busy_machine():
+    slow = {"tokens_per_second": 3.04, "quiet_tokens_per_second": 9.8}
+    assert busy_machine_line({"timing": slow}) == ("the machine is busy: 3.0 tokens/s against the model's 9.8 on a "
+                                                   "quiet machine (other work takes the CPUs)")
+    both = busy_machine_line({"timing": {**slow, "threads": 1, "own_threads": 2}})
+    assert both == ("the machine is busy: decoded with 1 of the model's 2 threads, 3.0 tokens/s against the model's "
+                    "9.8 on a quiet machine (other work takes the CPUs)")
+    assert busy_machine_line({"timing": {"tokens_per_second": 7.0, "quiet_tokens_per_second": 9.8}}) is None
+    assert busy_machine_line({"timing": {"tokens_per_second": 3.0}}) is None  # nothing to read it against
+
+
+@given(timing=st.dictionaries(
+    st.sampled_from(["tokens_per_second", "quiet_tokens_per_second", "threads", "own_threads"]),
+    st.one_of(st.floats(), st.integers(-5, 1 << 40), st.booleans(), st.text(max_size=5), st.none())))
+def test_whatever_rates_a_transcript_holds_the_line_is_none_or_one_plain_line_of_plausible_numbers(timing):
+    line = busy_machine_line({"timing": timing})
+    if line is None or "tokens/s" not in line:
+        return
+    assert "\n" not in line and "<" not in line and "nan" not in line and "inf" not in line
+    rate, quiet = timing["tokens_per_second"], timing["quiet_tokens_per_second"]
+    assert type(rate) in (int, float) and type(quiet) in (int, float) and 0 < rate < 0.6 * quiet < 1e7
