@@ -29,6 +29,7 @@ import numpy as np
 from tensorjob_jupyter.inference.base import Constraint, ConstraintError, ModelError
 from tensorjob_jupyter.inference.library import llama_cpp_library
 from tensorjob_jupyter.inference.memo import BytesLRU
+from tensorjob_jupyter.inference.penalties import RepeatPenalty
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions  # declared in the stub only
@@ -390,14 +391,14 @@ class _SpelledTokenizer:
 class GrammarSampler:
     """A request's sampler chain, with its output held to a grammar.
 
-    Each token is chosen by the chain (penalties, temperature, greedy or a
-    seeded draw) over the whole vocabulary, then offered to the matcher;
+    Each token is chosen by the chain (temperature, greedy or a seeded
+    draw) over the whole vocabulary, after the repeat penalty (``penalty``,
+    applied to the row first), then offered to the matcher;
     when the matcher refuses it, the token mask is computed, every token it
     excludes gets a logit of minus infinity, and the chain chooses again --
-    or, for a greedy chain (``greedy``: penalties, then the largest logit),
-    the largest of the logits it has just penalised among those the mask
-    allows: the same token, without a second pass of the penalties over the
-    vocabulary (they cost most of a choice). A greedy chain that leaves the
+    or, for a greedy chain (``greedy``: the largest logit), the largest of
+    the penalised logits among those the mask allows: the same token,
+    without a second pass of the chain over the vocabulary. A greedy chain that leaves the
     candidates in vocabulary order also leaves its buffer's ids as they were,
     so only the logits are written again for the next token.
     The chain only ever accepts the token the grammar took. An end token is
@@ -413,7 +414,8 @@ class GrammarSampler:
     check_first = True
 
     def __init__(self, engine, chain, constraint: Constraint, greedy: bool = False,
-                 abandoned: Callable[[], bool] | None = None, keep_mask: bool = False):
+                 abandoned: Callable[[], bool] | None = None, keep_mask: bool = False,
+                 penalty: RepeatPenalty | None = None):
         self._lc = lc = engine._lc
         self._engine = engine
         self._chain = chain
@@ -424,6 +426,8 @@ class GrammarSampler:
         self._abandoned = abandoned or (lambda: False)
         self._constraint = constraint
         self._greedy = greedy
+        #: the repeat penalty, applied to the row before the chain sees it (``penalties``), or None
+        self._penalty = penalty
         #: compute every token's mask first and keep it in ``allowed`` (what the engine's logprobs read: a token
         #: the grammar forbids has probability 0); else only where the chain's own choice is refused
         self._keep_mask = keep_mask
@@ -498,9 +502,12 @@ class GrammarSampler:
                                   f"{_TOO_COSTLY}")
 
     def sample_logits(self, logits: np.ndarray) -> int:
-        """The next token from ``logits`` (one float per vocabulary entry), taken by the grammar."""
+        """The next token from ``logits`` (one float per vocabulary entry, this sampler's to change: the
+        repeat penalty is applied to it in place), taken by the grammar."""
         if self._abandoned():
             raise Abandoned()
+        if self._penalty is not None:
+            self._penalty.apply(logits)
         self.grammar_checks += 1
         self.allowed = self._allowed() if self._keep_mask else None
         token = None
@@ -529,6 +536,8 @@ class GrammarSampler:
                                       f"{_one_line(self._matcher.get_error())}")
         self._taken.append(token)
         self._lc.llama_sampler_accept(self._chain_ptr, token)
+        if self._penalty is not None:
+            self._penalty.accept(token)
         return token
 
     def close(self) -> None:

@@ -18,6 +18,8 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from tensorjob_jupyter.abi import MAX_TOP_LOGPROBS
+from tensorjob_jupyter.inference.penalties import apply_repeat_penalty
+
 #: The most bytes of one token's text a record keeps (a vocabulary's longest tokens are a few dozen).
 MAX_TOKEN_BYTES = 256
 #: The lowest logprob a record writes: lower values (and -inf, a token the distribution gave nothing)
@@ -197,11 +199,8 @@ def penalised(logits: np.ndarray, recent: Sequence[int], penalty: float) -> np.n
     """``logits`` after llama.cpp's repeat penalty over the ``recent`` tokens (its window): each token in it,
     once however often, has a positive logit divided by ``penalty`` and any other multiplied by it. A copy."""
     out = np.array(logits, dtype=np.float32, copy=True)
-    if recent and penalty != 1.0:
-        ids = np.unique(np.asarray(recent, dtype=np.int64))
-        ids = ids[(ids >= 0) & (ids < out.size)]
-        values = out[ids]
-        out[ids] = np.where(values <= 0, values * np.float32(penalty), values / np.float32(penalty))
+    if recent:
+        apply_repeat_penalty(out, recent, penalty)
     return out
 
 
