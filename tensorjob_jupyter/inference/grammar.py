@@ -490,7 +490,7 @@ class GrammarSampler:
         if self._matcher.is_error():
             raise ConstraintError(f"the grammar went past its bounds for one token: "
                                   f"{_one_line(self._matcher.get_error())}")
-        return np.unpackbits(self._mask.view(np.uint8), bitorder="little")[:self._n].astype(bool)
+        return np.unpackbits(self._mask.view(np.uint8), bitorder="little")[:self._n].view(bool)  # 0/1: no copy
 
     def _compute_mask(self) -> None:
         """The matcher's mask into ``_mask``; ``ConstraintError`` when it took more than ``MASK_CPU_LIMIT_S``."""

@@ -213,16 +213,20 @@ def token_logprob(logits: np.ndarray, token: int, piece: Callable[[int], bytes],
     seen, last ``PENALTY_LAST_N``); ``allowed``: the grammar's mask for this token (a boolean per vocabulary
     entry; None: every token); ``temperature``: 0 for greedy (read at 1); ``top``: how many alternatives
     to list (at most ``MAX_TOP_LOGPROBS``); ``piece``: a token's bytes."""
-    z = penalised(logits, recent, penalty)
+    # the row is read, not written: one array made at most (the mask's or the temperature's), one pass a sum
+    z = penalised(logits, recent, penalty) if recent and penalty != 1.0 else np.asarray(logits, dtype=np.float32)
     if allowed is not None:
-        np.copyto(z, np.float32(-np.inf), where=~allowed)
+        z = np.where(allowed, z, np.float32(-np.inf))
     if temperature > 0.0 and temperature != 1.0:
-        z /= np.float32(temperature)
-    best = float(z.max())
+        z = z / np.float32(temperature)
+    chosen = float(z[token])
+    # the best other token: the larger of the bests on either side (no copy with the token left out)
+    other = max((float(part.max()) for part in (z[:token], z[token + 1:]) if part.size), default=-math.inf)
+    best = math.nan if math.isnan(other) or math.isnan(chosen) else max(chosen, other)  # z.max(), NaN as it gives
     if not math.isfinite(best):  # nothing allowed: the sampler could not have drawn it
         return TokenLogprob(piece(token)[:MAX_TOKEN_BYTES], MIN_LOGPROB)
-    total = best + math.log(float(np.exp(z - np.float32(best)).sum(dtype=np.float64)))
-    chosen = float(z[token])
+    shifted = np.subtract(z, np.float32(best))
+    total = best + math.log(float(np.exp(shifted, out=shifted).sum(dtype=np.float64)))
     alternatives: tuple[TopLogprob, ...] = ()
     n = min(max(int(top), 0), MAX_TOP_LOGPROBS, z.size)
     if n:
@@ -230,8 +234,6 @@ def token_logprob(logits: np.ndarray, token: int, piece: Callable[[int], bytes],
         ids = ids[np.argsort(-z[ids], kind="stable")]
         alternatives = tuple(TopLogprob(piece(int(i))[:MAX_TOKEN_BYTES], clamp_logprob(float(z[i]) - total))
                              for i in ids if math.isfinite(float(z[i])))
-    z[token] = -np.inf
-    other = float(z.max())
     return TokenLogprob(piece(token)[:MAX_TOKEN_BYTES],
                         clamp_logprob(chosen - total) if math.isfinite(chosen) else MIN_LOGPROB,
                         clamp_logprob(other - total) if math.isfinite(other) else None, alternatives)
