@@ -128,8 +128,11 @@ def greedy(engine, penalty: float, constraint=None) -> tuple[str, list[bytes]]:
     return result.text, [record.token for record in result.logprobs or ()]
 
 
-@pytest.mark.parametrize("schema", [None, {"type": "object", "properties": {"colours": {
-    "type": "array", "items": {"type": "string"}, "minItems": 5}}, "required": ["colours"]}], ids=["free", "json-schema"])
+COLOURS = {"type": "object", "properties": {"colours": {"type": "array", "items": {"type": "string"}, "minItems": 5}},
+           "required": ["colours"]}
+
+
+@pytest.mark.parametrize("schema", [None, COLOURS], ids=["free", "json-schema"])
 def test_a_greedy_answer_with_the_penalty_takes_llama_cpps_tokens(real_engine, monkeypatch, schema):
     """The engine's penalty over the window alone and llama.cpp's penalties sampler over the vocabulary choose
     the same tokens from the same context, free and under a grammar; and the penalty changes the answer (the
