@@ -34,6 +34,7 @@ from tensorjob_jupyter.inference.gguf import check_gguf
 from tensorjob_jupyter.inference.grammar import Abandoned, GrammarSampler, ModelGrammars
 from tensorjob_jupyter.inference.library import CaptureLog, llama_cpp_library, log_reason
 from tensorjob_jupyter.inference.logprobs import TokenLogprob, TokenText, token_logprob
+from tensorjob_jupyter.inference.greedy import GreedySampler
 from tensorjob_jupyter.inference.penalties import PENALTY_LAST_N, PenalisedChain, RepeatPenalty
 from tensorjob_jupyter.inference.text_stream import TextStream
 from tensorjob_jupyter.inference.topology import (
@@ -99,7 +100,7 @@ class _Sequence:
 
     pending: Pending
     slot: _Slot
-    sampler: LlamaSampler | PenalisedChain | GrammarSampler | None  # None once released
+    sampler: LlamaSampler | PenalisedChain | GreedySampler | GrammarSampler | None  # None once released
     stream: TextStream
     prompt_tokens: int
     cached_tokens: int
@@ -565,7 +566,8 @@ class LlamaEngine:
     def _sampler(self, request: GenerateRequest, prompt: list[int], abandoned=None):
         """The request's sampler: llama.cpp's chain for its settings, behind the repeat penalty (``penalties``:
         applied to the window's logits alone, not by llama.cpp's sampler over the whole vocabulary) and, for a
-        constraint, its grammar. Every kind samples and closes as the chain does."""
+        constraint, its grammar; greedy without a constraint, the row's argmax (``greedy``). Every kind samples
+        and closes as the chain does."""
         s = request.sampler
         sampler = self._internals.LlamaSampler()
         if s.temperature <= 0.0:
@@ -589,6 +591,9 @@ class LlamaEngine:
             except BaseException:
                 sampler.close()
                 raise
+        if s.temperature <= 0.0:  # the row's first largest logit, without llama.cpp's candidate array
+            sampler.close()
+            return GreedySampler(penalty, self._logits_row)
         return sampler if penalty is None else PenalisedChain(sampler, penalty, self._logits_row)
 
     def _logits_row(self, ctx, i: int) -> np.ndarray:

@@ -1,7 +1,7 @@
-"""The repeat penalty applied to the window's logits alone gives what llama.cpp's penalties sampler gives.
+"""The repeat penalty on the window's logits alone, and the greedy choice on the row, are llama.cpp's.
 
-The formula is held to llama.cpp's own sampler on random rows and windows, bit for bit; and on the
-embedded model (and Gemma 3 270M's 262,144-token vocabulary, where its GGUF is on this machine) a
+The penalty is held to llama.cpp's own sampler on random rows and windows, bit for bit, and the greedy
+choice to its greedy sampler (ties and minus infinity included); and on the embedded model (and Gemma 3 270M's 262,144-token vocabulary, where its GGUF is on this machine) a
 greedy answer with the penalty, free and under a JSON Schema, takes the tokens a chain with llama.cpp's
 penalties sampler takes from the same context.
 """
@@ -20,6 +20,7 @@ from hypothesis.extra.numpy import arrays
 
 from tensorjob_jupyter.inference.base import GenerateRequest, Sampler
 from tensorjob_jupyter.inference.grammar import GrammarSampler
+from tensorjob_jupyter.inference.greedy import greedy_token
 from tensorjob_jupyter.inference.library import llama_cpp_library
 from tensorjob_jupyter.inference.logprobs import penalised
 from tensorjob_jupyter.inference.models import default_model_path
@@ -79,6 +80,30 @@ def test_the_penalty_gives_llama_cpps_logits_bit_for_bit(logits, window, prompt_
     assert np.array_equal(penalised(logits, recent, penalty).view(np.uint32), theirs.view(np.uint32))
 
 
+@settings(max_examples=300, deadline=None)
+@given(logits=arrays(np.float32, st.integers(1, 300), elements=st.sampled_from([-np.inf, 0.0, -0.0, 1.0, 2.5, -3.0])
+                     | st.floats(-30, 30, width=32)))
+def test_the_greedy_choice_is_llama_cpps_greedy_sampler(logits):
+    """The row's first largest logit is the token llama.cpp's greedy sampler selects from its candidates, with
+    ties (the first wins), signed zeros and rows of minus infinity."""
+    lc = llama_cpp_library()
+    from llama_cpp import _internals
+
+    chain = _internals.LlamaSampler()
+    try:
+        chain.add_greedy()
+        buf = np.zeros(logits.size, dtype=[("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+        buf["id"] = np.arange(logits.size, dtype=np.int32)
+        buf["logit"] = logits
+        arr = lc.llama_token_data_array()
+        arr.data = buf.ctypes.data_as(ctypes.POINTER(lc.llama_token_data))
+        arr.size, arr.selected, arr.sorted = logits.size, -1, False
+        lc.llama_sampler_apply(chain.sampler, ctypes.byref(arr))
+        assert greedy_token(logits) == int(buf["id"][arr.selected])
+    finally:
+        chain.close()
+
+
 def test_the_property_compares_penalised_rows():
     """The property above can fail: with the penalty, a repeated token's logit moves (both ways of its sign)."""
     logits = np.array([2.0, -2.0, 0.5, 3.0], np.float32)
@@ -93,15 +118,16 @@ def test_the_property_compares_penalised_rows():
 
 
 def llama_cpp_chain(engine, request: GenerateRequest, prompt: list[int], abandoned=None):
-    """A greedy chain with llama.cpp's own penalties sampler (the prompt's last tokens accepted first), under
-    the request's grammar where it has one: what the engine's sampler must match."""
+    """A greedy chain with llama.cpp's own penalties sampler (the prompt's last tokens accepted first), sampled
+    by ``llama_sampler_sample`` (its greedy sampler over its candidate array), under the request's grammar where
+    it has one (choosing through the chain: ``greedy`` off): what the engine's sampler must match."""
     chain = engine._internals.LlamaSampler()
     chain.add_penalties(engine.n_vocab, PENALTY_LAST_N, float(request.sampler.repeat_penalty), 0.0, 0.0)
     chain.add_greedy()
     for token in prompt[-PENALTY_LAST_N:]:
         chain.accept(token)
     if request.constraint is not None:
-        return GrammarSampler(engine, chain, request.constraint, greedy=True, abandoned=abandoned)
+        return GrammarSampler(engine, chain, request.constraint, greedy=False, abandoned=abandoned)
     return chain
 
 
@@ -134,9 +160,9 @@ COLOURS = {"type": "object", "properties": {"colours": {"type": "array", "items"
 
 @pytest.mark.parametrize("schema", [None, COLOURS], ids=["free", "json-schema"])
 def test_a_greedy_answer_with_the_penalty_takes_llama_cpps_tokens(real_engine, monkeypatch, schema):
-    """The engine's penalty over the window alone and llama.cpp's penalties sampler over the vocabulary choose
-    the same tokens from the same context, free and under a grammar; and the penalty changes the answer (the
-    comparison is of the penalty)."""
+    """The engine's penalty over the window alone and its greedy choice on the row, and llama.cpp's penalties
+    and greedy samplers over their candidates, choose the same tokens from the same context, free and under a
+    grammar; and the penalty changes the answer (the comparison is of the penalty)."""
     constraint = spec_of(schema).constraint if schema is not None else None
     ours = greedy(real_engine, 1.3, constraint)
     plain = greedy(real_engine, 1.0, constraint)
