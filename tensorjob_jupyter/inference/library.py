@@ -43,12 +43,12 @@ INTERNALS_USED = {
     "LlamaContext": (("model", "params", "verbose"),
                      ("close", "kv_cache_seq_rm", "kv_cache_seq_cp", "kv_cache_clear")),
     "LlamaBatch": (("n_tokens", "embd", "n_seq_max", "verbose"), ("close", "reset")),
-    "LlamaSampler": ((), ("close", "add_penalties", "add_greedy", "add_top_k", "add_top_p", "add_min_p",
-                          "add_temp", "add_dist", "accept", "sample")),
+    "LlamaSampler": ((), ("close", "add_greedy", "add_top_k", "add_top_p", "add_min_p", "add_temp", "add_dist",
+                          "accept", "sample")),
 }
 #: Parameters whose order we rely on when calling positionally.
-SIGNATURES_USED = {("LlamaSampler", "add_penalties"): ("n_vocab", "penalty_last_n", "penalty_repeat",
-                                                       "penalty_freq", "penalty_present")}
+SIGNATURES_USED = {("LlamaSampler", "add_top_p"): ("p", "min_keep"), ("LlamaSampler", "add_min_p"): ("p", "min_keep"),
+                   ("LlamaSampler", "sample"): ("ctx", "idx")}
 #: Functions and constants of the ``llama_cpp`` bindings.
 LIBRARY_USED = ("llama_log_callback", "llama_log_set", "llama_backend_init", "llama_supports_gpu_offload",
                 "llama_max_parallel_sequences", "llama_model_default_params", "llama_context_default_params",

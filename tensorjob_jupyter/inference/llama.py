@@ -35,6 +35,8 @@ from tensorjob_jupyter.inference.gguf import check_gguf
 from tensorjob_jupyter.inference.grammar import Abandoned, GrammarSampler, ModelGrammars
 from tensorjob_jupyter.inference.library import CaptureLog, llama_cpp_library, log_reason
 from tensorjob_jupyter.inference.logprobs import TokenLogprob, TokenText, token_logprob
+from tensorjob_jupyter.inference.greedy import GreedySampler
+from tensorjob_jupyter.inference.penalties import PENALTY_LAST_N, PenalisedChain, RepeatPenalty
 from tensorjob_jupyter.inference.text_stream import TextStream
 from tensorjob_jupyter.inference.topology import (
     CpuShare, default_threads, fitting_threads, gpu_offload_supported, logical_cpus,
@@ -48,7 +50,6 @@ if TYPE_CHECKING:  # llama-cpp-python is imported when an engine is made (librar
 log = logging.getLogger("tensorjob_jupyter.llama")
 log.addHandler(logging.NullHandler())
 
-PENALTY_LAST_N = 64
 #: Texts one embedding decode may hold.
 EMBED_SEQS = 64
 #: Tokens one embedding decode takes at most (causal models): the longest the worker is held by an embed
@@ -111,7 +112,7 @@ class _Sequence:
 
     pending: Pending
     slot: _Slot
-    sampler: LlamaSampler | GrammarSampler | None  # None once released
+    sampler: LlamaSampler | PenalisedChain | GreedySampler | GrammarSampler | None  # None once released
     stream: TextStream
     prompt_tokens: int
     cached_tokens: int
@@ -604,11 +605,12 @@ class LlamaEngine:
             raise ModelError(f"llama_decode failed with code {rc}")
 
     def _sampler(self, request: GenerateRequest, prompt: list[int], abandoned=None):
+        """The request's sampler: llama.cpp's chain for its settings, behind the repeat penalty (``penalties``:
+        applied to the window's logits alone, not by llama.cpp's sampler over the whole vocabulary) and, for a
+        constraint, its grammar; greedy without a constraint, the row's argmax (``greedy``). Every kind samples
+        and closes as the chain does."""
         s = request.sampler
         sampler = self._internals.LlamaSampler()
-        if s.repeat_penalty and s.repeat_penalty != 1.0:
-            # (n_vocab, last_n, repeat, freq, present): checked against this build's library
-            sampler.add_penalties(self.n_vocab, PENALTY_LAST_N, float(s.repeat_penalty), 0.0, 0.0)
         if s.temperature <= 0.0:
             sampler.add_greedy()
         else:
@@ -620,17 +622,24 @@ class LlamaEngine:
                 sampler.add_min_p(float(s.min_p), 1)
             sampler.add_temp(float(s.temperature))
             sampler.add_dist(int(s.seed) & 0xFFFFFFFF)
-        if s.repeat_penalty and s.repeat_penalty != 1.0:
-            for tok in prompt[-PENALTY_LAST_N:]:  # the penalty window includes the prompt
-                sampler.accept(tok)
+        penalty = None
+        if s.repeat_penalty and s.repeat_penalty != 1.0:  # the penalty window includes the prompt
+            penalty = RepeatPenalty(float(s.repeat_penalty), prompt, PENALTY_LAST_N)
         if request.constraint is not None:
             try:
                 return GrammarSampler(self, sampler, request.constraint, greedy=s.temperature <= 0.0,
-                                      abandoned=abandoned, keep_mask=request.logprobs)
+                                      abandoned=abandoned, keep_mask=request.logprobs, penalty=penalty)
             except BaseException:
                 sampler.close()
                 raise
-        return sampler
+        if s.temperature <= 0.0:  # the row's first largest logit, without llama.cpp's candidate array
+            sampler.close()
+            return GreedySampler(penalty, self._logits_row)
+        return sampler if penalty is None else PenalisedChain(sampler, penalty, self._logits_row)
+
+    def _logits_row(self, ctx, i: int) -> np.ndarray:
+        """Output ``i``'s logits in the context's own buffer (writable: the penalty changes a few in place)."""
+        return np.ctypeslib.as_array(self._lc.llama_get_logits_ith(ctx.ctx, i), shape=(self.n_vocab,))
 
     def grammars(self) -> ModelGrammars:
         """This model's vocabulary as the grammar engine sees it, and its compiled grammars (built on the
@@ -799,16 +808,13 @@ class LlamaEngine:
 
     def _note_logprob(self, seq: _Sequence, logits: np.ndarray, token: int) -> None:
         """The record of ``token``, just sampled from ``logits``: its logprob under the distribution it
-        was drawn from (``logprobs.token_logprob``: the penalties' window is the slot's last tokens, as the
-        chain saw them; the grammar's mask is the one it chose under). Kept until its text is delivered."""
+        was drawn from (``logprobs.token_logprob``: the row holds the repeat penalty already, the sampler
+        applied it in place; the grammar's mask is the one it chose under). Kept until its text is delivered."""
         request = seq.pending.request
         if not request.logprobs:
             return
-        s = request.sampler
-        penalty = float(s.repeat_penalty) if s.repeat_penalty else 1.0
         seq.logprobs.append(token_logprob(
-            logits, token, self.piece, temperature=float(s.temperature), penalty=penalty,
-            recent=seq.slot.tokens[-PENALTY_LAST_N:] if penalty != 1.0 else (),
+            logits, token, self.piece, temperature=float(request.sampler.temperature),
             allowed=getattr(seq.sampler, "allowed", None), top=request.top_logprobs))
 
     def _accept(self, seq: _Sequence, token: int) -> bool:

@@ -18,6 +18,8 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from tensorjob_jupyter.abi import MAX_TOP_LOGPROBS
+from tensorjob_jupyter.inference.penalties import apply_repeat_penalty
+
 #: The most bytes of one token's text a record keeps (a vocabulary's longest tokens are a few dozen).
 MAX_TOKEN_BYTES = 256
 #: The lowest logprob a record writes: lower values (and -inf, a token the distribution gave nothing)
@@ -197,11 +199,8 @@ def penalised(logits: np.ndarray, recent: Sequence[int], penalty: float) -> np.n
     """``logits`` after llama.cpp's repeat penalty over the ``recent`` tokens (its window): each token in it,
     once however often, has a positive logit divided by ``penalty`` and any other multiplied by it. A copy."""
     out = np.array(logits, dtype=np.float32, copy=True)
-    if recent and penalty != 1.0:
-        ids = np.unique(np.asarray(recent, dtype=np.int64))
-        ids = ids[(ids >= 0) & (ids < out.size)]
-        values = out[ids]
-        out[ids] = np.where(values <= 0, values * np.float32(penalty), values / np.float32(penalty))
+    if recent:
+        apply_repeat_penalty(out, recent, penalty)
     return out
 
 
@@ -214,16 +213,20 @@ def token_logprob(logits: np.ndarray, token: int, piece: Callable[[int], bytes],
     seen, last ``PENALTY_LAST_N``); ``allowed``: the grammar's mask for this token (a boolean per vocabulary
     entry; None: every token); ``temperature``: 0 for greedy (read at 1); ``top``: how many alternatives
     to list (at most ``MAX_TOP_LOGPROBS``); ``piece``: a token's bytes."""
-    z = penalised(logits, recent, penalty)
+    # the row is read, not written: one array made at most (the mask's or the temperature's), one pass a sum
+    z = penalised(logits, recent, penalty) if recent and penalty != 1.0 else np.asarray(logits, dtype=np.float32)
     if allowed is not None:
-        np.copyto(z, np.float32(-np.inf), where=~allowed)
+        z = np.where(allowed, z, np.float32(-np.inf))
     if temperature > 0.0 and temperature != 1.0:
-        z /= np.float32(temperature)
-    best = float(z.max())
+        z = z / np.float32(temperature)
+    chosen = float(z[token])
+    # the best other token: the larger of the bests on either side (no copy with the token left out)
+    other = max((float(part.max()) for part in (z[:token], z[token + 1:]) if part.size), default=-math.inf)
+    best = math.nan if math.isnan(other) or math.isnan(chosen) else max(chosen, other)  # z.max(), NaN as it gives
     if not math.isfinite(best):  # nothing allowed: the sampler could not have drawn it
         return TokenLogprob(piece(token)[:MAX_TOKEN_BYTES], MIN_LOGPROB)
-    total = best + math.log(float(np.exp(z - np.float32(best)).sum(dtype=np.float64)))
-    chosen = float(z[token])
+    shifted = np.subtract(z, np.float32(best))
+    total = best + math.log(float(np.exp(shifted, out=shifted).sum(dtype=np.float64)))
     alternatives: tuple[TopLogprob, ...] = ()
     n = min(max(int(top), 0), MAX_TOP_LOGPROBS, z.size)
     if n:
@@ -231,8 +234,6 @@ def token_logprob(logits: np.ndarray, token: int, piece: Callable[[int], bytes],
         ids = ids[np.argsort(-z[ids], kind="stable")]
         alternatives = tuple(TopLogprob(piece(int(i))[:MAX_TOKEN_BYTES], clamp_logprob(float(z[i]) - total))
                              for i in ids if math.isfinite(float(z[i])))
-    z[token] = -np.inf
-    other = float(z.max())
     return TokenLogprob(piece(token)[:MAX_TOKEN_BYTES],
                         clamp_logprob(chosen - total) if math.isfinite(chosen) else MIN_LOGPROB,
                         clamp_logprob(other - total) if math.isfinite(other) else None, alternatives)

@@ -83,6 +83,52 @@ def test_the_repeat_penalty_is_llama_cpps():
     assert record.logprob == pytest.approx(math.log(softmax(out)[0]), abs=1e-5)
 
 
+def reference_logprob(logits, token, piece, *, temperature=0.0, penalty=1.0, recent=(), allowed=None, top=0):
+    """The record as first written: a penalised copy masked, scaled, its maximum, then the token set to minus
+    infinity for the runner-up. What ``token_logprob`` must give, bit for bit."""
+    z = penalised(logits, recent, penalty)
+    if allowed is not None:
+        np.copyto(z, np.float32(-np.inf), where=~allowed)
+    if temperature > 0.0 and temperature != 1.0:
+        z /= np.float32(temperature)
+    best = float(z.max())
+    if not math.isfinite(best):
+        return TokenLogprob(piece(token), MIN_LOGPROB)
+    total = best + math.log(float(np.exp(z - np.float32(best)).sum(dtype=np.float64)))
+    chosen = float(z[token])
+    alternatives: tuple = ()
+    n = min(max(int(top), 0), 20, z.size)
+    if n:
+        ids = np.argpartition(z, -n)[-n:]
+        ids = ids[np.argsort(-z[ids], kind="stable")]
+        alternatives = tuple(TopLogprob(piece(int(i)), clamp_logprob(float(z[i]) - total))
+                             for i in ids if math.isfinite(float(z[i])))
+    z[token] = -np.inf
+    other = float(z.max())
+    return TokenLogprob(piece(token), clamp_logprob(chosen - total) if math.isfinite(chosen) else MIN_LOGPROB,
+                        clamp_logprob(other - total) if math.isfinite(other) else None, alternatives)
+
+
+@given(st.lists(st.floats(width=32, allow_nan=False) | st.sampled_from([-np.inf, 0.0]), min_size=1, max_size=60),
+       st.data())
+def test_a_record_is_the_one_a_penalised_masked_copy_gives(values, data):
+    """The record read from the row without copying it (the runner-up from either side of the token, the maximum
+    from the two) is the one a masked, penalised, scaled copy gives, bit for bit, and the row is left as it was."""
+    logits = np.array(values, dtype=np.float32)
+    before = logits.copy()
+    token = data.draw(st.integers(0, len(values) - 1))
+    options = {"temperature": data.draw(st.sampled_from([0.0, 0.5, 1.0, 3.0])), "top": data.draw(st.integers(0, 20))}
+    if data.draw(st.booleans()):
+        options["allowed"] = np.array(data.draw(st.lists(st.booleans(), min_size=len(values), max_size=len(values))))
+    if data.draw(st.booleans()):
+        options["penalty"] = data.draw(st.sampled_from([1.1, 1.3, 2.0]))
+        options["recent"] = data.draw(st.lists(st.integers(0, len(values) - 1), max_size=80))
+    piece = lambda i: bytes([i % 256])  # noqa: E731
+    with np.errstate(all="ignore"):
+        assert token_logprob(logits, token, piece, **options) == reference_logprob(logits, token, piece, **options)
+    assert np.array_equal(logits.view(np.uint32), before.view(np.uint32))
+
+
 @given(st.lists(st.floats(-1e4, 1e4, width=32), min_size=2, max_size=40), st.data())
 def test_any_logits_give_finite_logprobs_at_most_zero(values, data):
     logits = np.array(values, dtype=np.float32)

@@ -722,7 +722,7 @@ def greedy_tokens(engine, constraint: Constraint, logits: list[np.ndarray], shor
     taken = []
     try:
         for row in logits:
-            taken.append(chain.sample_logits(row))
+            taken.append(chain.sample_logits(row.copy()))  # the sampler penalises its row in place
             if engine.is_eog(taken[-1]):
                 break
         return taken, chain.grammar_full if shortcut else 0

@@ -81,10 +81,10 @@ def test_a_llama_cpp_python_without_what_we_use_is_refused_by_name_with_the_test
     from tensorjob_jupyter.inference import library
 
     class Sampler(_internals.LlamaSampler):
-        add_penalties = None  # gone
+        add_greedy = None  # gone
 
     class OldSampler(_internals.LlamaSampler):
-        def add_penalties(self, penalty_last_n, penalty_repeat, penalty_freq, penalty_present):  # pragma: no cover
+        def add_top_p(self, min_keep, p):  # pragma: no cover
             pass
 
     internals = types.SimpleNamespace(**{name: getattr(_internals, name) for name in library.INTERNALS_USED})
@@ -93,13 +93,12 @@ def test_a_llama_cpp_python_without_what_we_use_is_refused_by_name_with_the_test
     lib = types.SimpleNamespace(**{name: getattr(llama_cpp, name) for name in library.LIBRARY_USED
                                    if name != "llama_set_adapters_lora"})
     missing = library.missing_llama_cpp_api(lib, internals)
-    assert missing == ["_internals.LlamaBatch", "_internals.LlamaSampler.add_penalties",
+    assert missing == ["_internals.LlamaBatch", "_internals.LlamaSampler.add_greedy",
                        "llama_cpp.llama_set_adapters_lora"]
     internals.LlamaSampler = OldSampler
     internals.LlamaBatch = _internals.LlamaBatch
     assert library.missing_llama_cpp_api(llama_cpp, internals) == [
-        "_internals.LlamaSampler.add_penalties(n_vocab, penalty_last_n, penalty_repeat, penalty_freq, "
-        "penalty_present) (it takes (penalty_last_n, penalty_repeat, penalty_freq, penalty_present))"]
+        "_internals.LlamaSampler.add_top_p(p, min_keep) (it takes (min_keep, p))"]
     # the first engine of the process fails with that list and the tested range, before touching the model
     monkeypatch.setattr(library, "_library", None)
     monkeypatch.setattr(library, "missing_llama_cpp_api", lambda *_: ["_internals.LlamaBatch"])
