@@ -53,6 +53,7 @@ class MapRun:
         self.scoring = scoring
         self.max_total_tokens = max_total_tokens
         self._budget_spent = False
+        self._recorded = 0  # items this session recorded (on the map's thread; reported once durable)
         self._times = ItemTimes()
         self._recent: collections.deque[dict] = collections.deque(maxlen=self.RECENT)
         self._latest_events: collections.deque[dict] = collections.deque(maxlen=self.REPLAYED_EVENTS)
@@ -195,23 +196,25 @@ class MapRun:
             self._update(lambda p: dict(running=p.running - 1, cancelled=p.cancelled + 1,
                                            tokens=p.tokens + tokens))
             return
-        self._update(lambda p: dict(running=p.running - 1))  # its job has ended; concluded once durable
+        # its job has ended and its tokens are spent (the budget is checked now, before another item starts);
+        # it is reported concluded once its record is durable
+        progress = self._update(lambda p: dict(running=p.running - 1, tokens=p.tokens + tokens))
         item = self.manifest.items[index]
         fd = self.folder.record(outcome, item_key(item, index))
+        self._recorded += 1
         ok = status == JobStatus.COMPLETED.value
         score = self._score(index, ok, outcome.get("result"))
         tally = self.scoring.tally() if score is not None and self.scoring is not None else {}
-        self._commit.after_sync(fd, lambda: self._report(index, item, outcome, tokens, score, tally))
+        self._commit.after_sync(fd, lambda: self._report(index, item, outcome, score, tally))
+        self._check_budget(progress)
 
-    def _report(self, index: int, item: Any, outcome: dict, tokens: int, score: ItemScore | None,
-                tally: dict) -> None:
-        """Say item ``index`` concluded -- its progress, its event, the budget -- once its record is durable
+    def _report(self, index: int, item: Any, outcome: dict, score: ItemScore | None, tally: dict) -> None:
+        """Say item ``index`` concluded -- its progress, its event -- once its record is durable
         (``group_commit``, in the order items were recorded); ``tally``: the scores as of this item."""
         ok = outcome["status"] == JobStatus.COMPLETED.value
         unanswered = not ok and (outcome.get("error") or {}).get("code") == codes.REPLAY_DIVERGENCE
-        progress = self._update(lambda p: dict(completed=p.completed + ok,
-                                                  failed=p.failed + (not ok), tokens=p.tokens + tokens,
-                                                  needs_model=p.needs_model + unanswered, **tally))
+        progress = self._update(lambda p: dict(completed=p.completed + ok, failed=p.failed + (not ok),
+                                               needs_model=p.needs_model + unanswered, **tally))
         event = {"type": "item.completed" if ok else "item.failed", "item": index,
                  "input": item, "progress": progress.to_json()}
         if ok:
@@ -222,7 +225,6 @@ class MapRun:
         if score is not None:
             event["score"] = score.to_json()
         self._notify(event, remember=True)
-        self._check_budget(progress)
 
     def _disk_failed(self, error: BaseException) -> None:
         """The run folder could not be fsynced: no item is reported concluded from now on, and the map ends."""
@@ -238,7 +240,8 @@ class MapRun:
 
     def _check_budget(self, progress: MapProgress) -> None:
         budget = self.max_total_tokens
-        if budget is not None and not self._budget_spent and progress.tokens >= budget and progress.remaining:
+        left = progress.total - progress.skipped - self._recorded  # items not yet ended (reported or not)
+        if budget is not None and not self._budget_spent and progress.tokens >= budget and left:
             self._budget_spent = True
             self.cancel()
 
