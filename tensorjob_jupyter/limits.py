@@ -93,10 +93,11 @@ class Limits:
         return dataclasses.replace(self, **changes)
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        return {name: getattr(self, name) for name in _NAMES}  # every limit is a number or None: no deep copy
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Limits)}
+_NAMES = tuple(FIELDS)
 
 
 def reference_table() -> str:

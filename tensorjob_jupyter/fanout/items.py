@@ -121,13 +121,46 @@ class ItemSpec:
 # --- one item -----------------------------------------------------------------------
 
 
+class RunningJobs:
+    """The jobs a process's pool threads are running, each on its own thread (``Job.run_here``), and the cancel
+    of all of them at once: one thread an item instead of two, and no poll of the map's cancel."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: set[Job] = set()
+        self._cancelled = False
+
+    def run(self, job: Job) -> Any:
+        """``job``'s envelope, run on this thread; cancelled at once if ``cancel_all`` came first."""
+        with self._lock:
+            self._jobs.add(job)
+            cancelled = self._cancelled
+        try:
+            if cancelled:
+                job.cancel()
+            return job.run_here()
+        finally:
+            with self._lock:
+                self._jobs.discard(job)
+
+    def cancel_all(self) -> None:
+        """Cancel every running job, and every one started from now on."""
+        with self._lock:
+            self._cancelled = True
+            jobs = list(self._jobs)
+        for job in jobs:
+            job.cancel()
+
+
 def run_item(spec: ItemSpec, backend: Backend, index: int, item: Any,
-             cancelled: Callable[[], bool] = lambda: False) -> dict:
+             cancelled: Callable[[], bool] = lambda: False, *, running: RunningJobs | None = None) -> dict:
     """Run one item as a ``Job``; its outcome as a plain dict. Never raises.
 
     Pure in the sense Dask needs: it writes only its own job transcript and
     returns the outcome; the run folder is written by the map alone, so a
-    retried item cannot be recorded twice.
+    retried item cannot be recorded twice. With ``running``, the job runs on
+    the calling thread and ``running.cancel_all`` cancels it (``cancelled`` is
+    not polled); else on a thread of its own, cancelled once ``cancelled()``.
     """
     started = time.perf_counter()
     try:
@@ -138,7 +171,8 @@ def run_item(spec: ItemSpec, backend: Backend, index: int, item: Any,
         error = internal_error(f"{spec.name}[{index}]", e)
         return failed_outcome(index, error.code, error.message)
     ready = time.perf_counter()
-    return job_outcome(index, job, await_job(job.start(), cancelled), started=started, ready=ready)
+    envelope = running.run(job) if running is not None else await_job(job.start(), cancelled)
+    return job_outcome(index, job, envelope, started=started, ready=ready)
 
 
 def job_outcome(index: int, job: Job, envelope: Any, *, started: float, ready: float) -> dict:
@@ -179,6 +213,6 @@ def failed_outcome(index: int, code: str, message: str) -> dict:
 
 
 __all__ = [
-    "CANCEL_POLL_S", "WORKER_LOST", "BackendSpec", "process_backend", "process_backend_count", "ItemSpec", "run_item",
-    "job_outcome", "envelope_outcome", "await_job", "failed_outcome"
+    "CANCEL_POLL_S", "WORKER_LOST", "BackendSpec", "process_backend", "process_backend_count", "ItemSpec",
+    "RunningJobs", "run_item", "job_outcome", "envelope_outcome", "await_job", "failed_outcome"
 ]

@@ -13,7 +13,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Any, Iterable
 
 from tensorjob_jupyter.inference.base import Backend
-from tensorjob_jupyter.fanout.items import ItemSpec, run_item
+from tensorjob_jupyter.fanout.items import ItemSpec, RunningJobs, run_item
 from tensorjob_jupyter.fanout.run import MapRun
 
 
@@ -24,6 +24,11 @@ class LocalExecutor:
         self.spec = spec
         self.backend = backend
         self.concurrency = concurrency
+        self.running = RunningJobs()
+
+    def cancel(self) -> None:
+        """End the running jobs (``MapRun.cancel``); the map's loop starts no more."""
+        self.running.cancel_all()
 
     def run(self, todo: Iterable[tuple[int, Any]], sink: MapRun) -> None:
         def cancelled() -> bool:
@@ -48,7 +53,7 @@ class LocalExecutor:
     def run_item(self, index: int, item: Any, cancelled) -> dict:
         """One item's outcome, on a pool thread (never raises); a replay of a map runs its own here."""
         assert self.spec is not None, "an executor with no item spec runs its own items"
-        return run_item(self.spec, self.backend, index, item, cancelled)
+        return run_item(self.spec, self.backend, index, item, cancelled, running=self.running)
 
 
 def _report_some(in_flight: set, sink: MapRun) -> set:

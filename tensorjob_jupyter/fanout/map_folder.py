@@ -1,18 +1,15 @@
 """A map's folder (its ``--run-dir``): the ledger, the results files, and the lock that keeps it one map's.
 
-The folder is what makes a map resumable, so ``MapFolder`` guards it: the
-ledger pins the manifest's and the guest's SHA-256 (another of either is
-``ResumeRefused``, since mixing them would make the results files lie), an
-advisory lock keeps a second map out, each concluded item is appended,
-flushed and fsynced as it finishes, and a torn last line left by a crash is
-cut off on resume so that its item runs again. When a map ends (finished,
-failed or cancelled) the results files are rewritten in item order, so a
-finished folder reads in manifest order whatever order items finished in; each
+The folder is what makes a map resumable, so ``MapFolder`` guards it: the ledger pins the manifest's and the
+guest's SHA-256 (another of either is ``ResumeRefused``, since mixing them would make the results files lie),
+an advisory lock keeps a second map out, each concluded item is appended and flushed as it finishes (fsynced,
+a batch at a time, before it is reported: ``group_commit``), and a torn last line left by a crash is cut off
+on resume so that its item runs again. When a map ends (finished, failed or cancelled) the results files are
+rewritten in item order, so a finished folder reads in manifest order whatever order items finished in; each
 record carries the item's ``key`` (``manifest.item_key``) beside its number. Only the map's own thread
 writes here (see ``run.MapRun``); what is read back goes through ``map_folder_reader``, which checks every file
-as one from anywhere. A refused folder can be started over
-(``restart``: under the lock, the map's own files are removed first, and
-nothing else in the folder is touched); the refusal says so.
+as one from anywhere. A refused folder can be started over (``restart``: under the lock, the map's own files
+are removed first, and nothing else in the folder is touched); the refusal says so.
 """
 
 from __future__ import annotations
@@ -164,11 +161,13 @@ class MapFolder:
                 f"or {RESTART_HINT}")
         return ledger
 
-    def record(self, outcome: dict, key: str) -> bool:
-        """Append a concluded item, named ``key``; False (nothing written) if it already was."""
+    def record(self, outcome: dict, key: str) -> int | None:
+        """Append a concluded item, named ``key``, and flush it out of this process; the descriptor of the file
+        it went to, for the caller to fsync (``group_commit``) before it says the item concluded; None (nothing
+        written) if it already was."""
         index = outcome["item"]
         if index in self.completed or index in self.failed:
-            return False
+            return None
         if outcome["status"] == JobStatus.COMPLETED.value:
             f, line = self._results, {"item": index, "key": key, "result": outcome.get("result"),
                                       **{k: outcome[k] for k in ("sources", "confidence") if k in outcome}}
@@ -179,9 +178,7 @@ class MapFolder:
         assert f is not None, "record() before open()"
         f.write(dumps(line) + "\n")
         f.flush()
-        if self.fsync:
-            os.fsync(f.fileno())
-        return True
+        return f.fileno()
 
     def finish(self, summary: dict) -> None:
         """End this session: the results files in item order, then the ledger's summary."""

@@ -1,11 +1,10 @@
 """``MapRun``: a map in progress -- its live counters, subscribers, ``wait()`` and ``cancel()``.
 
-It is the sink every executor reports to (``todo``, ``started``,
-``finished``), on the map's own thread, and the only writer of the run
-folder; so a local run and a Dask run leave the same files, and a retried
-task reported twice is recorded once. Everything a view reads
-(``progress()``, ``subscribe()``, ``wait_for_update()``) is safe from any
-thread.
+It is the sink every executor reports to (``todo``, ``started``, ``finished``), on the map's own thread,
+and the only writer of the run folder; so a local run and a Dask run leave the same files, and a retried
+task reported twice is recorded once. An item is reported concluded (progress, events) only once its
+record is fsynced: by the map's commit thread, a batch at a time (``group_commit``). Everything a view
+reads (``progress()``, ``subscribe()``, ``wait_for_update()``) is safe from any thread.
 
 Two things ride on the map's thread with the recording: the scores, when the map has expected answers
 (``scoring.Scoring``: each concluded item is scored as it is recorded, and the running score is part of
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from tensorjob_jupyter.abi import JobStatus, codes
+from tensorjob_jupyter.fanout.group_commit import GroupCommit
 from tensorjob_jupyter.fanout.map_folder import MapFolder
 from tensorjob_jupyter.fanout.manifest import Manifest, item_key
 from tensorjob_jupyter.fanout.progress import ItemTimes, MapProgress, MapResult
@@ -53,6 +53,7 @@ class MapRun:
         self.scoring = scoring
         self.max_total_tokens = max_total_tokens
         self._budget_spent = False
+        self._recorded = 0  # items this session recorded (on the map's thread; reported once durable)
         self._times = ItemTimes()
         self._recent: collections.deque[dict] = collections.deque(maxlen=self.RECENT)
         self._latest_events: collections.deque[dict] = collections.deque(maxlen=self.REPLAYED_EVENTS)
@@ -71,6 +72,7 @@ class MapRun:
         self._result: MapResult | None = None
         self._finished_event: dict | None = None
         self._thread = threading.Thread(target=self._drive, name="tensorjob-map", daemon=True)
+        self._commit = GroupCommit(fsync=folder.fsync, on_failure=self._disk_failed)
 
     # -- reading (any thread) -----------------------------------------------------------
 
@@ -122,8 +124,8 @@ class MapRun:
 
         Events: ``{"type": "item.completed"|"item.failed", "item", "input",
         "result"|"error", "progress"}`` and ``{"type": "map.finished",
-        "progress"}``. Callbacks run on the map's thread: keep them quick (a
-        view should throttle), and treat ``input`` and ``result`` as read-only.
+        "progress"}``. Callbacks run on the map's commit thread, in order, once the item's record is
+        durable: keep them quick (a view should throttle), and treat ``input`` and ``result`` as read-only.
         A subscriber that comes once items have ended is first given the latest
         ``REPLAYED_EVENTS`` of their events (on the caller's thread), each event
         exactly once: the map starts before its view can subscribe.
@@ -180,7 +182,7 @@ class MapRun:
 
     def started(self, index: int) -> None:
         self._submitted[index] = time.monotonic()
-        self._update(lambda p: replace(p, running=p.running + 1, peak_running=max(p.peak_running, p.running + 1)))
+        self._update(lambda p: dict(running=p.running + 1, peak_running=max(p.peak_running, p.running + 1)))
 
     def finished(self, outcome: dict) -> None:
         index = outcome["item"]
@@ -191,19 +193,28 @@ class MapRun:
         tokens = _tokens(outcome)
         status = outcome["status"]
         if status == JobStatus.CANCELLED.value:
-            self._update(lambda p: replace(p, running=p.running - 1, cancelled=p.cancelled + 1,
+            self._update(lambda p: dict(running=p.running - 1, cancelled=p.cancelled + 1,
                                            tokens=p.tokens + tokens))
             return
+        # its job has ended and its tokens are spent (the budget is checked now, before another item starts);
+        # it is reported concluded once its record is durable
+        progress = self._update(lambda p: dict(running=p.running - 1, tokens=p.tokens + tokens))
         item = self.manifest.items[index]
-        self.folder.record(outcome, item_key(item, index))
+        fd = self.folder.record(outcome, item_key(item, index))
+        self._recorded += 1
         ok = status == JobStatus.COMPLETED.value
-        unanswered = not ok and (outcome.get("error") or {}).get("code") == codes.REPLAY_DIVERGENCE
         score = self._score(index, ok, outcome.get("result"))
-        scoring = self.scoring if score else None
-        progress = self._update(lambda p: replace(p, running=p.running - 1, completed=p.completed + ok,
-                                                  failed=p.failed + (not ok), tokens=p.tokens + tokens,
-                                                  needs_model=p.needs_model + unanswered,
-                                                  **(scoring.tally() if scoring is not None else {})))
+        tally = self.scoring.tally() if score is not None and self.scoring is not None else {}
+        self._commit.after_sync(fd, lambda: self._report(index, item, outcome, score, tally))
+        self._check_budget(progress)
+
+    def _report(self, index: int, item: Any, outcome: dict, score: ItemScore | None, tally: dict) -> None:
+        """Say item ``index`` concluded -- its progress, its event -- once its record is durable
+        (``group_commit``, in the order items were recorded); ``tally``: the scores as of this item."""
+        ok = outcome["status"] == JobStatus.COMPLETED.value
+        unanswered = not ok and (outcome.get("error") or {}).get("code") == codes.REPLAY_DIVERGENCE
+        progress = self._update(lambda p: dict(completed=p.completed + ok, failed=p.failed + (not ok),
+                                               needs_model=p.needs_model + unanswered, **tally))
         event = {"type": "item.completed" if ok else "item.failed", "item": index,
                  "input": item, "progress": progress.to_json()}
         if ok:
@@ -214,7 +225,11 @@ class MapRun:
         if score is not None:
             event["score"] = score.to_json()
         self._notify(event, remember=True)
-        self._check_budget(progress)
+
+    def _disk_failed(self, error: BaseException) -> None:
+        """The run folder could not be fsynced: no item is reported concluded from now on, and the map ends."""
+        self._error = self._error or f"{type(error).__name__}: {error}"
+        self.cancel()
 
     def _score(self, index: int, ok: bool, result: Any) -> ItemScore | None:
         """The item's score; none once the map is cancelled (or its budget spent), so a slow scorer never holds
@@ -225,7 +240,8 @@ class MapRun:
 
     def _check_budget(self, progress: MapProgress) -> None:
         budget = self.max_total_tokens
-        if budget is not None and not self._budget_spent and progress.tokens >= budget and progress.remaining:
+        left = progress.total - progress.skipped - self._recorded  # items not yet ended (reported or not)
+        if budget is not None and not self._budget_spent and progress.tokens >= budget and left:
             self._budget_spent = True
             self.cancel()
 
@@ -241,11 +257,11 @@ class MapRun:
             self._recent.append({k: outcome[k] for k in ("item", "status", "error", "job_id", "pid")
                                  if k in outcome})
 
-    def _update(self, change: Callable[[MapProgress], MapProgress]) -> MapProgress:
+    def _update(self, change: Callable[[MapProgress], dict]) -> MapProgress:
+        """The progress with ``change(progress)``'s fields, its next version; told to every waiter."""
         with self._cond:
-            progress = change(self._progress)
-            self._progress = replace(progress, version=progress.version + 1,
-                                     elapsed_s=time.monotonic() - self._started)
+            p = self._progress
+            self._progress = replace(p, **change(p), version=p.version + 1, elapsed_s=time.monotonic() - self._started)
             self._cond.notify_all()
             return self._progress
 
@@ -276,19 +292,23 @@ class MapRun:
         return "cancelled" if self._cancel.is_set() else "finished"
 
     def _finish(self) -> None:
+        try:
+            self._commit.drain()  # every item recorded is reported before the map's summary is taken
+        except Exception:  # noqa: BLE001 - close() below says what went wrong
+            pass
         p = self.progress()
         summary = {"completed": p.completed, "failed": p.failed, "skipped": p.skipped,
                    "status": self._status(), "error": self._error}
         scoring = self.scoring
         keep_scores = (lambda: scoring.finish(self.folder.path)) if scoring is not None else (lambda: None)
-        for step in (keep_scores, lambda: self.folder.finish(summary), self.folder.close,
+        for step in (self._commit.close, keep_scores, lambda: self.folder.finish(summary), self.folder.close,
                      getattr(self.executor, "close", lambda: None)):
             try:
                 step()
             except Exception as e:  # noqa: BLE001 - the items are recorded; say what went wrong
                 self._error = self._error or f"{type(e).__name__}: {e}"
         status = self._status()
-        progress = self._update(lambda p: replace(p, status=status, running=0))
+        progress = self._update(lambda p: dict(status=status, running=0))
         self._result = MapResult(
             run_dir=self.run_dir, total=progress.total, completed=len(self.folder.completed),
             failed=len(self.folder.failed), skipped=progress.skipped, ran=progress.completed + progress.failed,

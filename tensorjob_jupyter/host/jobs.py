@@ -143,7 +143,7 @@ class Job:
             self._done = threading.Event()
             self._callbacks: list = []
             self._callbacks_lock = threading.Lock()
-            self._thread: threading.Thread | None = None
+            self._thread: threading.Thread | None = None  # its own, or the one that ran it (run_here)
             self.started_at: float | None = None
             self.started_monotonic: float | None = None
             self.finished_at: float | None = None
@@ -178,6 +178,19 @@ class Job:
         self._thread = threading.Thread(target=self._run, name=f"tensorjob-{self.id}", daemon=True)
         self._thread.start()
         return self
+
+    def run_here(self) -> Envelope:
+        """Run the job on the calling thread to its end (``start`` and ``wait`` without a thread of its own:
+        a map's item on its pool thread); ``cancel`` from another thread ends it as it would a started job."""
+        if self._thread is not None:
+            raise RuntimeError(f"job {self.id} was already started")
+        self.started_at = time.time()
+        self.started_monotonic = time.monotonic()
+        self._thread = threading.current_thread()
+        self._run()
+        envelope = self.envelope
+        assert envelope is not None
+        return envelope
 
     def _run(self) -> None:
         """The job's thread: run the reactor, then always publish the end and finish."""

@@ -89,9 +89,20 @@ def load_per_core() -> float | None:
     """The one-minute load average over the CPUs this process may use (about 1 when they are all busy);
     None where the platform has no load average."""
     try:
-        return os.getloadavg()[0] / logical_cpus()
+        return os.getloadavg()[0] / _logical_cpus_lately()
     except (AttributeError, OSError):  # pragma: no cover - not Unix
         return None
+
+
+_LATELY: list[float] = [-math.inf, 1]  # when logical_cpus() was last read, and what it said
+
+
+def _logical_cpus_lately(max_age_s: float = 1.0) -> int:
+    """``logical_cpus()`` as read within the last ``max_age_s`` (every answer's timing asks for it)."""
+    now = time.monotonic()
+    if now - _LATELY[0] > max_age_s:
+        _LATELY[:] = [now, logical_cpus()]
+    return int(_LATELY[1])
 
 
 #: The columns of a ``/proc/stat`` CPU line that are busy time (user, nice, system, irq, softirq, steal).

@@ -18,6 +18,7 @@ import functools
 import hashlib
 import importlib.metadata
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -79,11 +80,22 @@ def runtime_files() -> list[Path]:
     return sorted([WIT, *RUNTIME.glob("*.py")])
 
 
+#: How long a look at the runtime files' sizes and times stands (every job asks; a map asks thousands a second).
+BUILD_KEY_FRESH_S = 1.0
+_LAST_KEY: list = [-math.inf, ""]  # when the runtime files were last looked at, and the key they gave
+
+
 def build_key() -> str:
     """A hash of everything the built component depends on (hashed again only when a file's size or time
-    changes: every job asks)."""
+    changes, looked at again once ``BUILD_KEY_FRESH_S`` has passed: every job asks)."""
+    now = time.monotonic()
+    looked_at, key = _LAST_KEY
+    if now - looked_at <= BUILD_KEY_FRESH_S:
+        return key
     stats = [(path, path.stat()) for path in runtime_files()]
-    return _build_key(tuple((path, st.st_size, st.st_mtime_ns) for path, st in stats))
+    key = _build_key(tuple((path, st.st_size, st.st_mtime_ns) for path, st in stats))
+    _LAST_KEY[:] = [now, key]
+    return key
 
 
 @functools.lru_cache(maxsize=4)
