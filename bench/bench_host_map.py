@@ -15,7 +15,8 @@ the first item's compile are not timed: the clock starts at ``start_map`` after 
 **Scale** (``--scale``): zero-cost maps of each size in ``--sizes`` (C guest): items/s (the ratio
 against the smallest), the process's RSS growth over the map, the resume of the finished map
 (``start_map`` again on its folder: every item already recorded), and ``tensorjob runs --table``
-and ``MapResult.rows()`` of it (seconds and peak RSS growth).
+and ``MapResult.rows()`` of it (seconds and peak RSS growth, each in a process of its own), for
+this tree and ``--baseline``'s, interleaved size by size.
 
 Figures are medians over ``--rounds``; read them with the load printed next to them.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -53,7 +55,7 @@ def main(input):
 
 #: The child: one timed map in a fresh process, on the tree its PYTHONPATH names. Prints one JSON line.
 CHILD = r"""
-import json, os, sys, time, resource
+import collections, json, os, sys, time, resource
 from pathlib import Path
 import psutil
 from tensorjob_jupyter.fanout import start_map
@@ -61,6 +63,9 @@ from tensorjob_jupyter.inference import ScriptedBackend
 
 guest, folder, n = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 backend = ScriptedBackend("one two three four five six")
+# the test double keeps every request it is sent (for tests of what was asked): not the host's cost to measure
+backend.scripted.prompts = collections.deque(maxlen=1)
+backend.scripted.requests = collections.deque(maxlen=1)
 folder.mkdir(parents=True, exist_ok=True)
 warm = folder / "warm.jsonl"
 warm.write_text('{"i": -1}\n')
@@ -87,22 +92,37 @@ if os.environ.get("BENCH_RESUME"):
 print(json.dumps(out))
 """
 
+#: ``MapResult.rows()`` (``sys.argv[2]``: ``rows``, the list, or ``iter_rows``, a row at a time, where the tree
+#: has it) in a child of its own: seconds and peak RSS growth.
 ROWS_CHILD = r"""
-import json, sys, time
+import json, resource, sys, time
 import psutil
 from tensorjob_jupyter.fanout import MapResult
-proc = psutil.Process()
-rss0 = proc.memory_info().rss
-peak = rss0
+rss0 = psutil.Process().memory_info().rss
 t0 = time.perf_counter()
-n = 0
-for i, row in enumerate(MapResult.open(sys.argv[1]).rows()):
-    n += 1
-    if i % 1000 == 0:
-        peak = max(peak, proc.memory_info().rss)
+result = MapResult.read(sys.argv[1])
+rows = getattr(result, sys.argv[2], None)
+n = sum(1 for _ in rows()) if rows is not None else None
 wall = time.perf_counter() - t0
-peak = max(peak, proc.memory_info().rss)
-print(json.dumps({"rows": n, "rows_s": wall, "rows_rss_mib": (peak - rss0) / 2**20}))
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+name = "rows" if sys.argv[2] == "rows" else "iter_rows"
+print(json.dumps({name: n, name + "_s": wall if n is not None else float("nan"),
+                  name + "_rss_mib": max(0, peak - rss0) / 2**20 if n is not None else float("nan")}))
+"""
+
+#: ``tensorjob runs --table`` in a child of its own (its output to /dev/null): seconds and peak RSS growth.
+TABLE_CHILD = r"""
+import json, os, resource, sys, time
+import psutil
+from tensorjob_jupyter.frontends.cli import main
+rss0 = psutil.Process().memory_info().rss
+t0 = time.perf_counter()
+real, sys.stdout = sys.stdout, open(os.devnull, "w")
+rc = main(["runs", "--table", sys.argv[1]])
+sys.stdout = real
+wall = time.perf_counter() - t0
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"table_ok": rc == 0, "table_s": wall, "table_rss_mib": max(0, peak - rss0) / 2**20}))
 """
 
 
@@ -169,27 +189,34 @@ def per_item(args, tmp: Path) -> dict:
 def scale(args, tmp: Path) -> dict:
     files = guests(tmp, ["c"])
     sizes = [int(s) for s in args.sizes.split(",")]
-    rows = []
+    trees = {"this tree": ROOT}
+    if args.baseline != "none":
+        trees = {f"baseline ({args.baseline})": checkout(args.baseline, tmp / "baseline"), **trees}
+    rows: dict = {}
     for n in sizes:
-        folder = tmp / f"scale-{n}"
-        row = run_child(CHILD, ROOT, [str(files["c"]), str(folder), str(n)], env={"BENCH_RESUME": "1"})
-        t0 = time.perf_counter()
-        table = subprocess.run([sys.executable, "-m", "tensorjob_jupyter.frontends.cli", "runs", str(folder / "run"),
-                                "--table"], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        row["table_s"] = time.perf_counter() - t0
-        row["table_ok"] = table.returncode == 0
-        row.update(run_child(ROWS_CHILD, ROOT, [str(folder / "run")]))
-        row["load"] = load()
-        rows.append(row)
-        print(f"  {n:>7} items: {row['items_s']:.1f} items/s, RSS +{row['rss_growth_mib']:.1f} MiB, "
-              f"resume {row['resume_s']:.2f} s, runs --table {row['table_s']:.2f} s, rows() {row['rows_s']:.2f} s "
-              f"+{row['rows_rss_mib']:.1f} MiB (load {row['load']})", flush=True)
-    base = rows[0]["items_s"]
-    print(f"\n{'items':>8}{'items/s':>9}{'x smallest':>11}{'RSS MiB':>9}{'resume s':>10}{'table s':>9}"
-          f"{'rows s':>8}{'rows MiB':>9}")
-    for r in rows:
-        print(f"{r['items']:>8}{r['items_s']:>9.1f}{r['items_s'] / base:>11.2f}{r['rss_growth_mib']:>9.1f}"
-              f"{r['resume_s']:>10.2f}{r['table_s']:>9.2f}{r['rows_s']:>8.2f}{r['rows_rss_mib']:>9.1f}")
+        for k, (name, tree) in enumerate(trees.items()):  # interleaved: each size by every tree, in turn
+            folder = tmp / f"scale-{n}-{k}"
+            row = run_child(CHILD, tree, [str(files["c"]), str(folder), str(n)], env={"BENCH_RESUME": "1"})
+            row.update(run_child(TABLE_CHILD, tree, [str(folder / "run")]))
+            row.update(run_child(ROWS_CHILD, tree, [str(folder / "run"), "rows"]))
+            row.update(run_child(ROWS_CHILD, tree, [str(folder / "run"), "iter_rows"]))
+            row["load"] = load()
+            rows.setdefault(name, []).append(row)
+            print(f"  {name:<18} {n:>7} items: {row['items_s']:.1f} items/s, RSS +{row['rss_growth_mib']:.1f} MiB, "
+                  f"resume {row['resume_s']:.2f} s, runs --table {row['table_s']:.2f} s "
+                  f"+{row['table_rss_mib']:.1f} MiB, rows() {row['rows_s']:.2f} s +{row['rows_rss_mib']:.1f} MiB, "
+                  f"iter_rows() {row['iter_rows_s']:.2f} s +{row['iter_rows_rss_mib']:.1f} MiB (load {row['load']})",
+                  flush=True)
+            shutil.rmtree(folder, ignore_errors=True)
+    print(f"\n{'code':<20}{'items':>8}{'items/s':>9}{'x smallest':>11}{'RSS MiB':>9}{'resume s':>10}{'table s':>9}"
+          f"{'table MiB':>10}{'rows s':>8}{'rows MiB':>9}{'iter s':>8}{'iter MiB':>9}  load")
+    for name, measured in rows.items():
+        base = measured[0]["items_s"]
+        for r in measured:
+            print(f"{name:<20}{r['items']:>8}{r['items_s']:>9.1f}{r['items_s'] / base:>11.2f}"
+                  f"{r['rss_growth_mib']:>9.1f}{r['resume_s']:>10.2f}{r['table_s']:>9.2f}{r['table_rss_mib']:>10.1f}"
+                  f"{r['rows_s']:>8.2f}{r['rows_rss_mib']:>9.1f}{r['iter_rows_s']:>8.2f}{r['iter_rows_rss_mib']:>9.1f}"
+                  f"  {r['load']}")
     return {"scale": rows}
 
 

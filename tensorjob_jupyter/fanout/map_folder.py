@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import time
+from array import array
 from pathlib import Path
 from typing import IO
 
@@ -26,8 +27,9 @@ from tensorjob_jupyter.abi import JobStatus, dumps
 from tensorjob_jupyter.fanout.errors import ResumeRefused
 from tensorjob_jupyter.fanout.map_folder_reader import (  # the one reader of a run folder; its names, here too
     FAILURES, JOBS, LEDGER, LEDGER_FORMAT, MAX_LEDGER_BYTES, RESULTS, SCORING_FILES, SESSION_STATUSES, FolderError,
-    jobs_folder, read_ledger, read_ledger_json, read_records,
+    RecordedItems, checked_records, jobs_folder, read_ledger, read_ledger_json, read_records, scan_records, shown,
 )
+from tensorjob_jupyter.fanout.item_set import ItemSet
 from tensorjob_jupyter.fanout.manifest import Manifest
 from tensorjob_jupyter.regular_file import NotARegularFile, open_regular
 
@@ -60,6 +62,50 @@ def fsync_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _in_order_after(path: Path, start: int, last: int) -> bool:
+    """Whether the records of ``path`` from offset ``start`` are in item order, none before item ``last``."""
+    try:
+        for record, _, _ in checked_records(path, start=start):
+            if record["item"] < last:
+                return False
+            last = record["item"]
+    except (FolderError, OSError):
+        return False  # the whole file's read says what is wrong with it
+    return True
+
+
+def put_in_item_order(path: Path, *, in_order_until: int = 0, last: int = -1) -> None:
+    """Rewrite a results file sorted by item (stably; atomically and fsynced), unless it already is: read a
+    record at a time, keeping only each line's item and place, and written a line at a time from there, so a
+    large map's results are never held whole. A torn last line is left out of the rewritten file.
+    ``in_order_until``: its lines before this offset are known to be in item order, the last being item
+    ``last`` (as the map found them when it began), so only what follows is read to see whether all are."""
+    if in_order_until and _in_order_after(path, in_order_until, last):
+        return
+    items, starts, ends = array("q"), array("q"), array("q")
+    in_order = True
+    for record, start, end in checked_records(path):
+        in_order = in_order and (not items or items[-1] <= record["item"])
+        items.append(record["item"])
+        starts.append(start)
+        ends.append(end)
+    if in_order:
+        return
+    order = sorted(range(len(items)), key=items.__getitem__)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)  # a leftover, or a link planted there: never written through
+    with _open_own(path, os.O_RDONLY, "rb") as source, _open_own(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                                                                  "wb") as f:
+        for k in order:
+            line = os.pread(source.fileno(), ends[k] - starts[k], starts[k])
+            if len(line) != ends[k] - starts[k] or not line.endswith(b"\n"):
+                raise FolderError(f"{shown(path)} changed while it was put in item order")
+            f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 class MapFolder:
     """The ledger, the results files and the lock of one map's run folder."""
 
@@ -69,9 +115,10 @@ class MapFolder:
         self.failures_path = self.path / FAILURES
         self.jobs_path = self.path / JOBS
         self.fsync = fsync
-        self.completed: set[int] = set()
-        self.failed: set[int] = set()
+        self.completed = ItemSet()  # as bits: a map's own progress costs the same per item at any size
+        self.failed = ItemSet()
         self._ledger: dict = {}
+        self._found: dict[Path, RecordedItems] = {}  # each results file as open() found it
         self._lock_file: IO[str] | None = None
         self._results: IO[str] | None = None
         self._failures: IO[str] | None = None
@@ -88,13 +135,15 @@ class MapFolder:
             self._ledger = self._check_ledger(manifest, wasm_sha256)
             jobs_folder(self.path)  # a jobs/ link out of the folder is refused before anything is written there
             total = len(manifest)  # a record of an item the manifest does not have is refused, never run
-            self.completed = {r["item"] for r in read_records(self.results_path, total=total, repair=True)}
-            failures = [r for r in read_records(self.failures_path, total=total, repair=True)
-                        if r["item"] not in self.completed]
-            if retry_failed and failures:
+            results = scan_records(self.results_path, total=total, repair=True)
+            failures = scan_records(self.failures_path, total=total, repair=True)
+            self.completed = results.items
+            self.failed = ItemSet(item for item in failures.items if item not in self.completed)
+            if retry_failed and self.failed:
                 fsync_write(self.failures_path, "")
-                failures = []
-            self.failed = {r["item"] for r in failures}
+                self.failed = ItemSet()
+                failures = RecordedItems(ItemSet(), 0, True, -1)
+            self._found = {self.results_path: results, self.failures_path: failures}
             self._ledger.setdefault("sessions", []).append({"started_at": _now(), "finished_at": None, "where": where,
                                              **({"concurrency": concurrency} if concurrency else {}),
                                              **({"deterministic": deterministic} if deterministic else {})})
@@ -195,10 +244,11 @@ class MapFolder:
                 continue
             f.close()
             setattr(self, name, None)
-            records = read_records(path)
-            if any(a["item"] > b["item"] for a, b in zip(records, records[1:])):
-                records.sort(key=lambda r: r["item"])
-                fsync_write(path, "".join(dumps(r) + "\n" for r in records))
+            found = self._found.get(path)
+            if found is not None and found.in_order:  # only what this session appended is read
+                put_in_item_order(path, in_order_until=found.end, last=found.last)
+            else:
+                put_in_item_order(path)
 
     def close(self) -> None:
         for f in (self._results, self._failures, self._lock_file):
@@ -216,5 +266,6 @@ def _now() -> str:
 
 __all__ = [
     "LEDGER", "RESULTS", "FAILURES", "JOBS", "LEDGER_FORMAT", "SCORING_FILES", "MAX_LEDGER_BYTES", "RESTART_HINT",
-    "read_records", "SESSION_STATUSES", "read_ledger", "FolderError", "MapFolder", "fsync_write"
+    "read_records", "SESSION_STATUSES", "read_ledger", "FolderError", "MapFolder", "fsync_write",
+    "put_in_item_order"
 ]

@@ -14,12 +14,15 @@ import hashlib
 import os
 import stat
 import time
+from array import array
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import IO, Any, Callable, Iterator
 
 import orjson
 
 from tensorjob_jupyter.fanout.errors import ManifestError, ResumeRefused
+from tensorjob_jupyter.fanout.item_set import ItemSet
 from tensorjob_jupyter.fanout.manifest import Manifest, read_manifest
 from tensorjob_jupyter.record.transcript import read_line
 from tensorjob_jupyter.regular_file import NotARegularFile, open_fd, open_regular
@@ -132,71 +135,159 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:39] + "…"
 
 
-def _lines(path: Path) -> Iterator[tuple[int, bytes, int]]:
-    """(line number, the line without its newline, the offset after it) for each complete line of ``path``,
-    never past the size it had when opened; a torn last line (no newline: a crash mid-append) is not given."""
+def _open_records(path: Path) -> IO[bytes]:
     try:
-        f = open_regular(path, MAX_RECORDS_FILE_BYTES, follow_symlinks=False)
+        return open_regular(path, MAX_RECORDS_FILE_BYTES, follow_symlinks=False)
     except OSError as e:
         raise _refused(path, e) from None
-    with f:
-        size = os.fstat(f.fileno()).st_size
-        offset = number = 0
-        while offset < size:
-            try:
-                line = read_line(f, min(MAX_RECORD_BYTES, size - offset))
-            except OSError as e:
-                raise _refused(path, e) from None
-            number += 1
-            if line is None:
-                if size - offset > MAX_RECORD_BYTES:
-                    raise FolderError(f"{shown(path)}: line {number} is longer than {MAX_RECORD_BYTES} bytes; "
-                                      f"the run folder is damaged")
-                return  # the rest is one torn line
-            if not line.endswith(b"\n"):
-                return
-            offset += len(line)
-            yield number, line[:-1], offset
+
+
+def _lines(path: Path, f: IO[bytes] | None = None, start: int = 0) -> Iterator[tuple[int, bytes, int]]:
+    """(line number, the line without its newline, the offset after it) for each complete line of ``path``
+    (or of ``f``, that file open) from offset ``start`` (a line's start; numbered from there), never past the
+    size it had when opened; a torn last line (no newline: a crash mid-append) is not given."""
+    if f is None:
+        with _open_records(path) as f:
+            yield from _lines(path, f, start)
+        return
+    f.seek(start)
+    size = os.fstat(f.fileno()).st_size
+    offset, number = start, 0
+    while offset < size:
+        try:
+            line = read_line(f, min(MAX_RECORD_BYTES, size - offset))
+        except OSError as e:
+            raise _refused(path, e) from None
+        number += 1
+        if line is None:
+            if size - offset > MAX_RECORD_BYTES:
+                raise FolderError(f"{shown(path)}: line {number} is longer than {MAX_RECORD_BYTES} bytes; "
+                                  f"the run folder is damaged")
+            return  # the rest is one torn line
+        if not line.endswith(b"\n"):
+            return
+        offset += len(line)
+        yield number, line[:-1], offset
+
+
+def _checked(path: Path, line: bytes, number: int | str, total: int | None) -> dict:
+    """The record ``line`` of ``path`` holds, checked; ``FolderError`` naming line ``number`` otherwise."""
+    try:
+        record = orjson.loads(line)  # a map's files may be large: about five times json's speed
+    except orjson.JSONDecodeError:
+        raise FolderError(f"{shown(path)}: line {number} is not JSON; the run folder was edited or is "
+                          f"damaged") from None
+    problem = None
+    check = RECORD_CHECKS.get(path.name)
+    if not isinstance(record, dict):
+        problem = "it is not an object"
+    elif not _is_item(record.get("item"), total):
+        problem = _item_words(record.get("item"), total) if "item" in record else "it has no item number"
+    elif "key" in record and not isinstance(record["key"], str):
+        problem = "its key is not text"
+    elif check is not None:
+        problem = check(record)
+    if problem is not None:
+        writer = "scoring" if path.name in SCORING_FILES else "a map"
+        raise FolderError(f"{shown(path)}: line {number} is not a record {writer} wrote ({problem}); the run "
+                          f"folder was edited or is damaged")
+    return record
+
+
+def checked_records(path: str | os.PathLike, *, total: int | None = None, file: IO[bytes] | None = None,
+                    start: int = 0) -> Iterator[tuple[dict, int, int]]:
+    """Each checked record of a results, failures or scoring file, one at a time (never the file's records at
+    once), with the offsets where its line starts and ends (after its newline); a torn last line is not given,
+    an absent file gives none. ``total``: item numbers must be below it. ``file``: that file, already open.
+    ``start``: from this offset (where a line starts; lines are numbered from there). ``FolderError`` names a
+    bad line."""
+    path = Path(path)
+    if file is None and not os.path.lexists(path):
+        return
+    for number, line, end in _lines(path, file, start):
+        yield _checked(path, line, number, total), start, end
+        start = end
+
+
+class RecordIndex:
+    """Where each item's record is in a results or failures file, so a large map's records are read back one
+    at a time, as each is wanted (``get``), never held together: the file is read through once (every record
+    checked, each given to ``on_record``), keeping two offsets an item, and stays open, so a file the map
+    replaces meanwhile (it puts its files in item order as it ends) is still the one indexed. An item recorded
+    more than once (``repeated``; a map never writes one twice) is its last record. A context manager."""
+
+    def __init__(self, path: str | os.PathLike, total: int, on_record: Callable[[dict], None] | None = None):
+        self.path = Path(path)
+        self.total = total
+        self.repeated = False
+        self._starts = array("q", [-1]) * total
+        self._ends = array("q", [0]) * total
+        self._file: IO[bytes] | None = None
+        if not os.path.lexists(self.path):
+            return
+        self._file = _open_records(self.path)
+        try:
+            for record, start, end in checked_records(self.path, total=total, file=self._file):
+                item = record["item"]
+                self.repeated = self.repeated or self._starts[item] >= 0
+                self._starts[item], self._ends[item] = start, end
+                if on_record is not None:
+                    on_record(record)
+        except BaseException:
+            self.close()
+            raise
+
+    def __contains__(self, item: int) -> bool:
+        return 0 <= item < self.total and self._starts[item] >= 0
+
+    def get(self, item: int) -> dict | None:
+        """Item ``item``'s record, read again and checked; None when it has none."""
+        if item not in self or self._file is None:
+            return None
+        start, end = self._starts[item], self._ends[item]
+        line = os.pread(self._file.fileno(), end - start, start)
+        if len(line) != end - start or not line.endswith(b"\n"):
+            raise FolderError(f"{shown(self.path)} changed while it was read; the run folder was edited")
+        record = _checked(self.path, line[:-1], f"at byte {start}", self.total)
+        if record["item"] != item:
+            raise FolderError(f"{shown(self.path)} changed while it was read; the run folder was edited")
+        return record
+
+    def first_records(self) -> Iterator[dict]:
+        """Each item's record (its last), in the order the items first appear in the file."""
+        if self._file is None:
+            return
+        seen = ItemSet()
+        for record, _, _ in checked_records(self.path, total=self.total, file=self._file):
+            if record["item"] not in seen:
+                seen.add(record["item"])
+                yield self.get(record["item"]) or record
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> "RecordIndex":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def records_and_end(path: str | os.PathLike, *, total: int | None = None) -> tuple[list[dict], int]:
     """The checked records of a results, failures or scoring file, and the offset where its complete lines
     end (a torn last line after it); ``([], 0)`` when it is absent. ``total``: item numbers must be below it."""
-    path = Path(path)
-    if not os.path.lexists(path):
-        return [], 0
-    check = RECORD_CHECKS.get(path.name)
     records: list[dict] = []
     end = 0
-    for number, line, end in _lines(path):
-        try:
-            record = orjson.loads(line)  # a map's files may be large: about five times json's speed
-        except orjson.JSONDecodeError:
-            raise FolderError(f"{shown(path)}: line {number} is not JSON; the run folder was edited or is "
-                              f"damaged") from None
-        problem = None
-        if not isinstance(record, dict):
-            problem = "it is not an object"
-        elif not _is_item(record.get("item"), total):
-            problem = _item_words(record.get("item"), total) if "item" in record else "it has no item number"
-        elif "key" in record and not isinstance(record["key"], str):
-            problem = "its key is not text"
-        elif check is not None:
-            problem = check(record)
-        if problem is not None:
-            writer = "scoring" if path.name in SCORING_FILES else "a map"
-            raise FolderError(f"{shown(path)}: line {number} is not a record {writer} wrote ({problem}); the run "
-                              f"folder was edited or is damaged")
+    for record, _, end in checked_records(path, total=total):
         records.append(record)
     return records, end
 
 
-def read_records(path: str | os.PathLike, *, total: int | None = None, repair: bool = False) -> list[dict]:
-    """The checked records of a results, failures or scoring file, without a torn last line (a crash
-    mid-append); ``repair`` also cuts that line off the file (the map's own thread, under its lock)."""
-    path = Path(path)
-    records, end = records_and_end(path, total=total)
-    if repair and os.path.lexists(path) and os.lstat(path).st_size > end:  # its item runs again
+def _cut_after(path: Path, end: int) -> None:
+    """Cut ``path`` at ``end`` when it is longer (a torn last line: its item runs again)."""
+    if os.path.lexists(path) and os.lstat(path).st_size > end:
         try:
             fd = open_fd(path, flags=os.O_WRONLY, follow_symlinks=False)
         except OSError as e:
@@ -205,7 +296,48 @@ def read_records(path: str | os.PathLike, *, total: int | None = None, repair: b
             os.ftruncate(fd, end)
         finally:
             os.close(fd)
+
+
+def read_records(path: str | os.PathLike, *, total: int | None = None, repair: bool = False) -> list[dict]:
+    """The checked records of a results, failures or scoring file, without a torn last line (a crash
+    mid-append); ``repair`` also cuts that line off the file (the map's own thread, under its lock)."""
+    path = Path(path)
+    records, end = records_and_end(path, total=total)
+    if repair:
+        _cut_after(path, end)
     return records
+
+
+@dataclass(frozen=True)
+class RecordedItems:
+    """What a results or failures file holds, as a resume needs it: its items (``ItemSet``), where its complete
+    lines end, and whether they are in item order (the last being item ``last``, -1 for none)."""
+
+    items: ItemSet
+    end: int
+    in_order: bool
+    last: int
+
+
+def scan_records(path: str | os.PathLike, *, total: int | None = None, repair: bool = False) -> RecordedItems:
+    """A results or failures file's checked records read a record at a time, kept as ``RecordedItems``: what a
+    resume needs of a large map's files, never its results held; ``repair`` as in ``read_records``."""
+    path = Path(path)
+    items = ItemSet()
+    end, last, in_order = 0, -1, True
+    for record, _, end in checked_records(path, total=total):
+        item = record["item"]
+        in_order = in_order and item >= last
+        last = max(last, item)
+        items.add(item)
+    if repair:
+        _cut_after(path, end)
+    return RecordedItems(items, end, in_order, last)
+
+
+def recorded_items(path: str | os.PathLike, *, total: int | None = None, repair: bool = False) -> ItemSet:
+    """The item numbers of a results or failures file's checked records (``scan_records``)."""
+    return scan_records(path, total=total, repair=repair).items
 
 
 # --- the ledger -----------------------------------------------------------------------------------
@@ -368,7 +500,9 @@ __all__ = [
     "LEDGER", "RESULTS", "FAILURES", "JOBS", "LEDGER_FORMAT", "SCORING_FILES", "EXPECTED", "SCORING", "SCORES",
     "MAX_LEDGER_BYTES", "MAX_RECORD_BYTES", "MAX_RECORDS_FILE_BYTES", "MAX_ITEMS", "MAX_UNCONFIRMED_ITEMS",
     "SESSION_STATUSES", "FolderError", "shown", "read_folder_bytes", "read_folder_json", "RECORD_CHECKS",
-    "records_and_end", "read_records", "read_ledger_json", "read_ledger", "MANIFEST_PREHASH_BYTES", "pinned_manifest",
+    "checked_records", "RecordIndex", "records_and_end", "read_records", "RecordedItems", "scan_records",
+    "recorded_items", "read_ledger_json",
+    "read_ledger", "MANIFEST_PREHASH_BYTES", "pinned_manifest",
     "confirmed_items", "jobs_folder",
     "job_folders",
 ]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from tensorjob_jupyter.fanout.map_folder_reader import (
-    FAILURES, RESULTS, confirmed_items, pinned_manifest, read_ledger, read_records,
+    FAILURES, RESULTS, RecordIndex, confirmed_items, pinned_manifest, read_ledger, read_records, recorded_items,
 )
 from tensorjob_jupyter.fanout.calibration import evidence_of, field_signals
 from tensorjob_jupyter.fanout.manifest import MAX_KEY_CHARS, item_key
@@ -160,10 +160,9 @@ class MapResult:
         a number from 0 to 1 is None, a record whose confidence is not an object has none."""
         out = {}
         for r in read_records(self.results_path, total=self.total):
-            value = r.get("confidence")
-            if isinstance(value, dict):
-                out[r["item"]] = {str(k): (float(v) if type(v) in (int, float) and 0 <= v <= 1 else None)
-                                  for k, v in list(value.items())[:MAX_FIELDS]}
+            confidence = record_confidence(r)
+            if confidence is not None:
+                out[r["item"]] = confidence
         return out
 
     def sources(self) -> dict[int, dict[str, list[dict]]]:
@@ -171,8 +170,8 @@ class MapResult:
         ``[]`` for a field found nowhere), by item number; an item recorded without them is left out."""
         out = {}
         for r in read_records(self.results_path, total=self.total):
-            sources = r.get("sources")
-            if isinstance(sources, dict) and check_sources(sources) is None:
+            sources = record_sources(r)
+            if sources is not None:
                 out[r["item"]] = sources
         return out
 
@@ -235,13 +234,13 @@ class MapResult:
         run_dir = Path(run_dir).absolute()
         ledger = read_ledger(run_dir)
         claimed, session = ledger["items"], ledger["session"]
-        done = {r["item"] for r in read_records(run_dir / RESULTS, total=claimed)}
-        failed = {r["item"] for r in read_records(run_dir / FAILURES, total=claimed)} - done
+        done = recorded_items(run_dir / RESULTS, total=claimed)
+        failed = sum(item not in done for item in recorded_items(run_dir / FAILURES, total=claimed))
         manifest = pinned_manifest(ledger)
         total = confirmed_items(run_dir, ledger, len(manifest) if manifest is not None else None,
-                                len(done) + len(failed))
+                                len(done) + failed)
         inputs = manifest.items if manifest is not None else ()  # parsed an item at a time, as asked for
-        return cls(run_dir=run_dir, total=total, completed=len(done), failed=len(failed),
+        return cls(run_dir=run_dir, total=total, completed=len(done), failed=failed,
                    skipped=session.get("skipped", 0), ran=session.get("completed", 0) + session.get("failed", 0),
                    status=session.get("status", "running"), elapsed_s=session.get("elapsed_s", 0.0),
                    throughput=0.0, error=session.get("error"), inputs=inputs)
@@ -260,39 +259,59 @@ class MapResult:
         path, ``host.fields``; 0 to 1, None where no answer spelled it or the item has none)."""
         return list(self._rows())
 
+    def iter_rows(self) -> Iterator[dict[str, Any]]:
+        """``rows()`` one at a time: the same rows in the same order, made as they are asked for, so a table of
+        a large map (``tensorjob runs --table``) never holds every row, nor every result, at once."""
+        return self._rows()
+
     def _rows(self) -> Iterator[dict[str, Any]]:
-        """``rows()`` one at a time: a table built from them never holds them all as dicts."""
-        results, failures = self.results(), self.failures()
-        keys = self._keys()
-        inputs = [flattened("input", self.inputs[i]) if i < len(self.inputs) else {} for i in range(self.total)]
-        input_keys = dict.fromkeys(key for flat in inputs for key in flat)
-        output_keys = dict.fromkeys(key for result in results.values() for key in flattened("result", result))
-        sources = self.sources()
-        source_fields = dict.fromkeys(name for found in sources.values() for name in found)
-        scored = self._score_columns()
-        confidences = self.confidences()
-        confidence_keys = dict.fromkeys(f"confidence.{path}" for c in confidences.values() for path in c)
-        done: dict = {}  # one empty stand-in for every input already made a row
-        for index in range(self.total):
-            error = failures.get(index) if index not in results else None
-            error = error if isinstance(error, dict) else {}
-            status = "completed" if index in results else "failed" if index in failures else NOT_RUN
-            output = flattened("result", results[index]) if index in results else {}
-            row = {"item": index, "key": keys[index], **{key: inputs[index].get(key) for key in input_keys},
-                   "status": status, "error_code": error.get("code"), "error_message": error.get("message"),
-                   **{key: output.get(key) for key in output_keys}}
-            if confidence_keys:
-                mine = confidences.get(index, {})
-                row.update({key: mine.get(key[len("confidence."):]) for key in confidence_keys})
-            found = sources.get(index, {})
-            for name in source_fields:
-                row[f"source.{name}"] = sources_label(found.get(name))
-            for name in source_fields:
-                row[f"grounded.{name}"] = None if found.get(name) is None else bool(found[name])
-            if scored is not None:
-                row.update(scored(index))
-            inputs[index] = done  # done with: a large map's table is built as its rows go by
-            yield row
+        """``rows()`` one at a time. The results files are read through once for the columns (every record
+        checked, each item's place kept: ``RecordIndex``) and each item's records read again for its row."""
+        inputs = self.inputs
+        given = min(self.total, len(inputs))
+        input_keys = dict.fromkeys(key for i in range(given) for key in flattened("input", inputs[i]))
+        output_keys: dict[str, None] = {}
+        source_fields: dict[str, None] = {}
+        confidence_keys: dict[str, None] = {}
+
+        def add_columns(record: dict) -> None:  # in the order the items first appear, as results() has them
+            output_keys.update(dict.fromkeys(flattened("result", record.get("result"))))
+            source_fields.update(dict.fromkeys(record_sources(record) or ()))
+            confidence_keys.update(dict.fromkeys(f"confidence.{path}" for path in record_confidence(record) or ()))
+
+        with RecordIndex(self.results_path, self.total, add_columns) as results, \
+                RecordIndex(self.failures_path, self.total) as failures:
+            if results.repeated:  # an item recorded twice (an edited file): its columns are its last record's
+                for columns in (output_keys, source_fields, confidence_keys):
+                    columns.clear()
+                for record in results.first_records():
+                    add_columns(record)
+            scored = self._score_columns()
+            keys_from_inputs = given >= self.total
+            for index in range(self.total):
+                record = results.get(index)
+                failure = failures.get(index) if record is None or not keys_from_inputs else None
+                error = failure.get("error") if failure is not None and record is None else None
+                error = error if isinstance(error, dict) else {}
+                status = "completed" if record is not None else "failed" if failure is not None else NOT_RUN
+                output = flattened("result", record.get("result")) if record is not None else {}
+                value = inputs[index] if index < given else None
+                flat_input = flattened("input", value) if index < given else {}
+                key = item_key(value, index) if keys_from_inputs else _recorded_key(index, record, failure)
+                row = {"item": index, "key": key, **{k: flat_input.get(k) for k in input_keys},
+                       "status": status, "error_code": error.get("code"), "error_message": error.get("message"),
+                       **{k: output.get(k) for k in output_keys}}
+                if confidence_keys:
+                    mine = (record_confidence(record) if record is not None else None) or {}
+                    row.update({k: mine.get(k[len("confidence."):]) for k in confidence_keys})
+                found = (record_sources(record) if record is not None else None) or {}
+                for name in source_fields:
+                    row[f"source.{name}"] = sources_label(found.get(name))
+                for name in source_fields:
+                    row[f"grounded.{name}"] = None if found.get(name) is None else bool(found[name])
+                if scored is not None:
+                    row.update(scored(index))
+                yield row
 
     def _score_columns(self):
         """A function giving an item's scoring columns, all rows with the same keys; None when unscored."""
@@ -324,13 +343,9 @@ class MapResult:
         """Each item's key: from its input where the inputs are at hand, else as the results files recorded it."""
         if len(self.inputs) >= self.total:
             return [item_key(self.inputs[i], i) for i in range(self.total)]
-        keys = [str(i) for i in range(self.total)]
-        for path in (self.failures_path, self.results_path):  # a completed item's record wins
-            for record in read_records(path, total=self.total):
-                index, key = record["item"], record.get("key")
-                if isinstance(key, str):
-                    keys[index] = key[:MAX_KEY_CHARS]
-        return keys
+        with RecordIndex(self.results_path, self.total) as results, \
+                RecordIndex(self.failures_path, self.total) as failures:
+            return [_recorded_key(i, results.get(i), failures.get(i)) for i in range(self.total)]
 
     def to_pandas(self) -> pandas.DataFrame:
         """``rows()`` as a pandas DataFrame indexed by item, with pandas' nullable dtypes (needs the ``[pandas]``
@@ -372,6 +387,29 @@ def float_scores(table):
     return table
 
 
+def _recorded_key(index: int, record: dict | None, failure: dict | None) -> str:
+    """An item's key as its records name it (a completed item's record first), else its number."""
+    for r in (record, failure):
+        if r is not None and isinstance(r.get("key"), str):
+            return r["key"][:MAX_KEY_CHARS]
+    return str(index)
+
+
+def record_confidence(record: dict) -> dict[str, float | None] | None:
+    """A results record's confidence by field, read as untrusted (``MapResult.confidences``); None without."""
+    value = record.get("confidence")
+    if not isinstance(value, dict):
+        return None
+    return {str(k): (float(v) if type(v) in (int, float) and 0 <= v <= 1 else None)
+            for k, v in list(value.items())[:MAX_FIELDS]}
+
+
+def record_sources(record: dict) -> dict[str, list[dict]] | None:
+    """A results record's sources when they are what a map records (``check_sources``); None otherwise."""
+    sources = record.get("sources")
+    return sources if isinstance(sources, dict) and check_sources(sources) is None else None
+
+
 def flattened(prefix: str, value: Any) -> dict[str, Any]:
     """A value as table columns: an object's fields as ``PREFIX.NAME`` (one level), anything else as ``PREFIX``."""
     if isinstance(value, dict):
@@ -395,4 +433,5 @@ class ItemTimes:
                 "reactor_ms": 1000 * self.reactor_s / n, "latency_ms": 1000 * self.latency_s / n}
 
 
-__all__ = ["NOT_RUN", "rate_text", "MapProgress", "MapResult", "float_scores", "flattened", "ItemTimes"]
+__all__ = ["NOT_RUN", "rate_text", "MapProgress", "MapResult", "float_scores", "flattened", "record_confidence",
+           "record_sources", "ItemTimes"]

@@ -174,10 +174,10 @@ class MapRun:
 
     def todo(self) -> Iterator[tuple[int, Any]]:
         """The items still to run, each as its checked bytes (``CheckedJson``): its job parses it, once."""
-        concluded = self.folder.completed | self.folder.failed
+        completed, failed = self.folder.completed, self.folder.failed  # only items already given are added
         items = self.manifest.items
         for index in range(len(items)):
-            if index not in concluded:
+            if index not in completed and index not in failed:
                 yield index, items.checked(index)
 
     def started(self, index: int) -> None:
@@ -313,7 +313,7 @@ class MapRun:
             run_dir=self.run_dir, total=progress.total, completed=len(self.folder.completed),
             failed=len(self.folder.failed), skipped=progress.skipped, ran=progress.completed + progress.failed,
             status=status, elapsed_s=progress.elapsed_s, throughput=progress.throughput, error=self._error,
-            inputs=tuple(self.manifest.items), tokens=progress.tokens)
+            inputs=self.manifest.items, tokens=progress.tokens)  # parsed an item at a time, as asked for
         with self._cond:
             self._finished_event = {"type": "map.finished", "progress": progress.to_json()}
         self._notify(self._finished_event)  # before wait() returns: views are complete by then

@@ -20,13 +20,13 @@ import shutil
 from typing import TextIO
 
 from tensorjob_jupyter.fanout.errors import MapError
-from tensorjob_jupyter.frontends.table import map_table, rows_csv
+from tensorjob_jupyter.frontends.table import map_table_lines, write_csv
 
 from tensorjob_jupyter.frontends.options import (
     BY_NAME, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, JobOptions, OptionError, add_job_arguments, fail_under,
 )
 from tensorjob_jupyter.frontends.requests import (
-    MapReplayRequest, find_runs, map_rows, open_playback, replay_job, start_map_replay,
+    MapReplayRequest, find_runs, map_row_source, open_playback, replay_job, start_map_replay,
 )
 from tensorjob_jupyter.text import for_terminal, json_text
 from tensorjob_jupyter.frontends.terminal import EventPrinter, exit_status, load_guest, run_live
@@ -143,14 +143,15 @@ def cmd_runs(args, out: TextIO, err: TextIO) -> int:
     if args.review and args.table is None:
         raise OptionError("--review goes with --table MAP_RUN_DIR")
     if args.table is not None:
-        rows = map_rows(args.table, review=args.review)
+        rows = map_row_source(args.table, review=args.review)  # a row at a time: a map of any size
         if args.csv:
-            out.write(rows_csv(rows))
+            write_csv(rows(), out)
         elif args.json:
-            for row in rows:
+            for row in rows():
                 out.write(json_text(row, pretty=False) + "\n")
         else:
-            out.write(map_table(rows, width=shutil.get_terminal_size().columns, max_rows=len(rows)) + "\n")
+            for line in map_table_lines(rows, width=shutil.get_terminal_size().columns, max_rows=None):
+                out.write(line + "\n")
         return EXIT_OK
     if args.prune is not None:
         report = prune(args.prune, args.runs, status=args.status)

@@ -23,7 +23,7 @@ from tensorjob_jupyter.abi import codes
 from tensorjob_jupyter.fanout.progress import MapResult, rate_text
 from tensorjob_jupyter.fanout.run import STOPPED
 from tensorjob_jupyter.fanout.scoring import BUILTINS, DEFAULT_SCORER
-from tensorjob_jupyter.frontends.table import map_table
+from tensorjob_jupyter.frontends.table import map_table_lines
 from tensorjob_jupyter.frontends.terminal import load_guest
 from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.text import for_terminal, json_text
@@ -90,8 +90,10 @@ def cmd_map(args, out: TextIO, err: TextIO) -> int:
     if args.json:
         out.write(json_text(result.to_json()) + "\n")
     else:
-        out.write(map_table(result.rows(), width=shutil.get_terminal_size().columns,
-                            more=f"tensorjob runs --table {result.run_dir} (--csv for a spreadsheet)") + "\n\n")
+        for line in map_table_lines(result.iter_rows, width=shutil.get_terminal_size().columns, count=result.total,
+                                    more=f"tensorjob runs --table {result.run_dir} (--csv for a spreadsheet)"):
+            out.write(line + "\n")  # the first rows: never every row of a large map made
+        out.write("\n")
         out.write(for_terminal(_summary_text(result)) + "\n")
     out.flush()
     if result.status == "cancelled":

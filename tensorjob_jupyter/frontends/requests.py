@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 import tensorjob_jupyter as tj
 from tensorjob_jupyter.abi import OptionError
@@ -116,6 +116,26 @@ def find_runs(runs: str | None, *, status: str | None, limit: int | None) -> tup
     return listing, total
 
 
+def map_row_source(run_dir: str, *, review: bool = False, what: str = "--table") -> Callable[[], Iterator[dict]]:
+    """What gives the rows of the map in ``run_dir`` afresh each time it is called, a row at a time
+    (``MapResult.iter_rows()``; ``review``: ``map_rows``'s list), for a table of any size; a folder that is not a
+    map's, or a file of it that cannot be read, is one ``OptionError`` naming ``what`` asked."""
+    if review:
+        reviewed = map_rows(run_dir, review=True, what=what)
+        return lambda: iter(reviewed)
+    try:
+        result = tj.MapResult.read(run_dir)
+    except (tj.MapError, OSError) as e:
+        raise OptionError(f"{what} {run_dir}: {' '.join(str(e).split())}") from None
+
+    def rows() -> Iterator[dict]:
+        try:
+            yield from result.iter_rows()
+        except (tj.MapError, OSError) as e:
+            raise OptionError(f"{what} {run_dir}: {' '.join(str(e).split())}") from None
+    return rows
+
+
 def map_rows(run_dir: str, *, review: bool = False, what: str = "--table") -> list[dict]:
     """The rows of the map in ``run_dir`` (``MapResult.rows()``; ``review``: its completed items doubtful first,
     ``MapResult.review()``); a folder that is not a map's is one ``OptionError`` naming ``what`` asked."""
@@ -164,5 +184,5 @@ def _one_line(*, unexpected: bool = False) -> Iterator[None]:
 
 __all__ = [
     "MapRequest", "MapReplayRequest", "start_map", "estimate_map", "replay_job", "start_map_replay", "find_runs",
-    "map_rows", "open_playback",
+    "map_rows", "map_row_source", "open_playback",
 ]

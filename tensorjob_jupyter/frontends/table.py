@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import textwrap
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence, TextIO
 
 from tensorjob_jupyter.text import for_terminal
 
@@ -75,17 +76,42 @@ def map_table(rows: Sequence[dict], *, width: int = 120, max_rows: int = MAX_ROW
     ``WRAP_LINES`` lines); columns are squeezed to ``READABLE_CELL``, then the last result columns are left
 out (and named), then what is left is squeezed to ``MIN_CELL``. Past
     ``max_rows`` items a line says how many more there are; ``more`` says where to see every row."""
-    if not rows:
-        return "(no items)"
-    results = [k for k in rows[0] if k == "result" or k.startswith("result.")]
-    headers = ["item", "key", "status"] + [_one_line(k[len("result."):] if k != "result" else k) for k in results]
-    table = []
-    for row in rows[:max_rows]:
-        status = row["status"] if row["status"] != "failed" else f"failed: {row.get('error_code') or '?'}"
-        table.append([_cell(row["item"]), _cell(row.get("key")), _cell(status)] + [_cell(row.get(k)) for k in results])
-    widths = [max(len(headers[c]), *(len(r[c]) for r in table)) for c in range(len(headers))]
-    widths = [widths[0], min(widths[1], MAX_KEY_CELL), min(widths[2], MAX_CELL)] + [min(w, MAX_CELL)
-                                                                                   for w in widths[3:]]
+    return "\n".join(map_table_lines(lambda: rows, width=width, max_rows=max_rows, more=more, count=len(rows)))
+
+
+def _cells(row: dict, results: list[str]) -> list[str]:
+    status = row["status"] if row["status"] != "failed" else f"failed: {row.get('error_code') or '?'}"
+    return [_cell(row["item"]), _cell(row.get("key")), _cell(status)] + [_cell(row.get(k)) for k in results]
+
+
+def map_table_lines(rows: Callable[[], Iterable[dict]], *, width: int = 120, max_rows: int | None = MAX_ROWS,
+                    more: str = "", count: int | None = None) -> Iterator[str]:
+    """``map_table``'s lines, one at a time, from ``rows()`` called twice -- once for the columns' widths, once
+    for the lines -- so a table of every item of a large map (``max_rows`` None) is never held whole.
+    ``count``: how many rows there are in all, where the caller knows (else they are counted)."""
+    results: list[str] = []
+    headers: list[str] = []
+    natural: list[int] = []
+    seen = 0
+    for row in rows():
+        if not seen:
+            results = [k for k in row if k == "result" or k.startswith("result.")]
+            headers = ["item", "key", "status"] + [_one_line(k[len("result."):] if k != "result" else k)
+                                                   for k in results]
+            natural = [len(h) for h in headers]
+        seen += 1
+        if max_rows is not None and seen > max_rows:
+            if count is not None:
+                break
+            continue
+        natural = [max(w, len(c)) for w, c in zip(natural, _cells(row, results))]
+    if not seen:
+        yield "(no items)"
+        return
+    count = seen if count is None else count
+    natural = [natural[0], min(natural[1], MAX_KEY_CELL), min(natural[2], MAX_CELL)] + [min(w, MAX_CELL)
+                                                                                       for w in natural[3:]]
+    widths = list(natural)
     shown = list(range(len(headers)))
 
     def total() -> int:
@@ -98,28 +124,27 @@ out (and named), then what is left is squeezed to ``MIN_CELL``. Past
                 return
             widths[max(room, key=lambda c: widths[c])] -= 1
 
-    natural = list(widths)
     squeeze(lambda c: natural[c] if c == 2 else min(natural[c], READABLE_CELL))  # the status whole, others readable
     while total() > width and len(shown) > 4:  # then leave result columns out, the last first
         shown.pop()
         squeeze(lambda c: natural[c] if c == 2 else min(natural[c], READABLE_CELL))
     squeeze(lambda c: min(natural[c], MIN_CELL))
-    lines = ["  ".join(_clip(headers[c], widths[c]).ljust(widths[c]) for c in shown).rstrip()]
-    for r in table:
+    yield "  ".join(_clip(headers[c], widths[c]).ljust(widths[c]) for c in shown).rstrip()
+    for row in itertools.islice(rows(), max_rows):
+        r = _cells(row, results)
         cells = [_wrap(r[c], widths[c]) for c in shown]
         for k in range(max(len(cell) for cell in cells)):
-            lines.append("  ".join((cell[k] if k < len(cell) else "").ljust(widths[c])
-                                   for c, cell in zip(shown, cells)).rstrip())
+            yield "  ".join((cell[k] if k < len(cell) else "").ljust(widths[c])
+                            for c, cell in zip(shown, cells)).rstrip()
     where = f": {more} lists every one" if more else ""
     notes = []
     if len(shown) < len(headers):
         left = [headers[c] for c in range(len(headers)) if c not in shown]
         notes.append(f"… {len(left)} more columns ({', '.join(left)}) do not fit {width} characters{where}")
-    if len(rows) > max_rows:
-        notes.append(f"… {len(rows) - max_rows} more items{where}")
+    if max_rows is not None and count > max_rows:
+        notes.append(f"… {count - max_rows} more items{where}")
     for note in notes:  # prose: wrapped at spaces to the width
-        lines.extend(textwrap.wrap(note, max(width, MIN_CELL), break_on_hyphens=False))
-    return "\n".join(lines)
+        yield from textwrap.wrap(note, max(width, MIN_CELL), break_on_hyphens=False)
 
 
 def _csv_value(value: Any) -> Any:
@@ -134,14 +159,19 @@ def _csv_value(value: Any) -> Any:
 def rows_csv(rows: Sequence[dict]) -> str:
     """Every column of ``rows`` as CSV (a header line, then a line per item)."""
     out = io.StringIO()
-    if not rows:
-        return ""
-    writer = csv.writer(out, lineterminator="\r\n")  # RFC 4180; a cell holding either break is quoted
-    columns = list(rows[0])
-    writer.writerow([_csv_value(c) for c in columns])
-    for row in rows:
-        writer.writerow([_csv_value(row.get(c)) for c in columns])
+    write_csv(rows, out)
     return out.getvalue()
+
+
+def write_csv(rows: Iterable[dict], out: TextIO) -> None:
+    """``rows_csv`` written to ``out`` a row at a time (nothing for no rows)."""
+    writer = csv.writer(out, lineterminator="\r\n")  # RFC 4180; a cell holding either break is quoted
+    columns: list[str] | None = None
+    for row in rows:
+        if columns is None:
+            columns = list(row)
+            writer.writerow([_csv_value(c) for c in columns])
+        writer.writerow([_csv_value(row.get(c)) for c in columns])
 
 
 class ReviewRows(list):
@@ -155,5 +185,6 @@ class ReviewRows(list):
         p.text(repr(self))
 
 
-__all__ = ["MAX_ROWS", "MAX_CELL", "MIN_CELL", "MAX_KEY_CELL", "WRAP_LINES", "READABLE_CELL", "map_table", "rows_csv",
+__all__ = ["MAX_ROWS", "MAX_CELL", "MIN_CELL", "MAX_KEY_CELL", "WRAP_LINES", "READABLE_CELL", "map_table",
+           "map_table_lines", "rows_csv", "write_csv",
            "ReviewRows"]

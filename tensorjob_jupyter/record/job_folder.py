@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from typing import Any
 import secrets
+import threading
 import time
 from pathlib import Path
 
@@ -49,9 +50,27 @@ def runs_folder(runs: str | os.PathLike | None = None) -> Path:
     return Path(runs).expanduser() if runs else default_runs_dir()
 
 
+_ID_LOCK = threading.Lock()
+#: The second the ids given last were stamped with, and their random digits: none is given twice in a second.
+_ID_SECOND = ""
+_ID_TAILS: set[str] = set()
+
+
 def new_job_id() -> str:
-    """A run's id: when it started (sortable), then six random hex digits."""
-    return time.strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
+    """A run's id: when it started (sortable), then six random hex digits -- never digits this process gave in
+    the same second, since a map starts hundreds of jobs a second (drawn freely, two ids of a 100,000-item map
+    would likely meet, and the second job could not make its folder)."""
+    global _ID_SECOND
+    with _ID_LOCK:
+        second = time.strftime("%Y%m%dT%H%M%S")
+        if second != _ID_SECOND:
+            _ID_SECOND = second
+            _ID_TAILS.clear()  # what is kept is at most one second's ids
+        tail = secrets.token_hex(3)
+        while tail in _ID_TAILS:
+            tail = secrets.token_hex(3)
+        _ID_TAILS.add(tail)
+        return f"{second}-{tail}"
 
 
 def lock_transcript(fileno: int) -> None:
