@@ -702,6 +702,8 @@ def main(argv=None) -> int:
     parser.add_argument("--vs-server", action="store_true",
                         help="tensorjob map against llama-server (LLAMA_SERVER names the binary), default and long "
                              "answers (bench/map_vs_server.py)")
+    parser.add_argument("--server-args", default=None, metavar="ARGS",
+                        help="--vs-server: more llama-server flags, e.g. '--poll 0'")
     parser.add_argument("--sizes", default="6,32",
                         help="--vs-plain: map sizes (default 6,32); --vs-server: the largest is the map's size")
     parser.add_argument("--sweep", action="store_true", help="--vs-plain: tj.map at concurrency 1, 2 and 4 too")

@@ -19,6 +19,7 @@ import asyncio
 import json
 import math
 import os
+import shlex
 import shutil
 import socket
 import statistics
@@ -80,13 +81,14 @@ def valid_answer(answer, schema: dict) -> bool:
 class Server:
     """``llama-server`` on a free local port, up until ``close``; its log in ``folder``."""
 
-    def __init__(self, binary: str, model: str, folder: Path, *, slots: int, threads: int, threads_batch: int):
+    def __init__(self, binary: str, model: str, folder: Path, *, slots: int, threads: int, threads_batch: int,
+                 extra: list[str]):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.argv = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(self.port), "-np", str(slots), "-cb",
                      "-c", str(N_CTX * slots), "-b", "512", "-ub", "512", "-t", str(threads), "-tb",
-                     str(threads_batch), "--jinja", "--no-webui"]
+                     str(threads_batch), "--jinja", "--no-webui", *extra]
         self.log = folder / "llama-server.log"
         started = time.perf_counter()
         with open(self.log, "wb") as log:
@@ -147,7 +149,12 @@ async def one_request(client, semaphore, text: str, schema: dict, max_tokens: in
 
 async def serve_items(url: str, manifest: Path, slots: int) -> tuple[list[dict], float]:
     """Every manifest item through the server, ``slots`` in flight; the answers and the wall time of all."""
-    from openai import AsyncOpenAI
+    from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+
+    try:
+        import httpx2 as httpx  # the HTTP client of the openai releases that use it
+    except ImportError:
+        import httpx
 
     items = [json.loads(line) for line in manifest.read_text(encoding="utf-8").splitlines() if line.strip()]
     texts = []
@@ -155,7 +162,11 @@ async def serve_items(url: str, manifest: Path, slots: int) -> tuple[list[dict],
         with open(item["path"], "rb") as f:
             texts.append(f.read(WINDOW).decode("utf-8", "ignore"))
     semaphore = asyncio.Semaphore(slots)
-    async with AsyncOpenAI(base_url=url + "/v1", api_key="none", timeout=1200, max_retries=0) as client:
+    # a fresh connection a request: llama-server may close a kept-alive connection just as the client reuses it
+    # ("Server disconnected without sending a response"), and a retry would add the client's back-off to the figures
+    http = DefaultAsyncHttpxClient(limits=httpx.Limits(max_connections=2 * slots, max_keepalive_connections=0))
+    async with AsyncOpenAI(base_url=url + "/v1", api_key="none", timeout=1200, max_retries=0,
+                           http_client=http) as client:
         started = time.perf_counter()
         answers = await asyncio.gather(*(one_request(client, semaphore, text, item["schema"], item["max_tokens"])
                                          for text, item in zip(texts, items)))
@@ -213,12 +224,14 @@ def map_row(folder: Path, manifest: Path, run_dir: Path, concurrency: list[str],
     summary, wall = tensorjob("map", str(GUEST), "--over", str(manifest), "--read", str(folder / "docs"),
                               "--run-dir", str(run_dir), *concurrency)
     n = summary["total"]
-    tokens = sum(json.loads(p.read_text())["usage"]["tokens_out"] for p in run_dir.glob("jobs/*/envelope.json"))
+    usages = [json.loads(p.read_text())["usage"] for p in run_dir.glob("jobs/*/envelope.json")]
+    tokens = sum(u["tokens_out"] for u in usages)
     results = [json.loads(line) for line in (run_dir / "results.jsonl").read_text(encoding="utf-8").splitlines()
                if line.strip()]
     valid = sum(valid_answer((r.get("result") or {}).get("facts"), schema) for r in results)
     return {"wall_s": wall, "items_s": n / wall, "tok_s": tokens / wall, "tokens_out": tokens,
-            "elapsed_s": summary["elapsed_s"], "invalid": n - valid, "load": os.getloadavg()[0],
+            "tokens_in": sum(u["tokens_in"] for u in usages), "elapsed_s": summary["elapsed_s"],
+            "invalid": n - valid, "load": os.getloadavg()[0],
             **map_token_times(run_dir)}
 
 
@@ -240,13 +253,14 @@ def vs_server_bench(args) -> int:
     if args.model not in (None, "default"):
         concurrency += ["--model", model]
     n = max(int(size) for size in args.sizes.split(","))
-    kinds = [("long answers", LONG_SCHEMA, max(args.max_tokens, LONG_MAX_TOKENS))] if args.long_answers else [
-        ("default answers", SCHEMA, args.max_tokens), ("long answers", LONG_SCHEMA, max(args.max_tokens, LONG_MAX_TOKENS))]
+    long = ("long answers", LONG_SCHEMA, max(args.max_tokens, LONG_MAX_TOKENS))
+    kinds = [long] if args.long_answers else [("default answers", SCHEMA, args.max_tokens), long]
     folder = Path(tempfile.mkdtemp(prefix="bench-map-server-"))
     print(f"machine: {os.cpu_count()} CPUs, 1-min load {os.getloadavg()[0]:.1f}; {n} reports; concurrency {slots} "
           f"(server -np {slots} -cb -c {N_CTX * slots}); llama.cpp threads {threads}/{threads_batch} on both sides; "
-          f"{args.rounds} interleaved round(s); server {binary}", flush=True)
-    server = Server(binary, model, folder, slots=slots, threads=threads, threads_batch=threads_batch)
+          f"{args.rounds} interleaved round(s); server {binary} {args.server_args or ''}", flush=True)
+    server = Server(binary, model, folder, slots=slots, threads=threads, threads_batch=threads_batch,
+                    extra=shlex.split(args.server_args or ""))
     try:
         warm = reports(folder, 1, "warm", 8)
         asyncio.run(serve_items(server.url, warm, 1))  # the server's first request: not timed
@@ -263,8 +277,10 @@ def vs_server_bench(args) -> int:
                     else:
                         row = server_row(server, manifest, slots, schema)
                     figures[name][side].append(row)
-                    print(f"  round {r + 1}: {name:<16} {side:<7} {row['items_s']:.2f} items/s "
-                          f"(load {row['load']:.1f})", flush=True)
+                    print(f"  round {r + 1}: {name:<16} {side:<7} {row['items_s']:.2f} items/s, {row['tok_s']:.1f} "
+                          f"tok/s, TTFT {row['ttft_med_ms']:.0f}/{row['ttft_p95_ms']:.0f} ms, "
+                          f"gaps {row['gap_med_ms']:.1f}/{row['gap_p95_ms']:.1f} ms (median/p95), {row['tokens_out']} tokens, {row['invalid']} "
+                          f"invalid (load {row['load']:.1f})", flush=True)
     finally:
         server.close()
         shutil.rmtree(folder, ignore_errors=True)
@@ -296,6 +312,8 @@ def report(figures: dict, kinds: list, n: int, slots: int) -> None:
         print(f"  the map's TTFT counting only the {cli['loaded_items']} items asked after the model was loaded: "
               f"median {cli['ttft_loaded_med_ms']:.0f} ms, p95 {cli['ttft_loaded_p95_ms']:.0f} ms; its items' own "
               f"time (model load excluded) {cli['elapsed_s']:.1f} s of the process's {cli['wall_s']:.1f} s")
+        print(f"  prompt tokens an item (the same prompt and chat template on both sides): server "
+              f"{server['tokens_in'] / n:.1f}, map {cli['tokens_in'] / n:.1f}")
     print(f"\n  TTFT: request (server: sent by the client; map: the guest's infer) to the first token; gaps between "
           f"successive tokens (the map's from its transcripts' t_ms, 1 ms resolution). invalid: answers that are not "
           f"JSON with every required field.\n1-min load average during the runs: {min(loads):.1f}-{max(loads):.1f}")
