@@ -279,8 +279,8 @@ def vs_server_bench(args) -> int:
                     figures[name][side].append(row)
                     print(f"  round {r + 1}: {name:<16} {side:<7} {row['items_s']:.2f} items/s, {row['tok_s']:.1f} "
                           f"tok/s, TTFT {row['ttft_med_ms']:.0f}/{row['ttft_p95_ms']:.0f} ms, "
-                          f"gaps {row['gap_med_ms']:.1f}/{row['gap_p95_ms']:.1f} ms (median/p95), {row['tokens_out']} tokens, {row['invalid']} "
-                          f"invalid (load {row['load']:.1f})", flush=True)
+                          f"gaps {row['gap_med_ms']:.1f}/{row['gap_p95_ms']:.1f} ms (median/p95), "
+                          f"{row['tokens_out']} tokens, {row['invalid']} invalid (load {row['load']:.1f})", flush=True)
     finally:
         server.close()
         shutil.rmtree(folder, ignore_errors=True)
