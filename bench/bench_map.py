@@ -4,6 +4,7 @@
     python bench/bench_map.py --documents [--items 12] [--max-tokens 48]
     python bench/bench_map.py --vs-plain [--sizes 6,32] [--rounds 3] [--sweep] [--notebook] [--concurrency N|auto]
                               [--long-answers --max-tokens 160]
+    LLAMA_SERVER=PATH python bench/bench_map.py --vs-server [--sizes 32] [--rounds 3] [--long-answers]
     python bench/bench_map.py --replay [--items 100] | --prefix [--items 32] | --memory | --experiments
     python bench/bench_map.py --deterministic [--items 16] [--rounds 2]
 
@@ -36,6 +37,13 @@ the timed runs (reported), and the scenarios are interleaved over
 schema-constrained map of short reports as ``tensorjob map``, as ``tj.map``
 and as 15 lines of llama-cpp-python with the same prompt, schema and
 sampling; the start-up tax of a one-item map; and where an item's time goes.
+
+**Against llama.cpp's server** (``--vs-server``, ``bench/map_vs_server.py``):
+the same map as ``tensorjob map`` against ``llama-server`` (the binary
+``LLAMA_SERVER`` names; skipped, with how to build it, without one) with
+parallel slots and continuous batching, fed by an asyncio OpenAI client:
+items/s, tokens/s, time to first token and inter-token gaps, default and long
+answers.
 
 For each it prints items/s, ratios, and per item: job setup (building the
 Job), run (start to envelope), reactor (of which the guest and inference),
@@ -691,7 +699,13 @@ def main(argv=None) -> int:
     parser.add_argument("--vs-plain", action="store_true",
                         help="a schema-constrained map as tensorjob map and tj.map against a plain llama-cpp-python "
                              "loop (bench/map_vs_plain.py)")
-    parser.add_argument("--sizes", default="6,32", help="--vs-plain: map sizes (default 6,32)")
+    parser.add_argument("--vs-server", action="store_true",
+                        help="tensorjob map against llama-server (LLAMA_SERVER names the binary), default and long "
+                             "answers (bench/map_vs_server.py)")
+    parser.add_argument("--server-args", default=None, metavar="ARGS",
+                        help="--vs-server: more llama-server flags, e.g. '--poll 0'")
+    parser.add_argument("--sizes", default="6,32",
+                        help="--vs-plain: map sizes (default 6,32); --vs-server: the largest is the map's size")
     parser.add_argument("--sweep", action="store_true", help="--vs-plain: tj.map at concurrency 1, 2 and 4 too")
     parser.add_argument("--long-answers", action="store_true",
                         help="--vs-plain: answers with a 200-400 character summary too (decode-heavy: where batching "
@@ -710,6 +724,11 @@ def main(argv=None) -> int:
     parser.add_argument("--experiments", action="store_true", help="--replay, --prefix and --memory")
     parser.add_argument("--json", action="store_true", help="also print the rows as JSON")
     args = parser.parse_args(argv)
+    if args.vs_server:
+        from map_vs_server import vs_server_bench  # bench/map_vs_server.py
+
+        args.rounds = args.rounds or 3
+        return vs_server_bench(args)
     if args.vs_plain:
         from map_vs_plain import vs_plain_bench  # bench/map_vs_plain.py
 
