@@ -284,15 +284,15 @@ class MapResult:
             if results.repeated:  # an item recorded twice (an edited file): its columns are its last record's
                 for columns in (output_keys, source_fields, confidence_keys):
                     columns.clear()
-                for record in results.first_records():
-                    add_columns(record)
+                for first in results.first_records():
+                    add_columns(first)
             scored = self._score_columns()
             keys_from_inputs = given >= self.total
             for index in range(self.total):
                 record = results.get(index)
                 failure = failures.get(index) if record is None or not keys_from_inputs else None
-                error = failure.get("error") if failure is not None and record is None else None
-                error = error if isinstance(error, dict) else {}
+                recorded_error = failure.get("error") if failure is not None and record is None else None
+                error: dict = recorded_error if isinstance(recorded_error, dict) else {}
                 status = "completed" if record is not None else "failed" if failure is not None else NOT_RUN
                 output = flattened("result", record.get("result")) if record is not None else {}
                 value = inputs[index] if index < given else None
