@@ -3,8 +3,9 @@
 ``LlamaEngine`` implements the ``Engine`` protocol on llama-cpp-python's low-level API rather than
 on ``Llama.create_completion``, because the high-level loop cannot give the host what it needs: a
 stop verdict that reaches the decoder, whole characters only, a prefix cache per slot keyed by the
-LoRA selection (a busy slot's prefix copied rather than decoded again), runtime LoRA, continuous
-batching (a starting prompt read in chunks within the running sequences' decode steps), grammar masks
+LoRA selection (a busy slot's prefix copied rather than decoded again, queued requests started
+longest-prefix-first), runtime LoRA, continuous batching (a starting prompt read in chunks within the
+running sequences' decode steps), grammar masks
 off the decode thread, and embeddings on a second context. Each slot has a KV stream of its own and
 the last prompt token is decoded in a decode step, so a repeated prompt gives exactly what a cold run
 gives. It is one class on purpose: the decode loop, the slots, the samplers and the embedding context
@@ -70,6 +71,11 @@ HELD_POLL_S = 0.001
 #: The fewest prompt tokens a copy of another slot's KV must save over the request's own slot: a copy
 #: across KV streams moves the whole stream buffer, which costs about what decoding a token or two does.
 PREFIX_COPY_MIN_TOKENS = 32
+#: Requests a batch takes off the worker's queue to choose from while a slot is free: the next to start is the one
+#: sharing the longest prefix with what the slots hold or are reading (``_prefix_first``).
+PREFIX_LOOKAHEAD = 32
+#: How many times a waiting request may be passed over for one sharing a longer prefix before it starts next.
+PREFIX_PASS_LIMIT = 8
 #: While other sequences decode, a step that also reads prompt tokens costs at most about this many times a step
 #: of theirs alone: the prompt tokens a step takes are fitted to the rates the engine has measured (``_prompt_budget``).
 PROMPT_STEP_RATIO = 2.0
@@ -154,14 +160,17 @@ class LlamaEngine:
     together; ``loras``: adapter name -> GGUF path, selectable per request;
     ``embedding_n_ctx``: the longest text embedded (longer ones are cut);
     ``cpu_share``: how an engine that fits its threads measures the machine's
-    other work (default: a ``CpuShare`` over ``/proc/stat``).
+    other work (default: a ``CpuShare`` over ``/proc/stat``); ``prefix_order``:
+    start the queued request sharing the longest prefix with the slots first
+    (False: in arrival order).
     """
 
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 2048, n_batch: int = 512,
                  n_threads: int | None = None, n_threads_batch: int | None = None,
                  n_gpu_layers: int | None = None, slots: int = 4,
                  loras: Mapping[str, str | os.PathLike] | None = None,
-                 embedding_n_ctx: int = 2048, model_name: str | None = None, cpu_share: CpuShare | None = None):
+                 embedding_n_ctx: int = 2048, model_name: str | None = None, cpu_share: CpuShare | None = None,
+                 prefix_order: bool = True):
         llama_cpp = llama_cpp_library()
         from llama_cpp import _internals
 
@@ -220,6 +229,7 @@ class LlamaEngine:
             self._slots = [_Slot(i) for i in range(self.n_slots)]
             #: KV copies from one slot to another (a shared prefix decoded once), since creation.
             self.prefix_copies = 0
+            self.prefix_order = prefix_order
             #: seconds a decode step of the running sequences takes, and a prompt token read with them (measured)
             self._step_s: float | None = None
             self._prompt_token_s: float | None = None
@@ -415,27 +425,34 @@ class LlamaEngine:
         """Run ``first`` and whatever ``admit`` hands over meanwhile, batched, to completion.
 
         Between decode steps, while a slot is free, ``admit()`` is asked for
-        another request (None: nothing now); before the first step, once two
-        have come together, ``admit(ADMIT_WINDOW_S)`` waits a little for each
-        next one, so requests sent together start together. Each request's
-        ``done`` is called as soon as it finishes. A request whose LoRA selection differs from the
-        running batch's waits until the batch drains; nothing is admitted past
-        a waiting request, so order is kept.
+        the requests queued now (None: nothing more), up to ``PREFIX_LOOKAHEAD``
+        waiting; before the first step, once two have come together,
+        ``admit(ADMIT_WINDOW_S)`` waits a little for each next one, so requests
+        sent together start together. Of those waiting, the one sharing the
+        longest prefix with what the slots hold or read starts next
+        (``_prefix_first``: its KV is copied, not decoded again), else the
+        earliest. Each request's ``done`` is called as soon as it finishes. A
+        request whose LoRA selection differs from the running batch's waits
+        until the batch drains, and none behind it starts before it.
         """
         active: list[_Sequence] = []
-        waiting: collections.deque[Pending] = collections.deque([first])
+        waiting: list[Pending] = [first]
+        passed: dict[int, int] = {}  # id of a waiting request -> times one behind it started first
         gather = True  # until the first decode step
         while True:
-            while waiting:
-                if not self._try_start(waiting[0], active):
+            while True:
+                while admit is not None and len(active) < self.n_slots and len(waiting) < PREFIX_LOOKAHEAD:
+                    item = admit()
+                    if item is None:
+                        break
+                    waiting.append(item)
+                self._start_waiting(waiting, active, passed)
+                if not (gather and admit is not None and 1 < len(active) < self.n_slots and not waiting):
                     break
-                waiting.popleft()
-            while admit is not None and not waiting and len(active) < self.n_slots:
-                item = admit(ADMIT_WINDOW_S) if gather and len(active) > 1 else admit()
+                item = admit(ADMIT_WINDOW_S)
                 if item is None:
                     break
-                if not self._try_start(item, active):
-                    waiting.append(item)
+                waiting.append(item)
             gather = False
             if not active:
                 if not waiting:
@@ -450,6 +467,50 @@ class LlamaEngine:
                     self._drop_slot(seq.slot)
                     seq.pending.done(None, error)
                 active.clear()
+
+    def _start_waiting(self, waiting: list[Pending], active: list[_Sequence], passed: dict[int, int]) -> None:
+        """Answer the waiting requests that need no slot (abandoned, nothing to generate) at once, then start the
+        others while a slot is free, prefix-first (``_next_to_start``)."""
+        for item in [w for w in waiting if w.abandoned() or w.request.max_tokens <= 0]:
+            self._try_start(item, active)
+            waiting.remove(item)
+            passed.pop(id(item), None)
+        while waiting and len(active) < self.n_slots:
+            k = self._next_to_start(waiting, active, passed)
+            if not self._try_start(waiting[k], active):
+                return
+            for item in waiting[:k]:
+                passed[id(item)] = passed.get(id(item), 0) + 1
+            passed.pop(id(waiting.pop(k)), None)
+
+    def _next_to_start(self, waiting: list[Pending], active: list[_Sequence], passed: dict[int, int]) -> int:
+        """Which waiting request starts next: of the leading ones that may join the batch as it runs (the same
+        LoRA selection, none decoded alone), the one whose prompt shares the longest prefix with a slot's KV, held
+        or being read -- counted in steps of ``PREFIX_COPY_MIN_TOKENS``, the least a copy saves -- else the
+        earliest (``_prefix_first``)."""
+        if not self.prefix_order or len(waiting) == 1 or any(seq.pending.request.alone for seq in active):
+            return 0
+        scores: list[int] = []
+        try:
+            key = self.lora_key(waiting[0].request.lora) if not active else self._lora
+            for item in waiting:
+                request = item.request
+                if request.alone or self.lora_key(request.lora) != key:
+                    break
+                if item.tokens is None:
+                    item.tokens = self.prompt_tokens(request)
+                scores.append(self._held_prefix(item.tokens, key) // PREFIX_COPY_MIN_TOKENS
+                              if request.cache_prompt else 0)
+        except Exception:  # noqa: BLE001 - a request that cannot be read is answered by _try_start, in its turn
+            pass
+        if len(scores) < 2:
+            return 0
+        return _prefix_first(scores, [passed.get(id(item), 0) for item in waiting[:len(scores)]])
+
+    def _held_prefix(self, tokens: list[int], key: LoraKey) -> int:
+        """The longest prefix of ``tokens`` a slot under LoRA selection ``key`` holds or, while busy, will hold."""
+        held = [_will_hold(slot) if slot.busy else slot.tokens for slot in self._slots if slot.lora == key]
+        return max((_common_prefix(h, tokens) for h in held if h), default=0)
 
     def _try_start(self, item: Pending, active: list[_Sequence]) -> bool:
         """Start ``item`` if it can join ``active`` now; False means it must wait.
@@ -1060,6 +1121,16 @@ def _share(reading: list[_Sequence], budget: int) -> dict[_Sequence, list[int]]:
     return chunks
 
 
+def _prefix_first(scores: Sequence[int], passed: Sequence[int]) -> int:
+    """The index of the waiting request to start (in arrival order, with the prefix each shares with the slots and
+    the times each was passed over): the highest score, the earliest among equals -- but the first once it has been
+    passed over ``PREFIX_PASS_LIMIT`` times. One ahead of another has been passed over at least as often, so no
+    request is passed over more than that (longest-prefix-first, as SGLang schedules, without its starvation)."""
+    if passed[0] >= PREFIX_PASS_LIMIT:
+        return 0
+    return max(range(len(scores)), key=lambda i: (scores[i], -i))
+
+
 def _average(old: float | None, new: float) -> float:
     return new if old is None else old + RATE_WEIGHT * (new - old)
 
@@ -1081,6 +1152,6 @@ _CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '
 
 __all__ = [
     "PENALTY_LAST_N", "EMBED_SEQS", "EMBED_PIECE_TOKENS", "EMBED_MAX_TOKENS", "ADMIT_WINDOW_S", "HELD_WAIT_S",
-    "HELD_POLL_S", "PREFIX_COPY_MIN_TOKENS", "PROMPT_STEP_RATIO", "PROMPT_MIN_TOKENS", "RATE_WEIGHT",
-    "QUIET_OTHERS_CPUS", "LoraKey", "LlamaEngine", "Embedding"
+    "HELD_POLL_S", "PREFIX_COPY_MIN_TOKENS", "PREFIX_LOOKAHEAD", "PREFIX_PASS_LIMIT", "PROMPT_STEP_RATIO",
+    "PROMPT_MIN_TOKENS", "RATE_WEIGHT", "QUIET_OTHERS_CPUS", "LoraKey", "LlamaEngine", "Embedding"
 ]

@@ -17,6 +17,7 @@ import uuid
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import tensorjob_jupyter
 from tensorjob_jupyter.inference.worker import InferenceWorker
@@ -457,6 +458,123 @@ def test_no_copy_for_a_short_shared_prefix_another_adapter_or_no_prompt_cache(ti
                                            GenerateRequest(SHARED + "hid", 4, lora=lora, cache_prompt=cache)])
             assert fresh.prefix_copies == 0 and done[1][0].usage.cached_tokens == 0
             assert all(error is None for _, error in done.values())
+    finally:
+        fresh.close()
+
+
+GROUPS = {"a": "the cat " * 12, "b": "a dog " * 12 + "hid ", "c": "it rained " * 10 + "on "}  # ~70 tokens each
+
+
+def _serve_queued(engine, requests, monkeypatch):
+    """``requests`` all queued before the first starts, as a map running more items than slots sends them:
+    ({index: (result, error)}, the indices in the order they started)."""
+    from tensorjob_jupyter.inference.base import Pending
+
+    done, started = {}, []
+    items = [Pending(r, Collector(), lambda res, err, i=i: done.__setitem__(i, (res, err)))
+             for i, r in enumerate(requests)]
+    index = {id(item): i for i, item in enumerate(items)}
+    try_start = engine._try_start
+
+    def recording_start(item, active):
+        ok = try_start(item, active)
+        if ok:
+            started.append(index[id(item)])
+        return ok
+
+    monkeypatch.setattr(engine, "_try_start", recording_start)
+    queue = list(items[1:])
+    engine.serve(items[0], lambda wait=0.0: queue.pop(0) if queue else None)
+    monkeypatch.undo()
+    return done, started
+
+
+def test_queued_requests_start_longest_prefix_first_and_answer_as_alone(tiny_files, monkeypatch):
+    """Six requests in three groups, each group's prompts sharing a long beginning, queued interleaved for two
+    slots: in arrival order the second of a group comes after the slots moved on to other groups and reads its
+    prompt again; prefix-first, a group's second starts beside its first, copies its KV, and every group's
+    prompt is read once. Each answer is the one its request gets alone."""
+    order = [("a", "ran"), ("b", "off"), ("c", "hard"), ("a", "sat"), ("b", "away"), ("c", "again")]
+    requests = [GenerateRequest(GROUPS[g] + tail, 6) for g, tail in order]
+    figures = {}
+    for prefix_order in (False, True):
+        fresh = LlamaEngine(tiny_files["model"], slots=2, prefix_order=prefix_order, **PINNED)
+        try:
+            shared = {g: len(fresh.tokenize(text)) - 2 for g, text in GROUPS.items()}  # the cut may merge
+            alone = [gen(fresh, r.prompt, 6, cache_prompt=False)[0].text for r in requests]
+            for slot in fresh._slots:
+                fresh._drop_slot(slot)
+            done, started = _serve_queued(fresh, requests, monkeypatch)
+            assert all(error is None for _, error in done.values())
+            assert [done[i][0].text for i in range(len(requests))] == alone
+            figures[prefix_order] = (started, [done[i][0].usage.cached_tokens for i in range(len(requests))])
+        finally:
+            fresh.close()
+    fifo_started, fifo_cached = figures[False]
+    lpm_started, lpm_cached = figures[True]
+    assert fifo_started == list(range(6))
+    assert lpm_started == [0, 3, 1, 4, 2, 5]  # a group's two together, the groups in arrival order
+    for i, (group, _tail) in enumerate(order):
+        assert (lpm_cached[i] >= shared[group]) == (i >= 3), (i, lpm_cached)
+    assert sum(lpm_cached) > sum(fifo_cached)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(0, 5), min_size=0, max_size=4)),
+                min_size=1, max_size=40))
+def test_prefix_first_passes_no_request_over_more_than_its_limit(rounds):
+    """Whatever the scores and the arrivals, ``_prefix_first`` starts the highest score (the earliest among equals)
+    until the first has been passed over ``PREFIX_PASS_LIMIT`` times, and no request is ever passed over more."""
+    from tensorjob_jupyter.inference.llama import PREFIX_PASS_LIMIT, _prefix_first
+
+    waiting: list[list[int]] = []  # [score, times passed over]
+    for starts, arrivals in rounds:
+        waiting.extend([score, 0] for score in arrivals)
+        for _ in range(starts):
+            if not waiting:
+                break
+            k = _prefix_first([w[0] for w in waiting], [w[1] for w in waiting])
+            if waiting[0][1] < PREFIX_PASS_LIMIT:
+                top = max(w[0] for w in waiting)
+                assert waiting[k][0] == top and all(w[0] < top for w in waiting[:k])
+            else:
+                assert k == 0
+            for w in waiting[:k]:
+                w[1] += 1
+            waiting.pop(k)
+            assert all(w[1] <= PREFIX_PASS_LIMIT for w in waiting)
+
+
+def test_a_queued_request_abandoned_while_the_slots_are_busy_is_answered_at_once(tiny_files):
+    """With every slot busy, a request waiting its turn whose job ends is answered ``cancelled`` before the
+    running one's next decode, not when a slot frees."""
+    from tensorjob_jupyter.inference.base import Pending
+
+    fresh = LlamaEngine(tiny_files["model"], slots=1, **PINNED)
+    try:
+        ended = threading.Event()
+        done = {}
+
+        class Running(Collector):
+            def __call__(self, piece):
+                if len(self.pieces) == 5:
+                    ended.set()  # the queued request's job ends while this one decodes
+                return super().__call__(piece)
+
+        running = Running()
+        first = Pending(GenerateRequest("the cat", 30, cache_prompt=False), running,
+                        lambda r, e: done.__setitem__("running", (r, e)))
+        queued = Pending(GenerateRequest("a dog", 6), Collector(),
+                         lambda r, e: done.__setitem__("queued", (r, e, len(running.pieces))), abandoned=ended.is_set)
+        queue = [queued]
+
+        def admit(wait=0.0):
+            return queue.pop(0) if queue else None
+
+        fresh.serve(first, admit)
+        result, error, pieces_then = done["queued"]
+        assert error is None and result.finish_reason == FINISH_CANCELLED
+        assert 6 <= pieces_then < 10 and done["running"][0].usage.completion_tokens == 30
     finally:
         fresh.close()
 
