@@ -150,8 +150,10 @@ CLOCK = EpochClock()
 
 # --- each store's deadline ---------------------------------------------------------------------
 
+#: Each watched guest by its key: a weak reference whose callback drops the entry. No lock guards it: the callback
+#: runs wherever the garbage collector does -- inside any allocation, a thread holding such a lock included, which
+#: then waits on itself -- and each change is one dict operation, atomic under the GIL.
 _TICKED: dict[int, "weakref.ref[EpochTicked]"] = {}
-_TICKED_LOCK = threading.Lock()
 _IDS = itertools.count(1)
 
 
@@ -171,8 +173,7 @@ def _on_deadline(context, data, delta, kind):  # type: ignore[no-untyped-def]
 
 
 def _forget(key: int) -> None:
-    with _TICKED_LOCK:
-        _TICKED.pop(key, None)
+    _TICKED.pop(key, None)
 
 
 class EpochTicked:
@@ -193,8 +194,9 @@ class EpochTicked:
     def _watch(self, store: wasmtime.Store) -> None:
         """Install the deadline callback on ``store`` (once, right after it is made)."""
         key = next(_IDS)
-        with _TICKED_LOCK:  # the entry goes with the guest (no store finalizer: one called back into Python
-            _TICKED[key] = weakref.ref(self, lambda _ref: _forget(key))  # as the interpreter ends crashes)
+        # the entry goes with the guest (no store finalizer: one called back into Python as the interpreter ends
+        # crashes)
+        _TICKED[key] = weakref.ref(self, lambda _ref: _forget(key))
         ffi.wasmtime_store_epoch_deadline_callback(store.ptr(), _on_deadline, key, _NO_FINALIZER)
         ffi.wasmtime_context_set_epoch_deadline(store._context(), 1)
 

@@ -80,3 +80,35 @@ assert not any(e._prepared for e in engines._ENGINES.values())
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_guest_collected_while_another_is_watched_leaves_the_new_one_to_start(monkeypatch):
+    """A guest's deadline entry is dropped by its weak reference's callback, which runs wherever the garbage
+    collector does -- inside the allocation of the next guest's own entry, say. With a lock around the entries
+    that thread waited on itself and the job never started; here the collector is made to run right there."""
+    import gc
+    import weakref
+
+    from tensorjob_jupyter.sandbox import engines
+
+    class CollectingFirst:
+        @staticmethod
+        def ref(obj, callback=None):
+            gc.collect()  # the collector runs at this allocation, as it may at any
+            return weakref.ref(obj, callback)
+
+    ended: list = []
+
+    def start_after_garbage():
+        old = Guest(FRESH)
+        old.cycle = old  # only the collector frees it
+        del old
+        with Guest(FRESH) as new:
+            new.init(b"{}")
+        ended.append(True)
+
+    monkeypatch.setattr(engines, "weakref", CollectingFirst)
+    thread = threading.Thread(target=start_after_garbage, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert ended, "the second guest's start hung on the first one's collection"
