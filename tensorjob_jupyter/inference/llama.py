@@ -16,7 +16,6 @@ Design: docs/internals/inference.md#llamapy
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import ctypes
 import logging
@@ -471,10 +470,13 @@ class LlamaEngine:
     def _start_waiting(self, waiting: list[Pending], active: list[_Sequence], passed: dict[int, int]) -> None:
         """Answer the waiting requests that need no slot (abandoned, nothing to generate) at once, then start the
         others while a slot is free, prefix-first (``_next_to_start``)."""
-        for item in [w for w in waiting if w.abandoned() or w.request.max_tokens <= 0]:
-            self._try_start(item, active)
-            waiting.remove(item)
-            passed.pop(id(item), None)
+        needless = [w for w in waiting if w.abandoned() or w.request.max_tokens <= 0]
+        if needless:
+            for item in needless:
+                self._try_start(item, active)
+                passed.pop(id(item), None)
+            gone = {id(item) for item in needless}
+            waiting[:] = [w for w in waiting if id(w) not in gone]
         while waiting and len(active) < self.n_slots:
             k = self._next_to_start(waiting, active, passed)
             if not self._try_start(waiting[k], active):
