@@ -28,6 +28,10 @@ And, under a first path segment that names the mode, a hostile OpenAI-compatible
 * ``key-echo``: every POST is HTTP 401 whose message is ``KEY_ECHO_PAD`` characters and then the bearer key
   the request carried (a server that quotes the key back, after enough text that a message clipped first
   and scrubbed after keeps most of it); ``key-echo-part``: the same with the key's first 20 characters only.
+* ``logprobs-flood``: a chat answer whose first chunk carries ``LOGPROBS_FLOOD`` token records (one SSE event of
+  68 MB, inside the body's bound for 8192 tokens); ``logprobs-gzip``: the same answer gzipped
+  (``Content-Encoding: gzip``, 0.2 MB on the wire) whatever the request accepts; ``logprobs-many``: each of
+  its pieces carries ``LOGPROBS_MANY`` records, one event well under 1 MiB each.
 * any other mode: an honest server (``m`` listed, one piece, honest usage), for baselines.
 
 Every hostile answer stops as soon as the client closes or shuts down its
@@ -47,11 +51,14 @@ from typing import Iterator
 MODELS_TRICKLE_S = 0.5
 LONG_ID_CHARS = 500_000
 KEY_ECHO_PAD = 180
+LOGPROBS_FLOOD = 10 ** 6
+LOGPROBS_MANY = 5_000
 
 SOURCE = r'''
-import json, select, socket, sys, threading, time
+import functools, gzip, json, select, socket, sys, threading, time
 TRICKLE_S = 0.05
 MODELS_TRICKLE_S, LONG_ID_CHARS, KEY_ECHO_PAD = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+LOGPROBS_FLOOD, LOGPROBS_MANY = int(sys.argv[4]), int(sys.argv[5])
 
 open_connections = 0
 requests = {}  # path -> requests read for it
@@ -86,6 +93,28 @@ def sse_answer(conn, usage):
     conn.sendall(b"data: [DONE]\n\n")
 
 
+RECORD = b'{"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": []}'
+CHUNK = b'{"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [{"index": 0, '
+
+
+def records_event(piece, n):
+    """One SSE event: a chat chunk of ``piece`` whose logprobs carry ``n`` records."""
+    return (b"data: " + CHUNK + b'"delta": {"content": "' + piece + b'"}, "finish_reason": null, "logprobs": '
+            b'{"content": [' + b", ".join([RECORD] * n) + b"]}}]}\n\n")
+
+
+@functools.lru_cache(maxsize=2)
+def flood_body(gzipped):
+    """The ``logprobs-flood`` answer's body (made once): one piece carrying ``LOGPROBS_FLOOD`` records, the
+    finish, the usage, [DONE]."""
+    body = (records_event(b"hello", LOGPROBS_FLOOD)
+            + b'data: ' + CHUNK + b'"delta": {}, "finish_reason": "stop"}]}\n\n'
+            + b'data: {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [], '
+              b'"usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}\n\n'
+            + b"data: [DONE]\n\n")
+    return gzip.compress(body, 6) if gzipped else body
+
+
 def model_server(conn, mode, rest, headers):
     """The hostile OpenAI-compatible modes (see the module docstring)."""
     if rest == "/v1/models":
@@ -109,6 +138,20 @@ def model_server(conn, mode, rest, headers):
         key = headers.get("authorization", "").removeprefix("Bearer ")
         key = key[:20] if mode == "key-echo-part" else key
         return answer_json(conn, 401, {"error": {"message": "x" * KEY_ECHO_PAD + " " + key}})
+    if mode in ("logprobs-flood", "logprobs-gzip"):
+        gzipped = mode == "logprobs-gzip"
+        body = flood_body(gzipped)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n"
+                     + (b"Content-Encoding: gzip\r\n" if gzipped else b"") + b"\r\n")
+        for at in range(0, len(body), 1 << 16):
+            conn.sendall(body[at:at + (1 << 16)])
+        return
+    if mode == "logprobs-many":
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+        for piece in (b"hel", b"lo"):
+            conn.sendall(records_event(piece, LOGPROBS_MANY))
+        conn.sendall(b'data: ' + CHUNK + b'"delta": {}, "finish_reason": "stop"}]}\n\n' + b"data: [DONE]\n\n")
+        return
     usage = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
     if mode == "usage-huge":
         usage["prompt_tokens"] = 10 ** 4000
@@ -194,7 +237,8 @@ while True:
 def serve() -> Iterator[int]:
     """Start the server in a child process; yield its port; kill it on exit."""
     proc = subprocess.Popen([sys.executable, "-c", SOURCE, str(MODELS_TRICKLE_S), str(LONG_ID_CHARS),
-                             str(KEY_ECHO_PAD)], stdout=subprocess.PIPE, text=True)
+                             str(KEY_ECHO_PAD), str(LOGPROBS_FLOOD), str(LOGPROBS_MANY)], stdout=subprocess.PIPE,
+                            text=True)
     try:
         yield int(proc.stdout.readline())
     finally:

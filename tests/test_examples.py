@@ -258,11 +258,11 @@ def test_summarise_replays_to_the_same_summary_without_a_model(tmp_path):
     backend = ScriptedBackend(reply=lambda prompt: "saw " + prompt.split("<document>\n", 1)[1].split()[0])
     job, env = _run("summarise.c", tmp_path, input={"path": str(p), "window": 1000}, backend=backend)
     asked = len(backend.scripted.prompts)
-    report = tj.replay(EXAMPLES / "summarise.c", job.id, runs_dir=tmp_path / "runs")
+    report = tj.replay(EXAMPLES / "summarise.c", job.id, runs_dir=tmp_path / "runs", read=[tmp_path])
     assert report.same_result and report.result == env.result and report.divergence is None
     assert len(backend.scripted.prompts) == asked
     # A change to the guest's window shows where it first leaves the recording: its first slice.
-    changed = tj.replay(EXAMPLES / "summarise.c", job.id, runs_dir=tmp_path / "runs",
+    changed = tj.replay(EXAMPLES / "summarise.c", job.id, runs_dir=tmp_path / "runs", read=[tmp_path],
                         input={"path": str(p), "window": 800})
     assert changed.stopped and (changed.divergence.step, changed.divergence.why) == (2, "another window")
 
@@ -280,10 +280,11 @@ def test_wordcount_replays_reading_its_file_live(guest, tmp_path):
     p = tmp_path / "small.txt"
     p.write_bytes(LOREM.encode() * 50)
     job, env = _run(guest, tmp_path, input={"path": str(p), "window": 512})
-    report = tj.replay(EXAMPLES / guest, job.id, runs_dir=tmp_path / "runs")
+    report = tj.replay(EXAMPLES / guest, job.id, runs_dir=tmp_path / "runs", read=[tmp_path])
     assert report.same_result and report.result == env.result
     p.write_bytes(LOREM.encode() * 49)  # the file changed since the run: seen where it is read
-    assert tj.replay(EXAMPLES / guest, job.id, runs_dir=tmp_path / "runs").divergence.why == "the world changed"
+    assert tj.replay(EXAMPLES / guest, job.id, runs_dir=tmp_path / "runs",
+                     read=[tmp_path]).divergence.why == "the world changed"
 
 
 def test_stream_replays_with_its_staged_bytes(tmp_path):
@@ -394,5 +395,5 @@ def test_classify_py_and_classify_c_make_the_same_commands_and_replay_each_other
         runs[name] = (job, env.result, backend.scripted.prompts,
                       [e["progress"] for e in job.events if e["type"] == "job.progress"])
     assert runs["classify.py"][1:] == runs["classify.c"][1:]
-    report = tj.replay(EXAMPLES / "classify.py", runs["classify.c"][0].run_dir)
+    report = tj.replay(EXAMPLES / "classify.py", runs["classify.c"][0].run_dir, read=[tmp_path])
     assert report.divergence is None and report.same_result

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from tensorjob_jupyter.host.grounding import grounds
+
 __all__ = ["Evidence", "FieldSignal", "auroc", "halves", "field_signals", "evidence_of"]
 
 
@@ -144,6 +146,6 @@ def evidence_of(verdicts: Mapping[int, Mapping[str, bool] | None], paths_of: Cal
         for name, ok in fields.items():
             path = paths.get(name, name)
             where = found.get(path)
-            out.setdefault(name, []).append(Evidence(item, bool(ok), None if where is None else bool(where),
+            out.setdefault(name, []).append(Evidence(item, bool(ok), grounds(where),
                                                      sure.get(path)))
     return out

@@ -257,7 +257,7 @@ def estimate_map(guest: Any, manifest: str | os.PathLike | Sequence[Any], *, bac
     runs_dir = job.runs_dir  # where earlier runs' transcripts measure the speed; the dry runs' go to scratch
     scratch = Path(tempfile.mkdtemp(prefix="tensorjob-estimate-"))
     try:
-        spec, instance = item_spec(job.replace(runs_dir=str(scratch)), backend, scratch)
+        spec, instance = item_spec(job.replace(runs_dir=str(scratch)), backend, scratch, run_dir=run_dir)
         model_backend = instance if instance is not None else process_backend(spec.backend)
         name = getattr(model_backend, "model_name", "model")
         picks = _spread(len(items), sample)

@@ -124,9 +124,12 @@ class MapFolder:
         self._failures: IO[str] | None = None
 
     def open(self, manifest: Manifest, wasm_sha256: str, *, retry_failed: bool, where: str,
-             restart: bool = False, concurrency: int | None = None, deterministic: dict | None = None) -> None:
+             restart: bool = False, concurrency: int | None = None, deterministic: dict | None = None,
+             withheld: list[str] | None = None) -> None:
         """Create or resume the folder; refuses a different manifest or guest. ``restart``: start the
-        folder over first, keeping nothing of an earlier map (its ledger, results and item transcripts)."""
+        folder over first, keeping nothing of an earlier map (its ledger, results and item transcripts).
+        ``withheld``: the folders a read grant of this session covers that its guests may not read (the
+        session records them: ``start.withheld_notes``)."""
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock()
         try:
@@ -146,7 +149,8 @@ class MapFolder:
             self._found = {self.results_path: results, self.failures_path: failures}
             self._ledger.setdefault("sessions", []).append({"started_at": _now(), "finished_at": None, "where": where,
                                              **({"concurrency": concurrency} if concurrency else {}),
-                                             **({"deterministic": deterministic} if deterministic else {})})
+                                             **({"deterministic": deterministic} if deterministic else {}),
+                                             **({"withheld": list(withheld)} if withheld else {})})
             fsync_write(self.path / LEDGER, json.dumps(self._ledger, indent=2) + "\n")
             self.jobs_path.mkdir(exist_ok=True)
             append = os.O_WRONLY | os.O_CREAT | os.O_APPEND

@@ -25,8 +25,8 @@ from tensorjob_jupyter.fanout.manifest import MAX_KEY_CHARS, item_key
 from tensorjob_jupyter.fanout.scoring import (
     Expected, ItemScore, ScoreSummary, read_scores, scorer_name, verdict_paths,
 )
-from tensorjob_jupyter.host.fields import MAX_FIELDS
-from tensorjob_jupyter.host.grounding import sources_label
+from tensorjob_jupyter.host.fields import MAX_FIELDS, field_path
+from tensorjob_jupyter.host.grounding import grounds, sources_label
 from tensorjob_jupyter.record.event_checks import check_sources
 
 if TYPE_CHECKING:
@@ -178,7 +178,7 @@ class MapResult:
     def review(self) -> list[dict[str, Any]]:
         """The completed items' ``rows()``, doubtful first: items with fields found in no window they read (the
         most such fields first), then the lowest confidence of any field (where the map recorded confidence),
-        then the rest, each group in item order. Each row adds ``not_found`` (the fields found nowhere, in
+        then the rest, each group in item order. Each row adds ``not_found`` (the fields not grounded -- found nowhere, or only fuzzily -- in
         document order) and ``least_confidence`` (None without confidence). Failed items are not answers and
         are left out (``failures()``)."""
         sources, confidences = self.sources(), self.confidences()
@@ -187,7 +187,7 @@ class MapResult:
             index = row["item"]
             if row["status"] != "completed":
                 continue
-            not_found = [name for name, found in sources.get(index, {}).items() if found == []]
+            not_found = [name for name, found in sources.get(index, {}).items() if grounds(found) is False]
             values = [v for v in confidences.get(index, {}).values() if v is not None]
             least = min(values) if values else None
             reviewed.append({**row, "not_found": not_found, "least_confidence": least})
@@ -250,11 +250,13 @@ class MapResult:
         item (``manifest.item_key``); the input's fields as ``input.NAME`` (a non-object input is ``input``);
         ``status`` (``completed``, ``failed`` or ``not run``); ``error_code`` and ``error_message``; the
         result's fields as ``result.NAME`` (a non-object result is ``result``) -- flattened one level, deeper
-        values kept as they are; each located field (its dotted path, ``facts.authors.1``) as ``source.FIELD``
-        (where it was found: ``NAME:START-END`` byte offsets, ``NAME#PAGE:...`` for a page's text, ``""`` found
-        nowhere) and ``grounded.FIELD`` (True or False; None where the field was not located). A scored map adds the expected answer's fields (``expected.NAME``), ``score``
-        (0 to 1), ``passed``, each field's verdict (``score.NAME``: True or False, for ``json_fields`` and for
-        scorers that report fields) and ``score_error``; an item without a score has None there. A map whose
+        values kept as they are, ``NAME`` the key spelt as a field path (``flattened``: a key ``total.amount``
+        is ``result.total\\.amount``, its source ``source.total\\.amount``); each located field (its dotted
+        path, ``facts.authors.1``) as ``source.FIELD`` (where it was found: ``NAME:START-END`` byte offsets,
+        ``NAME#PAGE:...`` for a page's text, ``""`` found nowhere) and ``grounded.FIELD`` (True for an exact or normalised match, else False; None
+        where the field was not located). A scored map adds the expected answer's fields (``expected.NAME``),
+        ``score`` (0 to 1), ``passed``, each field's verdict (``score.NAME``: True or False, for ``json_fields``
+        and for scorers that report fields) and ``score_error``; an item without a score has None there. A map whose
         model gave logprobs adds each result field's confidence as ``confidence.FIELD`` (``FIELD``: its dotted
         path, ``host.fields``; 0 to 1, None where no answer spelled it or the item has none)."""
         return list(self._rows())
@@ -308,7 +310,7 @@ class MapResult:
                 for name in source_fields:
                     row[f"source.{name}"] = sources_label(found.get(name))
                 for name in source_fields:
-                    row[f"grounded.{name}"] = None if found.get(name) is None else bool(found[name])
+                    row[f"grounded.{name}"] = grounds(found.get(name))
                 if scored is not None:
                     row.update(scored(index))
                 yield row
@@ -411,9 +413,13 @@ def record_sources(record: dict) -> dict[str, list[dict]] | None:
 
 
 def flattened(prefix: str, value: Any) -> dict[str, Any]:
-    """A value as table columns: an object's fields as ``PREFIX.NAME`` (one level), anything else as ``PREFIX``."""
+    """A value as table columns: an object's fields as ``PREFIX.NAME`` (one level), anything else as ``PREFIX``.
+
+    ``NAME`` is the key as a field path spells it (``host.fields``: ``.`` and ``\\`` escaped with ``\\``), the
+    spelling the ``source.``, ``grounded.``, ``confidence.`` and ``score.`` columns use: a key ``total.amount``
+    is ``result.total\\.amount``, never the column of ``{"total": {"amount": ...}}``'s field ``total.amount``."""
     if isinstance(value, dict):
-        return {f"{prefix}.{key}": item for key, item in value.items()}
+        return {f"{prefix}.{field_path((str(key),))}": item for key, item in value.items()}
     return {prefix: value}
 
 

@@ -46,8 +46,11 @@ class MapRun:
     REPLAYED_EVENTS = 16
 
     def __init__(self, folder: MapFolder, manifest: Manifest, executor: Any, *, scoring: Scoring | None = None,
-                 max_total_tokens: int | None = None):
+                 max_total_tokens: int | None = None, notes: list[str] | tuple[str, ...] = ()):
         self.folder = folder
+        #: One line each about how the map runs that a person should know before it does (a front end prints
+        #: them): a run folder withheld from a read grant that covers it (``start.withheld_notes``).
+        self.notes: tuple[str, ...] = tuple(notes)
         self.manifest = manifest
         self.executor = executor
         self.scoring = scoring

@@ -112,20 +112,22 @@ def same(a: Any, b: Any) -> bool:
 
 
 def leaves(value: dict, path: tuple[str, ...] = ()) -> Iterator[tuple[str, tuple[str, ...], Any]]:
-    """An object's leaves, as (dotted name, path, value): a non-empty object is gone into, anything else
-    (a list, a number, an empty object) is a leaf."""
+    """An object's leaves, as (name, path, value): a non-empty object is gone into, anything else (a list, a
+    number, an empty object) is a leaf. The name is the leaf's field path (``host.fields``: keys joined by
+    ``.``, a key holding ``.`` or ``\\`` escaped), so ``{"a.b": 1}`` and ``{"a": {"b": 1}}`` name two fields
+    (``a\\.b`` and ``a.b``), each the one its source, confidence and table columns are named by."""
     for key, item in value.items():
         here = (*path, str(key))
         if isinstance(item, dict) and item:
             yield from leaves(item, here)
         else:
-            yield ".".join(here), here, item
+            yield field_path(here), here, item
 
 
 def verdict_paths(scorer: str, expected: Any) -> dict[str, str]:
     """The field path (``host.fields``, what sources and confidence are keyed by) of each verdict name: for
-    ``json_fields`` each expected leaf's, its keys escaped as ``host.fields`` escapes them (a key ``a.b`` is
-    ``a\\.b``); for another scorer none (a verdict's name is then taken as a path itself)."""
+    ``json_fields`` each expected leaf's -- its name, which is its path (``leaves``); for another scorer none
+    (a verdict's name is then taken as a path itself)."""
     if scorer != "json_fields" or not isinstance(expected, dict):
         return {}
     return {name: field_path(path) for name, path, _value in leaves(expected)}

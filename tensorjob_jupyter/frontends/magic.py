@@ -423,6 +423,8 @@ class TensorJob(Magics, JobSettings):
                 self._ipython.user_ns[args.out] = estimate
             return estimate
         run = start_map(options.map_spec(guest), self._map_request(args, scorer=self._scorer(args)))
+        for note in run.notes:  # even --quiet: it says why a guest's open there is refused
+            print(note, file=sys.stderr)
         view = None
         if not args.quiet and self._use_widgets():
             from tensorjob_jupyter.frontends.view.map_widget import MapView  # deferred: ipywidgets, only for a view
@@ -532,11 +534,15 @@ class TensorJob(Magics, JobSettings):
         gate = fail_under(args.fail_under)
         options = self._options(args)
         scorer = self._scorer(args)
+        overrides = options.overrides()
         replay_run = start_map_replay(self._guest(options, args.target), MapReplayRequest(
             self._run_arg(args.map_run, "replay --map"), out=args.run_dir, live=args.live,
             recorded_grants=bool(args.recorded_grants), concurrency=args.concurrency, expected=args.expected,
             scorer=scorer if scorer is not None else args.scorer, deterministic=bool(args.deterministic)),
-            options.overrides())
+            overrides)
+        if overrides.read is None:  # nothing granted: say so before its items find out one by one
+            for line in replay_run.said:
+                print(line, file=sys.stderr)
         view = None
         if not args.quiet and self._use_widgets():
             from tensorjob_jupyter.frontends.view.map_widget import MapView  # deferred: ipywidgets, only for a view

@@ -83,6 +83,8 @@ def cmd_map(args, out: TextIO, err: TextIO) -> int:
         out.write((json_text(estimate.to_json()) if args.json else for_terminal(str(estimate))) + "\n")
         return EXIT_OK
     run = start_map(options.map_spec(guest), request)
+    for note in run.notes:  # even --quiet: it says why a guest's open there is refused
+        err.write(for_terminal(note, one_line=True) + "\n")
     printer = ProgressPrinter(err, quiet=args.quiet)
     run.subscribe(printer)
     wait_or_cancel(run.wait_done, run.cancel)

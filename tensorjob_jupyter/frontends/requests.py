@@ -162,8 +162,8 @@ def open_playback(run: Any, runs: str | None, *, speed: float, watched: bool = T
 
 def _check_recorded_grants(recorded_grants: bool, live: bool) -> None:
     if recorded_grants and not live:
-        raise OptionError("--recorded-grants is for a --live replay (a replay without --live reads under the "
-                          "recorded grants, and stops where a file's answer differs)")
+        raise OptionError("--recorded-grants is for a --live replay (a replay without --live reads only what "
+                          "--read grants here, and stops where a file's answer differs)")
 
 
 @contextmanager

@@ -20,6 +20,7 @@ from tensorjob_jupyter.fanout.errors import MapError
 from tensorjob_jupyter.fanout.progress import MapResult, flattened, float_scores
 from tensorjob_jupyter.fanout.scoring import INTERVAL_METHOD, same, wilson_interval
 from tensorjob_jupyter.history.maps import RecordedMap
+from tensorjob_jupyter.host.fields import field_path
 from tensorjob_jupyter.record.event_checks import TranscriptError
 from tensorjob_jupyter.record.recording import StepReader, normalise
 from tensorjob_jupyter.text import for_terminal
@@ -43,12 +44,13 @@ ABSENT = object()
 def changed_values(a: Any, b: Any, prefix: str = "", depth: int = 0) -> list[tuple[str, Any, Any]]:
     """The fields in which two result objects differ, as (dotted name, old value, new value) -- a field only
     one has counts, with ``ABSENT`` on the other side; for values that are not both objects,
-    ``[(prefix or "result", a, b)]`` when they differ."""
+    ``[(prefix or "result", a, b)]`` when they differ. Names are paths as ``host.fields`` spells them (a key
+    ``"a.b"`` is ``a\\.b``), so a dotted key never meets a nested field of the same spelling."""
     if not (isinstance(a, dict) and isinstance(b, dict)) or depth >= MAX_FIELD_DEPTH:
         return [] if same(a, b) else [(prefix or "result", a, b)]
     out: list[tuple[str, Any, Any]] = []
     for key in dict.fromkeys([*a, *b]):
-        name = f"{prefix}.{key}" if prefix else str(key)
+        name = f"{prefix}.{field_path((str(key),))}" if prefix else field_path((str(key),))
         if key not in a or key not in b:
             out.append((name, a.get(key, ABSENT), b.get(key, ABSENT)))
         elif isinstance(a[key], dict) and isinstance(b[key], dict):

@@ -6,10 +6,11 @@
     replay.passed(0.8)           # the regression gate (--fail-under 0.8)
 
 Each item is a ``ReplayJob`` against the transcript it concluded in, with its recorded setup and the same
-``Overrides`` merged over every item's (what was given anew, once). The first command its recording cannot
-answer is the item's divergence: it *needs the model*, unless ``live=True`` lets the model answer from there.
-The replay is itself a map (``fanout.MapRun`` with ``ReplayExecutor``) into its own folder, scored as the
-recorded map was; ``MapReplay`` compares the two item by item and ``passed`` is the gate.
+``Overrides`` merged over every item's (given once) -- but no recorded grant: items read and fetch only what was
+given, as ``MapReplayRun.said`` says first; one that opens what it was not given *needs a grant*, named. The
+first command an item's recording cannot answer is its divergence: it *needs the model*, unless ``live=True``
+lets the model answer from there. The replay is itself a map (``fanout.MapRun`` with ``ReplayExecutor``) into
+its own folder, scored as the recorded map was; ``MapReplay`` compares the two item by item; ``passed`` gates.
 Design: docs/internals/history.md#map_replaypy
 """
 
@@ -36,7 +37,7 @@ from tensorjob_jupyter.fanout.start import deterministic_threads
 from tensorjob_jupyter.history.map_compare import MapComparison
 from tensorjob_jupyter.history.maps import RecordedMap
 from tensorjob_jupyter.history.replay import ReplayJob
-from tensorjob_jupyter.history.replay_setup import ReplayError, live_model, load_run
+from tensorjob_jupyter.history.replay_setup import ReplayError, given_here, grants_line, live_model, load_run
 from tensorjob_jupyter.host.spec import Overrides
 from tensorjob_jupyter.sandbox.compile import GuestSource
 from tensorjob_jupyter.host.waiting import wait_or_cancel
@@ -51,6 +52,8 @@ REPLAY_DIR = "replay"
 WHERE = "replay of "
 #: The new status of an item whose recording could not answer the changed guest.
 NEEDS_MODEL = "needs the model"
+#: The new status of an item that read (or fetched) what the replay was not granted.
+NEEDS_GRANT = "needs a grant"
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ class ItemReplay:
     diverged_at: int | None = None
     divergence: str | None = None
     live_from: int | None = None
+    #: the grant it was denied and would need (``--read PATH``, ``--fetch PREFIX``)
+    needs_grant: str | None = None
 
 
 class ReplayExecutor(LocalExecutor):
@@ -73,7 +78,7 @@ class ReplayExecutor(LocalExecutor):
                  concurrency: int, overrides: Overrides | None = None, recorded_grants: bool = False,
                  deterministic_threads: int | None = None, model: ModelRef | None = None):
         super().__init__(spec=None, backend=backend, concurrency=concurrency)
-        self.recorded_grants = recorded_grants  # a live replay takes the recorded read grants only when told
+        self.recorded_grants = recorded_grants  # a replay takes the recorded grants only when told
         self.deterministic_threads = deterministic_threads
         self.recorded = recorded
         self.guest = GuestSource.of(guest)
@@ -100,7 +105,7 @@ class ReplayExecutor(LocalExecutor):
             return failed_outcome(index, codes.REPLAY_DIVERGENCE, f"{why}: it needs the model")
         try:
             run = load_run(found.path)
-            spec = run.spec(self.guest, live=self.live, recorded_grants=self.recorded_grants,
+            spec = run.spec(self.guest, recorded_grants=self.recorded_grants,
                             grants=self.overrides.read is None).merge(
                 self.overrides.replace(name=f"{self.guest.name}[{index}]", input=item))
             if self.model is not None:
@@ -108,7 +113,8 @@ class ReplayExecutor(LocalExecutor):
             if self.deterministic_threads is not None:
                 spec = spec.replace(infer=dataclasses.replace(spec.infer, cache_prompt=False, alone=True,
                                                               threads=self.deterministic_threads))
-            job = ReplayJob(spec, run, live=self.live, backend=self.backend if self.live else None)
+            job = ReplayJob(spec, run, live=self.live, backend=self.backend if self.live else None,
+                            recorded_grants=self.recorded_grants)
         except AbiError as e:  # the item holds more values than the job's max_command_values, as in its map
             self.details[index] = ItemReplay(index)
             return failed_outcome(index, codes.LIMIT_EXCEEDED, str(e))
@@ -124,11 +130,13 @@ class ReplayExecutor(LocalExecutor):
         envelope = await_job(job.start(), cancelled)
         report = job.report
         divergence = report.divergence if report is not None else None
+        denied = job.world.denied if envelope.error is not None and envelope.error.code == codes.CAPABILITY_DENIED \
+            else None
         self.details[index] = ItemReplay(
             index, job.id, needs_model=bool(report and report.stopped),
             diverged_at=divergence.step if divergence else None,
             divergence=for_terminal(divergence.message(), one_line=True)[:500] if divergence else None,
-            live_from=report.live_from if report else None)
+            live_from=report.live_from if report else None, needs_grant=denied)
         return job_outcome(index, job, envelope, started=started, ready=ready)  # with its sources, located again
 
 
@@ -152,12 +160,12 @@ class MapReplay(MapComparison):
         self.deterministic = deterministic
         new = self.sides[1]
         for item, detail in details.items():
-            if detail.needs_model:  # its new result is unknown, not wrong
-                new[item] = dataclasses.replace(new[item], status=NEEDS_MODEL, result=None, error_code=None,
-                                                score=None)
+            if detail.needs_model or detail.needs_grant:  # its new result is unknown, not wrong
+                new[item] = dataclasses.replace(new[item], status=NEEDS_MODEL if detail.needs_model else NEEDS_GRANT,
+                                                result=None, error_code=None, score=None)
 
     def changed(self, item: int) -> bool:
-        return self.sides[1][item].status != NEEDS_MODEL and super().changed(item)
+        return self.sides[1][item].status not in (NEEDS_MODEL, NEEDS_GRANT) and super().changed(item)
 
     @property
     def recorded(self) -> RecordedMap:
@@ -173,6 +181,11 @@ class MapReplay(MapComparison):
         return sorted(i for i, d in self.details.items() if d.needs_model)
 
     @property
+    def needs_grants(self) -> list[int]:
+        """The items that read (or fetched) what this replay was not granted: replay with the grants they name."""
+        return sorted(i for i, d in self.details.items() if d.needs_grant)
+
+    @property
     def ran_live(self) -> list[int]:
         return sorted(i for i, d in self.details.items() if d.live_from is not None)
 
@@ -180,13 +193,16 @@ class MapReplay(MapComparison):
         row = super().row(item)
         d = self.details.get(item)
         row.update(needs_model=bool(d and d.needs_model), diverged_at=d.diverged_at if d else None,
-                   divergence=d.divergence if d else None, live=bool(d and d.live_from is not None))
+                   divergence=d.divergence if d else None, live=bool(d and d.live_from is not None),
+                   needs_grant=d.needs_grant if d else None)
         return row
 
     def summary(self) -> dict[str, Any]:
         out = super().summary()
         needs = len(self.needs_model)
-        out.update(needs_model=needs, ran_live=len(self.ran_live), same=out["same"] - needs,
+        grants = len(self.needs_grants)
+        out.update(needs_model=needs, needs_grant=grants, ran_live=len(self.ran_live),
+                   same=out["same"] - needs - grants,
                    diverged=sum(d.diverged_at is not None for d in self.details.values()))
         return out
 
@@ -210,6 +226,9 @@ class MapReplay(MapComparison):
         if self.needs_model:
             return False, (f"gate: not passed -- {len(self.needs_model)} item(s) need the model, so their new "
                            f"scores are unknown (replay with --live, or map the changed guest)")
+        if self.needs_grants:
+            return False, (f"gate: not passed -- {len(self.needs_grants)} item(s) need a grant this replay was not "
+                           f"given, so their new scores are unknown (give it: {self._grants_named()})")
         if new is None or threshold is None:
             return False, "gate: not passed -- no item has both a recorded and a new score (no expected answers?)"
         if new < threshold:
@@ -220,11 +239,13 @@ class MapReplay(MapComparison):
         line = f"{s['items']} items: {s['changed']} changed, {s['same']} the same"
         if s["needs_model"]:
             line += f", {s['needs_model']} need the model (their new results are not known yet)"
+        if s["needs_grant"]:
+            line += f", {s['needs_grant']} need a grant (their new results are not known yet)"
         return line + f" (completed: {s['completed_old']} recorded, {s['completed_new']} replayed)"
 
     def summary_lines(self) -> list[str]:
         s = self.summary()
-        answered = s["items"] - s["needs_model"] - s["ran_live"] - self._not_run()
+        answered = s["items"] - s["needs_model"] - s["needs_grant"] - s["ran_live"] - self._not_run()
         if self.live:
             head = (f"replay of {s['items']} items, live from each divergence: {answered} answered from their "
                     f"recordings, {s['ran_live']} ran on the model")
@@ -239,6 +260,9 @@ class MapReplay(MapComparison):
                        f"--live (live=True) to run only those on the model"
                        if not self.live else
                        f"still need the model ({'; '.join(reasons)}): items {_listed(self.needs_model)}")
+        if self.needs_grants:
+            out.append(f"need a grant this replay was not given (a replay takes none from its recordings): items "
+                       f"{_listed(self.needs_grants)} -- give {self._grants_named()}")
         if self.ran_live and self.concurrency > 1 and not self.deterministic:
             out.append(f"the {len(self.ran_live)} items that ran on the model were decoded up to {self.concurrency} at "
                        f"once: greedy answers depend on batch composition and the thread count, so a map of this "
@@ -248,6 +272,11 @@ class MapReplay(MapComparison):
             out.append("the replay is not scored: the recorded map's scorer was a Python function; give it again "
                        "(scorer=)")
         return out
+
+    def _grants_named(self, show: int = 5) -> str:
+        """The grants the items were denied, each once (the first ``show``)."""
+        named = list(dict.fromkeys(d.needs_grant for _, d in sorted(self.details.items()) if d.needs_grant))
+        return ", ".join(named[:show]) + (f" ... ({len(named)} in all)" if len(named) > show else "")
 
     def _not_run(self) -> int:
         return sum(1 for i in range(self.total) if self.sides[1][i].status == "not run")
@@ -268,28 +297,32 @@ class MapReplay(MapComparison):
                       "row and column")
 
     def listed(self, row: dict) -> bool:
-        return row["changed"] or row["needs_model"] or row["diverged_at"] is not None
+        return row["changed"] or row["needs_model"] or row["needs_grant"] or row["diverged_at"] is not None
 
     def table_rows(self, row: dict) -> list[list[str]]:
         where = "" if row["diverged_at"] is None else f"step {row['diverged_at']}"
-        how = " (needs the model)" if row["needs_model"] else " (live)" if row["live"] else ""
+        how = (" (needs the model)" if row["needs_model"] else f" (needs {row['needs_grant']})" if row["needs_grant"]
+               else " (live)" if row["live"] else "")
         lines = super().table_rows(row)
         return [lines[0] + [(where + how).strip()]] + [line + [""] for line in lines[1:]]
 
     def to_json(self) -> dict:
         out = super().to_json()
-        out.update(needs_model=self.needs_model, live=self.live)
+        out.update(needs_model=self.needs_model, needs_grant=self.needs_grants, live=self.live)
         return out
 
 
 class MapReplayRun:
     """A map replay in progress: ``run`` is its ``MapRun`` (for a live view), ``wait()`` gives the ``MapReplay``."""
 
-    def __init__(self, recorded: RecordedMap, run: MapRun, executor: ReplayExecutor, scoring: Scoring | None):
+    def __init__(self, recorded: RecordedMap, run: MapRun, executor: ReplayExecutor, scoring: Scoring | None,
+                 said: list[str] | None = None):
         self.recorded = recorded
         self.run = run
         self.executor = executor
         self.scoring = scoring
+        #: what a front end says before the replay's progress, one inert line each: the grants its items run under
+        self.said: list[str] = list(said or [])
 
     def cancel(self) -> None:
         self.run.cancel()
@@ -309,13 +342,14 @@ def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, ou
                      deterministic: bool = False) -> MapReplayRun:
     """Start replaying ``guest`` over the recorded map in ``run_dir`` (see the module doc). ``overrides``: what
     is given anew for every item (``Overrides``: ``read``, limits, sampling, the model's options...) over its
-    recorded setup; ``model`` is a shorthand for ``Overrides(model=...)``. ``recorded_grants``: a live replay
-    runs each item under its recorded read grants only when True (else under what ``overrides`` grants now).
+    recorded setup; ``model`` is a shorthand for ``Overrides(model=...)``. Each item reads and fetches only what
+    ``overrides`` grants (none when not given), never what its recording says was granted -- unless
+    ``recorded_grants`` asks for that; ``MapReplayRun.said`` is the line that says which, before it runs.
     A live replay runs on ``backend``, else on the model named (or the one the map recorded, checked on its
     first item: never a recorded server). ``deterministic`` (with ``live``): one item at a time, each live infer
     decoded alone with a fixed thread count and no prompt cache (``fanout.start.deterministic_job``).
     ``MapError``/``ReplayError``/``ValueError`` before anything runs."""
-    overrides = overrides or Overrides()
+    overrides = given_here(overrides or Overrides())
     if model is not None:
         if overrides.model is not None:
             raise ValueError("name the model once: model= or overrides.model")
@@ -353,8 +387,9 @@ def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, ou
     except BaseException:
         folder.close()
         raise
+    said = [grants_line(overrides.read, overrides.fetch, recorded_grants=recorded_grants)]
     run = MapRun(folder, manifest, executor, scoring=scoring).start()
-    return MapReplayRun(recorded, run, executor, scoring)
+    return MapReplayRun(recorded, run, executor, scoring, said)
 
 
 def replay_map(run_dir: "str | os.PathLike | MapResult", guest: Any, **kwargs: Any) -> MapReplay:
@@ -420,6 +455,6 @@ def _manifest(recorded: RecordedMap) -> Manifest:
 
 
 __all__ = [
-    "REPLAY_DIR", "WHERE", "NEEDS_MODEL", "ItemReplay", "ReplayExecutor", "MapReplay",
+    "REPLAY_DIR", "WHERE", "NEEDS_MODEL", "NEEDS_GRANT", "ItemReplay", "ReplayExecutor", "MapReplay",
     "MapReplayRun", "start_map_replay", "replay_map"
 ]

@@ -2,10 +2,12 @@
 
 ``ReplayJob(guest, run)`` (``tj.replay``, ``tensorjob replay``) is a ``Job`` whose commands a ``RecordedWorld``
 answers (``host/answerer.py``): each command is compared with the recorded one before anything is done; infers
-and embeds are answered from the recording, the rest carried out live and compared. The first command the
+and embeds are answered from the recording, the rest carried out live and compared -- files are read, and URLs
+fetched, only under the grants given to the replay on this machine, never the recorded ones (an open or fetch
+they do not cover fails ``capability_denied``, naming the grant it would need). The first command the
 recording cannot answer is the divergence: the replay stops there, or with ``--live`` the model takes over. A
-transcript is a file from anywhere, so what a replay adopts from it is said first, and no recorded limit looser
-than the default is taken.
+transcript is a file from anywhere, so what a replay adopts from it is said first, no grant is taken from it
+unasked, and no recorded limit looser than the default is taken.
 
 Design: docs/internals/history.md#replaypy
 """
@@ -14,12 +16,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import posixpath
 from concurrent.futures import Future
 from typing import Any, overload
 
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import JobFailure, codes, event_types
-from tensorjob_jupyter.world.grants import AccessError
+from tensorjob_jupyter.world.grants import SHOWN_PATH_CHARS, UNGRANTED, AccessError, shown
 from tensorjob_jupyter.inference.base import (
     FINISH_CANCELLED, FINISH_GUEST_STOP, FINISH_LENGTH, FINISH_STOP, Backend, GenerateResult, GenerateUsage, ModelError,
 )
@@ -107,6 +110,8 @@ class RecordedWorld:
         self.then: str | None = None
         self.live_from: int | None = None
         self.reproduced_end = False
+        #: the grant the replay would have needed to go on (``--read PATH``, ``--fetch PREFIX``), if it was denied
+        self.denied: str | None = None
         self._past_end_tried = False
         self._recorded_sampling = sampling_of(run.infer)
 
@@ -178,6 +183,8 @@ class RecordedWorld:
         try:
             event = job.carry_out(command)
         except (JobFailure, AccessError) as e:
+            if _ungranted(job, command, e):
+                raise self._not_granted(job, step, command) from None
             if e.code in (codes.CANCELLED, codes.TIMEOUT) or self.live:
                 raise
             self._diverge(job, Divergence(step.number, "the world changed", f"{describe(step.command)} answered",
@@ -187,6 +194,25 @@ class RecordedWorld:
         if changed is not None:
             self._diverge(job, Divergence(step.number, "the world changed", *changed, "answer"), None)
         return event
+
+    def _not_granted(self, job: Reactor, step: Step, command: abi.Command) -> JobFailure:
+        """The failure of a replay that may not open (or fetch) what the recording says the run opened: it runs
+        under the grants given now, never the recorded ones, so it names the grant it would need -- the path
+        (made absolute where the job resolves it) or the URL -- and ``denied`` keeps it for a map's summary."""
+        if isinstance(command, abi.Open):
+            path = command.path
+            absolute = "/" + posixpath.normpath(posixpath.join(str(job.grants.cwd), path)).lstrip("/")
+            needed = "--read " + shown(absolute)
+            what = f"opens {shown(path)}, which this replay may not read"
+        else:
+            assert isinstance(command, abi.Fetch), "only an open or a fetch needs a grant"
+            url = str(command.url)
+            needed = "--fetch " + url.split("#", 1)[0].split("?", 1)[0][:SHOWN_PATH_CHARS]
+            what = f"fetches {url[:SHOWN_PATH_CHARS]}, which this replay may not fetch"
+        self.denied = for_terminal(needed, one_line=True)
+        return JobFailure(codes.CAPABILITY_DENIED, for_terminal(
+            f"replay: step {step.number} {what} (a replay takes no grant from its recording): give "
+            f"{needed} to let it", one_line=True))
 
     def _past_the_end(self, job: Reactor, command: abi.Command, asked: dict) -> abi.Event:
         """A command past the last recorded step: the run's end answers it, or it is a divergence."""
@@ -348,6 +374,17 @@ class RecordedWorld:
         return abi.Embedded(vectors)
 
 
+def _ungranted(job: Reactor, command: abi.Command, error: JobFailure) -> bool:
+    """Whether ``error`` refused ``command`` for want of a grant: an open of a path under no read grant, a fetch
+    of a URL under no fetch grant (not a link leading out of a grant, a folder, a redirect: the world's own)."""
+    if error.code != codes.CAPABILITY_DENIED:
+        return False
+    if isinstance(command, abi.Open):
+        path = command.path
+        return isinstance(path, str) and bool(path) and "\0" not in path and error.message.endswith(UNGRANTED)
+    return isinstance(command, abi.Fetch) and not job.fetch_grants.allows(command.url)
+
+
 def _same_budget(answer: InferAnswer, max_tokens: int) -> bool:
     """Whether an answer recorded under one token limit is the answer under ``max_tokens``:
     the same limit, or an answer the model ended itself well within both."""
@@ -427,7 +464,9 @@ class ReplayJob(Job):
     ``ReplayJob(guest, run, **keywords)`` is the same with ``run`` an id, a path, a ``Job`` or a recording and
     the spec built by ``replay_spec``: the run's own setup with what is given in place -- ``overrides=`` (an
     ``Overrides``, what a front end was given) or the Python API's keywords (``read=``, ``max_tokens=``, ...);
-    a live replay takes the recorded read grants only with ``recorded_grants=True``.
+    a replay reads and fetches only what they grant (``read=``, ``fetch=``; none when not given), never what the
+    recording says the run was granted -- unless ``recorded_grants=True`` asks for that. A command the recording
+    answered that needs a grant not given fails ``capability_denied``, naming it (``--read PATH``).
     The spec's ``input_bytes`` must be the bytes the run staged (checked by SHA-256). ``live=True`` falls
     back to a model from the first divergence: ``backend``, else the spec's model -- the recorded one unless
     another is given (a recorded server is never taken: it must be named again).
@@ -439,8 +478,10 @@ class ReplayJob(Job):
         runs = overrides.runs_dir if overrides is not None else keywords.get("runs_dir")
         recorded = load_run(run, runs)
         own_model = live and backend is None  # the spec's model answers, not a backend of the caller's
+        recorded_grants = bool(keywords.pop("recorded_grants", False))
         if not isinstance(spec, JobSpec):
-            spec = replay_spec(spec, recorded, live=live, backend_given=backend is not None, **keywords)
+            spec = replay_spec(spec, recorded, live=live, backend_given=backend is not None,
+                               recorded_grants=recorded_grants, **keywords)
         elif keywords:
             raise TypeError(f"ReplayJob takes a JobSpec, or a guest and keywords, not both ({', '.join(keywords)})")
         self.recording = recorded.recording
@@ -471,7 +512,8 @@ class ReplayJob(Job):
         #: What this replay took from its recording that widens what the guest may do, and the looser
         #: recorded limits it did not take: one inert line each, for a front end to show before it runs.
         self.adopted: list[str] = adoption_lines(recorded, read=spec.read, fetch=spec.fetch, limits=self.limits,
-                                                 live=live, model=spec.model if own_model else None)
+                                                 live=live, model=spec.model if own_model else None,
+                                                 recorded_grants=recorded_grants)
 
     @property
     def guest_changed(self) -> bool:

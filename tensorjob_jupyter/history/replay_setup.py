@@ -1,12 +1,13 @@
 """What a replay takes from its recording: ``RecordedRun``, the run's setup read once, and the replay's ``JobSpec``.
 
 A replay re-runs a guest against a recorded run's world (``replay.py``); unless given anew it takes the run's
-own setup from the transcript's ``job.created`` -- input, grants, fetch prefixes, limits, sampling and the
-model (its whole ``ModelRef``). A transcript is a file from anywhere, so that setup is read and checked once
-(``load_run``), a recorded limit looser than the defaults is not taken unless given again, a live replay
-takes no recorded read grant unless told, and a recorded server is never adopted. ``RecordedRun.spec`` is the
-run's own ``JobSpec``; ``replay_spec`` merges what was given (``Overrides``) over it, and ``adoption_lines``
-says what a replay took before it runs.
+own setup from the transcript's ``job.created`` -- input, limits, sampling and the model (its whole
+``ModelRef``). A transcript is a file from anywhere, so that setup is read and checked once (``load_run``), a
+recorded limit looser than the defaults is not taken unless given again, a recorded server is never adopted, and
+no grant is ever taken from it unasked: a replay reads only what ``--read`` (``read=``) grants on this machine
+and fetches only what ``--fetch`` grants, or the recorded grants when ``recorded_grants`` asks for them.
+``RecordedRun.spec`` is the run's own ``JobSpec``; ``replay_spec`` merges what was given (``Overrides``) over it,
+and ``adoption_lines`` says what a replay took, and which grants it did not, before it runs.
 """
 
 from __future__ import annotations
@@ -116,21 +117,23 @@ class RecordedRun:
     def guest_sha256(self) -> str | None:
         return self.recording.guest.get("sha256")
 
-    def spec(self, guest: Any, *, live: bool = False, recorded_grants: bool = False, grants: bool = True) -> JobSpec:
-        """The run's own ``JobSpec`` for ``guest``: its input, fetch prefixes, sampling, limits (none looser than
-        the defaults), ``cwd``, required fields and model, and its read grants -- a ``live`` replay's only with
-        ``recorded_grants``: what a transcript grants must never widen what a guest running live may read.
-        ``ReplayError`` if a grant it takes does not exist here (files are read live). ``grants=False``: none
-        (the read grants are given anew)."""
+    def spec(self, guest: Any, *, recorded_grants: bool = False, grants: bool = True) -> JobSpec:
+        """The run's own ``JobSpec`` for ``guest``: its input, sampling, limits (none looser than the defaults),
+        ``cwd``, required fields and model -- and no grant at all: a transcript is a file from anywhere, and what
+        it says was granted must never decide what a guest reads or fetches on this machine. Only with
+        ``recorded_grants`` (asked for: ``--recorded-grants``) does it take the recorded read grants and fetch
+        prefixes; then ``ReplayError`` if a grant does not exist here (files are read live). ``grants=False``:
+        no recorded read grant even then (the read grants are given anew)."""
         read: tuple[str, ...] = ()
-        if grants and (recorded_grants or not live):
+        if grants and recorded_grants:
             missing = [g for g in self.grants if not os.path.exists(g)]
             if missing:
                 raise ReplayError(f"the run was granted {for_terminal(missing[0], one_line=True)}, which does not "
                                   f"exist here; files are read live, so give the grants again with --read")
             read = tuple(r for r in self.read if os.path.exists(r))
         model = self.model_ref if self.model_ref is not None and not self.model_ref.served else ModelRef()
-        return JobSpec(guest=guest, input=self.input, read=read, fetch=self.fetch, limits=self.limits,
+        return JobSpec(guest=guest, input=self.input, read=read, fetch=self.fetch if recorded_grants else (),
+                       limits=self.limits,
                        infer=self.infer, model=model, cwd=self.cwd,  # a recorded server is never taken
                        require_grounded=self.require_grounded)
 
@@ -160,7 +163,8 @@ def load_run(run: Any, runs: str | os.PathLike | None = None) -> RecordedRun:
 def replay_spec(guest: Any, run: RecordedRun, overrides: Overrides | None = None, *, live: bool = False,
                 recorded_grants: bool = False, backend_given: bool = False, **keywords: Any) -> JobSpec:
     """The ``JobSpec`` of a replay of ``guest`` against ``run``: ``run.spec(guest)`` with ``overrides`` (what a
-    front end was given), or the Python API's ``keywords`` (``Overrides.of``), merged over it. A ``live``
+    front end was given), or the Python API's ``keywords`` (``Overrides.of``), merged over it: it reads and
+    fetches only what they grant (``given_here``), or with ``recorded_grants`` what the run was granted. A ``live``
     replay runs on the recorded model unless another is given -- never on a recorded server, which must be
     named again (``--model URL``; its recorded model id then carries over to the same URL, never a key variable) --
     unless ``backend_given``: a backend of the caller's answers its infers."""
@@ -168,12 +172,22 @@ def replay_spec(guest: Any, run: RecordedRun, overrides: Overrides | None = None
         if overrides is not None:
             raise TypeError("replay_spec takes overrides or keywords, not both")
         overrides = Overrides.of(**keywords)
-    overrides = overrides or Overrides()
-    spec = run.spec(GuestSource.of(guest), live=live, recorded_grants=recorded_grants,
+    overrides = given_here(overrides or Overrides())
+    spec = run.spec(GuestSource.of(guest), recorded_grants=recorded_grants,
                     grants=overrides.read is None).merge(overrides)
     if live and not backend_given:
         spec = spec.replace(model=live_model(run, overrides))
     return spec
+
+
+def given_here(overrides: Overrides) -> Overrides:
+    """``overrides`` with the read grants it gives made absolute against this process's directory (unless it
+    gives a ``cwd`` too): a replay's job runs in the recorded directory, so that a guest's relative paths mean
+    what they meant, but ``--read data`` names ``./data`` here -- never a folder that a transcript's ``cwd``
+    chooses."""
+    if overrides.read is None or overrides.cwd is not None:
+        return overrides
+    return dataclasses.replace(overrides, read=tuple(os.path.abspath(r) if r else r for r in overrides.read))
 
 
 def live_model(run: RecordedRun, overrides: Overrides) -> ModelRef:
@@ -285,25 +299,30 @@ def _named(items: list[str]) -> str:
 
 
 def adoption_lines(run: RecordedRun, *, read: Iterable[Any], fetch: Iterable[Any], limits: Limits,
-                   live: bool = False, model: ModelRef | None = None) -> list[str]:
+                   live: bool = False, model: ModelRef | None = None, recorded_grants: bool = False) -> list[str]:
     """What a replay about to run with ``read``, ``fetch``, ``limits`` and (live) ``model`` took from its
-    recording that lets the guest do more -- the grants, the fetch prefixes, limits other than the defaults,
-    the model it recorded -- and the recorded limits it did not take (looser than the defaults), one inert
-    line each."""
+    recording that lets the guest do more -- the grants and fetch prefixes (only with ``recorded_grants``),
+    limits other than the defaults, the model it recorded -- and what it did not take: the recorded grants
+    (a replay runs under none unless given), the recorded limits looser than the defaults; one inert line
+    each."""
     lines = []
     if (model is not None and run.model_ref is not None and model.name and not model.served
             and model.kind == run.model_ref.kind and model.name == run.model_ref.name):
         adapters = f" with the adapters {_named([n for n, _ in model.loras])}" if model.loras else ""
         lines.append(f"replay: --live runs on the recorded model {model.label}{adapters} (--model replaces it)")
     read, fetch = [os.fspath(r) for r in read], [str(f) for f in fetch]
-    if read and set(read) <= set(run.read) | set(run.grants):
+    asked = " (--recorded-grants takes them)" if live else ""
+    if recorded_grants and read and set(read) <= set(run.read) | set(run.grants):
         lines.append(f"replay: reads under the recorded run's grants: {_named(read)} (--read replaces them)")
-    elif live and not read and run.read:
-        lines.append(f"replay: --live reads only what --read grants now; the recorded grants are not taken: "
-                     f"{_named(list(run.read))} (--recorded-grants takes them)")
-    if fetch and set(fetch) <= set(run.fetch):
+    elif not read and run.read:
+        lines.append(f"replay: {'--live ' if live else ''}reads only what --read grants now; "
+                     f"the recorded grants are not taken: {_named(list(run.read))}{asked}")
+    if recorded_grants and fetch and set(fetch) <= set(run.fetch):
         lines.append(f"replay: may fetch under the recorded run's URL prefixes: {_named(fetch)} "
                      f"(--fetch replaces them)")
+    elif not fetch and run.fetch:
+        lines.append(f"replay: {'--live ' if live else ''}fetches only what --fetch grants now; "
+                     f"the recorded URL prefixes are not taken: {_named(list(run.fetch))}{asked}")
     defaults = Limits()
     taken = {k: getattr(run.limits, k) for k in LIMIT_FIELDS if getattr(run.limits, k) != getattr(defaults, k)}
     refused = run.looser_limits
@@ -317,6 +336,24 @@ def adoption_lines(run: RecordedRun, *, read: Iterable[Any], fetch: Iterable[Any
     return [for_terminal(line, one_line=True) for line in lines]
 
 
+def grants_line(read: Iterable[Any] | None, fetch: Iterable[Any] | None, *, recorded_grants: bool = False) -> str:
+    """The one line a map replay says before it runs: what its items may read and fetch -- what ``--read`` and
+    ``--fetch`` give (``read``, ``fetch``: None when not given), else nothing, or with ``recorded_grants`` each
+    item's recorded grants."""
+    def part(given: Iterable[Any] | None, flag: str, verb: str, nothing: str) -> str:
+        if given is not None:
+            named = [os.fspath(g) for g in given]
+            return f"{verb} only what {flag} grants: {_named(named)}" if named else f"{nothing} ({flag} grants none)"
+        if recorded_grants:
+            return f"{verb} under its recorded run's grants (--recorded-grants)"
+        return f"{nothing} ({flag} grants them)"
+
+    reads = part(read, "--read", "reads", "reads no file")
+    fetches = part(fetch, "--fetch", "fetches", "fetches no URL")
+    return for_terminal(f"replay: each item {reads}, and {fetches}; a replay takes no grant from its recordings",
+                        one_line=True)
+
+
 def sampling_of(options: InferOptions) -> dict:
     return {"sampler": options.sampler.to_json(), "chat": options.chat,
             "lora": [{"name": c.name, "scale": c.scale} for c in options.lora]}
@@ -324,5 +361,6 @@ def sampling_of(options: InferOptions) -> dict:
 
 __all__ = [
     "ReplayError", "RecordedRun", "load_run", "replay_spec", "live_model", "live_model_needed", "embedded_model_will_do", "ADOPTED_SHOWN", "adoption_lines",
+    "given_here", "grants_line",
     "sampling_of"
 ]

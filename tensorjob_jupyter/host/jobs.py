@@ -24,7 +24,7 @@ import orjson
 
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import Envelope, JobError, JobFailure, JobStatus, Usage, event_types
-from tensorjob_jupyter.world.grants import Grants
+from tensorjob_jupyter.world.grants import Grants, Withheld
 from tensorjob_jupyter.host.debugger import Debugger
 from tensorjob_jupyter.inference.providers import ModelRef
 from tensorjob_jupyter.host.spec import JobSpec
@@ -68,6 +68,16 @@ def _model_server(backend: Any) -> dict:
     server = getattr(backend, "server", None)
     return {"model_server": server} if isinstance(server, dict) else {}
 
+
+
+def _without_runs_folder(grants: Grants, spec: JobSpec, runs: Path) -> Grants:
+    """``grants`` less the runs folder where a grant covers it from above (``--read .`` with ``./tensorjob-runs``):
+    earlier jobs' transcripts hold their answers, which a guest must not read back as if it had found them. A
+    runs folder granted itself (or a folder in it) stays readable: that is asked for."""
+    where = Path(os.path.realpath(os.path.join(spec.cwd or os.getcwd(), runs)))
+    if not any(where.is_relative_to(root) and where != root for root in grants.roots):
+        return grants
+    return Grants.for_paths(spec.read, spec.cwd, withheld=[Withheld(str(where), "the runs folder")])
 
 class Job:
     """A tensor job. Construct, ``start()``, then ``wait()`` or ``cancel()``.
@@ -119,7 +129,8 @@ class Job:
         self.name = spec.name or source.name
         wasm = source.wasm
         self.guest_sha256 = source.sha256
-        self.grants = Grants.for_paths(spec.read, spec.cwd)
+        runs = Path(spec.runs_dir if spec.runs_dir is not None else default_runs_dir())
+        self.grants = _without_runs_folder(Grants.for_paths(spec.read, spec.cwd), spec, runs)
         self.fetch_grants = FetchGrants.parse(spec.fetch)
         # the model, whole, for a replay to find again (never a key): the spec's, or the one a backend given
         # was made for (``ModelRef.backend``); a backend no reference names (a test's, a recording) has none
@@ -128,7 +139,7 @@ class Job:
         if isinstance(backend, _DefaultModel):  # DEFAULT_MODEL, its one instance
             backend = spec.model.backend()
         self.backend = backend
-        self.run_dir = Path(spec.runs_dir if spec.runs_dir is not None else default_runs_dir()) / self.id
+        self.run_dir = runs / self.id
         self.stream = EventStream(self.id, self.run_dir, max_bytes=self.limits.max_event_bytes)
         input_bytes = spec.input_bytes
         try:

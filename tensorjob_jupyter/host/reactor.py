@@ -220,7 +220,8 @@ class Reactor:
                 if self.pending_command in ("done", "fail"):
                     self.answerer.finished(self)
             envelope = Envelope(JobStatus.COMPLETED, self.usage, result=result,
-                                sources=ground(result, self.windows, self.require_grounded),
+                                sources=ground(result, self.windows, self.require_grounded,
+                                               check=self.check_running),
                                 confidence=self.confidence.of(result))
         except JobFailure as e:
             # --break-on fail: see the state before the failure is final (not when the record itself failed)

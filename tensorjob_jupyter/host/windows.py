@@ -1,18 +1,15 @@
 """What one job read: the text windows the host served it, kept so that its result can be located in them.
 
-The host serves a guest text in four ways -- ``slice`` and ``slice_bytes`` of an opened file or of a fetched
-body, ``page_text``/``page_text_opt`` of a document's page, and ``document_text`` of a whole document -- and each
-answer passes the reactor's loop as a (command, event) pair, live and in a replay alike (a replay reads its
-files again and checks them against the recording). ``ReadWindows.note`` keeps each answer's bytes under the
-``Place`` it came from (a file, a URL, a page of either) and the byte offset it starts at; ``segments()`` merges
-the windows of one place that overlap or touch into one run of bytes, so a value cut in two by consecutive
-windows is found whole and a window read twice is searched once. ``document_text`` is split back into its
-pages at the engine's form feeds (when their count is the document's page count; else it is not kept), so
-every offset is into one page's text and a source never has to say which text it counts in.
+Every answer that serves text -- ``slice``/``slice_bytes`` of a file or a fetched body, a page's text, a whole
+document's text -- passes the reactor's loop as a (command, event) pair, live and in a replay alike.
+``ReadWindows.note`` keeps its bytes under the ``Place`` they came from (a file, one fetch of a URL, a page of
+either) and their byte offset; ``segments()`` merges one place's overlapping or touching windows, so a value cut
+by consecutive windows is found whole. Each fetch is a place of its own (``Place.fetch``): two downloads of one
+URL may differ and are never spliced by offset. ``document_text`` is split back into pages at the engine's form
+feeds, so every offset is into one page's text.
 
-Bounded: at most ``MAX_KEPT_BYTES`` of windows are kept per job -- the first ones read; the bytes of those past
-the bound are counted in ``dropped`` and not searched. The windows themselves are already bounded by the job's
-limits (``max_window_bytes``, ``max_text_bytes``).
+Bounded: at most ``MAX_KEPT_BYTES`` of windows are kept per job (the first read; the rest are counted in
+``dropped`` and not searched); the windows themselves are bounded by the job's limits.
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import codecs
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -34,14 +32,50 @@ MIN_PIECE_BYTES = 2
 PAGE_BREAK = "\f"
 
 
+#: Rounds of percent-decoding ``url_texts`` applies at most (a value encoded twice, or three times, still shows).
+MAX_URL_DECODINGS = 4
+
+
 @dataclass(frozen=True, order=True)
 class Place:
     """Where a window's bytes came from: a file (its resolved path) or a fetched URL, and a page of it
-    (zero-based; None: the bytes of the file or body itself)."""
+    (zero-based; None: the bytes of the file or body itself).
+
+    ``url`` is the URL exactly as the guest asked for it in ``fetch`` (what a person reads in a source; a
+    redirect's target is in the ``job.fetch`` event). ``fetch`` is the handle that fetch was opened as: one
+    download, as a job's handles are never reused -- the ``job.fetch`` event with this handle tells its final
+    URL, status and type. Two fetches of one URL are two places (None for a file: a file opened twice is one).
+    """
 
     file: str | None = None
     url: str | None = None
     page: int | None = None
+    fetch: int | None = None
+
+    @property
+    def url_texts(self) -> tuple[str, ...]:
+        """The text the guest chose for this place (``url_texts(url)``); ``()`` for a file."""
+        return url_texts(self.url) if self.url is not None else ()
+
+
+def url_texts(url: str) -> tuple[str, ...]:
+    """``url`` as a server may read it back: as written, percent-decoded (UTF-8, undecodable bytes replaced)
+    and again while that changes (``MAX_URL_DECODINGS`` rounds), each once with ``+`` kept and once read as a
+    space (a form's query), distinct forms in that order. Not folded: compare them as the match compared.
+
+    The guest chose the URL, so a body that repeats part of it (a search page's "results for ...", an error
+    page naming the path) says only what the guest said: text found in one of these forms is no evidence."""
+    out = [url]
+    for unquote in (urllib.parse.unquote, urllib.parse.unquote_plus):
+        text = url
+        for _ in range(MAX_URL_DECODINGS):
+            decoded = unquote(text)
+            if decoded == text:
+                break
+            text = decoded
+            if text not in out:
+                out.append(text)
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -124,11 +158,12 @@ class ReadWindows:
                 self._keep(self._place(command.handle, handles, page=page), 0, text.encode("utf-8"))
 
     def _place(self, handle: int, handles: Any, *, page: int | None = None) -> Place | None:
-        """Where ``handle``'s bytes come from: the URL it was fetched from, else its file; None for bytes the
-        host made (a rendered page, an image-op result), which no answer is copied from."""
+        """Where ``handle``'s bytes come from: the fetch that opened it (its URL, and the handle, which names
+        that one download), else its file; None for bytes the host made (a rendered page, an image-op result),
+        which no answer is copied from."""
         url = self._urls.get(handle)
         if url is not None:
-            return Place(url=url, page=page)
+            return Place(url=url, page=page, fetch=handle)
         f = handles.get(handle)
         if f.held:
             return None
@@ -153,7 +188,8 @@ class ReadWindows:
 
     def segments(self) -> list[Segment]:
         """The windows merged: per place, each run of overlapping or touching windows as one ``Segment``, the
-        places in the order they were first read and each place's segments in byte order."""
+        places in the order they were first read and each place's segments in byte order. Windows of two
+        places never merge: not a page with another, nor one fetch's body with another fetch's of one URL."""
         by_place: dict[Place, list[tuple[int, bytes]]] = {}
         for place, start, data in self._windows:
             by_place.setdefault(place, []).append((start, data))
@@ -173,4 +209,5 @@ class ReadWindows:
         return out
 
 
-__all__ = ["MAX_KEPT_BYTES", "MAX_PIECES", "MIN_PIECE_BYTES", "PAGE_BREAK", "Place", "Segment", "ReadWindows"]
+__all__ = ["MAX_KEPT_BYTES", "MAX_PIECES", "MIN_PIECE_BYTES", "PAGE_BREAK", "MAX_URL_DECODINGS", "Place", "Segment",
+           "ReadWindows", "url_texts"]

@@ -6,6 +6,11 @@ stay comparable across settings. ``TokenText`` is streamed text that carries its
 so a listener that wants only text still sees a ``str``. The OpenAI wire shapes live here too, both
 ways (``read_openai_logprobs``), so ``served.py`` and ``tensorjob serve`` share one shape.
 
+What a server sends costs at most what was asked: ``read_openai_logprobs`` refuses more records than
+``most`` before it reads any (the count of a list is known before its items are looked at), and reads at
+most ``read`` alternatives of a record, dropping the rest unread; each record's bytes are at most
+``MAX_TOKEN_BYTES``. The text those records came in is bounded before it is parsed, in ``served.py``.
+
 Design: docs/internals/inference.md#logprobspy
 """
 
@@ -73,10 +78,11 @@ class TokenLogprob:
                 "top_logprobs": [t.to_json() for t in self.top], "runner_up_logprob": self.runner_up}
 
     @classmethod
-    def from_json(cls, value: Any) -> "TokenLogprob":
+    def from_json(cls, value: Any, read: int = MAX_TOP_LOGPROBS) -> "TokenLogprob":
         """A record read back (a transcript, a server's answer): ``ValueError`` unless it is one as written --
         ``bytes`` (or, without them, ``token``'s UTF-8) at most ``MAX_TOKEN_BYTES``, finite logprobs at most
-        0, at most ``MAX_TOP_LOGPROBS`` alternatives."""
+        0, at most ``MAX_TOP_LOGPROBS`` alternatives, of which the first ``read`` are read and kept (the rest
+        dropped unread)."""
         if not isinstance(value, dict):
             raise ValueError("a token's logprob is not an object")
         data = _token_bytes(value)
@@ -89,7 +95,7 @@ class TokenLogprob:
         return cls(data, _read_logprob(value.get("logprob")),
                    None if runner is None else _read_logprob(runner),
                    tuple(TopLogprob(_token_bytes(t), _read_logprob(t.get("logprob") if isinstance(t, dict) else None))
-                         for t in top))
+                         for t in top[:max(0, int(read))]))
 
 
 def _read_logprob(value: Any) -> float:
@@ -148,24 +154,32 @@ def openai_logprobs(records: Sequence[TokenLogprob], *, chat: bool, offset: int 
             "text_offset": offsets}
 
 
-def read_openai_logprobs(value: Any, top: int = 0) -> list[TokenLogprob]:
+def read_openai_logprobs(value: Any, top: int = 0, *, most: int | None = None,
+                         read: int = MAX_TOP_LOGPROBS) -> list[TokenLogprob]:
     """The records in a choice's ``logprobs`` as a server sent it (either shape of ``openai_logprobs``),
     each with at most ``top`` alternatives; a record's ``runner_up`` is the server's own
     (``runner_up_logprob``) or the best alternative that is not the chosen token. ``ValueError`` unless every
-    record is one (``TokenLogprob.from_json``'s bounds; a legacy object's lists of one length)."""
+    record is one (``TokenLogprob.from_json``'s bounds; a legacy object's lists of one length), and when there
+    are more than ``most`` records (None: any number), before any is read. Only the best ``read``
+    alternatives of a record are read (what was asked: the rest are dropped unread)."""
     if not isinstance(value, dict):
         raise ValueError("logprobs is not an object")
+    most = None if most is None else max(0, int(most))
     if "content" in value:
         content = value["content"]
         if content is None:
             return []
         if not isinstance(content, list):
             raise ValueError("logprobs.content is not a list")
-        records = [TokenLogprob.from_json(item) for item in content]
+        if most is not None and len(content) > most:
+            raise ValueError(f"logprobs.content holds more than {most} records")
+        records = [TokenLogprob.from_json(item, read) for item in content]
     else:
         tokens, logprobs, tops = value.get("tokens"), value.get("token_logprobs"), value.get("top_logprobs")
         if not isinstance(tokens, list) or not isinstance(logprobs, list) or len(tokens) != len(logprobs):
             raise ValueError("logprobs' tokens and token_logprobs are not lists of one length")
+        if most is not None and len(tokens) > most:
+            raise ValueError(f"logprobs holds more than {most} tokens")
         if tops is None:
             tops = [None] * len(tokens)
         if not isinstance(tops, list) or len(tops) != len(tokens):
@@ -179,7 +193,8 @@ def read_openai_logprobs(value: Any, top: int = 0) -> list[TokenLogprob]:
             records.append(TokenLogprob.from_json({
                 "token": token, "logprob": logprob,
                 "top_logprobs": sorted(({"token": t, "logprob": lp} for t, lp in alternatives.items()),
-                                       key=lambda t: -t["logprob"] if isinstance(t["logprob"], (int, float)) else 0)}))
+                                       key=lambda t: -t["logprob"] if isinstance(t["logprob"], (int, float)) else 0)},
+                read))
     return [_with_runner_up(r, top) for r in records]
 
 

@@ -7,7 +7,10 @@ guests: one connection per request, owned by a thread of ours; a stop or cancel 
 server; every answer bounded in time, pieces and bytes; what the server sends checked where it
 arrives; constraints sent where the server's ``Dialect`` enforces them and every answer validated
 by the host either way; errors as one line that never holds the key. It is longer than most rooms
-because it is a whole client, whose parts belong to one request's life and change together.
+because it is a whole client, whose parts belong to one request's life and change together. An answer
+costs what was asked: bytes a token, an SSE event's bytes before it is parsed (``MAX_EVENT_BYTES``), bodies
+uncompressed -- past any is a malformed stream (``model_load_failed``) -- and at most ``max_tokens`` token
+records with the alternatives asked (a chunk of more is dropped unread).
 
 Design: docs/internals/inference.md#servedpy
 """
@@ -42,6 +45,10 @@ TENSORJOB_OWNER = "tensorjob"
 #: Bytes of response body allowed per requested token (an SSE chunk of one token is a few hundred).
 MAX_BODY_BYTES_PER_TOKEN = 16 * 1024
 MAX_BODY_BYTES_FLOOR = 1 << 20
+#: The most bytes of one SSE event of an answer, counted before it is parsed. A chunk of one token with
+#: ``MAX_TOP_LOGPROBS`` alternatives, each of ``MAX_TOKEN_BYTES`` escaped as badly as JSON can, is about 60 KiB;
+#: a usual one a few hundred bytes. Parsed, an event of this many bytes costs some tens of MiB at most.
+MAX_EVENT_BYTES = 1 << 20
 #: How much of a server's own error text a message quotes.
 MAX_SERVER_TEXT = 200
 #: The whole of a ``/v1/models`` answer: at most this long in all, and this many bytes.
@@ -325,17 +332,57 @@ class _ServedFuture(Future):
         return False
 
 
-class _GuardedBody:
-    """The response body as the SDK reads it, checked piece by piece against the request's bounds."""
+#: The blank lines of an event stream as the SDK's decoder splits it (CR, LF and CRLF end a line): a line end
+#: right after one, except LF after CR, which is one CRLF.
+_BLANK_LINES = (b"\n\n", b"\r\r", b"\n\r")
+_BLANK_LINE = re.compile(b"\n\n|\r\r|\n\r")
 
-    def __init__(self, inner, call: _Call):
+
+class _GuardedBody:
+    """The response body as the SDK reads it, checked piece by piece against the request's bounds: its bytes
+    in all, and, for an answer's event stream (``events``), the bytes of each SSE event (``MAX_EVENT_BYTES``)
+    as they arrive, before the SDK's decoder holds them. ``encoding``: the body's ``Content-Encoding``; any
+    but identity is refused at the first read (its bytes on the wire bound nothing decoded)."""
+
+    def __init__(self, inner, call: _Call, encoding: str = "identity", events: bool = False):
         self._inner = inner
         self._call = call
+        self._encoding = encoding
+        self._events = events
+        self._event = 0  # bytes since the last blank line
+        self._last = b""  # the byte before this chunk: a blank line can straddle two chunks
 
     def __iter__(self):
+        if self._encoding not in ("", "identity"):
+            raise ModelError(f"the model server's {self._call.what} is compressed "
+                             f"(Content-Encoding: {_clip(self._encoding, 40)}), though asked for identity")
         for chunk in self._inner:
             self._call.check(len(chunk))
+            if self._events and chunk:
+                self._count_event(chunk)
             yield chunk
+
+    def _count_event(self, chunk: bytes) -> None:
+        """Count ``chunk`` into the event it ends or continues; refuse an event past ``MAX_EVENT_BYTES``."""
+        start = 0  # where this chunk's part of the event being counted begins
+        if self._last + chunk[:1] in _BLANK_LINES:
+            self._event, start = 0, 1
+        self._last = chunk[-1:]
+        if self._event + len(chunk) - start <= MAX_EVENT_BYTES:  # no event in it can pass: only its tail counts
+            end = max(chunk.rfind(blank, start) for blank in _BLANK_LINES)
+            self._event = len(chunk) - end - 2 if end >= 0 else self._event + len(chunk) - start
+            return
+        for blank in _BLANK_LINE.finditer(chunk, start):  # an event in it may pass: each, in turn
+            self._passed(self._event + blank.start() - start)
+            self._event, start = 0, blank.end()
+        self._event += len(chunk) - start
+        self._passed(self._event)
+
+    @staticmethod
+    def _passed(size: int) -> None:
+        if size > MAX_EVENT_BYTES:
+            raise ModelError(f"the model server's stream is malformed: an event of more than {MAX_EVENT_BYTES} "
+                             "bytes")
 
     def close(self) -> None:
         self._inner.close()
@@ -528,7 +575,8 @@ class ServedBackend:
             raise ModelError(f"a served model needs the openai package: {e}") from None
         timeout = httpx2.Timeout(connect=self.connect_timeout_s, read=self.read_timeout_s,
                                  write=self.read_timeout_s, pool=self.read_timeout_s)
-        http = httpx2.Client(timeout=timeout,
+        # bodies uncompressed: the byte bounds hold what is parsed (``_GuardedBody`` refuses any other)
+        http = httpx2.Client(timeout=timeout, headers={"Accept-Encoding": "identity"},
                              limits=httpx2.Limits(max_connections=2 * self.concurrency + 4,
                                                   max_keepalive_connections=0),
                              event_hooks={"request": [self._on_request], "response": [self._on_response]})
@@ -548,7 +596,10 @@ class ServedBackend:
     def _on_response(self, response) -> None:
         call = getattr(self._local, "call", None)
         if call is not None:
-            response.stream = _wrap_stream(response.stream, call)
+            encoding = response.headers.get("content-encoding", "identity").strip().lower()
+            # the answer's own event stream (not the listing a generate call may nest, nor embeddings' JSON)
+            events = call.kind == "generate" and call.what == "answer"
+            response.stream = _wrap_stream(response.stream, call, encoding, events)
 
     # -- which model, which dialect ------------------------------------------------------------------
 
@@ -676,7 +727,8 @@ class ServedBackend:
                 raise
             self._logprobs_refused = True
             stream = post({k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")})
-        records = _Records(request.max_tokens, request.top_logprobs) if "logprobs" in body else None
+        records = (_Records(request.max_tokens, request.top_logprobs, max(int(request.top_logprobs), RUNNER_UP_TOP))
+                   if "logprobs" in body else None)
         return self._read(call, stream, request, on_token, chat, native, records)
 
     def _read(self, call: _Call, stream, request: GenerateRequest, on_token: TokenCallback,
@@ -929,12 +981,15 @@ class _Records:
 
     Records wait (``take``) until text is delivered, and go with it (``carried_by``): a stop string's
     lookahead can hold text back past the chunk its tokens came in. At most ``max_tokens`` records are
-    taken; a record that is not one, or one past that, ends the records of this answer (``delivered``
-    keeps those handed on), and the text goes on without them."""
+    taken, each with at most the ``asked`` alternatives (and the chosen token: OpenAI's legacy answer may
+    add it) read and ``top`` kept. A record that is not one, or a chunk whose records would pass
+    ``max_tokens`` (counted before any is read), ends the records of this answer (``delivered`` keeps those
+    handed on), and the text goes on without them."""
 
-    def __init__(self, max_tokens: int, top: int):
+    def __init__(self, max_tokens: int, top: int, asked: int = RUNNER_UP_TOP):
         self.max_tokens = max(0, int(max_tokens))
         self.top = top
+        self.asked = max(int(asked), int(top))
         self.waiting: list[TokenLogprob] = []
         self.delivered: list[TokenLogprob] | None = None  # None: the server gave none
         self.broken = False
@@ -942,12 +997,10 @@ class _Records:
     def take(self, value: Any) -> None:
         if self.broken:
             return
-        try:
-            got = read_openai_logprobs(value, self.top)
-        except ValueError:
-            got = None
         taken = len(self.waiting) + len(self.delivered or ())
-        if got is None or taken + len(got) > self.max_tokens:
+        try:
+            got = read_openai_logprobs(value, self.top, most=self.max_tokens - taken, read=self.asked + 1)
+        except ValueError:
             self.broken, self.waiting = True, []
             return
         self.waiting += got
@@ -962,8 +1015,8 @@ class _Records:
         return TokenText(text, records)
 
 
-def _wrap_stream(inner, call: _Call):
-    return _guarded_body_class()(inner, call)
+def _wrap_stream(inner, call: _Call, encoding: str = "identity", events: bool = False):
+    return _guarded_body_class()(inner, call, encoding, events)
 
 
 @functools.lru_cache(maxsize=1)
@@ -1117,8 +1170,9 @@ def shutdown(timeout: float | None = 10.0) -> None:
 
 
 __all__ = [
-    "DEFAULT_API_KEY_ENV", "TENSORJOB_OWNER", "MAX_BODY_BYTES_PER_TOKEN", "MAX_BODY_BYTES_FLOOR", "MAX_SERVER_TEXT",
-    "MODELS_TIMEOUT_S", "MAX_MODELS_BYTES", "MAX_MODEL_ID_CHARS", "KEY_RUN_CHARS", "MAX_SERVER_STOPS", "ServerBusy",
-    "is_served", "normalise_url", "is_variable_name", "Dialect", "ALL_KINDS", "DIALECTS", "OWNERS", "ServerInfo",
-    "ServedStats", "ServedBackend", "CallText", "scrub_key", "served_backend", "shutdown"
+    "DEFAULT_API_KEY_ENV", "TENSORJOB_OWNER", "MAX_BODY_BYTES_PER_TOKEN", "MAX_BODY_BYTES_FLOOR", "MAX_EVENT_BYTES",
+    "MAX_SERVER_TEXT", "MODELS_TIMEOUT_S", "MAX_MODELS_BYTES", "MAX_MODEL_ID_CHARS", "KEY_RUN_CHARS",
+    "MAX_SERVER_STOPS", "ServerBusy", "is_served", "normalise_url", "is_variable_name", "Dialect", "ALL_KINDS",
+    "DIALECTS", "OWNERS", "ServerInfo", "ServedStats", "ServedBackend", "CallText", "scrub_key", "served_backend",
+    "shutdown"
 ]

@@ -220,7 +220,7 @@ MAX_SOURCE_FIELDS = 10_000
 MAX_FIELD_SOURCES = 64
 MAX_SOURCE_TEXT = 64 * 1024
 #: How a field was matched (``host.grounding.MATCHES``).
-SOURCE_MATCHES = frozenset({"exact", "normalised", "fuzzy"})
+SOURCE_MATCHES = frozenset({"exact", "normalised", "fuzzy", "ambiguous"})
 
 
 def _is_fraction(value: Any) -> bool:

@@ -71,11 +71,12 @@ def test_a_field_without_grounding_or_confidence_has_no_figures_and_the_summary_
 
 
 def test_a_verdict_path_meets_the_confidence_path_that_escapes_a_dot_in_a_key():
+    # a verdict is named by its field's path (a key "a.b" escaped), so it never meets {"a": {"b": ...}}'s
     paths = verdict_paths("json_fields", {"a.b": 1, "c": {"d": 2}})
-    assert paths == {"a.b": "a\\.b", "c.d": "c.d"}
-    found = evidence_of({0: {"a.b": True, "c.d": False}}, lambda item: paths,
-                        {0: {"a\\.b": [{"kind": "exact"}], "c.d": []}}, {0: {"a\\.b": 0.9, "c.d": 0.2}})
-    assert found == {"a.b": [Evidence(0, True, True, 0.9)], "c.d": [Evidence(0, False, False, 0.2)]}
+    assert paths == {"a\\.b": "a\\.b", "c.d": "c.d"}
+    found = evidence_of({0: {"a\\.b": True, "c.d": False}}, lambda item: paths,
+                        {0: {"a\\.b": [{"match": "exact"}], "c.d": []}}, {0: {"a\\.b": 0.9, "c.d": 0.2}})
+    assert found == {"a\\.b": [Evidence(0, True, True, 0.9)], "c.d": [Evidence(0, False, False, 0.2)]}
 
 
 def test_the_html_summary_escapes_field_names_in_the_trust_table():

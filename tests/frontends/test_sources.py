@@ -109,7 +109,7 @@ def test_cli_map_sources_in_results_rows_review_and_replay(docs):
     assert cli("runs", "--review", cwd=docs).returncode == 2
 
     # a replayed map has the same sources with no model
-    replayed = cli("replay", "--map", "run", str(GUEST), "--run-dir", "again", "--json", cwd=docs)
+    replayed = cli("replay", "--map", "run", str(GUEST), "--run-dir", "again", "--read", "docs", "--json", cwd=docs)
     assert replayed.returncode == 0, replayed.stderr
     again = {json.loads(line)["item"]: json.loads(line)["sources"]
              for line in (docs / "again" / "results.jsonl").read_text().splitlines()}

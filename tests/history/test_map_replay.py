@@ -492,3 +492,9 @@ def test_an_estimates_speed_comes_from_quiet_infers_when_there_are_enough_and_sa
     quiet = measured_speed("m", [tmp_path / "runs"])
     assert not quiet.busy and quiet.quiet == quiet.infers == 3 and quiet.output_tokens_per_s == 22.0
     assert quiet.fast_output_tokens_per_s >= quiet.output_tokens_per_s and "while it was quiet" in quiet.source()
+
+
+def test_a_dotted_key_and_a_nested_field_are_two_changed_fields():
+    old = {"total.amount": 1, "total": {"amount": 2}}
+    assert changed_fields(old, {"total.amount": 9, "total": {"amount": 2}}) == ["total\\.amount"]
+    assert changed_fields(old, {"total.amount": 1, "total": {"amount": 9}}) == ["total.amount"]

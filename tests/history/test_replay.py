@@ -137,7 +137,7 @@ def test_a_replay_gives_the_same_result_with_no_model(text_file):
                  read=[text_file.parent])
     assert job.envelope.ok
     asked = len(backend.scripted.prompts)
-    report = replay(EXAMPLES / "summarise.c", job.id)
+    report = replay(EXAMPLES / "summarise.c", job.id, read=[text_file.parent])  # a replay takes no recorded grant
     assert report.same_result and report.divergence is None and not report.guest_changed
     assert report.result == job.result
     assert report.envelope.usage.tokens_in == job.envelope.usage.tokens_in
@@ -170,13 +170,13 @@ def test_another_command_another_window_and_past_the_end(text_file):
     job = record(wat.script_guest(open_slice + [{"cmd": "done", "result": 0}]), read=[text_file.parent])
     other_window = wat.script_guest(open_slice[:1] + [{"cmd": "slice", "handle": 0, "offset": 0, "len": 65},
                                                       {"cmd": "done", "result": 0}])
-    d = replay(other_window, job.id).divergence
+    d = replay(other_window, job.id, read=[text_file.parent]).divergence
     assert (d.step, d.why) == (2, "another window")
     assert d.recorded == "slice #0 from byte 0 (64 bytes)" and d.asked == "slice #0 from byte 0 (65 bytes)"
     other_command = wat.script_guest(open_slice[:1] + [{"cmd": "emit", "progress": 1}, {"cmd": "done", "result": 0}])
-    assert replay(other_command, job.id).divergence.why == "another command"
+    assert replay(other_command, job.id, read=[text_file.parent]).divergence.why == "another command"
     longer = wat.script_guest(open_slice + [{"cmd": "emit", "progress": 1}, {"cmd": "done", "result": 0}])
-    d = replay(longer, job.id).divergence
+    d = replay(longer, job.id, read=[text_file.parent]).divergence
     assert (d.step, d.why, d.recorded) == (3, "another command", "done (the run completed)")
 
 
@@ -244,12 +244,13 @@ def test_a_file_that_changed_since_the_run_is_a_divergence(text_file):
     guest = wat.script_guest([{"cmd": "open", "path": str(text_file)},
                               {"cmd": "slice", "handle": 0, "offset": 0, "len": 64}, {"cmd": "done", "result": 0}])
     job = record(guest, read=[text_file.parent])
-    assert replay(guest, job.id).same_result
+    granted = [text_file.parent]  # given again: a replay takes no recorded grant
+    assert replay(guest, job.id, read=granted).same_result
     text_file.write_text("something else entirely " * 100)
-    d = replay(guest, job.id).divergence
+    d = replay(guest, job.id, read=granted).divergence
     assert (d.step, d.why, d.kind) == (1, "the world changed", "answer") and "len" in d.asked
     text_file.unlink()
-    d = replay(guest, job.id).divergence
+    d = replay(guest, job.id, read=granted).divergence
     assert d.step == 1 and d.asked.startswith("not_found")
 
 
@@ -281,13 +282,17 @@ def test_a_recorded_input_past_the_replay_s_value_limit_is_one_line_not_a_traceb
 
 
 def test_grants_that_do_not_exist_here_must_be_given_again(tmp_path, text_file):
-    guest = wat.script_guest([{"cmd": "done", "result": 0}])
+    guest = wat.script_guest([{"cmd": "open", "path": str(text_file)}, {"cmd": "done", "result": 0}])
     job = record(guest, read=[text_file.parent])
     moved = tmp_path / "moved"
     text_file.parent.rename(moved)
-    code, _, err = run_cli("replay", _wasm(tmp_path, guest), "--from", job.id)
-    assert code == 2 and "does not exist here" in err and "--read" in err
-    code, out, _ = run_cli("replay", _wasm(tmp_path, guest), "--from", job.id, "--read", moved)
+    with pytest.raises(ReplayError, match="does not exist here.*--read"):  # asked for, the recorded ones must exist
+        ReplayJob(guest, job.id, recorded_grants=True)
+    code, _, err = run_cli("replay", _wasm(tmp_path, guest), "--from", job.id)  # none taken: it says which it needs
+    assert code == 1 and f"capability_denied: replay: step 1 opens {text_file}" in err
+    assert f"give --read {text_file} to let it" in err
+    moved.rename(text_file.parent)
+    code, out, _ = run_cli("replay", _wasm(tmp_path, guest), "--from", job.id, "--read", text_file.parent)
     assert code == 0 and json.loads(out) == 0
 
 
@@ -620,12 +625,13 @@ def test_the_commands_from_a_terminal(tmp_path, text_file):
     listed = tensorjob("runs", "--json")
     (run,) = [json.loads(line) for line in listed.stdout.splitlines()]
     assert run["status"] == "completed" and run["guest"] == "wordcount.c"
-    same = tensorjob("replay", wc, "--from", run["id"])
+    same = tensorjob("replay", wc, "--from", run["id"], "--read", text_file.parent)
     assert same.returncode == 0 and json.loads(same.stdout) == json.loads(done.stdout)
     assert "replay: the same result as the recorded run" in same.stderr
-    other = tensorjob("replay", wc, "--from", run["id"], "--input", json.dumps({"path": str(text_file), "window": 99}))
+    other = tensorjob("replay", wc, "--from", run["id"], "--read", text_file.parent,
+                      "--input", json.dumps({"path": str(text_file), "window": 99}))
     assert other.returncode == 1 and "replay diverged at step 2 (another window)" in other.stderr
-    report = tensorjob("replay", wc, "--from", run["id"], "--json")
+    report = tensorjob("replay", wc, "--from", run["id"], "--read", text_file.parent, "--json")
     assert json.loads(report.stdout)["same_result"] is True
     shown = tensorjob("show", run["id"][:-1])  # a unique prefix
     assert shown.returncode == 0 and shown.stdout == done.stdout and shown.stderr == done.stderr
@@ -694,7 +700,8 @@ def test_a_real_model_run_replays_to_the_same_result_with_no_model_loaded(tmp_pa
               "from tensorjob_jupyter.frontends.cli import main\n"
               "import io\n"
               "out = io.StringIO()\n"
-              f"code = main(['replay', {str(EXAMPLES / 'summarise.c')!r}, '--from', {str(job.run_dir)!r}, '--json'],"
+              f"code = main(['replay', {str(EXAMPLES / 'summarise.c')!r}, '--from', {str(job.run_dir)!r}, '--read', "
+              f"{str(data)!r}, '--json'],"
               " out=out, err=io.StringIO())\n"
               "print(json.dumps({'code': code, 'report': json.loads(out.getvalue()),"
               " 'llama_cpp_loaded': 'llama_cpp' in sys.modules}))\n")
@@ -761,8 +768,9 @@ def test_relative_paths_resolve_against_the_run_s_directory(tmp_path, text_file,
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    assert replay(guest, job.id).same_result
-    code, out, err = run_cli("replay", _wasm(tmp_path, guest), "--from", job.id)
+    # the guest's "data/doc.txt" is the run's directory's; the grant is given again, as a path of this one's
+    assert replay(guest, job.id, read=["../data"]).same_result
+    code, out, err = run_cli("replay", _wasm(tmp_path, guest), "--from", job.id, "--read", text_file.parent)
     assert code == 0 and "the same result" in err
 
 

@@ -179,7 +179,7 @@ def test_a_replay_reproduces_a_python_guest_with_its_clock_and_random(tmp_path):
     assert env.ok, env
     asked = len(backend.scripted.prompts)
     time.sleep(0.05)
-    report = tj.replay(guest, job.id, runs_dir=tmp_path / "runs")
+    report = tj.replay(guest, job.id, runs_dir=tmp_path / "runs", read=[tmp_path])
     assert report.divergence is None, report.divergence
     assert report.result == env.result  # the same random pick, clock reading and uuid
     assert len(backend.scripted.prompts) == asked
@@ -270,7 +270,7 @@ def test_extract_py_and_extract_c_make_the_same_commands_and_replay_each_others_
         jobs[name] = (job, env.result, backend.scripted.prompts)
     assert jobs["extract.py"][1:] == jobs["extract.c"][1:]
     assert jobs["extract.py"][1]["facts"] == {"title": "The Stone Bridge", "year": 1894, "keywords": ["bridge"]}
-    report = tj.replay(EXAMPLES / "extract.py", jobs["extract.c"][0].run_dir)
+    report = tj.replay(EXAMPLES / "extract.py", jobs["extract.c"][0].run_dir, read=[tmp_path])
     assert report.divergence is None and report.same_result  # the twin's run answers it, command for command
 
 

@@ -21,10 +21,10 @@ from tensorjob_jupyter.abi import dumps
 from tensorjob_jupyter.fanout import MapProgress, MapRun
 from tensorjob_jupyter.fanout.manifest import item_key
 from tensorjob_jupyter.frontends.view.live import LiveView, check_refresh_hz
-from tensorjob_jupyter.frontends.view.render import BLUE, GREEN, GREY, LIGHT_GREY, PALE, PRE, RED, status_badge
+from tensorjob_jupyter.frontends.view.render import AMBER, BLUE, GREEN, GREY, LIGHT_GREY, PALE, PRE, RED, status_badge
 from tensorjob_jupyter.history.sources import excerpt_parts
 from tensorjob_jupyter.host.fields import result_fields
-from tensorjob_jupyter.host.grounding import source_label
+from tensorjob_jupyter.host.grounding import grounds, source_label
 from tensorjob_jupyter.text import for_html
 
 #: Concluded items the table shows while the map runs: the latest ones.
@@ -147,11 +147,14 @@ def render_items(rows: list[dict], *, finished: bool = False, concluded: int | N
 
 
 def field_marks(evidence: dict) -> str:
-    """One line of marks: each field's name, ✓ (found in what the item read) or ✗ (found nowhere), and its
-    confidence."""
+    """One line of marks: each field's name, ✓ (grounded: the value itself in what the item read), ~ (only a
+    fuzzy match or a date that reads as two days), or ✗ (found nowhere), and its confidence."""
     marks = []
     for name, _value, found, sure in evidence["fields"]:
-        mark = ("" if found is None else f'<span class="tj-grounded" style="color:{GREEN}">✓</span>' if found
+        grounded = grounds(found)
+        mark = ("" if grounded is None else f'<span class="tj-grounded" style="color:{GREEN}">✓</span>' if grounded
+                else f'<span class="tj-doubtful" style="color:{AMBER}" title="only a fuzzy match or an ambiguous '
+                     f'date: not the value itself">~</span>' if found
                 else f'<span class="tj-ungrounded" style="color:{RED}" title="found in no window the item read">✗'
                      f'</span>')
         conf = "" if sure is None else f' <span class="tj-confidence" style="color:{GREY}">{sure:.2f}</span>'
