@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,22 @@ def test_every_cell_whose_output_nbval_ignores_is_followed_by_one_it_compares():
             rest = [c for c in cells[i + 1:] if IGNORE not in c.get("metadata", {}).get("tags", [])]
             assert rest and rest[0].get("outputs"), (
                 f"{path.name}: code cell {i} has its output ignored, but no compared cell with output follows it")
+
+
+def test_no_notebook_finds_a_command_on_the_kernel_s_path():
+    """A kernel started as ``.venv/bin/jupyter lab`` without activating has no ``tensorjob`` on its PATH: a shell
+    cell calls the command through the kernel's own interpreter (``!{sys.executable} -m tensorjob_jupyter``)."""
+    for path in NOTEBOOKS:
+        for i, cell in enumerate(_code_cells(path)):
+            for line in "".join(cell["source"]).splitlines():
+                shell = re.match(r"(?:\w+\s*=\s*)?!(.*)", line)  # at the start of a line: a shell escape
+                assert shell is None or shell[1].startswith("{sys.executable}"), f"{path.name} cell {i}: {line}"
+
+
+def test_the_command_runs_through_the_interpreter_with_no_path(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "tensorjob_jupyter", "--version"], capture_output=True, text=True,
+                          env={**os.environ, "PATH": str(tmp_path)}, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr
 
 
 @pytest.mark.slow  # runs every notebook again, on the real model
