@@ -17,7 +17,13 @@ Run from the repository root::
    time. ``--real``: the same for ``guests/examples/extract.c`` on the embedded model, and beside it the
    confidence's share (each generated token's record, ``llama.token_logprob``, after the grammar's mask, and
    the fields' confidences, ``reactor.answer_confidence``), timed the same way. Goal: <= 2% together.
-4. **Trust** (``--labelled N``): a labelled map of ``extract.c`` on the embedded model over N short notes made
+4. **Places and spellings**: invoices in six languages (English, German, French, Spanish, Italian, Polish, each
+   writing amounts and days its own way), four fields each: "not grounded" (found nowhere, under another field's
+   label, fuzzy or ambiguous) as a detector of a wrong value -- values found in the wrong place (the customer as
+   the vendor, the invoice date as the due date, the subtotal as the total, the order number as the invoice
+   number), invented values and one-character forgeries -- against the right values, which it must not flag.
+   Goal: recall >= 0.85 at precision >= 0.95, and no forgery grounded.
+5. **Trust** (``--labelled N``): a labelled map of ``extract.c`` on the embedded model over N short notes made
    here (a customer's name and an order number each, known), scored by ``json_fields``: per field the accuracy
    of the most confident half against the least confident half, and the AUROC, with the counts they rest on
    (``ScoreSummary.signals``). The baseline is the field's own accuracy over all its items.
@@ -110,6 +116,104 @@ def quality(n_docs: int, rng: random.Random) -> dict:
     return {kind: {"precision": right[kind] / max(1, found[kind]), "recall": right[kind] / max(1, total[kind]),
                    "fields": total[kind]} for kind in total} | {"planted_flagged": flagged / planted,
                                                                  "planted": planted}
+
+
+#: Invoices in six languages: each field's label, and how the language writes an amount and a day.
+LANGUAGES = {
+    "en": dict(vendor="Supplier:", customer="Bill to:", invoice_number="Invoice number:", order="Order number:",
+               invoice_date="Invoice date:", due_date="Due date:", subtotal="Subtotal:", total="Total due:",
+               amount=lambda x: f"${x:,.2f}", day=lambda d: d.strftime("%B %-d, %Y")),
+    "de": dict(vendor="Lieferant:", customer="Rechnungsempfänger:", invoice_number="Rechnungsnummer:",
+               order="Bestellnummer:", invoice_date="Rechnungsdatum:", due_date="Fällig am:",
+               subtotal="Zwischensumme:", total="Gesamtbetrag:",
+               amount=lambda x: f"{x:,.2f} €".replace(",", "_").replace(".", ",").replace("_", "."),
+               day=lambda d: d.strftime("%d.%m.%Y")),
+    "fr": dict(vendor="Fournisseur :", customer="Client :", invoice_number="Facture n° :",
+               order="Numéro de commande :", invoice_date="Date de facture :", due_date="Date d'échéance :",
+               subtotal="Sous-total :", total="Total TTC :",
+               amount=lambda x: f"{x:,.2f} €".replace(",", "\u202f").replace(".", ","),
+               day=lambda d: f"{d.day} {['janvier', 'février', 'mars', 'avril', 'mai', 'juin', 'juillet', 'août', 'septembre', 'octobre', 'novembre', 'décembre'][d.month - 1]} {d.year}"),  # noqa: E501
+    "es": dict(vendor="Proveedor:", customer="Cliente:", invoice_number="Número de factura:",
+               order="Número de pedido:", invoice_date="Fecha de factura:", due_date="Fecha de vencimiento:",
+               subtotal="Base imponible:", total="Importe total:",
+               amount=lambda x: f"{x:,.2f} €".replace(",", "_").replace(".", ",").replace("_", "."),
+               day=lambda d: f"{d.day} de {['enero', 'febrero', 'marzo', 'abril', 'mayo', 'junio', 'julio', 'agosto', 'septiembre', 'octubre', 'noviembre', 'diciembre'][d.month - 1]} de {d.year}"),  # noqa: E501
+    "it": dict(vendor="Fornitore:", customer="Cliente:", invoice_number="Numero fattura:", order="Numero ordine:",
+               invoice_date="Data fattura:", due_date="Data di scadenza:", subtotal="Imponibile:",
+               total="Importo totale:",
+               amount=lambda x: "€ " + f"{x:,.2f}".replace(",", "_").replace(".", ",").replace("_", "."),
+               day=lambda d: f"{d.day} {['gennaio', 'febbraio', 'marzo', 'aprile', 'maggio', 'giugno', 'luglio', 'agosto', 'settembre', 'ottobre', 'novembre', 'dicembre'][d.month - 1]} {d.year}"),  # noqa: E501
+    "pl": dict(vendor="Sprzedawca:", customer="Nabywca:", invoice_number="Faktura nr:", order="Numer zamówienia:",
+               invoice_date="Data wystawienia:", due_date="Termin płatności:", subtotal="Wartość netto:",
+               total="Do zapłaty:", amount=lambda x: f"{x:,.2f} zł".replace(",", " ").replace(".", ","),
+               day=lambda d: d.strftime("%d.%m.%Y")),
+}
+COMPANIES = ("ACME Supplies Ltd", "Oakley Legal Partners LLP", "Nordwind Logistik GmbH", "Atelier Lumière SARL",
+             "Construcciones Iberia SL", "Tessuti Fiorentini Srl", "Zakład Mechaniczny Kowalski", "Harbour Bridge Co",
+             "Zoë Ångström Design", "Kettle & Sons")
+
+
+def forged(value: object, rng: random.Random) -> object:
+    """``value`` with one character changed: what a careless or hostile answer looks like."""
+    if isinstance(value, float):
+        return round(value + rng.choice((-9, 9, 0.09, -0.09)), 2)
+    text = str(value)
+    i = rng.randrange(len(text))
+    options = "0123456789" if text[i].isdigit() else "abcdefghijklmnopqrstuvwxyz"
+    return text[:i] + rng.choice([c for c in options if c != text[i].lower()]) + text[i + 1:]
+
+
+def invoice(rng: random.Random, language: str) -> tuple[str, dict, dict]:
+    """An invoice, the right answers for four fields, and for each a value found in it in the wrong place."""
+    labels = LANGUAGES[language]
+    vendor, customer = rng.sample(COMPANIES, 2)
+    number, order = f"INV-{rng.randint(2020, 2026)}-{rng.randint(100, 9999)}", f"PO-{rng.randint(10000, 99999)}"
+    issued = datetime.date(2024, rng.randint(1, 12), rng.randint(1, 28))
+    due = issued + datetime.timedelta(days=rng.choice((14, 30, 45)))
+    subtotal = round(rng.uniform(100, 9000), 2) + 0.01
+    total = round(subtotal * 1.19, 2)
+    if total == round(total):
+        total += 0.01
+    apart = rng.random() < 0.5  # a form's layout: each label on its own line, the value on the next
+    pairs = [(labels["vendor"], vendor), (labels["customer"], customer), (labels["invoice_number"], number),
+             (labels["order"], order), (labels["invoice_date"], labels["day"](issued)),
+             (labels["due_date"], labels["day"](due)), ("", filler(rng, 12)),
+             (labels["subtotal"], labels["amount"](subtotal)), (labels["total"], labels["amount"](total)),
+             ("", f"{filler(rng, 4)}. {vendor}, {filler(rng, 3)}.")]  # the vendor again, under no label
+    lines = [f"{label}\n{value}" if apart and label else f"{label} {value}".strip() for label, value in pairs]
+    right = {"vendor": vendor, "invoice_number": number, "due_date": due.isoformat(), "total": total}
+    wrong = {"vendor": customer, "invoice_number": order, "due_date": issued.isoformat(), "total": subtotal}
+    return "\n".join(lines) + "\n", right, wrong
+
+
+def places(n_docs: int, rng: random.Random) -> dict:
+    """"Not grounded" (found nowhere, elsewhere, fuzzy or ambiguous) as a detector of a wrong value, on invoices
+    in six languages: right values (as a model writes them: ISO dates, plain numbers), values found in the wrong
+    place, invented ones and one-character forgeries of the right ones."""
+    counts = {"right": [0, 0], "elsewhere": [0, 0], "invented": [0, 0], "forged": [0, 0]}  # [flagged, all]
+    by_language: dict[str, list[int]] = {}
+    for i in range(n_docs):
+        language = list(LANGUAGES)[i % len(LANGUAGES)]
+        text, right, wrong = invoice(rng, language)
+        segment = [Segment(Place(file=f"/bench/invoice-{i}.txt"), 0, text.encode())]
+        cases = {"right": right, "elsewhere": wrong,
+                 "invented": {"vendor": f"{filler(rng, 2).title()} Holdings", "invoice_number": f"INV-{rng.randint(1, 99)}",
+                              "due_date": "2031-01-17", "total": 123456.78},
+                 "forged": {k: forged(v, rng) for k, v in right.items() if k != "due_date"}}
+        for kind, result in cases.items():
+            found = grounding.locate(result, segment)
+            for field in result:
+                flagged = grounding.grounds(found.get(field)) is not True
+                counts[kind][0] += flagged
+                counts[kind][1] += 1
+                if kind == "right":
+                    by_language.setdefault(language, [0, 0])[0] += not flagged
+                    by_language[language][1] += 1
+    wrong_flagged = sum(counts[k][0] for k in ("elsewhere", "invented", "forged"))
+    wrong_all = sum(counts[k][1] for k in ("elsewhere", "invented", "forged"))
+    flagged_all = wrong_flagged + counts["right"][0]
+    return {"precision": wrong_flagged / max(1, flagged_all), "recall": wrong_flagged / max(1, wrong_all),
+            "counts": counts, "right_found_by_language": by_language}
 
 
 class Timed:
@@ -219,7 +323,16 @@ def main() -> int:
         print(f"{kind:>10}: precision {q[kind]['precision']:.3f}  recall {q[kind]['recall']:.3f}  "
               f"({q[kind]['fields']} fields; goal >= 0.95 each)")
     print(f"   planted: {q['planted_flagged']:.1%} of {q['planted']} flagged not found (goal 100%)")
-    summary = {"quality": q}
+    p = places(n_docs // 2, rng)
+    c = p["counts"]
+    print(f"    places: \"not grounded\" as a detector of a wrong value on {n_docs // 2} invoices in six languages: "
+          f"precision {p['precision']:.3f}, recall {p['recall']:.3f} (goal: recall >= 0.85 at precision >= 0.95)")
+    print(f"            wrong place caught {c['elsewhere'][0]}/{c['elsewhere'][1]}, invented {c['invented'][0]}/"
+          f"{c['invented'][1]}, one-character forgeries {c['forged'][0]}/{c['forged'][1]} (false matches: "
+          f"{c['forged'][1] - c['forged'][0]}, goal 0); right values wrongly marked {c['right'][0]}/{c['right'][1]}")
+    print("            right values grounded by language: " + ", ".join(
+        f"{lang} {ok}/{n}" for lang, (ok, n) in p["right_found_by_language"].items()))
+    summary = {"quality": q, "places": p}
     with tempfile.TemporaryDirectory() as tmp:
         tj.Job(ROOT / "tests" / "guests" / "quote.c", input={"path": "/", "claim": 0})  # compiled once, not timed
         c = cost(jobs, rng, Path(tmp), real=False)

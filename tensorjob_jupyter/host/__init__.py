@@ -4,7 +4,7 @@ Owns: ``spec`` (``JobSpec`` and ``Overrides``: a job's setup, and what was given
 ``jobs`` (``Job``: a reactor on its own thread, the transcript, the registry), ``reactor`` (the step loop),
 ``answerer`` (the live world, or a recording), ``tokens`` (the one token loop of an ``infer``), ``debugger``,
 ``schemas`` and ``structured`` (an infer's output, constrained and validated), ``windows``, ``fields``,
-``grounding`` (with ``spellings``: how a value may be written) and ``confidence`` (what a result's
+``grounding`` (with ``spellings``: how a value may be written, ``labels``: what it stands under) and ``confidence`` (what a result's
 fields rest on), ``waiting`` (Ctrl-C as cancel).
 May import: ``sandbox``, ``world``, ``record``, ``inference``, and the wire modules (``abi``, ``limits``,
 ``text``, ``version``, ``regular_file``). Never ``history``, ``fanout``, ``serve`` or ``frontends``.

@@ -29,6 +29,7 @@ from rapidfuzz import fuzz
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import JobFailure, codes
 from tensorjob_jupyter.host.fields import MAX_FIELDS, MISSING, result_fields, value_at
+from tensorjob_jupyter.host.labels import FieldNames, label_before
 from tensorjob_jupyter.host.spellings import (
     GROUP_CHARS, Folded, ambiguous_date, canonical, chunks, date_pattern, iso_date, number_pattern,
     number_reading, text_pattern,
@@ -218,12 +219,23 @@ class _Field:
         return self._echoes[place]
 
 
-def _source(place, start: int, end: int, match: str, score: float) -> dict:
+def _source(seg: Segment, start: int, end: int, match: str, score: float) -> dict:
+    """One source: where (``start``/``end``: offsets in the place), how, and the label the span stands under."""
+    place = seg.place
     return {"file": place.file, "url": place.url, "page": place.page, "start": start, "end": end,
-            "match": match, "score": round(float(score), 4)}
+            "match": match, "score": round(float(score), 4), "label": label_before(seg.data, start - seg.start)}
 
 
 # --- the searches ----------------------------------------------------------------------------------------------
+
+
+#: Sources gathered per field before the best ``max_sources`` are kept: a value under another field's label
+#: in its first places may stand under its own further on.
+CANDIDATES_PER_SOURCE = 4
+
+
+def _candidates(bounds: Bounds) -> int:
+    return bounds.max_sources * CANDIDATES_PER_SOURCE
 
 
 def _exact(field: _Field, segments: Sequence[Segment], work: _Work, bounds: Bounds) -> list[dict] | None:
@@ -238,14 +250,14 @@ def _exact(field: _Field, segments: Sequence[Segment], work: _Work, bounds: Boun
         if field.echoed(seg.place):
             continue
         data, at = seg.data, seg.data.find(needle)
-        while at >= 0 and len(found) < bounds.max_sources and seen < bounds.max_occurrences:
+        while at >= 0 and len(found) < _candidates(bounds) and seen < bounds.max_occurrences:
             seen += 1
             end = at + len(needle)
             if field.edges_ok(*_around(data, at, end)):
-                found.append(_source(seg.place, seg.start + at, seg.start + end, kind,
+                found.append(_source(seg, seg.start + at, seg.start + end, kind,
                                      AMBIGUOUS_SCORE if kind == AMBIGUOUS else 1.0))
             at = data.find(needle, at + 1)
-        if len(found) >= bounds.max_sources or seen >= bounds.max_occurrences:
+        if len(found) >= _candidates(bounds) or seen >= bounds.max_occurrences:
             break
     return found
 
@@ -298,7 +310,7 @@ def _normalised(fields: list[_Field], segments: Sequence[Segment], work: _Work,
     for seg, window, fresh, limit in windows:
         text = window.text
         for i, field in enumerate(fields):
-            if stopped[i] or len(found[i]) >= bounds.max_sources or seen[i] >= bounds.max_occurrences:
+            if stopped[i] or len(found[i]) >= _candidates(bounds) or seen[i] >= bounds.max_occurrences:
                 continue
             if work.budget.normalised < len(text):
                 stopped[i] = True
@@ -320,12 +332,12 @@ def _normalised(fields: list[_Field], segments: Sequence[Segment], work: _Work,
                 span = seg.data[start - seg.start:end - seg.start].decode("utf-8", "replace")
                 how = field.reading(span)
                 if how is not None:
-                    found[i].append(_source(seg.place, start, end, how, AMBIGUOUS_SCORE if how == AMBIGUOUS else 1.0))
-                    if len(found[i]) >= bounds.max_sources:
+                    found[i].append(_source(seg, start, end, how, AMBIGUOUS_SCORE if how == AMBIGUOUS else 1.0))
+                    if len(found[i]) >= _candidates(bounds):
                         break
     out: list[list[dict] | None] = []
     for i, sources in enumerate(found):
-        whole = (windows.complete and not stopped[i]) or len(sources) >= bounds.max_sources \
+        whole = (windows.complete and not stopped[i]) or len(sources) >= _candidates(bounds) \
             or seen[i] >= bounds.max_occurrences
         out.append(sorted(sources, key=_best_first) if sources or whole else None)
     return out
@@ -363,7 +375,7 @@ def _fuzzy(fields: list[_Field], segments: Sequence[Segment], work: _Work,
                 score = fuzz.ratio(needle, said) / 100
                 current = best[i]
                 if score >= cutoff and (current is None or score > current[0]):
-                    best[i] = (score, _source(seg.place, start, end, FUZZY, score))
+                    best[i] = (score, _source(seg, start, end, FUZZY, score))
     out: list[list[dict] | None] = []
     for i, found in enumerate(best):
         if found is not None:
@@ -400,10 +412,21 @@ def claims(value: Any) -> bool:
 
 def grounds(sources: list[dict] | None) -> bool | None:
     """Whether a field's sources (as recorded: read back, so checked) ground its value -- an exact or normalised
-    match; None when it was not located."""
+    match that does not stand under another field's label; None when it was not located."""
     if sources is None:
         return None
-    return any(isinstance(s, dict) and s.get("match") in GROUNDING_MATCHES for s in sources)
+    return any(isinstance(s, dict) and s.get("match") in GROUNDING_MATCHES and s.get("elsewhere") is not True
+               for s in sources)
+
+
+def _placed(path: str, sources: list[dict], names: FieldNames, most: int) -> list[dict]:
+    """``sources`` with the field each one's label names (``under``) and whether that is another field
+    (``elsewhere``), best first -- under the field's own label or none, then the kind of match -- the best
+    ``most`` of them."""
+    for s in sources:
+        s["under"] = names.named(s["label"])
+        s["elsewhere"] = names.elsewhere(path, s["label"]) is not None
+    return sorted(sources, key=lambda s: (s["elsewhere"], s["under"] is None, *_best_first(s), s["start"]))[:most]
 
 
 def locate(result: Any, segments: Sequence[Segment], *, first: Iterable[str] = (),
@@ -430,11 +453,13 @@ def locate(result: Any, segments: Sequence[Segment], *, first: Iterable[str] = (
     _then(looks, searched, lambda i: looks[i].pattern is not None, _normalised, segments, work, bounds)
     _then(looks, searched, lambda i: looks[i].fuzzy, _fuzzy, segments, work, bounds)
     found: dict[int, list[dict]] = {}
+    names = FieldNames(path for path, _ in fields)
     size = 2  # {}
     for i in order:
         sources = searched.get(i)
         if sources is None:
             continue
+        sources = _placed(fields[i][0], sources, names, bounds.max_sources)
         size += len(abi.dumps({fields[i][0]: sources}).encode("utf-8")) - 1  # the entry and its comma
         if size > bounds.max_sources_bytes:
             break
@@ -495,7 +520,9 @@ def require_grounded(result: Any, sources: dict[str, list[dict]], required: Sequ
                                                    f"found either)")
             if not grounds(found):
                 best = found[0]
-                how = (f"only a fuzzy match (similarity {best.get('score')})" if best.get("match") == FUZZY
+                how = (f"only under a label that names another field ({clip(best.get('label') or '', 40)!r} names "
+                       f"{best.get('under')})" if best.get("elsewhere")
+                       else f"only a fuzzy match (similarity {best.get('score')})" if best.get("match") == FUZZY
                        else "only as a spelling that reads as another value too")
                 raise JobFailure(codes.UNGROUNDED, f"{what} = {shown_value} was found {how}, at "
                                                    f"{source_label(best)}: not the value itself (require_grounded)")

@@ -141,10 +141,15 @@ def canonical(text: str) -> str:
     return _GROUP_SEPARATOR.sub("", _SPACES.sub(" ", Folded(text).text)).strip()
 
 
+#: The longest integer part given digit groups in its spellings.
+MAX_GROUPED_DIGITS = 36
+
+
 def _digits_pattern(digits: str, integer: bool, separator: str = "[,'\u2019_ ]?") -> str:
     """A run of digits, with an optional group ``separator`` every three from the right when it is a number's
-    integer part."""
-    if not integer or len(digits) <= 3:
+    integer part of at most ``MAX_GROUPED_DIGITS`` (no one groups a longer one, and each group costs the
+    expression's compilation a character class)."""
+    if not integer or len(digits) <= 3 or len(digits) > MAX_GROUPED_DIGITS:
         return digits
     head = len(digits) % 3 or 3
     groups = [digits[:head]] + [digits[i:i + 3] for i in range(head, len(digits), 3)]

@@ -219,6 +219,8 @@ def check_usage(usage: Any, prefix: str = "usage.") -> str | None:
 MAX_SOURCE_FIELDS = 10_000
 MAX_FIELD_SOURCES = 64
 MAX_SOURCE_TEXT = 64 * 1024
+#: The longest label, or name of the field a label names, a source may carry (``host.labels``: 80 are given).
+MAX_LABEL_TEXT = 1024
 #: How a field was matched (``host.grounding.MATCHES``).
 SOURCE_MATCHES = frozenset({"exact", "normalised", "fuzzy", "ambiguous"})
 
@@ -249,6 +251,12 @@ def check_source(source: Any) -> str | None:
         return f"has a match that is not one of {', '.join(sorted(SOURCE_MATCHES))}"
     if not _is_fraction(source.get("score")):
         return "has a score that is not a number from 0 to 1"
+    label, under = source.get("label"), source.get("under")
+    if not (label is None or (isinstance(label, str) and len(label) <= MAX_LABEL_TEXT)) or not (
+            under is None or (isinstance(under, str) and len(under) <= MAX_LABEL_TEXT)):
+        return f"has a label or the field it names that is not text (of at most {MAX_LABEL_TEXT} characters) or null"
+    if source.get("elsewhere", False) not in (True, False):
+        return "has an elsewhere that is not true or false"
     return None
 
 
