@@ -119,15 +119,20 @@ def forged_notebook(path: Path, html: str) -> Path:
     return path
 
 
-def test_a_forged_view_exports_inert_and_a_huge_one_is_left_out(tmp_path):
+def test_a_forged_view_exports_inert_and_a_huge_one_is_cut(tmp_path):
     forged = forged_notebook(tmp_path / "forged.ipynb", '<div class="tensorjob-view tj-static">shown'
                              '<script>document.title="pwned"</script><img src=x onerror="alert(1)">'
                              '<a href="javascript:alert(2)">link</a><span style="background:url(//evil)">s</span></div>')
+    covering = forged_notebook(tmp_path / "covering.ipynb", '<div class="tensorjob-view tj-static">shown <a '
+                               'href="https://elsewhere.example/" style="position:fixed;top:0;left:0;width:100%;'
+                               'height:100%;z-index:99999;color:red">link</a></div>')
     huge = forged_notebook(tmp_path / "huge.ipynb", '<div class="tensorjob-view tj-static">'
                            + "<span>0123456789</span>" * 1_200_000 + "</div>")  # 26 MiB of view, 27,600,044 characters
     for argv, written in (
             (["-m", "tensorjob_jupyter.frontends.cli", "export", "forged.ipynb"], "forged.html"),
             (["-m", "jupyter", "nbconvert", "--to", "tensorjob-html", "forged.ipynb"], "forged.html"),
+            (["-m", "tensorjob_jupyter.frontends.cli", "export", "covering.ipynb"], "covering.html"),
+            (["-m", "jupyter", "nbconvert", "--to", "tensorjob-html", "covering.ipynb"], "covering.html"),
             (["-m", "tensorjob_jupyter.frontends.cli", "export", "huge.ipynb"], "huge.html")):
         proc = run(sys.executable, *argv, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
@@ -136,8 +141,10 @@ def test_a_forged_view_exports_inert_and_a_huge_one_is_left_out(tmp_path):
         view = page[page.index('class="tensorjob-view tj-static'):]
         view = view[:view.index("</div>")]
         assert "pwned" not in page and "onerror" not in page and "javascript:" not in page and "//evil" not in page
-        if written == "forged.html":
-            assert "shown" in view and "link" in view
+        if written == "forged.html":  # markup the views never write: the view is left out, saying why
+            assert "a finished tensorjob view was left out" in view and "&lt;script&gt;" in view
+        elif written == "covering.html":  # the views' own markup: kept, the link in its place
+            assert "shown" in view and 'style="width:100%;height:100%;color:red"' in view and "position" not in view
         else:
-            assert "left out" in view and "27,600,044 characters" in view and len(page) < (1 << 20)
-    assert forged.exists() and huge.exists()
+            assert "this view was cut" in page and "27,600,044" in page and len(page) < (5 << 20)
+    assert forged.exists() and covering.exists() and huge.exists()
