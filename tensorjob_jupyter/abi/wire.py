@@ -491,13 +491,17 @@ class Envelope:
     confidence: dict[str, float | None] | None = None
     """How sure the model was of each field of ``result`` (0 to 1) by its dotted path; None for a field
     no model answer spelled. None when the job has no confidence to give."""
+    rejected: dict[str, str] | None = None
+    """The fields of ``result`` the job required grounded and found not grounded, by dotted path, with why in
+    one line (``host/requirements.py``): null in the tables' ``final.FIELD``. None when none was rejected."""
 
     def __post_init__(self) -> None:
         self.status = JobStatus(self.status)
         if self.status is not JobStatus.COMPLETED and self.result is not None:
             raise ValueError("only a completed envelope carries a result")
-        if self.status is not JobStatus.COMPLETED and (self.sources is not None or self.confidence is not None):
-            raise ValueError("only a completed envelope carries sources and confidence")
+        if self.status is not JobStatus.COMPLETED and (self.sources is not None or self.confidence is not None
+                                                        or self.rejected is not None):
+            raise ValueError("only a completed envelope carries sources, confidence and rejected fields")
         if self.status is JobStatus.COMPLETED and self.error is not None:
             raise ValueError("a completed envelope carries no error")
 
@@ -517,6 +521,8 @@ class Envelope:
             out["sources"] = self.sources
         if self.confidence is not None:
             out["confidence"] = self.confidence
+        if self.rejected is not None:
+            out["rejected"] = self.rejected
         return out
 
     @classmethod
@@ -529,6 +535,7 @@ class Envelope:
             error=JobError(err["code"], err["message"]) if err else None,
             sources=obj.get("sources"),
             confidence=obj.get("confidence"),
+            rejected=obj.get("rejected"),
         )
 
 

@@ -185,14 +185,16 @@ def job_outcome(index: int, job: Job, envelope: Any, *, started: float, ready: f
 
 
 def envelope_outcome(envelope: Any) -> dict:
-    """What an item's outcome carries of its job's envelope: the result, with its ``sources`` and ``confidence``
-    where the envelope has them, or the error."""
+    """What an item's outcome carries of its job's envelope: the result, with its ``sources``, ``confidence`` and
+    ``rejected`` fields where the envelope has them, or the error."""
     if envelope.ok:
         out = {"result": envelope.result}
         if envelope.sources is not None:
             out["sources"] = envelope.sources
         if envelope.confidence is not None:
             out["confidence"] = envelope.confidence
+        if envelope.rejected is not None:
+            out["rejected"] = envelope.rejected
         return out
     return {"error": envelope.error.to_json()} if envelope.error is not None else {}
 

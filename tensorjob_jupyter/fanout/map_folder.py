@@ -223,7 +223,7 @@ class MapFolder:
             return None
         if outcome["status"] == JobStatus.COMPLETED.value:
             f, line = self._results, {"item": index, "key": key, "result": outcome.get("result"),
-                                      **{k: outcome[k] for k in ("sources", "confidence") if k in outcome}}
+                                      **{k: outcome[k] for k in ("sources", "confidence", "rejected") if k in outcome}}
             self.completed.add(index)
         else:
             f, line = self._failures, {"item": index, "key": key, "error": outcome["error"]}

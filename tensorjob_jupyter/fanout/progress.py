@@ -25,9 +25,9 @@ from tensorjob_jupyter.fanout.manifest import MAX_KEY_CHARS, item_key
 from tensorjob_jupyter.fanout.scoring import (
     Expected, ItemScore, ScoreSummary, read_scores, scorer_name, verdict_paths,
 )
-from tensorjob_jupyter.host.fields import MAX_FIELDS, field_path
+from tensorjob_jupyter.host.fields import MAX_FIELDS, MISSING, field_path, value_at
 from tensorjob_jupyter.host.grounding import grounds, sources_label
-from tensorjob_jupyter.record.event_checks import check_sources
+from tensorjob_jupyter.record.event_checks import check_rejected, check_sources
 
 if TYPE_CHECKING:
     import pandas  # an optional extra, imported by to_pandas
@@ -258,7 +258,9 @@ class MapResult:
         ``score`` (0 to 1), ``passed``, each field's verdict (``score.NAME``: True or False, for ``json_fields``
         and for scorers that report fields) and ``score_error``; an item without a score has None there. A map whose
         model gave logprobs adds each result field's confidence as ``confidence.FIELD`` (``FIELD``: its dotted
-        path, ``host.fields``; 0 to 1, None where no answer spelled it or the item has none)."""
+        path, ``host.fields``; 0 to 1, None where no answer spelled it or the item has none). A field that
+        ``--require-grounded`` rejected in any item adds ``rejected.FIELD`` (why, or None) and ``final.FIELD`` (the
+        value, null where it was rejected)."""
         return list(self._rows())
 
     def iter_rows(self) -> Iterator[dict[str, Any]]:
@@ -275,16 +277,18 @@ class MapResult:
         output_keys: dict[str, None] = {}
         source_fields: dict[str, None] = {}
         confidence_keys: dict[str, None] = {}
+        rejected_fields: dict[str, None] = {}
 
         def add_columns(record: dict) -> None:  # in the order the items first appear, as results() has them
             output_keys.update(dict.fromkeys(flattened("result", record.get("result"))))
             source_fields.update(dict.fromkeys(record_sources(record) or ()))
+            rejected_fields.update(dict.fromkeys(record_rejected(record)))
             confidence_keys.update(dict.fromkeys(f"confidence.{path}" for path in record_confidence(record) or ()))
 
         with RecordIndex(self.results_path, self.total, add_columns) as results, \
                 RecordIndex(self.failures_path, self.total) as failures:
             if results.repeated:  # an item recorded twice (an edited file): its columns are its last record's
-                for columns in (output_keys, source_fields, confidence_keys):
+                for columns in (output_keys, source_fields, confidence_keys, rejected_fields):
                     columns.clear()
                 for first in results.first_records():
                     add_columns(first)
@@ -311,6 +315,13 @@ class MapResult:
                     row[f"source.{name}"] = sources_label(found.get(name))
                 for name in source_fields:
                     row[f"grounded.{name}"] = grounds(found.get(name))
+                if rejected_fields:
+                    rejected = record_rejected(record) if record is not None else {}
+                    for name in rejected_fields:
+                        row[f"rejected.{name}"] = rejected.get(name)
+                        kept = value_at(record.get("result"), name) if record is not None and name not in rejected \
+                            else MISSING
+                        row[f"final.{name}"] = None if kept is MISSING else kept
                 if scored is not None:
                     row.update(scored(index))
                 yield row
@@ -404,6 +415,13 @@ def record_confidence(record: dict) -> dict[str, float | None] | None:
         return None
     return {str(k): (float(v) if type(v) in (int, float) and 0 <= v <= 1 else None)
             for k, v in list(value.items())[:MAX_FIELDS]}
+
+
+def record_rejected(record: dict) -> dict[str, str]:
+    """A results record's rejected fields (``Envelope.rejected``: path -> why) when they are what a map records
+    (``check_rejected``); ``{}`` otherwise."""
+    rejected = record.get("rejected")
+    return rejected if isinstance(rejected, dict) and check_rejected(rejected) is None else {}
 
 
 def record_sources(record: dict) -> dict[str, list[dict]] | None:

@@ -222,7 +222,7 @@ class MapRun:
                  "input": item, "progress": progress.to_json()}
         if ok:
             event["result"] = outcome.get("result")
-            event.update({k: outcome[k] for k in ("sources", "confidence") if k in outcome})
+            event.update({k: outcome[k] for k in ("sources", "confidence", "rejected") if k in outcome})
         else:
             event["error"] = outcome["error"]
         if score is not None:

@@ -540,7 +540,7 @@ class TensorJob(Magics, JobSettings):
             recorded_grants=bool(args.recorded_grants), concurrency=args.concurrency, expected=args.expected,
             scorer=scorer if scorer is not None else args.scorer, deterministic=bool(args.deterministic)),
             overrides)
-        if overrides.read is None:  # nothing granted: say so before its items find out one by one
+        if overrides.read is None and not args.recorded_grants:  # nothing granted: say so before its items find out
             for line in replay_run.said:
                 print(line, file=sys.stderr)
         view = None

@@ -125,9 +125,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("break_on", "--break-on", "pause when the guest returns one of these commands, before the host "
            "carries it out: comma-separated, e.g. infer,open,emit (fail: also before any other failure is final)",
            "CMDS", "names", one_job=True),
-    Option("require_grounded", "--require-grounded", "fail the job (code ungrounded) unless each of these result "
-           "fields is found in a window it read: comma-separated dotted paths, e.g. title,facts.year (an object or "
-           "array: every field in it); repeatable", "FIELDS", "fields"),
+    Option("require_grounded", "--require-grounded", "reject each of these result fields that is not grounded in "
+           "a window the job read (null in final.FIELD, why in rejected.FIELD; the rest of the result stays): "
+           "comma-separated dotted paths, e.g. title,facts.year (an object or array: every field in it); a null "
+           "is not rejected; repeatable", "FIELDS", "fields"),
+    Option("require_present", "--require-present", "fail the job (code ungrounded) when one of these result fields "
+           "is missing or null: comma-separated dotted paths; repeatable", "FIELDS", "fields"),
+    Option("fail_item", "--fail-item", "with --require-grounded: fail the whole job (code ungrounded) on the first "
+           "field that is not grounded, instead of rejecting that field alone", kind="switch"),
 ) + tuple(
     Option(name, f.metadata["flag"] or "--" + name.replace("_", "-"), f.metadata["help"],
            {SECONDS: "S", BYTES: "BYTES", COUNT: "N"}[f.metadata["unit"]], f.metadata["unit"], trait=name)
@@ -230,6 +235,8 @@ class JobOptions:
     debug: bool = False
     break_on: tuple[str, ...] = ()
     require_grounded: tuple[str, ...] = ()
+    require_present: tuple[str, ...] = ()
+    fail_item: bool = False
     limits: Limits = field(default_factory=Limits)
     #: the options given on the line (``from_args``), by name: what ``overrides`` holds
     given: frozenset[str] = frozenset()
@@ -363,7 +370,8 @@ class JobOptions:
         return JobSpec(guest=guest, input=self.input, read=self.read, fetch=self.fetch,
                        input_bytes=self.input_bytes(), limits=self.limits, infer=self.infer_options(),
                        model=self.model_ref(), runs_dir=self.runs, debug=self.debug, break_on=self.break_on,
-                       require_grounded=self.require_grounded)
+                       require_grounded=self.require_grounded, require_present=self.require_present,
+                       fail_item=self.fail_item)
 
     def overrides(self) -> Overrides:
         """What these options give anew over a recorded run (a replay's ``Overrides``): each option given on the
@@ -386,7 +394,9 @@ class JobOptions:
             infer=tuple(infer), **self._model_overrides(loras),
             runs_dir=self.runs, debug=self.debug if "debug" in given else None,
             break_on=self.break_on if "break_on" in given else None,
-            require_grounded=self.require_grounded if "require_grounded" in given else None)
+            require_grounded=self.require_grounded if "require_grounded" in given else None,
+            require_present=self.require_present if "require_present" in given else None,
+            fail_item=self.fail_item if "fail_item" in given else None)
 
     def _model_overrides(self, loras: dict | None) -> dict:
         """The model given anew: the one ``--model`` names with its options (parsed once, ``model_ref``), or with

@@ -71,6 +71,9 @@ class RecordedRun:
     require_grounded: tuple[str, ...] = ()
     #: the model it ran on, whole (transcripts before it was recorded: None)
     model_ref: ModelRef | None = None
+    #: the fields it required present, and whether a field not grounded failed it (``--fail-item``)
+    require_present: tuple[str, ...] = ()
+    fail_item: bool = False
 
     @classmethod
     def of(cls, recording: Recording) -> "RecordedRun":
@@ -97,6 +100,8 @@ class RecordedRun:
                 raise ValueError("input_bytes.sha256 is not a SHA-256")
             taken, looser = _limit_values(created.get("limits") or {})
             required = parse_fields(created.get("require_grounded") or ())
+            present = parse_fields(created.get("require_present") or ())
+            fail_item = created.get("fail_item") is True
             infer = _infer_options(created.get("infer") or {})
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ReplayError(f"{shown}: its job.created cannot be replayed: "
@@ -107,7 +112,7 @@ class RecordedRun:
         return cls(recording, created.get("input"), lists["read"] or lists["grants"], lists["grants"],
                    lists["fetch"], cwd if isinstance(cwd, str) and os.path.isdir(cwd) else None, size, digest,
                    Limits(**taken), looser, infer, recording.model, server if isinstance(server, dict) else None,
-                   required, model_ref)
+                   required, model_ref, present, fail_item)
 
     @property
     def id(self) -> str:
@@ -135,7 +140,8 @@ class RecordedRun:
         return JobSpec(guest=guest, input=self.input, read=read, fetch=self.fetch if recorded_grants else (),
                        limits=self.limits,
                        infer=self.infer, model=model, cwd=self.cwd,  # a recorded server is never taken
-                       require_grounded=self.require_grounded)
+                       require_grounded=self.require_grounded, require_present=self.require_present,
+                       fail_item=self.fail_item)
 
 
 def _recorded_model(obj: Any) -> ModelRef | None:

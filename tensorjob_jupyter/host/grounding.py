@@ -9,15 +9,14 @@ as proof.
 Locating is the job's own work: it runs under the job's deadline and cancel (``check``, called between steps of
 at most a few thousand characters), within ``Bounds`` of bytes, characters and seconds, and in memory that does
 not grow with the windows (text is folded a chunk at a time). A field the bounds stopped before it was searched
-gets no entry -- never a source. ``require_grounded`` turns a named field that is not grounded into the job's
-failure (``ungrounded``).
+gets no entry -- never a source. What a job requires of its fields (grounded, present) is
+``requirements.py``.
 
 Design: docs/internals/host.md#groundingpy
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import time
@@ -27,15 +26,13 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from rapidfuzz import fuzz
 
 from tensorjob_jupyter import abi
-from tensorjob_jupyter.abi import JobFailure, codes
-from tensorjob_jupyter.host.fields import MAX_FIELDS, MISSING, result_fields, value_at
+from tensorjob_jupyter.host.fields import MAX_FIELDS, result_fields
 from tensorjob_jupyter.host.labels import FieldNames, label_before
 from tensorjob_jupyter.host.spellings import (
     GROUP_CHARS, Folded, ambiguous_date, canonical, chunks, date_pattern, iso_date, number_pattern,
     number_reading, text_pattern,
 )
-from tensorjob_jupyter.host.windows import ReadWindows, Segment
-from tensorjob_jupyter.text import clip
+from tensorjob_jupyter.host.windows import Segment
 
 EXACT, NORMALISED, FUZZY, AMBIGUOUS = "exact", "normalised", "fuzzy", "ambiguous"
 MATCHES = (EXACT, NORMALISED, FUZZY, AMBIGUOUS)
@@ -44,7 +41,6 @@ GROUNDING_MATCHES = (EXACT, NORMALISED)
 #: The score of a spelling that reads as another value too (``05/03/2024``: 5 March, or May 3; ``1.234``).
 AMBIGUOUS_SCORE = 0.5
 MiB = 1024 * 1024
-log = logging.getLogger("tensorjob_jupyter")
 
 
 @dataclass(frozen=True)
@@ -483,70 +479,6 @@ def _under(path: str, named: str) -> bool:
     return path == named or (path.startswith(named + ".") if named else True)
 
 
-# --- a required field ---------------------------------------------------------------------------------
-
-def require_grounded(result: Any, sources: dict[str, list[dict]], required: Sequence[str]) -> None:
-    """``JobFailure`` (``ungrounded``) naming the first of ``required`` -- a field, or an object or array whose
-    every field is meant -- that is not in ``result``, holds no value, or is not grounded (``grounds``): found
-    nowhere, found only fuzzily or as an ambiguous date, or not searched within the bounds. An object or array
-    of more than ``MAX_FIELDS`` values cannot be checked whole, and fails too."""
-    for name in required:
-        shown = clip(name, 200)
-        value = value_at(result, name)
-        if value is MISSING:
-            raise JobFailure(codes.UNGROUNDED, f"the result has no field `{shown}`, which must be found in what the "
-                                               f"job read (require_grounded)")
-        leaves = list(result_fields(value, limit=MAX_FIELDS + 1))
-        if not leaves:
-            raise JobFailure(codes.UNGROUNDED, f"field `{shown}` of the result holds no value, so nothing of it can "
-                                               f"be found in what the job read (require_grounded)")
-        if len(leaves) > MAX_FIELDS:
-            raise JobFailure(codes.UNGROUNDED, f"field `{shown}` of the result holds more than {MAX_FIELDS} values, "
-                                               f"more than the locator checks (require_grounded: name a part of it)")
-        for rel, leaf in leaves:
-            path = name if rel == "" else (f"{name}.{rel}" if name else rel)
-            what = f"field `{clip(path, 200)}`"
-            if not claims(leaf):
-                raise JobFailure(codes.UNGROUNDED, f"{what} of the result is {abi.dumps(leaf)}: there is nothing "
-                                                   f"to find in what the job read (require_grounded)")
-            found = sources.get(path)
-            shown_value = clip(abi.dumps(leaf), 80)
-            if found is None:
-                raise JobFailure(codes.UNGROUNDED, f"{what} = {shown_value} could not be looked for within the "
-                                                   f"locator's bounds (require_grounded)")
-            if not found:
-                raise JobFailure(codes.UNGROUNDED, f"{what} = {shown_value} was found in no window the job read "
-                                                   f"(require_grounded; a value rephrased or computed is not "
-                                                   f"found either)")
-            if not grounds(found):
-                best = found[0]
-                how = (f"only under a label that names another field ({clip(best.get('label') or '', 40)!r} names "
-                       f"{best.get('under')})" if best.get("elsewhere")
-                       else f"only a fuzzy match (similarity {best.get('score')})" if best.get("match") == FUZZY
-                       else "only as a spelling that reads as another value too")
-                raise JobFailure(codes.UNGROUNDED, f"{what} = {shown_value} was found {how}, at "
-                                                   f"{source_label(best)}: not the value itself (require_grounded)")
-
-
-def ground(result: Any, windows: ReadWindows, required: Sequence[str] = (), *,
-           bounds: Bounds = DEFAULT_BOUNDS, check: Callable[[], None] | None = None) -> dict[str, list[dict]] | None:
-    """A completed job's sources (``locate`` over ``windows``, under the job's ``check``), once every field of
-    ``required`` is grounded (``require_grounded``: else its ``JobFailure``). The job's own failure (cancelled,
-    past its deadline) passes through; a bug in locating leaves the job's sources out (None) and goes to the
-    log, unless fields are required: then it is the job's failure."""
-    try:
-        sources = locate(result, windows.segments(), first=required, bounds=bounds, check=check)
-    except JobFailure:
-        raise
-    except Exception:  # noqa: BLE001 - a locator bug must not take a completed job's result away
-        if required:
-            raise
-        log.exception("tensorjob: could not locate the result's fields")
-        return None
-    require_grounded(result, sources, required)
-    return sources
-
-
 # --- sources as a person reads them -----------------------------------------------------------------------
 
 
@@ -574,5 +506,5 @@ def sources_label(sources: list[dict] | None) -> str | None:
 __all__ = [
     "EXACT", "NORMALISED", "FUZZY", "AMBIGUOUS", "MATCHES", "GROUNDING_MATCHES", "AMBIGUOUS_SCORE", "Bounds",
     "DEFAULT_BOUNDS", "Folded", "canonical", "iso_date", "date_pattern", "ambiguous_date", "claims", "grounds",
-    "locate", "require_grounded", "ground", "source_label", "sources_label"
+    "locate", "source_label", "sources_label"
 ]

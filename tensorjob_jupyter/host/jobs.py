@@ -27,6 +27,7 @@ from tensorjob_jupyter.abi import Envelope, JobError, JobFailure, JobStatus, Usa
 from tensorjob_jupyter.world.grants import Grants, Withheld
 from tensorjob_jupyter.host.debugger import Debugger
 from tensorjob_jupyter.inference.providers import ModelRef
+from tensorjob_jupyter.host.requirements import Requirements
 from tensorjob_jupyter.host.spec import JobSpec
 from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.record.events import TRANSCRIPT_VERSION, EventStream, Subscription
@@ -98,8 +99,9 @@ class Job:
     * ``runs_dir``: where the transcript goes (default ``./tensorjob-runs``); ``cwd``: what relative paths are
       relative to; ``name``: the job's name in views and listings;
     * ``debug``, ``break_on``: start paused, or pause before such commands (``host/debugger.py``);
-    * ``require_grounded``: result fields that must be found in what the job read, else it fails ``ungrounded``
-      (``host/grounding.py``).
+    * ``require_grounded``: result fields that must be grounded in what the job read, else each is rejected
+      alone (``envelope.rejected``; ``fail_item``: the job fails ``ungrounded``); ``require_present``: fields
+      that must hold a value, else the job fails (``host/requirements.py``).
 
     ``backend``: the model's backend as an object, in place of the spec's model (a map's shared one, a
     ``ScriptedBackend`` in tests); ``None`` for a job with no model. ``answerer``: who carries out the
@@ -148,7 +150,8 @@ class Job:
                                     backend=backend, limits=self.limits, stream=self.stream, cancel=self._cancel,
                                     input_bytes=input_bytes, infer=spec.infer, fetch=self.fetch_grants,
                                     debugger=self.debugger, answerer=answerer,
-                                    require_grounded=spec.require_grounded)
+                                    required=Requirements(spec.require_grounded, spec.require_present,
+                                                          spec.fail_item))
             self._envelope_json: bytes | None = None
             self._status: JobStatus | None = None
             self._done = threading.Event()
@@ -172,6 +175,9 @@ class Job:
                                 **({"debug": self.debugger.to_json()} if self.debugger is not None else {}),
                                 **({"require_grounded": list(spec.require_grounded)} if spec.require_grounded
                                    else {}),
+                                **({"require_present": list(spec.require_present)} if spec.require_present
+                                   else {}),
+                                **({"fail_item": True} if spec.fail_item else {}),
                                 **(created_fields or {}))
         except BaseException as e:  # the job cannot start: its folder is a failed run, not a locked one
             error = JobError(e.code, e.message) if isinstance(e, JobFailure) else internal_error(self.id, e)

@@ -46,7 +46,7 @@ from tensorjob_jupyter.host.tokens import POLL_S, Delivery, ModelTokens, TokenLo
 from tensorjob_jupyter.host.answerer import Answerer, LiveWorld
 from tensorjob_jupyter.host.confidence import CONFIDENT_KINDS, FieldConfidence, answer_confidence, leaves_json
 from tensorjob_jupyter.inference.logprobs import logprobs_of
-from tensorjob_jupyter.host.grounding import ground
+from tensorjob_jupyter.host.requirements import Requirements, ground
 from tensorjob_jupyter.host.windows import ReadWindows
 from tensorjob_jupyter.world.fetch import FetchGrants, fetch_url
 
@@ -155,7 +155,7 @@ class Reactor:
     def __init__(self, *, job_id: str, wasm: bytes, input_json: bytes, grants: Grants, backend: Backend | None,
                  limits: Limits, stream: EventStream, cancel: threading.Event,
                  input_bytes: bytes = b"", infer: InferOptions | None = None, fetch: FetchGrants | None = None,
-                 debugger: Any = None, answerer: Answerer | None = None, require_grounded: Sequence[str] = ()):
+                 debugger: Any = None, answerer: Answerer | None = None, required: Requirements = Requirements()):
         self.job_id = job_id
         self.wasm = wasm
         self.input_json = input_json
@@ -185,9 +185,9 @@ class Reactor:
         #: Each answer's fields' confidence, for the result's (``confidence.py``).
         self.confidence = FieldConfidence()
         #: The text windows the job read (``windows.py``), where its result's fields are located (``grounding.py``),
-        #: and the fields that must be found there for the job to complete (``require_grounded``).
+        #: and what the job requires of its result's fields (``requirements.py``).
         self.windows = ReadWindows()
-        self.require_grounded = tuple(require_grounded)
+        self.required = required
 
     # -- cancellation (any thread) ----------------------------------------------------
 
@@ -219,10 +219,9 @@ class Reactor:
             finally:
                 if self.pending_command in ("done", "fail"):
                     self.answerer.finished(self)
-            envelope = Envelope(JobStatus.COMPLETED, self.usage, result=result,
-                                sources=ground(result, self.windows, self.require_grounded,
-                                               check=self.check_running),
-                                confidence=self.confidence.of(result))
+            sources, rejected = ground(result, self.windows, self.required, check=self.check_running)
+            envelope = Envelope(JobStatus.COMPLETED, self.usage, result=result, sources=sources,
+                                confidence=self.confidence.of(result), rejected=rejected or None)
         except JobFailure as e:
             # --break-on fail: see the state before the failure is final (not when the record itself failed)
             if self.debugger is not None and not isinstance(e, (GuestFailed, EventBudgetExceeded, TranscriptWriteError)):

@@ -54,9 +54,12 @@ class JobSpec:
     #: start paused before ``cf_init``; pause before these commands (``host/debugger.py``)
     debug: bool = False
     break_on: tuple[str, ...] = ()
-    #: result fields (dotted paths, ``host.fields``) that must be found in what the job read, else it fails
-    #: ``ungrounded`` (``host/grounding.py``)
+    #: result fields (dotted paths, ``host.fields``) that must be grounded in what the job read, else each is
+    #: rejected alone (``fail_item``: the job fails ``ungrounded``), and fields that must hold a value, else the
+    #: job fails (``host/requirements.py``)
     require_grounded: tuple[str, ...] = ()
+    require_present: tuple[str, ...] = ()
+    fail_item: bool = False
 
     @classmethod
     def of(cls, guest: "GuestSource | bytes | str | os.PathLike", *, input: Any = None,
@@ -65,14 +68,16 @@ class JobSpec:
            model: "str | os.PathLike | ModelRef | None" = None, model_options: dict | None = None,
            runs_dir: str | os.PathLike | None = None, cwd: str | os.PathLike | None = None,
            name: str | None = None, debug: bool = False, break_on: str | Iterable[str] = (),
-           require_grounded: str | Iterable[str] = (), **limit_keywords: Any) -> "JobSpec":
+           require_grounded: str | Iterable[str] = (), require_present: str | Iterable[str] = (),
+           fail_item: bool = False, **limit_keywords: Any) -> "JobSpec":
         """The spec the Python API's keywords describe (each is the job option of the same name): ``guest``
         as wasm bytes, a ``GuestSource`` or a path (``.py``, ``.wasm``, or ``.c``, ``.zig``, ``.wat``
         compiled on the way); ``model`` a GGUF path, ``hf:...``, a server's URL or a ``ModelRef``, with
         ``model_options`` (``loras``, engine settings; a served model's ``model_name`` and
         ``api_key_env``); ``limits`` and any limit as a keyword of its own (``max_tokens=64``);
         ``require_grounded``: fields (``"title"``, ``"facts.year"``, or ``"title,year"``) the job must find in
-        what it read.
+        what it read (one that is not is rejected alone, or with ``fail_item`` fails the job);
+        ``require_present``: fields that must hold a value.
 
         Raises at once, before anything runs: ``TypeError`` for an unknown keyword, ``ValueError`` for a
         bad limit, fetch prefix or ``break_on`` kind, ``ModelError`` for a model option of the wrong kind,
@@ -88,7 +93,8 @@ class JobSpec:
                    input_bytes=bytes(input_bytes), limits=limits, infer=infer or InferOptions(), model=model_ref,
                    runs_dir=os.fspath(runs_dir) if runs_dir is not None else None,
                    cwd=os.fspath(cwd) if cwd is not None else None, name=name, debug=bool(debug),
-                   break_on=tuple(parse_break_on(break_on)), require_grounded=parse_fields(require_grounded))
+                   break_on=tuple(parse_break_on(break_on)), require_grounded=parse_fields(require_grounded),
+                   require_present=parse_fields(require_present), fail_item=bool(fail_item))
 
     def replace(self, **changes: Any) -> "JobSpec":
         """A copy with ``changes`` (fields of this class)."""
@@ -123,7 +129,8 @@ UNSET: Any = _Unset()
 SAMPLER_FIELDS = tuple(f.name for f in dataclasses.fields(Sampler))
 INFER_FIELDS = SAMPLER_FIELDS + ("chat", "cache_prompt", "lora")
 #: The fields an override replaces as they are.
-_PLAIN = ("read", "fetch", "input_bytes", "runs_dir", "cwd", "name", "debug", "break_on", "require_grounded")
+_PLAIN = ("read", "fetch", "input_bytes", "runs_dir", "cwd", "name", "debug", "break_on", "require_grounded",
+          "require_present", "fail_item")
 
 
 @dataclass(frozen=True)
@@ -153,6 +160,8 @@ class Overrides:
     debug: bool | None = None
     break_on: tuple[str, ...] | None = None
     require_grounded: tuple[str, ...] | None = None
+    require_present: tuple[str, ...] | None = None
+    fail_item: bool | None = None
 
     def __post_init__(self) -> None:
         unknown = sorted({k for k, _ in self.infer} - set(INFER_FIELDS))
@@ -169,6 +178,7 @@ class Overrides:
            model_options: dict | None = None, runs_dir: str | os.PathLike | None = None,
            cwd: str | os.PathLike | None = None, name: str | None = None, debug: bool | None = None,
            break_on: str | Iterable[str] | None = None, require_grounded: str | Iterable[str] | None = None,
+           require_present: str | Iterable[str] | None = None, fail_item: bool | None = None,
            **limit_keywords: Any) -> "Overrides":
         """The overrides the Python API's keywords give (as ``JobSpec.of`` reads them; a whole ``limits`` or
         ``infer`` replaces every one of its fields, a limit keyword just its own; ``model_options`` without a
@@ -209,7 +219,9 @@ class Overrides:
                    cwd=os.fspath(cwd) if cwd is not None else None, name=name,
                    debug=bool(debug) if debug is not None else None,
                    break_on=tuple(parse_break_on(break_on)) if break_on is not None else None,
-                   require_grounded=parse_fields(require_grounded) if require_grounded is not None else None)
+                   require_grounded=parse_fields(require_grounded) if require_grounded is not None else None,
+                   require_present=parse_fields(require_present) if require_present is not None else None,
+                   fail_item=bool(fail_item) if fail_item is not None else None)
 
     @property
     def given(self) -> frozenset[str]:

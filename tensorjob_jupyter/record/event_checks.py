@@ -119,8 +119,8 @@ def _or_null(kind: Kind) -> Kind:
     return (lambda v: v is None or test(v), f"{what} or null")
 
 
-COUNT_OR_NULL, INTEGER_OR_NULL, TEXT_OR_NULL, OBJECT_OR_NULL, LIST_OR_NULL = map(
-    _or_null, (COUNT, INTEGER, TEXT, OBJECT, LIST))
+COUNT_OR_NULL, INTEGER_OR_NULL, TEXT_OR_NULL, OBJECT_OR_NULL, LIST_OR_NULL, FLAG_OR_NULL = map(
+    _or_null, (COUNT, INTEGER, TEXT, OBJECT, LIST, FLAG))
 
 #: The fields every event may carry, and those each type carries that a consumer reads (the printer,
 #: the view, the folding into steps, diff, replay): a field that is present must be of its kind; a
@@ -140,7 +140,8 @@ EVENT_FIELDS: dict[str, dict[str, Kind]] = {
         "created_at": CREATED_AT, "name": TEXT, "guest": OBJECT, "guest.sha256": TEXT_OR_NULL,
         "grants": LIST, "read": LIST, "fetch": LIST, "cwd": TEXT_OR_NULL, "input_bytes": OBJECT,
         "limits": OBJECT, "model": TEXT_OR_NULL, "infer": OBJECT, "debug": OBJECT_OR_NULL,
-        "replay_of": OBJECT_OR_NULL, "require_grounded": LIST_OR_NULL, "model_ref": OBJECT_OR_NULL},
+        "replay_of": OBJECT_OR_NULL, "require_grounded": LIST_OR_NULL, "model_ref": OBJECT_OR_NULL,
+        "require_present": LIST_OR_NULL, "fail_item": FLAG_OR_NULL},
     event_types.JOB_FILE_OPENED: {**_OPENED, "path": TEXT, "resolved": TEXT},
     event_types.JOB_FILE_SLICED: {
         "handle": INTEGER, "offset": COUNT, "requested": COUNT, "length": COUNT, "next_offset": COUNT,
@@ -278,6 +279,18 @@ def check_sources(sources: Any) -> str | None:
     return None
 
 
+def check_rejected(rejected: Any) -> str | None:
+    """What is wrong with a result's rejected fields (``{field: why, one line of text}``), or None."""
+    if not isinstance(rejected, dict):
+        return "is not an object"
+    if len(rejected) > MAX_SOURCE_FIELDS:
+        return f"names more than {MAX_SOURCE_FIELDS} fields"
+    for name, why in rejected.items():
+        if len(name) > MAX_SOURCE_TEXT or not isinstance(why, str) or len(why) > MAX_SOURCE_TEXT:
+            return "gives a field something other than why, as text of at most 64 KiB"
+    return None
+
+
 def check_confidence(confidence: Any) -> str | None:
     """What is wrong with a result's confidence (``{field: number from 0 to 1, or null}``), or None."""
     if not isinstance(confidence, dict):
@@ -294,7 +307,8 @@ def check_confidence(confidence: Any) -> str | None:
 
 def check_envelope(envelope: Any, prefix: str = "") -> str | None:
     """What is wrong with an envelope as a reader uses it -- its status, its error's code and message,
-    its usage, a completed one's sources and confidence -- or None. (Its result is any JSON value.)"""
+    its usage, a completed one's sources, confidence and rejected fields -- or None. (Its result is any JSON
+    value.)"""
     if not isinstance(envelope, dict):
         return f"its {prefix.rstrip('.') or 'envelope'} is not an object"
     status = envelope.get("status")
@@ -306,7 +320,7 @@ def check_envelope(envelope: Any, prefix: str = "") -> str | None:
         return f"its {prefix}error is {'missing' if ended_badly else 'there'} for a {status} job"
     if status != JobStatus.COMPLETED.value and envelope.get("result") is not None:
         return f"its {prefix}result is there for a {status} job"
-    for name, check in (("sources", check_sources), ("confidence", check_confidence)):
+    for name, check in (("sources", check_sources), ("confidence", check_confidence), ("rejected", check_rejected)):
         value = envelope.get(name)
         if value is None:
             continue
@@ -382,6 +396,6 @@ __all__ = [
     "MAX_LINE_BYTES", "MAX_EVENT_VALUES", "MAX_EVENT_DEPTH", "MAX_T_MS", "MAX_CREATED_AT", "TranscriptError",
     "shown_run", "check_shape", "Kind", "COUNT", "INTEGER", "TEXT", "OBJECT", "LIST", "FLAG", "T_MS", "CREATED_AT",
     "VECTORS", "COMMON_FIELDS", "EVENT_FIELDS", "ENVELOPE_STATUSES", "USAGE_FIELDS", "check_usage", "MAX_SOURCE_FIELDS", "MAX_FIELD_SOURCES",
-    "MAX_SOURCE_TEXT", "SOURCE_MATCHES", "check_source", "check_sources", "check_confidence", "check_envelope",
+    "MAX_SOURCE_TEXT", "SOURCE_MATCHES", "check_source", "check_sources", "check_confidence", "check_rejected", "check_envelope",
     "check_event", "parse_event", "check_version"
 ]

@@ -490,7 +490,7 @@ def test_a_scored_map_its_replay_by_a_changed_guest_and_the_gate_in_a_kernel(ker
 
 def test_sources_review_and_require_grounded_in_a_fresh_kernel(kernel, tmp_path):
     """What test_sources.py does in-process, in a real kernel: a map's sources, ``%tensorjob review`` doubtful
-    first, and ``--require-grounded`` failing the planted item with ``ungrounded``."""
+    first, and ``--require-grounded --fail-item`` failing the planted item with ``ungrounded``."""
     from test_sources import GUEST, LINES
     _, kc = kernel
     docs = tmp_path / "docs"
@@ -512,7 +512,7 @@ def test_sources_review_and_require_grounded_in_a_fresh_kernel(kernel, tmp_path)
     assert json.loads(order)[0] == [2, ["claim"]] and [i for i, _ in json.loads(order)] == [2, 0, 1]
     assert json.loads(grounded) == [True, True, False]
     reply, messages = run(kc, f"s = %tensorjob map {GUEST} --over {manifest} --run-dir {tmp_path / 'strict'} "
-                              f"--read {docs} --quiet --require-grounded claim\n"
+                              f"--read {docs} --quiet --require-grounded claim --fail-item\n"
                               "print(json.dumps([(i, e['code']) for i, e in s.failures().items()]))", timeout=180)
     assert reply["content"]["status"] == "ok", reply["content"]
     assert json.loads(stdout(messages)) == [[2, "ungrounded"]]

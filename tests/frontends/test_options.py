@@ -87,7 +87,7 @@ def covered_by_flags() -> set[str]:
 def test_the_flags_above_name_every_option(world):
     given = {a.split("=")[0] for a in flags(world)}
     given |= {"--model-name", "--api-key-env"}  # a served model's (--model URL): tests/inference/test_served.py
-    given |= {"--require-grounded"}  # fails a job that reads nothing: tests/frontends/test_sources.py
+    given |= {"--require-grounded", "--require-present", "--fail-item"}  # tests/frontends/test_sources.py
     assert {o.flag for o in OPTIONS} <= given  # a new option must be added to this test
 
 

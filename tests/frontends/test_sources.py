@@ -3,7 +3,7 @@
 ``tests/guests/quote.c`` reads a document's first line (``quote``, copied from the window) and returns a
 ``claim`` it was only told (a planted value, found in no window). Through Python, ``tensorjob run`` and
 ``tensorjob map`` in a subprocess: the sources in the envelope, ``results.jsonl`` and ``rows()``;
-``--require-grounded`` failing the planted item with ``ungrounded``; ``runs --table --review`` putting it
+``--require-grounded`` rejecting the planted field alone (``--fail-item``: failing the item with ``ungrounded``); ``runs --table --review`` putting it
 first; ``show --sources`` printing the excerpt; and ``replay --map`` giving the same sources with no model.
 """
 
@@ -54,13 +54,23 @@ def test_python_a_result_carries_its_sources_into_the_envelope_and_transcript(do
     assert recorded["sources"] == envelope.sources
 
 
-def test_python_require_grounded_fails_a_planted_value_with_ungrounded(docs):
+def test_python_require_grounded_rejects_a_planted_value_alone_or_fails_the_item(docs):
     doc = docs / "docs" / "d2.txt"
     job = tj.Job(GUEST, input={"path": str(doc), "claim": "Widget Pro"}, read=[docs / "docs"],
                  runs_dir=docs / "runs", require_grounded="quote,claim").start()
     envelope = job.wait(120)
-    assert envelope.error.code == codes.UNGROUNDED and "`claim`" in envelope.error.message
-    assert envelope.result is None and envelope.sources is None
+    assert envelope.ok and list(envelope.rejected) == ["claim"] and "`claim`" in envelope.rejected["claim"]
+    assert envelope.result["quote"] and envelope.sources["quote"][0]["match"] == "exact"  # the rest stays
+    strict = tj.Job(GUEST, input={"path": str(doc), "claim": "Widget Pro"}, read=[docs / "docs"],
+                    runs_dir=docs / "runs", require_grounded="quote,claim", fail_item=True).start().wait(120)
+    assert strict.error.code == codes.UNGROUNDED and "`claim`" in strict.error.message
+    assert strict.result is None and strict.sources is None
+    present = tj.Job(GUEST, input={"path": str(doc), "claim": None}, read=[docs / "docs"], runs_dir=docs / "runs",
+                     require_grounded="claim").start().wait(120)
+    assert present.ok and present.rejected is None  # a null claims nothing: nothing to reject
+    absent = tj.Job(GUEST, input={"path": str(doc), "claim": None}, read=[docs / "docs"], runs_dir=docs / "runs",
+                    require_grounded="claim", require_present="claim").start().wait(120)
+    assert absent.error.code == codes.UNGROUNDED and "require_present" in absent.error.message
     ok = tj.Job(GUEST, input={"path": str(doc), "claim": "kettle"}, read=[docs / "docs"], runs_dir=docs / "runs",
                 require_grounded=["claim"]).start().wait(120)
     assert ok.ok and ok.sources["claim"][0]["match"] == "exact"
@@ -70,9 +80,13 @@ def test_cli_run_require_grounded_and_show_sources(docs):
     doc = docs / "docs" / "d2.txt"
     given = json.dumps({"path": str(doc), "claim": "Widget Pro"})
     failed = cli("run", str(GUEST), "--input", given, "--read", "docs", "--runs", "runs", "--require-grounded",
-                 "claim", "--json", "--quiet", cwd=docs)
+                 "claim", "--fail-item", "--json", "--quiet", cwd=docs)
     assert failed.returncode == 1, failed.stderr
     assert json.loads(failed.stdout)["error"]["code"] == "ungrounded"
+    rejected = cli("run", str(GUEST), "--input", given, "--read", "docs", "--runs", "runs", "--require-grounded",
+                   "claim", "--json", "--quiet", cwd=docs)
+    assert rejected.returncode == 0, rejected.stderr
+    assert list(json.loads(rejected.stdout)["rejected"]) == ["claim"]
     done = cli("run", str(GUEST), "--input", given, "--read", "docs", "--runs", "runs", "--json", "--quiet", cwd=docs)
     assert done.returncode == 0, done.stderr
     envelope = json.loads(done.stdout)
@@ -115,9 +129,18 @@ def test_cli_map_sources_in_results_rows_review_and_replay(docs):
              for line in (docs / "again" / "results.jsonl").read_text().splitlines()}
     assert again == by_item
 
-    # --require-grounded: the planted item fails ungrounded, the others complete
+    # --require-grounded: the planted field is rejected alone, its item completes with its other fields
+    rejecting = cli("map", str(GUEST), "--over", "m.jsonl", "--run-dir", "rejecting", "--read", "docs",
+                    "--require-grounded", "claim", "--quiet", cwd=docs)
+    assert rejecting.returncode == 0, rejecting.stderr
+    rows = tj.MapResult.read(docs / "rejecting").rows()
+    assert [r["status"] for r in rows] == ["completed"] * 3
+    assert [r["rejected.claim"] is not None for r in rows] == [False, False, True]
+    assert rows[2]["final.claim"] is None and rows[2]["result.claim"] and rows[0]["final.claim"] == rows[0][
+        "result.claim"]
+    # --fail-item: the planted item fails ungrounded, the others complete
     strict = cli("map", str(GUEST), "--over", "m.jsonl", "--run-dir", "strict", "--read", "docs",
-                 "--require-grounded", "claim", "--quiet", cwd=docs)
+                 "--require-grounded", "claim", "--fail-item", "--quiet", cwd=docs)
     assert strict.returncode == 1, strict.stderr
     [failure] = [json.loads(line) for line in (docs / "strict" / "failures.jsonl").read_text().splitlines()]
     assert failure["item"] == 2 and failure["error"]["code"] == "ungrounded"

@@ -13,7 +13,8 @@ from hypothesis import given, strategies as st
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import codes
 from tensorjob_jupyter.host import grounding, spellings
-from tensorjob_jupyter.host.grounding import Bounds, canonical, locate, require_grounded, sources_label
+from tensorjob_jupyter.host.grounding import Bounds, canonical, locate, sources_label
+from tensorjob_jupyter.host.requirements import require_grounded
 from tensorjob_jupyter.host.windows import Place, ReadWindows, Segment
 
 FILE = Place(file="/docs/a.txt")
@@ -330,7 +331,6 @@ def test_adversarial_unicode_costs_bounded_memory_and_work(unit, repeat, fields)
 @pytest.mark.parametrize("required, message", [
     (["product"], "field `product` = \"Widget\" was found in no window"),
     (["missing"], "the result has no field `missing`"),
-    (["none"], "field `none` of the result is null"),
     (["facts"], "field `facts.1` = \"Bo\" was found in no window"),
 ])
 def test_a_required_field_found_nowhere_is_ungrounded(required, message):
@@ -339,7 +339,20 @@ def test_a_required_field_found_nowhere_is_ungrounded(required, message):
     with pytest.raises(abi.JobFailure) as e:
         require_grounded(result, sources, required)
     assert e.value.code == codes.UNGROUNDED and message in e.value.message
-    require_grounded(result, sources, ["ok", "facts.0"])  # found: no failure
+    require_grounded(result, sources, ["ok", "facts.0", "none"])  # found, or a null that claims nothing
+
+
+def test_a_field_not_grounded_is_rejected_alone_and_a_null_only_by_require_present():
+    from tensorjob_jupyter.host.requirements import check_present, rejections
+
+    result = {"product": "Widget", "none": None, "facts": ["Ann", "Bo"], "ok": "Ann"}
+    sources = locate(result, [seg("Ann wrote")])
+    rejected = rejections(result, sources, ["product", "none", "facts", "ok"])
+    assert list(rejected) == ["product", "facts.1"] and "found in no window" in rejected["product"]
+    check_present(result, ["product", "facts"])
+    with pytest.raises(abi.JobFailure) as e:
+        check_present(result, ["none"])
+    assert e.value.code == codes.UNGROUNDED and "field `none` of the result is null (require_present)" in e.value.message
 
 
 # --- properties -------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The locator as part of its job (host/reactor.py -> host/grounding.py): the job's deadline and cancel reach it,
 and a field it could not search is never reported as found.
 
-Each test holds the locator at its start (a wrapper around ``grounding.locate``) so that the job's cancel or
+Each test holds the locator at its start (a wrapper around ``locate`` where ``host/requirements.py`` calls it) so that the job's cancel or
 deadline comes while it runs, whatever the machine's speed: no test depends on how long locating takes.
 """
 
@@ -12,7 +12,7 @@ import pytest
 
 import tensorjob_jupyter as tj
 from tensorjob_jupyter.abi import JobStatus, codes
-from tensorjob_jupyter.host import grounding
+from tensorjob_jupyter.host import grounding, requirements
 
 import wat
 
@@ -44,7 +44,7 @@ def locating(monkeypatch):
         kwargs["bounds"] = grounding.Bounds(max_seconds=3600, fuzzy_budget_chars=64 * 1024 * 1024)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(grounding, "locate", held)
+    monkeypatch.setattr(requirements, "locate", held)
     return started, hold
 
 
@@ -67,11 +67,15 @@ def test_a_job_past_its_deadline_while_locating_fails_timeout(tmp_path, locating
     assert job.status is JobStatus.FAILED and job.envelope.error.code == codes.TIMEOUT
 
 
-def test_a_field_not_searched_in_time_has_no_source_and_fails_require_grounded(tmp_path, monkeypatch):
+def test_a_field_not_searched_in_time_has_no_source_and_is_rejected(tmp_path, monkeypatch):
     real = grounding.locate
-    monkeypatch.setattr(grounding, "locate",
+    monkeypatch.setattr(requirements, "locate",
                         lambda *a, **kw: real(*a, **{**kw, "bounds": grounding.Bounds(max_seconds=0)}))
     job = reading_job(tmp_path, require_grounded=["field3"]).start()
     job.wait(60)
-    assert job.envelope.error.code == codes.UNGROUNDED
-    assert "could not be looked for within the locator's bounds" in job.envelope.error.message
+    assert job.envelope.ok and job.result["field3"] and job.envelope.sources == {}
+    assert list(job.envelope.rejected) == ["field3"]
+    assert "could not be looked for within the locator's bounds" in job.envelope.rejected["field3"]
+    failing = reading_job(tmp_path, require_grounded=["field3"], fail_item=True).start()
+    failing.wait(60)
+    assert failing.envelope.error.code == codes.UNGROUNDED
