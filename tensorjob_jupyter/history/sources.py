@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from tensorjob_jupyter.host.fields import result_fields
-from tensorjob_jupyter.host.grounding import source_label
+from tensorjob_jupyter.host.grounding import DOUBTFUL, ELSEWHERE, GROUNDED, evidence_kind, source_label
 from tensorjob_jupyter.record.event_checks import check_sources
 from tensorjob_jupyter.regular_file import open_fd
 from tensorjob_jupyter.text import clip, for_terminal, json_text
@@ -65,6 +65,11 @@ def excerpt_parts(source: dict) -> tuple[str, str, str, bool] | None:
     return before, span, after, lo > 0
 
 
+#: How the terminal says what a field's sources say of it, where that is not "found".
+KIND_WORDS = {ELSEWHERE: "found elsewhere: only under a label that names another field",
+              DOUBTFUL: "doubtful: only a fuzzy match or an ambiguous spelling, not the value itself"}
+
+
 def sources_text(envelope: dict | None, *, width: int = 100) -> str:
     """``show --sources``: each field of a run's result with where it was found and a clipped excerpt around
     the span (read again from the file; a fetched body is not kept, so a URL's field shows its offsets only),
@@ -86,8 +91,12 @@ def sources_text(envelope: dict | None, *, width: int = 100) -> str:
             continue
         best = found[0]
         more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
+        kind = evidence_kind(found)
+        said = "" if kind == GROUNDED else f" -- {KIND_WORDS[kind]}" if kind in KIND_WORDS else ""
+        label = best.get("label")
+        under = f" under «{for_terminal(clip(label, 40), one_line=True)}»" if isinstance(label, str) and label else ""
         lines.append(f"  {shown} = {value}: {for_terminal(source_label(best), one_line=True)} "
-                     f"{best['match']} {best['score']:g}{more}")
+                     f"{best['match']} {best['score']:g}{more}{under}{said}")
         excerpt = source_excerpt(best, width=max(40, width - 6))
         if excerpt is not None:
             lines.append(f"      {excerpt}")

@@ -415,6 +415,27 @@ def grounds(sources: list[dict] | None) -> bool | None:
                for s in sources)
 
 
+#: What a field's sources say of its value -- the view's mark, the terminal's word, the review's reason: the value
+#: itself in what the job read; found, but only under another field's label; only a fuzzy match or an ambiguous
+#: spelling; not found.
+GROUNDED, ELSEWHERE, DOUBTFUL, NOT_FOUND = "grounded", "elsewhere", "doubtful", "not found"
+
+
+def evidence_kind(sources: list[dict] | None) -> str | None:
+    """``GROUNDED``, ``ELSEWHERE``, ``DOUBTFUL`` or ``NOT_FOUND`` for a field's sources (as recorded: checked);
+    None when it was not located."""
+    if sources is None:
+        return None
+    if grounds(sources):
+        return GROUNDED
+    if not sources:
+        return NOT_FOUND
+    if any(isinstance(s, dict) and s.get("elsewhere") is True and s.get("match") in GROUNDING_MATCHES
+           for s in sources):
+        return ELSEWHERE
+    return DOUBTFUL
+
+
 def _placed(path: str, sources: list[dict], names: FieldNames, most: int) -> list[dict]:
     """``sources`` with the field each one's label names (``under``) and whether that is another field
     (``elsewhere``), best first -- under the field's own label or none, then the kind of match -- the best
@@ -506,5 +527,6 @@ def sources_label(sources: list[dict] | None) -> str | None:
 __all__ = [
     "EXACT", "NORMALISED", "FUZZY", "AMBIGUOUS", "MATCHES", "GROUNDING_MATCHES", "AMBIGUOUS_SCORE", "Bounds",
     "DEFAULT_BOUNDS", "Folded", "canonical", "iso_date", "date_pattern", "ambiguous_date", "claims", "grounds",
+    "GROUNDED", "ELSEWHERE", "DOUBTFUL", "NOT_FOUND", "evidence_kind",
     "locate", "source_label", "sources_label"
 ]

@@ -320,6 +320,31 @@ def test_a_map_view_marks_each_field_grounded_or_not_and_opens_to_its_span_highl
         assert "d1.txt:0-23 exact 1" in html
 
 
+def test_found_elsewhere_doubtful_and_right_or_wrong_are_marks_of_their_own_with_a_legend():
+    from tensorjob_jupyter.frontends.static_views import inert_view_html
+    from tensorjob_jupyter.frontends.view.map_widget import item_row, render_items
+
+    place = {"file": "/nonexistent", "url": None, "page": None, "start": 0, "end": 3, "score": 1.0}
+    sources = {"vendor": [{**place, "match": "exact", "label": "Bill to:", "under": "customer", "elsewhere": True}],
+               "total": [{**place, "match": "fuzzy", "score": 0.93}], "number": [{**place, "match": "exact"}],
+               "due": []}
+    event = {"type": "item.completed", "item": 0, "input": "x", "sources": sources,
+             "result": {"vendor": "Oakley", "total": 10, "number": "A-1", "due": "2024-05-02"},
+             "score": {"score": 0.5, "fields": {"vendor": False, "number": True}}}
+    html = render_items([item_row(event)])
+    summary = html.split("</summary>")[0]
+    for cls in ("tj-elsewhere", "tj-doubtful", "tj-grounded", "tj-ungrounded"):
+        assert summary.count(f'class="{cls}"') == 1, cls
+    assert summary.count('class="tj-wrong"') == 1 and summary.count('class="tj-right"') == 1  # found, and wrong
+    assert "vendor" in summary.split('class="tj-wrong"')[0].rsplit("tj-field-mark", 1)[1]
+    assert 'class="tj-evidence-legend"' in html and "against the expected answer" in html
+    assert "under «Bill to:», which names customer" in html
+    kept = inert_view_html(f'<div class="tensorjob-map-view tj-static">{html}</div>')
+    assert 'class="tj-elsewhere"' in kept and 'class="tj-evidence-legend"' in kept  # the export keeps them
+    unscored = render_items([item_row({**event, "score": None})])
+    assert "tj-wrong" not in unscored and "against the expected answer" not in unscored
+
+
 def test_a_cell_shows_each_field_s_confidence_and_bounds_its_fields():
     from tensorjob_jupyter.frontends.view.map_widget import VIEW_FIELDS, item_row, render_items
 

@@ -24,7 +24,9 @@ from tensorjob_jupyter.frontends.view.live import LiveView, check_refresh_hz
 from tensorjob_jupyter.frontends.view.render import AMBER, BLUE, GREEN, GREY, LIGHT_GREY, PALE, PRE, RED, status_badge
 from tensorjob_jupyter.history.sources import excerpt_parts
 from tensorjob_jupyter.host.fields import result_fields
-from tensorjob_jupyter.host.grounding import grounds, source_label
+from tensorjob_jupyter.host.grounding import (
+    DOUBTFUL, ELSEWHERE, GROUNDED, NOT_FOUND, evidence_kind, source_label,
+)
 from tensorjob_jupyter.text import for_html
 
 #: Concluded items the table shows while the map runs: the latest ones.
@@ -83,9 +85,10 @@ def item_row(event: dict) -> dict:
 
 
 def result_evidence(event: dict) -> dict | None:
-    """The marks a completed item's cell shows: ``{"fields": [(name, value, sources, confidence)], "more": N}``
-    for the first ``VIEW_FIELDS`` fields of its result (``sources``: a list, ``[]`` for found nowhere, None
-    when not located; ``confidence``: 0 to 1, or None), or None when the item has neither. The sources are
+    """The marks a completed item's cell shows: ``{"fields": [(name, value, sources, confidence)], "more": N,
+    "verdicts": {name: right}}`` for the first ``VIEW_FIELDS`` fields of its result (``sources``: a list, ``[]``
+    for found nowhere, None when not located; ``confidence``: 0 to 1, or None; ``verdicts``: the scorer's per
+    field, where the map is scored), or None when the item has neither sources nor confidence. The sources are
     kept as the event gave them; their excerpts are read when the row is drawn."""
     sources = event.get("sources") if isinstance(event.get("sources"), dict) else None
     confidence = event.get("confidence") if isinstance(event.get("confidence"), dict) else None
@@ -102,7 +105,11 @@ def result_evidence(event: dict) -> dict | None:
         sure = confidence.get(name) if confidence is not None else None
         sure = float(sure) if (type(sure) is int or type(sure) is float) and 0 <= sure <= 1 else None
         fields.append((name, value, found, sure))
-    return {"fields": fields, "more": total - len(fields)} if fields else None
+    score = event.get("score")
+    given = score.get("fields") if isinstance(score, dict) else None
+    given = given if isinstance(given, dict) else {}
+    verdicts = {str(k): v for k, v in list(given.items())[:VIEW_FIELDS * 4] if isinstance(v, bool)}
+    return {"fields": fields, "more": total - len(fields), "verdicts": verdicts} if fields else None
 
 
 def render_header(name: str, p: MapProgress) -> str:
@@ -146,21 +153,57 @@ def render_items(rows: list[dict], *, finished: bool = False, concluded: int | N
     return _items_table(rows[-SHOW_ITEMS:])
 
 
+#: Each kind of evidence (``host.grounding.evidence_kind``): its mark, class, colour, and what it means.
+EVIDENCE_MARKS = {
+    GROUNDED: ("✓", "tj-grounded", GREEN, "found: the value itself, in what the item read"),
+    ELSEWHERE: ("↗", "tj-elsewhere", AMBER, "found only under a label that names another field"),
+    DOUBTFUL: ("~", "tj-doubtful", AMBER, "only a fuzzy match or an ambiguous spelling: not the value itself"),
+    NOT_FOUND: ("✗", "tj-ungrounded", RED, "found in no window the item read"),
+}
+#: Right or wrong against the expected answer (the map's scorer, per field): words, so never read as found.
+VERDICT_MARKS = {True: ("right", "tj-right", GREEN), False: ("wrong", "tj-wrong", RED)}
+
+
+def evidence_legend(verdicts: bool) -> str:
+    """The line under the items that says what each mark means (and, with expected answers, right and wrong)."""
+    parts = [f'<span class="tj-legend-mark" style="color:{colour}">{mark}</span> {for_html(meaning)}'
+             for mark, _cls, colour, meaning in EVIDENCE_MARKS.values()]
+    if verdicts:
+        parts.append(f'<span class="tj-legend-mark" style="color:{GREEN}">right</span> / <span class="tj-legend-mark" '
+                     f'style="color:{RED}">wrong</span> against the expected answer')
+    return (f'<div class="tj-evidence-legend" style="font-family:sans-serif;font-size:10px;color:{GREY};'
+            f'margin:2px 0 0 0">{" · ".join(parts)}</div>')
+
+
 def field_marks(evidence: dict) -> str:
-    """One line of marks: each field's name, ✓ (grounded: the value itself in what the item read), ~ (only a
-    fuzzy match or a date that reads as two days), or ✗ (found nowhere), and its confidence."""
+    """One line of marks: each field's name, what its sources say (``EVIDENCE_MARKS``: ✓ found, ↗ elsewhere, ~
+    doubtful, ✗ not found), right or wrong against the expected answer where the map is scored, and its
+    confidence. Found and right are different marks: a value can be found and wrong."""
     marks = []
+    verdicts = evidence.get("verdicts") or {}
     for name, _value, found, sure in evidence["fields"]:
-        grounded = grounds(found)
-        mark = ("" if grounded is None else f'<span class="tj-grounded" style="color:{GREEN}">✓</span>' if grounded
-                else f'<span class="tj-doubtful" style="color:{AMBER}" title="only a fuzzy match or an ambiguous '
-                     f'date: not the value itself">~</span>' if found
-                else f'<span class="tj-ungrounded" style="color:{RED}" title="found in no window the item read">✗'
-                     f'</span>')
+        kind = evidence_kind(found)
+        mark = ""
+        if kind is not None:
+            symbol, cls, colour, meaning = EVIDENCE_MARKS[kind]
+            mark = f'<span class="{cls}" style="color:{colour}" title="{for_html(meaning)}">{symbol}</span>'
+        verdict = verdicts.get(name)
+        if verdict in VERDICT_MARKS:
+            word, cls, colour = VERDICT_MARKS[verdict]
+            mark += f' <span class="{cls}" style="color:{colour}">{word}</span>'
         conf = "" if sure is None else f' <span class="tj-confidence" style="color:{GREY}">{sure:.2f}</span>'
         marks.append(f'<span class="tj-field-mark">{for_html(name or "(result)")} {mark}{conf}</span>')
     more = f' <span style="color:{GREY}">+{evidence["more"]} fields</span>' if evidence["more"] else ""
     return " · ".join(marks) + more
+
+
+def label_note(source: dict) -> str:
+    """`` under «LABEL»`` for a source with a label, and ``, which names FIELD`` when that is another field's."""
+    label = source.get("label")
+    if not isinstance(label, str) or not label:
+        return ""
+    elsewhere = source.get("elsewhere") is True and isinstance(source.get("under"), str)
+    return f" under «{one_line(label, 40)}»" + (f", which names {one_line(source['under'], 40)}" if elsewhere else "")
 
 
 def field_sources(evidence: dict) -> str:
@@ -179,7 +222,7 @@ def field_sources(evidence: dict) -> str:
             continue
         best = found[0]
         more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
-        where = f"{source_label(best)} {best.get('match', '')} {best.get('score', '')}{more}"
+        where = f"{source_label(best)} {best.get('match', '')} {best.get('score', '')}{more}{label_note(best)}"
         excerpt = excerpt_parts(best)
         shown = ""
         if excerpt is not None:
@@ -223,8 +266,12 @@ def _items_table(rows: list[dict]) -> str:
         + (f'<td class="tj-map-item-score" style="{whole};width:{score_chars}ch;color:{GREY}">'
            f'{for_html(row.get("score", ""))}</td>' if scored else "") +
         f'{_outcome_cell(row, cell)}</tr>' for row in rows)
-    return (f'<table class="tj-map-items" style="font-family:monospace;font-size:11px;border-collapse:collapse;'
-            f'table-layout:fixed;width:100%;line-height:1.4"><tbody>{body}</tbody></table>')
+    table = (f'<table class="tj-map-items" style="font-family:monospace;font-size:11px;border-collapse:collapse;'
+             f'table-layout:fixed;width:100%;line-height:1.4"><tbody>{body}</tbody></table>')
+    evidence = [row["fields"] for row in rows if row.get("fields")]
+    if not evidence:
+        return table
+    return table + evidence_legend(any(e.get("verdicts") for e in evidence))
 
 
 def render_bar(p: MapProgress, width: int = 240) -> str:
@@ -326,7 +373,8 @@ class MapView(LiveView):
             score = scores.get(item)
             rows.append(item_row({"type": kind, "item": item, **outcome,
                                   "input": inputs[item] if 0 <= item < len(inputs) else None,
-                                  "score": {"score": score.score} if score is not None else None}))
+                                  "score": {"score": score.score, "fields": score.fields or {}}
+                                  if score is not None else None}))
         with self._lock:
             self._rows.extend(rows)
 
