@@ -266,6 +266,7 @@ def cmd_replay_map(args, out: TextIO, err: TextIO) -> int:
         return EXIT_CANCELLED
     passed, line = replay.gate(gate) if gate is not None else (not replay.needs_model and not replay.needs_grants,
                                                                None)
+    passed = passed and not replay.all_failed  # a replay whose every item failed passes no gate
     if args.json:
         out.write(json_text({**replay.to_json(), "passed": passed}, pretty=False) + "\n")
     else:

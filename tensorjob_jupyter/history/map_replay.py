@@ -235,6 +235,11 @@ class MapReplay(MapComparison):
             return False, f"gate: not passed -- the new mean score {new:.3f} is under {named} ({threshold:.3f})"
         return True, f"gate: passed -- the new mean score {new:.3f} is at least {named} ({threshold:.3f})"
 
+    @property
+    def all_failed(self) -> bool:
+        """Whether every item the replay concluded failed (and it concluded some): a replay that says nothing."""
+        return self.replayed.failed > 0 and self.replayed.completed == 0
+
     def counts_line(self, s: dict) -> str:
         line = f"{s['items']} items: {s['changed']} changed, {s['same']} the same"
         if s["needs_model"]:
@@ -253,6 +258,9 @@ class MapReplay(MapComparison):
             head = (f"replay of {s['items']} items with no model: {answered} answered from their recordings, "
                     f"{s['needs_model']} need the model")
         out = [head + (f", {s['needs_model']} still need it" if self.live and s["needs_model"] else "")]
+        if self.all_failed:
+            out.append(f"every item of the replay failed ({self.replayed.failed} of {self.total}; "
+                       f"{self.replayed.failures_path}): nothing was replayed to compare")
         out += super().summary_lines()
         if self.needs_model:
             reasons = sorted({self._reason(i) for i in self.needs_model})

@@ -498,3 +498,21 @@ def test_a_dotted_key_and_a_nested_field_are_two_changed_fields():
     old = {"total.amount": 1, "total": {"amount": 2}}
     assert changed_fields(old, {"total.amount": 9, "total": {"amount": 2}}) == ["total\\.amount"]
     assert changed_fields(old, {"total.amount": 1, "total": {"amount": 9}}) == ["total.amount"]
+
+
+def test_a_replay_whose_every_item_failed_says_so_and_exits_non_zero(tmp_path):
+    import subprocess
+    import sys
+
+    import wat
+
+    done = tmp_path / "done.wasm"
+    done.write_bytes(wat.script_guest([{"cmd": "done", "result": {"ok": True}}]))
+    failing = tmp_path / "failing.wasm"
+    failing.write_bytes(wat.script_guest([{"cmd": "fail", "code": "guest_error", "message": "no"}]))
+    assert tj.map(done, [{"n": 1}, {"n": 2}], tmp_path / "run").completed == 2
+    replayed = subprocess.run([sys.executable, "-m", "tensorjob_jupyter", "replay", "--map", str(tmp_path / "run"),
+                               str(failing), "--run-dir", str(tmp_path / "again")],
+                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert replayed.returncode == 1, replayed.stdout + replayed.stderr
+    assert "every item of the replay failed (2 of 2" in replayed.stdout, replayed.stdout
