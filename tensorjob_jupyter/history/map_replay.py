@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,7 @@ from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.host.reactor import internal_error
 from tensorjob_jupyter.inference.providers import ModelRef
 from tensorjob_jupyter.inference.topology import available_cpus
-from tensorjob_jupyter.text import for_terminal
+from tensorjob_jupyter.text import clip, for_terminal
 
 #: The folder a replay goes into under the recorded map's, unless told.
 REPLAY_DIR = "replay"
@@ -396,6 +397,8 @@ def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, ou
         folder.close()
         raise
     said = [grants_line(overrides.read, overrides.fetch, recorded_grants=recorded_grants)]
+    if overrides.read is None and not recorded_grants:
+        said += _recorded_reads_line(recorded)
     run = MapRun(folder, manifest, executor, scoring=scoring).start()
     return MapReplayRun(recorded, run, executor, scoring, said)
 
@@ -421,6 +424,22 @@ def _check_target(target: Path, recorded: Path) -> None:
         if not (isinstance(where, str) and where.startswith(WHERE)):
             raise MapError(f"{target} is a map's run folder, not a replay's; a replay starts its folder over, "
                            f"so name another (--run-dir)")
+
+
+def _recorded_reads_line(recorded: RecordedMap) -> list[str]:
+    """What the recorded map's items read under (its first readable transcript's ``--read``), named -- never
+    taken -- so a replay given no grant says at once what it would need."""
+    for item in recorded.item_runs().values():
+        try:
+            read = load_run(item.path).read
+        except (ReplayError, OSError, ValueError):
+            return []
+        if not read:
+            return []
+        named = " ".join(shlex.quote(str(r)) for r in read[:4]) + (" ..." if len(read) > 4 else "")
+        return [for_terminal(clip(f"replay: the recorded map read under --read {named}; give it again (--read) "
+                                  f"for its items to read here", 400), one_line=True)]
+    return []
 
 
 def _live_model(recorded: RecordedMap, overrides: Overrides) -> ModelRef:

@@ -66,9 +66,9 @@ def peak_mib(proc: subprocess.CompletedProcess) -> float:
 
 
 def said(proc: subprocess.CompletedProcess) -> list[str]:
-    """What a command said besides its peak memory and a replay's line of the grants it runs under."""
+    """What a command said besides its peak memory and a replay's lines of the grants it runs under."""
     return [x for x in proc.stderr.splitlines()
-            if not x.startswith("PEAK_RSS_KIB ") and not x.startswith("replay: each item reads")]
+            if not x.startswith("PEAK_RSS_KIB ") and not x.startswith("replay: ")]
 
 
 def commands(run: Path, guest: Path) -> list[tuple]:

@@ -219,6 +219,7 @@ def test_a_map_replay_says_its_grants_first_and_reads_nothing_it_was_not_granted
     said = proc.stderr.splitlines()
     assert said[0] == ("replay: each item reads no file (--read grants them), and fetches no URL (--fetch grants "
                        "them); a replay takes no grant from its recordings"), proc.stderr
+    assert said[1] == "replay: the recorded map read under --read /; give it again (--read) for its items to read here"
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "need a grant this replay was not given" in proc.stdout and f"give --read {secret}" in proc.stdout
     failures = [orjson.loads(line) for line in (folder / "replayed" / "failures.jsonl").read_bytes().splitlines()]
