@@ -204,8 +204,8 @@ def test_a_cluster_without_workers_is_refused_after_a_wait():
 
 
 def test_sources_confidence_and_require_grounded_on_a_cluster(client, tmp_path):
-    """A map on Dask gives each item's sources and confidence as a local one does, and fails a planted value
-    with ``ungrounded`` when its field is required to be grounded."""
+    """A map on Dask gives each item's sources and confidence as a local one does, rejects a planted value alone
+    when its field is required to be grounded, and fails its item with ``ungrounded`` under ``fail_item``."""
     from test_confidence import ANSWER, confident_guest
     from test_sources import GUEST, LINES
     docs = tmp_path / "docs"
@@ -219,8 +219,12 @@ def test_sources_confidence_and_require_grounded_on_a_cluster(client, tmp_path):
     assert grounded.status == "finished" and grounded.completed == 3
     assert [grounded.sources()[i]["claim"] != [] for i in range(3)] == [True, True, False]
     assert [row["item"] for row in grounded.review()][0] == 2
+    rejecting = tj_map(GUEST, manifest, tmp_path / "rejecting", read=[docs], backend=FACTORY, cluster=client,
+                       require_grounded=["claim"])
+    assert (rejecting.completed, rejecting.failed) == (3, 0)
+    assert [row["rejected.claim"] is not None for row in rejecting.rows()] == [False, False, True]
     strict = tj_map(GUEST, manifest, tmp_path / "strict", read=[docs], backend=FACTORY, cluster=client,
-                    require_grounded=["claim"])
+                    require_grounded=["claim"], fail_item=True)
     assert (strict.completed, strict.failed) == (2, 1) and strict.failures()[2]["code"] == "ungrounded"
 
     sure = functools.partial(ScriptedBackend, ANSWER, logprobs=-0.05)
