@@ -58,7 +58,9 @@ LIBRARY_USED = ("llama_log_callback", "llama_log_set", "llama_backend_init", "ll
                 # constrained decoding (grammar.py: GrammarSampler; llguidance's tokenizer from the vocabulary)
                 "llama_sampler_apply", "llama_sampler_accept", "llama_get_logits_ith", "llama_token_data",
                 "llama_token_data_array", "llama_vocab_n_tokens", "llama_vocab_eos", "llama_token_get_attr",
-                "LLAMA_TOKEN_ATTR_CONTROL", "LLAMA_TOKEN_ATTR_USER_DEFINED", "llama_tokenize")
+                "LLAMA_TOKEN_ATTR_CONTROL", "LLAMA_TOKEN_ATTR_USER_DEFINED", "llama_tokenize",
+                # a decode whose every job has ended is stopped between graph nodes (llama.py: _AbortWatch)
+                "llama_set_abort_callback", "ggml_abort_callback")
 #: Fields of the ctypes structures the grammar sampler fills.
 STRUCT_FIELDS_USED = {"llama_token_data": ("id", "logit", "p"),
                       "llama_token_data_array": ("data", "size", "selected", "sorted")}
@@ -184,6 +186,40 @@ class CaptureLog:
         _capture.lines = None
 
 
+_reads_a_byte: object = None  # C's strlen, once found and checked (False: none fits)
+
+
+def abort_switch(llama_cpp) -> tuple[object, ctypes.Array] | None:
+    """A ``ggml_abort_callback`` that ggml may poll between graph nodes without taking the GIL, and the byte it
+    reads: set ``byte[0]`` to ``b"\\x01"`` and the decode running ends at its next node (``llama_decode`` returns 2);
+    ``b"\\x00"`` lets decodes run. None where no such function is found (decodes then always run to their end).
+
+    A Python callback would take the GIL at every one of a step's hundreds of nodes, and wait for it whenever a
+    job thread runs Python; C's ``strlen`` over a two-byte buffer answers 0 or 1, which is what a ``bool`` result
+    is on the calling conventions llama.cpp builds for (the result register, the low byte read). That is checked
+    here once, through the callback type itself, before it is used.
+    """
+    global _reads_a_byte
+    if _reads_a_byte is None:
+        _reads_a_byte = False
+        try:
+            try:
+                strlen = ctypes.CDLL(None).strlen  # the C library this process runs on (POSIX)
+            except (AttributeError, OSError, TypeError):  # pragma: no cover - Windows
+                strlen = ctypes.cdll.msvcrt.strlen
+            callback = llama_cpp.ggml_abort_callback(ctypes.cast(strlen, ctypes.c_void_p).value)
+            probe = ctypes.create_string_buffer(2)
+            ok = callback(ctypes.addressof(probe)) is False
+            probe[0] = b"\x01"
+            if ok and callback(ctypes.addressof(probe)) is True:
+                _reads_a_byte = callback
+        except (AttributeError, OSError, TypeError, ValueError) as e:  # pragma: no cover - depends on the platform
+            log.info("tensorjob: no abort callback for llama.cpp decodes here (%s); they run to their end", e)
+    if not _reads_a_byte:
+        return None
+    return _reads_a_byte, ctypes.create_string_buffer(2)
+
+
 def log_reason(lines: list[str]) -> str:
     useful = [ln for ln in lines if ln]
     return ("; ".join(useful[-3:]))[:600] if useful else ""
@@ -191,5 +227,6 @@ def log_reason(lines: list[str]) -> str:
 
 __all__ = [
     "TESTED_LLAMA_CPP", "INTERNALS_USED", "SIGNATURES_USED", "LIBRARY_USED", "STRUCT_FIELDS_USED",
-    "CONTEXT_FIELDS_USED", "missing_llama_cpp_api", "in_tested_range", "llama_cpp_library", "CaptureLog", "log_reason"
+    "CONTEXT_FIELDS_USED", "missing_llama_cpp_api", "in_tested_range", "llama_cpp_library", "CaptureLog", "log_reason",
+    "abort_switch"
 ]

@@ -2,7 +2,7 @@
 
 ``LlamaEngine`` implements the ``Engine`` protocol on llama-cpp-python's low-level API rather than
 on ``Llama.create_completion``, because the high-level loop cannot give the host what it needs: a
-stop verdict that reaches the decoder, whole characters only, a prefix cache per slot keyed by the
+stop verdict that reaches the decoder, a cancel that ends even a decode in progress, whole characters only, a prefix cache per slot keyed by the
 LoRA selection (a busy slot's prefix copied rather than decoded again, queued requests started
 longest-prefix-first), runtime LoRA, continuous batching (a starting prompt read in chunks within the
 running sequences' decode steps), grammar masks
@@ -19,7 +19,9 @@ from __future__ import annotations
 import concurrent.futures
 import ctypes
 import logging
+import math
 import os
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -33,7 +35,7 @@ from tensorjob_jupyter.inference.base import (
 )
 from tensorjob_jupyter.inference.gguf import check_gguf
 from tensorjob_jupyter.inference.grammar import Abandoned, GrammarSampler, ModelGrammars
-from tensorjob_jupyter.inference.library import CaptureLog, llama_cpp_library, log_reason
+from tensorjob_jupyter.inference.library import CaptureLog, abort_switch, llama_cpp_library, log_reason
 from tensorjob_jupyter.inference.logprobs import TokenLogprob, TokenText, token_logprob
 from tensorjob_jupyter.inference.greedy import GreedySampler
 from tensorjob_jupyter.inference.penalties import PENALTY_LAST_N, PenalisedChain, RepeatPenalty
@@ -75,13 +77,30 @@ PREFIX_COPY_MIN_TOKENS = 32
 PREFIX_LOOKAHEAD = 32
 #: How many times a waiting request may be passed over for one sharing a longer prefix before it starts next.
 PREFIX_PASS_LIMIT = 8
-#: While other sequences decode, a step that also reads prompt tokens costs at most about this many times a step
-#: of theirs alone: the prompt tokens a step takes are fitted to the rates the engine has measured (``_prompt_budget``).
+#: While other sequences decode, a step that also reads prompt tokens costs about this many times a step of theirs
+#: alone: the prompt tokens a step takes are fitted to the rates the engine has measured (``_prompt_budget``).
 PROMPT_STEP_RATIO = 2.0
-#: The fewest prompt tokens a step takes while others decode, however slow the measured rates make them.
-PROMPT_MIN_TOKENS = 8
+#: A prompt chunk read beside running sequences is computed in a micro-batch of its own (llama.cpp cuts a batch over
+#: separate KV streams into equal parts), at a fixed cost besides its tokens. Where the ratio leaves a chunk so small
+#: that the fixed part is more than ``1 - PROMPT_CHUNK_SHARE`` of it (a quiet CPU: the micro-batch's pass over the
+#: weights is most of a step of one sequence), it grows, up to a step of this many times theirs.
+PROMPT_STEP_RATIO_MAX = 3.0
+#: The least share of a chunk's cost its tokens are to have, where ``PROMPT_STEP_RATIO_MAX`` leaves room for it.
+PROMPT_CHUNK_SHARE = 0.5
+#: The fewest prompt tokens a step takes for each prompt it reads while others run, however slow the measured rates
+#: make them: on a 2-core CPU under load a prompt token costs nearly what a step of one sequence does (on one thread,
+#: a step of one sequence took 21 ms; with a chunk of 2 prompt tokens beside it 63 ms, with 8 tokens 172 ms).
+PROMPT_MIN_TOKENS = 1
+#: The fewest tokens of a prompt read with nothing else running that measure what a prompt token costs read alone
+#: (the fixed part of its micro-batch a small share of it).
+LONE_MIN_TOKENS = 32
 #: How much of each new measurement the rates take (an exponential average: one slow step moves them little).
 RATE_WEIGHT = 0.2
+#: A decode that reads at least this many prompt tokens is watched while it runs: once every sequence in it has been
+#: abandoned, it ends between two of llama.cpp's graph nodes instead of at its end (``_AbortWatch``).
+ABORT_WATCH_TOKENS = 64
+#: How often the watch looks at the jobs of the decode it watches.
+ABORT_POLL_S = 0.005
 #: After a decode step, how long the step waits for the constrained sequences' choices (each on a mask thread;
 #: a mask costs microseconds to a few milliseconds): one not made by then sits the decode out until it is.
 MASK_WAIT_S = 0.02
@@ -229,9 +248,21 @@ class LlamaEngine:
             #: KV copies from one slot to another (a shared prefix decoded once), since creation.
             self.prefix_copies = 0
             self.prefix_order = prefix_order
-            #: seconds a decode step of the running sequences takes, and a prompt token read with them (measured)
-            self._step_s: float | None = None
-            self._prompt_token_s: float | None = None
+            #: seconds a decode step takes by how many sequences it decodes; what a prompt's chunk read beside running
+            #: sequences adds to it, and its tokens; what a prompt token costs read alone (measured, ``_measured``)
+            self._step_s: dict[int, float] = {}
+            self._chunk_s: float | None = None
+            self._chunk_tokens: float | None = None
+            self._last_chunk = 0
+            self._lone_token_s: float | None = None
+            #: decodes ended part-way because every sequence in them was abandoned, since creation
+            self.aborted_decodes = 0
+            switch = abort_switch(llama_cpp)
+            self._abort_watch: _AbortWatch | None = None
+            if switch is not None:
+                callback, byte = switch
+                llama_cpp.llama_set_abort_callback(self._ctx.ctx, callback, ctypes.cast(byte, ctypes.c_void_p))
+                self._abort_watch = _AbortWatch(callback, byte)
             self._threads_now = self.n_threads  # a request decoded alone may ask for others (``_use_threads``)
             #: the threads that fit the machine now (``_fit_threads``), and a verdict waiting for its second window
             self._fitted = self.n_threads
@@ -266,6 +297,8 @@ class LlamaEngine:
         self._closed = True
         if self._mask_threads is not None:
             self._mask_threads.shutdown(wait=True, cancel_futures=True)
+        if self._abort_watch is not None:
+            self._abort_watch.close()
         for obj in (self._embed_batch, self._embed_ctx, self._batch, self._ctx):
             if obj is not None:
                 obj.close()
@@ -639,30 +672,73 @@ class LlamaEngine:
                 limit = len(seq.prompt) - 1
                 self._keep_cached(seq, min(_common_prefix(seq.slot.tokens, seq.prompt), limit))
 
-    def _prompt_budget(self, decoding: int) -> int:
-        """The prompt tokens the next step may read beside ``decoding`` sequences' next tokens: all the batch
-        holds when none decode, else what keeps the step within ``PROMPT_STEP_RATIO`` of their step alone."""
-        room = max(0, self.n_batch - decoding)
-        if not decoding:
-            return room
-        if self._step_s is None or self._prompt_token_s is None:
-            return min(room, PROMPT_MIN_TOKENS)
-        fit = int((PROMPT_STEP_RATIO - 1.0) * self._step_s / max(self._prompt_token_s, 1e-9))
-        return min(room, max(PROMPT_MIN_TOKENS, fit))
+    def _prompt_budget(self, running: int, readers: int = 1) -> int:
+        """The prompt tokens the next step may read, for ``readers`` prompts, while ``running`` sequences have read
+        theirs: all the batch holds when none have; else what keeps a step within ``PROMPT_STEP_RATIO`` of their
+        step alone -- whether they decode in it or sit it out (a late listener, a grammar still choosing: they wait
+        for it all the same) -- and never fewer than ``PROMPT_MIN_TOKENS`` a prompt. Before anything is measured,
+        the fewest.
 
-    def _measured(self, seconds: float, decoding: int, prompt_tokens: int) -> None:
-        """Fold one step's time into the rates ``_prompt_budget`` fits the prompt tokens to: a step of the decoding
-        sequences alone, and what each prompt token read beside them added to it (the chunk's own micro-batch
-        included: llama.cpp computes a chunk apart from the next tokens of other KV streams). A prompt read with
-        nothing decoding, in chunks as large as the batch, says nothing of that and is not counted."""
+        What a token costs is measured at the chunk sizes read, their micro-batch's fixed part included, so the sizes
+        settle where a step costs the ratio (rounded, not floored: from small chunks, whose cost a token is mostly the
+        fixed part, flooring would never let them grow). Where that leaves the fixed part more than ``1 -
+        PROMPT_CHUNK_SHARE`` of a chunk -- told by a token's cost read alone -- chunks grow to the size where it is
+        not, but never past a step of ``PROMPT_STEP_RATIO_MAX`` times theirs. A chunk is at most twice the last one
+        measured, so that sizes grow a measured step at a time."""
+        room = max(0, self.n_batch - running)
+        if not running:
+            return room
+        least = min(room, readers * PROMPT_MIN_TOKENS)
+        step = self._step_estimate(running)
+        if step is None or self._chunk_s is None or not self._chunk_tokens:
+            return least
+        # a token beside running sequences costs no less than alone (a step timed under their average looks free)
+        per_token = max(self._chunk_s / self._chunk_tokens, self._lone_token_s or 0.0, 1e-9)
+        n = round((PROMPT_STEP_RATIO - 1.0) * step / per_token)
+        if self._lone_token_s:
+            fixed = max(0.0, self._chunk_s - self._chunk_tokens * self._lone_token_s)
+            worth = readers * math.ceil(fixed / self._lone_token_s * PROMPT_CHUNK_SHARE / (1.0 - PROMPT_CHUNK_SHARE))
+            n = max(n, min(worth, round((PROMPT_STEP_RATIO_MAX - 1.0) * step / per_token)))
+        # at most twice the last chunk measured: one step timed short cannot make the next one long
+        n = min(n, readers * max(PROMPT_MIN_TOKENS, 2 * self._last_chunk))
+        return min(room, max(least, n))
+
+    def _step_estimate(self, decoding: int) -> float | None:
+        """Seconds a step of ``decoding`` sequences alone takes: measured, else the most the sizes measured say it
+        takes at least (a step of more sequences costs more, and no more a sequence); None before any."""
+        if decoding in self._step_s:
+            return self._step_s[decoding]
+        return max((s if d < decoding else s * decoding / d for d, s in self._step_s.items()), default=None)
+
+    def _measured(self, seconds: float, decoding: int, prompt_tokens: int, running: int | None = None,
+                  readers: int = 1) -> None:
+        """Fold one step's time into the rates ``_prompt_budget`` fits the prompt tokens to: a step of ``decoding``
+        sequences alone; what a prompt's chunk read while ``running`` sequences had read theirs (default: the
+        decoding ones) added to it -- beyond the decoding ones' step, or all of it when they sat the step out -- and
+        its size, for each of ``readers`` prompts (llama.cpp computes each prompt's chunk in a micro-batch of its own,
+        apart from the next tokens of other KV streams); and what a prompt token costs read with none running, one
+        prompt in a large chunk."""
+        running = decoding if running is None else running
         if not prompt_tokens:
-            self._step_s = _average(self._step_s, seconds)
-        elif decoding and self._step_s is not None:
-            self._prompt_token_s = _average(self._prompt_token_s, max(0.0, seconds - self._step_s) / prompt_tokens)
+            if decoding:
+                self._step_s[decoding] = _average(self._step_s.get(decoding), seconds)
+            return
+        if not running:
+            if readers == 1 and prompt_tokens >= LONE_MIN_TOKENS:
+                self._lone_token_s = _average(self._lone_token_s, seconds / prompt_tokens)
+            return
+        step = self._step_estimate(decoding) if decoding else 0.0
+        if step is None or not readers:
+            return
+        self._chunk_s = _average(self._chunk_s, max(0.0, seconds - step) / readers)
+        self._chunk_tokens = _average(self._chunk_tokens, prompt_tokens / readers)
+        self._last_chunk = -(-prompt_tokens // readers)
 
     def _decode(self) -> None:
         rc = self._lc.llama_decode(self._ctx.ctx, self._batch.batch)
         if rc != 0:
+            if rc == 2:
+                raise _Aborted()
             if rc == 1:
                 raise ModelError("the KV cache has no room for this batch (llama_decode returned 1)")
             raise ModelError(f"llama_decode failed with code {rc}")
@@ -715,7 +791,8 @@ class LlamaEngine:
         """One decode for every active sequence that has its next token, with the next chunk of the prompts
         being read (``_prompt_budget``), then one sampled token each.
 
-        A sequence whose job has ended is answered ``cancelled`` before the decode; one whose grammar
+        A sequence whose job has ended is answered ``cancelled`` before the decode; a decode reading a long prompt
+        whose every sequence's job ends while it runs ends there (``_AbortWatch``, ``_aborted``); one whose grammar
         fails (``ConstraintError``) or sees its job end mid-token (``Abandoned``) ends alone, never the batch.
         A sequence whose listener is not ready for its token (``Pending.ready``: a job thread late to judge
         the last one) keeps it and sits the decode out, so a late job never holds the others' step; so does
@@ -730,18 +807,30 @@ class LlamaEngine:
             self._chosen(seq, active)
         self._deliver_held(active)
         self._take_copies(active)
-        decoding = [seq for seq in active if not seq.reading and seq.held is None and seq.choosing is None]
+        running = [seq for seq in active if not seq.reading]
+        decoding = [seq for seq in running if seq.held is None and seq.choosing is None]
         reading = [seq for seq in active if seq.reading and seq.copy_from is None]
-        chunks = _share(reading, self._prompt_budget(len(decoding)))
+        chunks = _share(reading, self._prompt_budget(len(running), len(reading))) if reading else {}
         if not decoding and not chunks:
             choosing = [seq.choosing for seq in active if seq.choosing is not None]
             if choosing:  # every sequence waits for a grammar, or for a listener: look again soon
                 concurrent.futures.wait(choosing, timeout=MASK_POLL_S, return_when=concurrent.futures.FIRST_COMPLETED)
             return
         rows = self._fill_batch(decoding, chunks)
+        prompt_tokens = sum(len(chunk) for chunk in chunks.values())
+        watch = self._abort_watch if prompt_tokens >= ABORT_WATCH_TOKENS else None
         started = time.perf_counter()
-        self._decode()
-        self._measured(time.perf_counter() - started, len(decoding), sum(len(chunk) for chunk in chunks.values()))
+        if watch is not None:
+            watch.start([seq.pending.abandoned for seq in (*decoding, *chunks)])
+        try:
+            self._decode()
+        except _Aborted:
+            self._aborted([*decoding, *chunks], active)
+            return
+        finally:
+            if watch is not None:
+                watch.stop()
+        self._measured(time.perf_counter() - started, len(decoding), prompt_tokens, len(running), len(chunks))
         for seq, chunk in chunks.items():
             seq.slot.tokens.extend(chunk)
         for seq in decoding:
@@ -761,6 +850,19 @@ class LlamaEngine:
             concurrent.futures.wait(choosing, timeout=MASK_WAIT_S)
             for seq in [seq for seq in decoding if seq.choosing is not None and seq.choosing.done()]:
                 self._chosen(seq, active)
+
+    def _aborted(self, batch: list[_Sequence], active: list[_Sequence]) -> None:
+        """Llama.cpp ended a decode part-way because every sequence in it had been abandoned (``_AbortWatch``):
+        each is answered ``cancelled``, its slot's KV cut back to the tokens it held before the decode (llama.cpp
+        drops what the micro-batch it stopped in wrote, not what those before it did), so the slot's cache of the
+        prompt read so far stays good for a request that shares it."""
+        self.aborted_decodes += 1
+        now = time.perf_counter()
+        for seq in batch:
+            if not self._ctx.kv_cache_seq_rm(seq.slot.seq_id, len(seq.slot.tokens), -1):
+                self._drop_slot(seq.slot)
+            active.remove(seq)
+            self._finish(seq, FINISH_CANCELLED, "", now)
 
     def _fill_batch(self, decoding: list[_Sequence], chunks: dict[_Sequence, list[int]]) -> dict[int, int]:
         """Lay out one decode: each decoding sequence's next token (its logits kept) and each prompt chunk (no
@@ -1014,6 +1116,70 @@ class LlamaEngine:
                                  f"{log_reason(lines) or e}") from None
 
 
+class _Aborted(Exception):
+    """``llama_decode`` returned 2: the abort callback ended it (``_AbortWatch``)."""
+
+
+class _AbortWatch:
+    """Ends a long decode as soon as every sequence in it has been abandoned, not at its end: while one runs, a
+    thread looks at their jobs every ``ABORT_POLL_S`` and then sets the byte that llama.cpp's abort callback reads
+    between graph nodes (``library.abort_switch``: no Python, no GIL, in the decode). Decodes not watched run to
+    their end: the byte is clear whenever no decode is watched."""
+
+    def __init__(self, callback: object, byte: ctypes.Array) -> None:
+        self._callback = callback  # kept alive as long as llama.cpp may call it
+        self._byte = byte
+        self._cond = threading.Condition()
+        self._watched: list[Callable[[], bool]] | None = None
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def start(self, abandoned: list[Callable[[], bool]]) -> None:
+        """Watch the decode about to run, whose sequences' jobs have ended once each of ``abandoned`` says so (if
+        they already have, it ends at its first node)."""
+        with self._cond:
+            if all(_ended(a) for a in abandoned):
+                self._byte[0] = b"\x01"
+                return
+            self._byte[0] = b"\x00"
+            self._watched = abandoned
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="tensorjob-decode-abort", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def stop(self) -> None:
+        """The decode has returned: clear the byte for the decodes after it."""
+        with self._cond:
+            self._watched = None
+            self._byte[0] = b"\x00"
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._watched = None
+            self._cond.notify()
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._closed:
+                watched = self._watched
+                if watched is None:
+                    self._cond.wait()
+                elif all(_ended(abandoned) for abandoned in watched):
+                    self._byte[0] = b"\x01"
+                    self._watched = None
+                else:
+                    self._cond.wait(ABORT_POLL_S)
+
+
+def _ended(abandoned: Callable[[], bool]) -> bool:
+    try:
+        return bool(abandoned())
+    except Exception:  # noqa: BLE001 - a request that cannot say is not ended here
+        return False
+
+
 class Embedding:
     """One embed request in pieces: each ``step()`` is one decode of at most the engine's piece of tokens,
     and says whether every vector is made (``vectors``).
@@ -1155,5 +1321,6 @@ _CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '
 __all__ = [
     "PENALTY_LAST_N", "EMBED_SEQS", "EMBED_PIECE_TOKENS", "EMBED_MAX_TOKENS", "ADMIT_WINDOW_S", "HELD_WAIT_S",
     "HELD_POLL_S", "PREFIX_COPY_MIN_TOKENS", "PREFIX_LOOKAHEAD", "PREFIX_PASS_LIMIT", "PROMPT_STEP_RATIO",
-    "PROMPT_MIN_TOKENS", "RATE_WEIGHT", "QUIET_OTHERS_CPUS", "LoraKey", "LlamaEngine", "Embedding"
+    "PROMPT_STEP_RATIO_MAX", "PROMPT_CHUNK_SHARE", "PROMPT_MIN_TOKENS", "LONE_MIN_TOKENS", "RATE_WEIGHT",
+    "ABORT_WATCH_TOKENS", "ABORT_POLL_S", "QUIET_OTHERS_CPUS", "LoraKey", "LlamaEngine", "Embedding"
 ]
