@@ -68,19 +68,24 @@ def label_before(data: bytes, start: int) -> str:
     value that starts its line, or stands after a currency sign); at most ``MAX_LABEL_CHARS``, nearest kept."""
     head = data[max(0, start - _LOOK_BACK):start].decode("utf-8", "ignore")
     lines = head.replace("\r", "\n").split("\n")
-    label = lines[-1].strip()
+    label = lines[-1].strip()[-MAX_LABEL_CHARS:]
     if sum(ch.isalpha() for ch in label) < _LABEL_LETTERS:
         above = next((line.strip() for line in reversed(lines[:-1]) if line.strip()), "")
-        label = f"{above} {label}".strip()
+        label = f"{above[-MAX_LABEL_CHARS:]} {label}".strip()
     return label[-MAX_LABEL_CHARS:]
+
+
+#: ``SYNONYMS`` folded once: each common field's phrases, and the common field each name or phrase names.
+_FOLDED = {concept: frozenset(fold(p) for p in phrases) for concept, phrases in SYNONYMS.items()}
+_CONCEPT_OF = {**{p: c for c, ps in _FOLDED.items() for p in ps}, **{fold(c.replace("_", " ")): c for c in SYNONYMS}}
 
 
 def _phrases_of(key: str) -> tuple[str, set[str]]:
     """A field key's concept (a ``SYNONYMS`` name, or the key itself) and the phrases that name it."""
     words = fold(key.replace("_", " ").replace("-", " "))
-    for concept, phrases in SYNONYMS.items():
-        if words == fold(concept.replace("_", " ")) or words in {fold(p) for p in phrases}:
-            return concept, {fold(p) for p in phrases} | {words}
+    concept = _CONCEPT_OF.get(words)
+    if concept is not None:
+        return concept, set(_FOLDED[concept]) | {words}
     return words, {words} if words else set()
 
 
@@ -100,18 +105,18 @@ class FieldNames:
             self._own[path] = (concept, phrases)
             concepts.setdefault(concept, set()).update(phrases)
             self._result_concepts.add(concept)
-        for common, labels in SYNONYMS.items():
-            concepts.setdefault(common, {fold(p) for p in labels})
+        for common, folded in _FOLDED.items():
+            concepts.setdefault(common, set(folded))
         # longest phrase first: "invoice date" is named before "date", "total due" before "total"
         self._phrases = sorted(((p, c) for c, ps in concepts.items() for p in ps if p), key=lambda pc: -len(pc[0]))
+        self._named: dict[str, str | None] = {}
 
     def named(self, label: str) -> str | None:
         """The concept ``label`` names (its longest phrase, as whole words), or None."""
-        text = f" {fold(label)} "
-        for phrase, concept in self._phrases:
-            if f" {phrase} " in text:
-                return concept
-        return None
+        if label not in self._named:
+            text = f" {fold(label)} "
+            self._named[label] = next((c for p, c in self._phrases if f" {p} " in text), None)
+        return self._named[label]
 
     def elsewhere(self, path: str, label: str) -> str | None:
         """The other field ``label`` names, when it names one and none of ``path``'s own phrases is in it: a field
