@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from rapidfuzz import fuzz
 
 from tensorjob_jupyter import abi
-from tensorjob_jupyter.host.fields import MAX_FIELDS, result_fields
+from tensorjob_jupyter.host.fields import MAX_FIELDS, MISSING, result_fields, value_at
 from tensorjob_jupyter.host.labels import FieldNames, label_before
 from tensorjob_jupyter.host.spellings import (
     GROUP_CHARS, Folded, ambiguous_date, canonical, chunks, date_pattern, iso_date, number_pattern,
@@ -126,7 +126,7 @@ def _is_word(ch: str) -> bool:
 #: Characters of context around a match that the edge checks look at (a digit group is a separator and three).
 _CONTEXT = 5
 _GROUP_TAIL = re.compile(r"\d{3}(?!\d)")
-_MINUS = "-\u2212"
+MINUS = "-\u2212"
 
 
 def _around(data: bytes, start: int, end: int) -> tuple[str, str]:
@@ -148,7 +148,7 @@ def _number_edge(before: str, after: str, value_text: str) -> bool:
         if after[0] in GROUP_CHARS and _GROUP_TAIL.match(after, 1):
             return True
     if value_text[0].isdigit() and before[-1:]:
-        if before[-1] in _MINUS and not (before[-2:-1] and before[-2].isalnum()):
+        if before[-1] in MINUS and not (before[-2:-1] and before[-2].isalnum()):
             return True
         if before[-2:-1].isdigit():
             if before[-1] in ".,":
@@ -201,6 +201,8 @@ class _Field:
             return False
         if last and _is_word(last) and after and _is_word(after[0]):
             return False
+        if self.number and first in MINUS and before and before[-1].isalnum():
+            return False  # "-5" in "3-5" or "ABC-5" is a range or a code, not minus five
         return not _number_edge(before, after, self.text.strip())
 
     def echoed(self, place: Any) -> bool:
@@ -210,9 +212,19 @@ class _Field:
             return False
         if place not in self._echoes:
             needle = self.canon if self.canon else self.text.casefold()
-            self._echoes[place] = any(self.text in text or (needle and needle in canonical(text))
+            self._echoes[place] = any(self._at_edges(self.text, text) or (needle and self._at_edges(needle,
+                                                                                                  canonical(text)))
                                       for text in place.url_texts)
         return self._echoes[place]
+
+    def _at_edges(self, needle: str, text: str) -> bool:
+        """Whether ``needle`` stands in ``text`` at word edges (a ``2`` in ``/v2/`` is not the guest's 2)."""
+        at, seen = text.find(needle), 0
+        while at >= 0 and seen < 64:
+            if self.edges_ok(text[max(0, at - _CONTEXT):at], text[at + len(needle):at + len(needle) + _CONTEXT]):
+                return True
+            at, seen = text.find(needle, at + 1), seen + 1
+        return False
 
 
 def _source(seg: Segment, start: int, end: int, match: str, score: float) -> dict:
@@ -255,6 +267,8 @@ def _exact(field: _Field, segments: Sequence[Segment], work: _Work, bounds: Boun
             at = data.find(needle, at + 1)
         if len(found) >= _candidates(bounds) or seen >= bounds.max_occurrences:
             break
+    if not found and seen >= bounds.max_occurrences:
+        return None  # so many places, none of them the value's: not looked at everywhere, so not "not found"
     return found
 
 
@@ -306,7 +320,10 @@ def _normalised(fields: list[_Field], segments: Sequence[Segment], work: _Work,
     for seg, window, fresh, limit in windows:
         text = window.text
         for i, field in enumerate(fields):
-            if stopped[i] or len(found[i]) >= _candidates(bounds) or seen[i] >= bounds.max_occurrences:
+            if stopped[i] or len(found[i]) >= _candidates(bounds):
+                continue
+            if seen[i] >= bounds.max_occurrences:
+                stopped[i] = True  # so many places: the rest are not looked at
                 continue
             if work.budget.normalised < len(text):
                 stopped[i] = True
@@ -320,6 +337,7 @@ def _normalised(fields: list[_Field], segments: Sequence[Segment], work: _Work,
                     continue
                 seen[i] += 1
                 if seen[i] > bounds.max_occurrences:
+                    stopped[i] = True
                     break
                 before, after = text[max(0, m.start() - _CONTEXT):m.start()], text[m.end():m.end() + _CONTEXT]
                 if not field.edges_ok(before, after):
@@ -333,8 +351,7 @@ def _normalised(fields: list[_Field], segments: Sequence[Segment], work: _Work,
                         break
     out: list[list[dict] | None] = []
     for i, sources in enumerate(found):
-        whole = (windows.complete and not stopped[i]) or len(sources) >= _candidates(bounds) \
-            or seen[i] >= bounds.max_occurrences
+        whole = (windows.complete and not stopped[i]) or len(sources) >= _candidates(bounds)
         out.append(sorted(sources, key=_best_first) if sources or whole else None)
     return out
 
@@ -452,13 +469,14 @@ def locate(result: Any, segments: Sequence[Segment], *, first: Iterable[str] = (
     """Each field of ``result`` with its sources in ``segments`` (see the module doc), in document order;
     ``first``: paths (or their prefixes) searched before the others, so the bounds reach them; ``check``: the
     job's own (raises its ``JobFailure`` once it is cancelled or past its deadline), called between steps."""
-    fields = [(path, value) for path, value in result_fields(result, limit=bounds.max_fields) if claims(value)]
-    wanted = list(first)
-    order = sorted(range(len(fields)), key=lambda i: not any(_under(fields[i][0], w) for w in wanted))
+    fields = _fields(result, list(first), bounds.max_fields)
+    order = range(len(fields))  # the required first, then document order
     work = _Work(bounds, check, clock)
     searched: dict[int, list[dict] | None] = {}
     looks: dict[int, _Field] = {}
     for i in order:
+        if not work.go_on():
+            break  # a value's expression is compiled before it is searched: no more of them once time is up
         try:
             field = _Field(fields[i][1], bounds)
         except (UnicodeError, RecursionError, ValueError):
@@ -484,6 +502,21 @@ def locate(result: Any, segments: Sequence[Segment], *, first: Iterable[str] = (
     return {fields[i][0]: found[i] for i in sorted(found)}
 
 
+def _fields(result: Any, first: list[str], most: int) -> list[tuple[str, Any]]:
+    """The fields to locate, at most ``most``: those under ``first`` (the required, reached by their paths even
+    past the ``most``-th leaf of the whole), then the rest in document order; only claims."""
+    out: dict[str, Any] = {}
+    for name in first:
+        value = value_at(result, name)
+        if value is MISSING:
+            continue
+        for rel, leaf in result_fields(value, limit=most):
+            out.setdefault(name if rel == "" else (f"{name}.{rel}" if name else rel), leaf)
+    for path, leaf in result_fields(result, limit=most):
+        out.setdefault(path, leaf)
+    return [(path, value) for path, value in out.items() if claims(value)][:most]
+
+
 def _then(looks: dict[int, _Field], searched: dict[int, list[dict] | None], eligible: Callable[[int], bool],
           search: Callable[..., list[list[dict] | None]], segments: Sequence[Segment], work: _Work,
           bounds: Bounds) -> None:
@@ -493,11 +526,6 @@ def _then(looks: dict[int, _Field], searched: dict[int, list[dict] | None], elig
         return
     for i, sources in zip(todo, search([looks[i] for i in todo], segments, work, bounds)):
         searched[i] = sources
-
-
-def _under(path: str, named: str) -> bool:
-    """Whether field ``path`` is ``named`` or a leaf under it."""
-    return path == named or (path.startswith(named + ".") if named else True)
 
 
 # --- sources as a person reads them -----------------------------------------------------------------------

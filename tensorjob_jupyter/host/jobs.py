@@ -72,10 +72,10 @@ def _model_server(backend: Any) -> dict:
 
 
 def _without_runs_folder(grants: Grants, spec: JobSpec, runs: Path) -> Grants:
-    """``grants`` less the runs folder where a grant covers it from above (``--read .`` with ``./tensorjob-runs``):
+    """``grants`` less the runs folder where a grant covers it from above (``--read ~`` with ``~/.tensorjob/runs``):
     earlier jobs' transcripts hold their answers, which a guest must not read back as if it had found them. A
     runs folder granted itself (or a folder in it) stays readable: that is asked for."""
-    where = Path(os.path.realpath(os.path.join(spec.cwd or os.getcwd(), runs)))
+    where = Path(os.path.realpath(runs))  # where the transcripts are written: the process's directory, as they are
     if not any(where.is_relative_to(root) and where != root for root in grants.roots):
         return grants
     return Grants.for_paths(spec.read, spec.cwd, withheld=[Withheld(str(where), "the runs folder")])
@@ -96,8 +96,8 @@ class Job:
     * ``limits``: a ``Limits``, and any limit as a keyword of its own (``max_tokens=64``, ``job_timeout_s=30``);
     * ``infer``: an ``InferOptions`` -- sampling, the chat template, LoRA -- for every infer;
     * ``input_bytes``: bytes staged for the guest's ``read-input``;
-    * ``runs_dir``: where the transcript goes (default ``./tensorjob-runs``); ``cwd``: what relative paths are
-      relative to; ``name``: the job's name in views and listings;
+    * ``runs_dir``: where the transcript goes (default ``$TENSORJOB_RUNS``, else ``~/.tensorjob/runs``);
+      ``cwd``: what relative paths are relative to; ``name``: the job's name in views and listings;
     * ``debug``, ``break_on``: start paused, or pause before such commands (``host/debugger.py``);
     * ``require_grounded``: result fields that must be grounded in what the job read, else each is rejected
       alone (``envelope.rejected``; ``fail_item``: the job fails ``ungrounded``); ``require_present``: fields

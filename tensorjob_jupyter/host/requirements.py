@@ -129,7 +129,12 @@ def ground(result: Any, windows: ReadWindows, required: Requirements = Requireme
     if required.fail_item:
         require_grounded(result, sources, required.grounded)
         return sources, {}
-    return sources, rejections(result, sources, required.grounded)
+    rejected = rejections(result, sources, required.grounded)
+    for path, why in rejected.items():
+        if any(path == name or path.startswith(name + ".") or not name for name in required.present):
+            raise JobFailure(codes.UNGROUNDED, f"{why}; it must be present too (require_present), so the item "
+                                               f"fails")
+    return sources, rejected
 
 
 __all__ = ["Requirements", "check_present", "rejections", "require_grounded", "ground"]

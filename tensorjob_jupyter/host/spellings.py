@@ -37,8 +37,14 @@ def _utf8_offsets(text: str) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=4096)
-def _fold_unit(unit: str) -> str:
+def _fold_short(unit: str) -> str:
     return unicodedata.normalize("NFKC", unit).casefold()
+
+
+def _fold_unit(unit: str) -> str:
+    """A character and its combining marks, folded (cached when short: a run of thousands of marks is one
+    unit, which a cache must not keep)."""
+    return _fold_short(unit) if len(unit) <= 4 else unicodedata.normalize("NFKC", unit).casefold()
 
 
 def _starts_anew(ch: str) -> bool:
