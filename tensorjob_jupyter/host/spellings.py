@@ -190,7 +190,7 @@ _POINT_GROUP = re.compile(r"(?<=\d)[,'\u2019_ ](?=\d{3}(?!\d))")
 _COMMA_GROUP = re.compile(r"(?<=\d)[.'\u2019 ](?=\d{3}(?!\d))")
 #: A number that reads as two: one ``.`` or ``,`` and three digits after it (``1.234``: 1234 with the decimal
 #: comma, 1.234 with the point; ``1,234`` the other way round).
-_TWO_READINGS = re.compile(r"[-\u2212(]?\d{1,3}[.,]\d{3}\)?")
+_TWO_READINGS = re.compile(r"[-\u2212(]?[1-9]\d{0,2}[.,]\d{3}\)?")  # 0.125 is not a group of 125
 
 
 def _decimal(value: int | float) -> Decimal | None:
@@ -220,8 +220,16 @@ def number_pattern(value: int | float) -> str | None:
     return rf"(?:[-\u2212]{body}|\({body}\))" if negative else body
 
 
+_LEADING_ZERO_GROUP = re.compile(r"[-\u2212(]?0\D")
+
+
 def _read(span: str, groups: re.Pattern, point: str) -> Decimal | None:
-    text = groups.sub("", span).replace("\u2212", "-")
+    """``span`` read as a number whose digit groups ``groups`` finds and whose decimal mark is ``point``; None
+    when it is none (a group after a leading 0: ``0.125`` is never 125)."""
+    stripped = groups.sub("", span)
+    if stripped != span and _LEADING_ZERO_GROUP.match(span) and not _LEADING_ZERO_GROUP.match(stripped):
+        return None
+    text = stripped.replace("\u2212", "-")
     if text.startswith("(") and text.endswith(")"):
         text = "-" + text[1:-1]
     try:
