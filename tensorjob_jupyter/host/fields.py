@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-__all__ = ["MAX_FIELDS", "MISSING", "Scalar", "field_path", "result_fields", "split_path", "value_at"]
+__all__ = ["MAX_FIELDS", "MISSING", "Scalar", "child_path", "field_path", "result_fields", "split_path", "value_at"]
 
 #: The most leaves of one result that get a field of their own; the rest are not walked.
 MAX_FIELDS = 1_000
@@ -26,6 +26,11 @@ def _escape(key: str) -> str:
 def field_path(parts: tuple[str | int, ...]) -> str:
     """The dotted path of a leaf reached through ``parts`` (object keys and array indices)."""
     return ".".join(str(p) if isinstance(p, int) else _escape(p) for p in parts)
+
+
+def child_path(name: str, rel: str) -> str:
+    """The path of the field ``rel`` (a path inside the value at ``name``; ``""``: that value itself)."""
+    return name if rel == "" else (f"{name}.{rel}" if name else rel)
 
 
 def split_path(path: str) -> list[str]:

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from rapidfuzz import fuzz
 
 from tensorjob_jupyter import abi
-from tensorjob_jupyter.host.fields import MAX_FIELDS, MISSING, result_fields, value_at
+from tensorjob_jupyter.host.fields import MAX_FIELDS, MISSING, child_path, result_fields, value_at
 from tensorjob_jupyter.host.labels import FieldNames, label_before
 from tensorjob_jupyter.host.spellings import (
     GROUP_CHARS, Folded, ambiguous_date, canonical, chunks, date_pattern, iso_date, number_pattern,
@@ -470,11 +470,10 @@ def locate(result: Any, segments: Sequence[Segment], *, first: Iterable[str] = (
     ``first``: paths (or their prefixes) searched before the others, so the bounds reach them; ``check``: the
     job's own (raises its ``JobFailure`` once it is cancelled or past its deadline), called between steps."""
     fields = _fields(result, list(first), bounds.max_fields)
-    order = range(len(fields))  # the required first, then document order
     work = _Work(bounds, check, clock)
     searched: dict[int, list[dict] | None] = {}
     looks: dict[int, _Field] = {}
-    for i in order:
+    for i in range(len(fields)):  # the required first, then document order
         if not work.go_on():
             break  # a value's expression is compiled before it is searched: no more of them once time is up
         try:
@@ -490,7 +489,7 @@ def locate(result: Any, segments: Sequence[Segment], *, first: Iterable[str] = (
     found: dict[int, list[dict]] = {}
     names = FieldNames(path for path, _ in fields)
     size = 2  # {}
-    for i in order:
+    for i in range(len(fields)):
         sources = searched.get(i)
         if sources is None:
             continue
@@ -511,7 +510,7 @@ def _fields(result: Any, first: list[str], most: int) -> list[tuple[str, Any]]:
         if value is MISSING:
             continue
         for rel, leaf in result_fields(value, limit=most):
-            out.setdefault(name if rel == "" else (f"{name}.{rel}" if name else rel), leaf)
+            out.setdefault(child_path(name, rel), leaf)
     for path, leaf in result_fields(result, limit=most):
         out.setdefault(path, leaf)
     return [(path, value) for path, value in out.items() if claims(value)][:most]

@@ -109,40 +109,38 @@ class FieldNames:
             concepts.setdefault(common, set(folded))
         # longest phrase first: "invoice date" is named before "date", "total due" before "total"
         self._phrases = sorted(((p, c) for c, ps in concepts.items() for p in ps if p), key=lambda pc: -len(pc[0]))
-        self._named: dict[str, str | None] = {}
+        self._nearest_of: dict[str, tuple[int, str] | None] = {}
 
     def _nearest(self, label: str) -> tuple[int, str] | None:
         """Where the phrase nearest the value ends in ``label`` folded, and the concept it names: of the phrases
-        that end last (a line may hold two labels: "Invoice date: ... Due date:"), the longest."""
-        text = f" {fold(label)} "
-        best: tuple[int, int, str] | None = None
-        for phrase, concept in self._phrases:
-            at = text.rfind(f" {phrase} ")
-            if at >= 0 and (best is None or (at + len(phrase), len(phrase)) > best[:2]):
-                best = (at + len(phrase), len(phrase), concept)
-        return None if best is None else (best[0], best[2])
+        that end last (a line may hold two labels: "Invoice date: ... Due date:"), the longest. Once a label."""
+        if label not in self._nearest_of:
+            text = f" {fold(label)} "
+            best: tuple[int, int, str] | None = None
+            for phrase, concept in self._phrases:
+                at = text.rfind(f" {phrase} ")
+                if at >= 0 and (best is None or (at + len(phrase), len(phrase)) > best[:2]):
+                    best = (at + len(phrase), len(phrase), concept)
+            self._nearest_of[label] = None if best is None else (best[0], best[2])
+        return self._nearest_of[label]
 
     def named(self, label: str) -> str | None:
         """The concept ``label`` names -- its phrase nearest the value, as whole words -- or None."""
-        if label not in self._named:
-            nearest = self._nearest(label)
-            self._named[label] = None if nearest is None else nearest[1]
-        return self._named[label]
+        nearest = self._nearest(label)
+        return None if nearest is None else nearest[1]
 
     def elsewhere(self, path: str, label: str) -> str | None:
         """The other field ``label`` names, when it names one and none of ``path``'s own phrases ends as near the
         value (``Due date: X   Invoice date:`` before a value names the invoice date, not the due date): a field
         of the result, or -- for a field that is itself a common one (``SYNONYMS``) -- another common field (a
         total under "Subtotal:"). A label naming a common field says nothing of a field of another kind."""
-        named = self.named(label)
-        own = self._own.get(path)
-        if named is None or own is None or named == own[0]:
+        nearest, own = self._nearest(label), self._own.get(path)
+        if nearest is None or own is None or nearest[1] == own[0]:
             return None
+        end, named = nearest
         if named not in self._result_concepts and own[0] not in SYNONYMS:
             return None
         text = f" {fold(label)} "
-        nearest = self._nearest(label)
-        end = nearest[0] if nearest is not None else 0
         if any((at := text.rfind(f" {phrase} ")) >= 0 and at + len(phrase) >= end for phrase in own[1]):
             return None  # "Invoice date" for a field named date: its own word ends the label too
         return named

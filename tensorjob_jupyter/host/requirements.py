@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import JobFailure, codes
-from tensorjob_jupyter.host.fields import MAX_FIELDS, MISSING, result_fields, value_at
+from tensorjob_jupyter.host.fields import MAX_FIELDS, MISSING, child_path, result_fields, value_at
 from tensorjob_jupyter.host.grounding import (
     DEFAULT_BOUNDS, FUZZY, Bounds, claims, grounds, locate, source_label,
 )
@@ -40,10 +40,6 @@ class Requirements:
         return bool(self.grounded or self.present)
 
 
-def _leaf_path(name: str, rel: str) -> str:
-    return name if rel == "" else (f"{name}.{rel}" if name else rel)
-
-
 def check_present(result: Any, present: Sequence[str]) -> None:
     """``JobFailure`` (``ungrounded``) for the first field of ``present`` that is missing or holds no value."""
     for name in present:
@@ -56,7 +52,7 @@ def check_present(result: Any, present: Sequence[str]) -> None:
             raise JobFailure(codes.UNGROUNDED, f"field `{shown}` of the result holds no value (require_present)")
         for rel, leaf in leaves:
             if not claims(leaf):
-                raise JobFailure(codes.UNGROUNDED, f"field `{clip(_leaf_path(name, rel), 200)}` of the result is "
+                raise JobFailure(codes.UNGROUNDED, f"field `{clip(child_path(name, rel), 200)}` of the result is "
                                                    f"{abi.dumps(leaf)} (require_present)")
 
 
@@ -76,7 +72,7 @@ def rejections(result: Any, sources: dict[str, list[dict]], grounded: Sequence[s
             raise JobFailure(codes.UNGROUNDED, f"field `{shown}` of the result holds more than {MAX_FIELDS} values, "
                                                f"more than the locator checks (require_grounded: name a part of it)")
         for rel, leaf in leaves:
-            path = _leaf_path(name, rel)
+            path = child_path(name, rel)
             if not claims(leaf) or path in out:
                 continue  # a null claims nothing: only require_present fails it
             why = _not_grounded(path, leaf, sources.get(path))

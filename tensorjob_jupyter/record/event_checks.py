@@ -261,48 +261,47 @@ def check_source(source: Any) -> str | None:
     return None
 
 
-def check_sources(sources: Any) -> str | None:
-    """What is wrong with a result's sources (``{field: [source, ...]}``), or None."""
-    if not isinstance(sources, dict):
+def _check_by_field(value: Any, each: Callable[[Any], str | None]) -> str | None:
+    """What is wrong with a map of a result's fields to something (``each`` says what is wrong with one), or
+    None: an object of at most ``MAX_SOURCE_FIELDS`` fields, each named in at most 64 KiB."""
+    if not isinstance(value, dict):
         return "is not an object"
-    if len(sources) > MAX_SOURCE_FIELDS:
+    if len(value) > MAX_SOURCE_FIELDS:
         return f"names more than {MAX_SOURCE_FIELDS} fields"
-    for name, found in sources.items():
+    for name, given in value.items():
         if len(name) > MAX_SOURCE_TEXT:
             return "names a field longer than 64 KiB"
-        if not isinstance(found, list) or len(found) > MAX_FIELD_SOURCES:
-            return f"gives a field something other than a list of at most {MAX_FIELD_SOURCES} sources"
-        for source in found:
-            problem = check_source(source)
-            if problem is not None:
-                return f"has a source that {problem}"
+        problem = each(given)
+        if problem is not None:
+            return problem
     return None
+
+
+def _field_sources_problem(found: Any) -> str | None:
+    if not isinstance(found, list) or len(found) > MAX_FIELD_SOURCES:
+        return f"gives a field something other than a list of at most {MAX_FIELD_SOURCES} sources"
+    for source in found:
+        problem = check_source(source)
+        if problem is not None:
+            return f"has a source that {problem}"
+    return None
+
+
+def check_sources(sources: Any) -> str | None:
+    """What is wrong with a result's sources (``{field: [source, ...]}``), or None."""
+    return _check_by_field(sources, _field_sources_problem)
 
 
 def check_rejected(rejected: Any) -> str | None:
     """What is wrong with a result's rejected fields (``{field: why, one line of text}``), or None."""
-    if not isinstance(rejected, dict):
-        return "is not an object"
-    if len(rejected) > MAX_SOURCE_FIELDS:
-        return f"names more than {MAX_SOURCE_FIELDS} fields"
-    for name, why in rejected.items():
-        if len(name) > MAX_SOURCE_TEXT or not isinstance(why, str) or len(why) > MAX_SOURCE_TEXT:
-            return "gives a field something other than why, as text of at most 64 KiB"
-    return None
+    return _check_by_field(rejected, lambda why: None if isinstance(why, str) and len(why) <= MAX_SOURCE_TEXT
+                           else "gives a field something other than why, as text of at most 64 KiB")
 
 
 def check_confidence(confidence: Any) -> str | None:
     """What is wrong with a result's confidence (``{field: number from 0 to 1, or null}``), or None."""
-    if not isinstance(confidence, dict):
-        return "is not an object"
-    if len(confidence) > MAX_SOURCE_FIELDS:
-        return f"names more than {MAX_SOURCE_FIELDS} fields"
-    for name, value in confidence.items():
-        if len(name) > MAX_SOURCE_TEXT:
-            return "names a field longer than 64 KiB"
-        if value is not None and not _is_fraction(value):
-            return "gives a field something other than a number from 0 to 1 or null"
-    return None
+    return _check_by_field(confidence, lambda value: None if value is None or _is_fraction(value)
+                           else "gives a field something other than a number from 0 to 1 or null")
 
 
 def check_envelope(envelope: Any, prefix: str = "") -> str | None:
