@@ -1,9 +1,10 @@
 /*
  * extract.c -- structured extraction: facts from a document, as JSON that validates.
  *
- * Input:  {"path": "report.txt", "schema": {...JSON Schema...}, "window": 4096, "max_tokens": 384}
- *         (schema, window and max_tokens are optional; the default schema asks for a
- *         title, a year and a few keywords)
+ * Input:  {"path": "report.txt", "schema": {...JSON Schema...}, "window": 4096, "max_tokens": 384,
+ *          "quote": false}
+ *         (all but path are optional; the default schema asks for a title, a year and a
+ *         few keywords; "quote": true copies every plain string field from the window read)
  * Result: {"path": ..., "facts": <the model's answer, parsed: valid against the schema>}
  *
  * One `slice` of the document's beginning, one `infer` with a "format": the host
@@ -16,6 +17,7 @@ static tj_str path;
 static tj_json schema;
 static uint32_t max_tokens;
 static uint64_t window;
+static int quote;
 
 static const char DEFAULT_SCHEMA[] =
     "{\"type\":\"object\",\"properties\":{"
@@ -32,6 +34,7 @@ tj_cmd guest_init(tj_json input) {
     schema = s.ptr ? tj_keep_json(s) : (tj_json){DEFAULT_SCHEMA, sizeof DEFAULT_SCHEMA - 1};
     max_tokens = (uint32_t)tj_get_u64(input, "max_tokens", 384);
     window = tj_get_u64(input, "window", 4096);
+    quote = tj_get_bool(input, "quote", 0);
     return tj_open(path);
 }
 
@@ -44,8 +47,8 @@ tj_cmd guest_step(tj_event ev) {
         tj_str prompt = tj_strf("Read the document and answer with its facts as JSON.\n\n<document>\n%S\n</document>",
                                 ev.text);
         return tj_infer_with(prompt, max_tokens,
-                             tj_jsonf("{\"format\":{\"type\":\"json_schema\",\"name\":\"facts\",\"schema\":%j}}",
-                                      schema));
+                             tj_jsonf("{\"format\":{\"type\":\"json_schema\",\"name\":\"facts\",\"schema\":%j,"
+                                      "\"quote\":%b}}", schema, quote));
     }
     case TJ_EV_INFER_DONE:
         return tj_done(tj_jsonf("{\"path\":%S,\"facts\":%j}", path, tj_parse(ev.text)));

@@ -107,7 +107,7 @@ class Infer:
     prompt: str
     max_tokens: int
     images: tuple[int, ...] = ()
-    #: Structured output: ``{"type": "json_schema", "name", "schema", "strict"?, "description"?}``,
+    #: Structured output: ``{"type": "json_schema", "name", "schema", "strict"?, "description"?, "quote"?}``,
     #: ``{"type": "json_object"}`` or ``{"type": "text"}``, as Open Responses' ``text.format``.
     format: dict | None = None
     #: Function tools: ``{"type": "function", "name", "description"?, "parameters"?, "strict"?}``.
@@ -716,7 +716,8 @@ def _infer_format(value: Any) -> dict:
     _expect_object(_any(obj, "schema", "infer.format"), "`infer.format.schema`")
     _optional(obj, "strict", bool, "infer.format")
     _optional(obj, "description", str, "infer.format")
-    return _known(obj, ("type", "name", "schema", "description", "strict"))
+    _optional(obj, "quote", bool, "infer.format")
+    return _known(obj, ("type", "name", "schema", "description", "strict", "quote"))
 
 
 def _infer_tools(value: Any) -> tuple[dict, ...]:

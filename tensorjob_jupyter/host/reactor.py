@@ -41,6 +41,7 @@ from tensorjob_jupyter.text import clip
 from tensorjob_jupyter.record.responses import ResponseStream
 from tensorjob_jupyter.sandbox.streaming import StreamingHost
 from tensorjob_jupyter.host.structured import OutputRouter, OutputSpec
+from tensorjob_jupyter.host.quoting import Quotes
 from tensorjob_jupyter.host.schemas import SchemaError
 from tensorjob_jupyter.host.tokens import POLL_S, Delivery, ModelTokens, TokenLoop
 from tensorjob_jupyter.host.answerer import Answerer, LiveWorld
@@ -496,14 +497,16 @@ class Reactor:
         try:
             # a schema the grammar cannot enforce ends here, before any token; a slow check ends at the deadline
             spec = OutputSpec.of(cmd, check_running=self.check_running)
+            # quote mode: the string fields' constraint is made from the windows read so far
+            quotes = Quotes.of(spec, self.windows.texts()) if spec.quote else None
         except SchemaError as e:
             raise JobFailure(codes.SCHEMA_VALIDATION_FAILED, f"infer: {e}") from None
         sampler = dataclasses.replace(opts.sampler, **cmd.sampling())
         request = GenerateRequest(cmd.prompt, max_tokens, sampler, opts.cache_prompt, opts.lora, opts.chat,
-                                  constraint=spec.constraint, system=spec.system,
-                                  tools=spec.tool_use(), alone=opts.alone, threads=opts.threads,
-                                  top_logprobs=cmd.top_logprobs or 0)
-        return InferPlan(spec, request, cmd.wants_logprobs)
+                                  constraint=spec.constraint if quotes is None else quotes.constraint,
+                                  system=spec.system, tools=spec.tool_use(), alone=opts.alone,
+                                  threads=opts.threads, top_logprobs=cmd.top_logprobs or 0)
+        return InferPlan(spec, request, cmd.wants_logprobs, quotes)
 
     def open_response(self, cmd: abi.Infer, plan: "InferPlan", model: str, *,
                        call_id: str | None = None) -> ResponseStream:
@@ -537,6 +540,8 @@ class Reactor:
         if reason == FINISH_STOP or (reason == FINISH_LENGTH and not spec.constrained and not router.is_call):
             try:
                 text, calls = spec.check(result.text, call_id=response.call_id)
+                if plan.quotes is not None:
+                    plan.quotes.check(text)
             except SchemaError as e:
                 response.fail(str(e), code=codes.SCHEMA_VALIDATION_FAILED)
                 raise JobFailure(codes.SCHEMA_VALIDATION_FAILED, f"infer: {e}") from None
@@ -574,6 +579,8 @@ class InferPlan:
     request: GenerateRequest
     #: The guest asked for the tokens' logprobs in ``infer_done``.
     asked_logprobs: bool = False
+    #: Quote mode: the fields copied from the windows read, and what they may be copied from.
+    quotes: Quotes | None = None
 
 
 def internal_error(job_id: str, e: BaseException) -> JobError:

@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from tensorjob_jupyter.host.quoting import asks_quotes
 from tensorjob_jupyter.host.schemas import (
     MAX_SCHEMA_BYTES, SPEC_MEMO_BYTES, SchemaError, check_schema, first_error, tool_call_schema, validator_for,
 )
@@ -66,6 +67,8 @@ class OutputSpec:
     #: the guest's schemas, as given: the output is validated against these
     output_schema: Any = None
     tool_schemas: dict[str, Any] = field(default_factory=dict)
+    #: string fields are to be copied from what the job read (``quoting.py``): the constraint is made per infer
+    quote: bool = False
 
     @property
     def constrained(self) -> bool:
@@ -266,11 +269,13 @@ def compile_spec(key: str) -> "OutputSpec":
             spec.format = {"type": "json_object"}
         else:
             spec.output_schema = fmt["schema"]
-            spec.format = {k: fmt[k] for k in ("type", "name", "schema", "description", "strict") if k in fmt}
+            spec.format = {k: fmt[k] for k in ("type", "name", "schema", "description", "strict", "quote")
+                           if k in fmt}
             spec.format.setdefault("strict", True)
         check_schema(spec.output_schema, "format.schema")
     if structured and not calls:
         spec.kind = "json"
+        spec.quote = asks_quotes(spec.format, spec.output_schema)
         constraint = Constraint(json.dumps(spec.output_schema, separators=(",", ":"), ensure_ascii=False))
     try:
         grammar.check(constraint)  # what the engine cannot enforce is refused before any token

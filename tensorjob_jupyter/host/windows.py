@@ -186,6 +186,12 @@ class ReadWindows:
         self._windows = []
         self._urls = {}
 
+    def texts(self) -> Iterator[str]:
+        """The text of what was read, segment by segment (``segments()``' order), each valid UTF-8 run apart."""
+        for segment in self.segments():
+            for _, text in segment.pieces():
+                yield text
+
     def segments(self) -> list[Segment]:
         """The windows merged: per place, each run of overlapping or touching windows as one ``Segment``, the
         places in the order they were first read and each place's segments in byte order. Windows of two

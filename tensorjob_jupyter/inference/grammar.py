@@ -103,12 +103,12 @@ def _make_grammar(c: Constraint) -> str:
     if c.regex is not None:
         return G.grammar_from_regex(c.regex)
     if c.choices is not None:
-        return G.grammar_from_lark("start: " + " | ".join(_lark_string(s) for s in c.choices))
+        return G.grammar_from_lark("start: " + " | ".join(lark_string(s) for s in c.choices))
     assert c.lark is not None, "a Constraint holds exactly one of schema, regex, choices and lark"
     return G.grammar_from_lark(c.lark)
 
 
-def _lark_string(text: str) -> str:
+def lark_string(text: str) -> str:
     """``text`` as a Lark string literal, which takes JSON's escapes -- and refuses a raw DEL (U+007F), the one
     character JSON leaves unescaped that llguidance's Lark lexer does not take (so it is escaped too)."""
     return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
@@ -540,6 +540,6 @@ class GrammarSampler:
 
 __all__ = [
     "LIMITS", "MASK_CPU_LIMIT_S", "JSON_OPTIONS", "FREE_TEXT_RULE", "COMPILE_STACK_BYTES", "GRAMMAR_MEMO_BYTES",
-    "COMPILED_MEMO", "GRAMMARS", "EXACT_FORMATS", "Abandoned", "grammar_of", "check", "matches", "ROUND_TRIP_PROBES",
+    "COMPILED_MEMO", "GRAMMARS", "EXACT_FORMATS", "Abandoned", "grammar_of", "lark_string", "check", "matches", "ROUND_TRIP_PROBES",
     "ModelGrammars", "GrammarSampler"
 ]
