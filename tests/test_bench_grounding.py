@@ -17,3 +17,13 @@ def test_not_grounded_tells_wrong_values_from_right_ones_on_invoices_in_six_lang
     assert counts["elsewhere"][0] >= 0.85 * counts["elsewhere"][1], counts
     assert figures["recall"] >= 0.85 and figures["precision"] >= 0.95, figures
     assert all(ok == n for ok, n in figures["right_found_by_language"].values()), figures["right_found_by_language"]
+
+
+def test_the_labelled_detector_counts_a_null_as_flagged_and_judges_numbers_within_a_cent():
+    assert bench_grounding.is_right(1234.56, 1234.561) and not bench_grounding.is_right(1234.5, 1234.56)
+    assert bench_grounding.is_right(" acme gmbh", "ACME GmbH") and not bench_grounding.is_right(None, "ACME GmbH")
+    assert not bench_grounding.is_right(True, 1)  # a boolean is not a number here
+    values = [("a", True, True), ("a", False, None), ("b", False, False), ("b", True, False), ("c", False, True)]
+    d = bench_grounding.detector(values)
+    assert (d["flagged"], d["wrong"], d["values"]) == (3, 3, 5)
+    assert d["precision"] == 2 / 3 and d["recall"] == 2 / 3

@@ -62,17 +62,32 @@ def fold(text: str) -> str:
 _LABEL_LETTERS = 4
 
 
+#: Where a clause ends in running text: a semicolon, ``!``, ``?``, or a full stop before a space.
+_CLAUSE_END = re.compile(r"[;!?]|\.(?=\s)")
+
+
 def label_before(data: bytes, start: int) -> str:
-    """The label of a span starting at byte ``start`` of ``data``: the text on its line before it, with the last
-    line above that holds text in front when the line's own holds fewer than ``_LABEL_LETTERS`` letters (a
-    value that starts its line, or stands after a currency sign); at most ``MAX_LABEL_CHARS``, nearest kept."""
+    """The label of a span starting at byte ``start`` of ``data``: the text on its line before it -- from the
+    nearest clause end that leaves a label of its own ("...; signed, " is "signed,", "Rechnung Nr. " stays whole) --
+    with the last line above that holds text in front when the line's own holds fewer than ``_LABEL_LETTERS``
+    letters (a value that starts its line, or stands after a currency sign); at most ``MAX_LABEL_CHARS``."""
     head = data[max(0, start - _LOOK_BACK):start].decode("utf-8", "ignore")
     lines = head.replace("\r", "\n").split("\n")
-    label = lines[-1].strip()[-MAX_LABEL_CHARS:]
+    label = _last_clause(lines[-1].strip())[-MAX_LABEL_CHARS:]
     if sum(ch.isalpha() for ch in label) < _LABEL_LETTERS:
         above = next((line.strip() for line in reversed(lines[:-1]) if line.strip()), "")
         label = f"{above[-MAX_LABEL_CHARS:]} {label}".strip()
     return label[-MAX_LABEL_CHARS:]
+
+
+def _last_clause(line: str) -> str:
+    """The text after the nearest clause end of ``line`` that leaves ``_LABEL_LETTERS`` letters or more; the line
+    when none does (a label is not cut from its own abbreviation)."""
+    for end in reversed([m.end() for m in _CLAUSE_END.finditer(line)]):
+        rest = line[end:]
+        if sum(ch.isalpha() for ch in rest) >= _LABEL_LETTERS:
+            return rest.strip()
+    return line
 
 
 #: ``SYNONYMS`` folded once: each common field's phrases, and the common field each name or phrase names.

@@ -36,7 +36,7 @@ def test_an_exact_value_has_its_byte_offsets_in_the_file():
     [source] = one("ACME Corp", seg(text, start=1000))
     assert source == {"file": "/docs/a.txt", "url": None, "page": None, "start": 1000 + text.index("ACME"),
                       "end": 1000 + text.index("ACME") + 9, "match": "exact", "score": 1.0,
-                      "label": "Preface. Invoice from", "under": None, "elsewhere": False}
+                      "label": "Invoice from", "under": None, "elsewhere": False}
 
 
 def test_offsets_count_bytes_not_characters():
@@ -263,6 +263,20 @@ def test_a_value_under_several_labels_lists_its_own_first():
     found = locate({"vendor": "ACME Corp"}, [seg(text)])["vendor"]
     assert [(s["under"], s["elsewhere"]) for s in found] == [("vendor", False), ("customer", True)]
     assert grounding.grounds(found)
+
+
+@pytest.mark.parametrize("before, label", [
+    ("Order 41234 (kettle), about the invoice order; signed, ", "signed,"),  # prose: the value's own clause
+    ("The kettle arrived late. Customer ", "Customer"),
+    ("Rechnung Nr. ", "Rechnung Nr."),  # an abbreviation is no clause end: nothing would be left
+    ("Refund sent. Rechnung Nr. ", "Rechnung Nr."),
+    ("Total incl. VAT: ", "Total incl. VAT:"),
+])
+def test_in_running_text_a_label_is_the_value_s_own_clause(before, label):
+    found = locate({"customer": "Ada Okafor", "order": 41234}, [seg(before + "Ada Okafor.")])
+    assert found["customer"][0]["label"] == label
+    if label == "signed,":  # "order" ends the clause before: it names nothing of this value
+        assert grounding.grounds(found["customer"]) and not found["customer"][0]["elsewhere"]
 
 
 def test_two_labels_on_one_line_the_one_nearest_the_value_names_it():
