@@ -702,6 +702,9 @@ def main(argv=None) -> int:
     parser.add_argument("--vs-server", action="store_true",
                         help="tensorjob map against llama-server (LLAMA_SERVER names the binary), default and long "
                              "answers (bench/map_vs_server.py)")
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="--vs-server: N processes that each keep one core busy for the whole run (a loaded "
+                             "machine, reproducible)")
     parser.add_argument("--server-args", default=None, metavar="ARGS",
                         help="--vs-server: more llama-server flags, e.g. '--poll 0'")
     parser.add_argument("--sizes", default="6,32",

@@ -24,6 +24,7 @@ import shutil
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -238,6 +239,14 @@ def map_row(folder: Path, manifest: Path, run_dir: Path, concurrency: list[str],
 # --- the bench ------------------------------------------------------------------------------------
 
 
+def busy_cores(n: int) -> list[subprocess.Popen]:
+    """``n`` processes that each keep one core busy (a Python loop), so a loaded machine can be reproduced:
+    ``--busy N``."""
+    if n:
+        print(f"  --busy {n}: {n} process(es) each spinning one core for the whole run", flush=True)
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
 def vs_server_bench(args) -> int:
     binary = server_binary()
     if binary is None:
@@ -256,11 +265,14 @@ def vs_server_bench(args) -> int:
     long = ("long answers", LONG_SCHEMA, max(args.max_tokens, LONG_MAX_TOKENS))
     kinds = [long] if args.long_answers else [("default answers", SCHEMA, args.max_tokens), long]
     folder = Path(tempfile.mkdtemp(prefix="bench-map-server-"))
-    print(f"machine: {os.cpu_count()} CPUs, 1-min load {os.getloadavg()[0]:.1f}; {n} reports; concurrency {slots} "
+    print(f"machine: {os.cpu_count()} CPUs, 1-min load {os.getloadavg()[0]:.1f}"
+          f"{f', {args.busy} busy core(s) added (--busy)' if getattr(args, 'busy', 0) else ' (quiet)'}; "
+          f"{n} reports; concurrency {slots} "
           f"(server -np {slots} -cb -c {N_CTX * slots}); llama.cpp threads {threads}/{threads_batch} on both sides; "
           f"{args.rounds} interleaved round(s); server {binary} {args.server_args or ''}", flush=True)
     server = Server(binary, model, folder, slots=slots, threads=threads, threads_batch=threads_batch,
                     extra=shlex.split(args.server_args or ""))
+    spinners = busy_cores(getattr(args, "busy", 0))
     try:
         warm = reports(folder, 1, "warm", 8)
         asyncio.run(serve_items(server.url, warm, 1))  # the server's first request: not timed
@@ -282,6 +294,9 @@ def vs_server_bench(args) -> int:
                           f"gaps {row['gap_med_ms']:.1f}/{row['gap_p95_ms']:.1f} ms (median/p95), "
                           f"{row['tokens_out']} tokens, {row['invalid']} invalid (load {row['load']:.1f})", flush=True)
     finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
         server.close()
         shutil.rmtree(folder, ignore_errors=True)
     report(figures, kinds, n, slots)
