@@ -394,7 +394,7 @@ def prefix_bench(args) -> dict:
     from test_map import puppet_guest  # tests/fanout/test_map.py: each item's input is its command
 
     from tensorjob_jupyter.host.reactor import InferOptions
-    from tensorjob_jupyter.inference import llama
+    from tensorjob_jupyter.inference import llama, llama_cache
     from tensorjob_jupyter.inference.models import default_model_path, get_backend
     from tensorjob_jupyter.inference.topology import default_threads
 
@@ -432,12 +432,12 @@ def prefix_bench(args) -> dict:
         shared = scenario("shared prefix (decoded once, copied)", "shared", backend=backend)
         cold = scenario("no prompt reuse (cache_prompt off)", "cold", backend=backend,
                         infer=InferOptions(cache_prompt=False))
-        saved = llama.PREFIX_COPY_MIN_TOKENS
-        llama.PREFIX_COPY_MIN_TOKENS = 1 << 30  # reuse within a slot only
+        saved = llama_cache.PREFIX_COPY_MIN_TOKENS
+        llama_cache.PREFIX_COPY_MIN_TOKENS = 1 << 30  # reuse within a slot only
         try:
             per_slot = scenario("reuse within a slot only (no copy)", "per-slot", backend=backend)
         finally:
-            llama.PREFIX_COPY_MIN_TOKENS = saved
+            llama_cache.PREFIX_COPY_MIN_TOKENS = saved
         threads = default_threads()[0]
         server = LlamaServer(default_model_path(), folder / "server.log", threads=threads, n_ctx=2048)
         served = scenario("llama-cpp-python server (its prompt reuse)", "served", model=server.url)

@@ -12,13 +12,17 @@ steps the guest again, publishing every move as an ordered event stream.
                      expected="answers.jsonl", scorer="json_fields")          # a scored map
     diff = tj.replay_map("runs/reports", "extract_v2.py")   # a changed guest over it, with no model
     tj.compare("runs/reports", "runs/reports-v2")           # two maps, item by item
+    queue = tj.ReviewQueue("runs/reports")                  # its values doubtful first: review, certify the rest
 """
 
 from tensorjob_jupyter.abi import (
     AbiError, Envelope, JobError, JobFailure, JobStatus, OptionError, TensorjobError, TokenAction, Usage, codes,
 )
 from tensorjob_jupyter.fanout import ManifestError, MapResult, MapRun, ResumeRefused, map, start_map
-from tensorjob_jupyter.fanout.errors import ClusterError, MapError
+from tensorjob_jupyter.fanout.errors import ClusterError, MapError, ReviewError
+from tensorjob_jupyter.fanout.review_queue import ReviewQueue
+from tensorjob_jupyter.fanout import progress as _progress
+from tensorjob_jupyter.fanout.certify import Certificate
 from tensorjob_jupyter.fanout.scoring import ScoringError
 from tensorjob_jupyter.fanout.estimate import MapEstimate, estimate_map
 from tensorjob_jupyter.fanout.scoring import Scored, ScoreSummary
@@ -46,10 +50,20 @@ __all__ = ["Envelope", "InferOptions", "Job", "JobSpec", "Overrides", "ModelRef"
            "MapResult", "MapRun", "ResumeRefused", "TokenAction", "Usage", "codes", "get_job", "jobs", "map", "run",
            "start_map", "list_runs", "replay", "ReplayJob", "ReplayReport", "diff_runs", "__version__",
            "MapEstimate", "estimate_map", "Scored", "ScoreSummary", "MapComparison", "compare", "MapReplay",
-           "MapReplayRun", "replay_map", "start_map_replay",
+           "MapReplayRun", "replay_map", "start_map_replay", "ReviewQueue", "Certificate", "review_widget",
            # the errors: one root, TensorjobError; a job's end (JobFailure and ModelError) and every refusal
            "TensorjobError", "AbiError", "ClusterError", "CompileError", "MapError", "ModelError", "OptionError",
-           "ReplayError", "RunError", "SchemaError", "ScoringError", "TranscriptError"]
+           "ReplayError", "ReviewError", "RunError", "SchemaError", "ScoringError", "TranscriptError"]
+
+
+def review_widget(result, **queue_options):
+    """The review widget of a map (a ``MapResult`` or its run folder): ``result.review_widget()``."""
+    from tensorjob_jupyter.frontends.view.review_widget import review_widget as make  # deferred: ipywidgets
+
+    return make(result, **queue_options)
+
+
+_progress.REVIEW_VIEW[:] = [review_widget]  # MapResult.review_widget(), with no import of the views below the package
 
 
 def load_ipython_extension(ipython):

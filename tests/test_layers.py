@@ -55,6 +55,8 @@ def test_the_layers_hold():
     ("frontends/map_cli.py", "def _m():\n    from tensorjob_jupyter.frontends import magic\n    return magic\n"),
     # a front end building a job's setup under the public API
     ("frontends/table.py", "from tensorjob_jupyter.history.replay_setup import replay_spec as _spec\n"),
+    # a room of the engine reaching back into the engine that composes it
+    ("inference/llama_cache.py", "def _e():\n    from tensorjob_jupyter.inference import llama\n    return llama\n"),
 ])
 def test_breaking_a_layer_fails(tmp_path, where, planted):
     copy = tmp_path / "tree"

@@ -46,9 +46,12 @@ tj_cmd guest_step(tj_event ev) {
     case TJ_EV_SLICED: {
         tj_str prompt = tj_strf("Read the document and answer with its facts as JSON.\n\n<document>\n%S\n</document>",
                                 ev.text);
+        /* "quote" is sent only when asked, as extract.py sends it: the two replay each other's runs */
         return tj_infer_with(prompt, max_tokens,
-                             tj_jsonf("{\"format\":{\"type\":\"json_schema\",\"name\":\"facts\",\"schema\":%j,"
-                                      "\"quote\":%b}}", schema, quote));
+                             quote ? tj_jsonf("{\"format\":{\"type\":\"json_schema\",\"name\":\"facts\","
+                                              "\"schema\":%j,\"quote\":true}}", schema)
+                                   : tj_jsonf("{\"format\":{\"type\":\"json_schema\",\"name\":\"facts\","
+                                              "\"schema\":%j}}", schema));
     }
     case TJ_EV_INFER_DONE:
         return tj_done(tj_jsonf("{\"path\":%S,\"facts\":%j}", path, tj_parse(ev.text)));

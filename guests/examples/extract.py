@@ -1,8 +1,9 @@
 """extract.py -- structured extraction: facts from a document, as JSON that validates.
 
-Input:  {"path": "report.txt", "schema": {...JSON Schema...}, "window": 4096, "max_tokens": 384}
-        (schema, window and max_tokens are optional; the default schema asks for a
-        title, a year and a few keywords)
+Input:  {"path": "report.txt", "schema": {...JSON Schema...}, "window": 4096, "max_tokens": 384,
+         "quote": false}
+        (all but path are optional; the default schema asks for a title, a year and a
+        few keywords; "quote": true copies every plain string field from the window read)
 Result: {"path": ..., "facts": <the model's answer, parsed: valid against the schema>}
 
 One `slice` of the document's beginning, one `infer` with a "format": the host
@@ -35,6 +36,8 @@ def main(input):
         if f.kind != "text":
             tj.fail("unsupported", f"{path} is not text")
         text = f.read(input.get("window", 4096))
-    reply = tj.infer(PROMPT.format(text=text), max_tokens=input.get("max_tokens", 384),
-                     format={"type": "json_schema", "name": "facts", "schema": schema})
+    fmt = {"type": "json_schema", "name": "facts", "schema": schema}
+    if input.get("quote") is True:
+        fmt["quote"] = True
+    reply = tj.infer(PROMPT.format(text=text), max_tokens=input.get("max_tokens", 384), format=fmt)
     return {"path": path, "facts": reply.json()}

@@ -32,9 +32,14 @@ class ResumeRefused(MapError):
     """The run folder belongs to another map, or another map is writing to it."""
 
 
+class ReviewError(MapError):
+    """A review that cannot be made or recorded: an unknown decision, a correction that is not JSON, a
+    ``reviews.jsonl`` that cannot be written, a value that is not the map's (``reviews.py``)."""
+
+
 class ClusterError(MapError):
     """The Dask cluster cannot run this map: unreachable, no workers, or a
     worker that lacks the package, the same version of it, or the model."""
 
 
-__all__ = ["MapError", "ManifestError", "TooManyItems", "ResumeRefused", "ClusterError"]
+__all__ = ["MapError", "ManifestError", "TooManyItems", "ResumeRefused", "ReviewError", "ClusterError"]

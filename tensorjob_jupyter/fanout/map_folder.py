@@ -26,7 +26,8 @@ from typing import IO
 from tensorjob_jupyter.abi import JobStatus, dumps
 from tensorjob_jupyter.fanout.errors import ResumeRefused
 from tensorjob_jupyter.fanout.map_folder_reader import (  # the one reader of a run folder; its names, here too
-    FAILURES, JOBS, LEDGER, LEDGER_FORMAT, MAX_LEDGER_BYTES, RESULTS, SCORING_FILES, SESSION_STATUSES, FolderError,
+    CASCADE, FAILURES, JOBS, LEDGER, LEDGER_FORMAT, MAX_LEDGER_BYTES, RESULTS, SCORING_FILES, SESSION_STATUSES,
+    FolderError,
     RecordedItems, checked_records, jobs_folder, read_ledger, read_ledger_json, read_records, scan_records, shown,
 )
 from tensorjob_jupyter.fanout.item_set import ItemSet
@@ -125,17 +126,20 @@ class MapFolder:
 
     def open(self, manifest: Manifest, wasm_sha256: str, *, retry_failed: bool, where: str,
              restart: bool = False, concurrency: int | None = None, deterministic: dict | None = None,
-             withheld: list[str] | None = None) -> None:
+             withheld: list[str] | None = None, model: str | None = None, mixed_models: bool = False) -> None:
         """Create or resume the folder; refuses a different manifest or guest. ``restart``: start the
         folder over first, keeping nothing of an earlier map (its ledger, results and item transcripts).
         ``withheld``: the folders a read grant of this session covers that its guests may not read (the
-        session records them: ``start.withheld_notes``)."""
+        session records them: ``start.withheld_notes``). ``model``: the model this session's items run on
+        (``start.model_label``); a folder another model mapped is refused unless ``mixed_models``, which the
+        session records (each record names its model)."""
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock()
         try:
             if restart:
                 self._clear()
             self._ledger = self._check_ledger(manifest, wasm_sha256)
+            self._check_model(model, mixed_models)
             jobs_folder(self.path)  # a jobs/ link out of the folder is refused before anything is written there
             total = len(manifest)  # a record of an item the manifest does not have is refused, never run
             results = scan_records(self.results_path, total=total, repair=True)
@@ -150,7 +154,9 @@ class MapFolder:
             self._ledger.setdefault("sessions", []).append({"started_at": _now(), "finished_at": None, "where": where,
                                              **({"concurrency": concurrency} if concurrency else {}),
                                              **({"deterministic": deterministic} if deterministic else {}),
-                                             **({"withheld": list(withheld)} if withheld else {})})
+                                             **({"withheld": list(withheld)} if withheld else {}),
+                                             **({"model": model} if model is not None else {}),
+                                             **({"mixed_models": True} if mixed_models else {})})
             fsync_write(self.path / LEDGER, json.dumps(self._ledger, indent=2) + "\n")
             self.jobs_path.mkdir(exist_ok=True)
             append = os.O_WRONLY | os.O_CREAT | os.O_APPEND
@@ -165,7 +171,7 @@ class MapFolder:
 
         Only under the lock, so a running map's folder is never cleared; a symbolic link in their place is
         removed as a link, never followed."""
-        for name in (LEDGER, RESULTS, FAILURES, LEDGER + ".tmp", FAILURES + ".tmp", *SCORING_FILES):
+        for name in (LEDGER, RESULTS, FAILURES, LEDGER + ".tmp", FAILURES + ".tmp", *SCORING_FILES, CASCADE):
             (self.path / name).unlink(missing_ok=True)
         if self.jobs_path.is_symlink():
             self.jobs_path.unlink()
@@ -214,6 +220,20 @@ class MapFolder:
                 f"or {RESTART_HINT}")
         return ledger
 
+    def _check_model(self, model: str | None, mixed_models: bool) -> None:
+        """Pin the folder's model (the first one named); another is ``ResumeRefused`` unless ``mixed_models``."""
+        if model is None:
+            return
+        old = self._ledger.get("model")
+        if not isinstance(old, str):
+            self._ledger["model"] = model
+        elif old != model and not mixed_models:
+            raise ResumeRefused(
+                f"model changed: run folder {self.path} was mapped with the model {shown(old)}, this map names "
+                f"{shown(model)}; mixing them would make the results lie (which model answered which item?) -- use "
+                f"a new run folder, --mixed-models (mixed_models=True) to add this model's answers beside the old "
+                f"ones, each row naming its model, or {RESTART_HINT}")
+
     def record(self, outcome: dict, key: str) -> int | None:
         """Append a concluded item, named ``key``, and flush it out of this process; the descriptor of the file
         it went to, for the caller to fsync (``group_commit``) before it says the item concluded; None (nothing
@@ -223,15 +243,42 @@ class MapFolder:
             return None
         if outcome["status"] == JobStatus.COMPLETED.value:
             f, line = self._results, {"item": index, "key": key, "result": outcome.get("result"),
-                                      **{k: outcome[k] for k in ("sources", "confidence", "rejected") if k in outcome}}
+                                      **{k: outcome[k] for k in ("sources", "confidence", "rejected", "model")
+                                         if k in outcome}}
             self.completed.add(index)
         else:
-            f, line = self._failures, {"item": index, "key": key, "error": outcome["error"]}
+            f, line = self._failures, {"item": index, "key": key, "error": outcome["error"],
+                                       **({"model": outcome["model"]} if "model" in outcome else {})}
             self.failed.add(index)
         assert f is not None, "record() before open()"
         f.write(dumps(line) + "\n")
         f.flush()
         return f.fileno()
+
+    def rewrite(self, results: list[dict], failures: list[dict]) -> None:
+        """Replace both results files with these records (each list in item order), under the lock: a cascade's
+        merge (``cascade.py``). Written in two steps, each file atomically and fsynced, so that at no point is an
+        item in neither file (a completed record wins where it is in both): first each file with what it gains,
+        then each without what it loses."""
+        for name in ("_results", "_failures"):
+            f = getattr(self, name)
+            if f is not None:
+                f.close()
+                setattr(self, name, None)
+        new_results = {r["item"] for r in results}
+        new_failures = {r["item"] for r in failures}
+        old_results = [r for r, _, _ in checked_records(self.results_path) if r["item"] not in new_results]
+        old_failures = [r for r, _, _ in checked_records(self.failures_path) if r["item"] not in new_failures]
+
+        def lines(records: list[dict]) -> str:
+            return "".join(dumps(r) + "\n" for r in sorted(records, key=lambda r: r["item"]))
+        fsync_write(self.results_path, lines(results + old_results))  # gains first: nothing is lost meanwhile
+        fsync_write(self.failures_path, lines(failures + old_failures))
+        fsync_write(self.failures_path, lines(failures))
+        fsync_write(self.results_path, lines(results))
+        self.completed = ItemSet(sorted(new_results))
+        self.failed = ItemSet(sorted(new_failures - new_results))
+        self._found = {}
 
     def finish(self, summary: dict) -> None:
         """End this session: the results files in item order, then the ledger's summary."""

@@ -36,6 +36,14 @@ LEDGER_FORMAT = "tensorjob-map/1"
 #: What scoring (``scoring.py``) keeps here: expected answers, the scorer's name, the scores.
 SCORING_FILES = ("expected.jsonl", "scoring.json", "scores.jsonl")
 EXPECTED, SCORING, SCORES = SCORING_FILES
+#: A person's decisions on the map's values, appended one a line (``reviews.py``), and what they certify
+#: (``certify.py``): derived from the results, never part of them.
+REVIEW_FILES = ("reviews.jsonl", "certificate.json", "review_plan.json")
+#: A cascade's record of its sample, bound and threshold (``cascade.py``); its oracle's map folder is ``oracle/``.
+CASCADE = "cascade.json"
+REVIEWS, CERTIFICATE, REVIEW_PLAN = REVIEW_FILES
+#: The decisions a review records (``reviews.py``).
+DECISIONS = ("accept", "correct", "null", "skip")
 #: The largest ledger read back (one small entry per session: megabytes are not a ledger).
 MAX_LEDGER_BYTES = 8 * 1024 * 1024
 #: The longest line of a results file read back: a record holds one result, at most what an envelope holds.
@@ -114,8 +122,25 @@ def _expected_problem(record: dict) -> str | None:
     return None if "expected" in record else "it has no expected value"
 
 
+def _review_problem(record: dict) -> str | None:
+    if not isinstance(record.get("key"), str):
+        return "it has no key"
+    if not isinstance(record.get("field"), str):
+        return "its field is not a path"
+    if "value" not in record:
+        return "it has no value"
+    if record.get("decision") not in DECISIONS:
+        return f"its decision is not {', '.join(DECISIONS[:-1])} or {DECISIONS[-1]}"
+    if record["decision"] == "correct" and "corrected" not in record:
+        return "a correction with no corrected value"
+    if not isinstance(record.get("time", ""), str):
+        return "its time is not text"
+    return None
+
+
 #: The checks of each file's records beyond the item number and the key (scores are checked by scoring).
-RECORD_CHECKS: dict[str, Callable[[dict], str | None]] = {FAILURES: _error_problem, EXPECTED: _expected_problem}
+RECORD_CHECKS: dict[str, Callable[[dict], str | None]] = {FAILURES: _error_problem, EXPECTED: _expected_problem,
+                                                          REVIEWS: _review_problem}
 
 
 def _item_words(value: Any, total: int | None) -> str:
@@ -188,7 +213,7 @@ def _checked(path: Path, line: bytes, number: int | str, total: int | None) -> d
     elif check is not None:
         problem = check(record)
     if problem is not None:
-        writer = "scoring" if path.name in SCORING_FILES else "a map"
+        writer = "scoring" if path.name in SCORING_FILES else "a review" if path.name == REVIEWS else "a map"
         raise FolderError(f"{shown(path)}: line {number} is not a record {writer} wrote ({problem}); the run "
                           f"folder was edited or is damaged")
     return record
@@ -498,6 +523,7 @@ def job_folders(run_dir: str | os.PathLike) -> list[Path]:
 
 __all__ = [
     "LEDGER", "RESULTS", "FAILURES", "JOBS", "LEDGER_FORMAT", "SCORING_FILES", "EXPECTED", "SCORING", "SCORES",
+    "REVIEW_FILES", "REVIEWS", "CERTIFICATE", "REVIEW_PLAN", "DECISIONS", "CASCADE",
     "MAX_LEDGER_BYTES", "MAX_RECORD_BYTES", "MAX_RECORDS_FILE_BYTES", "MAX_ITEMS", "MAX_UNCONFIRMED_ITEMS",
     "SESSION_STATUSES", "FolderError", "shown", "read_folder_bytes", "read_folder_json", "RECORD_CHECKS",
     "checked_records", "RecordIndex", "records_and_end", "read_records", "RecordedItems", "scan_records",

@@ -7,23 +7,30 @@ of ``ItemTimes``. ``MapResult`` reads results back from the run folder's
 files rather than keeping them, since the files are the record; with the
 manifest's inputs it makes the table a notebook wants (``rows()``, and
 ``to_pandas()`` where pandas is installed: the optional extra ``[pandas]``), with each item's
-expected answer and score when the map was scored (``scoring.py``).
+expected answer and score when the map was scored (``scoring.py``), and its values one a row, doubtful
+first, with what a person decided of them (``review()``: ``review_rows.py``, ``reviews.py``, ``certify.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from tensorjob_jupyter.fanout.map_folder_reader import (
-    FAILURES, RESULTS, RecordIndex, confirmed_items, pinned_manifest, read_ledger, read_records, recorded_items,
+    EXPECTED, FAILURES, RESULTS, REVIEWS, FolderError, RecordIndex, confirmed_items, pinned_manifest, read_ledger,
+    read_records, recorded_items,
 )
+from tensorjob_jupyter.fanout.errors import MapError
 from tensorjob_jupyter.fanout.calibration import evidence_of, field_signals
+from tensorjob_jupyter.fanout.certify import Certificate, fingerprint, read_certificate
 from tensorjob_jupyter.fanout.manifest import MAX_KEY_CHARS, item_key
+from tensorjob_jupyter.fanout.review_rows import ValueRow, doubtful_first, value_rows
+from tensorjob_jupyter.fanout.reviews import Review, ReviewBook, read_reviews, review_expected
 from tensorjob_jupyter.fanout.scoring import (
-    Expected, ItemScore, ScoreSummary, read_scores, scorer_name, verdict_paths,
+    BUILTINS, Expected, ItemScore, ScoreSummary, read_scores, score_item, scorer_name, verdict_paths,
 )
 from tensorjob_jupyter.host.fields import MAX_FIELDS, MISSING, field_path, value_at
 from tensorjob_jupyter.host.grounding import grounds, sources_label
@@ -34,6 +41,11 @@ if TYPE_CHECKING:
 
 #: What ``MapResult.rows`` says of an item the map never concluded (it was cancelled first).
 NOT_RUN = "not run"
+#: The source ``Expected`` answers made of reviews name (``reviews.review_expected``).
+REVIEWS_SOURCE = REVIEWS
+#: What makes a notebook's review widget of a map: registered by the package (``tensorjob_jupyter.__init__``),
+#: so that this layer never imports the views (a plugin hook; None where no view is registered).
+REVIEW_VIEW: list[Callable[..., Any]] = []
 
 
 def rate_text(concluded: int, elapsed_s: float) -> str:
@@ -175,25 +187,67 @@ class MapResult:
                 out[r["item"]] = sources
         return out
 
+    def review_widget(self, **queue_options: Any) -> Any:
+        """The review widget of this map in a notebook: its values one at a time, doubtful first, decided from the
+        keyboard (``queue_options``: ``ReviewQueue``'s -- ``confidence``, ``target``, ``sample_share``, ``seed``)."""
+        if not REVIEW_VIEW:
+            raise MapError("no review widget is registered: import tensorjob_jupyter (the package) first")
+        return REVIEW_VIEW[0](self, **queue_options)
+
     def review(self) -> list[dict[str, Any]]:
-        """The completed items' ``rows()``, doubtful first: items with fields found in no window they read (the
-        most such fields first), then the lowest confidence of any field (where the map recorded confidence),
-        then the rest, each group in item order. Each row adds ``not_found`` (the fields not grounded -- found nowhere, or only fuzzily -- in
-        document order) and ``least_confidence`` (None without confidence). Failed items are not answers and
-        are left out (``failures()``)."""
-        sources, confidences = self.sources(), self.confidences()
-        reviewed = []
-        for row in self._rows():
-            index = row["item"]
-            if row["status"] != "completed":
-                continue
-            not_found = [name for name, found in sources.get(index, {}).items() if grounds(found) is False]
-            values = [v for v in confidences.get(index, {}).values() if v is not None]
-            least = min(values) if values else None
-            reviewed.append({**row, "not_found": not_found, "least_confidence": least})
-        reviewed.sort(key=lambda r: (-len(r["not_found"]), r["least_confidence"] is None,
-                                     r["least_confidence"] or 0.0, r["item"]))
-        return reviewed
+        """One row per value of the completed items -- every scalar field of each result, nulls included --
+        doubtful first by the review's order score (``review_rows``: a value that claims something and is not
+        grounded first, then the lowest confidence). Each row: ``item``, ``key``, ``field`` (its dotted path),
+        ``value``, ``confidence``, ``found`` (``grounded``, ``elsewhere``, ``doubtful``, ``not found``; None for a
+        null or a value not located), ``reason`` (``not_found``, ``elsewhere``, ``doubtful``, ``least_confidence``,
+        ``unmeasured``), ``score``, ``source`` with its ``label`` and ``context`` (the text around it in its file),
+        and what a review decided (``reviews.jsonl``): ``decision`` (None where none) and ``final``. Failed items
+        are not answers and are left out (``failures()``)."""
+        book = self.review_book()
+        out = []
+        for row in self.review_values():
+            review = book.get(row.item, row.field)
+            out.append({**row.to_json(), "decision": review.decision if review is not None else None,
+                        "final": review.final if review is not None else row.value})
+        return out
+
+    def review_values(self, *, context: bool = True) -> list[ValueRow]:
+        """``review()``'s values as ``ValueRow``s, in its order (``context``: read each source's file for the
+        text around it)."""
+        rows: list[ValueRow] = []
+        for record in read_records(self.results_path, total=self.total):
+            key = record["key"][:MAX_KEY_CHARS] if isinstance(record.get("key"), str) else str(record["item"])
+            rows += value_rows(record["item"], key, record.get("result"), record_sources(record),
+                               record_confidence(record), context=context)
+        if len(self.inputs) >= self.total:  # the keys the manifest gives, as rows() has them
+            rows = [dataclasses.replace(r, key=item_key(self.inputs[r.item], r.item)) for r in rows]
+        return doubtful_first(rows)
+
+    def reviews(self) -> list[Review]:
+        """The decisions in the run folder's ``reviews.jsonl``, in the order they were made (``fanout/reviews.py``)."""
+        return read_reviews(self.run_dir, self.total)
+
+    def review_book(self) -> ReviewBook:
+        """The reviews matched to the values as they are now: each value's latest decision, the skipped, and the
+        stale (a review of a value a replay or resume changed applies to nothing)."""
+        reviews = self.reviews()
+        if not reviews:
+            return ReviewBook()
+        with RecordIndex(self.results_path, self.total) as results:
+            records: dict[int, dict | None] = {}
+
+            def value_of(item: int, path: str) -> Any:
+                if item not in records:
+                    records[item] = results.get(item)
+                record = records[item]
+                return MISSING if record is None else value_at(record.get("result"), path)
+
+            return ReviewBook.match(reviews, self._keys(), value_of)
+
+    def certificate(self) -> Certificate | None:
+        """What the review certifies of the values nobody reviewed (``certificate.json``), ``stale`` where the
+        values changed since; None before any review made one."""
+        return read_certificate(self.run_dir, lambda: fingerprint(self.review_values(context=False)))
 
     def failures(self) -> dict[int, Any]:
         """Each failed item's error (``code``, ``message``), by item number: as recorded, so None where a
@@ -201,12 +255,36 @@ class MapResult:
         return {r["item"]: r.get("error") for r in read_records(self.failures_path, total=self.total)}
 
     def scores(self) -> dict[int, ItemScore] | None:
-        """Each scored item's score, by item; None when the map was not scored."""
-        return read_scores(self.run_dir, self.total)
+        """Each scored item's score, by item; None when the map was not scored. A map given no expected answers
+        whose values were reviewed is scored against the reviews (``json_fields`` over the decided fields)."""
+        scores = read_scores(self.run_dir, self.total)
+        if scores is not None or os.path.lexists(self.run_dir / EXPECTED):
+            return scores
+        labelled = self._review_labels()
+        if labelled is None:
+            return None
+        results = self.results()
+        return {item: score_item(BUILTINS["json_fields"], item, item in results, results.get(item), wanted)
+                for item, wanted in labelled.items()}
 
     def expected(self) -> Expected | None:
-        """The expected answers the run folder keeps; None when the map was not given any."""
-        return Expected.from_folder(self.run_dir, self.total)
+        """The expected answers the run folder keeps; None when the map was not given any. Without them, the
+        reviewed values are the expected answers (``reviews.labels``: each item's decided fields), if any."""
+        kept = Expected.from_folder(self.run_dir, self.total)
+        return kept if kept is not None else self._review_labels()
+
+    def _review_labels(self) -> Expected | None:
+        if os.path.lexists(self.run_dir / EXPECTED):
+            return None
+        book = self.review_book()
+        return review_expected(book, self.results(), self.total) if book.decided else None
+
+    def _scorer(self) -> str | None:
+        """The scorer's name: the folder's, or ``json_fields`` where the reviews are the labels."""
+        name = scorer_name(self.run_dir)
+        if name is None and not os.path.lexists(self.run_dir / EXPECTED) and self.review_book().decided:
+            return "json_fields"
+        return name
 
     def score_summary(self) -> ScoreSummary | None:
         """The scores in all (mean and its interval, passed, failed, how many items are labelled, a row per field);
@@ -215,13 +293,19 @@ class MapResult:
         if scores is None:
             return None
         expected = self.expected()
-        scorer = scorer_name(self.run_dir) or "?"
+        scorer = self._scorer() or "?"
         wanted = dict(expected.items()) if expected is not None else {}
         evidence = evidence_of({i: s.fields for i, s in scores.items()},
                                lambda item: verdict_paths(scorer, wanted.get(item)), self.sources(), self.confidences())
-        return ScoreSummary.of(scorer, self.total, scores.values(),
+        try:
+            certificate = self.certificate()
+            certified = certificate.lines() if certificate is not None else []
+        except FolderError as e:  # the scores stand without it: say what is wrong with it instead
+            certified = [" ".join(str(e).split())]
+        shown = scorer + (" over reviews.jsonl" if expected is not None and expected.source == REVIEWS_SOURCE else "")
+        return ScoreSummary.of(shown, self.total, scores.values(),
                                labelled=expected.labelled if expected is not None else None,
-                               signals=field_signals(evidence))
+                               signals=field_signals(evidence), certificate=certified)
 
     @classmethod
     def read(cls, run_dir: str | os.PathLike) -> "MapResult":
@@ -260,7 +344,13 @@ class MapResult:
         model gave logprobs adds each result field's confidence as ``confidence.FIELD`` (``FIELD``: its dotted
         path, ``host.fields``; 0 to 1, None where no answer spelled it or the item has none). A field that
         ``--require-grounded`` rejected in any item adds ``rejected.FIELD`` (why, or None) and ``final.FIELD`` (the
-        value, null where it was rejected)."""
+        value, null where it was rejected); a field reviewed in any item (``reviews.jsonl``) adds ``reviewed.FIELD``
+        (the decision on this item's value: ``accept``, ``correct`` or ``null``; None where none) and
+        ``final.FIELD`` -- the correction where there is one, the model's value where it was accepted (even one
+        ``--require-grounded`` rejected), else as above. A cascade (``cascade.py``) adds, after the result's fields,
+        ``answered_by`` (``proxy``, ``oracle``, ``both-sampled``), ``model`` (the model that answered) and the
+        proxy's answer as ``proxy.NAME`` where the oracle's replaced it; a folder where more than one model answered
+        (``--mixed-models``) adds ``model``."""
         return list(self._rows())
 
     def iter_rows(self) -> Iterator[dict[str, Any]]:
@@ -278,15 +368,29 @@ class MapResult:
         source_fields: dict[str, None] = {}
         confidence_keys: dict[str, None] = {}
         rejected_fields: dict[str, None] = {}
+        proxy_keys: dict[str, None] = {}  # a cascade's: the proxy's answer where the oracle's replaced it
+        models: dict[Any, None] = {}  # the models that answered: a column when more than one did
+        tiers: dict[Any, None] = {}  # a cascade's answered_by values
+
+        def add_tier(record: dict) -> None:  # a cascade's, or a map of mixed models (fanout/cascade.py)
+            models[record.get("model")] = None
+            if "answered_by" in record:
+                tiers[record["answered_by"]] = None
+            proxy = record.get("proxy")
+            if isinstance(proxy, dict) and "result" in proxy:
+                proxy_keys.update(dict.fromkeys(flattened("proxy", proxy["result"])))
+        book = self.review_book()
+        reviewed_fields = dict.fromkeys(path for _, path in sorted(book.decided))
 
         def add_columns(record: dict) -> None:  # in the order the items first appear, as results() has them
             output_keys.update(dict.fromkeys(flattened("result", record.get("result"))))
             source_fields.update(dict.fromkeys(record_sources(record) or ()))
             rejected_fields.update(dict.fromkeys(record_rejected(record)))
             confidence_keys.update(dict.fromkeys(f"confidence.{path}" for path in record_confidence(record) or ()))
+            add_tier(record)
 
         with RecordIndex(self.results_path, self.total, add_columns) as results, \
-                RecordIndex(self.failures_path, self.total) as failures:
+                RecordIndex(self.failures_path, self.total, add_tier) as failures:
             if results.repeated:  # an item recorded twice (an edited file): its columns are its last record's
                 for columns in (output_keys, source_fields, confidence_keys, rejected_fields):
                     columns.clear()
@@ -307,6 +411,14 @@ class MapResult:
                 row = {"item": index, "key": key, **{k: flat_input.get(k) for k in input_keys},
                        "status": status, "error_code": error.get("code"), "error_message": error.get("message"),
                        **{k: output.get(k) for k in output_keys}}
+                if tiers or len(models) > 1:  # which model answered: a cascade's tiers, or mixed models
+                    mine = record if record is not None else failures.get(index) or {}
+                    if tiers:
+                        row["answered_by"] = mine.get("answered_by")
+                    row["model"] = mine.get("model")
+                    proxy = mine.get("proxy")
+                    proxied = flattened("proxy", proxy.get("result")) if isinstance(proxy, dict) else {}
+                    row.update({k: proxied.get(k) for k in proxy_keys})
                 if confidence_keys:
                     mine = (record_confidence(record) if record is not None else None) or {}
                     row.update({k: mine.get(k[len("confidence."):]) for k in confidence_keys})
@@ -315,13 +427,19 @@ class MapResult:
                     row[f"source.{name}"] = sources_label(found.get(name))
                 for name in source_fields:
                     row[f"grounded.{name}"] = grounds(found.get(name))
-                if rejected_fields:
+                if rejected_fields or reviewed_fields:
                     rejected = record_rejected(record) if record is not None else {}
                     for name in rejected_fields:
                         row[f"rejected.{name}"] = rejected.get(name)
+                    for name in reviewed_fields:
+                        review = book.get(index, name)
+                        row[f"reviewed.{name}"] = review.decision if review is not None else None
+                    for name in {**rejected_fields, **reviewed_fields}:
+                        review = book.get(index, name)
                         kept = value_at(record.get("result"), name) if record is not None and name not in rejected \
                             else MISSING
-                        row[f"final.{name}"] = None if kept is MISSING else kept
+                        row[f"final.{name}"] = review.final if review is not None else None if kept is MISSING \
+                            else kept
                 if scored is not None:
                     row.update(scored(index))
                 yield row

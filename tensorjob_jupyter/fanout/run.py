@@ -46,8 +46,13 @@ class MapRun:
     REPLAYED_EVENTS = 16
 
     def __init__(self, folder: MapFolder, manifest: Manifest, executor: Any, *, scoring: Scoring | None = None,
-                 max_total_tokens: int | None = None, notes: list[str] | tuple[str, ...] = ()):
+                 max_total_tokens: int | None = None, notes: list[str] | tuple[str, ...] = (),
+                 model: str | None = None, only: "frozenset[int] | None" = None):
         self.folder = folder
+        #: The model every item of this session runs on, as each record names it (``start.model_label``).
+        self.model = model
+        #: The items this session runs, when not all of them (a cascade's oracle: ``cascade.py``).
+        self.only = only
         #: One line each about how the map runs that a person should know before it does (a front end prints
         #: them): a run folder withheld from a read grant that covers it (``start.withheld_notes``).
         self.notes: tuple[str, ...] = tuple(notes)
@@ -65,8 +70,12 @@ class MapRun:
         self._cancel = threading.Event()
         self._done = threading.Event()
         self._submitted: dict[int, float] = {}
-        self._progress = MapProgress(total=len(manifest), skipped_completed=len(folder.completed),
-                                     skipped_failed=len(folder.failed),
+        wanted = range(len(manifest)) if only is None else sorted(only)
+        self._progress = MapProgress(total=len(wanted) if only is not None else len(manifest),
+                                     skipped_completed=(len(folder.completed) if only is None else
+                                                        sum(1 for i in wanted if i in folder.completed)),
+                                     skipped_failed=(len(folder.failed) if only is None else
+                                                     sum(1 for i in wanted if i in folder.failed)),
                                      dashboard_link=getattr(executor, "dashboard_link", None))
         if scoring is not None:
             self._progress = replace(self._progress, **scoring.tally())
@@ -179,7 +188,7 @@ class MapRun:
         """The items still to run, each as its checked bytes (``CheckedJson``): its job parses it, once."""
         completed, failed = self.folder.completed, self.folder.failed  # only items already given are added
         items = self.manifest.items
-        for index in range(len(items)):
+        for index in (range(len(items)) if self.only is None else sorted(self.only)):
             if index not in completed and index not in failed:
                 yield index, items.checked(index)
 
@@ -203,6 +212,8 @@ class MapRun:
         # it is reported concluded once its record is durable
         progress = self._update(lambda p: dict(running=p.running - 1, tokens=p.tokens + tokens))
         item = self.manifest.items[index]
+        if self.model is not None:
+            outcome["model"] = self.model
         fd = self.folder.record(outcome, item_key(item, index))
         self._recorded += 1
         ok = status == JobStatus.COMPLETED.value

@@ -522,6 +522,8 @@ class ScoreSummary:
     high: float | None = None
     #: Per field with grounding or confidence recorded: whether they told right from wrong (``calibration``).
     signals: tuple[FieldSignal, ...] = ()
+    #: What a review certifies of the values nobody reviewed (``certify.Certificate.lines``), where one was made.
+    certificate: tuple[str, ...] = ()
 
     @property
     def fields(self) -> dict[str, float]:
@@ -540,7 +542,7 @@ class ScoreSummary:
 
     @classmethod
     def of(cls, scorer: str, items: int, scores: Iterable[ItemScore], labelled: int | None = None,
-           signals: Sequence[FieldSignal] = ()) -> "ScoreSummary":
+           signals: Sequence[FieldSignal] = (), certificate: Sequence[str] = ()) -> "ScoreSummary":
         scored = passed = errors = 0
         total = 0.0
         right: dict[str, int] = {}
@@ -560,14 +562,14 @@ class ScoreSummary:
         rows = tuple(FieldScore(name, seen[name], right[name], *wilson_interval(right[name] / seen[name], seen[name]))
                      for name in seen)
         return cls(scorer, items, scored, mean, passed, scored - passed, errors, items - scored, rows, labelled,
-                   low, high, tuple(signals))
+                   low, high, tuple(signals), tuple(certificate))
 
     def lines(self) -> list[str]:
         """The summary in a few lines and a table of the fields (deterministic: no times, no paths)."""
         labels = self._labels_line()
         if not self.scored:
             out = [f"score ({self.scorer}): no item scored yet ({self.unscored} of {self.items} without a score)"]
-            return out + ([labels] if labels else [])
+            return out + ([labels] if labels else []) + self._certificate_lines()
         assert self.low is not None and self.high is not None, "of() gives a scored summary its interval"
         head = (f"score ({self.scorer}): mean {self.mean:.3f} over {self.scored} item{'s' if self.scored != 1 else ''}"
                 f" (95% interval {_interval(self.low, self.high)}); {self.passed} passed, {self.failed} failed")
@@ -583,7 +585,13 @@ class ScoreSummary:
         if self.scored < THIN:
             out.append(f"  a mean over {self.scored} items is thin: its 95% interval is "
                        f"{self.high - self.low:.2f} wide ({INTERVAL_METHOD})")
-        return out
+        return out + self._certificate_lines()
+
+    def _certificate_lines(self) -> list[str]:
+        """The review's certificate: ``certified: STATEMENT``, then its fields' lines."""
+        if not self.certificate:
+            return []
+        return [f"  certified: {self.certificate[0]}"] + ["  " + line for line in self.certificate[1:]]
 
     def signal_table(self) -> tuple[list[str], list[list[str]]]:
         """The trust figures as a header and rows: grounded and ungrounded answers' accuracy where any field was
@@ -637,7 +645,8 @@ class ScoreSummary:
                 "unlabelled": self.unlabelled,
                 "fields": {k: round(v, 6) for k, v in self.fields.items()},
                 "field_table": [row.to_json() for row in self.field_rows],
-                **({"signals": [s.to_json() for s in self.signals]} if self.signals else {})}
+                **({"signals": [s.to_json() for s in self.signals]} if self.signals else {}),
+                **({"certificate": list(self.certificate)} if self.certificate else {})}
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
@@ -658,6 +667,7 @@ class ScoreSummary:
         head = escape(lines[0])
         notes = "".join(f"<div>{escape(line.strip())}</div>" for line in lines[1:]
                         if not line.startswith("  ") or "labelled:" in line or "is thin" in line)
+        notes += "".join(f"<div>{escape(line.strip())}</div>" for line in self._certificate_lines())
         header, rows = self.signal_table()
         signals = ""
         if rows:

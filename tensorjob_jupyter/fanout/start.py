@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from tensorjob_jupyter.inference.base import Backend
-from tensorjob_jupyter.inference.providers import URL
+from tensorjob_jupyter.inference.providers import URL, ModelRef
 from tensorjob_jupyter.inference.topology import physical_cores, threads_setting
 from tensorjob_jupyter.sandbox.compile import GuestSource
 from tensorjob_jupyter.world.grants import Withheld
 
 from tensorjob_jupyter.host.spec import JobSpec
 from tensorjob_jupyter.host.waiting import wait_or_cancel
+from tensorjob_jupyter.fanout import cascade as cascading  # a module: it starts its phases' maps through here
 from tensorjob_jupyter.fanout.concurrency import AUTO, auto_concurrency, check_concurrency
 from tensorjob_jupyter.fanout.errors import ClusterError
 from tensorjob_jupyter.fanout.map_folder import JOBS, MapFolder
@@ -48,7 +49,11 @@ def start_map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike", manife
               run_dir: str | os.PathLike, *, backend: Backend | Callable[[], Backend] | None = None,
               concurrency: int | str | None = None, cluster: Any = None, retry_failed: bool = False,
               restart: bool = False, retries: int = 1, fsync: bool = True, expected: Any = None, scorer: Any = None,
-              max_total_tokens: int | None = None, deterministic: bool = False, **job_keywords: Any) -> MapRun:
+              max_total_tokens: int | None = None, deterministic: bool = False, mixed_models: bool = False,
+              cascade: Any = None, target: float | None = None, delta: float | None = None,
+              cascade_on: Any = None, cascade_score: str | None = None, cascade_sample: int | None = None,
+              target_against: str | None = None, only: "frozenset[int] | None" = None,
+              withhold: Sequence[tuple[str, str]] = (), **job_keywords: Any) -> MapRun:
     """Check everything, open the run folder and start the map on a background thread.
 
     ``guest``: a ``JobSpec`` -- every item's job but for its input -- or a guest with the keywords
@@ -87,9 +92,28 @@ def start_map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike", manife
     decode steps, here or from another job on the same model), with the
     prompt cache off and a fixed thread count (``deterministic_threads``),
     recorded in the ledger; a local model only (see docs/maps.md).
+    ``mixed_models``: resume (or ``retry_failed``) a folder another model mapped, each row naming its model
+    (``model``); without it such a folder is refused, as a changed guest is.
+    ``cascade``: a bigger model (any reference ``model`` takes) that answers only the items whose proxy score
+    is under a threshold certified from a sample, so that the answers agree with what ``cascade`` alone would
+    say on at least ``target`` of the items with probability at least 1 - ``delta`` -- ``cascade_on`` (fields
+    the score reads), ``cascade_score``, ``cascade_sample`` (the sample's size), ``target_against``
+    (``"oracle"`` or ``"expected"``); see ``fanout.cascade`` and docs/maps.md. The run is then a
+    ``CascadeRun``, with ``MapRun``'s ``wait``, ``cancel``, ``subscribe`` and ``progress``.
     Raises ``ManifestError``/``ResumeRefused``/``ClusterError``/``ScoringError``/``ValueError``
     before any item runs.
     """
+    settings = {"target": target, "delta": delta, "cascade_on": cascade_on, "cascade_score": cascade_score,
+                 "cascade_sample": cascade_sample, "target_against": target_against}
+    if cascade is not None:
+        return cascading.start_cascade(  # type: ignore[return-value]  # a CascadeRun: MapRun's reading and control
+                             guest, manifest, run_dir, cascade, backend=backend, concurrency=concurrency,
+                             cluster=cluster, retry_failed=retry_failed, restart=restart, retries=retries, fsync=fsync,
+                             expected=expected, scorer=scorer, max_total_tokens=max_total_tokens,
+                             deterministic=deterministic, mixed_models=mixed_models, **settings, **job_keywords)
+    given = [k.replace("_", "-") for k, v in settings.items() if v is not None]
+    if given:
+        raise ValueError(f"--{given[0]} goes with --cascade MODEL (cascade=): it says how the cascade chooses")
     items = read_manifest(manifest)
     concurrency = check_concurrency(concurrency)
     if max_total_tokens is not None and (isinstance(max_total_tokens, bool) or not isinstance(max_total_tokens, int)
@@ -102,14 +126,16 @@ def start_map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike", manife
     pinned = None
     if deterministic:
         job, concurrency, pinned = deterministic_job(job, concurrency, cluster)
-    spec, instance = item_spec(job, backend, Path(run_dir).absolute() / JOBS, run_dir=run_dir)
+    spec, instance = item_spec(job, backend, Path(run_dir).absolute() / JOBS, run_dir=run_dir, withhold=withhold)
     notes = withheld_notes(spec.job.read)
     folder = MapFolder(run_dir, fsync=fsync)
     executor = _executor(spec, instance, concurrency, cluster, retries)
     try:
+        label = model_label(spec, instance)
         folder.open(items, spec.sha256, retry_failed=retry_failed, restart=restart,
                     where=getattr(executor, "where", "local"), concurrency=getattr(executor, "concurrency", None),
-                    deterministic=pinned, withheld=[str(w.path) for w, _ in notes])
+                    deterministic=pinned, withheld=[str(w.path) for w, _ in notes], model=label,
+                    mixed_models=mixed_models)
         if scoring is not None:
             try:
                 scoring.begin(folder.path)
@@ -122,7 +148,30 @@ def start_map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike", manife
             close()
         raise
     return MapRun(folder, items, executor, scoring=scoring, max_total_tokens=max_total_tokens,
-                  notes=[note for _, note in notes]).start()
+                  notes=[note for _, note in notes], model=label, only=only).start()
+
+
+def ref_label(ref: ModelRef) -> str:
+    """A model reference as a row names the model that answered it: its name (a path, ``hf:...``, a URL, the
+    embedded model's name), with a served model's id and the adapters it loads."""
+    label = ref.label + (f" [{ref.served_name}]" if ref.served_name else "")
+    return label + (f" +lora {','.join(name for name, _ in ref.loras)}" if ref.loras else "")
+
+
+def model_label(spec: ItemSpec, instance: Backend | None = None) -> str:
+    """The model a map's items run on, as its ledger pins it and each row names it: the reference a backend was
+    made from (``ModelRef.backend``), else a backend's own ``model_name``, else the spec's model; a factory by
+    the ``model_name`` it passes, else by its content key."""
+    if instance is not None:
+        ref = getattr(instance, "model_ref", None)
+        if isinstance(ref, ModelRef):
+            return ref_label(ref)
+        return str(getattr(instance, "model_name", None) or type(instance).__name__)
+    factory = spec.backend.factory
+    if factory is not None:
+        named = (getattr(factory, "keywords", None) or {}).get("model_name")
+        return str(named) if isinstance(named, str) and named else f"backend factory {spec.backend.key[8:24]}"
+    return ref_label(spec.backend.model)
 
 
 def deterministic_threads(model: Any) -> int:
@@ -173,11 +222,12 @@ def map_job(guest: Any, keywords: dict, where: str) -> JobSpec:
     return JobSpec.of(guest, **keywords)
 
 
-def item_spec(job: JobSpec, backend: Any, runs_dir: Path, *, run_dir: str | os.PathLike | None = None
-              ) -> tuple[ItemSpec, Backend | None]:
+def item_spec(job: JobSpec, backend: Any, runs_dir: Path, *, run_dir: str | os.PathLike | None = None,
+              withhold: Sequence[tuple[str, str]] = ()) -> tuple[ItemSpec, Backend | None]:
     """What every item of a map of ``job`` shares (its grants absolute and checked, its ``cwd`` and ``runs_dir``
-    set, and the map's folders withheld from its grants: ``withheld_folders``), and the backend instance given,
-    if one was (else its factory goes into the spec)."""
+    set, and the map's folders withheld from its grants: ``withheld_folders``, with ``withhold``'s (path, what)
+    besides: a cascade's oracle map withholds the cascade's run folder), and the backend instance given, if one
+    was (else its factory goes into the spec)."""
     cwd = job.cwd or os.getcwd()
     grants: list[str | Withheld] = []
     for p in job.read:
@@ -195,6 +245,7 @@ def item_spec(job: JobSpec, backend: Any, runs_dir: Path, *, run_dir: str | os.P
     transcripts = str(Path(job.runs_dir if job.runs_dir is not None else runs_dir).absolute())
     if run_dir is not None:
         grants.extend(withheld_folders(run_dir, transcripts))
+    grants.extend(Withheld(os.path.abspath(path), what) for path, what in withhold)
     template = job.replace(read=tuple(grants), cwd=cwd, runs_dir=transcripts)
     return ItemSpec(template, BackendSpec.of(factory, job.model)), instance
 
@@ -254,5 +305,6 @@ def _executor(spec: ItemSpec, instance: Backend | None, concurrency: int | str, 
     return DaskExecutor(spec, cluster, concurrency=in_flight, retries=retries)
 
 
-__all__ = ["DEFAULT_CONCURRENCY", "NOT_FOR_MAPS", "start_map", "deterministic_threads", "deterministic_job", "map",
+__all__ = ["DEFAULT_CONCURRENCY", "NOT_FOR_MAPS", "start_map", "ref_label", "model_label", "deterministic_threads",
+           "deterministic_job", "map",
            "map_job", "item_spec", "RUN_FOLDER", "TRANSCRIPTS_FOLDER", "withheld_folders", "withheld_notes"]

@@ -1,17 +1,15 @@
-"""frontends: how people reach a job -- the options table, the ``%%tensorjob`` magic,
-the ``tensorjob`` command, terminal printing and the live view.
+"""frontends: how people reach a job -- the options table, the ``%%tensorjob`` magic, the ``tensorjob``
+command, terminal printing and the views.
 
-Owns: ``options`` (every job flag, once, for the CLI and the magic alike)
-and ``input_value`` (``--input`` as JSON, ``$name`` or a Python literal),
-``cli`` and ``history_cli`` and ``map_cli`` (the commands, whose work --
-loading a guest, listing, showing, replaying, starting a map -- the magic
-calls too), ``terminal`` (events as terminal lines, the one guest loader),
-``prompt`` (the terminal debug prompt), ``serve`` (``tensorjob serve``: the
-model for other kernels, over an OpenAI-compatible API), ``magic`` and ``outcome`` (what a
-cell gives back: the envelope, shown once, or a one-line error), ``view/``
-(ipywidgets, and the static HTML a finished view leaves).
-May import: everything below. Nothing imports a front end but a front end
-and the package's ``__init__`` (``load_ipython_extension``).
+Owns: ``options`` (every job flag, once, for the CLI and the magic alike) and ``input_value`` (``--input`` as
+JSON, ``$name`` or a Python literal), ``cli``, ``history_cli``, ``map_cli`` and ``review_cli`` (the commands,
+whose work the magic calls too), ``requests`` (a map's and a replay's request, from either door), ``table`` (a
+map's rows as a table), ``terminal`` (events as terminal lines, the one guest loader), ``prompt`` (the debug
+prompt), ``interpreter_progress`` (the Python interpreter's first build, shown), ``serve_cli`` (``tensorjob
+serve``), ``magic`` and ``outcome`` (what a cell gives back), ``export``, ``nbconvert_static`` and
+``static_views`` (notebooks with views as static HTML), ``view/`` (the ipywidgets views).
+May import: everything below. Nothing imports a front end but a front end and the package's ``__init__``
+(``load_ipython_extension``).
 """
 
 

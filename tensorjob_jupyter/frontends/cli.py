@@ -7,6 +7,7 @@
     tensorjob serve [--model PATH] [--host H] [--port P] [--slots N]   (serve_cli.py, over serve/)
     tensorjob runs | show RUN | replay GUEST --from RUN | diff RUN_A RUN_B   (history_cli.py)
     tensorjob export NOTEBOOK [-o OUT] [--to html|ipynb] [--execute]   (export.py: views as static HTML)
+    tensorjob review RUN_DIR [--confidence C] [--target T]   (review_cli.py: a map's values, one at a time)
 
 The job options are ``frontends/options.py``'s table, shared with the magics. ``run`` prints the job's events
 live on stderr (``EventPrinter``), the guest's streamed output on stdout and the result (or with ``--json``
@@ -25,6 +26,7 @@ from tensorjob_jupyter.version import __version__
 from tensorjob_jupyter.frontends.map_cli import add_map_parser, cmd_map
 from tensorjob_jupyter.frontends.serve_cli import add_serve_parser, cmd_serve
 from tensorjob_jupyter.frontends.export import add_export_parser, cmd_export
+from tensorjob_jupyter.frontends.review_cli import add_review_parser, cmd_review
 from tensorjob_jupyter.frontends.history_cli import COMMANDS as HISTORY_COMMANDS
 from tensorjob_jupyter.frontends.history_cli import add_history_parsers
 from tensorjob_jupyter.frontends.terminal import CtrlCCancels, exit_status, load_guest, run_live
@@ -74,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--clear", action="store_true", help="delete every cached module")
 
     add_history_parsers(sub)
+    add_review_parser(sub)
     return parser
 
 
@@ -121,7 +124,7 @@ def cmd_cache(args, out: TextIO, err: TextIO) -> int:
 
 
 COMMANDS = {"run": cmd_run, "map": cmd_map, "serve": cmd_serve, "compile": cmd_compile, "cache": cmd_cache,
-            "export": cmd_export, **HISTORY_COMMANDS}
+            "export": cmd_export, "review": cmd_review, **HISTORY_COMMANDS}
 
 
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None) -> int:

@@ -20,7 +20,8 @@ import shutil
 from typing import TextIO
 
 from tensorjob_jupyter.fanout.errors import MapError
-from tensorjob_jupyter.frontends.table import map_table_lines, write_csv
+from tensorjob_jupyter.fanout.cascade import cascade_lines, read_cascade
+from tensorjob_jupyter.frontends.table import MAP_LAYOUT, REVIEW_LAYOUT, map_table_lines, write_csv
 
 from tensorjob_jupyter.frontends.options import (
     BY_NAME, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, JobOptions, OptionError, add_job_arguments, fail_under,
@@ -65,8 +66,9 @@ def add_history_parsers(sub) -> None:
                       help="a map's run folder as a table of its items (item, key, status, result fields), "
                            "in manifest order")
     runs.add_argument("--csv", action="store_true", help="with --table: every column of every item as CSV")
-    runs.add_argument("--review", action="store_true", help="with --table: the completed items doubtful first -- "
-                      "fields found in no window they read, then the lowest confidence (MapResult.review())")
+    runs.add_argument("--review", action="store_true", help="with --table: one row per value of the completed "
+                      "items, doubtful first -- a value found in no window its item read, then the lowest confidence "
+                      "-- with its reason, confidence, source and the text around it (MapResult.review())")
 
     show = sub.add_parser("show", help="show a past run again, as `run` showed it",
                           description="Print a recorded run's progress, file reads, tokens and result again, at "
@@ -140,6 +142,15 @@ def add_map_replay_arguments(p) -> None:
 # --- runs ------------------------------------------------------------------------------------------
 
 
+def _cascade_lines(run_dir: str) -> list[str]:
+    """A cascade's summary (``fanout.cascade.cascade_lines``) when ``run_dir`` holds one; a ``cascade.json`` that
+    cannot be read is one ``OptionError`` line."""
+    try:
+        return cascade_lines(read_cascade(run_dir))
+    except (MapError, OSError) as e:
+        raise OptionError(f"--table {run_dir}: {' '.join(str(e).split())}") from None
+
+
 def cmd_runs(args, out: TextIO, err: TextIO) -> int:
     if args.csv and args.table is None:
         raise OptionError("--csv goes with --table MAP_RUN_DIR")
@@ -153,8 +164,12 @@ def cmd_runs(args, out: TextIO, err: TextIO) -> int:
             for row in rows():
                 out.write(json_text(row, pretty=False) + "\n")
         else:
-            for line in map_table_lines(rows, width=shutil.get_terminal_size().columns, max_rows=None):
+            layout, what = (REVIEW_LAYOUT, "values") if args.review else (MAP_LAYOUT, "items")
+            for line in map_table_lines(rows, width=shutil.get_terminal_size().columns, max_rows=None, layout=layout,
+                                        what=what):
                 out.write(line + "\n")
+            for line in _cascade_lines(args.table):  # a cascade's sample, bound and threshold
+                out.write(for_terminal(line, one_line=True) + "\n")
         return EXIT_OK
     if args.prune is not None:
         report = prune(args.prune, args.runs, status=args.status)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import shlex
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
@@ -24,7 +24,8 @@ from traitlets import CaselessStrEnum, Float
 from traitlets.config import Configurable
 
 from tensorjob_jupyter.abi import Envelope, TensorjobError
-from tensorjob_jupyter.fanout import MapResult
+from tensorjob_jupyter.fanout import MapError, MapResult, ReviewError
+from tensorjob_jupyter.fanout.cascade import summary_lines
 from tensorjob_jupyter.frontends import options as job_options
 from tensorjob_jupyter.frontends.requests import (
     MapReplayRequest, MapRequest, estimate_map, find_runs, map_rows, open_playback, replay_job, start_map,
@@ -32,12 +33,14 @@ from tensorjob_jupyter.frontends.requests import (
 )
 from tensorjob_jupyter.frontends.table import ReviewRows
 from tensorjob_jupyter.frontends.options import (
-    CONCURRENCY_HELP, JobOptions, OptionError, concurrency_value, fail_under, job_arguments,
+    CONCURRENCY_HELP, JobOptions, OptionError, cascade_arguments, cascade_request, concurrency_value, fail_under,
+    job_arguments,
 )
 from tensorjob_jupyter.frontends.outcome import CellEnvelope, CellError, GateFailed, GuestDoesNotCompile, JobFailed
 from tensorjob_jupyter.frontends.prompt import prompt as debug_prompt
 from tensorjob_jupyter.frontends.terminal import load_guest
 from tensorjob_jupyter.host.waiting import wait_or_cancel
+from tensorjob_jupyter.frontends.view.review_widget import review_widget
 from tensorjob_jupyter.frontends.view.summary import map_summary, summary
 from tensorjob_jupyter import MapReplay, MapReplayRun, ReplayReport, get_job, jobs
 from tensorjob_jupyter.history.runs import prune
@@ -296,6 +299,8 @@ class TensorJob(Magics, JobSettings):
     @argument("--speed", type=float, default=0.0, metavar="S",
               help="show: 0 at once (default), 1 at the recorded speed, 2 twice as fast")
     @argument("--limit", type=int, default=None, metavar="N", help="runs: the newest N runs (0: all)")
+    @argument("--table", action="store_true",
+              help="review: the values as a table, doubtful first (default: the review widget, one value at a time)")
     @argument("--status", default=None, metavar="S", help="runs: only runs with this status")
     @argument("--prune", type=int, default=None, metavar="KEEP", help="runs: delete all but the newest KEEP runs")
     @argument("--over", default=None, metavar="MANIFEST", help="map: the JSONL manifest, one input per line")
@@ -318,6 +323,7 @@ class TensorJob(Magics, JobSettings):
     @argument("--deterministic", action="store_true",
               help="map, replay --map --live: one item at a time, each infer decoded alone with fixed threads and "
                    "no prompt cache, so answers do not depend on what else runs")
+    @cascade_arguments()  # map: --cascade MODEL, --target, --delta, ... (options.CASCADE_FLAGS)
     @argument("--map", dest="map_run", default=None, metavar="RUN_DIR",
               help="replay: a recorded map's run folder; every item is replayed against its own recording")
     @argument("--fail-under", default=None, metavar="X",
@@ -344,9 +350,11 @@ class TensorJob(Magics, JobSettings):
         %tensorjob runs [--limit N] [--status S] [--prune KEEP]
                                         past runs in the runs folder, newest first
         %tensorjob show RUN [--speed S] show a past run again in the live view
-        %tensorjob review RUN_DIR       a map's completed items doubtful first: fields found in no
-                                        window they read, then the lowest confidence (RUN_DIR may
-                                        be $name, a MapResult); the value is the rows, as a table
+        %tensorjob review RUN_DIR [--table]
+                                        a map's values doubtful first (found in no window its item
+                                        read, then the lowest confidence), one at a time in the review
+                                        widget: a accept, c correct, n null, s skip, b back (RUN_DIR
+                                        may be $name, a MapResult); --table: the rows, as a table
         %tensorjob replay PATH --from RUN [--live] [options]
                                         run a guest against a recorded run, with no model; the
                                         value is the ReplayReport (same_result, divergence, ...)
@@ -374,7 +382,7 @@ class TensorJob(Magics, JobSettings):
 
     def _line_action(self, args):
         if args.action == "review":
-            return self._review(args.target)
+            return self._review(args.target, table=args.table)
         if args.action == "runs":
             return self._runs(args)
         if args.action == "show":
@@ -439,6 +447,8 @@ class TensorJob(Magics, JobSettings):
             view.join(10)
         elif not args.quiet:
             print(map_summary(guest.name, result))
+            for cascaded in summary_lines(result.run_dir):  # a cascade's sample, bound and threshold
+                print(for_terminal(cascaded, one_line=True))
         if args.out:
             self._ipython.user_ns[args.out] = result
         return result
@@ -461,8 +471,9 @@ class TensorJob(Magics, JobSettings):
             return job if job is not None and hasattr(job, "run_dir") else value
         return text
 
-    def _review(self, target: str | None) -> ReviewRows:
-        """``%tensorjob review``: ``MapResult.review()`` of a run folder or of a ``$name`` MapResult."""
+    def _review(self, target: str | None, *, table: bool = False) -> Any:
+        """``%tensorjob review``: the review widget of a run folder or of a ``$name`` MapResult (``ReviewQueue``),
+        or with ``--table`` its ``MapResult.review()``."""
         if not target:
             raise UsageError("review needs a map's run folder: %tensorjob review RUN_DIR (or $name, a MapResult)")
         text = target.strip().strip("'\"")
@@ -470,8 +481,13 @@ class TensorJob(Magics, JobSettings):
             value = self._ipython.user_ns.get(text[1:])
             if not isinstance(value, MapResult):
                 raise UsageError(f"{text} is not a MapResult (the value of %tensorjob map)")
-            return ReviewRows(value.review())
-        return ReviewRows(map_rows(text, review=True, what="review"))
+            return ReviewRows(value.review()) if table else review_widget(value)
+        if table:
+            return ReviewRows(map_rows(text, review=True, what="review"))
+        try:
+            return review_widget(MapResult.read(text))
+        except (MapError, ReviewError, OSError) as e:
+            raise UsageError(f"review {text}: {e}") from None
 
     def _runs(self, args):
         runs = self._runs_dir(args)
@@ -513,7 +529,8 @@ class TensorJob(Magics, JobSettings):
         return MapRequest(args.over, args.run_dir, concurrency=args.concurrency, cluster=args.cluster,
                           retry_failed=args.retry_failed, restart=args.restart, expected=args.expected,
                           scorer=scorer if scorer is not None else args.scorer,
-                          max_total_tokens=args.max_total_tokens, deterministic=args.deterministic)
+                          max_total_tokens=args.max_total_tokens, deterministic=args.deterministic,
+                          **cascade_request(args))
 
     def _scorer(self, args):
         """``--scorer $name``: the notebook's function; a name stays a name (checked by the map)."""

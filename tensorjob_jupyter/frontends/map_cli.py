@@ -16,12 +16,14 @@ import time
 from typing import TextIO
 
 from tensorjob_jupyter.frontends.options import (
-    CONCURRENCY_HELP, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, JobOptions, add_job_arguments, concurrency_value,
+    CONCURRENCY_HELP, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, JobOptions, add_cascade_arguments, add_job_arguments,
+    cascade_request, concurrency_value,
 )
 from tensorjob_jupyter.frontends.requests import MapRequest, estimate_map, start_map
 from tensorjob_jupyter.abi import codes
 from tensorjob_jupyter.fanout.progress import MapResult, rate_text
 from tensorjob_jupyter.fanout.run import STOPPED
+from tensorjob_jupyter.fanout.cascade import summary_lines
 from tensorjob_jupyter.fanout.scoring import BUILTINS, DEFAULT_SCORER
 from tensorjob_jupyter.frontends.table import map_table_lines
 from tensorjob_jupyter.frontends.terminal import load_guest
@@ -47,6 +49,7 @@ def add_map_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--restart", action="store_true",
                    help="start the run folder over, keeping nothing it holds (e.g. after changing the guest)")
     add_experiment_arguments(p)
+    add_cascade_arguments(p)  # options.CASCADE_FLAGS
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout, nothing else")
     p.add_argument("--quiet", "-q", action="store_true", help="no live progress on stderr")
     add_job_arguments(p, one_job=False)
@@ -107,7 +110,8 @@ def map_request(args) -> MapRequest:
     """The map this command's own flags describe (``--over``, ``--run-dir``, ``--concurrency``, ...)."""
     return MapRequest(args.over, args.run_dir, concurrency=args.concurrency, cluster=args.cluster,
                       retry_failed=args.retry_failed, restart=args.restart, expected=args.expected,
-                      scorer=args.scorer, max_total_tokens=args.max_total_tokens, deterministic=args.deterministic)
+                      scorer=args.scorer, max_total_tokens=args.max_total_tokens, deterministic=args.deterministic,
+                      **cascade_request(args))
 
 
 def _summary_text(result: MapResult) -> str:
@@ -121,6 +125,7 @@ def _summary_text(result: MapResult) -> str:
                      f"to go on where it stopped")
     if result.error:
         lines.append(f"error: {result.error}")
+    lines += summary_lines(result.run_dir)  # a cascade's sample, bound and threshold
     summary = result.score_summary()
     if summary is not None:
         lines += summary.lines()
@@ -150,6 +155,8 @@ class ProgressPrinter:
         if self.quiet:
             return
 
+        if event["type"] == "cascade.phase":  # a cascade's next phase, said once
+            self.err.write(for_terminal(event["message"], one_line=True) + "\n")
         if event["type"] == "item.failed":
             e = event["error"]
             if e.get("code") == codes.REPLAY_DIVERGENCE:  # a replay's item its recording cannot answer

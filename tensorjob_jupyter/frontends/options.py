@@ -30,6 +30,8 @@ from tensorjob_jupyter.regular_file import open_regular
 from tensorjob_jupyter.host.debugger import parse_break_on
 from tensorjob_jupyter.host import GuestSource, InferOptions, JobSpec, ModelRef, Overrides, check_fetch, parse_fields
 from tensorjob_jupyter.frontends.input_value import InputError, read_input
+from tensorjob_jupyter.fanout.cascade import AGAINST
+from tensorjob_jupyter.fanout.cascade_score import DEFAULT_SCORE, DEFINITIONS
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
 
@@ -485,6 +487,58 @@ def concurrency_value(text: str) -> int | str:
     return value
 
 
+#: The cascade's flags and their help, on ``tensorjob map`` and ``%tensorjob map`` alike: (flag, argparse keywords).
+CASCADE_FLAGS: tuple[tuple[str, dict], ...] = (
+    ("--cascade", dict(default=None, metavar="MODEL",
+                       help="a bigger model (a GGUF path, hf:..., a served URL) that answers only the items whose "
+                            "proxy score is under a threshold certified from a sample: the answers agree with what "
+                            "MODEL alone would say on at least --target of the items, with probability 1 - --delta")),
+    ("--target", dict(type=float, default=None, metavar="X", dest="cascade_target",
+                      help="with --cascade: the share of items that must agree with the oracle (default 0.9)")),
+    ("--delta", dict(type=float, default=None, metavar="D", dest="cascade_delta",
+                     help="with --cascade: the chance the guarantee may fail (default 0.1)")),
+    ("--cascade-on", dict(default=None, metavar="FIELDS",
+                          help="with --cascade: the fields the proxy score and the agreement read, e.g. vendor,total "
+                               "(default: every field the model answered)")),
+    ("--cascade-score", dict(default=None, metavar="NAME",
+                             help=f"with --cascade: the proxy score, one of {', '.join(DEFINITIONS)} "
+                                  f"(default {DEFAULT_SCORE})")),
+    ("--cascade-sample", dict(type=int, default=None, metavar="N",
+                              help="with --cascade: the items sampled for the oracle (default: five times what the "
+                                   "bound needs, or a tenth of the items)")),
+    ("--target-against", dict(default=None, choices=AGAINST,
+                              help="with --cascade: what the target is measured against: the oracle's answers "
+                                   "(default) or expected's (--expected)")),
+    ("--mixed-models", dict(action="store_true", default=None,
+                            help="resume (or --retry-failed) a run folder another model mapped, each row naming "
+                                 "its model; refused without it")),
+)
+
+
+def add_cascade_arguments(p) -> None:
+    """``--cascade`` and its settings, and ``--mixed-models``."""
+    for flag, keywords in CASCADE_FLAGS:
+        p.add_argument(flag, **keywords)
+
+
+def cascade_arguments():
+    """A ``magic_arguments`` decorator adding the cascade's flags (``CASCADE_FLAGS``) to a magic."""
+    from IPython.core.magic_arguments import ArgDecorator
+
+    class _CascadeArguments(ArgDecorator):
+        def add_to_parser(self, parser, group):
+            add_cascade_arguments(group if group is not None else parser)
+
+    return _CascadeArguments()
+
+
+def cascade_request(args) -> dict:
+    """``MapRequest``'s cascade fields (and ``mixed_models``) from the flags of ``CASCADE_FLAGS``, as given."""
+    return dict(cascade=args.cascade, target=args.cascade_target, delta=args.cascade_delta, cascade_on=args.cascade_on,
+                cascade_score=args.cascade_score, cascade_sample=args.cascade_sample,
+                target_against=args.target_against, mixed_models=bool(args.mixed_models))
+
+
 def fail_under(text: str | None) -> float | str | None:
     """``--fail-under``: a score from 0 to 1, or ``recorded`` (the recorded map's mean); None when not given."""
     if text is None or text.strip().lower() == "recorded":
@@ -500,5 +554,6 @@ def fail_under(text: str | None) -> float | str | None:
 
 __all__ = [
     "OptionError", "parse_bytes", "Option", "OPTIONS", "BY_NAME", "add_job_arguments", "job_arguments", "traitlets",
-    "JobOptions", "CONCURRENCY_HELP", "concurrency_value", "fail_under"
+    "JobOptions", "CONCURRENCY_HELP", "concurrency_value", "CASCADE_FLAGS", "add_cascade_arguments",
+    "cascade_arguments", "cascade_request", "fail_under"
 ]

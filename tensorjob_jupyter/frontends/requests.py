@@ -35,6 +35,15 @@ class MapRequest:
     scorer: Any = None
     max_total_tokens: int | None = None
     deterministic: bool = False
+    #: a cascade's oracle model (``--cascade``) and its settings; None: no cascade (``tj.start_map``'s keywords)
+    cascade: str | None = None
+    target: float | None = None
+    delta: float | None = None
+    cascade_on: str | None = None
+    cascade_score: str | None = None
+    cascade_sample: int | None = None
+    target_against: str | None = None
+    mixed_models: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,7 +70,16 @@ def start_map(spec: JobSpec, request: MapRequest) -> tj.MapRun:
         return tj.start_map(spec, request.over, request.run_dir, concurrency=request.concurrency,
                             cluster=request.cluster, retry_failed=request.retry_failed, restart=request.restart,
                             expected=request.expected, scorer=request.scorer,
-                            max_total_tokens=request.max_total_tokens, deterministic=request.deterministic)
+                            max_total_tokens=request.max_total_tokens, deterministic=request.deterministic,
+                            mixed_models=request.mixed_models, **_cascade(request))
+
+
+def _cascade(request: MapRequest) -> dict:
+    """The cascade's keywords of ``tj.start_map`` that were given (none without ``--cascade``: the map refuses a
+    setting given alone, naming it)."""
+    given = {name: getattr(request, name) for name in ("cascade", "target", "delta", "cascade_on", "cascade_score",
+                                                        "cascade_sample", "target_against")}
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def estimate_map(spec: JobSpec, request: MapRequest) -> tj.MapEstimate:
@@ -137,7 +155,7 @@ def map_row_source(run_dir: str, *, review: bool = False, what: str = "--table")
 
 
 def map_rows(run_dir: str, *, review: bool = False, what: str = "--table") -> list[dict]:
-    """The rows of the map in ``run_dir`` (``MapResult.rows()``; ``review``: its completed items doubtful first,
+    """The rows of the map in ``run_dir`` (``MapResult.rows()``; ``review``: its values doubtful first,
     ``MapResult.review()``); a folder that is not a map's is one ``OptionError`` naming ``what`` asked."""
     try:
         result = tj.MapResult.read(run_dir)

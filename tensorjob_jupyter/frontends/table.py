@@ -15,6 +15,7 @@ import io
 import itertools
 import json
 import textwrap
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence, TextIO
 
 from tensorjob_jupyter.text import for_terminal
@@ -29,7 +30,6 @@ MAX_KEY_CELL = 60
 WRAP_LINES = 3
 #: How narrow a key or result column gets before result columns are left out instead.
 READABLE_CELL = 20
-_FIXED = ("item", "key", "status")
 _FORMULA = ("=", "+", "-", "@", "\t", "\r")
 
 
@@ -81,36 +81,74 @@ out (and named), then what is left is squeezed to ``MIN_CELL``. Past
 
 def _cells(row: dict, results: list[str]) -> list[str]:
     status = row["status"] if row["status"] != "failed" else f"failed: {row.get('error_code') or '?'}"
+    if row.get("answered_by"):  # a cascade's: which model's answer this is (proxy, oracle, both-sampled)
+        status += f" ({row['answered_by']})"
     return [_cell(row["item"]), _cell(row.get("key")), _cell(status)] + [_cell(row.get(k)) for k in results]
 
 
+@dataclass(frozen=True)
+class Layout:
+    """What a table shows of its rows: ``columns(first_row)`` gives the headers and a function of a row giving
+    its cells; the first ``fixed`` columns are never left out, column ``whole`` is never squeezed."""
+
+    columns: Callable[[dict], tuple[list[str], Callable[[dict], list[str]]]]
+    fixed: int = 3
+    whole: int = 2
+
+
+def _map_columns(first: dict) -> tuple[list[str], Callable[[dict], list[str]]]:
+    results = [k for k in first if k == "result" or k.startswith("result.")]
+    headers = ["item", "key", "status"] + [_one_line(k[len("result."):] if k != "result" else k) for k in results]
+    return headers, lambda row: _cells(row, results)
+
+
+#: A map's items: item, key, status, then each result field.
+MAP_LAYOUT = Layout(_map_columns)
+#: The review's columns (``MapResult.review()``): where the value is, why it is doubted, what it is, where found.
+REVIEW_COLUMNS = ("item", "field", "reason", "found", "confidence", "value", "key", "decision", "final", "label",
+                  "context", "source")
+
+
+def _review_columns(first: dict) -> tuple[list[str], Callable[[dict], list[str]]]:
+    def cells(row: dict) -> list[str]:
+        out = [_cell(row.get(name)) for name in REVIEW_COLUMNS]
+        confidence = row.get("confidence")
+        out[4] = f"{confidence:.3f}" if isinstance(confidence, float) else out[4]
+        return out
+    return list(REVIEW_COLUMNS), cells
+
+
+#: A map's values doubtful first: every reason column in every form of the table.
+REVIEW_LAYOUT = Layout(_review_columns, fixed=5, whole=2)
+
+
 def map_table_lines(rows: Callable[[], Iterable[dict]], *, width: int = 120, max_rows: int | None = MAX_ROWS,
-                    more: str = "", count: int | None = None) -> Iterator[str]:
+                    more: str = "", count: int | None = None, layout: Layout = MAP_LAYOUT,
+                    what: str = "items") -> Iterator[str]:
     """``map_table``'s lines, one at a time, from ``rows()`` called twice -- once for the columns' widths, once
     for the lines -- so a table of every item of a large map (``max_rows`` None) is never held whole.
-    ``count``: how many rows there are in all, where the caller knows (else they are counted)."""
-    results: list[str] = []
+    ``count``: how many rows there are in all, where the caller knows (else they are counted). ``layout``: the
+    columns (a map's items, or ``REVIEW_LAYOUT``); ``what``: the rows, as the notes name them."""
     headers: list[str] = []
     natural: list[int] = []
+    cells_of: Callable[[dict], list[str]] = lambda row: []
     seen = 0
     for row in rows():
         if not seen:
-            results = [k for k in row if k == "result" or k.startswith("result.")]
-            headers = ["item", "key", "status"] + [_one_line(k[len("result."):] if k != "result" else k)
-                                                   for k in results]
+            headers, cells_of = layout.columns(row)
             natural = [len(h) for h in headers]
         seen += 1
         if max_rows is not None and seen > max_rows:
             if count is not None:
                 break
             continue
-        natural = [max(w, len(c)) for w, c in zip(natural, _cells(row, results))]
+        natural = [max(w, len(c)) for w, c in zip(natural, cells_of(row))]
     if not seen:
-        yield "(no items)"
+        yield f"(no {what})"
         return
     count = seen if count is None else count
-    natural = [natural[0], min(natural[1], MAX_KEY_CELL), min(natural[2], MAX_CELL)] + [min(w, MAX_CELL)
-                                                                                       for w in natural[3:]]
+    natural = [natural[0], min(natural[1], MAX_KEY_CELL)] + [min(w, MAX_CELL) for w in natural[2:]]
+    whole = layout.whole
     widths = list(natural)
     shown = list(range(len(headers)))
 
@@ -124,14 +162,14 @@ def map_table_lines(rows: Callable[[], Iterable[dict]], *, width: int = 120, max
                 return
             widths[max(room, key=lambda c: widths[c])] -= 1
 
-    squeeze(lambda c: natural[c] if c == 2 else min(natural[c], READABLE_CELL))  # the status whole, others readable
-    while total() > width and len(shown) > 4:  # then leave result columns out, the last first
+    squeeze(lambda c: natural[c] if c == whole else min(natural[c], READABLE_CELL))  # the status whole, others readable
+    while total() > width and len(shown) > layout.fixed + 1:  # then leave result columns out, the last first
         shown.pop()
-        squeeze(lambda c: natural[c] if c == 2 else min(natural[c], READABLE_CELL))
+        squeeze(lambda c: natural[c] if c == whole else min(natural[c], READABLE_CELL))
     squeeze(lambda c: min(natural[c], MIN_CELL))
     yield "  ".join(_clip(headers[c], widths[c]).ljust(widths[c]) for c in shown).rstrip()
     for row in itertools.islice(rows(), max_rows):
-        r = _cells(row, results)
+        r = cells_of(row)
         cells = [_wrap(r[c], widths[c]) for c in shown]
         for k in range(max(len(cell) for cell in cells)):
             yield "  ".join((cell[k] if k < len(cell) else "").ljust(widths[c])
@@ -142,7 +180,7 @@ def map_table_lines(rows: Callable[[], Iterable[dict]], *, width: int = 120, max
         left = [headers[c] for c in range(len(headers)) if c not in shown]
         notes.append(f"… {len(left)} more columns ({', '.join(left)}) do not fit {width} characters{where}")
     if max_rows is not None and count > max_rows:
-        notes.append(f"… {count - max_rows} more items{where}")
+        notes.append(f"… {count - max_rows} more {what}{where}")
     for note in notes:  # prose: wrapped at spaces to the width
         yield from textwrap.wrap(note, max(width, MIN_CELL), break_on_hyphens=False)
 
@@ -174,17 +212,23 @@ def write_csv(rows: Iterable[dict], out: TextIO) -> None:
         writer.writerow([_csv_value(row.get(c)) for c in columns])
 
 
+def review_table(rows: Sequence[dict], *, width: int = 120, max_rows: int = MAX_ROWS, more: str = "") -> str:
+    """A map's values doubtful first (``MapResult.review()``) as a fixed-width table, its reasons shown."""
+    return "\n".join(map_table_lines(lambda: rows, width=width, max_rows=max_rows, more=more, count=len(rows),
+                                     layout=REVIEW_LAYOUT, what="values"))
+
+
 class ReviewRows(list):
-    """A map's items doubtful first (``MapResult.review()``), as ``%tensorjob review`` gives them: a list of
+    """A map's values doubtful first (``MapResult.review()``), as ``%tensorjob review`` gives them: a list of
     rows that shows as the table ``tensorjob runs --table --review`` prints."""
 
     def __repr__(self) -> str:
-        return map_table(self, max_rows=MAX_ROWS) if self else "(no completed items to review)"
+        return review_table(self, max_rows=MAX_ROWS) if self else "(no completed items to review)"
 
     def _repr_pretty_(self, p, cycle: bool) -> None:
         p.text(repr(self))
 
 
 __all__ = ["MAX_ROWS", "MAX_CELL", "MIN_CELL", "MAX_KEY_CELL", "WRAP_LINES", "READABLE_CELL", "map_table",
-           "map_table_lines", "rows_csv", "write_csv",
-           "ReviewRows"]
+           "map_table_lines", "Layout", "MAP_LAYOUT", "REVIEW_COLUMNS", "REVIEW_LAYOUT", "review_table", "rows_csv",
+           "write_csv", "ReviewRows"]

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from tensorjob_jupyter.abi import AbiError, JobStatus, codes
 from tensorjob_jupyter.fanout.errors import MapError
 from tensorjob_jupyter.fanout.map_folder import JOBS, LEDGER, MapFolder
-from tensorjob_jupyter.fanout.map_folder_reader import read_ledger_json
+from tensorjob_jupyter.fanout.map_folder_reader import REVIEWS, read_ledger_json
 from tensorjob_jupyter.fanout.items import await_job, failed_outcome, job_outcome
 from tensorjob_jupyter.fanout.local import LocalExecutor
 from tensorjob_jupyter.fanout.manifest import Manifest, ManifestItems, read_manifest
@@ -399,6 +399,8 @@ def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, ou
     said = [grants_line(overrides.read, overrides.fetch, recorded_grants=recorded_grants)]
     if overrides.read is None and not recorded_grants:
         said += _recorded_reads_line(recorded)
+    if live and overrides.model is not None:
+        said.append(_models_line(recorded, executor, overrides.model))
     run = MapRun(folder, manifest, executor, scoring=scoring).start()
     return MapReplayRun(recorded, run, executor, scoring, said)
 
@@ -426,6 +428,26 @@ def _check_target(target: Path, recorded: Path) -> None:
                            f"so name another (--run-dir)")
 
 
+def _models_line(recorded: RecordedMap, executor: ReplayExecutor, model: ModelRef) -> str:
+    """What a live replay on another model does, said before it runs: an item runs on the model only from where
+    its prompts change, so an unchanged guest runs no item on it -- every item comes from its recording."""
+    try:
+        pinned = read_ledger_json(recorded.path)
+    except MapError:
+        pinned = {}
+    was = str(pinned["model"]) if isinstance(pinned.get("model"), str) else "the recorded model"
+    items = len(executor.concluded)
+    named = for_terminal(clip(model.label, 200), one_line=True)
+    if (pinned.get("guest") or {}).get("sha256") == executor.guest.sha256:
+        return (f"replay: the guest is unchanged, so 0 items will run on {named} and all {items} come from their "
+                f"recordings ({for_terminal(clip(was, 200), one_line=True)}'s answers): a replay asks the model only "
+                f"where an item's prompts change -- to answer the items on {named}, map them into a new run folder "
+                f"(tensorjob map ... --model {named}), or cascade to it (--cascade)")
+    return (f"replay: of {items} items, those whose prompts changed run on {named} from where they change (at most "
+            f"{items}); the rest come from their recordings ({for_terminal(clip(was, 200), one_line=True)}'s "
+            f"answers)")
+
+
 def _recorded_reads_line(recorded: RecordedMap) -> list[str]:
     """What the recorded map's items read under (its first readable transcript's ``--read``), named -- never
     taken -- so a replay given no grant says at once what it would need."""
@@ -451,17 +473,18 @@ def _live_model(recorded: RecordedMap, overrides: Overrides) -> ModelRef:
 
 
 def _scoring(recorded: RecordedMap, expected: Any, scorer: Any) -> Scoring | None:
-    """The replay's scoring: ``expected`` and ``scorer`` if given, else the recorded map's own."""
+    """The replay's scoring: ``expected`` and ``scorer`` if given, else the recorded map's own -- its expected
+    answers, or where it had none its reviewed values (``MapResult.expected``), scored by ``json_fields``."""
     total = recorded.total
     found = (Expected.read(expected, total, recorded.result.item_keys) if expected is not None
-             else Expected.from_folder(recorded.path, total))
+             else recorded.result.expected())
     if found is None:
         if scorer is not None:
             raise ReplayError("the recorded map has no expected answers to score against: give them (expected=, "
                               "--expected FILE.jsonl)")
         return None
     if scorer is None:
-        name = scorer_name(recorded.path)
+        name = scorer_name(recorded.path) or ("json_fields" if found.source == REVIEWS else None)
         if name not in BUILTINS:
             return None  # a Python function: given again, or not scored (MapReplay says so)
         scorer = name

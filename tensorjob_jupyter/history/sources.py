@@ -1,27 +1,17 @@
 """A run's sources as ``tensorjob show --sources`` prints them: each field, its place, an excerpt of the file.
 
-``excerpt_parts`` is the excerpt's text before any display's escaping; the map view shows it as HTML.
-
-A source names a file and byte offsets (``host/grounding.py``); the excerpt reads those bytes again, with a
-little context on each side, at most ``EXCERPT_BYTES`` of it, from a regular file only. A transcript can
-come from elsewhere: its offsets and paths are untrusted, so the read is bounded, the text is decoded with
-replacement and made terminal-safe, and a page's text or a fetched body (which the host does not keep) gives
-no excerpt.
+A source names a file and byte offsets (``host/grounding.py``); the excerpt reads those bytes again
+(``host/excerpts.py``: bounded, from a regular file only, decoded with replacement), and here it is made
+terminal-safe; a page's text or a fetched body (which the host does not keep) gives no excerpt.
 """
 
 from __future__ import annotations
 
-import os
-
+from tensorjob_jupyter.host.excerpts import CONTEXT_BYTES, SPAN_BYTES, excerpt_parts
 from tensorjob_jupyter.host.fields import result_fields
 from tensorjob_jupyter.host.grounding import DOUBTFUL, ELSEWHERE, GROUNDED, evidence_kind, source_label
 from tensorjob_jupyter.record.event_checks import check_sources
-from tensorjob_jupyter.regular_file import open_fd
 from tensorjob_jupyter.text import clip, for_terminal, json_text
-
-#: Bytes of context read on each side of a span, and the most of the span itself shown.
-CONTEXT_BYTES = 40
-SPAN_BYTES = 200
 
 
 def source_excerpt(source: dict, *, width: int = 100) -> str | None:
@@ -34,35 +24,6 @@ def source_excerpt(source: dict, *, width: int = 100) -> str | None:
     shown = [for_terminal(part, one_line=True) for part in (before, span, after)]
     room = max(10, width - len(shown[1]) - 4) // 2
     return ("…" if cut_before else "") + shown[0][-room:] + "«" + shown[1] + "»" + shown[2][:room] + "…"
-
-
-def excerpt_parts(source: dict) -> tuple[str, str, str, bool] | None:
-    """(the text before the span, the span -- at most ``SPAN_BYTES`` of it, ``…`` where cut -- the text after
-    it, whether the file goes on before) read again from ``source``'s file, each decoded with replacement and
-    at most ``CONTEXT_BYTES`` of context a side; None where there is no file to read. Not yet made safe for
-    any display: the caller escapes for its own."""
-    path, page = source.get("file"), source.get("page")
-    start, end = source.get("start"), source.get("end")
-    if not isinstance(path, str) or page is not None or not isinstance(start, int) or not isinstance(end, int):
-        return None
-    if start < 0 or end < start:
-        return None
-    try:
-        fd = open_fd(path)  # a regular file only: a FIFO or a device named by a transcript is never read
-    except (OSError, ValueError):
-        return None
-    try:
-        lo = max(0, start - CONTEXT_BYTES)
-        span_end = min(end, start + SPAN_BYTES)
-        data = os.pread(fd, (span_end - lo) + CONTEXT_BYTES, lo)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    before = data[:start - lo].decode("utf-8", "replace")
-    span = data[start - lo:span_end - lo].decode("utf-8", "replace") + ("…" if span_end < end else "")
-    after = data[span_end - lo:].decode("utf-8", "replace") if span_end == end else ""
-    return before, span, after, lo > 0
 
 
 #: How the terminal says what a field's sources say of it, where that is not "found".

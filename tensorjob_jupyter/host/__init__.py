@@ -5,8 +5,8 @@ Owns: ``spec`` (``JobSpec`` and ``Overrides``: a job's setup, and what was given
 ``answerer`` (the live world, or a recording), ``tokens`` (the one token loop of an ``infer``), ``debugger``,
 ``schemas`` and ``structured`` (an infer's output, constrained and validated; ``quoting``: fields copied from
 what was read), ``windows``, ``fields``, ``grounding`` (with ``spellings``: how a value may be written,
-``labels``: what it stands under), ``requirements`` and ``confidence`` (what a result's fields rest on),
-``waiting`` (Ctrl-C as cancel).
+``labels``: what it stands under, ``excerpts``: the text around a source, read again), ``requirements`` and
+``confidence`` (what a result's fields rest on), ``waiting`` (Ctrl-C as cancel).
 May import: ``sandbox``, ``world``, ``record``, ``inference``, and the wire modules (``abi``, ``limits``,
 ``text``, ``version``, ``regular_file``). Never ``history``, ``fanout``, ``serve`` or ``frontends``.
 The names below are all a front end uses of the host and the layers under it (a contract in pyproject.toml

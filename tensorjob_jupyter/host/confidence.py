@@ -1,7 +1,7 @@
 """How sure the model was of each field: an answer's leaves from its tokens' logprobs, a result's from its answers.
 
 ``answer_confidence`` lays an answer's tokens over its text and scores each scalar leaf by the probability of
-the tokens that spell it (a choice against its runner-up); ``FieldConfidence`` gives each field of the job's
+the tokens that spell it (a choice against its runner-up, a null against the best non-null start); ``FieldConfidence`` gives each field of the job's
 result the confidence of the answer leaf it came from, or None where no answer spelled it. Everything here is
 bounded by the answer's tokens, ``host.fields.MAX_FIELDS`` and ``MAX_SCHEMA_HOPS``.
 What these numbers can and cannot say is docs/guests.md's "Confidence".
@@ -163,7 +163,37 @@ def _chosen(records: Sequence[TokenLogprob], tokens: range) -> float | None:
     deciding = records[min(tokens, key=lambda t: records[t].logprob)]
     if deciding.runner_up is None:
         return 1.0
-    gap = deciding.logprob - deciding.runner_up  # p / (p + q) = 1 / (1 + e^-gap), without overflow either way
+    return _against(deciding.logprob - deciding.runner_up)
+
+
+#: How a JSON null is spelled: a token that starts it (after whitespace) is a null start, not an alternative to it.
+_NULL = b"null"
+
+
+def _null_start(token: bytes) -> bool:
+    """Whether ``token`` (its leading whitespace aside) begins to spell ``null``, or spells it and goes on."""
+    body = token.lstrip(b" \t\n\r")
+    return bool(body) and (_NULL.startswith(body) or body.startswith(_NULL))
+
+
+def _null_chosen(records: Sequence[TokenLogprob], tokens: range) -> float | None:
+    """A null against the best non-null start at its deciding token (its span's least sure one): the same rule
+    as a choice, ``p / (p + q)``, where ``q`` is the most likely other token that does not begin ``null`` too --
+    from the token's ``top`` alternatives other than itself where it has them (the least of them bounds ``q`` when all
+    begin ``null``), else its runner-up."""
+    if not tokens:
+        return None
+    deciding = records[min(tokens, key=lambda t: records[t].logprob)]
+    others = [t for t in deciding.top if t.token != deciding.token]
+    starts = [t.logprob for t in others if not _null_start(t.token)]
+    q = max(starts) if starts else min(t.logprob for t in others) if others else deciding.runner_up
+    if q is None:
+        return 1.0
+    return _against(deciding.logprob - q)
+
+
+def _against(gap: float) -> float:
+    """``p / (p + q)`` from ``gap = log p - log q``: ``1 / (1 + e^-gap)``, without overflow either way."""
     return 1.0 / (1.0 + math.exp(-gap)) if gap >= 0 else math.exp(gap) / (1.0 + math.exp(gap))
 
 
@@ -189,6 +219,9 @@ def answer_confidence(text: str, records: Sequence[TokenLogprob], kind: str,
     out: dict[tuple, tuple[Scalar, float | None]] = {}
     for parts, value, start, end in leaves:
         tokens = _span_tokens(ends, offsets[start], offsets[end])
+        if value is None:  # a null: the model chose to give no value, measured against giving one
+            out[parts] = (value, _null_chosen(records, tokens))
+            continue
         choice = isinstance(value, bool) or _is_choice(schema, parts)
         out[parts] = (value, _chosen(records, tokens) if choice else _spelled(records, tokens))
     return out

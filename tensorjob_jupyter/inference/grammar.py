@@ -174,6 +174,13 @@ def matches(constraint: Constraint, text: str) -> bool:
     return matcher.try_consume_tokens(list(data)) == len(data) and matcher.is_accepting()
 
 
+def allows_prefix(constraint: Constraint, data: bytes) -> bool:
+    """Whether ``data`` can begin an answer the grammar allows (an answer cut short: ``matches`` once whole)."""
+    matcher = _compiler.run(lambda: llguidance.LLMatcher(_byte_tokenizer(), grammar_of(constraint), log_level=0,
+                                                         limits=LIMITS))
+    return not matcher.is_error() and matcher.try_consume_tokens(list(data)) == len(data) and not matcher.is_error()
+
+
 _KIND_WORDS = {"json": "the JSON schema", "regex": "the regex", "choices": "the choices", "lark": "the Lark grammar"}
 
 
@@ -540,6 +547,7 @@ class GrammarSampler:
 
 __all__ = [
     "LIMITS", "MASK_CPU_LIMIT_S", "JSON_OPTIONS", "FREE_TEXT_RULE", "COMPILE_STACK_BYTES", "GRAMMAR_MEMO_BYTES",
-    "COMPILED_MEMO", "GRAMMARS", "EXACT_FORMATS", "Abandoned", "grammar_of", "lark_string", "check", "matches", "ROUND_TRIP_PROBES",
+    "COMPILED_MEMO", "GRAMMARS", "EXACT_FORMATS", "Abandoned", "grammar_of", "lark_string", "check", "matches",
+    "allows_prefix", "ROUND_TRIP_PROBES",
     "ModelGrammars", "GrammarSampler"
 ]

@@ -59,7 +59,7 @@ LIBRARY_USED = ("llama_log_callback", "llama_log_set", "llama_backend_init", "ll
                 "llama_sampler_apply", "llama_sampler_accept", "llama_get_logits_ith", "llama_token_data",
                 "llama_token_data_array", "llama_vocab_n_tokens", "llama_vocab_eos", "llama_token_get_attr",
                 "LLAMA_TOKEN_ATTR_CONTROL", "LLAMA_TOKEN_ATTR_USER_DEFINED", "llama_tokenize",
-                # a decode whose every job has ended is stopped between graph nodes (llama.py: _AbortWatch)
+                # a decode whose every job has ended is stopped between graph nodes (llama_abort.py: AbortWatch)
                 "llama_set_abort_callback", "ggml_abort_callback")
 #: Fields of the ctypes structures the grammar sampler fills.
 STRUCT_FIELDS_USED = {"llama_token_data": ("id", "logit", "p"),

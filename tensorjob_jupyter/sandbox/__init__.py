@@ -6,8 +6,9 @@ reads, calls under an epoch deadline), ``wasmcall`` (the hot call path),
 sources to a module, cached by content hash; ``GuestSource``), ``python``
 (Python guests: CPython compiled to WebAssembly by componentize-py, run under
 the same limits; ``PythonGuest`` is driven like ``Guest``), ``instance``
-(``open_guest``: ``Guest`` or ``PythonGuest`` for a job's bytes) and ``cache``
-(``cache_dir()``, a leaf both ``compile`` and ``python.interpreter`` use).
+(``open_guest``: ``Guest`` or ``PythonGuest`` for a job's bytes), ``engines`` (the shared wasmtime
+engines and their epoch clock) and ``cache`` (``cache_dir()``, a leaf both ``compile`` and
+``python.interpreter`` use).
 Inside: ``compile`` and ``instance`` sit above ``guest`` and ``python``;
 nothing in ``python`` imports ``compile`` or ``instance``.
 May import: ``abi``, ``limits``, ``text``, ``version``. Nothing above: a guest

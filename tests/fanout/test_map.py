@@ -112,13 +112,14 @@ def test_results_and_failures_files_are_exact(guest, tmp_path):
     assert (result.total, result.completed, result.failed, result.ran, result.skipped) == (5, 3, 2, 5, 0)
     assert result.status == "finished" and not result.ok
     assert result.results_path.read_text(encoding="utf-8").splitlines() == [  # in manifest order
-        '{"item":0,"key":"0","result":{"n":0},"sources":{"n":[]}}',  # the guest read nothing: found nowhere
-        '{"item":2,"key":"2","result":[1,"ü"],"sources":{"0":[],"1":[]}}',
+        '{"item":0,"key":"0","result":{"n":0},"sources":{"n":[]},"model":"scripted"}',  # found nowhere: read nothing
+        '{"item":2,"key":"2","result":[1,"ü"],"sources":{"0":[],"1":[]},"model":"scripted"}',
         '{"item":4,"key":"4","result":{"event":"infer_done","text":"a b","tokens_out":2},'
-        '"sources":{"event":[],"text":[],"tokens_out":[]}}',
+        '"sources":{"event":[],"text":[],"tokens_out":[]},"model":"scripted"}',  # each record names its model
     ]
     failures = [json.loads(line) for line in result.failures_path.read_text(encoding="utf-8").splitlines()]
-    assert failures[0] == {"item": 1, "key": "1", "error": {"code": "bad_item", "message": "item 1 is bad"}}
+    assert failures[0] == {"item": 1, "key": "1", "error": {"code": "bad_item", "message": "item 1 is bad"},
+                           "model": "scripted"}
     assert failures[1]["item"] == 3 and failures[1]["error"]["code"] == "wasm_trap"
     assert result.results() == {0: {"n": 0}, 2: [1, "ü"],
                                 4: {"event": "infer_done", "text": "a b", "tokens_out": 2}}

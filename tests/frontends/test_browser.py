@@ -733,3 +733,101 @@ def test_a_maps_result_cell_opens_to_each_field_s_source_with_the_span_highlight
             raise
         finally:
             context.close()
+
+
+#: The review widget: its value, the highlighted span, whether any script came with it.
+REVIEW_JS = """() => {
+  const v = document.querySelector('.tensorjob-review');
+  if (!v) return null;
+  const mark = v.querySelector('mark');
+  return {text: v.innerText, span: mark ? mark.textContent : null,
+          scripts: v.querySelectorAll('script').length, images: v.querySelectorAll('img').length};
+}"""
+
+
+def test_the_review_widget_is_driven_from_the_keyboard(jupyterlab):
+    """The review widget in JupyterLab: the invented vendor comes first; with the pointer over the card the
+    keys decide (c, typing, Enter corrects; a accepts; n nulls; b goes back) and the decisions reach reviews.jsonl;
+    the hostile vendor is text, never markup."""
+    from test_review_widget import make_run
+
+    base, tmp, server_log = jupyterlab
+    folder = tmp / "root" / "review"
+    folder.mkdir(parents=True)
+    run_dir = make_run(folder)
+    # the doubt order alone (no sample turns), so the first value is known; %tensorjob review gives the same widget
+    # with the default share (tests/frontends/test_kernel.py)
+    cells = ["import tensorjob_jupyter as tj", f"tj.MapResult.read({str(run_dir)!r}).review_widget(sample_share=0)"]
+    (folder / "review.ipynb").write_text(json.dumps({
+        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": c}
+                  for c in cells],
+        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+        "nbformat": 4, "nbformat_minor": 5}, indent=1))
+    shots = tmp / "screenshots-review"
+    shots.mkdir()
+    print(f"JupyterLab log: {server_log}\nscreenshots: {shots}")
+    console: list[str] = []
+
+    def decisions() -> list[tuple[str, str, object]]:
+        path = run_dir / "reviews.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return [(r["field"], r["decision"], r.get("corrected")) for r in map(json.loads, lines)]
+
+    def wait_for(count: int, what: str) -> list:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(decisions()) < count:
+            time.sleep(0.2)
+        assert len(decisions()) >= count, f"{what}: reviews.jsonl holds {decisions()}; browser: {console[-5:]}"
+        return decisions()
+
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp / "chromium-profile-review"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 900})
+        page = context.pages[0] if context.pages else context.new_page()
+        try:
+            page.set_default_timeout(60_000)
+            page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+            page.goto(f"{base}/lab/workspaces/review/tree/review/review.ipynb")
+            page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell")
+            page.wait_for_function(KERNEL_READY_JS, timeout=90_000)
+            _run_cell(page, 0)
+            _wait_executed(page, 0, 60, "the import cell")
+            _run_cell(page, 1)
+            _wait_executed(page, 1, 120, "the review cell")
+            page.wait_for_selector(".tensorjob-review-card", timeout=60_000)
+            shown = page.evaluate(REVIEW_JS)
+            assert "Globex Corporation" in shown["text"] and shown["scripts"] == 0, shown
+            page.locator(".tensorjob-review-card").hover()
+            page.keyboard.press("c")
+            box = page.locator(".tensorjob-review input[type=text]")
+            box.click()
+            page.keyboard.insert_text("Firm 1 Ltd")
+            page.keyboard.press("Enter")
+            assert wait_for(1, "c, typing, Enter") == [("vendor", "correct", "Firm 1 Ltd")]
+            page.locator(".tensorjob-review-card").hover()
+            page.keyboard.press("a")
+            wait_for(2, "a")
+            page.keyboard.press("n")
+            got = wait_for(3, "n")
+            assert [d for _, d, _ in got] == ["correct", "accept", "null"], got
+            page.keyboard.press("b")
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and "decided: null" not in page.evaluate(REVIEW_JS)["text"]:
+                time.sleep(0.2)
+            assert "decided: null" in page.evaluate(REVIEW_JS)["text"], "b shows the value just decided"
+            for _ in range(8):  # on to the hostile vendor, accepting as it goes
+                shown = page.evaluate(REVIEW_JS)
+                if "onerror" in shown["text"] or "Nothing more" in shown["text"]:
+                    break
+                page.keyboard.press("a")
+                time.sleep(0.5)
+            shown = page.evaluate(REVIEW_JS)
+            assert shown["images"] == 0 and shown["scripts"] == 0, shown  # the hostile text stayed text
+            page.locator(".tensorjob-review").first.screenshot(path=str(shots / "review.png"))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(shots / "failure.png"))
+            raise
+        finally:
+            context.close()

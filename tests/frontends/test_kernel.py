@@ -503,13 +503,16 @@ def test_sources_review_and_require_grounded_in_a_fresh_kernel(kernel, tmp_path)
                                 for i, c in enumerate(claims)), encoding="utf-8")
     reply, messages = run(kc, f"m = %tensorjob map {GUEST} --over {manifest} --run-dir {tmp_path / 'run'} "
                               f"--read {docs} --quiet\n"
-                              f"r = %tensorjob review {tmp_path / 'run'}\n"
+                              f"r = %tensorjob review {tmp_path / 'run'} --table\n"
+                              f"w = %tensorjob review {tmp_path / 'run'}\n"
                               "import json\n"
-                              "print(json.dumps([[x['item'], x['not_found']] for x in r]))\n"
+                              "print(json.dumps([[x['item'], x['field'], x['reason']] for x in r]))\n"
+                              "print(type(w).__name__, 'tensorjob-review' in w._dom_classes)\n"
                               "print(json.dumps(m.to_pandas()['grounded.claim'].tolist()))", timeout=180)
     assert reply["content"]["status"] == "ok", reply["content"]
-    order, grounded = stdout(messages).splitlines()
-    assert json.loads(order)[0] == [2, ["claim"]] and [i for i, _ in json.loads(order)] == [2, 0, 1]
+    order, widget, grounded = stdout(messages).splitlines()
+    assert widget == "VBox True"  # without --table: the review widget, one value at a time
+    assert json.loads(order)[0] == [2, "claim", "not_found"] and len(json.loads(order)) == 6
     assert json.loads(grounded) == [True, True, False]
     reply, messages = run(kc, f"s = %tensorjob map {GUEST} --over {manifest} --run-dir {tmp_path / 'strict'} "
                               f"--read {docs} --quiet --require-grounded claim --fail-item\n"

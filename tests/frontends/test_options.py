@@ -91,6 +91,34 @@ def test_the_flags_above_name_every_option(world):
     assert {o.flag for o in OPTIONS} <= given  # a new option must be added to this test
 
 
+#: A map's cascade flags (``options.CASCADE_FLAGS``): tests/fanout/test_cascade.py runs them; here, that each is
+#: in both option tables and reaches the map from both the command line and the magic.
+CASCADE = {"--cascade": "big.gguf", "--target": "0.9", "--delta": "0.1", "--cascade-on": "vendor,total",
+           "--cascade-score": "min_confidence", "--cascade-sample": "30", "--target-against": "oracle",
+           "--mixed-models": None}
+
+
+def test_the_cascade_flags_are_listed_documented_and_reach_the_map_everywhere(ip, world, monkeypatch):
+    from tensorjob_jupyter.frontends.options import CASCADE_FLAGS
+
+    assert [flag for flag, _ in CASCADE_FLAGS] == list(CASCADE)  # a new flag must be added to this test
+    root = Path(__file__).resolve().parents[2]
+    for page in (root / "README.md", root / "docs" / "notebook.md"):
+        table = page.read_text(encoding="utf-8")
+        assert all(f"`{flag}" in table for flag in CASCADE), page
+    monkeypatch.chdir(world)
+    for flag, value in CASCADE.items():
+        if flag in ("--cascade", "--mixed-models"):
+            continue
+        given = [flag, value]  # without --cascade, the map names the flag it cannot use alone
+        out, err = io.StringIO(), io.StringIO()
+        argv = ["map", "guest.c", "--over", "m.jsonl", "--run-dir", "run", "--cflags=-DANSWER=1", *given]
+        assert cli_main(argv, out=out, err=err) == 2, err.getvalue()
+        assert f"{flag} goes with --cascade MODEL" in err.getvalue()
+        with pytest.raises(UsageError, match=f"{flag} goes with --cascade MODEL"):
+            ip.run_line_magic("tensorjob", " ".join(argv[:-2] + [flag, value]))
+
+
 def check_created(created: dict, world, *, one_job: bool = True) -> None:
     """The job's record shows every option's value."""
     assert created["limits"] == {**tj.Limits().to_json(), **LIMITS}

@@ -3,8 +3,8 @@
 ``tests/guests/quote.c`` reads a document's first line (``quote``, copied from the window) and returns a
 ``claim`` it was only told (a planted value, found in no window). Through Python, ``tensorjob run`` and
 ``tensorjob map`` in a subprocess: the sources in the envelope, ``results.jsonl`` and ``rows()``;
-``--require-grounded`` rejecting the planted field alone (``--fail-item``: failing the item with ``ungrounded``); ``runs --table --review`` putting it
-first; ``show --sources`` printing the excerpt; and ``replay --map`` giving the same sources with no model.
+``--require-grounded`` rejecting the planted field alone (``--fail-item``: failing the item with ``ungrounded``);
+``runs --table --review`` putting its value first; ``show --sources`` printing the excerpt; and ``replay --map`` giving the same sources with no model.
 """
 
 import json
@@ -114,12 +114,15 @@ def test_cli_map_sources_in_results_rows_review_and_replay(docs):
     assert [r["grounded.claim"] for r in rows] == [True, True, False]
     assert rows[0]["source.claim"] == f"d0.txt:{LINES[0].index('ACME')}-{LINES[0].index('ACME') + 9}"
     assert rows[2]["source.claim"] == "" and rows[2]["grounded.quote"] is True
-    assert [r["item"] for r in tj.MapResult.read(docs / "run").review()] == [2, 0, 1]  # the planted one first
+    review = tj.MapResult.read(docs / "run").review()  # one row a value, the planted one first
+    assert [(r["item"], r["field"], r["reason"]) for r in review[:1]] == [(2, "claim", "not_found")]
+    assert len(review) == 6 and {r["reason"] for r in review[1:]} == {"unmeasured"}
 
     table = cli("runs", "--table", "run", "--review", "--json", cwd=docs)
     assert table.returncode == 0, table.stderr
     reviewed = [json.loads(line) for line in table.stdout.splitlines()]
-    assert [r["item"] for r in reviewed] == [2, 0, 1] and reviewed[0]["not_found"] == ["claim"]
+    assert [(r["item"], r["field"], r["found"]) for r in reviewed[:1]] == [(2, "claim", "not found")]
+    assert reviewed[1]["context"].startswith("«") and reviewed[1]["found"] == "grounded"
     assert cli("runs", "--review", cwd=docs).returncode == 2
 
     # a replayed map has the same sources with no model
@@ -156,9 +159,11 @@ def test_the_review_magic_orders_a_map_doubtful_first(docs, monkeypatch):
     result = ip.run_line_magic("tensorjob", f"map {GUEST} --over m.jsonl --run-dir run --read docs --quiet")
     ip.user_ns["mapped"] = result
     for target in ("run", "$mapped"):
-        rows = ip.run_line_magic("tensorjob", f"review {target}")
-        assert [r["item"] for r in rows] == [2, 0, 1] and rows[0]["not_found"] == ["claim"]
-        assert "claim" in repr(rows)  # shown as the table
+        rows = ip.run_line_magic("tensorjob", f"review {target} --table")
+        assert (rows[0]["item"], rows[0]["field"], rows[0]["reason"]) == (2, "claim", "not_found")
+        assert "claim" in repr(rows) and "not_found" in repr(rows)  # shown as the table, its reasons too
+        widget = ip.run_line_magic("tensorjob", f"review {target}")  # without --table: the review widget
+        assert "tensorjob-review" in widget._dom_classes
     from IPython.core.error import UsageError
     with pytest.raises(UsageError, match="review nowhere"):
         ip.run_line_magic("tensorjob", "review nowhere")

@@ -408,3 +408,29 @@ def test_a_map_keeps_each_item_s_confidence_in_results_jsonl_and_rows_give_confi
     assert result.confidences() == {0: {"name": None, "age": None}, 1: {"name": None, "age": None}}
     plain = tj_map(confident_guest(), [{"id": "a"}], tmp_path / "plain", backend=ScriptedBackend(ANSWER))
     assert not any(key.startswith("confidence.") for key in plain.rows()[0])
+
+
+def test_a_null_is_measured_against_the_best_non_null_start():
+    """A null is the model's choice to give no value: ``p / (p + q)`` at its deciding token, ``q`` the most likely
+    token that does not begin ``null`` too (from ``top`` where given, else the runner-up)."""
+    pieces = ['{"due": ', 'null', ', "n": ', '4', '}']
+    lps = [0.0, math.log(0.6), 0.0, math.log(0.9), 0.0]
+    runner = [None, math.log(0.3), None, None, None]
+    first = answer_confidence("".join(pieces), records_for(pieces, lps, runner), "json")
+    assert first[("due",)] == (None, pytest.approx(0.6 / (0.6 + 0.3)))  # not 0.6, the tokens' probability
+    # with top alternatives: another spelling of null (" nu") is not an alternative to it; '"' is
+    top = (TopLogprob(b"null", math.log(0.6)), TopLogprob(b" nu", math.log(0.3)), TopLogprob(b'"', math.log(0.1)))
+    records = [TokenLogprob(p.encode(), lp, r, top if p == "null" else ()) for p, lp, r in zip(pieces, lps, runner)]
+    leaves = answer_confidence("".join(pieces), records, "json")
+    assert leaves[("due",)][1] == pytest.approx(0.6 / (0.6 + 0.1))
+    # every alternative listed begins null: the least of them bounds the best non-null start
+    only_nulls = (TopLogprob(b"null", math.log(0.6)), TopLogprob(b"n", math.log(0.2)))
+    records = [TokenLogprob(p.encode(), lp, r, only_nulls if p == "null" else ()) for p, lp, r in
+               zip(pieces, lps, runner)]
+    assert answer_confidence("".join(pieces), records, "json")[("due",)][1] == pytest.approx(0.6 / (0.6 + 0.2))
+    # a sure null (no other token allowed) is 1; the confidence reaches the result's null field
+    sure = answer_confidence("".join(pieces), records_for(pieces, lps), "json")
+    assert sure[("due",)] == (None, 1.0)
+    folded = FieldConfidence()
+    folded.add(first)
+    assert folded.of({"due": None, "n": 4})["due"] == pytest.approx(0.6 / (0.6 + 0.3))

@@ -109,10 +109,10 @@ def constrained(engine, constraint: Constraint, *, seed=0, temperature=1.0, max_
     return result
 
 
-def sample_answer(engine, constraint: Constraint, *, seed: int, max_tokens: int) -> str | None:
+def draw_answer(engine, constraint: Constraint, *, seed: int, max_tokens: int) -> tuple[bytes, bool]:
     """An answer drawn under ``constraint`` from the tiny model's vocabulary and sampler chain, with random logits
-    in place of its forward pass (what a random-weight model gives, without paying for the decode); None when
-    ``max_tokens`` ran out before the grammar let it end."""
+    in place of its forward pass (what a random-weight model gives, without paying for the decode): its bytes, and
+    whether the grammar let it end before ``max_tokens`` ran out (else the bytes are those written by then)."""
     chain = engine._sampler(GenerateRequest("x", max_tokens, Sampler(temperature=1.0, seed=seed),
                                             constraint=constraint), [])
     rng = np.random.default_rng(seed)
@@ -121,11 +121,17 @@ def sample_answer(engine, constraint: Constraint, *, seed: int, max_tokens: int)
         for _ in range(max_tokens):
             token = chain.sample_logits((rng.standard_normal(engine.n_vocab) * 3).astype(np.float32))
             if engine.is_eog(token):
-                return b"".join(pieces).decode("utf-8")
+                return b"".join(pieces), True
             pieces.append(engine.piece(token))
-        return None
+        return b"".join(pieces), False
     finally:
         chain.close()
+
+
+def sample_answer(engine, constraint: Constraint, *, seed: int, max_tokens: int) -> str | None:
+    """``draw_answer``'s answer as text; None when ``max_tokens`` ran out before the grammar let it end."""
+    data, finished = draw_answer(engine, constraint, seed=seed, max_tokens=max_tokens)
+    return data.decode("utf-8") if finished else None
 
 
 def run_echo(echo, backend, options, prompt="hi", max_tokens=64, **kwargs):
@@ -545,7 +551,9 @@ def test_the_embedded_model_held_to_each_keyword_family_answers_valid_json(smoll
     for p, fut in zip(prompts, futures):
         result = fut.result(600)
         if result.finish_reason == "length" and family in UNBOUNDED_FAMILIES:
-            continue  # still inside its tree at the limit: unfinished, never invalid
+            # still inside its tree at the limit: unfinished, never invalid
+            assert grammar.allows_prefix(spec.constraint, result.text.encode("utf-8")), (family, p, result.text)
+            continue
         assert result.finish_reason == "stop", (family, p, result.text)
         validate(json.loads(result.text), schema)
         assert spec.check(result.text)[0] == result.text
@@ -698,14 +706,18 @@ def schemas():
 @given(schema=schemas(), seed=st.integers(0, 2**16))
 def test_any_supported_schema_held_on_the_random_model_answers_valid_json(tiny_engine, schema, seed):
     """Generated schemas over the supported keywords: each compiles, and every answer drawn at random under it
-    validates with ``jsonschema`` (an answer cut by the token limit may be unfinished: never invalid)."""
+    validates with ``jsonschema``; an answer cut by the token limit is unfinished, never invalid: what it wrote is
+    the start of an answer the grammar takes, one the schema's whole answers begin with."""
     note(json.dumps(schema))
     spec = spec_of(schema)  # every keyword generated is supported: no refusal
-    text = sample_answer(tiny_engine, spec.constraint, seed=seed, max_tokens=150)
-    event("finished" if text is not None else "cut at the token limit")
-    if text is None:
+    data, finished = draw_answer(tiny_engine, spec.constraint, seed=seed, max_tokens=150)
+    event("finished" if finished else "cut at the token limit")
+    note(repr(data))
+    if not finished:
+        assert data and grammar.allows_prefix(spec.constraint, data)
+        assert not grammar.allows_prefix(spec.constraint, data + b"\x00")  # the check refuses what JSON cannot hold
         return
-    note(text)
+    text = data.decode("utf-8")
     validate(json.loads(text), schema)
     assert spec.check(text)[0] == text
 
@@ -794,10 +806,14 @@ def test_any_supported_schema_held_on_the_embedded_model_answers_valid_json(smol
     result = smollm.generate_stream(GenerateRequest("Fill in this form. Answer in JSON.", 80,
                                                     Sampler(repeat_penalty=1.1), chat=None,
                                                     constraint=spec.constraint), lambda _: True).result(600)
-    if result.finish_reason == "length":
-        return
     note(result.text)
+    if result.finish_reason == "length":  # cut at the token limit: unfinished, never invalid
+        assert result.usage.completion_tokens == 80, result.usage
+        assert grammar.allows_prefix(spec.constraint, result.text.encode("utf-8")), result.text
+        return
+    assert result.finish_reason == "stop", result
     validate(json.loads(result.text), schema)
+    assert spec.check(result.text)[0] == result.text
 
 
 #: Any character a JSON string may carry (no lone surrogate: the ABI refuses those), control characters included.

@@ -29,7 +29,7 @@ import wat
 from served_support import FakeServer
 from tensorjob_jupyter.abi import codes
 from tensorjob_jupyter.inference import logprobs as logprobs_module
-from tensorjob_jupyter.inference import served
+from tensorjob_jupyter.inference import served, served_transport
 from tensorjob_jupyter.inference.base import GenerateRequest, ModelError
 from tensorjob_jupyter.inference.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, read_openai_logprobs
 from tensorjob_jupyter.inference.served import ServedBackend
@@ -154,7 +154,7 @@ class _Call:
 
 def guarded(chunks):
     """Read ``chunks`` through the answer's guard: True when it read them all, False when it refused."""
-    body = served._GuardedBody(iter(chunks), _Call(), events=True)
+    body = served_transport.GuardedBody(iter(chunks), _Call(), events=True)
     try:
         for _ in body:
             pass
@@ -184,7 +184,7 @@ data_line = st.binary(max_size=20).map(lambda b: b"data: " + b.replace(b"\r", b"
        st.lists(st.sampled_from(ENDINGS), min_size=1, max_size=4), st.lists(st.integers(0, 10**4), max_size=12))
 def test_events_within_the_bound_pass_in_any_chunks_and_a_larger_one_never_does(events, endings, cuts):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(served, "MAX_EVENT_BYTES", BOUND)
+        mp.setattr(served_transport, "MAX_EVENT_BYTES", BOUND)
         # an event's bytes: its lines and their ends, the blank line's end, and the LF a CRLF blank line leaves
         within = [lines for lines in events if sum(len(x) + 2 for x in lines) + 3 <= BOUND]
         if within:

@@ -38,7 +38,7 @@ import tensorjob_jupyter as tj
 import wat
 from tensorjob_jupyter.abi import Envelope, JobStatus, Usage, codes
 from tensorjob_jupyter.host import jobs as jobs_module
-from tensorjob_jupyter.inference import served
+from tensorjob_jupyter.inference import served, served_errors, served_transport
 from tensorjob_jupyter.inference.base import GenerateResult, GenerateUsage, ModelError
 from tensorjob_jupyter.inference.served import ServedBackend
 from tensorjob_jupyter.record.event_checks import MAX_COUNT, check_envelope
@@ -237,7 +237,7 @@ JSON_NUMBERS = st.one_of(st.integers(min_value=-(10 ** 30), max_value=10 ** 30),
        max_tokens=st.integers(1, 100_000), pieces=st.integers(0, 100))
 def test_any_usage_a_server_sends_becomes_counts_a_transcript_holds(usage, max_tokens, pieces):
     b = ServedBackend("http://127.0.0.1:9/v1")
-    call = served._Call("generate", 1 << 20, max_tokens)
+    call = served_transport.Call("generate", 1 << 20, max_tokens)
     call.pieces = pieces
     got = b._usage(usage, call)
     for value in (got.prompt_tokens, got.completion_tokens, got.cached_tokens):
@@ -279,7 +279,7 @@ def test_no_clip_leaves_a_run_of_the_key(key, before, after, cut, n):
     """Whole or in part, anywhere a clip may cut: what a message quotes has no run of the key."""
     assert served.KEY_RUN_CHARS == RUN
     for text in (before + key + after, before + key[cut:] + after, before + key[:cut] + after):
-        for shown in (served.scrub_key(text, key), served._clip(text, n, lambda t: served.scrub_key(t, key))):
+        for shown in (served.scrub_key(text, key), served_errors.clip(text, n, lambda t: served.scrub_key(t, key))):
             assert not any(key[i:i + RUN] in shown for i in range(len(key) - RUN + 1)), shown
 
 

@@ -251,7 +251,7 @@ def test_batched_serving_runs_every_request(tiny):
                                                      for lora in [(), (LoraChoice("a"),), ()]]
 
 
-def test_a_batch_lists_its_sequences_in_slot_order_whatever_order_they_came_in(tiny):
+def test_a_batch_lists_its_sequences_in_slot_order_whatever_order_they_came_in(tiny, monkeypatch):
     """llama.cpp cuts a batch over separate KV streams into one micro-batch per run of consecutive
     sequence ids: requests whose slots came out [1, 2, 3, 0] (the first three took the empty slots, the
     last the one a finished request left) would cost two graph computes a step. The engine lists them
@@ -259,24 +259,14 @@ def test_a_batch_lists_its_sequences_in_slot_order_whatever_order_they_came_in(t
     from tensorjob_jupyter.inference.base import Pending
 
     gen(tiny, "a dog ran", 4)  # a slot holds this request's tokens; the next four take the others first
-    batches = []
-    decode = tiny._decode
-
-    def recording_decode():
-        b = tiny._batch.batch
-        batches.append([b.seq_id[i][0] for i in range(b.n_tokens)])
-        decode()
-
     done = {}
     items = [Pending(GenerateRequest(f"{i} the cat", 6, cache_prompt=False), lambda _t: True,
                      lambda r, e, i=i: done.__setitem__(i, (r, e))) for i in range(4)]
     queue = list(items[1:])
-    tiny._decode = recording_decode
-    try:
-        tiny.serve(items[0], lambda wait=0.0: queue.pop(0) if queue else None)
-    finally:
-        del tiny._decode
+    log = DecodeLog(tiny, monkeypatch)
+    tiny.serve(items[0], lambda wait=0.0: queue.pop(0) if queue else None)
     assert all(error is None and result.usage.completion_tokens == 6 for result, error in done.values())
+    batches = [[seq_id for seq_id, _ in rows] for rows in log.decodes]
     steps = [ids for ids in batches if len(ids) > 1 and len(set(ids)) == len(ids)]  # steps, not prefills
     assert steps and all(ids == sorted(ids) for ids in steps), batches
     assert steps[0] == list(range(4)), batches  # all four slots, consecutive: one micro-batch
@@ -362,7 +352,7 @@ def test_prompts_started_mid_batch_are_read_in_chunks_within_the_running_steps_a
     alone = [gen(tiny, p, 6, cache_prompt=False)[0].text for p in LONG_PROMPTS]
     running_alone = gen(tiny, "the cat", 40, cache_prompt=False)[0].text
     chunk = 16
-    monkeypatch.setattr(tiny, "_prompt_budget", lambda running, readers=1: chunk if running else tiny.n_batch)
+    monkeypatch.setattr(tiny._rates, "budget", lambda running, readers=1: chunk if running else tiny.n_batch)
     log = DecodeLog(tiny, monkeypatch)
     done = {}
     running = Collector()
@@ -392,7 +382,7 @@ def test_a_prompt_abandoned_while_it_is_read_leaves_the_batch_at_once(tiny, monk
     from tensorjob_jupyter.inference.base import Pending
 
     running_alone = gen(tiny, "the cat", 30, cache_prompt=False)[0].text
-    monkeypatch.setattr(tiny, "_prompt_budget", lambda running, readers=1: 8 if running else tiny.n_batch)
+    monkeypatch.setattr(tiny._rates, "budget", lambda running, readers=1: 8 if running else tiny.n_batch)
     log = DecodeLog(tiny, monkeypatch)
     ended = threading.Event()
     done = {}
@@ -420,52 +410,57 @@ def test_a_prompt_abandoned_while_it_is_read_leaves_the_batch_at_once(tiny, monk
     assert done["running"][0].text == running_alone
 
 
-def test_the_prompt_budget_keeps_a_step_within_its_ratio_of_the_running_step(tiny, monkeypatch):
+def test_the_prompt_budget_keeps_a_step_within_its_ratio_of_the_running_step():
     """With none running a step reads all the batch holds; beside running sequences, the prompt tokens that cost
     ``PROMPT_STEP_RATIO - 1`` of their measured step -- a step of as many sequences, or at least what the sizes
     measured say it costs -- never fewer than ``PROMPT_MIN_TOKENS`` a prompt nor more than the batch's room; before
     anything is measured, the fewest. Where a token read alone says a chunk's fixed part is most of it, the chunk
     grows to where it is not, within ``PROMPT_STEP_RATIO_MAX``."""
-    from tensorjob_jupyter.inference.llama import PROMPT_MIN_TOKENS, PROMPT_STEP_RATIO, PROMPT_STEP_RATIO_MAX
+    from tensorjob_jupyter.inference.llama_batch import (PROMPT_MIN_TOKENS, PROMPT_STEP_RATIO, PROMPT_STEP_RATIO_MAX,
+                                                         PromptRates)
 
-    for name, value in (("_step_s", {}), ("_chunk_s", None), ("_chunk_tokens", None), ("_lone_token_s", None)):
-        monkeypatch.setattr(tiny, name, value)
-    assert tiny._prompt_budget(0) == tiny.n_batch
-    assert tiny._prompt_budget(3) == PROMPT_MIN_TOKENS
-    assert tiny._prompt_budget(3, readers=2) == 2 * PROMPT_MIN_TOKENS
-    tiny._measured(0.020, decoding=3, prompt_tokens=0)  # a step of three running sequences
-    assert tiny._prompt_budget(3) == PROMPT_MIN_TOKENS
-    tiny._measured(0.025, decoding=3, prompt_tokens=10)  # ten prompt tokens beside them added 5 ms: 0.5 ms a token
-    assert tiny._step_s == {3: 0.020} and (tiny._chunk_s, tiny._chunk_tokens) == (pytest.approx(0.005), 10)
-    assert tiny._prompt_budget(3) == 2 * 10  # at most twice the last chunk measured, on the way to ...
-    tiny._measured(0.030, decoding=3, prompt_tokens=20)
-    assert tiny._prompt_budget(3) == round((PROMPT_STEP_RATIO - 1) * 0.020 / 0.0005) == 40  # ... what fits the ratio
+    n_batch = 256  # the tiny model's engine: its whole context
+    rates = PromptRates(n_batch)
+    assert rates.budget(0) == n_batch
+    assert rates.budget(3) == PROMPT_MIN_TOKENS
+    assert rates.budget(3, readers=2) == 2 * PROMPT_MIN_TOKENS
+    rates.measured(0.020, decoding=3, prompt_tokens=0)  # a step of three running sequences
+    assert rates.budget(3) == PROMPT_MIN_TOKENS
+    rates.measured(0.025, decoding=3, prompt_tokens=10)  # ten prompt tokens beside them added 5 ms: 0.5 ms a token
+    assert rates.step_s == {3: 0.020} and (rates.chunk_s, rates.chunk_tokens) == (pytest.approx(0.005), 10)
+    assert rates.budget(3) == 2 * 10  # at most twice the last chunk measured, on the way to ...
+    rates.measured(0.030, decoding=3, prompt_tokens=20)
+    assert rates.budget(3) == round((PROMPT_STEP_RATIO - 1) * 0.020 / 0.0005) == 40  # ... what fits the ratio
     # a step of one sequence, not measured yet: at least a third of a step of three
-    assert tiny._prompt_budget(1) == round((PROMPT_STEP_RATIO - 1) * 0.020 / 3 / 0.0005)
-    tiny._measured(0.012, decoding=1, prompt_tokens=0)
-    assert tiny._prompt_budget(1) == round((PROMPT_STEP_RATIO - 1) * 0.012 / 0.0005)
-    tiny._measured(0.012, decoding=1, prompt_tokens=5)  # a step timed under the running step's average: no cost
-    assert tiny._prompt_budget(1) == 2 * 5  # twice the last chunk, not all the batch holds
+    assert rates.budget(1) == round((PROMPT_STEP_RATIO - 1) * 0.020 / 3 / 0.0005)
+    rates.measured(0.012, decoding=1, prompt_tokens=0)
+    assert rates.budget(1) == round((PROMPT_STEP_RATIO - 1) * 0.012 / 0.0005)
+    rates.measured(0.012, decoding=1, prompt_tokens=5)  # a step timed under the running step's average: no cost
+    assert rates.budget(1) == 2 * 5  # twice the last chunk, not all the batch holds
     # the running sequences sat a step out (a late listener): the chunk was all of that step; two prompts, two chunks
-    tiny._measured(0.010, decoding=0, prompt_tokens=20, running=3, readers=2)
-    assert tiny._last_chunk == 10
-    tiny._measured(10.0, decoding=3, prompt_tokens=40)  # prompt tokens turned slow beside the running ones
-    assert tiny._prompt_budget(3) == PROMPT_MIN_TOKENS
-    assert tiny._prompt_budget(tiny.n_batch) == 0
+    rates.measured(0.010, decoding=0, prompt_tokens=20, running=3, readers=2)
+    assert rates.last_chunk == 10
+    rates.measured(10.0, decoding=3, prompt_tokens=40)  # prompt tokens turned slow beside the running ones
+    assert rates.budget(3) == PROMPT_MIN_TOKENS
+    assert rates.budget(n_batch) == 0
 
     # a quiet CPU: a chunk of 2 tokens adds 15 ms to a 12 ms step, of which a token read alone is 2.5 ms
-    for name, value in (("_step_s", {}), ("_chunk_s", None), ("_chunk_tokens", None), ("_lone_token_s", None)):
-        monkeypatch.setattr(tiny, name, value)
-    tiny._measured(0.012, decoding=1, prompt_tokens=0)
-    tiny._measured(0.012 + 0.015, decoding=1, prompt_tokens=2)
-    assert tiny._prompt_budget(1) == round((PROMPT_STEP_RATIO - 1) * 0.012 / 0.0075) == 2  # the ratio alone
-    tiny._measured(0.5, decoding=0, prompt_tokens=200)  # a prompt read with none running: 2.5 ms a token
-    tiny._measured(0.4, decoding=0, prompt_tokens=20)  # ... in a chunk too small to tell
-    assert tiny._lone_token_s == pytest.approx(0.0025)
+    rates = PromptRates(n_batch)
+    rates.measured(0.012, decoding=1, prompt_tokens=0)
+    rates.measured(0.012 + 0.015, decoding=1, prompt_tokens=2)
+    assert rates.budget(1) == round((PROMPT_STEP_RATIO - 1) * 0.012 / 0.0075) == 2  # the ratio alone
+    rates.measured(0.5, decoding=0, prompt_tokens=200)  # a prompt read with none running: 2.5 ms a token
+    rates.measured(0.4, decoding=0, prompt_tokens=20)  # ... in a chunk too small to tell
+    assert rates.lone_token_s == pytest.approx(0.0025)
     # its fixed part is 10 ms, four tokens' worth -- but a step of 4 tokens would cost more than the ceiling allows
-    assert tiny._prompt_budget(1) == round((PROMPT_STEP_RATIO_MAX - 1) * 0.012 / 0.0075) == 3
-    tiny._measured(0.020, decoding=1, prompt_tokens=0)  # the running step turned slower: room for all four
-    assert tiny._prompt_budget(1) == 4
+    assert rates.budget(1) == round((PROMPT_STEP_RATIO_MAX - 1) * 0.012 / 0.0075) == 3
+    rates.measured(0.020, decoding=1, prompt_tokens=0)  # the running step turned slower: room for all four
+    assert rates.budget(1) == 4
+
+
+def test_an_engine_s_prompt_rates_hold_its_batch(tiny):
+    """The engine reads prompts to the rates of its own batch: with none running, a step reads all of it."""
+    assert tiny._rates.n_batch == tiny.n_batch == 256 and tiny._rates.budget(0) == tiny.n_batch
 
 
 #: Seconds a decode step takes by the sequences in it, what a prompt chunk's own micro-batch adds, and what a prompt
@@ -488,13 +483,13 @@ def test_a_prompt_read_beside_running_sequences_keeps_their_steps_within_about_t
     engine = LlamaEngine(tiny_files["model"], **PINNED)
     try:
         for d, seconds in steps.items():
-            engine._measured(seconds, d, 0)
-        engine._measured(fixed + 300 * per_token, 0, 300)
+            engine._rates.measured(seconds, d, 0)
+        engine._rates.measured(fixed + 300 * per_token, 0, 300)
         ratios, chunks = [], []
         for _ in range(60):
-            n = engine._prompt_budget(running)
+            n = engine._rates.budget(running)
             seconds = steps[running] + fixed + n * per_token
-            engine._measured(seconds, running, n)
+            engine._rates.measured(seconds, running, n)
             ratios.append(seconds / steps[running])
             chunks.append(n)
     finally:
@@ -515,7 +510,7 @@ def test_a_request_sitting_steps_out_still_bounds_the_prompt_read_beside_it(tiny
     alone = gen(tiny, LONG_PROMPTS[0], 6, cache_prompt=False)[0].text
     running_alone = gen(tiny, "the cat", 40, cache_prompt=False)[0].text
     chunk = 4
-    monkeypatch.setattr(tiny, "_prompt_budget", lambda running, readers=1: chunk if running else tiny.n_batch)
+    monkeypatch.setattr(tiny._rates, "budget", lambda running, readers=1: chunk if running else tiny.n_batch)
     log = DecodeLog(tiny, monkeypatch)
     done = {}
     running = Collector()
@@ -685,9 +680,9 @@ def test_queued_requests_start_longest_prefix_first_and_answer_as_alone(tiny_fil
 @given(st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(0, 5), min_size=0, max_size=4)),
                 min_size=1, max_size=40))
 def test_prefix_first_passes_no_request_over_more_than_its_limit(rounds):
-    """Whatever the scores and the arrivals, ``_prefix_first`` starts the highest score (the earliest among equals)
+    """Whatever the scores and the arrivals, ``prefix_first`` starts the highest score (the earliest among equals)
     until the first has been passed over ``PREFIX_PASS_LIMIT`` times, and no request is ever passed over more."""
-    from tensorjob_jupyter.inference.llama import PREFIX_PASS_LIMIT, _prefix_first
+    from tensorjob_jupyter.inference.llama_scheduler import PREFIX_PASS_LIMIT, prefix_first
 
     waiting: list[list[int]] = []  # [score, times passed over]
     for starts, arrivals in rounds:
@@ -695,7 +690,7 @@ def test_prefix_first_passes_no_request_over_more_than_its_limit(rounds):
         for _ in range(starts):
             if not waiting:
                 break
-            k = _prefix_first([w[0] for w in waiting], [w[1] for w in waiting])
+            k = prefix_first([w[0] for w in waiting], [w[1] for w in waiting])
             if waiting[0][1] < PREFIX_PASS_LIMIT:
                 top = max(w[0] for w in waiting)
                 assert waiting[k][0] == top and all(w[0] < top for w in waiting[:k])
@@ -850,69 +845,81 @@ def test_a_request_ended_while_its_grammar_chooses_is_answered_at_once_and_its_s
     assert gen(tiny, "the cat", 3)[0].usage.completion_tokens == 3
 
 
-def test_an_engine_given_no_thread_count_fits_its_threads_to_the_cpus_other_work_leaves(tiny_files):
+class BusyMachine:
+    """The machine as an engine's ``CpuShare`` sees it, its other work set by the test: a window passes in which
+    other work keeps some CPUs busy (``window``), and a request runs just after one (``request``)."""
+
+    def __init__(self) -> None:
+        from tensorjob_jupyter.inference.topology import CpuShare
+
+        self.clock = self.busy = 0.0
+        self.share = CpuShare(2.0, busy=lambda: self.busy, own=lambda: 0.0, clock=lambda: self.clock)
+
+    def window(self, others: float, seconds: float = 2.5) -> None:
+        self.clock += seconds
+        self.busy += seconds * others
+
+    def request(self, engine, others: float, max_tokens: int, **kwargs):
+        """The usage of one request whose first step comes after a window in which other work kept ``others``
+        CPUs busy."""
+        self.window(others)
+        return gen(engine, "the cat", max_tokens, cache_prompt=False, **kwargs)[0].usage
+
+
+@pytest.fixture
+def machine():
+    return BusyMachine()
+
+
+def test_an_engine_given_no_thread_count_fits_its_threads_to_the_cpus_other_work_leaves(tiny_files, machine):
     """Two windows in a row that say other work takes the CPUs: the engine decodes with one thread from the next
     step on (its usage says so), and with its own again once the machine is free; a request decoded alone keeps
     the threads it asked for; an engine given a thread count keeps it whatever the machine does."""
-    from tensorjob_jupyter.inference.topology import CpuShare, logical_cpus
+    from tensorjob_jupyter.inference.topology import logical_cpus
 
-    clock, busy = [0.0], [0.0]
-    share = CpuShare(2.0, busy=lambda: busy[0], own=lambda: 0.0, clock=lambda: clock[0])
+    def threads(others: float, **kwargs) -> int:
+        return machine.request(engine, others, 4, **kwargs).threads
 
-    def one_request(others: float, **kwargs):
-        clock[0] += 2.5  # a window has passed by the request's first step...
-        busy[0] += 2.5 * others  # ...in which other work kept ``others`` CPUs busy
-        return gen(engine, "the cat", 4, cache_prompt=False, **kwargs)[0].usage.threads
-
-    engine = LlamaEngine(tiny_files["model"], cpu_share=share)
+    engine = LlamaEngine(tiny_files["model"], cpu_share=machine.share)
     try:
         assert engine.fits_threads and engine.n_threads == physical_cores()
         own = engine.n_threads
         taken = float(logical_cpus())  # every CPU busy with other work
-        assert one_request(taken) == own  # one window says so: not yet
-        assert one_request(taken) == 1  # the second agrees: one thread
+        assert threads(taken) == own  # one window says so: not yet
+        assert threads(taken) == 1  # the second agrees: one thread
         usage = gen(engine, "the cat", 4, cache_prompt=False)[0].usage
         assert (usage.threads, usage.own_threads) == (1, own)  # what the response's timing says it decoded with
-        assert one_request(taken, alone=True, threads=own) == own  # a deterministic request's own count stands
-        assert one_request(taken) == 1
-        assert one_request(0.0) == 1 and one_request(0.0) == own  # free again: after two windows, its own
+        assert threads(taken, alone=True, threads=own) == own  # a deterministic request's own count stands
+        assert threads(taken) == 1
+        assert threads(0.0) == 1 and threads(0.0) == own  # free again: after two windows, its own
     finally:
         engine.close()
-    pinned = LlamaEngine(tiny_files["model"], cpu_share=share, **PINNED)
+    pinned = LlamaEngine(tiny_files["model"], cpu_share=machine.share, **PINNED)
     try:
         assert not pinned.fits_threads
-        clock[0] += 10
-        busy[0] += 10 * taken
+        machine.window(taken, seconds=10)
         assert gen(pinned, "the cat", 4)[0].usage.threads == pinned.n_threads
     finally:
         pinned.close()
 
 
 def test_the_quiet_rate_is_learnt_from_sequences_that_saw_only_quiet_windows_and_reported_beside_each_rate(
-        tiny_files):
+        tiny_files, machine):
     """An engine that watches the machine learns, per batch size, the tokens a second its sequences decode at while
     other work leaves the CPUs quiet, and reports it with every answer of that batch size -- what a front end reads
     an answer's own rate against; a sequence that saw a busy window does not move it."""
     from tensorjob_jupyter.inference.llama import RATE_WEIGHT
-    from tensorjob_jupyter.inference.topology import CpuShare, logical_cpus
+    from tensorjob_jupyter.inference.topology import logical_cpus
 
-    clock, busy = [0.0], [0.0]
-    share = CpuShare(2.0, busy=lambda: busy[0], own=lambda: 0.0, clock=lambda: clock[0])
-
-    def one_request(others: float):
-        clock[0] += 2.5  # a window ends at the request's first step...
-        busy[0] += 2.5 * others  # ...in which other work kept ``others`` CPUs busy
-        return gen(engine, "the cat", 6, cache_prompt=False)[0].usage
-
-    engine = LlamaEngine(tiny_files["model"], cpu_share=share)
+    engine = LlamaEngine(tiny_files["model"], cpu_share=machine.share)
     try:
         assert gen(engine, "the cat", 6)[0].usage.quiet_tokens_per_second is None  # no window seen: nothing learnt
-        first = one_request(0.0)
+        first = machine.request(engine, 0.0, 6)
         assert first.quiet_tokens_per_second == first.tokens_per_second  # its own quiet run is the first measure
-        learnt = engine._quiet_rates[1]
-        busy_run = one_request(float(logical_cpus()))
-        assert busy_run.quiet_tokens_per_second == learnt and engine._quiet_rates[1] == learnt  # unmoved
-        quiet_again = one_request(0.0)  # moves it a step towards its own rate
+        learnt = engine._machine.quiet_rates[1]
+        busy_run = machine.request(engine, float(logical_cpus()), 6)
+        assert busy_run.quiet_tokens_per_second == learnt and engine._machine.quiet_rates[1] == learnt  # unmoved
+        quiet_again = machine.request(engine, 0.0, 6)  # moves it a step towards its own rate
         assert quiet_again.quiet_tokens_per_second == pytest.approx(
             learnt + RATE_WEIGHT * (quiet_again.tokens_per_second - learnt))
     finally:
