@@ -41,7 +41,7 @@ from tensorjob_jupyter.fanout import start as starting  # a module: start_map st
 from tensorjob_jupyter.inference.providers import ModelRef
 
 __all__ = ["CASCADE", "ORACLE_DIR", "PROXY", "ORACLE", "SAMPLED", "AGAINST", "DEFAULT_TARGET", "DEFAULT_DELTA",
-           "CascadeRun", "start_cascade", "read_cascade", "cascade_lines", "summary_lines", "agrees"]
+           "PHASES", "CascadeRun", "start_cascade", "read_cascade", "cascade_lines", "summary_lines", "agrees"]
 
 #: The oracle's map folder, inside the cascade's run folder.
 ORACLE_DIR = "oracle"
@@ -55,6 +55,10 @@ CASCADE_FORMAT = "tensorjob-cascade/1"
 MAX_CASCADE_BYTES = 64 * 1024 * 1024
 #: What a cascade's settings are, in ``cascade.json``: none may change once the sample is drawn.
 SETTINGS = ("oracle_model", "target", "delta", "score", "fields", "against", "scorer", "sample_size", "seed")
+#: The phases a ``CascadeRun`` goes through (its ``phase``, an item event's ``phase``), in order, as a view and
+#: the terminal name them.
+PHASES = {"proxy": "proxy on every item", "sample": "sample on the oracle", "oracle": "oracle below the threshold",
+          "merge": "merged"}
 
 
 def agrees(scorer: Scorer, item: int, proxy: dict | None, reference: Any, names: tuple[str, ...]) -> bool:
@@ -432,10 +436,14 @@ class CascadeRun:
         return "finished"
 
     def _threshold_message(self, cert: Certificate, rest: int, total: int) -> str:
+        agreed = self.state.get("agreement") or {}
+        sample = (f"the sample agreed with the {self.settings['against']} on {agreed.get('agree')} of "
+                  f"{agreed.get('sampled')} items; " if agreed else "")
         if cert.threshold is None:
-            return f"cascade: {cert.reason}; {rest} more items to the oracle"
-        return (f"cascade: threshold {cert.threshold:.4g} certified (lower bound {cert.bound:.3f} on the agreement of "
-                f"the {cert.above} items at or above it); the {rest} unsampled items under it go to the oracle")
+            return f"cascade: {sample}{cert.reason}; {rest} more items to the oracle"
+        return (f"cascade: {sample}threshold {cert.threshold:.4g} certified (lower bound {cert.bound:.3f} on the "
+                f"agreement of the {cert.above} items at or above it); the {rest} unsampled items under it go to the "
+                f"oracle")
 
     def _oracle_map(self, only: frozenset, *, restart: bool = False) -> MapResult:
         o = self._oracle

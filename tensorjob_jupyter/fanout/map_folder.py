@@ -107,6 +107,10 @@ def put_in_item_order(path: Path, *, in_order_until: int = 0, last: int = -1) ->
     os.replace(tmp, path)
 
 
+#: How a map names a backend factory that names no model (``model_name``): by its content key, which a factory
+#: rebuilt in another process (a cluster's, a resume's) need not share -- so it pins nothing (``_check_model``).
+ANONYMOUS_FACTORY = "backend factory "
+
 class MapFolder:
     """The ledger, the results files and the lock of one map's run folder."""
 
@@ -221,11 +225,13 @@ class MapFolder:
         return ledger
 
     def _check_model(self, model: str | None, mixed_models: bool) -> None:
-        """Pin the folder's model (the first one named); another is ``ResumeRefused`` unless ``mixed_models``."""
-        if model is None:
+        """Pin the folder's model (the first one named); another is ``ResumeRefused`` unless ``mixed_models``. A
+        backend factory that names no model (``backend factory KEY``) cannot be told from another and pins nothing:
+        the first model named after it is pinned."""
+        if model is None or model.startswith(ANONYMOUS_FACTORY):
             return
         old = self._ledger.get("model")
-        if not isinstance(old, str):
+        if not isinstance(old, str) or old.startswith(ANONYMOUS_FACTORY):
             self._ledger["model"] = model
         elif old != model and not mixed_models:
             raise ResumeRefused(

@@ -373,9 +373,11 @@ class MapResult:
         tiers: dict[Any, None] = {}  # a cascade's answered_by values
 
         def add_tier(record: dict) -> None:  # a cascade's, or a map of mixed models (fanout/cascade.py)
-            models[record.get("model")] = None
+            model = record.get("model")  # text from a file that may have been edited: never a key as it is
+            models[model if model is None or isinstance(model, str) else str(model)[:200]] = None
             if "answered_by" in record:
-                tiers[record["answered_by"]] = None
+                tier = record["answered_by"]
+                tiers[tier if isinstance(tier, str) else str(tier)[:200]] = None
             proxy = record.get("proxy")
             if isinstance(proxy, dict) and "result" in proxy:
                 proxy_keys.update(dict.fromkeys(flattened("proxy", proxy["result"])))

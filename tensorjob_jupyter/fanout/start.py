@@ -28,7 +28,7 @@ from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.fanout import cascade as cascading  # a module: it starts its phases' maps through here
 from tensorjob_jupyter.fanout.concurrency import AUTO, auto_concurrency, check_concurrency
 from tensorjob_jupyter.fanout.errors import ClusterError
-from tensorjob_jupyter.fanout.map_folder import JOBS, MapFolder
+from tensorjob_jupyter.fanout.map_folder import ANONYMOUS_FACTORY, JOBS, MapFolder
 from tensorjob_jupyter.fanout.items import BackendSpec, ItemSpec, process_backend
 from tensorjob_jupyter.fanout.local import LocalExecutor
 from tensorjob_jupyter.fanout.manifest import item_key, read_manifest
@@ -170,7 +170,7 @@ def model_label(spec: ItemSpec, instance: Backend | None = None) -> str:
     factory = spec.backend.factory
     if factory is not None:
         named = (getattr(factory, "keywords", None) or {}).get("model_name")
-        return str(named) if isinstance(named, str) and named else f"backend factory {spec.backend.key[8:24]}"
+        return str(named) if isinstance(named, str) and named else f"{ANONYMOUS_FACTORY}{spec.backend.key[8:24]}"
     return ref_label(spec.backend.model)
 
 

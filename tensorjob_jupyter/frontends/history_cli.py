@@ -137,6 +137,9 @@ def add_map_replay_arguments(p) -> None:
     p.add_argument("--deterministic", action="store_true",
                    help="replay --map --live: one item at a time, each live infer decoded alone with a fixed thread "
                         "count and no prompt cache, so its answer does not depend on what else runs")
+    p.add_argument("--rerun", action="store_true",
+                   help="replay --map --live: run every item on the model from its start, those whose prompts did "
+                        "not change too (else they come from their recordings)")
 
 
 # --- runs ------------------------------------------------------------------------------------------
@@ -233,8 +236,8 @@ def cmd_replay(args, out: TextIO, err: TextIO) -> int:
     for name in ("run_dir", "fail_under", "concurrency", "expected", "scorer"):
         if getattr(args, name) is not None:
             raise OptionError(f"--{name.replace('_', '-')} is for replay --map RUN_DIR")
-    if args.deterministic:
-        raise OptionError("--deterministic is for replay --map RUN_DIR --live")
+    if args.deterministic or args.rerun:
+        raise OptionError(f"--{'deterministic' if args.deterministic else 'rerun'} is for replay --map RUN_DIR --live")
     options = JobOptions.from_args(args)
     guest = load_guest(options, args.guest, err)
     if guest is None:
@@ -267,7 +270,7 @@ def cmd_replay_map(args, out: TextIO, err: TextIO) -> int:
     replay_run = start_map_replay(guest, MapReplayRequest(
         args.map_run, out=args.run_dir, live=args.live, recorded_grants=bool(args.recorded_grants),
         concurrency=args.concurrency, expected=args.expected, scorer=args.scorer,
-        deterministic=bool(args.deterministic)), options.overrides())
+        deterministic=bool(args.deterministic), rerun=bool(args.rerun)), options.overrides())
     for line in replay_run.said:  # the grants its items run under, before anything runs
         err.write(for_terminal(line, one_line=True) + "\n")
     err.flush()

@@ -323,6 +323,9 @@ class TensorJob(Magics, JobSettings):
     @argument("--deterministic", action="store_true",
               help="map, replay --map --live: one item at a time, each infer decoded alone with fixed threads and "
                    "no prompt cache, so answers do not depend on what else runs")
+    @argument("--rerun", action="store_true",
+              help="replay --map --live: run every item on the model from its start, those whose prompts did not "
+                   "change too (else they come from their recordings)")
     @cascade_arguments()  # map: --cascade MODEL, --target, --delta, ... (options.CASCADE_FLAGS)
     @argument("--map", dest="map_run", default=None, metavar="RUN_DIR",
               help="replay: a recorded map's run folder; every item is replayed against its own recording")
@@ -555,7 +558,8 @@ class TensorJob(Magics, JobSettings):
         replay_run = start_map_replay(self._guest(options, args.target), MapReplayRequest(
             self._run_arg(args.map_run, "replay --map"), out=args.run_dir, live=args.live,
             recorded_grants=bool(args.recorded_grants), concurrency=args.concurrency, expected=args.expected,
-            scorer=scorer if scorer is not None else args.scorer, deterministic=bool(args.deterministic)),
+            scorer=scorer if scorer is not None else args.scorer, deterministic=bool(args.deterministic),
+            rerun=bool(args.rerun)),
             overrides)
         if overrides.read is None and not args.recorded_grants:  # nothing granted: say so before its items find out
             for line in replay_run.said:
@@ -590,6 +594,8 @@ class TensorJob(Magics, JobSettings):
         for name in ("fail_under", "expected", "scorer"):
             if getattr(args, name) is not None:
                 raise UsageError(f"--{name.replace('_', '-')} is for replay --map RUN_DIR")
+        if args.rerun:
+            raise UsageError("--rerun is for replay --map RUN_DIR --live")
         options = self._options(args)
         job = replay_job(self._guest(options, args.target), self._run_arg(args.from_run, "replay --from"),
                          options.overrides(), live=args.live, recorded_grants=bool(args.recorded_grants),

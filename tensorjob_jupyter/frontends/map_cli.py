@@ -23,7 +23,7 @@ from tensorjob_jupyter.frontends.requests import MapRequest, estimate_map, start
 from tensorjob_jupyter.abi import codes
 from tensorjob_jupyter.fanout.progress import MapResult, rate_text
 from tensorjob_jupyter.fanout.run import STOPPED
-from tensorjob_jupyter.fanout.cascade import summary_lines
+from tensorjob_jupyter.fanout.cascade import PHASES, summary_lines
 from tensorjob_jupyter.fanout.scoring import BUILTINS, DEFAULT_SCORER
 from tensorjob_jupyter.frontends.table import map_table_lines
 from tensorjob_jupyter.frontends.terminal import load_guest
@@ -132,12 +132,13 @@ def _summary_text(result: MapResult) -> str:
     return "\n".join(lines)
 
 
-def progress_line(p: dict) -> str:
+def progress_line(p: dict, phase: str | None = None) -> str:
     """A map's progress (``MapProgress.to_json()``) as one line: items that need the model (a replay's) are
-    counted as such, never as failed."""
+    counted as such, never as failed; ``phase``: a cascade's (``cascade.PHASES``), named first."""
     rate = rate_text(p["completed"] + p["failed"], p["elapsed_s"])
     needs = p.get("needs_model") or 0
-    return (f"· {p['skipped'] + p['completed'] + p['failed']}/{p['total']} "
+    named = f"{PHASES.get(phase, str(phase))}: " if phase is not None else ""
+    return (f"· {named}{p['skipped'] + p['completed'] + p['failed']}/{p['total']} "
             f"({p['completed']} completed, {p['failed'] - needs} failed, "
             + (f"{needs} need the model, " if needs else "")
             + f"{p['skipped']} skipped, {p['running']} running" + (f", {rate}" if rate else "") + ")")
@@ -150,13 +151,22 @@ class ProgressPrinter:
         self.err, self.quiet, self.every_s = err, quiet, every_s
         self._last = 0.0
         self._failures = self._unanswered = 0
+        self._phase: str | None = None  # a cascade's phase now (its items' events say it)
+        self._shown: tuple | None = None  # the counts the last progress line said
 
     def __call__(self, event: dict) -> None:
         if self.quiet:
             return
 
-        if event["type"] == "cascade.phase":  # a cascade's next phase, said once
+        if event["type"] == "cascade.phase":  # a cascade's next phase, said once, after the last one's end
+            if self._phase is not None and isinstance(event.get("progress"), dict):
+                self._progress(event["progress"], self._phase, again=False)
             self.err.write(for_terminal(event["message"], one_line=True) + "\n")
+            self._phase = event.get("phase") if isinstance(event.get("phase"), str) else None
+            self.err.flush()
+            return
+        if isinstance(event.get("phase"), str):
+            self._phase = event["phase"]
         if event["type"] == "item.failed":
             e = event["error"]
             if e.get("code") == codes.REPLAY_DIVERGENCE:  # a replay's item its recording cannot answer
@@ -176,8 +186,15 @@ class ProgressPrinter:
         now = time.monotonic()
         if event["type"] == "map.finished" or now - self._last >= self.every_s:
             self._last = now
-            self.err.write(progress_line(event["progress"]) + "\n")
+            self._progress(event["progress"], None if event["type"] == "map.finished" else self._phase)
         self.err.flush()
+
+    def _progress(self, p: dict, phase: str | None, *, again: bool = True) -> None:
+        """A progress line; ``again=False``: not when the last one said the same counts (a phase's end)."""
+        counts = (phase, p.get("total"), p.get("completed"), p.get("failed"), p.get("skipped"), p.get("running"))
+        if again or counts != self._shown:
+            self.err.write(progress_line(p, phase) + "\n")
+        self._shown = counts
 
 
 __all__ = [

@@ -58,6 +58,8 @@ class MapReplayRequest:
     expected: Any = None
     scorer: Any = None
     deterministic: bool = False
+    #: with ``live``: every item run again on the model from its start (``--rerun``)
+    rerun: bool = False
 
 
 def start_map(spec: JobSpec, request: MapRequest) -> tj.MapRun:
@@ -119,7 +121,7 @@ def start_map_replay(guest: GuestSource, request: MapReplayRequest, overrides: O
                                    recorded_grants=request.recorded_grants, overrides=overrides,
                                    concurrency=int(concurrency) if concurrency is not None else None,
                                    expected=request.expected, scorer=request.scorer,
-                                   deterministic=request.deterministic)
+                                   deterministic=request.deterministic, rerun=request.rerun)
 
 
 def find_runs(runs: str | None, *, status: str | None, limit: int | None) -> tuple[RunList, int]:

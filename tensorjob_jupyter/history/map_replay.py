@@ -39,6 +39,7 @@ from tensorjob_jupyter.history.map_compare import MapComparison
 from tensorjob_jupyter.history.maps import RecordedMap
 from tensorjob_jupyter.history.replay import ReplayJob
 from tensorjob_jupyter.history.replay_setup import ReplayError, given_here, grants_line, live_model, load_run
+from tensorjob_jupyter.host.jobs import Job
 from tensorjob_jupyter.host.spec import Overrides
 from tensorjob_jupyter.sandbox.compile import GuestSource
 from tensorjob_jupyter.host.waiting import wait_or_cancel
@@ -77,8 +78,9 @@ class ReplayExecutor(LocalExecutor):
 
     def __init__(self, recorded: RecordedMap, guest: Any, *, live: bool, backend: Any, jobs_dir: Path,
                  concurrency: int, overrides: Overrides | None = None, recorded_grants: bool = False,
-                 deterministic_threads: int | None = None, model: ModelRef | None = None):
+                 deterministic_threads: int | None = None, model: ModelRef | None = None, rerun: bool = False):
         super().__init__(spec=None, backend=backend, concurrency=concurrency)
+        self.rerun = rerun  # every item run afresh on the model, from its start, under its recorded setup
         self.recorded_grants = recorded_grants  # a replay takes the recorded grants only when told
         self.deterministic_threads = deterministic_threads
         self.recorded = recorded
@@ -114,6 +116,8 @@ class ReplayExecutor(LocalExecutor):
             if self.deterministic_threads is not None:
                 spec = spec.replace(infer=dataclasses.replace(spec.infer, cache_prompt=False, alone=True,
                                                               threads=self.deterministic_threads))
+            if self.rerun:  # not a replay: the item's job again, on the model, with nothing from its recording
+                return self._rerun(index, Job(spec, backend=self.backend), started, cancelled)
             job = ReplayJob(spec, run, live=self.live, backend=self.backend if self.live else None,
                             recorded_grants=self.recorded_grants)
         except AbiError as e:  # the item holds more values than the job's max_command_values, as in its map
@@ -139,6 +143,13 @@ class ReplayExecutor(LocalExecutor):
             divergence=for_terminal(divergence.message(), one_line=True)[:500] if divergence else None,
             live_from=report.live_from if report else None, needs_grant=denied)
         return job_outcome(index, job, envelope, started=started, ready=ready)  # with its sources, located again
+
+    def _rerun(self, index: int, job: Job, started: float, cancelled: Callable[[], bool]) -> dict:
+        """``rerun``: item ``index``'s job run afresh on the model (its answer live from the first step)."""
+        ready = time.perf_counter()
+        envelope = await_job(job.start(), cancelled)
+        self.details[index] = ItemReplay(index, job.id, live_from=0)
+        return job_outcome(index, job, envelope, started=started, ready=ready)
 
 
 def _listed(items: list[int], show: int = 20) -> str:
@@ -348,7 +359,7 @@ def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, ou
                      live: bool = False, recorded_grants: bool = False, model: str | os.PathLike | None = None,
                      backend: Any = None, overrides: Overrides | None = None,
                      concurrency: int | None = None, expected: Any = None, scorer: Any = None, fsync: bool = True,
-                     deterministic: bool = False) -> MapReplayRun:
+                     deterministic: bool = False, rerun: bool = False) -> MapReplayRun:
     """Start replaying ``guest`` over the recorded map in ``run_dir`` (see the module doc). ``overrides``: what
     is given anew for every item (``Overrides``: ``read``, limits, sampling, the model's options...) over its
     recorded setup; ``model`` is a shorthand for ``Overrides(model=...)``. Each item reads and fetches only what
@@ -357,7 +368,11 @@ def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, ou
     A live replay runs on ``backend``, else on the model named (or the one the map recorded, checked on its
     first item: never a recorded server). ``deterministic`` (with ``live``): one item at a time, each live infer
     decoded alone with a fixed thread count and no prompt cache (``fanout.start.deterministic_job``).
+    ``rerun`` (with ``live``): every item's job run again on the model from its start, those whose prompts did
+    not change too (a replay otherwise answers them from their recordings, whatever the model).
     ``MapError``/``ReplayError``/``ValueError`` before anything runs."""
+    if rerun and not live:
+        raise ValueError("rerun goes with live: it runs every item on the model (--live --rerun)")
     overrides = given_here(overrides or Overrides())
     if model is not None:
         if overrides.model is not None:
@@ -386,7 +401,8 @@ def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, ou
     executor = ReplayExecutor(recorded, guest, live=live, backend=backend, jobs_dir=target / JOBS,
                               recorded_grants=recorded_grants, overrides=overrides, model=live_ref,
                               concurrency=concurrency or len(available_cpus()) or 1,
-                              deterministic_threads=deterministic_threads(live_ref) if deterministic else None)
+                              deterministic_threads=deterministic_threads(live_ref) if deterministic else None,
+                              rerun=rerun)
     manifest = _manifest(recorded)
     folder = MapFolder(target, fsync=fsync)
     folder.open(manifest, executor.guest.sha256, retry_failed=False, restart=True, where=executor.where)
@@ -399,7 +415,13 @@ def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, ou
     said = [grants_line(overrides.read, overrides.fetch, recorded_grants=recorded_grants)]
     if overrides.read is None and not recorded_grants:
         said += _recorded_reads_line(recorded)
-    if live and overrides.model is not None:
+    if rerun:
+        model_ref = live_ref or overrides.model
+        named = for_terminal(clip(model_ref.label if model_ref is not None else type(backend).__name__, 200),
+                             one_line=True)
+        said.append(f"replay --rerun: all {len(executor.concluded)} items will run on {named} from their start, "
+                    f"0 come from their recordings")
+    elif live and overrides.model is not None:
         said.append(_models_line(recorded, executor, overrides.model))
     run = MapRun(folder, manifest, executor, scoring=scoring).start()
     return MapReplayRun(recorded, run, executor, scoring, said)
@@ -442,7 +464,7 @@ def _models_line(recorded: RecordedMap, executor: ReplayExecutor, model: ModelRe
         return (f"replay: the guest is unchanged, so 0 items will run on {named} and all {items} come from their "
                 f"recordings ({for_terminal(clip(was, 200), one_line=True)}'s answers): a replay asks the model only "
                 f"where an item's prompts change -- to answer the items on {named}, map them into a new run folder "
-                f"(tensorjob map ... --model {named}), or cascade to it (--cascade)")
+                f"(tensorjob map ... --model {named}), cascade to it (--cascade), or re-run them here (--rerun)")
     return (f"replay: of {items} items, those whose prompts changed run on {named} from where they change (at most "
             f"{items}); the rest come from their recordings ({for_terminal(clip(was, 200), one_line=True)}'s "
             f"answers)")

@@ -62,8 +62,9 @@ def fold(text: str) -> str:
 _LABEL_LETTERS = 4
 
 
-#: Where a clause ends in running text: a semicolon, ``!``, ``?``, or a full stop before a space.
-_CLAUSE_END = re.compile(r"[;!?]|\.(?=\s)")
+#: Where a clause ends in running text: a semicolon, ``!``, ``?``, or a full stop after a word of three letters or
+#: more and before a capital ("arrived. Customer"; not "excl. shipping", "Nr. der", "St. Louis", "1.2. Due").
+_CLAUSE_END = re.compile(r"[;!?]|(?<=[^\W\d_]{3})\.(?=\s+[^\W\d_])")
 
 
 def label_before(data: bytes, start: int) -> str:
@@ -83,7 +84,8 @@ def label_before(data: bytes, start: int) -> str:
 def _last_clause(line: str) -> str:
     """The text after the nearest clause end of ``line`` that leaves ``_LABEL_LETTERS`` letters or more; the line
     when none does (a label is not cut from its own abbreviation)."""
-    for end in reversed([m.end() for m in _CLAUSE_END.finditer(line)]):
+    ends = [m.end() for m in _CLAUSE_END.finditer(line) if m.group() != "." or line[m.end():].lstrip()[:1].isupper()]
+    for end in reversed(ends):
         rest = line[end:]
         if sum(ch.isalpha() for ch in rest) >= _LABEL_LETTERS:
             return rest.strip()

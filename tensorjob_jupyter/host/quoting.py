@@ -65,7 +65,9 @@ def quote_pieces(texts: Iterable[str]) -> list[str]:
             piece = piece.strip()
             if not piece or piece in seen or not any(c.isalnum() for c in piece):
                 continue
-            if len(piece) > budget or len(seen) >= MAX_QUOTE_PIECES:
+            if len(piece) > budget:  # the rest of the budget, cut at a word's end
+                piece = piece[:budget].rsplit(" ", 1)[0] if " " in piece[:budget] else ""
+            if not piece or len(seen) >= MAX_QUOTE_PIECES:
                 return list(seen)
             seen[piece] = None
             budget -= len(piece)
@@ -113,6 +115,8 @@ class Quotes:
             grammar.check(constraint)
         except ConstraintError as e:
             raise SchemaError(f"quote mode: {e.message}") from None
+        except UnicodeError:  # a lone surrogate in a property's name: JSON holds it, a grammar's text cannot
+            raise SchemaError("quote mode: a property name is not valid Unicode (a lone surrogate)") from None
         return cls(constraint, tuple(paths), tuple(pieces))
 
     def check(self, text: str) -> None:
@@ -177,7 +181,7 @@ class _Writer:
             self.nullable_only = self.nullable_only and nullable
             copied = '"\\"" quoted "\\""' if self.pieces else None
             return " | ".join(x for x in (copied, '"null"' if nullable else None) if x) or '"null"'
-        if "properties" in node:
+        if node.get("type", "object") == "object" and isinstance(node.get("properties"), dict):
             members = [f'{lark_string(json.dumps(name, ensure_ascii=False) + ": ")} {self._rule(sub, (*path, name))}'
                        for name, sub in node["properties"].items()]
             return '"{" ' + ' ", " '.join(members) + ' "}"'

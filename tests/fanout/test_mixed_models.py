@@ -92,3 +92,29 @@ def test_a_live_replay_on_another_model_says_first_what_runs_on_it(tmp_path):
     assert done.returncode == 0, done.stderr
     said = done.stderr.split("replay of")[0]
     assert "0 items will run on" in said and "all 3 come from their recordings (small's answers)" in said
+
+
+def test_rerun_runs_every_unchanged_item_on_the_other_model_from_the_command_line(tmp_path):
+    from tensorjob_jupyter.inference.models import default_model_path
+
+    run_dir = tmp_path / "run"
+    (tmp_path / "guest.wasm").write_bytes(INFER)
+    tj.map(INFER, [{"i": i} for i in range(3)], run_dir, backend=ScriptedBackend("hello", model_name="small"))
+    other = str(default_model_path())  # a real model, not the recorded "small"
+    done = cli("replay", "--map", str(run_dir), "guest.wasm", "--live", "--model", other, "--rerun",
+               "--run-dir", str(tmp_path / "replay"), cwd=tmp_path)
+    assert done.returncode in (0, 1), done.stderr  # 1: an answer differs from the recorded one, as it may
+    said = done.stderr.split("replay of")[0]
+    assert "all 3 items will run on" in said and "from their start, 0 come from their recordings" in said, said
+    records = [json.loads(line) for line in (tmp_path / "replay" / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["item"] for r in records) == [0, 1, 2]
+    assert "0 answered from their recordings, 3 ran on the model" in done.stdout, done.stdout
+    events = sorted((tmp_path / "replay" / "jobs").glob("*/events.jsonl"))
+    assert len(events) == 3 and all('"replay_of"' not in e.read_text() for e in events)  # run afresh, not replayed
+    for flags, message in ((["--rerun"], "rerun goes with live"),
+                           (["--from", str(run_dir), "--rerun"], "--rerun is for replay --map RUN_DIR --live")):
+        args = ["replay", "guest.wasm", *flags] if "--from" in flags else \
+            ["replay", "--map", str(run_dir), "guest.wasm", *flags, "--run-dir", str(tmp_path / "again")]
+        refused = cli(*args, cwd=tmp_path)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and message in refused.stderr, \
+            refused.stderr

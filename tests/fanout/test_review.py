@@ -316,7 +316,8 @@ def test_the_statement_reads_as_the_issue_wrote_it():
 
 
 def test_a_review_certifies_the_rest_records_it_and_stops_at_the_target(run):
-    queue = tj.ReviewQueue(run, target=0.25)
+    # a seed of its own: on 36 values some samples (a third of the seeds) reach 0.25 only with every value reviewed
+    queue = tj.ReviewQueue(run, target=0.25, seed=0)
     asked = Reviewer(queue).review()
     certificate = queue.certificate()
     assert certificate.reached and asked < 36 and queue.next() is None  # it stopped asking
@@ -327,8 +328,8 @@ def test_a_review_certifies_the_rest_records_it_and_stops_at_the_target(run):
     assert [b["field"] for b in kept["fields"]] == list(FIELDS)
     read = tj.MapResult.read(run).certificate()
     assert read is not None and not read.stale and read.overall.to_json() == certificate.overall.to_json()
-    # the sample's seed is the folder's: another queue draws the same sample
-    assert tj.ReviewQueue(run).order == queue.order
+    # without a seed the folder's is used (review_plan.json): another queue draws the same sample
+    assert tj.ReviewQueue(run).order == tj.ReviewQueue(run).order
     # reviewed everything: every value right now, the bound is 1
     queue = tj.ReviewQueue(run)
     Reviewer(queue).review()

@@ -173,11 +173,12 @@ def test_the_command_line_runs_a_job_on_the_server_and_records_where(server, tmp
 
 
 def test_each_request_is_one_line_on_stdout_unless_quiet(server, served):
+    line = re.compile(r"\d\d:\d\d:\d\d POST /v1/(chat/)?completions 200 (\d+)\+(\d+) tokens \d+ ms")
+    before = len(server.lines)  # the server is the module's: earlier tests' requests are logged above
     job, env = run(infer_guest("Say hello.", max_tokens=4), backend=served)
     assert env.ok, env
-    line = re.compile(r"\d\d:\d\d:\d\d POST /v1/(chat/)?completions 200 (\d+)\+(\d+) tokens \d+ ms")
-    assert wait_until(lambda: any(line.fullmatch(x) for x in server.lines), 10, 0.05), server.lines
-    [logged] = [m for m in map(line.fullmatch, server.lines) if m][-1:]
+    assert wait_until(lambda: any(line.fullmatch(x) for x in server.lines[before:]), 10, 0.05), server.lines
+    [logged] = [m for m in map(line.fullmatch, server.lines[before:]) if m][-1:]
     assert int(logged.group(2)) == env.usage.tokens_in and int(logged.group(3)) == env.usage.tokens_out
     quiet = Serve("--quiet")
     try:

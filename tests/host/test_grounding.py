@@ -271,6 +271,10 @@ def test_a_value_under_several_labels_lists_its_own_first():
     ("Rechnung Nr. ", "Rechnung Nr."),  # an abbreviation is no clause end: nothing would be left
     ("Refund sent. Rechnung Nr. ", "Rechnung Nr."),
     ("Total incl. VAT: ", "Total incl. VAT:"),
+    ("Total excl. shipping: ", "Total excl. shipping:"),  # an abbreviation before a small letter: no clause end
+    ("Nr. der Rechnung: ", "Nr. der Rechnung:"),
+    ("St. Louis office, customer ", "St. Louis office, customer"),  # a two-letter word before the stop
+    ("Invoice date: 1.2. Customer ", "Invoice date: 1.2. Customer"),  # a number's stop ends no clause
 ])
 def test_in_running_text_a_label_is_the_value_s_own_clause(before, label):
     found = locate({"customer": "Ada Okafor", "order": 41234}, [seg(before + "Ada Okafor.")])

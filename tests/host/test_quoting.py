@@ -99,6 +99,15 @@ def test_a_schema_with_nothing_to_quote_is_refused_before_any_token(schema, word
         quotes(schema)
 
 
+def test_a_schema_quote_mode_cannot_write_is_one_error_not_a_crash():
+    surrogate = {"type": "object", "properties": {"\ud800": {"type": "string"}}}
+    with pytest.raises(SchemaError, match="not valid Unicode"):
+        quotes(surrogate)
+    array = {"type": "array", "items": {"type": "string"}, "properties": {"a": {"type": "string"}}}
+    assert grammar.matches(quotes(array).constraint, '["Acme", "Ltd"]')  # its type decides, as the schema's does
+    assert quote_pieces(["word " * 20_000])[0].endswith("word")  # a long run is cut at a word's end
+
+
 def test_nothing_read_leaves_nothing_to_copy():
     with pytest.raises(SchemaError, match="read no text"):
         quotes(text="")

@@ -20,6 +20,9 @@ import ipywidgets as w
 from tensorjob_jupyter.abi import dumps
 from tensorjob_jupyter.fanout import MapProgress, MapRun
 from tensorjob_jupyter.fanout.manifest import item_key
+from tensorjob_jupyter.fanout.cascade import CascadeRun
+from tensorjob_jupyter.fanout.map_folder_reader import FAILURES, RESULTS, read_records
+from tensorjob_jupyter.frontends.view.cascade_panel import PHASE_TIERS, TIERS, part, render_cascade, tier_mark
 from tensorjob_jupyter.frontends.view.live import LiveView, check_refresh_hz
 from tensorjob_jupyter.frontends.view.render import AMBER, BLUE, GREEN, GREY, LIGHT_GREY, PALE, PRE, RED, status_badge
 from tensorjob_jupyter.history.sources import excerpt_parts
@@ -78,10 +81,12 @@ def item_row(event: dict) -> dict:
     raw = event.get("input")
     key = item_key(raw, item) if isinstance(item, int) and not isinstance(item, bool) else str(item)
     named = key != str(item) or isinstance(raw, (str, int)) and not isinstance(raw, bool)
+    phase = event.get("phase")
+    tier = event.get("answered_by", PHASE_TIERS.get(phase) if isinstance(phase, str) else None)  # a cascade's
     return {"item": item, "ok": ok, "input": one_line(key if named else raw, INPUT_CHARS),
             "input_json": one_line(raw, INPUT_CHARS * 4), "outcome": outcome,
             "score": f"{value:.2f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "",
-            "fields": result_evidence(event) if ok else None}
+            "fields": result_evidence(event) if ok else None, "tier": tier if tier in TIERS else None}
 
 
 def result_evidence(event: dict) -> dict | None:
@@ -257,12 +262,15 @@ def _items_table(rows: list[dict]) -> str:
     digits = max(len(str(row["item"])) for row in rows)
     scored = any(row.get("score") for row in rows)
     score_chars = max([len(row.get("score", "")) for row in rows] + [4])
+    tiered = any(row.get("tier") for row in rows)  # a cascade's: who answered each item
     body = "".join(
         f'<tr><td class="tj-map-item-number" style="{whole};color:{GREY};width:{digits}ch;text-align:right">'
         f'{for_html(str(row["item"]))}</td>'
         f'<td class="tj-map-item-input" style="{cell};width:35%" title="{for_html(row.get("input_json", row["input"]))}">'
         f'{for_html(row["input"])}</td>'
         f'<td style="{cell};width:1.5em;color:{GREEN if row["ok"] else RED}">{"✓" if row["ok"] else "✗"}</td>'
+        + (f'<td class="tj-map-item-tier" style="{whole};width:7ch">{tier_mark(row.get("tier"))}</td>'
+           if tiered else "")
         + (f'<td class="tj-map-item-score" style="{whole};width:{score_chars}ch;color:{GREY}">'
            f'{for_html(row.get("score", ""))}</td>' if scored else "") +
         f'{_outcome_cell(row, cell)}</tr>' for row in rows)
@@ -286,7 +294,7 @@ def render_bar(p: MapProgress, width: int = 240) -> str:
 class MapView(LiveView):
     text_plain = "tensorjob map view (shown by the Jupyter widget front end)"
 
-    def __init__(self, run: MapRun, name: str, *, refresh_hz: float = 10.0):
+    def __init__(self, run: "MapRun | CascadeRun", name: str, *, refresh_hz: float = 10.0):
         self.refresh_s = check_refresh_hz(refresh_hz)
         self.run = run
         self.name = name
@@ -295,9 +303,11 @@ class MapView(LiveView):
         self.bar = w.FloatProgress(value=0.0, min=0.0, max=1.0, layout=w.Layout(width="60%"))
         self.counts = w.HTML()
         self.items = w.HTML()
+        self.cascade = w.HTML()  # a cascade's phases, sample and threshold (empty for a plain map)
         self.cancel_button = self._cancel_button("Stop this map", run.cancel)
-        self.widget = self._column([self.header, w.HBox([self.bar, self.cancel_button]), self.counts, self.items],
-                                   "tensorjob-map-view")
+        self.widget = self._column([self.header, w.HBox([self.bar, self.cancel_button]), self.counts, self.cascade,
+                                    self.items], "tensorjob-map-view")
+        self._sampled: set[int] = set()  # a cascade's sampled items the oracle concluded while this view watched
         self._rows: deque[dict] = deque(maxlen=KEEP_ITEMS)
         self._last: MapProgress = run.progress()
         self._lock = threading.Lock()
@@ -311,6 +321,8 @@ class MapView(LiveView):
             row = item_row(event)
             with self._lock:
                 self._rows.append(row)
+                if event.get("phase") == "sample":
+                    self._sampled.add(row["item"])
 
     def _loop(self) -> None:
         version = -1
@@ -341,6 +353,9 @@ class MapView(LiveView):
         counts = render_counts(p)
         if self.counts.value != counts:
             self.counts.value = counts
+        cascade = self._cascade_html(p)
+        if self.cascade.value != cascade:
+            self.cascade.value = cascade
         items = self._items_html()
         if self.items.value != items:
             self.items.value = items
@@ -351,8 +366,9 @@ class MapView(LiveView):
         """Once the map has ended, rows for the items whose events came before the view subscribed (a quick
         map's first items), read back from the run folder."""
         p = self.run.progress()
+        cascade = isinstance(self.run, CascadeRun)  # its phases' rows give way to the merged answers, one an item
         with self._lock:
-            have = {row["item"] for row in self._rows}
+            have = set() if cascade else {row["item"] for row in self._rows}
         if len(have) >= min(p.concluded, KEEP_ITEMS):
             return
         try:
@@ -364,6 +380,8 @@ class MapView(LiveView):
             found.update({i: ("item.completed", i, {"result": r, "sources": sources.get(i),
                                                     "confidence": confidences.get(i)})
                           for i, r in result.results().items()})
+            tiers = {r["item"]: r.get("answered_by") for name in (FAILURES, RESULTS)
+                     for r in read_records(result.run_dir / name, total=result.total)} if cascade else {}
         except Exception:  # noqa: BLE001 - a folder that cannot be read back leaves the rows the events gave
             return
         rows = []
@@ -374,8 +392,10 @@ class MapView(LiveView):
             rows.append(item_row({"type": kind, "item": item, **outcome,
                                   "input": inputs[item] if 0 <= item < len(inputs) else None,
                                   "score": {"score": score.score, "fields": score.fields or {}}
-                                  if score is not None else None}))
+                                  if score is not None else None, "answered_by": tiers.get(item)}))
         with self._lock:
+            if cascade:
+                self._rows.clear()
             self._rows.extend(rows)
 
     def _items_html(self) -> str:
@@ -388,7 +408,21 @@ class MapView(LiveView):
         p = self._last
         return (f'<div class="tensorjob-map-view tj-static" style="border:1px solid {LIGHT_GREY};padding:4px">'
                 f'{render_header(self.name, p)}<div>{render_bar(p)} {render_counts(p)}</div>'
-                f'{self._items_html()}</div>')
+                f'{self._cascade_html(p)}{self._items_html()}</div>')
+
+    def _cascade_html(self, p: MapProgress) -> str:
+        """A cascade's panel (``cascade_panel``); nothing for a plain map."""
+        run = self.run
+        if not isinstance(run, CascadeRun):
+            return ""
+        state = dict(run.state)  # the cascade's thread replaces its entries, never changes them in place
+        sample = part(state, "sample") or {}
+        size = len(sample.get("items") or [])
+        with self._lock:
+            seen = len(self._sampled)
+        now = p.concluded if run.phase == "sample" and p.total == size else seen  # a resumed sample counts its own
+        return render_cascade(run.phase, state, sample_done=min(now, size),
+                              ended=p.status if run.done else None)
 
 
 __all__ = [
