@@ -96,6 +96,14 @@ def read_cascade(run_dir: str | os.PathLike) -> dict | None:
     if not isinstance(state, dict) or state.get("format") != CASCADE_FORMAT:
         raise FolderError(f"{shown(Path(run_dir) / CASCADE)} is not a cascade's record (no \"format\": "
                           f"\"{CASCADE_FORMAT}\")")
+    if not isinstance(state.get("settings", {}), dict) or not isinstance(state.get("sample", {}), dict):
+        raise FolderError(f"{shown(Path(run_dir) / CASCADE)} is not a cascade's record (its settings or sample are "
+                          f"not objects)")
+    try:
+        cascade_lines(state)  # what every reader makes of it: a record it cannot say is not one
+    except (TypeError, ValueError, AttributeError, KeyError) as e:
+        raise FolderError(f"{shown(Path(run_dir) / CASCADE)} is not a cascade's record ({type(e).__name__}: "
+                          f"{str(e)[:120]})") from None
     return state
 
 
@@ -398,10 +406,14 @@ class CascadeRun:
         scores = [item_score(record_confidence(r) if r else None, record_sources(r) if r else None, s["score"],
                            tuple(s["fields"])) if r is not None else None for r in records]
         self.state.update(proxy_model=self.run.model, items=total)
+        drawn = draw_sample(total, s["sample_size"], s["seed"])  # the settings decide it: never taken on trust
         if "sample" not in self.state:
-            sample = draw_sample(total, s["sample_size"], s["seed"])
-            self._save(phase="sample", sample={"seed": s["seed"], "size": s["sample_size"], "items": sample})
-        sample = list(self.state["sample"]["items"])
+            self._save(phase="sample", sample={"seed": s["seed"], "size": s["sample_size"], "items": drawn})
+        elif list(self.state["sample"].get("items") or []) != list(drawn):
+            raise FolderError(f"{shown(self.proxy_dir / CASCADE)}: its sample is not the one its settings draw "
+                              f"(edited by hand?); a cascade's guarantee rests on a sample the tool drew -- start it "
+                              f"over with --restart")
+        sample = list(drawn)
         self._say("sample", f"cascade: {len(sample)} of {total} items sampled (seed {s['seed']}); running them on "
                             f"the oracle {s['oracle_model']}")
         oracle = self._oracle_map(frozenset(sample), restart=self._oracle["restart"])
@@ -463,6 +475,9 @@ class CascadeRun:
         out: list[dict | None] = [None] * total
         for r in read_records(self.proxy_dir / RESULTS, total=total):
             out[r["item"]] = proxy_record(r)
+        for r in read_records(self.proxy_dir / FAILURES, total=total):  # merged: the oracle failed, the proxy not
+            if r.get("answered_by") not in (None, PROXY) and out[r["item"]] is None:
+                out[r["item"]] = proxy_record(r)
         return out
 
     def _oracle_records(self, total: int) -> tuple[dict[int, dict], dict[int, dict]]:

@@ -155,6 +155,30 @@ def test_an_item_the_oracle_fails_is_failed_never_a_silent_proxy_answer(notes, t
     assert read_cascade(tmp_path / "run")["answered"]["oracle_failed"] == 1
 
 
+def test_a_finished_cascade_run_again_keeps_the_proxys_answer_where_the_oracle_failed(notes, tmp_path):
+    flaky = ScriptedBackend(lambda p: "not json" if "Ada4 " in p else answer(p, proxy=False), model_name="big",
+                            logprobs=-0.01)
+    cascade(notes, tmp_path / "run", small(), flaky, cascade_sample=60)
+    again = cascade(notes, tmp_path / "run", small(), flaky, cascade_sample=60)  # the same map into its folder
+    row = again.rows()[4]
+    assert row["answered_by"] == SAMPLED and row["proxy.facts"] == {"customer": "Zed Wrong", "order": 10004}
+
+
+def test_an_edited_cascade_record_is_one_error_never_a_crash_or_a_sample_taken_on_trust(notes, tmp_path):
+    import json as _json
+    from tensorjob_jupyter.fanout.map_folder_reader import FolderError
+    cascade(notes, tmp_path / "run", small(), big())
+    path = tmp_path / "run" / "cascade.json"
+    state = _json.loads(path.read_text())
+    for edit in ({"settings": [1]}, {"certificate": {"threshold": "x"}}, {"sample": {"items": 5}}):
+        path.write_text(_json.dumps({**state, **edit}))
+        with pytest.raises(FolderError, match="is not a cascade's record"):
+            read_cascade(tmp_path / "run")
+    path.write_text(_json.dumps({**state, "phase": "sample", "sample": {**state["sample"], "items": [0, 1, 999]}}))
+    result = cascade(notes, tmp_path / "run", small(), big())
+    assert result.status == "error" and "not the one its settings draw" in result.error
+
+
 def test_a_proxy_with_no_confidence_sends_every_item_to_the_oracle_and_says_why(notes, tmp_path):
     blind = ScriptedBackend(lambda p: answer(p, proxy=True), model_name="small")  # no logprobs
     result = cascade(notes, tmp_path / "run", blind, big())
@@ -300,3 +324,14 @@ def test_a_cascade_on_the_embedded_model_as_both_proxy_and_oracle_from_the_comma
     tiers = {r["item"]: r["answered_by"] for r in rows}
     assert [i for i, t in tiers.items() if t == SAMPLED] == state["sample"]["items"]
     assert {r["model"] for r in rows if r["answered_by"] != PROXY} == {str(default_model_path())}
+
+
+def test_an_edited_results_file_s_model_or_tier_is_shown_as_text_never_a_crash(notes, tmp_path):
+    import json as _json
+    cascade(notes, tmp_path / "run", small(), big())
+    path = tmp_path / "run" / "results.jsonl"
+    lines = path.read_text().splitlines()
+    lines[0] = _json.dumps({**_json.loads(lines[0]), "model": ["x"], "answered_by": {"a": 1}})
+    path.write_text("\n".join(lines) + "\n")
+    rows = tj.MapResult.read(tmp_path / "run").rows()
+    assert len(rows) == N and rows[0]["status"] == "completed"
