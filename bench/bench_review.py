@@ -42,7 +42,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import tensorjob_jupyter as tj  # noqa: E402
 from tensorjob_jupyter.fanout.certify import certify, lower_bound, sample_order  # noqa: E402
-from tensorjob_jupyter.fanout.review_queue import DEFAULT_SAMPLE_SHARE, DOUBT, SAMPLE, ReviewQueue  # noqa: E402
+from tensorjob_jupyter.fanout.review_queue import (  # noqa: E402
+    DEFAULT_SAMPLE_SHARE, DOUBT, SAMPLE, ReviewQueue, turn_for,
+)
 from tensorjob_jupyter.fanout.review_rows import ValueRow, doubtful_first  # noqa: E402
 from tensorjob_jupyter.fanout.reviews import new_review  # noqa: E402
 
@@ -162,7 +164,7 @@ def simulated_violations(population: list[tuple[float, bool, str]], values: int,
         queues = {DOUBT: iter(doubt), SAMPLE: iter(sample)}
         stated = None
         while len(decided) < values:
-            pick = SAMPLE if turns[SAMPLE] < sample_share * (sum(turns.values()) + 1) else DOUBT
+            pick = turn_for(turns, sample_share)  # the queue's own rule
             place = next((p for p in queues[pick] if p not in decided), None)
             if place is None:
                 pick = DOUBT if pick == SAMPLE else SAMPLE

@@ -31,6 +31,12 @@ DOUBT, SAMPLE = "doubt", "sample"
 DEFAULT_SAMPLE_SHARE = 0.25
 
 
+def turn_for(turns: dict[str, int], sample_share: float) -> str:
+    """Which order gives the next value (``DOUBT`` or ``SAMPLE``) after ``turns`` of each: the sample while it has
+    had less than ``sample_share`` of the turns."""
+    return SAMPLE if turns[SAMPLE] < sample_share * (sum(turns.values()) + 1) else DOUBT
+
+
 @dataclass(frozen=True)
 class QueueItem:
     """One value to review: its row (``ValueRow``: the value, its confidence, source and context, its reason),
@@ -105,7 +111,7 @@ class ReviewQueue:
             self._at = len(self._history)
             return None
         shown = {item.place for item in self._history}
-        wanted = SAMPLE if self._turns[SAMPLE] < self.sample_share * (sum(self._turns.values()) + 1) else DOUBT
+        wanted = turn_for(self._turns, self.sample_share)
         for pick in (wanted, DOUBT if wanted == SAMPLE else SAMPLE):
             place = self._first_open(pick, shown)
             if place is not None:
@@ -194,4 +200,4 @@ class ReviewQueue:
         return list(self.book.stale)
 
 
-__all__ = ["DOUBT", "SAMPLE", "DEFAULT_SAMPLE_SHARE", "QueueItem", "Progress", "ReviewQueue"]
+__all__ = ["DOUBT", "SAMPLE", "DEFAULT_SAMPLE_SHARE", "turn_for", "QueueItem", "Progress", "ReviewQueue"]

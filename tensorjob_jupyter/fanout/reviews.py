@@ -172,18 +172,15 @@ class ReviewBook:
             if item is None or now is MISSING or not same(now, review.value):
                 book.stale.append(review)
                 continue
-            place = (item, review.field)
-            if review.decision == SKIP:
-                if place not in book.decided:
-                    book.skipped.add(place)
-                continue
-            book.decided[place] = review
-            book.skipped.discard(place)
+            book._apply((item, review.field), review)
         return book
 
     def add(self, review: Review) -> None:
         """A decision just made on the value it names (as ``match`` takes a matching one)."""
-        place = (review.item, review.field)
+        self._apply((review.item, review.field), review)
+
+    def _apply(self, place: tuple[int, str], review: Review) -> None:
+        """``review`` decides the value at ``place``: the latest decision wins; a skip never undoes one."""
         if review.decision == SKIP:
             if place not in self.decided:
                 self.skipped.add(place)

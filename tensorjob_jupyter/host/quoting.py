@@ -22,7 +22,7 @@ from typing import Any, Iterable, Iterator
 from tensorjob_jupyter.host.schemas import SchemaError
 from tensorjob_jupyter.inference import grammar
 from tensorjob_jupyter.inference.base import Constraint, ConstraintError
-from tensorjob_jupyter.inference.grammar import JSON_OPTIONS, lark_string
+from tensorjob_jupyter.inference.grammar import DATA_KEYWORDS, JSON_OPTIONS, lark_string
 
 #: Characters of the windows a quoted value may be copied from (the first read first; the rest are not offered).
 MAX_QUOTE_CHARS = 64 * 1024
@@ -52,7 +52,7 @@ def _quoted_marks(node: Any) -> Iterator[None]:
         elif isinstance(n, dict):
             if n.get("quote") is True:
                 yield None
-            stack.extend(v for k, v in n.items() if k not in ("enum", "const", "default", "examples"))
+            stack.extend(v for k, v in n.items() if k not in DATA_KEYWORDS)
 
 
 def quote_pieces(texts: Iterable[str]) -> list[str]:
@@ -235,7 +235,7 @@ def _without_quote_marks(node: Any) -> Any:
         if key in ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas") \
                 and isinstance(value, dict):
             out[key] = {name: _without_quote_marks(sub) for name, sub in value.items()}
-        elif key in ("enum", "const", "default", "examples"):
+        elif key in DATA_KEYWORDS:
             out[key] = value
         else:
             out[key] = _without_quote_marks(value)

@@ -68,7 +68,7 @@ _TIME = (r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?"
 #: Formats whose answers are also held to a pattern: exactly what ``jsonschema``'s checker of each accepts.
 EXACT_FORMATS = {"date": f"^{_DATE}$", "date-time": f"^{_DATE}[Tt]{_TIME}$", "time": f"^{_TIME}$"}
 #: Keywords whose values are data, and keywords whose values map names to schemas (as ``host/schemas.py``).
-_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 _NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
 
 
@@ -136,7 +136,7 @@ def _as_answers_are_held(schema: dict) -> None:
         if not isinstance(node, dict):
             continue
         for key, value in node.items():
-            if key in _DATA_KEYWORDS:
+            if key in DATA_KEYWORDS:
                 continue
             if key in _NAMED_SCHEMAS and isinstance(value, dict):
                 stack.extend(value.values())
@@ -547,7 +547,8 @@ class GrammarSampler:
 
 __all__ = [
     "LIMITS", "MASK_CPU_LIMIT_S", "JSON_OPTIONS", "FREE_TEXT_RULE", "COMPILE_STACK_BYTES", "GRAMMAR_MEMO_BYTES",
-    "COMPILED_MEMO", "GRAMMARS", "EXACT_FORMATS", "Abandoned", "grammar_of", "lark_string", "check", "matches",
+    "COMPILED_MEMO", "GRAMMARS", "EXACT_FORMATS", "DATA_KEYWORDS", "Abandoned", "grammar_of", "lark_string",
+    "check", "matches",
     "allows_prefix", "ROUND_TRIP_PROBES",
     "ModelGrammars", "GrammarSampler"
 ]

@@ -221,6 +221,15 @@ KERNEL_READY_JS = """() => {
 }"""
 
 
+def write_notebook(path, cells: list[str]) -> None:
+    """A notebook of ``cells`` (code, not yet run) on the Python 3 kernel, at ``path``."""
+    path.write_text(json.dumps({
+        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": c}
+                  for c in cells],
+        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+        "nbformat": 4, "nbformat_minor": 5}, indent=1))
+
+
 def _cell(page, index):
     return page.locator(".jp-NotebookPanel .jp-Notebook .jp-Cell").nth(index)
 
@@ -502,11 +511,7 @@ def test_a_python_cell_in_jupyterlab(jupyterlab):
     """A ``%%tensorjob --lang python`` cell, typed and run as a user would: its live view appears and finishes."""
     base, tmp, server_log = jupyterlab
     root = tmp / "root"
-    (root / PY_NOTEBOOK).write_text(json.dumps({
-        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-                   "source": "%load_ext tensorjob_jupyter"}],
-        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
-        "nbformat": 4, "nbformat_minor": 5}, indent=1))
+    write_notebook(root / PY_NOTEBOOK, ["%load_ext tensorjob_jupyter"])
     shots = tmp / "screenshots-python"
     shots.mkdir()
     print(f"JupyterLab log: {server_log}\nscreenshots: {shots}")
@@ -617,11 +622,7 @@ def test_a_40_item_maps_view_shows_two_digit_items_and_two_decimal_scores_whole(
     (folder / "e.jsonl").write_text("".join(json.dumps({"a": 1, "b": 2, "c": 3}) + "\n" for _ in range(40)))
     cells = ["%load_ext tensorjob_jupyter",
              "%tensorjob map g.wasm --over m.jsonl --run-dir run --expected e.jsonl --scorer json_fields"]
-    (folder / "map40.ipynb").write_text(json.dumps({
-        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": c}
-                  for c in cells],
-        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
-        "nbformat": 4, "nbformat_minor": 5}, indent=1))
+    write_notebook(folder / "map40.ipynb", cells)
     shots = tmp / "screenshots-map40"
     shots.mkdir()
     print(f"JupyterLab log: {server_log}\nscreenshots: {shots}")
@@ -693,11 +694,7 @@ def test_a_maps_result_cell_opens_to_each_field_s_source_with_the_span_highlight
                                     + json.dumps({"path": "docs/d1.txt", "claim": "Widget Pro"}) + "\n")
     cells = ["%load_ext tensorjob_jupyter",
              "%tensorjob map quote.c --over m.jsonl --run-dir run --read docs"]
-    (folder / "mapsrc.ipynb").write_text(json.dumps({
-        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": c}
-                  for c in cells],
-        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
-        "nbformat": 4, "nbformat_minor": 5}, indent=1))
+    write_notebook(folder / "mapsrc.ipynb", cells)
     shots = tmp / "screenshots-mapsrc"
     shots.mkdir()
     print(f"JupyterLab log: {server_log}\nscreenshots: {shots}")
@@ -758,11 +755,7 @@ def test_the_review_widget_is_driven_from_the_keyboard(jupyterlab):
     # the doubt order alone (no sample turns), so the first value is known; %tensorjob review gives the same widget
     # with the default share (tests/frontends/test_kernel.py)
     cells = ["import tensorjob_jupyter as tj", f"tj.MapResult.read({str(run_dir)!r}).review_widget(sample_share=0)"]
-    (folder / "review.ipynb").write_text(json.dumps({
-        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": c}
-                  for c in cells],
-        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
-        "nbformat": 4, "nbformat_minor": 5}, indent=1))
+    write_notebook(folder / "review.ipynb", cells)
     shots = tmp / "screenshots-review"
     shots.mkdir()
     print(f"JupyterLab log: {server_log}\nscreenshots: {shots}")

@@ -20,16 +20,12 @@ from ipyevents import Event
 from tensorjob_jupyter.fanout import ReviewError, ReviewQueue
 from tensorjob_jupyter.fanout.review_queue import QueueItem
 from tensorjob_jupyter.fanout.reviews import typed_correction
-from tensorjob_jupyter.frontends.view.render import AMBER, GREEN, GREY, PRE, RED
+from tensorjob_jupyter.frontends.view.map_widget import EVIDENCE_MARKS
+from tensorjob_jupyter.frontends.view.render import GREY, PRE, RED
 from tensorjob_jupyter.text import for_html
 
 #: The keys the widget takes, and what each does (the buttons say the same).
 KEYS = {"a": "accept", "Enter": "accept", "c": "correct", "n": "null", "s": "skip", "b": "back"}
-#: Each evidence kind's mark, colour and words (as the map view shows them).
-FOUND_MARKS = {"grounded": ("✓", GREEN, "found in what the item read"),
-               "elsewhere": ("↗", AMBER, "found only under another field's label"),
-               "doubtful": ("~", AMBER, "found only fuzzily, or as an ambiguous spelling"),
-               "not found": ("✗", RED, "not found in what the item read")}
 REASON_WORDS = {"not_found": "found nowhere in what the item read", "elsewhere": "found under another field's label",
                 "doubtful": "found only fuzzily or ambiguously", "least_confidence": "one of the least confident",
                 "unmeasured": "no confidence was measured"}
@@ -126,7 +122,8 @@ class ReviewWidget:
             self.document.value = ""
             return
         row = item.row
-        mark, colour, words = FOUND_MARKS.get(row.found or "", ("", GREY, "a null claims nothing"))
+        # each evidence kind's mark, colour and words as the map view shows them
+        mark, _cls, colour, words = EVIDENCE_MARKS.get(row.found or "", ("", "", GREY, "a null claims nothing"))
         sure = "-" if row.confidence is None else f"{row.confidence:.2f}"
         decided = (f" · decided: {for_html(item.review.decision)}" if item.review is not None else "")
         self.value.value = (
