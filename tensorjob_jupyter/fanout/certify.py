@@ -1,13 +1,14 @@
-"""What a review certifies of the values nobody reviewed: a stratified random sample and a Clopper-Pearson bound.
+"""What a review certifies of the values nobody reviewed: a stratified random sample and a bound valid at any stop.
 
 The sample is drawn once per run folder (its seed in ``review_plan.json``): each field's values cut into strata
 by the review's order score, a seeded shuffle in each, interleaved so any first ``m`` hold each stratum in
-proportion to its size. From the sampled values decided so far (a skip counted as wrong) ``scipy.stats.binomtest``
-gives a one-sided exact lower bound on the share right over the strata not reviewed whole; the wrong values the
-review found are known and taken off, which leaves a bound on the wrong among the values nobody reviewed -- valid
-whatever the score (docs/maps.md, "Review, correct, certify", says why). Per field and overall; with a target,
-how many more sampled reviews reach it. ``certificate.json`` keeps the statement with a fingerprint of the values,
-so a replay that changes them makes it stale.
+proportion to its size. From the sampled values decided so far (a skip counted as wrong) a confidence sequence
+for sampling without replacement (``most_wrong``: the prior-posterior ratio of a beta-binomial, ``scipy.stats``)
+bounds the wrong values in the strata not reviewed whole at every sample size at once, so a review may stop the
+moment the bound reaches its target; the wrong values the review found are taken off, which leaves a bound on
+the wrong among the values nobody reviewed, whatever the score (docs/maps.md, "Review, correct, certify", says
+why). Per field and overall; with a target, how many more sampled reviews reach it. ``certificate.json`` keeps
+the statement with a fingerprint of the values, so a replay that changes them makes it stale.
 """
 
 from __future__ import annotations
@@ -37,7 +38,11 @@ DEFAULT_CONFIDENCE = 0.95
 STRATA_PER_FIELD = 8
 MIN_STRATUM = 10
 #: The method, in the statement's words.
-METHOD = "Clopper-Pearson (exact, one-sided) over a sample stratified by score, proportional"
+METHOD = ("confidence sequence for sampling without replacement (beta-binomial prior-posterior ratio, "
+          "Waudby-Smith & Ramdas 2020), valid at any stopping time, over a sample stratified by score, proportional")
+#: The confidence sequence's prior on the share wrong: Beta(1, 19), a mean of 5% wrong. Any prior keeps the
+#: guarantee; one near the shares a review certifies (90-95% right) makes the bound tightest there.
+PRIOR = (1.0, 19.0)
 #: The largest certificate.json or review_plan.json read back.
 MAX_CERTIFICATE_BYTES = 16 * 1024 * 1024
 
@@ -115,15 +120,50 @@ def fingerprint(rows: Iterable[ValueRow]) -> str:
 # --- the bound ---------------------------------------------------------------------------------------------
 
 
-def lower_bound(right: int, sampled: int, confidence: float) -> float:
-    """The one-sided exact (Clopper-Pearson) lower bound on a share right from ``right`` of ``sampled``
-    (``scipy.stats.binomtest``); 0 with nothing sampled."""
+def most_wrong(pool: int, sampled: int, wrong: int, confidence: float) -> int:
+    """The most values of a ``pool`` that can be wrong, given ``wrong`` of the first ``sampled`` drawn from it
+    uniformly without replacement, at ``confidence`` -- at every sample size at once, so it holds wherever the
+    review stops. The prior-posterior ratio ``R(W) = prior(W) / posterior(W)`` over ``W`` wrong in the pool (a
+    beta-binomial prior ``PRIOR``, its posterior a beta-binomial over the values not sampled) is a nonnegative
+    martingale of mean 1 under the true ``W``, so by Ville's inequality ``R`` reaches ``1 / (1 - confidence)`` at
+    any sample size with probability at most ``1 - confidence``; the bound is the largest ``W`` below that.
+    ``log R`` is convex in ``W`` (``log_prior_posterior_ratio``), so both ends are found by bisection."""
     if sampled <= 0:
-        return 0.0
-    from scipy.stats import binomtest  # deferred: scipy is heavy, and only a certificate needs it
+        return pool
+    level = -math.log1p(-confidence)
+    low, high = wrong, pool - sampled + wrong  # the counts the sample leaves possible
 
-    return float(binomtest(right, sampled, alternative="greater").proportion_ci(confidence_level=confidence,
-                                                                             method="exact").low)
+    def ratio(count: int) -> float:
+        return log_prior_posterior_ratio(pool, sampled, wrong, count)
+
+    while low < high:  # the least log R: the first count from which it no longer falls
+        mid = (low + high) // 2
+        low, high = (mid + 1, high) if ratio(mid + 1) < ratio(mid) else (low, mid)
+    if ratio(low) >= level:
+        return low  # nothing is inside (a sample that rare): the likeliest count
+    high = pool - sampled + wrong
+    while low < high:  # the last count under the level, log R rising from here
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if ratio(mid) < level else (low, mid - 1)
+    return low
+
+
+def log_prior_posterior_ratio(pool: int, sampled: int, wrong: int, count: int) -> float:
+    """``log R(count)`` of ``most_wrong``: ``betabinom(pool, *PRIOR).logpmf(count)`` less the posterior's
+    ``betabinom(pool - sampled, a + wrong, b + sampled - wrong).logpmf(count - wrong)`` -- their beta functions of
+    ``count`` cancel, which leaves binomial coefficients and a constant (checked against ``scipy.stats.betabinom``
+    in tests/fanout/test_review.py)."""
+    a, b = PRIOR
+    return (_log_choose(pool, count) - _log_choose(pool - sampled, count - wrong)
+            + _log_beta(a + wrong, b + sampled - wrong) - _log_beta(a, b))
+
+
+def _log_choose(n: int, k: int) -> float:
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
+def _log_beta(a: float, b: float) -> float:
+    return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
 
 
 @dataclass(frozen=True)
@@ -206,12 +246,11 @@ def bound_of(name: str | None, places: Sequence[Place], order: Sequence[Place],
 
 def _unreviewed_lower(pool: int, known_wrong: int, unreviewed: int, sampled: int, wrong: int,
                       confidence: float) -> float:
-    """At least this share of the ``unreviewed`` values is right: the pool holds at most ``pool * (1 - L)`` wrong
-    (``L``: the sample's lower bound), ``known_wrong`` of them found already."""
+    """At least this share of the ``unreviewed`` values is right: the pool holds at most ``most_wrong`` wrong,
+    ``known_wrong`` of them found already."""
     if unreviewed <= 0:
         return 1.0
-    most_wrong = math.floor(pool * (1.0 - lower_bound(sampled - wrong, sampled, confidence)) + 1e-9)
-    return 1.0 - min(unreviewed, max(0, most_wrong - known_wrong)) / unreviewed
+    return 1.0 - min(unreviewed, max(0, most_wrong(pool, sampled, wrong, confidence) - known_wrong)) / unreviewed
 
 
 def _needed(pool: int, known_wrong: int, unreviewed: int, sampled: int, wrong: int, confidence: float,
@@ -366,5 +405,5 @@ def read_certificate(run_dir: str | os.PathLike, current: Callable[[], str] | No
 
 
 __all__ = ["PLAN_FORMAT", "CERTIFICATE_FORMAT", "DEFAULT_CONFIDENCE", "STRATA_PER_FIELD", "MIN_STRATUM", "METHOD",
-           "MAX_CERTIFICATE_BYTES", "plan_seed", "strata", "sample_order", "fingerprint", "lower_bound", "Bound",
-           "percent", "bound_of", "Certificate", "certify", "check_share", "write_certificate", "read_certificate"]
+           "MAX_CERTIFICATE_BYTES", "PRIOR", "plan_seed", "strata", "sample_order", "fingerprint", "most_wrong",
+           "log_prior_posterior_ratio", "Bound", "percent", "bound_of", "Certificate", "certify", "check_share", "write_certificate", "read_certificate"]

@@ -35,7 +35,8 @@ def add_review_parser(sub) -> None:
                     "then the least confident), with a random sample of the rest beside them -- and record each "
                     "decision (accept, correct, null, skip) in the run folder's reviews.jsonl. Resumable: values "
                     "decided already are not asked again. The sample certifies the values nobody reviewed: a lower "
-                    "bound on their accuracy (Clopper-Pearson), kept in certificate.json.")
+                    "bound on their accuracy (a confidence sequence, valid wherever the review stops), kept in "
+                    "certificate.json.")
     review.add_argument("run_dir", metavar="RUN_DIR", help="a map's run folder")
     review.add_argument("--confidence", type=float, default=DEFAULT_CONFIDENCE, metavar="C",
                         help=f"how sure the certificate's bound is (default {DEFAULT_CONFIDENCE})")
