@@ -19,13 +19,13 @@ from tensorjob_jupyter.abi import (
     AbiError, Envelope, JobError, JobFailure, JobStatus, OptionError, TensorjobError, TokenAction, Usage, codes,
 )
 from tensorjob_jupyter.fanout import ManifestError, MapResult, MapRun, ResumeRefused, map, start_map
-from tensorjob_jupyter.fanout.errors import ClusterError, MapError, ReviewError
+from tensorjob_jupyter.fanout.errors import ClusterError, MapError, ReviewError, ScoringError
 from tensorjob_jupyter.fanout.review_queue import ReviewQueue
 from tensorjob_jupyter.fanout import progress as _progress
 from tensorjob_jupyter.fanout.certify import Certificate
-from tensorjob_jupyter.fanout.scoring import ScoringError
 from tensorjob_jupyter.fanout.estimate import MapEstimate, estimate_map
-from tensorjob_jupyter.fanout.scoring import Scored, ScoreSummary
+from tensorjob_jupyter.fanout.scoring import Scored
+from tensorjob_jupyter.fanout.score_summary import ScoreSummary
 from tensorjob_jupyter.host.jobs import Job, get_job, jobs, run
 from tensorjob_jupyter.host.spec import JobSpec, Overrides
 from tensorjob_jupyter.inference.providers import ModelRef

@@ -35,8 +35,9 @@ from tensorjob_jupyter.fanout.map_folder_reader import (
     CASCADE, FAILURES, RESULTS, FolderError, read_folder_json, read_records, shown,
 )
 from tensorjob_jupyter.fanout.progress import MapProgress, MapResult, record_confidence, record_sources
-from tensorjob_jupyter.fanout.run import MapRun
-from tensorjob_jupyter.fanout.scoring import Expected, Scorer, Scoring, score_item, scorer_of
+from tensorjob_jupyter.fanout.run import InFlight, MapRun
+from tensorjob_jupyter.fanout.expected import Expected
+from tensorjob_jupyter.fanout.scoring import Scorer, Scoring, score_item, scorer_of
 from tensorjob_jupyter.fanout import start as starting  # a module: start_map starts a cascade through here
 from tensorjob_jupyter.inference.providers import ModelRef
 
@@ -310,6 +311,10 @@ class CascadeRun:
             if self._final is not None:
                 return self._final
             return dataclasses.replace(self.run.progress(), version=self._version, status="running")
+
+    def in_flight(self) -> list[InFlight]:
+        """The items the phase's map runs now (``MapRun.in_flight``)."""
+        return [] if self.done else self.run.in_flight()
 
     def wait_for_update(self, since_version: int = -1, timeout: float | None = None) -> MapProgress:
         with self._cond:

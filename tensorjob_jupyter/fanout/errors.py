@@ -37,9 +37,14 @@ class ReviewError(MapError):
     ``reviews.jsonl`` that cannot be written, a value that is not the map's (``reviews.py``)."""
 
 
+class ScoringError(MapError):
+    """Expected answers or a scorer that cannot be used: one line, before any item runs (``expected.py``,
+    ``scoring.py``)."""
+
+
 class ClusterError(MapError):
     """The Dask cluster cannot run this map: unreachable, no workers, or a
     worker that lacks the package, the same version of it, or the model."""
 
 
-__all__ = ["MapError", "ManifestError", "TooManyItems", "ResumeRefused", "ReviewError", "ClusterError"]
+__all__ = ["MapError", "ManifestError", "TooManyItems", "ResumeRefused", "ReviewError", "ScoringError", "ClusterError"]

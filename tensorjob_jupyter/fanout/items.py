@@ -24,6 +24,7 @@ from tensorjob_jupyter.host.jobs import Job
 from tensorjob_jupyter.host.reactor import internal_error
 from tensorjob_jupyter.host.spec import JobSpec
 from tensorjob_jupyter.inference.providers import ModelRef
+from tensorjob_jupyter.record.glimpse import Glimpse
 
 CANCEL_POLL_S = 0.25
 #: The error code of an item whose worker process died every time it was
@@ -123,17 +124,19 @@ class ItemSpec:
 
 class RunningJobs:
     """The jobs a process's pool threads are running, each on its own thread (``Job.run_here``), and the cancel
-    of all of them at once: one thread an item instead of two, and no poll of the map's cancel."""
+    of all of them at once: one thread an item instead of two, and no poll of the map's cancel. ``in_flight``
+    glances at each (its item and what it does now) for a view of the map."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._jobs: set[Job] = set()
+        self._jobs: dict[Job, int] = {}  # each running job, and its item
         self._cancelled = False
 
-    def run(self, job: Job) -> Any:
-        """``job``'s envelope, run on this thread; cancelled at once if ``cancel_all`` came first."""
+    def run(self, job: Job, index: int = -1) -> Any:
+        """``job``'s envelope (item ``index``'s), run on this thread; cancelled at once if ``cancel_all`` came
+        first."""
         with self._lock:
-            self._jobs.add(job)
+            self._jobs[job] = index
             cancelled = self._cancelled
         try:
             if cancelled:
@@ -141,7 +144,13 @@ class RunningJobs:
             return job.run_here()
         finally:
             with self._lock:
-                self._jobs.discard(job)
+                self._jobs.pop(job, None)
+
+    def in_flight(self) -> list[tuple[int, Glimpse]]:
+        """Each running item and what its job does now (``Job.glimpse``), in item order."""
+        with self._lock:
+            running = list(self._jobs.items())
+        return sorted(((index, job.glimpse()) for job, index in running), key=lambda pair: pair[0])
 
     def cancel_all(self) -> None:
         """Cancel every running job, and every one started from now on."""
@@ -171,7 +180,7 @@ def run_item(spec: ItemSpec, backend: Backend, index: int, item: Any,
         error = internal_error(f"{spec.name}[{index}]", e)
         return failed_outcome(index, error.code, error.message)
     ready = time.perf_counter()
-    envelope = running.run(job) if running is not None else await_job(job.start(), cancelled)
+    envelope = running.run(job, index) if running is not None else await_job(job.start(), cancelled)
     return job_outcome(index, job, envelope, started=started, ready=ready)
 
 

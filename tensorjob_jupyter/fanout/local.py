@@ -15,6 +15,7 @@ from typing import Any, Iterable
 from tensorjob_jupyter.inference.base import Backend
 from tensorjob_jupyter.fanout.items import ItemSpec, RunningJobs, run_item
 from tensorjob_jupyter.fanout.run import MapRun
+from tensorjob_jupyter.record.glimpse import Glimpse
 
 
 class LocalExecutor:
@@ -29,6 +30,10 @@ class LocalExecutor:
     def cancel(self) -> None:
         """End the running jobs (``MapRun.cancel``); the map's loop starts no more."""
         self.running.cancel_all()
+
+    def in_flight(self) -> list[tuple[int, Glimpse]]:
+        """The items running now and what each does (``RunningJobs.in_flight``)."""
+        return self.running.in_flight()
 
     def run(self, todo: Iterable[tuple[int, Any]], sink: MapRun) -> None:
         def cancelled() -> bool:

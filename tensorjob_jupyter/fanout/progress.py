@@ -29,9 +29,9 @@ from tensorjob_jupyter.fanout.certify import Certificate, fingerprint, read_cert
 from tensorjob_jupyter.fanout.manifest import MAX_KEY_CHARS, item_key
 from tensorjob_jupyter.fanout.review_rows import ValueRow, doubtful_first, value_rows
 from tensorjob_jupyter.fanout.reviews import Review, ReviewBook, read_reviews, review_expected
-from tensorjob_jupyter.fanout.scoring import (
-    BUILTINS, Expected, ItemScore, ScoreSummary, read_scores, score_item, scorer_name, verdict_paths,
-)
+from tensorjob_jupyter.fanout.expected import Expected
+from tensorjob_jupyter.fanout.score_summary import ScoreSummary
+from tensorjob_jupyter.fanout.scoring import BUILTINS, ItemScore, read_scores, score_item, scorer_name, verdict_paths
 from tensorjob_jupyter.host.fields import MAX_FIELDS, MISSING, field_path, value_at
 from tensorjob_jupyter.host.grounding import grounds, sources_label
 from tensorjob_jupyter.record.event_checks import check_rejected, check_sources

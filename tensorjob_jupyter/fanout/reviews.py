@@ -23,8 +23,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tensorjob_jupyter.abi import dumps
 from tensorjob_jupyter.fanout.errors import ReviewError
-from tensorjob_jupyter.fanout.map_folder_reader import DECISIONS, REVIEWS, FolderError, checked_records, shown
-from tensorjob_jupyter.fanout.scoring import Expected, same
+from tensorjob_jupyter.fanout.map_folder_reader import DECISIONS, REVIEWS, checked_records, shown
+from tensorjob_jupyter.fanout.expected import Expected
+from tensorjob_jupyter.fanout.scoring import same
 from tensorjob_jupyter.host.fields import MISSING, split_path
 from tensorjob_jupyter.regular_file import NotARegularFile, open_regular
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -29,9 +29,23 @@ from tensorjob_jupyter.fanout.map_folder import MapFolder
 from tensorjob_jupyter.fanout.manifest import Manifest, item_key
 from tensorjob_jupyter.fanout.progress import ItemTimes, MapProgress, MapResult
 from tensorjob_jupyter.fanout.scoring import ItemScore, Scoring
+from tensorjob_jupyter.record.glimpse import Glimpse
 
 #: A map that ended because its token budget (``max_total_tokens``) was spent.
 STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """One item running now: its index and key, and what its job does (``Glimpse``: phase, infers, tokens, the
+    tail of its text)."""
+
+    item: int
+    key: str
+    glimpse: Glimpse
+
+    def to_json(self) -> dict[str, Any]:
+        return {"item": self.item, "key": self.key, **self.glimpse.to_json()}
 
 
 class MapRun:
@@ -124,6 +138,15 @@ class MapRun:
         if progress.status == "running":
             return replace(progress, elapsed_s=time.monotonic() - self._started)
         return progress
+
+    def in_flight(self) -> list[InFlight]:
+        """The items running now, in item order, each with what its job does -- from its first step, before it
+        concludes (empty where the executor cannot tell: a Dask cluster's items run in other processes)."""
+        glance = getattr(self.executor, "in_flight", None)
+        if glance is None or self.done:
+            return []
+        items = self.manifest.items
+        return [InFlight(index, item_key(items[index], index), glimpse) for index, glimpse in glance()]
 
     def wait_for_update(self, since_version: int = -1, timeout: float | None = None) -> MapProgress:
         """The progress once its ``version`` passes ``since_version`` (or at timeout)."""
@@ -344,4 +367,4 @@ def _tokens(outcome: dict) -> int:
                if isinstance(v, int) and not isinstance(v, bool) and v > 0)
 
 
-__all__ = ["STOPPED", "MapRun"]
+__all__ = ["STOPPED", "InFlight", "MapRun"]

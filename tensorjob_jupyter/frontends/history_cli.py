@@ -23,6 +23,7 @@ from tensorjob_jupyter.fanout.errors import MapError
 from tensorjob_jupyter.fanout.cascade import cascade_lines, read_cascade
 from tensorjob_jupyter.frontends.table import MAP_LAYOUT, REVIEW_LAYOUT, map_table_lines, write_csv
 
+from tensorjob_jupyter.frontends.flags import REPLAY, add_arguments, check_placed
 from tensorjob_jupyter.frontends.options import (
     BY_NAME, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, JobOptions, OptionError, add_job_arguments, fail_under,
 )
@@ -91,17 +92,7 @@ def add_history_parsers(sub) -> None:
                                         "answers from there). Job options replace the recorded ones; the bytes of "
                                         "--input-file must be given again.")
     replay.add_argument("guest", help="the guest: a .py script, a .wasm module, or .c / .zig / .wat source to compile")
-    replay.add_argument("--from", dest="from_run", default=None, metavar="RUN",
-                        help="the recorded run: an id (or a unique prefix), or a run folder")
-    replay.add_argument("--map", dest="map_run", default=None, metavar="RUN_DIR",
-                        help="instead of --from: a recorded map's run folder; every item is replayed against its "
-                             "own recording, and the items whose prompts changed are listed (--live: run only those)")
-    replay.add_argument("--live", action="store_true", help="from the first divergence on, run the model")
-    replay.add_argument("--recorded-grants", action="store_true",
-                        help="with --live: read and fetch under the recorded run's grants (a replay otherwise reads "
-                             "only what --read grants now, and fetches only what --fetch grants: a transcript's "
-                             "grants never widen it unasked)")
-    add_map_replay_arguments(replay)
+    add_arguments(replay, REPLAY)  # flags.py: the table the magic reads too
     add_job_arguments(replay)
     replay.add_argument("--events", default=None, metavar="FILE", help="write every event as one JSON line to FILE")
     replay.add_argument("--json", action="store_true",
@@ -119,27 +110,6 @@ def add_history_parsers(sub) -> None:
                       help="RUN_A and RUN_B are maps' run folders (of one manifest): compare them item by item -- "
                            "results, scores, tokens, time")
     diff.add_argument("--json", action="store_true", help="the comparison as JSON")
-
-
-def add_map_replay_arguments(p) -> None:
-    """What ``replay --map`` takes besides the job options: on ``tensorjob replay`` and ``%tensorjob replay``."""
-    p.add_argument("--run-dir", default=None, metavar="OUT",
-                   help="replay --map: the replay's own run folder, started over (default RUN_DIR/replay)")
-    p.add_argument("--fail-under", default=None, metavar="X",
-                   help="replay --map: exit 1 unless the new mean score is at least X (0 to 1), or the recorded "
-                        "map's ('recorded'), and every item was answered from its recording")
-    p.add_argument("--concurrency", type=int, default=None, metavar="N",
-                   help="replay --map: items replayed at once (default: the CPUs this process may use)")
-    p.add_argument("--expected", default=None, metavar="FILE.jsonl",
-                   help="replay --map: score against these expected answers (default: the recorded map's)")
-    p.add_argument("--scorer", default=None, metavar="NAME",
-                   help="replay --map: exact, json_fields or contains (default: the recorded map's)")
-    p.add_argument("--deterministic", action="store_true",
-                   help="replay --map --live: one item at a time, each live infer decoded alone with a fixed thread "
-                        "count and no prompt cache, so its answer does not depend on what else runs")
-    p.add_argument("--rerun", action="store_true",
-                   help="replay --map --live: run every item on the model from its start, those whose prompts did "
-                        "not change too (else they come from their recordings)")
 
 
 # --- runs ------------------------------------------------------------------------------------------
@@ -231,13 +201,9 @@ def cmd_replay(args, out: TextIO, err: TextIO) -> int:
     if args.recorded_grants and not args.live:
         raise OptionError("--recorded-grants is for a --live replay (a replay reads only what --read grants now, "
                           "never the recorded grants; name each path it needs with --read)")
+    check_placed(args, REPLAY)  # --run-dir, --concurrency, ... only with --map: the magic's check too
     if args.map_run is not None:
         return cmd_replay_map(args, out, err)
-    for name in ("run_dir", "fail_under", "concurrency", "expected", "scorer"):
-        if getattr(args, name) is not None:
-            raise OptionError(f"--{name.replace('_', '-')} is for replay --map RUN_DIR")
-    if args.deterministic or args.rerun:
-        raise OptionError(f"--{'deterministic' if args.deterministic else 'rerun'} is for replay --map RUN_DIR --live")
     options = JobOptions.from_args(args)
     guest = load_guest(options, args.guest, err)
     if guest is None:
@@ -317,6 +283,6 @@ COMMANDS = {"runs": cmd_runs, "show": cmd_show, "replay": cmd_replay, "diff": cm
 
 
 __all__ = [
-    "DEFAULT_LIMIT", "add_history_parsers", "add_map_replay_arguments", "cmd_runs", "cmd_show", "cmd_replay",
+    "DEFAULT_LIMIT", "add_history_parsers", "cmd_runs", "cmd_show", "cmd_replay",
     "cmd_replay_map", "cmd_diff", "COMMANDS"
 ]

@@ -32,10 +32,8 @@ from tensorjob_jupyter.frontends.requests import (
     start_map_replay,
 )
 from tensorjob_jupyter.frontends.table import ReviewRows
-from tensorjob_jupyter.frontends.options import (
-    CONCURRENCY_HELP, JobOptions, OptionError, cascade_arguments, cascade_request, concurrency_value, fail_under,
-    job_arguments,
-)
+from tensorjob_jupyter.frontends.flags import MAP, cascade_request, check_placed, check_required, magic_flags
+from tensorjob_jupyter.frontends.options import JobOptions, OptionError, fail_under, job_arguments
 from tensorjob_jupyter.frontends.outcome import CellEnvelope, CellError, GateFailed, GuestDoesNotCompile, JobFailed
 from tensorjob_jupyter.frontends.prompt import prompt as debug_prompt
 from tensorjob_jupyter.frontends.terminal import load_guest
@@ -291,11 +289,6 @@ class TensorJob(Magics, JobSettings):
     @argument("target", nargs="?", default=None,
               help="the guest file for run, map and replay, the job id for cancel, clear for cache, the run for "
                    "show, the map's run folder (or $name, a MapResult) for review")
-    @argument("--from", dest="from_run", default=None, metavar="RUN",
-              help="replay: the recorded run (an id, a run folder, or $name)")
-    @argument("--live", action="store_true", help="replay: from the first divergence on, run the model")
-    @argument("--recorded-grants", action="store_true",
-              help="replay --live: read under the recorded run's grants (else only what --read grants now)")
     @argument("--speed", type=float, default=0.0, metavar="S",
               help="show: 0 at once (default), 1 at the recorded speed, 2 twice as fast")
     @argument("--limit", type=int, default=None, metavar="N", help="runs: the newest N runs (0: all)")
@@ -303,34 +296,7 @@ class TensorJob(Magics, JobSettings):
               help="review: the values as a table, doubtful first (default: the review widget, one value at a time)")
     @argument("--status", default=None, metavar="S", help="runs: only runs with this status")
     @argument("--prune", type=int, default=None, metavar="KEEP", help="runs: delete all but the newest KEEP runs")
-    @argument("--over", default=None, metavar="MANIFEST", help="map: the JSONL manifest, one input per line")
-    @argument("--run-dir", default=None, metavar="DIR",
-              help="map: the run folder (results.jsonl, failures.jsonl); replay --map: the replay's own")
-    @argument("--concurrency", type=concurrency_value, default=None, metavar="N|auto",
-              help="map: " + CONCURRENCY_HELP + "; replay --map: items replayed at once")
-    @argument("--cluster", default=None, metavar="ADDRESS", help="map: a Dask scheduler to run the items on")
-    @argument("--retry-failed", action="store_true", help="map: run items that failed before again")
-    @argument("--restart", action="store_true",
-              help="map: start the run folder over, keeping nothing it holds (e.g. after changing the guest)")
-    @argument("--expected", default=None, metavar="FILE.jsonl",
-              help="map, replay --map: expected answers, one JSON value a line in the manifest's order")
-    @argument("--scorer", default=None, metavar="NAME",
-              help="map, replay --map: exact, json_fields, contains, or $name (a function (result, expected) -> "
-                   "score)")
-    @argument("--max-total-tokens", type=int, default=None, metavar="N",
-              help="map: stop, resumably, once the items have used N tokens")
-    @argument("--estimate", action="store_true", help="map: what it would cost (tokens, time); runs nothing")
-    @argument("--deterministic", action="store_true",
-              help="map, replay --map --live: one item at a time, each infer decoded alone with fixed threads and "
-                   "no prompt cache, so answers do not depend on what else runs")
-    @argument("--rerun", action="store_true",
-              help="replay --map --live: run every item on the model from its start, those whose prompts did not "
-                   "change too (else they come from their recordings)")
-    @cascade_arguments()  # map: --cascade MODEL, --target, --delta, ... (options.CASCADE_FLAGS)
-    @argument("--map", dest="map_run", default=None, metavar="RUN_DIR",
-              help="replay: a recorded map's run folder; every item is replayed against its own recording")
-    @argument("--fail-under", default=None, metavar="X",
-              help="replay --map: raise GateFailed unless the new mean score is at least X (or 'recorded')")
+    @magic_flags()  # map and replay: flags.py, the table tensorjob map and tensorjob replay read too
     @shared_arguments(line=True)
     @no_var_expand
     @line_magic("tensorjob")  # type: ignore[arg-type]  # IPython types line_magic(name) as "_F | decorator"
@@ -384,6 +350,7 @@ class TensorJob(Magics, JobSettings):
             return self._line_action(args)
 
     def _line_action(self, args):
+        check_placed(args, args.action)  # a map's flag on a run, --run-dir on a replay without --map: refused
         if args.action == "review":
             return self._review(args.target, table=args.table)
         if args.action == "runs":
@@ -400,6 +367,8 @@ class TensorJob(Magics, JobSettings):
             return self._cancel(args.target)
         if not args.target:
             raise UsageError(f"{args.action} needs a guest file: %tensorjob {args.action} PATH")
+        if args.action == MAP:
+            check_required(args, MAP)  # --over and --run-dir, before the guest, as tensorjob map's parser asks
         options = self._options(args, local_model=not (args.action == "map" and args.cluster))
         guest = self._guest(options, args.target)
         if args.action == "map":
@@ -417,6 +386,8 @@ class TensorJob(Magics, JobSettings):
         if not cell.strip():
             raise UsageError("the cell is empty: write the guest's C, Zig or WAT source below %%tensorjob map")
         with refusals_as_usage_errors():
+            check_placed(args, MAP)
+            check_required(args, MAP)
             options = self._options(args, local_model=not args.cluster)
             return self._map(self._guest(options, cell=cell, lang=args.lang), options, args)
 
@@ -426,8 +397,6 @@ class TensorJob(Magics, JobSettings):
         if getattr(args, "debug", None) or getattr(args, "break_on", None):
             raise UsageError("map does not debug its items: debug one item's input with "
                              "%tensorjob run PATH --debug --input '...'")
-        if not args.over or not args.run_dir:
-            raise UsageError("map needs --over MANIFEST and --run-dir DIR")
         if args.estimate:
             estimate = estimate_map(options.map_spec(guest), self._map_request(args))
             if args.out:
@@ -591,11 +560,6 @@ class TensorJob(Magics, JobSettings):
             raise UsageError("replay needs a guest file: %tensorjob replay PATH --from RUN (or --map RUN_DIR)")
         if args.map_run:
             return self._replay_map(args)
-        for name in ("fail_under", "expected", "scorer"):
-            if getattr(args, name) is not None:
-                raise UsageError(f"--{name.replace('_', '-')} is for replay --map RUN_DIR")
-        if args.rerun:
-            raise UsageError("--rerun is for replay --map RUN_DIR --live")
         options = self._options(args)
         job = replay_job(self._guest(options, args.target), self._run_arg(args.from_run, "replay --from"),
                          options.overrides(), live=args.live, recorded_grants=bool(args.recorded_grants),

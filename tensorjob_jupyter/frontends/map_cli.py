@@ -12,25 +12,29 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import threading
 import time
-from typing import TextIO
+from typing import Sequence, TextIO
 
-from tensorjob_jupyter.frontends.options import (
-    CONCURRENCY_HELP, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, JobOptions, add_cascade_arguments, add_job_arguments,
-    cascade_request, concurrency_value,
-)
+from tensorjob_jupyter.frontends.flags import MAP, add_arguments, cascade_request
+from tensorjob_jupyter.frontends.options import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, JobOptions, add_job_arguments
 from tensorjob_jupyter.frontends.requests import MapRequest, estimate_map, start_map
 from tensorjob_jupyter.abi import codes
 from tensorjob_jupyter.fanout.progress import MapResult, rate_text
-from tensorjob_jupyter.fanout.run import STOPPED
+from tensorjob_jupyter.fanout.run import STOPPED, InFlight
 from tensorjob_jupyter.fanout.cascade import PHASES, summary_lines
-from tensorjob_jupyter.fanout.scoring import BUILTINS, DEFAULT_SCORER
 from tensorjob_jupyter.frontends.table import map_table_lines
 from tensorjob_jupyter.frontends.terminal import load_guest
+from tensorjob_jupyter.host import GENERATING
 from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.text import for_terminal, json_text
 
 SHOW_FAILURES = 20
+#: Items in flight a running line names (the rest are counted), and characters of the end of each one's text.
+SHOW_RUNNING = 4
+RUNNING_TAIL_CHARS = 40
+#: Seconds between running lines that say only that the items' tokens grew.
+TOKENS_EVERY_S = 5.0
 
 
 def add_map_parser(subparsers) -> argparse.ArgumentParser:
@@ -39,38 +43,11 @@ def add_map_parser(subparsers) -> argparse.ArgumentParser:
                               description="Run a guest once per manifest line (each line's JSON value is "
                                           "that item's input), resumably, here or on a Dask cluster.")
     p.add_argument("guest", help="the guest: a .py script, a .wasm module, or .c / .zig / .wat source to compile")
-    p.add_argument("--over", required=True, metavar="MANIFEST", help="the items: a JSONL file, one input a line")
-    p.add_argument("--run-dir", required=True, metavar="DIR",
-                   help="where results.jsonl, failures.jsonl and the ledger go; rerun to resume")
-    p.add_argument("--concurrency", type=concurrency_value, default=None, metavar="N|auto",
-                   help=CONCURRENCY_HELP)
-    p.add_argument("--cluster", default=None, metavar="ADDRESS", help="run items on this Dask scheduler")
-    p.add_argument("--retry-failed", action="store_true", help="on resume, run the failed items again")
-    p.add_argument("--restart", action="store_true",
-                   help="start the run folder over, keeping nothing it holds (e.g. after changing the guest)")
-    add_experiment_arguments(p)
-    add_cascade_arguments(p)  # options.CASCADE_FLAGS
+    add_arguments(p, MAP)  # flags.py: the table the magic reads too
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout, nothing else")
     p.add_argument("--quiet", "-q", action="store_true", help="no live progress on stderr")
     add_job_arguments(p, one_job=False)
     return p
-
-
-def add_experiment_arguments(p) -> None:
-    """``--expected``, ``--scorer``, ``--max-total-tokens`` and ``--estimate``: on ``tensorjob map`` and
-    ``%tensorjob map`` alike."""
-    p.add_argument("--expected", default=None, metavar="FILE.jsonl",
-                   help="expected answers, one JSON value a line in the manifest's order: score every item")
-    p.add_argument("--scorer", default=None, metavar="NAME",
-                   help=f"how an answer is scored against its expected one: {', '.join(BUILTINS)} (default "
-                        f"{DEFAULT_SCORER}; in a notebook also $name, a Python function (result, expected) -> score)")
-    p.add_argument("--max-total-tokens", type=int, default=None, metavar="N",
-                   help="stop the map, resumably, once its items have used N tokens (in and out)")
-    p.add_argument("--estimate", action="store_true",
-                   help="print what the map would cost (prompt tokens per item, the expected time) and run nothing")
-    p.add_argument("--deterministic", action="store_true",
-                   help="answers that do not depend on what else runs: one item at a time, each infer decoded alone "
-                        "with a fixed thread count and no prompt cache (slower; a local model only)")
 
 
 def cmd_map(args, out: TextIO, err: TextIO) -> int:
@@ -90,7 +67,14 @@ def cmd_map(args, out: TextIO, err: TextIO) -> int:
         err.write(for_terminal(note, one_line=True) + "\n")
     printer = ProgressPrinter(err, quiet=args.quiet)
     run.subscribe(printer)
-    wait_or_cancel(run.wait_done, run.cancel)
+
+    def wait_done(seconds: float) -> bool:  # between waits, the items in flight (at the printer's own rate)
+        done = run.wait_done(seconds)
+        if not done:
+            printer.watch(run.in_flight())
+        return done
+
+    wait_or_cancel(wait_done, run.cancel)
     result = run.wait()
     if args.json:
         out.write(json_text(result.to_json()) + "\n")
@@ -144,8 +128,22 @@ def progress_line(p: dict, phase: str | None = None) -> str:
             + f"{p['skipped']} skipped, {p['running']} running" + (f", {rate}" if rate else "") + ")")
 
 
+def running_line(flights: Sequence[InFlight]) -> str:
+    """The items in flight as one line: ``· running: 3 doc-3 generating (12 tokens) "…the end", 4 doc-4 reading
+    its prompt`` (the first ``SHOW_RUNNING``; keys and text made safe for a terminal by the caller)."""
+    parts = []
+    for f in flights[:SHOW_RUNNING]:
+        g = f.glimpse
+        text = " ".join(g.tail.split())
+        text = text if len(text) <= RUNNING_TAIL_CHARS else "…" + text[-(RUNNING_TAIL_CHARS - 1):]
+        said = f" ({g.tokens} token{'' if g.tokens == 1 else 's'})" if g.phase == GENERATING else ""
+        parts.append(f"{f.item} {f.key} {g.phase}{said}" + (f' "{text}"' if said and text else ""))
+    more = len(flights) - SHOW_RUNNING
+    return "· running: " + ", ".join(parts) + (f", and {more} more" if more > 0 else "")
+
+
 class ProgressPrinter:
-    """Throttled progress lines on stderr, plus the first few failures."""
+    """Throttled progress lines on stderr, plus the first few failures and the items in flight (``watch``)."""
 
     def __init__(self, err: TextIO, *, quiet: bool, every_s: float = 1.0):
         self.err, self.quiet, self.every_s = err, quiet, every_s
@@ -153,10 +151,34 @@ class ProgressPrinter:
         self._failures = self._unanswered = 0
         self._phase: str | None = None  # a cascade's phase now (its items' events say it)
         self._shown: tuple | None = None  # the counts the last progress line said
+        self._lock = threading.Lock()  # events come on the map's thread, ``watch`` on the waiting one
+        self._running: tuple = ()  # the (item, phase) pairs the last running line said
+        self._running_tokens = 0
+        self._running_at = 0.0
+
+    def watch(self, flights: Sequence[InFlight]) -> None:
+        """Say the items in flight: a line when one starts or changes phase (at most one each ``every_s``), and
+        at most one each ``TOKENS_EVERY_S`` when only their tokens have grown."""
+        if self.quiet or not flights:
+            return
+        now = time.monotonic()
+        said = tuple((f.item, f.glimpse.phase) for f in flights)
+        tokens = sum(f.glimpse.tokens for f in flights)
+        wait = self.every_s if said != self._running else TOKENS_EVERY_S if tokens != self._running_tokens else None
+        if wait is None or now - self._running_at < wait:
+            return
+        self._running, self._running_tokens, self._running_at = said, tokens, now
+        with self._lock:
+            self.err.write(for_terminal(running_line(flights), one_line=True) + "\n")
+            self.err.flush()
 
     def __call__(self, event: dict) -> None:
         if self.quiet:
             return
+        with self._lock:
+            self._on_event(event)
+
+    def _on_event(self, event: dict) -> None:
 
         if event["type"] == "cascade.phase":  # a cascade's next phase, said once, after the last one's end
             if self._phase is not None and isinstance(event.get("progress"), dict):
@@ -198,6 +220,6 @@ class ProgressPrinter:
 
 
 __all__ = [
-    "SHOW_FAILURES", "add_map_parser", "add_experiment_arguments", "cmd_map", "map_request", "progress_line",
-    "ProgressPrinter"
+    "SHOW_FAILURES", "SHOW_RUNNING", "RUNNING_TAIL_CHARS", "TOKENS_EVERY_S", "add_map_parser", "cmd_map",
+    "map_request", "progress_line", "running_line", "ProgressPrinter"
 ]

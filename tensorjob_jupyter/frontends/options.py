@@ -7,8 +7,8 @@ puts it on any argparse parser, the magics' included. ``JobOptions.from_args`` r
 over defaults (the notebook's traitlets, or the built-in ones), and checks everything, or raises one
 ``OptionError`` naming the flag; the typed values a front end then hands to the public API are
 ``spec(guest)``/``map_spec(guest)`` (a ``JobSpec``) and ``overrides()`` (an ``Overrides``: only what was given,
-for a replay). ``fail_under`` and ``concurrency_value`` read the two experiment options; ``EXIT_*`` are the
-commands' exit codes.
+for a replay). ``fail_under`` and ``concurrency_value`` read the two experiment options (a map's and a replay's
+own flags are ``flags.py``'s table); ``EXIT_*`` are the commands' exit codes.
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ from tensorjob_jupyter.regular_file import open_regular
 from tensorjob_jupyter.host.debugger import parse_break_on
 from tensorjob_jupyter.host import GuestSource, InferOptions, JobSpec, ModelRef, Overrides, check_fetch, parse_fields
 from tensorjob_jupyter.frontends.input_value import InputError, read_input
-from tensorjob_jupyter.fanout.cascade import AGAINST
-from tensorjob_jupyter.fanout.cascade_score import DEFAULT_SCORE, DEFINITIONS
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
 
@@ -467,11 +465,6 @@ def _read_input(text: str, variables: Mapping[str, Any] | None) -> Any:
 
 # --- the experiment options: a gate and a width -------------------------------------------------
 
-#: ``--concurrency``'s help, the same in the terminal and the magic.
-CONCURRENCY_HELP = ("items at once: a number, or auto (the default: as many as the model decodes together -- "
-                    "its slots, 4 unless set -- at most twice the physical cores); on a cluster, items in flight "
-                    "(default twice its threads)")
-
 
 def concurrency_value(text: str) -> int | str:
     """``--concurrency``: ``auto`` or a whole number at least 1; anything else is one usage line."""
@@ -485,58 +478,6 @@ def concurrency_value(text: str) -> int | str:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is neither auto nor a whole number at least 1")
     return value
-
-
-#: The cascade's flags and their help, on ``tensorjob map`` and ``%tensorjob map`` alike: (flag, argparse keywords).
-CASCADE_FLAGS: tuple[tuple[str, dict], ...] = (
-    ("--cascade", dict(default=None, metavar="MODEL",
-                       help="a bigger model (a GGUF path, hf:..., a served URL) that answers only the items whose "
-                            "proxy score is under a threshold certified from a sample: the answers agree with what "
-                            "MODEL alone would say on at least --target of the items, with probability 1 - --delta")),
-    ("--target", dict(type=float, default=None, metavar="X", dest="cascade_target",
-                      help="with --cascade: the share of items that must agree with the oracle (default 0.9)")),
-    ("--delta", dict(type=float, default=None, metavar="D", dest="cascade_delta",
-                     help="with --cascade: the chance the guarantee may fail (default 0.1)")),
-    ("--cascade-on", dict(default=None, metavar="FIELDS",
-                          help="with --cascade: the fields the proxy score and the agreement read, e.g. vendor,total "
-                               "(default: every field the model answered)")),
-    ("--cascade-score", dict(default=None, metavar="NAME",
-                             help=f"with --cascade: the proxy score, one of {', '.join(DEFINITIONS)} "
-                                  f"(default {DEFAULT_SCORE})")),
-    ("--cascade-sample", dict(type=int, default=None, metavar="N",
-                              help="with --cascade: the items sampled for the oracle (default: five times what the "
-                                   "bound needs, or a tenth of the items)")),
-    ("--target-against", dict(default=None, choices=AGAINST,
-                              help="with --cascade: what the target is measured against: the oracle's answers "
-                                   "(default) or expected's (--expected)")),
-    ("--mixed-models", dict(action="store_true", default=None,
-                            help="resume (or --retry-failed) a run folder another model mapped, each row naming "
-                                 "its model; refused without it")),
-)
-
-
-def add_cascade_arguments(p) -> None:
-    """``--cascade`` and its settings, and ``--mixed-models``."""
-    for flag, keywords in CASCADE_FLAGS:
-        p.add_argument(flag, **keywords)
-
-
-def cascade_arguments():
-    """A ``magic_arguments`` decorator adding the cascade's flags (``CASCADE_FLAGS``) to a magic."""
-    from IPython.core.magic_arguments import ArgDecorator
-
-    class _CascadeArguments(ArgDecorator):
-        def add_to_parser(self, parser, group):
-            add_cascade_arguments(group if group is not None else parser)
-
-    return _CascadeArguments()
-
-
-def cascade_request(args) -> dict:
-    """``MapRequest``'s cascade fields (and ``mixed_models``) from the flags of ``CASCADE_FLAGS``, as given."""
-    return dict(cascade=args.cascade, target=args.cascade_target, delta=args.cascade_delta, cascade_on=args.cascade_on,
-                cascade_score=args.cascade_score, cascade_sample=args.cascade_sample,
-                target_against=args.target_against, mixed_models=bool(args.mixed_models))
 
 
 def fail_under(text: str | None) -> float | str | None:
@@ -554,6 +495,5 @@ def fail_under(text: str | None) -> float | str | None:
 
 __all__ = [
     "OptionError", "parse_bytes", "Option", "OPTIONS", "BY_NAME", "add_job_arguments", "job_arguments", "traitlets",
-    "JobOptions", "CONCURRENCY_HELP", "concurrency_value", "CASCADE_FLAGS", "add_cascade_arguments",
-    "cascade_arguments", "cascade_request", "fail_under"
+    "JobOptions", "concurrency_value", "fail_under"
 ]

@@ -18,7 +18,8 @@ from typing import Any, Iterable
 from tensorjob_jupyter.abi import dumps
 from tensorjob_jupyter.fanout.errors import MapError
 from tensorjob_jupyter.fanout.progress import MapResult, flattened, float_scores
-from tensorjob_jupyter.fanout.scoring import INTERVAL_METHOD, same, wilson_interval
+from tensorjob_jupyter.fanout.score_interval import INTERVAL_METHOD, wilson_interval
+from tensorjob_jupyter.fanout.scoring import same
 from tensorjob_jupyter.history.maps import RecordedMap
 from tensorjob_jupyter.host.fields import field_path
 from tensorjob_jupyter.record.event_checks import TranscriptError

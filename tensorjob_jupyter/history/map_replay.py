@@ -33,7 +33,8 @@ from tensorjob_jupyter.fanout.local import LocalExecutor
 from tensorjob_jupyter.fanout.manifest import Manifest, ManifestItems, read_manifest
 from tensorjob_jupyter.fanout.progress import MapResult
 from tensorjob_jupyter.fanout.run import MapRun
-from tensorjob_jupyter.fanout.scoring import BUILTINS, Expected, Scoring, scorer_name, scorer_of
+from tensorjob_jupyter.fanout.expected import Expected
+from tensorjob_jupyter.fanout.scoring import BUILTINS, Scoring, scorer_name, scorer_of
 from tensorjob_jupyter.fanout.start import deterministic_threads
 from tensorjob_jupyter.history.map_compare import MapComparison
 from tensorjob_jupyter.history.maps import RecordedMap

@@ -32,6 +32,8 @@ from tensorjob_jupyter.record.event_checks import MAX_LINE_BYTES, TranscriptErro
 # a finished response, as the view and the terminal say it: decoded on a busy machine
 from tensorjob_jupyter.record.responses import busy_machine_line
 from tensorjob_jupyter.record.job_folder import EVENTS_FILE
+# what a running job does now, as a map's view and progress show its items in flight
+from tensorjob_jupyter.record.glimpse import GENERATING, Glimpse
 from tensorjob_jupyter.record.transcript import read_line
 
 __all__ = [
@@ -40,4 +42,5 @@ __all__ = [
     "CompileError", "GuestSource", "cache_dir", "cache_usage", "clear_cache", "detect_language", "python_interpreter",
     "ModelError", "ModelRef",
     "EVENTS_FILE", "MAX_LINE_BYTES", "TranscriptError", "parse_event", "read_line", "busy_machine_line",
+    "GENERATING", "Glimpse",
 ]

@@ -36,6 +36,7 @@ from tensorjob_jupyter.inference.base import Backend
 from tensorjob_jupyter.host.reactor import JobStats, Reactor, internal_error
 from tensorjob_jupyter.world.fetch import FetchGrants
 from tensorjob_jupyter.record.job_folder import ENVELOPE_FILE, EVENTS_FILE, default_runs_dir, new_job_id
+from tensorjob_jupyter.record.glimpse import Glimpse
 from tensorjob_jupyter.sandbox.compile import GuestSource
 
 log = logging.getLogger("tensorjob_jupyter")
@@ -376,6 +377,11 @@ class Job:
 
     def subscribe(self, maxsize: int = 10_000, *, replay: bool = True) -> Subscription:
         return self.stream.subscribe(maxsize, replay=replay)
+
+    def glimpse(self) -> Glimpse:
+        """What the job is doing now -- its phase, infers, tokens and the tail of its text -- from any thread, at
+        no cost to the job (``record/glimpse.py``)."""
+        return self.stream.glimpse()
 
     @property
     def transcript_path(self) -> Path:

@@ -24,6 +24,7 @@ from typing import Any, Iterator
 import orjson
 
 from tensorjob_jupyter.abi import TERMINAL_EVENT_TYPES, JobFailure, codes
+from tensorjob_jupyter.record.glimpse import Glimpse, GlimpseTracker
 from tensorjob_jupyter.record.job_folder import ENVELOPE_FILE, ENVELOPE_TMP_FILE, EVENTS_FILE, lock_transcript
 from tensorjob_jupyter.regular_file import open_regular
 
@@ -260,11 +261,16 @@ class EventStream:
         self._subscribers: list[Subscription] = []
         self._last_flush = 0.0
         self._t0 = time.monotonic()
+        self._glimpse = GlimpseTracker()
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._log: _FileLog | _MemoryLog = _FileLog(self.run_dir / EVENTS_FILE)
         else:
             self._log = _MemoryLog()
+
+    def glimpse(self) -> Glimpse:
+        """What the job is doing now (``record/glimpse.py``), from any thread."""
+        return self._glimpse.glimpse()
 
     @property
     def transcript_path(self) -> Path | None:
@@ -301,6 +307,7 @@ class EventStream:
             seq = self._next
             self._next += 1
             self.bytes += len(line)
+            self._glimpse.see(type, fields)
             for sub in self._subscribers:
                 sub._offer(seq, position, event, line)
         return event

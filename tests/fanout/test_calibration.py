@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 import tensorjob_jupyter as tj
 from tensorjob_jupyter.fanout.calibration import Evidence, auroc, evidence_of, field_signals, halves
-from tensorjob_jupyter.fanout.scoring import ItemScore, ScoreSummary, verdict_paths
+from tensorjob_jupyter.fanout.score_summary import ScoreSummary
+from tensorjob_jupyter.fanout.scoring import ItemScore, verdict_paths
 from tensorjob_jupyter.inference import ScriptedBackend
 from test_confidence import ANSWER, confident_guest
 from test_map import puppet_guest, write_manifest

@@ -18,8 +18,10 @@ from hypothesis import strategies as st
 
 import tensorjob_jupyter as tj
 from tensorjob_jupyter.fanout import ScoringError
+from tensorjob_jupyter.fanout.expected import Expected
+from tensorjob_jupyter.fanout.score_summary import ScoreSummary
 from tensorjob_jupyter.fanout.scoring import (
-    BUILTINS, Expected, ItemScore, Scored, ScoreSummary, contains, exact, json_fields, same, score_item, scorer_of,
+    BUILTINS, ItemScore, Scored, contains, exact, json_fields, same, score_item, scorer_of,
 )
 from tensorjob_jupyter.inference import ScriptedBackend
 from test_map import done, fail, infer, puppet_guest, write_manifest
@@ -367,7 +369,7 @@ def test_a_summary_says_what_its_mean_rests_on_and_reads_as_a_table():
 
 
 def test_the_wilson_interval_holds_its_mean_and_narrows_as_items_grow():
-    from tensorjob_jupyter.fanout.scoring import wilson_interval
+    from tensorjob_jupyter.fanout.score_interval import wilson_interval
 
     for mean in (0.0, 0.1, 0.5, 0.73, 1.0):
         widths = []

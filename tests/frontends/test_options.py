@@ -91,7 +91,7 @@ def test_the_flags_above_name_every_option(world):
     assert {o.flag for o in OPTIONS} <= given  # a new option must be added to this test
 
 
-#: A map's cascade flags (``options.CASCADE_FLAGS``): tests/fanout/test_cascade.py runs them; here, that each is
+#: A map's cascade flags (``flags.CASCADE_FLAGS``): tests/fanout/test_cascade.py runs them; here, that each is
 #: in both option tables and reaches the map from both the command line and the magic.
 CASCADE = {"--cascade": "big.gguf", "--target": "0.9", "--delta": "0.1", "--cascade-on": "vendor,total",
            "--cascade-score": "min_confidence", "--cascade-sample": "30", "--target-against": "oracle",
@@ -99,9 +99,9 @@ CASCADE = {"--cascade": "big.gguf", "--target": "0.9", "--delta": "0.1", "--casc
 
 
 def test_the_cascade_flags_are_listed_documented_and_reach_the_map_everywhere(ip, world, monkeypatch):
-    from tensorjob_jupyter.frontends.options import CASCADE_FLAGS
+    from tensorjob_jupyter.frontends.flags import CASCADE_FLAGS
 
-    assert [flag for flag, _ in CASCADE_FLAGS] == list(CASCADE)  # a new flag must be added to this test
+    assert [f.flag for f in CASCADE_FLAGS] == list(CASCADE)  # a new flag must be added to this test
     root = Path(__file__).resolve().parents[2]
     for page in (root / "README.md", root / "docs" / "notebook.md"):
         table = page.read_text(encoding="utf-8")

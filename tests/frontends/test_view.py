@@ -180,6 +180,31 @@ def test_the_map_view_shows_counts_the_latest_items_and_the_rate(tmp_path):
     assert view._repr_mimebundle_()["text/plain"].startswith("tensorjob map view")
 
 
+def test_the_map_view_shows_each_running_item_from_its_first_step_escaped(tmp_path):
+    """Before any item ends, the view lists the items in flight: key, phase, tokens and the end of their text,
+    each escaped (a key from a manifest, text from a model); once the map has ended, nothing runs."""
+    from tensorjob_jupyter.fanout import start_map
+    from tensorjob_jupyter.frontends.view.map_widget import MapView
+
+    guest = wat.script_guest([{"cmd": "infer", "prompt": "p", "max_tokens": 60}, DONE])
+    backend = ScriptedBackend(" ".join(["<i>x</i>"] * 60), token_delay_s=0.02)
+    run = start_map(guest, [{"key": f"<b>doc-{i}</b>"} for i in range(2)], tmp_path / "run", backend=backend,
+                    concurrency=2)
+    view = MapView(run, "g.wasm", refresh_hz=20).start()
+    shown = ""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and run.progress().concluded == 0:
+        if "generating" in view.in_flight.value:
+            shown = view.in_flight.value
+            break
+        time.sleep(0.01)
+    run.wait(60)
+    view.join(10)
+    assert "running now" in shown and "&lt;b&gt;doc-0&lt;/b&gt;" in shown and " tok<" in shown, shown
+    assert "&lt;i&gt;x&lt;/i&gt;" in shown and "<b>doc" not in shown and "<i>" not in shown
+    assert view.in_flight.value == ""
+
+
 def test_a_map_view_shown_once_the_map_has_ended_still_lists_its_items(tmp_path):
     """The map starts before its view subscribes; quick items may end first. The view gets them anyway."""
     from tensorjob_jupyter.fanout import start_map

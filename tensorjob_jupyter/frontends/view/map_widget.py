@@ -1,4 +1,4 @@
-"""The live view of a map: items done, failed and running, the rate, the latest answers, the dashboard.
+"""The live view of a map: items done, failed and running (each from its first step), the rate, the latest answers.
 
 Like the job view, it is a few plain widgets written by one updater thread at most ``refresh_hz`` times a
 second, however fast items finish. A bounded table shows the latest items, every cell clipped and escaped
@@ -23,6 +23,7 @@ from tensorjob_jupyter.fanout.manifest import item_key
 from tensorjob_jupyter.fanout.cascade import CascadeRun
 from tensorjob_jupyter.fanout.map_folder_reader import FAILURES, RESULTS, read_records
 from tensorjob_jupyter.frontends.view.cascade_panel import PHASE_TIERS, TIERS, part, render_cascade, tier_mark
+from tensorjob_jupyter.frontends.view.in_flight import render_in_flight
 from tensorjob_jupyter.frontends.view.live import LiveView, check_refresh_hz
 from tensorjob_jupyter.frontends.view.render import AMBER, BLUE, GREEN, GREY, LIGHT_GREY, PALE, PRE, RED, status_badge
 from tensorjob_jupyter.history.sources import excerpt_parts
@@ -304,9 +305,10 @@ class MapView(LiveView):
         self.counts = w.HTML()
         self.items = w.HTML()
         self.cascade = w.HTML()  # a cascade's phases, sample and threshold (empty for a plain map)
+        self.in_flight = w.HTML()  # the items running now (``in_flight``)
         self.cancel_button = self._cancel_button("Stop this map", run.cancel)
         self.widget = self._column([self.header, w.HBox([self.bar, self.cancel_button]), self.counts, self.cascade,
-                                    self.items], "tensorjob-map-view")
+                                    self.in_flight, self.items], "tensorjob-map-view")
         self._sampled: set[int] = set()  # a cascade's sampled items the oracle concluded while this view watched
         self._rows: deque[dict] = deque(maxlen=KEEP_ITEMS)
         self._last: MapProgress = run.progress()
@@ -356,6 +358,9 @@ class MapView(LiveView):
         cascade = self._cascade_html(p)
         if self.cascade.value != cascade:
             self.cascade.value = cascade
+        flights = render_in_flight(self.run.in_flight()) if p.status == "running" else ""
+        if self.in_flight.value != flights:
+            self.in_flight.value = flights
         items = self._items_html()
         if self.items.value != items:
             self.items.value = items
