@@ -393,7 +393,7 @@ def prefix_bench(args) -> dict:
     from served_support import LlamaServer  # tests/served_support.py
     from test_map import puppet_guest  # tests/fanout/test_map.py: each item's input is its command
 
-    from tensorjob_jupyter.host.reactor import InferOptions
+    from tensorjob_jupyter.host.spec import InferOptions
     from tensorjob_jupyter.inference import llama, llama_cache
     from tensorjob_jupyter.inference.models import default_model_path, get_backend
     from tensorjob_jupyter.inference.topology import default_threads
@@ -472,7 +472,7 @@ def deterministic_bench(args) -> dict:
     sys.path.insert(0, str(ROOT / "tests" / "fanout"))
     from test_map import puppet_guest  # tests/fanout/test_map.py: each item's input is its command
 
-    from tensorjob_jupyter.host.reactor import InferOptions
+    from tensorjob_jupyter.host.spec import InferOptions
     from tensorjob_jupyter.fanout.start import deterministic_threads
     from tensorjob_jupyter.inference.models import get_backend
 

@@ -30,7 +30,8 @@ from tensorjob_jupyter.host.jobs import Job, get_job, jobs, run
 from tensorjob_jupyter.host.spec import JobSpec, Overrides
 from tensorjob_jupyter.inference.providers import ModelRef
 from tensorjob_jupyter.limits import Limits
-from tensorjob_jupyter.host.reactor import InferOptions, JobStats
+from tensorjob_jupyter.host.reactor import JobStats
+from tensorjob_jupyter.host.spec import InferOptions
 from tensorjob_jupyter.history.runs import RunError, list_runs
 from tensorjob_jupyter.history.replay_setup import ReplayError
 from tensorjob_jupyter.host.schemas import SchemaError

@@ -20,6 +20,7 @@ from tensorjob_jupyter.fanout.cascade import AGAINST
 from tensorjob_jupyter.fanout.cascade_score import DEFAULT_SCORE, DEFINITIONS
 from tensorjob_jupyter.fanout.scoring import BUILTINS, DEFAULT_SCORER
 from tensorjob_jupyter.frontends.options import concurrency_value
+from tensorjob_jupyter.frontends.requests import MapRequest
 
 #: Where a flag belongs: ``tensorjob map``; ``tensorjob replay`` either way (``--from RUN`` or ``--map RUN_DIR``);
 #: a replay of a map only; a live replay of a map only (the map's replay checks ``--live`` itself).
@@ -201,6 +202,15 @@ def check_required(args: argparse.Namespace, command: str) -> None:
         raise OptionError(f"{command} needs " + " and ".join(f"{f.flag} {f.metavar}" for f in needed))
 
 
+def map_request(args: argparse.Namespace, *, scorer: Any = None) -> MapRequest:
+    """The map the table's map flags describe, as either door read them (one function: the two cannot drift);
+    ``scorer``: a notebook's function, in place of ``--scorer``."""
+    return MapRequest(args.over, args.run_dir, concurrency=args.concurrency, cluster=args.cluster,
+                      retry_failed=args.retry_failed, restart=args.restart, expected=args.expected,
+                      scorer=scorer if scorer is not None else args.scorer, max_total_tokens=args.max_total_tokens,
+                      deterministic=args.deterministic, **cascade_request(args))
+
+
 def cascade_request(args: argparse.Namespace) -> dict:
     """``MapRequest``'s cascade fields (and ``mixed_models``) from the flags of ``CASCADE_FLAGS``, as given."""
     return dict(cascade=args.cascade, target=args.cascade_target, delta=args.cascade_delta, cascade_on=args.cascade_on,
@@ -210,5 +220,6 @@ def cascade_request(args: argparse.Namespace) -> dict:
 
 __all__ = [
     "MAP", "REPLAY", "REPLAY_MAP", "REPLAY_MAP_LIVE", "Flag", "MAP_FLAGS", "CASCADE_FLAGS", "REPLAY_FLAGS", "FLAGS",
-    "BY_FLAG", "of_command", "add_arguments", "magic_flags", "check_placed", "check_required", "cascade_request",
+    "BY_FLAG", "of_command", "add_arguments", "magic_flags", "check_placed", "check_required", "map_request",
+    "cascade_request",
 ]

@@ -28,11 +28,11 @@ from tensorjob_jupyter.fanout import MapError, MapResult, ReviewError
 from tensorjob_jupyter.fanout.cascade import summary_lines
 from tensorjob_jupyter.frontends import options as job_options
 from tensorjob_jupyter.frontends.requests import (
-    MapReplayRequest, MapRequest, estimate_map, find_runs, map_rows, open_playback, replay_job, start_map,
+    MapReplayRequest, estimate_map, find_runs, map_rows, open_playback, replay_job, start_map,
     start_map_replay,
 )
 from tensorjob_jupyter.frontends.table import ReviewRows
-from tensorjob_jupyter.frontends.flags import MAP, cascade_request, check_placed, check_required, magic_flags
+from tensorjob_jupyter.frontends.flags import MAP, check_placed, check_required, magic_flags, map_request
 from tensorjob_jupyter.frontends.options import JobOptions, OptionError, fail_under, job_arguments
 from tensorjob_jupyter.frontends.outcome import CellEnvelope, CellError, GateFailed, GuestDoesNotCompile, JobFailed
 from tensorjob_jupyter.frontends.prompt import prompt as debug_prompt
@@ -398,11 +398,11 @@ class TensorJob(Magics, JobSettings):
             raise UsageError("map does not debug its items: debug one item's input with "
                              "%tensorjob run PATH --debug --input '...'")
         if args.estimate:
-            estimate = estimate_map(options.map_spec(guest), self._map_request(args))
+            estimate = estimate_map(options.map_spec(guest), map_request(args))
             if args.out:
                 self._ipython.user_ns[args.out] = estimate
             return estimate
-        run = start_map(options.map_spec(guest), self._map_request(args, scorer=self._scorer(args)))
+        run = start_map(options.map_spec(guest), map_request(args, scorer=self._scorer(args)))
         for note in run.notes:  # even --quiet: it says why a guest's open there is refused
             print(note, file=sys.stderr)
         view = None
@@ -494,15 +494,6 @@ class TensorJob(Magics, JobSettings):
         if view is None and not args.quiet:
             print(summary(playback.name, env))
         return self._value(env, args)
-
-    @staticmethod
-    def _map_request(args, *, scorer=None) -> MapRequest:
-        """The map the magic's own options describe; ``scorer`` (a notebook's function) replaces ``--scorer``."""
-        return MapRequest(args.over, args.run_dir, concurrency=args.concurrency, cluster=args.cluster,
-                          retry_failed=args.retry_failed, restart=args.restart, expected=args.expected,
-                          scorer=scorer if scorer is not None else args.scorer,
-                          max_total_tokens=args.max_total_tokens, deterministic=args.deterministic,
-                          **cascade_request(args))
 
     def _scorer(self, args):
         """``--scorer $name``: the notebook's function; a name stays a name (checked by the map)."""

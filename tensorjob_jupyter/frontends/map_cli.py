@@ -16,9 +16,9 @@ import threading
 import time
 from typing import Sequence, TextIO
 
-from tensorjob_jupyter.frontends.flags import MAP, add_arguments, cascade_request
+from tensorjob_jupyter.frontends.flags import MAP, add_arguments, map_request
 from tensorjob_jupyter.frontends.options import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, JobOptions, add_job_arguments
-from tensorjob_jupyter.frontends.requests import MapRequest, estimate_map, start_map
+from tensorjob_jupyter.frontends.requests import estimate_map, start_map
 from tensorjob_jupyter.abi import codes
 from tensorjob_jupyter.fanout.progress import MapResult, rate_text
 from tensorjob_jupyter.fanout.run import STOPPED, InFlight
@@ -88,14 +88,6 @@ def cmd_map(args, out: TextIO, err: TextIO) -> int:
     if result.status == "cancelled":
         return EXIT_CANCELLED
     return EXIT_OK if result.ok else EXIT_FAILED
-
-
-def map_request(args) -> MapRequest:
-    """The map this command's own flags describe (``--over``, ``--run-dir``, ``--concurrency``, ...)."""
-    return MapRequest(args.over, args.run_dir, concurrency=args.concurrency, cluster=args.cluster,
-                      retry_failed=args.retry_failed, restart=args.restart, expected=args.expected,
-                      scorer=args.scorer, max_total_tokens=args.max_total_tokens, deterministic=args.deterministic,
-                      **cascade_request(args))
 
 
 def _summary_text(result: MapResult) -> str:
@@ -221,5 +213,5 @@ class ProgressPrinter:
 
 __all__ = [
     "SHOW_FAILURES", "SHOW_RUNNING", "RUNNING_TAIL_CHARS", "TOKENS_EVERY_S", "add_map_parser", "cmd_map",
-    "map_request", "progress_line", "running_line", "ProgressPrinter"
+    "progress_line", "running_line", "ProgressPrinter"
 ]

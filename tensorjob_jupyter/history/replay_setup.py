@@ -24,7 +24,7 @@ from tensorjob_jupyter.inference.base import LoraChoice, ModelError, Sampler
 from tensorjob_jupyter.limits import FIELDS as LIMIT_FIELDS
 from tensorjob_jupyter.limits import Limits
 from tensorjob_jupyter.limits import check as limits_check
-from tensorjob_jupyter.host.reactor import InferOptions
+from tensorjob_jupyter.host.spec import InferOptions
 from tensorjob_jupyter.sandbox.compile import GuestSource
 from tensorjob_jupyter.host.spec import JobSpec, Overrides, parse_fields
 from tensorjob_jupyter.inference.lazy import DEFAULT_MODEL_NAME

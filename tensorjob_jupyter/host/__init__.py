@@ -14,9 +14,9 @@ says a front end imports nothing of ``sandbox``, ``world``, ``record`` or ``infe
 """
 
 from tensorjob_jupyter.host.jobs import DEFAULT_MODEL, Job  # jobs(), get_job(), run(): from host.jobs (its name)
-from tensorjob_jupyter.host.reactor import InferOptions, JobStats
+from tensorjob_jupyter.host.reactor import JobStats
 from tensorjob_jupyter.host.schemas import SchemaError
-from tensorjob_jupyter.host.spec import JobSpec, Overrides, check_fetch, parse_fields
+from tensorjob_jupyter.host.spec import InferOptions, JobSpec, Overrides, check_fetch, parse_fields
 from tensorjob_jupyter.host.structured import OutputSpec
 from tensorjob_jupyter.host.waiting import SIGNAL_CHECK_S, wait_or_cancel
 # the guest: its source, compiled and cached (sandbox)

@@ -45,6 +45,7 @@ from tensorjob_jupyter.host.quoting import Quotes
 from tensorjob_jupyter.host.schemas import SchemaError
 from tensorjob_jupyter.host.tokens import POLL_S, Delivery, ModelTokens, TokenLoop
 from tensorjob_jupyter.host.answerer import Answerer, LiveWorld
+from tensorjob_jupyter.host.spec import InferOptions
 from tensorjob_jupyter.host.confidence import CONFIDENT_KINDS, FieldConfidence, answer_confidence, leaves_json
 from tensorjob_jupyter.inference.logprobs import logprobs_of
 from tensorjob_jupyter.host.requirements import Requirements, ground
@@ -73,42 +74,6 @@ class GuestFailed(JobFailure):
         if code in abi.HOST_ONLY_CODES:
             code, message = codes.SCRIPT_ERROR, f"the guest failed with `{code}`, a code only the host reports: {message}"
         super().__init__(clip(code, MAX_GUEST_CODE_CHARS), message)
-
-
-@dataclass(frozen=True)
-class InferOptions:
-    """How this job's ``infer`` commands are sent to the model.
-
-    The defaults: greedy decoding (temperature 0, seed 0) with a mild
-    repetition penalty (``DEFAULT_REPEAT_PENALTY``), the prompt cache on, no
-    adapter, and ``chat=None``: the model's chat template when it has one
-    (instruct models do), raw text otherwise. An ``infer`` may set its own
-    sampling (``temperature``, ``top_p``, ... ``stop``) over these.
-    """
-
-    sampler: Sampler = field(default_factory=lambda: Sampler(repeat_penalty=DEFAULT_REPEAT_PENALTY))
-    cache_prompt: bool = True
-    lora: tuple[LoraChoice, ...] = ()
-    chat: bool | None = None
-    #: Each infer decoded alone, with ``threads`` decode threads (a deterministic map; ``GenerateRequest.alone``).
-    alone: bool = False
-    threads: int | None = None
-
-    @classmethod
-    def of(cls, *, temperature: float = 0.0, top_p: float = 1.0, repeat_penalty: float = DEFAULT_REPEAT_PENALTY,
-           seed: int = 0, chat: bool | None = None, cache_prompt: bool = True,
-           lora: dict[str, float] | None = None) -> "InferOptions":
-        """The options from plain values (the job options' flags); ``lora``: adapter names and their scales."""
-        return cls(sampler=Sampler(temperature=temperature, top_p=top_p, repeat_penalty=repeat_penalty, seed=seed),
-                   cache_prompt=cache_prompt, lora=tuple(LoraChoice(n, s) for n, s in (lora or {}).items()),
-                   chat=chat)
-
-    def to_json(self) -> dict:
-        out = {"sampler": self.sampler.to_json(), "cache_prompt": self.cache_prompt,
-               "lora": [{"name": c.name, "scale": c.scale} for c in self.lora], "chat": self.chat}
-        if self.alone:
-            out.update(alone=True, threads=self.threads)
-        return out
 
 
 def decode_timing(u: GenerateUsage) -> dict:
@@ -600,5 +565,5 @@ def internal_error(job_id: str, e: BaseException) -> JobError:
 
 __all__ = [
     "PREVIEW_CHARS", "PREVIEW_BYTES", "MAX_GUEST_MESSAGE_CHARS", "MAX_GUEST_CODE_CHARS", "GuestFailed",
-    "InferOptions", "JobStats", "Reactor", "InferPlan", "internal_error"
+    "JobStats", "Reactor", "InferPlan", "internal_error"
 ]

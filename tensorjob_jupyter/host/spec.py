@@ -1,7 +1,7 @@
 """``JobSpec``: everything that shapes one job, as one typed value, and ``Overrides``: what was given anew.
 
 A job is its guest, its input, what it may read and fetch, the bytes staged for ``read-input``, its limits,
-how its infers are sent (``InferOptions``), its model (``ModelRef``, named once), where its transcript goes,
+how its infers are sent (``InferOptions``, defined here), its model (``ModelRef``, named once), where its transcript goes,
 and whether it is debugged. Every way to start a job builds one ``JobSpec``: the Python API's keywords
 (``JobSpec.of``), a front end's options (``frontends/options.py``), a recorded run (``RecordedRun.spec``), a
 map's template for each item. ``Overrides`` holds only what a front end (or a caller) gave, parsed once, and
@@ -17,13 +17,48 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from tensorjob_jupyter.host.debugger import parse_break_on
-from tensorjob_jupyter.host.reactor import InferOptions
-from tensorjob_jupyter.inference.base import LoraChoice, ModelError, Sampler
+from tensorjob_jupyter.inference.base import DEFAULT_REPEAT_PENALTY, LoraChoice, ModelError, Sampler
 from tensorjob_jupyter.inference.providers import ModelRef
 from tensorjob_jupyter.limits import FIELDS as LIMIT_FIELDS
 from tensorjob_jupyter.limits import Limits, with_keywords
 from tensorjob_jupyter.sandbox.compile import GuestSource
 from tensorjob_jupyter.world.fetch import FetchGrants
+
+
+@dataclass(frozen=True)
+class InferOptions:
+    """How this job's ``infer`` commands are sent to the model.
+
+    The defaults: greedy decoding (temperature 0, seed 0) with a mild
+    repetition penalty (``DEFAULT_REPEAT_PENALTY``), the prompt cache on, no
+    adapter, and ``chat=None``: the model's chat template when it has one
+    (instruct models do), raw text otherwise. An ``infer`` may set its own
+    sampling (``temperature``, ``top_p``, ... ``stop``) over these.
+    """
+
+    sampler: Sampler = field(default_factory=lambda: Sampler(repeat_penalty=DEFAULT_REPEAT_PENALTY))
+    cache_prompt: bool = True
+    lora: tuple[LoraChoice, ...] = ()
+    chat: bool | None = None
+    #: Each infer decoded alone, with ``threads`` decode threads (a deterministic map; ``GenerateRequest.alone``).
+    alone: bool = False
+    threads: int | None = None
+
+    @classmethod
+    def of(cls, *, temperature: float = 0.0, top_p: float = 1.0, repeat_penalty: float = DEFAULT_REPEAT_PENALTY,
+           seed: int = 0, chat: bool | None = None, cache_prompt: bool = True,
+           lora: dict[str, float] | None = None) -> "InferOptions":
+        """The options from plain values (the job options' flags); ``lora``: adapter names and their scales."""
+        return cls(sampler=Sampler(temperature=temperature, top_p=top_p, repeat_penalty=repeat_penalty, seed=seed),
+                   cache_prompt=cache_prompt, lora=tuple(LoraChoice(n, s) for n, s in (lora or {}).items()),
+                   chat=chat)
+
+    def to_json(self) -> dict:
+        out = {"sampler": self.sampler.to_json(), "cache_prompt": self.cache_prompt,
+               "lora": [{"name": c.name, "scale": c.scale} for c in self.lora], "chat": self.chat}
+        if self.alone:
+            out.update(alone=True, threads=self.threads)
+        return out
 
 
 @dataclass(frozen=True)
@@ -291,4 +326,4 @@ def check_fetch(prefixes: Iterable[str]) -> None:
     FetchGrants.parse(prefixes)
 
 
-__all__ = ["JobSpec", "Overrides", "UNSET", "SAMPLER_FIELDS", "INFER_FIELDS", "MAX_REQUIRED_FIELDS", "MAX_FIELD_NAME_CHARS", "parse_fields", "check_fetch"]
+__all__ = ["InferOptions", "JobSpec", "Overrides", "UNSET", "SAMPLER_FIELDS", "INFER_FIELDS", "MAX_REQUIRED_FIELDS", "MAX_FIELD_NAME_CHARS", "parse_fields", "check_fetch"]

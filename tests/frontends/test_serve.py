@@ -24,7 +24,7 @@ import pytest
 
 import tensorjob_jupyter as tj
 from tensorjob_jupyter.abi import codes
-from tensorjob_jupyter.host.reactor import InferOptions
+from tensorjob_jupyter.host.spec import InferOptions
 from tensorjob_jupyter.inference.base import Sampler
 from tensorjob_jupyter.inference.models import get_backend
 from tensorjob_jupyter.inference.served import ServedBackend

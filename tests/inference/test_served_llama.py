@@ -28,7 +28,7 @@ import time
 import pytest
 
 import tensorjob_jupyter as tj
-from tensorjob_jupyter.host.reactor import InferOptions
+from tensorjob_jupyter.host.spec import InferOptions
 from tensorjob_jupyter.inference.base import Sampler
 from tensorjob_jupyter.inference.models import default_model_path, get_backend
 from tensorjob_jupyter.inference.served import ServedBackend
