@@ -6,6 +6,7 @@ Run from the repository root::
     python bench/bench_cascade.py --n 50 --target 0.8   # 100 items, another target
     python bench/bench_cascade.py --oracle-model PATH   # another GGUF as the oracle
     python bench/bench_cascade.py --labels-only         # only the labels as the oracle (no second model)
+    python bench/bench_cascade.py --deterministic       # every map one item at a time: the oracle answers alike
 
 A labelled map of ``2 * N`` items of two kinds (``bench_grounding``'s short notes and invoices in six languages,
 made there: ``labelled_sets``, ``invoice``, ``is_right``), ``guests/examples/extract.c``, run three ways per oracle,
@@ -117,11 +118,16 @@ def agreement(rows: list[dict], oracle_rows: list[dict]) -> float:
 GUEST: list[GuestSource] = []
 
 
+#: Every map of the run decoded one item at a time (``--deterministic``), so the oracle answers an item the same in
+#: the cascade as alone: its agreement with the oracle alone then measures the cascade, not batch composition.
+DETERMINISTIC: list[bool] = [False]
+
+
 def timed_map(items, run_dir, read, **kwargs):
     if not GUEST:
         GUEST.append(GuestSource.from_file(EXTRACT))
     started = time.perf_counter()
-    result = tj.map(GUEST[0], items, run_dir, read=read, **kwargs)
+    result = tj.map(GUEST[0], items, run_dir, read=read, deterministic=DETERMINISTIC[0], **kwargs)
     return result, time.perf_counter() - started
 
 
@@ -136,7 +142,10 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=1000, help="the simulation's resamples")
     parser.add_argument("--work", default=None, metavar="DIR",
                         help="keep the maps in DIR (a map there already is resumed: its wall time is then not its own)")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="every map one item at a time, so the oracle's answers do not depend on what else runs")
     args = parser.parse_args()
+    DETERMINISTIC[0] = args.deterministic
     rng = random.Random(56)
     print(f"load: {os.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory() as tmp_name:

@@ -354,6 +354,16 @@ class LlamaEngine:
             self._grammars = ModelGrammars(self)
         return self._grammars
 
+    def _prompt_budget(self, running: list[Generation], reading: list[Generation]) -> int:
+        """The prompt tokens this step reads (``PromptRates.budget``), or all of them where the running answers
+        are expected to end before chunks would (``PromptRates.whole``)."""
+        budget = self._rates.budget(len(running), len(reading))
+        if not running:
+            return budget
+        need = sum(max(0, len(seq.prompt) - 1 - len(seq.slot.tokens)) for seq in reading)
+        left = max(self._rates.expected_left(seq.limit, seq.n_out) for seq in running)
+        return self._rates.whole(budget, len(running), need, left)
+
     def _step(self, active: list[Generation]) -> None:
         """One decode for every active sequence that has its next token, with the next chunk of the prompts
         being read (``PromptRates.budget``), then one sampled token each.
@@ -377,7 +387,7 @@ class LlamaEngine:
         running = [seq for seq in active if not seq.reading]
         decoding = [seq for seq in running if seq.held is None and seq.choosing is None]
         reading = [seq for seq in active if seq.reading and seq.copy_from is None]
-        chunks = share(reading, self._rates.budget(len(running), len(reading))) if reading else {}
+        chunks = share(reading, self._prompt_budget(running, reading)) if reading else {}
         if not decoding and not chunks:
             choosing = [seq.choosing for seq in active if seq.choosing is not None]
             if choosing:  # every sequence waits for a grammar, or for a listener: look again soon
@@ -536,6 +546,8 @@ class LlamaEngine:
         if tail:
             self._deliver(seq, tail)
         n = seq.n_out
+        if reason != FINISH_CANCELLED:
+            self._rates.answered(n)  # what an answer here makes: how soon the running ones are expected to end
         tps = None
         if n > 1 and seq.first_at is not None and seq.last_at and seq.last_at > seq.first_at:
             tps = (n - 1) / (seq.last_at - seq.first_at)

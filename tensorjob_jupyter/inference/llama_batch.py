@@ -1,8 +1,9 @@
 """Building one decode of the llama.cpp engine: which prompt tokens ride along the running steps, and in what order.
 
 A step carries each running generation's next token and the next chunk of every prompt being read, so a
-request that starts mid-batch never makes the running ones wait a whole prompt. ``PromptRates`` sizes the
-chunks from what steps have cost (a step within ``PROMPT_STEP_RATIO`` of the running step alone), ``share``
+request that starts mid-batch never makes long answers wait a whole prompt. ``PromptRates`` sizes the chunks
+from what steps have cost (a step within ``PROMPT_STEP_RATIO`` of the running step alone) -- or reads the prompts
+whole where the running answers are short or nearly done (``whole``: what earlier answers made), ``share``
 splits them among the prompts being read, and ``fill_batch`` lays the step out in slot order, the order in
 which llama.cpp computes a batch over separate KV streams in the fewest passes. Apart from the decode step
 because it is arithmetic over measurements and token lists: it can be read, and tested, without a model.
@@ -51,6 +52,8 @@ class PromptRates:
         self.chunk_tokens: float | None = None
         self.last_chunk = 0
         self.lone_token_s: float | None = None
+        #: completion tokens the engine's finished generations produced, on average (what an answer here is)
+        self.answer_tokens: float | None = None
 
     def budget(self, running: int, readers: int = 1) -> int:
         """The prompt tokens the next step may read, for ``readers`` prompts, while ``running`` sequences have read
@@ -82,6 +85,31 @@ class PromptRates:
         # at most twice the last chunk measured: one step timed short cannot make the next one long
         n = min(n, readers * max(PROMPT_MIN_TOKENS, 2 * self.last_chunk))
         return min(room, max(least, n))
+
+    def whole(self, budget: int, running: int, need: int, left: int) -> int:
+        """``budget``, or every one of the ``need`` prompt tokens still to read in this step, when read ``budget`` a
+        step they would take at least as many steps as the ``running`` sequences are expected to have ``left``
+        (``expected_left``): short answers, or answers near their end. Chunks would then only spread the prompts
+        over the running ones' last steps, each paying its micro-batch's pass over the weights, while the new
+        sequences' first tokens wait for the running ones to end anyway; read whole, they start that many steps
+        sooner, and the running ones wait one step for it. Long answers still running keep their chunks (and their
+        gaps smooth). Never more than the batch's room."""
+        room = max(0, self.n_batch - running)
+        if not running or need <= budget or need > room:
+            return budget
+        return need if math.ceil(need / max(1, budget)) >= left else budget
+
+    def expected_left(self, limit: int, produced: int) -> int:
+        """The tokens a running generation allowed ``limit`` and ``produced`` so far is still expected to make: up
+        to the engine's mean answer (``answer_tokens``, once any has finished) while it is short of it; one past
+        it, a long answer, all its limit allows (the mean says nothing of it)."""
+        most = max(0, limit - produced)
+        mean = None if self.answer_tokens is None else round(self.answer_tokens)
+        return most if mean is None or produced >= mean else min(most, mean - produced)
+
+    def answered(self, tokens: int) -> None:
+        """A generation finished with ``tokens`` completion tokens: folded into ``answer_tokens``."""
+        self.answer_tokens = average(self.answer_tokens, float(tokens))
 
     def step_estimate(self, decoding: int) -> float | None:
         """Seconds a step of ``decoding`` sequences alone takes: measured, else the most the sizes measured say it

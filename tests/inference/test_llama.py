@@ -353,6 +353,7 @@ def test_prompts_started_mid_batch_are_read_in_chunks_within_the_running_steps_a
     running_alone = gen(tiny, "the cat", 40, cache_prompt=False)[0].text
     chunk = 16
     monkeypatch.setattr(tiny._rates, "budget", lambda running, readers=1: chunk if running else tiny.n_batch)
+    monkeypatch.setattr(tiny._rates, "whole", lambda budget, *_: budget)  # chunks only (the rule is tested apart)
     log = DecodeLog(tiny, monkeypatch)
     done = {}
     running = Collector()
@@ -410,6 +411,35 @@ def test_a_prompt_abandoned_while_it_is_read_leaves_the_batch_at_once(tiny, monk
     assert done["running"][0].text == running_alone
 
 
+def test_a_prompt_started_near_the_running_answers_end_is_read_whole_in_one_step_and_answers_as_alone(
+        tiny, monkeypatch):
+    """Short answers: once the engine has seen answers of 8 tokens, a long prompt that starts when the running one
+    has 5 left would take more chunk steps than that, so one decode reads it whole beside the running token --
+    and every answer is still the one its request gets alone."""
+    from tensorjob_jupyter.inference.base import Pending
+
+    alone = gen(tiny, LONG_PROMPTS[0], 6, cache_prompt=False)[0].text
+    running_alone = gen(tiny, "the cat", 8, cache_prompt=False)[0].text
+    monkeypatch.setattr(tiny._rates, "budget", lambda running, readers=1: 4 if running else tiny.n_batch)
+    monkeypatch.setattr(tiny._rates, "answer_tokens", 8.0)  # what the engine's answers have made
+    log = DecodeLog(tiny, monkeypatch)
+    done = {}
+    running = Collector()
+    first = Pending(GenerateRequest("the cat", 8, cache_prompt=False), running,
+                    lambda r, e: done.__setitem__("running", (r, e)))
+    starting = Pending(GenerateRequest(LONG_PROMPTS[0], 6, cache_prompt=False), Collector(),
+                       lambda r, e: done.__setitem__("starting", (r, e)))
+    tiny.serve(first, _start_when(running, 3, [starting]))
+
+    assert all(error is None for _, error in done.values())
+    assert done["running"][0].text == running_alone and done["starting"][0].text == alone
+    running_id = log.decodes[0][0][0]
+    reads = [rows for rows in log.decodes if any(not logits and seq_id != running_id for seq_id, logits in rows)]
+    prompt = len(tiny.tokenize(LONG_PROMPTS[0]))
+    assert len(reads) == 1 and sum(1 for _, logits in reads[0] if not logits) >= prompt - 1, reads
+    assert (running_id, True) in reads[0]  # the running answer's next token rides along the whole read
+
+
 def test_the_prompt_budget_keeps_a_step_within_its_ratio_of_the_running_step():
     """With none running a step reads all the batch holds; beside running sequences, the prompt tokens that cost
     ``PROMPT_STEP_RATIO - 1`` of their measured step -- a step of as many sequences, or at least what the sizes
@@ -456,6 +486,26 @@ def test_the_prompt_budget_keeps_a_step_within_its_ratio_of_the_running_step():
     assert rates.budget(1) == round((PROMPT_STEP_RATIO_MAX - 1) * 0.012 / 0.0075) == 3
     rates.measured(0.020, decoding=1, prompt_tokens=0)  # the running step turned slower: room for all four
     assert rates.budget(1) == 4
+
+
+def test_prompts_are_read_whole_where_the_running_answers_end_before_chunks_would():
+    """``whole``: where reading the prompts ``budget`` a step takes at least as many steps as the running answers
+    are expected to have left, the step reads them all (within the batch's room); long answers keep their chunks.
+    ``expected_left`` predicts from the mean answer while a generation is short of it, from its limit past it."""
+    from tensorjob_jupyter.inference.llama_batch import PromptRates
+
+    rates = PromptRates(512)
+    assert rates.expected_left(64, 10) == 54  # nothing finished yet: all its limit allows
+    for tokens in (28, 28, 28):
+        rates.answered(tokens)
+    assert rates.answer_tokens == pytest.approx(28)
+    assert rates.expected_left(64, 10) == 18 and rates.expected_left(20, 10) == 10  # the mean, within its limit
+    assert rates.expected_left(64, 40) == 24  # past the mean: a long answer, its limit says
+    assert rates.whole(16, running=3, need=300, left=18) == 300  # 19 chunk steps, 18 left: read it whole
+    assert rates.whole(16, running=3, need=300, left=40) == 16  # a long answer running: chunks
+    assert rates.whole(16, running=3, need=12, left=1) == 16  # the budget covers it already
+    assert rates.whole(16, running=450, need=100, left=1) == 16  # more than the batch has room for: chunks
+    assert rates.whole(512, running=0, need=300, left=1) == 512  # none running: the budget is all the batch
 
 
 def test_an_engine_s_prompt_rates_hold_its_batch(tiny):
@@ -511,6 +561,7 @@ def test_a_request_sitting_steps_out_still_bounds_the_prompt_read_beside_it(tiny
     running_alone = gen(tiny, "the cat", 40, cache_prompt=False)[0].text
     chunk = 4
     monkeypatch.setattr(tiny._rates, "budget", lambda running, readers=1: chunk if running else tiny.n_batch)
+    monkeypatch.setattr(tiny._rates, "whole", lambda budget, *_: budget)  # chunks only (the rule is tested apart)
     log = DecodeLog(tiny, monkeypatch)
     done = {}
     running = Collector()
