@@ -4,10 +4,10 @@ The sample is drawn once per run folder (its seed in ``review_plan.json``): each
 by the review's order score, a seeded shuffle in each, interleaved so any first ``m`` hold each stratum in
 proportion to its size. From the sampled values decided so far (a skip counted as wrong) a confidence sequence
 for sampling without replacement (``most_wrong``: the prior-posterior ratio of a beta-binomial, ``scipy.stats``)
-bounds the wrong values in the strata not reviewed whole at every sample size at once, so a review may stop the
-moment the bound reaches its target; the wrong values the review found are taken off, which leaves a bound on
-the wrong among the values nobody reviewed, whatever the score (docs/maps.md, "Review, correct, certify", says
-why). Per field and overall; with a target, how many more sampled reviews reach it. ``certificate.json`` keeps
+bounds the wrong values in the strata not reviewed whole at every sample size at once (proven for uniform
+draws; for this stratified sample and its shrinking pool, measured), so a review may stop the moment the bound
+reaches its target; the wrong values found are taken off, which leaves a bound on the wrong among the values
+nobody reviewed, whatever the score (docs/maps.md, "Review, correct, certify", says why). Per field and overall; with a target, how many more sampled reviews reach it. ``certificate.json`` keeps
 the statement with a fingerprint of the values, so a replay that changes them makes it stale.
 """
 
@@ -127,8 +127,11 @@ def most_wrong(pool: int, sampled: int, wrong: int, confidence: float) -> int:
     beta-binomial prior ``PRIOR``, its posterior a beta-binomial over the values not sampled) is a nonnegative
     martingale of mean 1 under the true ``W``, so by Ville's inequality ``R`` reaches ``1 / (1 - confidence)`` at
     any sample size with probability at most ``1 - confidence``; the bound is the largest ``W`` below that.
-    ``log R`` is convex in ``W`` (``log_prior_posterior_ratio``), so both ends are found by bisection."""
-    if sampled <= 0:
+    ``log R`` is convex in ``W`` (``log_prior_posterior_ratio``), so its least and the set's upper end are found
+    by bisection."""
+    if not 0 <= wrong <= sampled <= pool:
+        raise ValueError(f"a sample of {sampled} with {wrong} wrong is not one of a pool of {pool}")
+    if sampled == 0:
         return pool
     level = -math.log1p(-confidence)
     low, high = wrong, pool - sampled + wrong  # the counts the sample leaves possible
@@ -266,7 +269,8 @@ def _needed(pool: int, known_wrong: int, unreviewed: int, sampled: int, wrong: i
 
     if reaches(0):
         return 0
-    low, high = 0, max(1, unreviewed)
+    # a skipped value is sampled (counted wrong) and still unreviewed: the pool bounds the sample, not these
+    low, high = 0, max(1, min(unreviewed, pool - sampled))
     while high - low > 1:
         mid = (low + high) // 2
         low, high = (low, mid) if reaches(mid) else (mid, high)

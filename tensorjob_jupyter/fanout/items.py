@@ -132,7 +132,7 @@ class RunningJobs:
         self._jobs: dict[Job, int] = {}  # each running job, and its item
         self._cancelled = False
 
-    def run(self, job: Job, index: int = -1) -> Any:
+    def run(self, job: Job, index: int) -> Any:
         """``job``'s envelope (item ``index``'s), run on this thread; cancelled at once if ``cancel_all`` came
         first."""
         with self._lock:

@@ -30,8 +30,10 @@ from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.text import for_terminal, json_text
 
 SHOW_FAILURES = 20
-#: Items in flight a running line names (the rest are counted), and characters of the end of each one's text.
+#: Items in flight a running line names (the rest are counted), characters of each one's key and of the end of
+#: its text.
 SHOW_RUNNING = 4
+RUNNING_KEY_CHARS = 32
 RUNNING_TAIL_CHARS = 40
 #: Seconds between running lines that say only that the items' tokens grew.
 TOKENS_EVERY_S = 5.0
@@ -129,7 +131,8 @@ def running_line(flights: Sequence[InFlight]) -> str:
         text = " ".join(g.tail.split())
         text = text if len(text) <= RUNNING_TAIL_CHARS else "…" + text[-(RUNNING_TAIL_CHARS - 1):]
         said = f" ({g.tokens} token{'' if g.tokens == 1 else 's'})" if g.phase == GENERATING else ""
-        parts.append(f"{f.item} {f.key} {g.phase}{said}" + (f' "{text}"' if said and text else ""))
+        key = f.key if len(f.key) <= RUNNING_KEY_CHARS else f.key[:RUNNING_KEY_CHARS - 1] + "…"
+        parts.append(f"{f.item} {key} {g.phase}{said}" + (f' "{text}"' if said and text else ""))
     more = len(flights) - SHOW_RUNNING
     return "· running: " + ", ".join(parts) + (f", and {more} more" if more > 0 else "")
 
@@ -212,6 +215,6 @@ class ProgressPrinter:
 
 
 __all__ = [
-    "SHOW_FAILURES", "SHOW_RUNNING", "RUNNING_TAIL_CHARS", "TOKENS_EVERY_S", "add_map_parser", "cmd_map",
+    "SHOW_FAILURES", "SHOW_RUNNING", "RUNNING_KEY_CHARS", "RUNNING_TAIL_CHARS", "TOKENS_EVERY_S", "add_map_parser", "cmd_map",
     "progress_line", "running_line", "ProgressPrinter"
 ]

@@ -19,7 +19,7 @@ import threading
 import time
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from tensorjob_jupyter import abi
@@ -32,8 +32,7 @@ from tensorjob_jupyter.sandbox.guest import Guest
 from tensorjob_jupyter.sandbox.instance import open_guest
 from tensorjob_jupyter.sandbox.python.guest import PythonGuest
 from tensorjob_jupyter.inference.base import (
-    DEFAULT_REPEAT_PENALTY, FINISH_GUEST_STOP, FINISH_LENGTH, FINISH_STOP, Backend, GenerateRequest,
-    GenerateResult, GenerateUsage, LoraChoice, Sampler,
+    FINISH_GUEST_STOP, FINISH_LENGTH, FINISH_STOP, Backend, GenerateRequest, GenerateResult, GenerateUsage,
 )
 from tensorjob_jupyter.inference.topology import load_per_core
 from tensorjob_jupyter.limits import Limits

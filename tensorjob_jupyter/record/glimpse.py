@@ -19,13 +19,16 @@ STARTING, READING, GENERATING, GUEST = "starting", "reading its prompt", "genera
 #: Characters of the current infer's text a glimpse keeps (its end).
 TAIL_CHARS = 160
 
+#: What a model streams: an answer's text, or a function call's arguments.
+_STREAMED = frozenset({event_types.RESPONSE_OUTPUT_TEXT_DELTA, event_types.RESPONSE_FUNCTION_CALL_ARGUMENTS_DELTA})
 _ENDED = frozenset({event_types.RESPONSE_COMPLETED, event_types.RESPONSE_INCOMPLETE, event_types.RESPONSE_FAILED})
 
 
 @dataclass(frozen=True)
 class Glimpse:
     """A running job at one moment: its ``phase``, the ``infers`` it began, the ``tokens`` the current (or last)
-    infer streamed, and the last ``TAIL_CHARS`` characters of that infer's text (``tail``)."""
+    infer streamed (a delta's token records where it has them, else one a delta), and the last ``TAIL_CHARS``
+    characters of that infer's text or function call's arguments (``tail``)."""
 
     phase: str = STARTING
     infers: int = 0
@@ -45,10 +48,11 @@ class GlimpseTracker:
     def see(self, kind: str, fields: dict[str, Any]) -> None:
         """Take in one published event (its ``type`` and fields)."""
         now = self._now
-        if kind == event_types.RESPONSE_OUTPUT_TEXT_DELTA:
-            delta = fields.get("delta")
+        if kind in _STREAMED:
+            delta, records = fields.get("delta"), fields.get("logprobs")
             tail = (now.tail + delta)[-TAIL_CHARS:] if isinstance(delta, str) else now.tail
-            now = Glimpse(GENERATING, now.infers, now.tokens + 1, tail)
+            tokens = len(records) if isinstance(records, list) and records else 1  # a delta's tokens, where said
+            now = Glimpse(GENERATING, now.infers, now.tokens + tokens, tail)
         elif kind == event_types.RESPONSE_CREATED:
             now = Glimpse(READING, now.infers + 1, 0, "")
         elif kind in _ENDED:

@@ -384,6 +384,7 @@ def test_a_prompt_abandoned_while_it_is_read_leaves_the_batch_at_once(tiny, monk
 
     running_alone = gen(tiny, "the cat", 30, cache_prompt=False)[0].text
     monkeypatch.setattr(tiny._rates, "budget", lambda running, readers=1: 8 if running else tiny.n_batch)
+    monkeypatch.setattr(tiny._rates, "whole", lambda budget, *_: budget)  # chunks only (the rule is tested apart)
     log = DecodeLog(tiny, monkeypatch)
     ended = threading.Event()
     done = {}

@@ -42,7 +42,7 @@ def render_in_flight(flights: Sequence[InFlight]) -> str:
     rows = "".join(
         f'<tr class="tj-map-in-flight-item"><td style="{cell};color:{GREY};width:4ch;text-align:right">{f.item}</td>'
         f'<td style="{cell};width:25%">{for_html(clipped_start(f.key, KEY_CHARS))}</td>'
-        f'<td class="tj-map-phase" style="{cell};width:14ch;color:{BLUE}">{for_html(f.glimpse.phase)}</td>'
+        f'<td class="tj-map-phase" style="{cell};width:18ch;color:{BLUE}">{for_html(f.glimpse.phase)}</td>'
         f'<td style="{cell};width:8ch;color:{GREY}">{f.glimpse.tokens} tok</td>'
         f'<td class="tj-map-tail" style="{cell};max-width:0">{for_html(clipped_end(f.glimpse.tail, TAIL_CHARS))}</td>'
         f'</tr>' for f in flights[:SHOW_IN_FLIGHT])
