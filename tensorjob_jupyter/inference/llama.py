@@ -355,13 +355,14 @@ class LlamaEngine:
         return self._grammars
 
     def _prompt_budget(self, running: list[Generation], reading: list[Generation]) -> int:
-        """The prompt tokens this step reads (``PromptRates.budget``), or all of them where the running answers
-        are expected to end before chunks would (``PromptRates.whole``)."""
+        """The prompt tokens this step reads (``PromptRates.budget``), or all of them where a running answer is
+        expected to end before chunks would (``PromptRates.whole``: measured against the rule's other form, every
+        running answer, it took a short-answer map's first tokens from 1.57 to 1.37 times llama-server's)."""
         budget = self._rates.budget(len(running), len(reading))
         if not running:
             return budget
         need = sum(max(0, len(seq.prompt) - 1 - len(seq.slot.tokens)) for seq in reading)
-        left = max(self._rates.expected_left(seq.limit, seq.n_out) for seq in running)
+        left = min(self._rates.expected_left(seq.limit, seq.n_out) for seq in running)
         return self._rates.whole(budget, len(running), need, left)
 
     def _step(self, active: list[Generation]) -> None:

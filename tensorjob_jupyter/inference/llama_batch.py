@@ -3,7 +3,7 @@
 A step carries each running generation's next token and the next chunk of every prompt being read, so a
 request that starts mid-batch never makes long answers wait a whole prompt. ``PromptRates`` sizes the chunks
 from what steps have cost (a step within ``PROMPT_STEP_RATIO`` of the running step alone) -- or reads the prompts
-whole where the running answers are short or nearly done (``whole``: what earlier answers made), ``share``
+whole where a running answer is short or nearly done (``whole``: what earlier answers made), ``share``
 splits them among the prompts being read, and ``fill_batch`` lays the step out in slot order, the order in
 which llama.cpp computes a batch over separate KV streams in the fewest passes. Apart from the decode step
 because it is arithmetic over measurements and token lists: it can be read, and tested, without a model.
@@ -88,12 +88,12 @@ class PromptRates:
 
     def whole(self, budget: int, running: int, need: int, left: int) -> int:
         """``budget``, or every one of the ``need`` prompt tokens still to read in this step, when read ``budget`` a
-        step they would take at least as many steps as the ``running`` sequences are expected to have ``left``
-        (``expected_left``): short answers, or answers near their end. Chunks would then only spread the prompts
-        over the running ones' last steps, each paying its micro-batch's pass over the weights, while the new
-        sequences' first tokens wait for the running ones to end anyway; read whole, they start that many steps
-        sooner, and the running ones wait one step for it. Long answers still running keep their chunks (and their
-        gaps smooth). Never more than the batch's room."""
+        step they would take at least as many steps as the soonest-ending of the ``running`` sequences is expected
+        to have ``left`` (``expected_left``): short answers, or an answer near its end. Chunks would then spread the
+        prompts over steps each paying its micro-batch's pass over the weights, and the new sequences' first tokens
+        would come after a slot had freed anyway; read whole, they start that many steps sooner, and the running
+        ones wait one longer step for it. While every running answer is long, chunks (and smooth gaps) stay. Never
+        more than the batch's room."""
         room = max(0, self.n_batch - running)
         if not running or need <= budget or need > room:
             return budget
