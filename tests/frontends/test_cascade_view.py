@@ -31,9 +31,13 @@ def answer(prompt: str, *, proxy: bool) -> str:
 
 
 @pytest.fixture
-def started(tmp_path):
-    """A cascade started: a "small<i>" proxy wrong and unsure on every fourth note, a "big" oracle always right."""
-    folder = tmp_path / "notes"
+def started(tmp_path, monkeypatch):
+    """A cascade started: a "small<i>" proxy wrong and unsure on every fourth note, a "big" oracle always right.
+    The items name their notes relative to the folder the test runs in, so the manifest -- and the sample it seeds
+    -- is the same on every run: with a sample drawn afresh, one holding three hard notes or fewer of ten certified
+    every item (17 of 20 agreeing bound 0.72 over the target) and left the oracle phase empty, about one run in six."""
+    monkeypatch.chdir(tmp_path)
+    folder = Path("notes")
     folder.mkdir()
     items = []
     for i in range(N):
