@@ -101,7 +101,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import wat  # noqa: E402  (tests/wat.py)
 from dask_procs import ProcessCluster  # noqa: E402  (tests/dask_procs.py)
 
-from tensorjob_jupyter import Job, Limits
+from tensorjob_jupyter import Job, Limits, ModelRef
 from tensorjob_jupyter.fanout import BackendSpec, process_backend, start_map
 from tensorjob_jupyter.inference import ScriptedBackend
 
@@ -131,7 +131,7 @@ def write_manifest(folder: Path, n: int) -> Path:
 
 
 def jobs_in_a_loop(name: str, wasm: bytes, n: int, kwargs: dict, folder: Path) -> dict:
-    spec = BackendSpec.of(kwargs.get("backend"), kwargs.get("model"), kwargs.get("model_options"))
+    spec = BackendSpec.of(kwargs.get("backend"), ModelRef.parse(kwargs.get("model"), **(kwargs.get("model_options") or {})))
     backend = process_backend(spec)
     started = time.perf_counter()
     for i in range(n):

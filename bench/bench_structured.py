@@ -8,7 +8,7 @@ Run from the repository root::
 
 Everything runs on the embedded SmolLM2-135M-Instruct (greedy, the chat
 template, the jobs' repetition penalty 1.1) through the worker jobs use
-(``fanout.process_backend(BackendSpec.of(None, None, None))``), each answer
+(``fanout.process_backend(BackendSpec.of(None))``), each answer
 held by the constraint a job's ``infer`` gets (``OutputSpec.of(infer)
 .constraint``). Side by side, the GBNF path it replaced (commit ``44e8058``:
 llama-cpp-python's schema converter, the host's keyword filter, the model
@@ -205,7 +205,7 @@ def grouped(errors: list[str]) -> list[tuple[int, str, list[str]]]:
 
 
 def backend_now():
-    return process_backend(BackendSpec.of(None, None, None))
+    return process_backend(BackendSpec.of(None))
 
 
 def engine_of(backend):

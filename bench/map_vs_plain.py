@@ -158,7 +158,7 @@ timed(llama.LlamaEngine, "_sampler", "sampler_setup")
 timed(llama.LlamaEngine, "grammars", "grammar_vocabulary")  # built on the first constrained request; then a lookup
 timed(tj.Job, "__init__", "job_setup")
 started = time.perf_counter()
-backend = process_backend(BackendSpec.of(None, None, None))
+backend = process_backend(BackendSpec.of(None))
 backend.generate_stream(GenerateRequest("Hi", 1), lambda t: True).result()  # load the model now
 loaded = time.perf_counter()
 spent.clear()

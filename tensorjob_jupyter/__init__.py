@@ -24,6 +24,7 @@ from tensorjob_jupyter.fanout.review_queue import ReviewQueue
 from tensorjob_jupyter.fanout import progress as _progress
 from tensorjob_jupyter.fanout.certify import Certificate
 from tensorjob_jupyter.fanout.estimate import MapEstimate, estimate_map
+from tensorjob_jupyter.fanout.map_spec import CascadeSpec, MapSpec
 from tensorjob_jupyter.fanout.scoring import Scored
 from tensorjob_jupyter.fanout.score_summary import ScoreSummary
 from tensorjob_jupyter.host.jobs import Job, get_job, jobs, run
@@ -42,7 +43,7 @@ from tensorjob_jupyter.history.replay import ReplayJob, replay
 from tensorjob_jupyter.history.report import ReplayReport
 from tensorjob_jupyter.history.diff import diff_runs
 from tensorjob_jupyter.history.map_compare import MapComparison, compare
-from tensorjob_jupyter.history.map_replay import MapReplay, MapReplayRun, replay_map, start_map_replay
+from tensorjob_jupyter.history.map_replay import MapReplay, MapReplayRun, MapReplaySpec, replay_map, start_map_replay
 
 from tensorjob_jupyter.version import __version__
 
@@ -51,7 +52,7 @@ __all__ = ["Envelope", "InferOptions", "Job", "JobSpec", "Overrides", "ModelRef"
            "MapResult", "MapRun", "ResumeRefused", "TokenAction", "Usage", "codes", "get_job", "jobs", "map", "run",
            "start_map", "list_runs", "replay", "ReplayJob", "ReplayReport", "diff_runs", "__version__",
            "MapEstimate", "estimate_map", "Scored", "ScoreSummary", "MapComparison", "compare", "MapReplay",
-           "MapReplayRun", "replay_map", "start_map_replay", "ReviewQueue", "Certificate", "review_widget",
+           "MapReplayRun", "MapReplaySpec", "MapSpec", "CascadeSpec", "replay_map", "start_map_replay", "ReviewQueue", "Certificate", "review_widget",
            # the errors: one root, TensorjobError; a job's end (JobFailure and ModelError) and every refusal
            "TensorjobError", "AbiError", "ClusterError", "CompileError", "MapError", "ModelError", "OptionError",
            "ReplayError", "ReviewError", "RunError", "SchemaError", "ScoringError", "TranscriptError"]

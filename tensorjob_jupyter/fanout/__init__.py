@@ -6,8 +6,8 @@ Owns: ``errors`` (why a map refuses to start), ``manifest``, ``items`` (one item
 runs), ``map_folder`` and ``map_folder_reader`` (ledger, results files, lock), ``group_commit`` (one fsync for many
 items), ``expected``, ``scoring``, ``score_interval``, ``score_summary`` (expected answers, scorers, intervals, the
 summary table) and ``calibration``, ``progress`` (what a map reports), ``run`` (``MapRun``, the folder's only writer
-of results), ``local``, ``dask`` and ``concurrency`` (the executors, how many at once), ``start`` and ``estimate``;
-the review: ``review_rows`` (each value, doubtful first), ``reviews`` (a person's decisions), ``certify`` (the sample
+of results), ``local``, ``dask``, ``concurrency`` (the executors, how many at once), ``map_spec`` (a map's checked
+settings), ``start``, ``estimate``; the review: ``review_rows`` (each value, doubtful first), ``reviews`` (a person's decisions), ``certify`` (the sample
 and its bound), ``review_queue`` (what a front end drives); a cascade of two models: ``cascade`` (``CascadeRun``),
 ``cascade_bound`` (its threshold, certified), ``cascade_score``.
 Each item is an ordinary ``Job``; one bad item never fails the others; a concluded item is fsynced as it ends.

@@ -10,7 +10,8 @@ oracle's answers merged into the run folder's results, each record saying who an
 oracle, both-sampled), with which ``model``, and the proxy's answer (``proxy``) where the oracle's replaced it.
 The oracle's transcripts go to ``RUN/jobs`` beside the proxy's, so a replay finds both tiers' answers. Its
 settings cannot change once the sample is drawn (chosen after seeing it, the guarantee would not hold).
-``CascadeRun`` is what ``start_map`` returns for it: ``MapRun``'s reading and control, over the phases.
+``CascadeRun`` is what ``start_map`` returns for it: ``MapRun``'s reading and control, over the phases; its settings
+are a ``MapSpec``'s ``CascadeSpec``, checked when built, and each phase's map that ``MapSpec`` with its own folder.
 Design: docs/maps.md#a-cascade-with-a-guarantee
 """
 
@@ -24,12 +25,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tensorjob_jupyter.fanout.cascade_bound import (
-    Certificate, certify, check_delta, check_target, default_sample_size, draw_sample, needed,
-)
-from tensorjob_jupyter.fanout.cascade_score import DEFAULT_SCORE, check_definition, item_score, matches, parse_fields
+from tensorjob_jupyter.fanout.cascade_bound import Certificate, certify, default_sample_size, draw_sample
+from tensorjob_jupyter.fanout.cascade_score import item_score, matches
 from tensorjob_jupyter.fanout.errors import MapError, ResumeRefused
-from tensorjob_jupyter.fanout.manifest import Manifest, read_manifest
+from tensorjob_jupyter.fanout.map_spec import AGAINST, DEFAULT_DELTA, DEFAULT_TARGET, MapSpec
 from tensorjob_jupyter.fanout.map_folder import JOBS, MapFolder, fsync_write
 from tensorjob_jupyter.fanout.map_folder_reader import (
     CASCADE, FAILURES, RESULTS, FolderError, read_folder_json, read_records, shown,
@@ -39,6 +38,7 @@ from tensorjob_jupyter.fanout.run import InFlight, MapRun
 from tensorjob_jupyter.fanout.expected import Expected
 from tensorjob_jupyter.fanout.scoring import Scorer, Scoring, score_item, scorer_of
 from tensorjob_jupyter.fanout import start as starting  # a module: start_map starts a cascade through here
+from tensorjob_jupyter.host.spec import JobSpec
 from tensorjob_jupyter.inference.providers import ModelRef
 
 __all__ = ["CASCADE", "ORACLE_DIR", "PROXY", "ORACLE", "SAMPLED", "AGAINST", "DEFAULT_TARGET", "DEFAULT_DELTA",
@@ -48,9 +48,6 @@ __all__ = ["CASCADE", "ORACLE_DIR", "PROXY", "ORACLE", "SAMPLED", "AGAINST", "DE
 ORACLE_DIR = "oracle"
 #: Who answered an item (a record's ``answered_by``).
 PROXY, ORACLE, SAMPLED = "proxy", "oracle", "both-sampled"
-#: What the target is measured against: the oracle's answers, or the expected answers (``--expected``).
-AGAINST = ("oracle", "expected")
-DEFAULT_TARGET, DEFAULT_DELTA = 0.9, 0.1
 CASCADE_FORMAT = "tensorjob-cascade/1"
 #: The largest ``cascade.json`` read back (a sample's items and a step per threshold tried).
 MAX_CASCADE_BYTES = 64 * 1024 * 1024
@@ -153,74 +150,31 @@ def summary_lines(run_dir: str | os.PathLike) -> list[str]:
         return [f"cascade: {' '.join(str(e).split())}"]
 
 
-def _oracle_spec(cascade: Any) -> tuple[ModelRef | None, Any]:
-    """The oracle as a reference (its job's ``model``), or as a backend or a factory (``start_map``'s backend)."""
-    if cascade is None or isinstance(cascade, (str, os.PathLike, ModelRef)):
-        try:
-            return ModelRef.parse(cascade), None
-        except ValueError as e:
-            raise ValueError(f"--cascade: {e}") from None
-    if hasattr(cascade, "generate_stream") or callable(cascade):
-        return None, cascade
-    raise ValueError(f"--cascade: a model (a GGUF path, hf:..., a served URL) or a backend, not "
-                     f"{type(cascade).__name__}")
-
-
-def start_cascade(guest: Any, manifest: Any, run_dir: str | os.PathLike, cascade: Any, *, backend: Any = None,
-                  concurrency: Any = None, cluster: Any = None, retry_failed: bool = False, restart: bool = False,
-                  retries: int = 1, fsync: bool = True, expected: Any = None, scorer: Any = None,
-                  max_total_tokens: int | None = None, deterministic: bool = False, mixed_models: bool = False,
-                  target: float | None = None, delta: float | None = None, cascade_on: Any = None,
-                  cascade_score: str | None = None, cascade_sample: int | None = None,
-                  target_against: str | None = None, **job_keywords: Any) -> "CascadeRun":
-    """Check the cascade's settings and start it: its proxy map now (so anything that keeps that from starting
-    raises here), the rest on the cascade's own thread. See ``start_map`` and the module doc."""
-    target = check_target(DEFAULT_TARGET if target is None else target)
-    delta = check_delta(DEFAULT_DELTA if delta is None else delta)
-    score = check_definition(DEFAULT_SCORE if cascade_score is None else cascade_score)
-    against = target_against or "oracle"
-    if against not in AGAINST:
-        raise ValueError(f"--target-against {against!r}: the oracle (its answers) or expected (--expected's)")
-    if against == "expected" and expected is None and not os.path.lexists(Path(run_dir) / "expected.jsonl"):
-        raise ValueError("--target-against expected needs expected answers (--expected FILE.jsonl, expected=)")
-    fields = parse_fields(cascade_on)
-    items = read_manifest(manifest)
-    least = needed(target, delta)
-    if cascade_sample is not None:
-        if isinstance(cascade_sample, bool) or not isinstance(cascade_sample, int) or cascade_sample < 1:
-            raise ValueError(f"--cascade-sample {cascade_sample!r}: a whole number of items, at least 1")
-        if least is not None and cascade_sample < least and cascade_sample < len(items):
-            raise ValueError(f"--cascade-sample {cascade_sample}: the bound needs at least {least} sampled items "
-                             f"for a target of {target:g} at delta {delta:g}")
-    ref, oracle_backend = _oracle_spec(cascade)
-    if ref is not None:
-        try:
-            ref.check(local=cluster is None)
-        except ValueError as e:  # worded for --model: the oracle is --cascade's
-            raise ValueError(f"--cascade: {str(e).removeprefix('--model ').removeprefix('--model: ')}") from None
-    job = starting.map_job(guest, job_keywords, "start_map")
-    run_dir = Path(run_dir).absolute()
+def start_cascade(job: JobSpec, spec: MapSpec, backend: Any = None) -> "CascadeRun":
+    """Start the cascade ``spec`` describes, of ``job`` (both checked when they were built): its proxy map now (so
+    anything that keeps that from starting raises here), the rest on the cascade's own thread. See ``start_map``
+    and the module doc."""
+    cascade = spec.cascade
+    assert cascade is not None, "start_cascade takes a MapSpec with a cascade"
+    ref = cascade.oracle
     oracle_job = job.replace(model=ref if ref is not None else job.model,
-                             runs_dir=job.runs_dir if job.runs_dir is not None else str(run_dir / JOBS))
-    proxy = starting.start_map(job, manifest, run_dir, backend=backend, concurrency=concurrency, cluster=cluster,
-                      retry_failed=retry_failed, restart=restart, retries=retries, fsync=fsync, expected=expected,
-                      scorer=scorer, max_total_tokens=max_total_tokens, deterministic=deterministic,
-                      mixed_models=mixed_models)
-    settings = {"oracle_model": starting.ref_label(ref) if ref is not None else _backend_label(oracle_backend),
-                "target": target, "delta": delta, "score": score, "fields": list(fields), "against": against,
+                             runs_dir=job.runs_dir if job.runs_dir is not None else str(Path(spec.run_dir) / JOBS))
+    proxy = starting.start_resolved(job, spec.replace(cascade=None), backend)
+    scorer = spec.scorer
+    settings = {"oracle_model": starting.ref_label(ref) if ref is not None else _backend_label(cascade.oracle_backend),
+                "target": cascade.target, "delta": cascade.delta, "score": cascade.score,
+                "fields": list(cascade.fields), "against": cascade.against,
                 "scorer": scorer_of(scorer if scorer is not None else "json_fields").name,
-                "sample_size": cascade_sample or default_sample_size(len(items), target, delta),
-                "seed": int(items.sha256[:8], 16)}
+                "sample_size": cascade.sample or default_sample_size(len(spec.manifest), cascade.target,
+                                                                     cascade.delta),
+                "seed": int(spec.manifest.sha256[:8], 16)}
     try:
-        state = _resumed_state(run_dir, settings)
+        state = _resumed_state(Path(spec.run_dir), settings)
     except BaseException:
         proxy.cancel()
         proxy.wait()
         raise
-    oracle = dict(job=oracle_job, backend=oracle_backend, concurrency=concurrency, cluster=cluster,
-                  retry_failed=retry_failed, restart=restart, retries=retries, fsync=fsync,
-                  deterministic=deterministic, withhold=((str(run_dir), "the cascade's run folder"),))
-    return CascadeRun(proxy, items, settings, state, oracle, scorer=scorer).start()
+    return CascadeRun(proxy, spec, settings, state, oracle_job, cascade.oracle_backend).start()
 
 
 def _backend_label(backend: Any) -> str:
@@ -252,16 +206,18 @@ class CascadeRun:
     """A cascade in progress: ``MapRun``'s reading (``progress``, ``wait_for_update``, ``subscribe``) and control
     (``cancel``, ``wait_done``, ``wait``) over its phases; ``phase`` says which runs now."""
 
-    def __init__(self, proxy: MapRun, manifest: Manifest, settings: dict, state: dict, oracle: dict, *,
-                 scorer: Any = None):
+    def __init__(self, proxy: MapRun, spec: MapSpec, settings: dict, state: dict, oracle_job: JobSpec,
+                 oracle_backend: Any = None):
         self.run = proxy  # the phase's map now
         self.phase = "proxy"
-        self.manifest = manifest
+        self.spec = spec
+        self.manifest = spec.manifest
         self.settings = settings
         self.state = state
         self.notes = proxy.notes
-        self._oracle = oracle
-        self._scorer = scorer
+        self._oracle_job = oracle_job
+        self._oracle_backend = oracle_backend
+        self._scorer = spec.scorer
         self._proxy_scoring = proxy.scoring
         self._cond = threading.Condition()
         self._version = 0
@@ -284,7 +240,7 @@ class CascadeRun:
 
     @property
     def proxy_dir(self) -> Path:
-        return Path(self._oracle["withhold"][0][0])
+        return Path(self.spec.run_dir)
 
     @property
     def dashboard_link(self) -> str | None:
@@ -421,7 +377,7 @@ class CascadeRun:
         sample = list(drawn)
         self._say("sample", f"cascade: {len(sample)} of {total} items sampled (seed {s['seed']}); running them on "
                             f"the oracle {s['oracle_model']}")
-        oracle = self._oracle_map(frozenset(sample), restart=self._oracle["restart"])
+        oracle = self._oracle_map(frozenset(sample), restart=self.spec.restart)
         ended = self._ended(oracle)
         if ended:
             return ended
@@ -463,12 +419,8 @@ class CascadeRun:
                 f"oracle")
 
     def _oracle_map(self, only: frozenset, *, restart: bool = False) -> MapResult:
-        o = self._oracle
-        run = starting.start_map(o["job"], self.manifest.source if self.manifest.source and os.path.isabs(
-                            self.manifest.source) else list(self.manifest.items), self.proxy_dir / ORACLE_DIR,
-                        backend=o["backend"], concurrency=o["concurrency"], cluster=o["cluster"],
-                        retry_failed=o["retry_failed"], restart=restart, retries=o["retries"], fsync=o["fsync"],
-                        deterministic=o["deterministic"], only=only, withhold=o["withhold"])
+        spec = self.spec.oracle(self.proxy_dir / ORACLE_DIR, only, restart=restart, withheld=self.spec.run_dir)
+        run = starting.start_resolved(self._oracle_job, spec, self._oracle_backend)
         self.run = run
         run.subscribe(self._forward)
         if self._cancel.is_set():
@@ -543,8 +495,7 @@ class CascadeRun:
                                "error": failures.get(i) or {"code": "cancelled", "message": "not run on the oracle"},
                                "model": self.settings["oracle_model"], "answered_by": tier, "proxy": kept})
         folder = MapFolder(self.proxy_dir, fsync=True)
-        proxy_job = self._oracle["job"]
-        folder.open(self.manifest, proxy_job.guest.sha256, retry_failed=False, where="cascade: the oracle's answers "
+        folder.open(self.manifest, self._oracle_job.guest.sha256, retry_failed=False, where="cascade: the oracle's answers "
                     "merged", model=self.state.get("proxy_model"), mixed_models=True)
         try:
             folder.rewrite(done, failed)

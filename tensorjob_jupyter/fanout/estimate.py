@@ -28,7 +28,7 @@ from tensorjob_jupyter.record.event_checks import TranscriptError
 from tensorjob_jupyter.record.job_folder import runs_folder
 from tensorjob_jupyter.record.transcript import EventReader
 from tensorjob_jupyter.fanout.map_folder import JOBS
-from tensorjob_jupyter.fanout.manifest import read_manifest
+from tensorjob_jupyter.fanout.manifest import Manifest, read_manifest
 from tensorjob_jupyter.fanout.start import item_spec, map_job, process_backend
 
 #: Items whose first infer an estimate runs to, at most (spread over the manifest).
@@ -244,7 +244,7 @@ class MapEstimate:
         return f"<MapEstimate {self.items} items, {self.prompt_tokens} prompt tokens>"
 
 
-def estimate_map(guest: Any, manifest: str | os.PathLike | Sequence[Any], *, backend=None,
+def estimate_map(guest: Any, manifest: "str | os.PathLike | Sequence[Any] | Manifest", *, backend=None,
                  run_dir: str | os.PathLike | None = None, sample: int = DEFAULT_SAMPLE,
                  **job_keywords: Any) -> MapEstimate:
     """Estimate the map ``start_map`` would run with the same arguments (see the module doc): ``guest`` a

@@ -50,14 +50,11 @@ class BackendSpec:
     key: str = ""
 
     @classmethod
-    def of(cls, factory: Callable[[], Backend] | None, model: "ModelRef | str | os.PathLike | None",
-           model_options: dict | None = None) -> "BackendSpec":
-        """``factory``, else ``model`` (a ``ModelRef``, or what ``ModelRef.parse`` reads, with ``model_options``);
-        ``ValueError`` names an option that does not belong to the model's kind."""
+    def of(cls, factory: Callable[[], Backend] | None, model: ModelRef = ModelRef()) -> "BackendSpec":
+        """``factory``, else ``model`` (a ``ModelRef``, read where it was given: this only keys it)."""
         if factory is not None:
             return cls(factory=factory, key="factory:" + _digest_of(factory))
-        ref = ModelRef.parse(model, **(model_options or {}))
-        return cls(model=ref, key=f"model:{ref!r}")
+        return cls(model=model, key=f"model:{model!r}")
 
     def build(self) -> Backend:
         if self.factory is not None:

@@ -159,9 +159,13 @@ def _open_regular(path: Path) -> IO[bytes]:
         raise ManifestError(f"cannot read manifest {path}: {e.strerror}") from None
 
 
-def read_manifest(manifest: str | os.PathLike | Sequence[Any], *, max_items: int | None = None) -> Manifest:
-    """A manifest from a JSONL file, or from a list of inputs (hashed as JSONL); ``max_items``: refused at the
-    first item past it, before the rest is read."""
+def read_manifest(manifest: "str | os.PathLike | Sequence[Any] | Manifest", *,
+                  max_items: int | None = None) -> Manifest:
+    """A manifest from a JSONL file, or from a list of inputs (hashed as JSONL), or one read already (a
+    ``MapSpec``'s), as it is; ``max_items`` (a file or a list): refused at the first item past it, before the rest
+    is read."""
+    if isinstance(manifest, Manifest):
+        return manifest
     if isinstance(manifest, (str, os.PathLike)):
         path = Path(manifest).absolute()
         with _open_regular(path) as f:

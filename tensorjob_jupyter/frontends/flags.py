@@ -6,7 +6,8 @@ two doors cannot drift. ``add_arguments(parser, command)`` puts a command's rows
 by where it belongs when that is not the command itself); ``magic_flags()`` puts every row on ``%tensorjob``'s one
 parser, each help prefixed by where it belongs. ``check_placed`` refuses a flag given where it does not belong
 (``--run-dir`` on a replay without ``--map``), ``check_required`` names what a map needs: both doors call them.
-The job options are ``options.py``'s table; ``cascade_request`` reads the cascade's rows (``CASCADE_FLAGS``).
+``map_spec`` and ``map_replay_spec`` read a map's and a replay's flags into their one checked value for both
+doors. The job options are ``options.py``'s table.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from tensorjob_jupyter.abi import OptionError
-from tensorjob_jupyter.fanout.cascade import AGAINST
+import tensorjob_jupyter as tj
+from tensorjob_jupyter.fanout.map_spec import AGAINST
 from tensorjob_jupyter.fanout.cascade_score import DEFAULT_SCORE, DEFINITIONS
 from tensorjob_jupyter.fanout.scoring import BUILTINS, DEFAULT_SCORER
 from tensorjob_jupyter.frontends.options import concurrency_value
-from tensorjob_jupyter.frontends.requests import MapRequest
+from tensorjob_jupyter.frontends import requests
 
 #: Where a flag belongs: ``tensorjob map``; ``tensorjob replay`` either way (``--from RUN`` or ``--map RUN_DIR``);
 #: a replay of a map only; a live replay of a map only (the map's replay checks ``--live`` itself).
@@ -104,7 +106,7 @@ MAP_FLAGS: tuple[Flag, ...] = (
          switch=True, default=False),
 )
 
-#: A map's cascade (``--cascade`` and its settings) and ``--mixed-models``: what ``cascade_request`` reads.
+#: A map's cascade (``--cascade`` and its settings) and ``--mixed-models``: what ``cascade_keywords`` reads.
 CASCADE_FLAGS: tuple[Flag, ...] = (
     Flag("--cascade", {MAP: "a bigger model (a GGUF path, hf:..., a served URL) that answers only the items whose "
                             "proxy score is under a threshold certified from a sample: the answers agree with what "
@@ -202,24 +204,36 @@ def check_required(args: argparse.Namespace, command: str) -> None:
         raise OptionError(f"{command} needs " + " and ".join(f"{f.flag} {f.metavar}" for f in needed))
 
 
-def map_request(args: argparse.Namespace, *, scorer: Any = None) -> MapRequest:
-    """The map the table's map flags describe, as either door read them (one function: the two cannot drift);
-    ``scorer``: a notebook's function, in place of ``--scorer``."""
-    return MapRequest(args.over, args.run_dir, concurrency=args.concurrency, cluster=args.cluster,
-                      retry_failed=args.retry_failed, restart=args.restart, expected=args.expected,
-                      scorer=scorer if scorer is not None else args.scorer, max_total_tokens=args.max_total_tokens,
-                      deterministic=args.deterministic, **cascade_request(args))
+def map_spec(args: argparse.Namespace, *, scorer: Any = None) -> tj.MapSpec:
+    """The map the table's map flags describe, as either door read them (one function: the two cannot drift), as
+    one checked ``MapSpec``; ``scorer``: a notebook's function, in place of ``--scorer``."""
+    return requests.map_spec(args.over, args.run_dir, concurrency=args.concurrency, cluster=args.cluster,
+                             retry_failed=args.retry_failed, restart=args.restart, expected=args.expected,
+                             scorer=scorer if scorer is not None else args.scorer,
+                             max_total_tokens=args.max_total_tokens, deterministic=args.deterministic,
+                             **cascade_keywords(args))
 
 
-def cascade_request(args: argparse.Namespace) -> dict:
-    """``MapRequest``'s cascade fields (and ``mixed_models``) from the flags of ``CASCADE_FLAGS``, as given."""
+def cascade_keywords(args: argparse.Namespace) -> dict:
+    """``MapSpec.of``'s cascade keywords (and ``mixed_models``) from the flags of ``CASCADE_FLAGS``, as given."""
     return dict(cascade=args.cascade, target=args.cascade_target, delta=args.cascade_delta, cascade_on=args.cascade_on,
                 cascade_score=args.cascade_score, cascade_sample=args.cascade_sample,
                 target_against=args.target_against, mixed_models=bool(args.mixed_models))
 
 
+def map_replay_spec(args: argparse.Namespace, *, run: Any = None, scorer: Any = None) -> tj.MapReplaySpec:
+    """The replay of a recorded map the table's replay flags describe, as either door read them, as one checked
+    ``MapReplaySpec``; ``run``: the recorded map (a notebook's ``$name`` resolved), else ``--map``'s folder;
+    ``scorer``: a notebook's function, in place of ``--scorer``."""
+    return requests.map_replay_spec(
+        run if run is not None else args.map_run, out=args.run_dir, live=bool(args.live),
+        recorded_grants=bool(args.recorded_grants), concurrency=args.concurrency, expected=args.expected,
+        scorer=scorer if scorer is not None else args.scorer, deterministic=bool(args.deterministic),
+        rerun=bool(args.rerun))
+
+
 __all__ = [
     "MAP", "REPLAY", "REPLAY_MAP", "REPLAY_MAP_LIVE", "Flag", "MAP_FLAGS", "CASCADE_FLAGS", "REPLAY_FLAGS", "FLAGS",
-    "BY_FLAG", "of_command", "add_arguments", "magic_flags", "check_placed", "check_required", "map_request",
-    "cascade_request",
+    "BY_FLAG", "of_command", "add_arguments", "magic_flags", "check_placed", "check_required", "map_spec",
+    "cascade_keywords", "map_replay_spec",
 ]

@@ -23,12 +23,12 @@ from tensorjob_jupyter.fanout.errors import MapError
 from tensorjob_jupyter.fanout.cascade import cascade_lines, read_cascade
 from tensorjob_jupyter.frontends.table import MAP_LAYOUT, REVIEW_LAYOUT, map_table_lines, write_csv
 
-from tensorjob_jupyter.frontends.flags import REPLAY, add_arguments, check_placed
+from tensorjob_jupyter.frontends.flags import REPLAY, add_arguments, check_placed, map_replay_spec
 from tensorjob_jupyter.frontends.options import (
     BY_NAME, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, JobOptions, OptionError, add_job_arguments, fail_under,
 )
 from tensorjob_jupyter.frontends.requests import (
-    MapReplayRequest, find_runs, map_row_source, open_playback, replay_job, start_map_replay,
+    find_runs, map_row_source, open_playback, replay_job, start_map_replay,
 )
 from tensorjob_jupyter.text import for_terminal, json_text
 from tensorjob_jupyter.frontends.terminal import EventPrinter, exit_status, load_guest, run_live
@@ -233,10 +233,7 @@ def cmd_replay_map(args, out: TextIO, err: TextIO) -> int:
     guest = load_guest(options, args.guest, err)
     if guest is None:
         return EXIT_FAILED
-    replay_run = start_map_replay(guest, MapReplayRequest(
-        args.map_run, out=args.run_dir, live=args.live, recorded_grants=bool(args.recorded_grants),
-        concurrency=args.concurrency, expected=args.expected, scorer=args.scorer,
-        deterministic=bool(args.deterministic), rerun=bool(args.rerun)), options.overrides())
+    replay_run = start_map_replay(guest, map_replay_spec(args), options.overrides())
     for line in replay_run.said:  # the grants its items run under, before anything runs
         err.write(for_terminal(line, one_line=True) + "\n")
     err.flush()

@@ -28,11 +28,13 @@ from tensorjob_jupyter.fanout import MapError, MapResult, ReviewError
 from tensorjob_jupyter.fanout.cascade import summary_lines
 from tensorjob_jupyter.frontends import options as job_options
 from tensorjob_jupyter.frontends.requests import (
-    MapReplayRequest, estimate_map, find_runs, map_rows, open_playback, replay_job, start_map,
+    estimate_map, find_runs, map_rows, open_playback, replay_job, start_map,
     start_map_replay,
 )
 from tensorjob_jupyter.frontends.table import ReviewRows
-from tensorjob_jupyter.frontends.flags import MAP, check_placed, check_required, magic_flags, map_request
+from tensorjob_jupyter.frontends.flags import (
+    MAP, check_placed, check_required, magic_flags, map_replay_spec, map_spec,
+)
 from tensorjob_jupyter.frontends.options import JobOptions, OptionError, fail_under, job_arguments
 from tensorjob_jupyter.frontends.outcome import CellEnvelope, CellError, GateFailed, GuestDoesNotCompile, JobFailed
 from tensorjob_jupyter.frontends.prompt import prompt as debug_prompt
@@ -398,11 +400,11 @@ class TensorJob(Magics, JobSettings):
             raise UsageError("map does not debug its items: debug one item's input with "
                              "%tensorjob run PATH --debug --input '...'")
         if args.estimate:
-            estimate = estimate_map(options.map_spec(guest), map_request(args))
+            estimate = estimate_map(options.map_spec(guest), map_spec(args))
             if args.out:
                 self._ipython.user_ns[args.out] = estimate
             return estimate
-        run = start_map(options.map_spec(guest), map_request(args, scorer=self._scorer(args)))
+        run = start_map(options.map_spec(guest), map_spec(args, scorer=self._scorer(args)))
         for note in run.notes:  # even --quiet: it says why a guest's open there is refused
             print(note, file=sys.stderr)
         view = None
@@ -515,12 +517,8 @@ class TensorJob(Magics, JobSettings):
         options = self._options(args)
         scorer = self._scorer(args)
         overrides = options.overrides()
-        replay_run = start_map_replay(self._guest(options, args.target), MapReplayRequest(
-            self._run_arg(args.map_run, "replay --map"), out=args.run_dir, live=args.live,
-            recorded_grants=bool(args.recorded_grants), concurrency=args.concurrency, expected=args.expected,
-            scorer=scorer if scorer is not None else args.scorer, deterministic=bool(args.deterministic),
-            rerun=bool(args.rerun)),
-            overrides)
+        replay_spec = map_replay_spec(args, run=self._run_arg(args.map_run, "replay --map"), scorer=scorer)
+        replay_run = start_map_replay(self._guest(options, args.target), replay_spec, overrides)
         if overrides.read is None and not args.recorded_grants:  # nothing granted: say so before its items find out
             for line in replay_run.said:
                 print(line, file=sys.stderr)

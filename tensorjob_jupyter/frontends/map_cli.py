@@ -1,7 +1,7 @@
 """``tensorjob map``: the subcommand's parser, its run, and its progress lines.
 
 A thin shell over the public API (``tj.start_map`` through ``frontends/requests.py``, as ``%tensorjob map``
-does): the job options become the map's ``JobSpec`` and the map's own flags a ``MapRequest``, read once.
+does): the job options become the map's ``JobSpec`` and the map's own flags a ``MapSpec``, read once.
 Anything that keeps a map from starting is one line on stderr and exit 2; live progress goes to stderr,
 throttled, with the first few failures; the table and the summary (or ``--json``) go to stdout, with the score
 when there are expected answers. ``--estimate`` prints what the map would cost and runs nothing. Exit codes:
@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Sequence, TextIO
 
-from tensorjob_jupyter.frontends.flags import MAP, add_arguments, map_request
+from tensorjob_jupyter.frontends.flags import MAP, add_arguments, map_spec
 from tensorjob_jupyter.frontends.options import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, JobOptions, add_job_arguments
 from tensorjob_jupyter.frontends.requests import estimate_map, start_map
 from tensorjob_jupyter.abi import codes
@@ -59,7 +59,7 @@ def cmd_map(args, out: TextIO, err: TextIO) -> int:
     guest = load_guest(options, args.guest, err)
     if guest is None:
         return EXIT_FAILED
-    request = map_request(args)
+    request = map_spec(args)
     if args.estimate:
         estimate = estimate_map(options.map_spec(guest), request)
         out.write((json_text(estimate.to_json()) if args.json else for_terminal(str(estimate))) + "\n")

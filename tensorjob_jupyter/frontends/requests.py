@@ -1,16 +1,15 @@
 """What ``tensorjob`` and ``%tensorjob`` both ask for, as typed requests over the public Python API.
 
-Each front end reads its own arguments once -- a guest, a ``JobSpec``, an ``Overrides``, a ``MapRequest`` --
-and hands them here; what is here calls ``tensorjob_jupyter``'s own names (``tj.start_map``,
-``tj.start_map_replay``, ``tj.ReplayJob``, ``tj.list_runs``, ...) and turns whatever keeps the work from
-starting into one ``OptionError`` line. Nothing here sees an argparse namespace or prints but what it is
+Each front end reads its own arguments once -- a guest, a ``JobSpec``, an ``Overrides``, a ``MapSpec`` or a
+``MapReplaySpec`` (built here, checked once) -- and hands them here; what is here calls ``tensorjob_jupyter``'s
+own names (``tj.start_map``, ``tj.start_map_replay``, ``tj.ReplayJob``, ``tj.list_runs``, ...) and turns whatever
+keeps the work from starting into one ``OptionError`` line. Nothing here sees an argparse namespace or prints but what it is
 told to: the command line and the magic share the checks, never each other's parsers.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, TextIO
 
 import tensorjob_jupyter as tj
@@ -20,74 +19,25 @@ from tensorjob_jupyter.history.show import Playback, check_speed
 from tensorjob_jupyter.host import GuestSource, JobSpec, Overrides
 
 
-@dataclass(frozen=True)
-class MapRequest:
-    """A map to run (or estimate): its manifest, its folder, and how it runs (``tj.start_map``'s keywords)."""
-
-    over: str
-    run_dir: str
-    concurrency: int | str | None = None
-    cluster: str | None = None
-    retry_failed: bool = False
-    restart: bool = False
-    expected: Any = None
-    #: a built-in scorer's name, or (from a notebook) a Python function (result, expected) -> score
-    scorer: Any = None
-    max_total_tokens: int | None = None
-    deterministic: bool = False
-    #: a cascade's oracle model (``--cascade``) and its settings; None: no cascade (``tj.start_map``'s keywords)
-    cascade: str | None = None
-    target: float | None = None
-    delta: float | None = None
-    cascade_on: str | None = None
-    cascade_score: str | None = None
-    cascade_sample: int | None = None
-    target_against: str | None = None
-    mixed_models: bool = False
-
-
-@dataclass(frozen=True)
-class MapReplayRequest:
-    """A replay over a recorded map: where it goes, whether it may ask the model, and how it is scored."""
-
-    run_dir: Any
-    out: str | None = None
-    live: bool = False
-    recorded_grants: bool = False
-    concurrency: int | str | None = None
-    expected: Any = None
-    scorer: Any = None
-    deterministic: bool = False
-    #: with ``live``: every item run again on the model from its start (``--rerun``)
-    rerun: bool = False
-
-
-def start_map(spec: JobSpec, request: MapRequest) -> tj.MapRun:
-    """Start the map ``request`` describes, of the job ``spec``; whatever keeps it from starting -- a bad number,
-    a manifest, a refused run folder, a cluster that cannot be reached, expected answers that do not fit -- is
-    one ``OptionError`` line."""
-    if request.max_total_tokens is not None and request.max_total_tokens < 1:
-        raise OptionError("--max-total-tokens must be at least 1")
-    with _one_line(unexpected=True):
-        return tj.start_map(spec, request.over, request.run_dir, concurrency=request.concurrency,
-                            cluster=request.cluster, retry_failed=request.retry_failed, restart=request.restart,
-                            expected=request.expected, scorer=request.scorer,
-                            max_total_tokens=request.max_total_tokens, deterministic=request.deterministic,
-                            mixed_models=request.mixed_models, **_cascade(request))
-
-
-def _cascade(request: MapRequest) -> dict:
-    """The cascade's keywords of ``tj.start_map`` that were given (none without ``--cascade``: the map refuses a
-    setting given alone, naming it)."""
-    given = {name: getattr(request, name) for name in ("cascade", "target", "delta", "cascade_on", "cascade_score",
-                                                        "cascade_sample", "target_against")}
-    return {name: value for name, value in given.items() if value is not None}
-
-
-def estimate_map(spec: JobSpec, request: MapRequest) -> tj.MapEstimate:
-    """``--estimate``: what the map ``request`` describes would cost; a problem is one ``OptionError`` line."""
+def map_spec(over: Any, run_dir: Any, **keywords: Any) -> tj.MapSpec:
+    """The map a front end's flags describe, as one checked ``MapSpec`` (``MapSpec.of``'s keywords): a bad number,
+    a manifest, a cascade setting is one ``OptionError`` line."""
     with _one_line():
-        return tj.estimate_map(spec, request.over, run_dir=request.run_dir)
+        return tj.MapSpec.of(over, run_dir, **keywords)
+
+
+def start_map(spec: JobSpec, map_spec: tj.MapSpec) -> tj.MapRun:
+    """Start the map of the job ``spec`` that ``map_spec`` describes; whatever keeps it from starting -- a refused
+    run folder, a cluster that cannot be reached, expected answers that do not fit -- is one ``OptionError``
+    line."""
+    with _one_line(unexpected=True):
+        return tj.start_map(spec, map_spec)
+
+
+def estimate_map(spec: JobSpec, map_spec: tj.MapSpec) -> tj.MapEstimate:
+    """``--estimate``: what the map would cost; a problem is one ``OptionError`` line."""
+    with _one_line():
+        return tj.estimate_map(spec, map_spec.manifest, run_dir=map_spec.run_dir)
 
 
 def replay_job(guest: GuestSource, run: Any, overrides: Overrides, *, live: bool, recorded_grants: bool,
@@ -103,25 +53,25 @@ def replay_job(guest: GuestSource, run: Any, overrides: Overrides, *, live: bool
     return job
 
 
-def start_map_replay(guest: GuestSource, request: MapReplayRequest, overrides: Overrides) -> Any:
-    """The replay of ``guest`` over the recorded map ``request.run_dir``, started, with ``overrides`` in place of
-    each item's recorded setup (a ``MapReplayRun``); anything that keeps it from starting is one
-    ``OptionError`` line."""
+def map_replay_spec(run_dir: Any, **keywords: Any) -> tj.MapReplaySpec:
+    """The replay of a recorded map a front end's flags describe, as one checked ``MapReplaySpec``
+    (``MapReplaySpec.of``'s keywords); a bad value is one ``OptionError`` line."""
+    _check_recorded_grants(keywords.get("recorded_grants", False), keywords.get("live", False))
+    with _one_line():
+        return tj.MapReplaySpec.of(run_dir, **keywords)
+
+
+def start_map_replay(guest: GuestSource, spec: tj.MapReplaySpec, overrides: Overrides) -> Any:
+    """The replay of ``guest`` over the recorded map ``spec`` names, started, with ``overrides`` in place of each
+    item's recorded setup (a ``MapReplayRun``); anything that keeps it from starting is one ``OptionError``
+    line."""
     given = overrides.given
     if "input" in given:
         raise OptionError("replay --map takes each item's input from its recording, not --input")
     if given & {"debug", "break_on"}:
         raise OptionError("replay --map does not debug its items: replay one item's run with --from RUN --debug")
-    _check_recorded_grants(request.recorded_grants, request.live)
-    concurrency = None if request.concurrency in (None, "auto") else request.concurrency
-    if concurrency is not None and int(concurrency) < 1:
-        raise OptionError("--concurrency must be at least 1")
     with _one_line():
-        return tj.start_map_replay(request.run_dir, guest, out=request.out, live=request.live,
-                                   recorded_grants=request.recorded_grants, overrides=overrides,
-                                   concurrency=int(concurrency) if concurrency is not None else None,
-                                   expected=request.expected, scorer=request.scorer,
-                                   deterministic=request.deterministic, rerun=request.rerun)
+        return tj.start_map_replay(spec, guest, overrides=overrides)
 
 
 def find_runs(runs: str | None, *, status: str | None, limit: int | None) -> tuple[RunList, int]:
@@ -203,6 +153,6 @@ def _one_line(*, unexpected: bool = False) -> Iterator[None]:
 
 
 __all__ = [
-    "MapRequest", "MapReplayRequest", "start_map", "estimate_map", "replay_job", "start_map_replay", "find_runs",
+    "map_spec", "map_replay_spec", "start_map", "estimate_map", "replay_job", "start_map_replay", "find_runs",
     "map_rows", "map_row_source", "open_playback",
 ]

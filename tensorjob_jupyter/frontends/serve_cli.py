@@ -12,6 +12,7 @@ from typing import TextIO
 from tensorjob_jupyter import serve
 from tensorjob_jupyter.abi import JobFailure
 from tensorjob_jupyter.frontends.options import EXIT_FAILED, EXIT_OK, OptionError
+from tensorjob_jupyter.host import ModelRef
 from tensorjob_jupyter.serve import BODY_TIMEOUT_S, HEADER_TIMEOUT_S
 
 
@@ -57,7 +58,8 @@ def cmd_serve(args, out: TextIO, err: TextIO) -> int:
         if not api_key.isascii() or not api_key.isprintable():
             raise OptionError(f"--api-key-env {args.api_key_env}: a key is printable ASCII (an HTTP header carries it)")
     try:
-        backend = serve.load_model(args.model, slots=args.slots, n_ctx=args.n_ctx, threads=args.threads)
+        backend = serve.load_model(ModelRef.parse(args.model), slots=args.slots, n_ctx=args.n_ctx,
+                                   threads=args.threads)
     except JobFailure as e:  # ModelError: the model cannot load
         err.write(f"tensorjob: error: {e}\n")
         return EXIT_FAILED

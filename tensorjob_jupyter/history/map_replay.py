@@ -356,12 +356,56 @@ class MapReplayRun:
                          deterministic=self.executor.deterministic_threads is not None)
 
 
-def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, out: str | os.PathLike | None = None,
-                     live: bool = False, recorded_grants: bool = False, model: str | os.PathLike | None = None,
-                     backend: Any = None, overrides: Overrides | None = None,
-                     concurrency: int | None = None, expected: Any = None, scorer: Any = None, fsync: bool = True,
-                     deterministic: bool = False, rerun: bool = False) -> MapReplayRun:
-    """Start replaying ``guest`` over the recorded map in ``run_dir`` (see the module doc). ``overrides``: what
+@dataclass(frozen=True)
+class MapReplaySpec:
+    """A replay over a recorded map, checked (``MapReplaySpec.of``): the recorded map's folder, where the replay
+    goes (None: ``RUN_DIR/replay``), whether it may ask the model (``live``; ``rerun``: every item from its
+    start), under whose grants, how many items at once (None: the CPUs this process may use), how it is scored,
+    and whether each live infer is decoded alone (``deterministic``: one item at a time)."""
+
+    run_dir: str
+    out: str | None = None
+    live: bool = False
+    recorded_grants: bool = False
+    concurrency: int | None = None
+    expected: Any = None
+    scorer: Any = None
+    deterministic: bool = False
+    rerun: bool = False
+    fsync: bool = True
+
+    @classmethod
+    def of(cls, run_dir: "str | os.PathLike | MapResult", *, out: str | os.PathLike | None = None,
+           live: bool = False, recorded_grants: bool = False, concurrency: int | str | None = None,
+           expected: Any = None, scorer: Any = None, deterministic: bool = False, rerun: bool = False,
+           fsync: bool = True) -> "MapReplaySpec":
+        """The spec the keywords describe (each is ``start_map_replay``'s); ``ValueError`` names what cannot go
+        together, before anything runs."""
+        if rerun and not live:
+            raise ValueError("rerun goes with live: it runs every item on the model (--live --rerun)")
+        concurrency = None if concurrency == "auto" else concurrency
+        if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
+                                        or concurrency < 1):
+            raise ValueError(f"concurrency must be at least 1, got {concurrency!r}")
+        if deterministic:
+            if not live:
+                raise ValueError("deterministic goes with live: a replay with no model decodes nothing")
+            if concurrency not in (None, 1):
+                raise ValueError(f"a deterministic replay runs one item at a time; concurrency={concurrency!r} "
+                                 f"cannot go with it")
+            concurrency = 1
+        folder = run_dir.run_dir if isinstance(run_dir, MapResult) else run_dir
+        return cls(run_dir=os.fspath(folder), out=os.fspath(out) if out is not None else None, live=bool(live),
+                   recorded_grants=bool(recorded_grants), concurrency=concurrency, expected=expected, scorer=scorer,
+                   deterministic=bool(deterministic), rerun=bool(rerun), fsync=bool(fsync))
+
+
+def start_map_replay(run_dir: "MapReplaySpec | str | os.PathLike | MapResult", guest: Any, *,
+                     model: str | os.PathLike | None = None, backend: Any = None,
+                     overrides: Overrides | None = None, **keywords: Any) -> MapReplayRun:
+    """Start replaying ``guest`` over a recorded map (see the module doc): ``run_dir`` a ``MapReplaySpec``, or
+    the recorded map's folder with ``MapReplaySpec.of``'s keywords (``out``, ``live``, ``recorded_grants``,
+    ``concurrency``, ``expected``, ``scorer``, ``deterministic``, ``rerun``, ``fsync``). ``overrides``: what
     is given anew for every item (``Overrides``: ``read``, limits, sampling, the model's options...) over its
     recorded setup; ``model`` is a shorthand for ``Overrides(model=...)``. Each item reads and fetches only what
     ``overrides`` grants (none when not given), never what its recording says was granted -- unless
@@ -372,40 +416,34 @@ def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, ou
     ``rerun`` (with ``live``): every item's job run again on the model from its start, those whose prompts did
     not change too (a replay otherwise answers them from their recordings, whatever the model).
     ``MapError``/``ReplayError``/``ValueError`` before anything runs."""
-    if rerun and not live:
-        raise ValueError("rerun goes with live: it runs every item on the model (--live --rerun)")
+    if isinstance(run_dir, MapReplaySpec):
+        if keywords:
+            raise TypeError(f"start_map_replay() takes a MapReplaySpec, or a run folder and keywords, not both "
+                            f"({', '.join(keywords)})")
+        spec = run_dir
+    else:
+        spec = MapReplaySpec.of(run_dir, **keywords)
     overrides = given_here(overrides or Overrides())
     if model is not None:
         if overrides.model is not None:
             raise ValueError("name the model once: model= or overrides.model")
-        try:
-            overrides = overrides.replace(model=ModelRef.parse(model))  # read once, here
-        except ValueError as e:
-            raise ReplayError(f"--model: {e}") from None
-    if deterministic:
-        if not live:
-            raise ValueError("deterministic goes with live: a replay with no model decodes nothing")
-        if concurrency not in (None, 1):
-            raise ValueError(f"a deterministic replay runs one item at a time; concurrency={concurrency!r} cannot "
-                             f"go with it")
-        concurrency = 1
-    recorded = RecordedMap(run_dir.run_dir if isinstance(run_dir, MapResult) else run_dir)
-    if concurrency is not None and concurrency < 1:
-        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
-    target = Path(out).absolute() if out is not None else recorded.path / REPLAY_DIR
+        overrides = overrides.replace(model=Overrides.of(model=model).model)  # the keyword form's, read once
+    live, concurrency = spec.live, spec.concurrency
+    recorded = RecordedMap(spec.run_dir)
+    target = Path(spec.out).absolute() if spec.out is not None else recorded.path / REPLAY_DIR
     _check_target(target, recorded.path)
     live_ref = None
     if live and backend is None:
         live_ref = _live_model(recorded, overrides)
         backend = live_ref.backend()
-    scoring = _scoring(recorded, expected, scorer)
+    scoring = _scoring(recorded, spec.expected, spec.scorer)
     executor = ReplayExecutor(recorded, guest, live=live, backend=backend, jobs_dir=target / JOBS,
-                              recorded_grants=recorded_grants, overrides=overrides, model=live_ref,
+                              recorded_grants=spec.recorded_grants, overrides=overrides, model=live_ref,
                               concurrency=concurrency or len(available_cpus()) or 1,
-                              deterministic_threads=deterministic_threads(live_ref) if deterministic else None,
-                              rerun=rerun)
+                              deterministic_threads=deterministic_threads(live_ref) if spec.deterministic else None,
+                              rerun=spec.rerun)
     manifest = _manifest(recorded)
-    folder = MapFolder(target, fsync=fsync)
+    folder = MapFolder(target, fsync=spec.fsync)
     folder.open(manifest, executor.guest.sha256, retry_failed=False, restart=True, where=executor.where)
     try:
         if scoring is not None:
@@ -413,10 +451,10 @@ def start_map_replay(run_dir: "str | os.PathLike | MapResult", guest: Any, *, ou
     except BaseException:
         folder.close()
         raise
-    said = [grants_line(overrides.read, overrides.fetch, recorded_grants=recorded_grants)]
-    if overrides.read is None and not recorded_grants:
+    said = [grants_line(overrides.read, overrides.fetch, recorded_grants=spec.recorded_grants)]
+    if overrides.read is None and not spec.recorded_grants:
         said += _recorded_reads_line(recorded)
-    if rerun:
+    if spec.rerun:
         model_ref = live_ref or overrides.model
         named = for_terminal(clip(model_ref.label if model_ref is not None else type(backend).__name__, 200),
                              one_line=True)
@@ -529,5 +567,5 @@ def _manifest(recorded: RecordedMap) -> Manifest:
 
 __all__ = [
     "REPLAY_DIR", "WHERE", "NEEDS_MODEL", "NEEDS_GRANT", "ItemReplay", "ReplayExecutor", "MapReplay",
-    "MapReplayRun", "start_map_replay", "replay_map"
+    "MapReplayRun", "MapReplaySpec", "start_map_replay", "replay_map"
 ]

@@ -11,10 +11,9 @@ from tensorjob_jupyter.inference.models import get_backend
 from tensorjob_jupyter.inference.providers import ModelRef
 
 
-def load_model(model: str | None, *, slots: int, n_ctx: int, threads: int | None = None) -> Backend:
-    """The backend for ``model`` (a GGUF path, ``hf:ORG/REPO[:QUANT]``, or None: the embedded model), loaded:
-    ``ValueError`` for a model text that names no file (or names a server), ``ModelError`` if it cannot load."""
-    ref = ModelRef.parse(model)
+def load_model(ref: ModelRef, *, slots: int, n_ctx: int, threads: int | None = None) -> Backend:
+    """The backend for ``ref`` (a GGUF path, ``hf:ORG/REPO[:QUANT]``, or the embedded model; read where it was
+    named), loaded: ``ValueError`` for a served model, ``ModelError`` if it cannot load."""
     if ref.served:
         raise ValueError("tensorjob serve serves a model file, not another server")
     options: dict = {"slots": slots, "n_ctx": n_ctx}

@@ -207,9 +207,9 @@ def test_concurrency_runs_n_items_at_once_on_one_shared_backend(guest, tmp_path)
 def test_a_backend_factory_is_built_once_per_process(guest, tmp_path):
     factory = functools.partial(ScriptedBackend, "made by a factory")
     tj_map(guest, [infer()], tmp_path / "a", backend=factory)
-    built = fanout.process_backend(fanout.BackendSpec.of(factory, None))
+    built = fanout.process_backend(fanout.BackendSpec.of(factory))
     result = tj_map(guest, [infer()], tmp_path / "b", backend=factory)
-    assert fanout.process_backend(fanout.BackendSpec.of(factory, None)) is built
+    assert fanout.process_backend(fanout.BackendSpec.of(factory)) is built
     assert built.requests_served == 2
     assert result.results()[0]["text"] == "made by a factory"
 

@@ -22,6 +22,7 @@ from tensorjob_jupyter.fanout import map as tj_map, start_map
 from tensorjob_jupyter.fanout.items import process_backend_count
 from tensorjob_jupyter.fanout.dask import error_outcome
 from tensorjob_jupyter.inference import ScriptedBackend
+from tensorjob_jupyter.inference.providers import ModelRef
 
 from test_map import MIXED, done, infer, job_dirs, puppet_guest, sorted_lines, write_manifest  # noqa: E402
 
@@ -177,7 +178,7 @@ def test_the_worker_check_names_what_is_missing(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     assert "model_error" in probe({"kind": "hf", "name": "hf:no-such-org/no-such-repo"}, True, None)
 
-    spec = fanout.BackendSpec.of(None, str(model))
+    spec = fanout.BackendSpec.of(None, ModelRef.parse(str(model)))
     assert worker_problem("tcp://w:1", report, __version__, spec) is None
     assert "has tensorjob-jupyter 0.0.1, this process " + __version__ in worker_problem(
         "tcp://w:1", {"version": "0.0.1"}, __version__, spec)
@@ -200,7 +201,7 @@ def test_a_cluster_without_workers_is_refused_after_a_wait():
     with distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=":0", silence_logs=40) as cluster, \
             distributed.Client(cluster, set_as_default=False) as empty:
         with pytest.raises(fanout.ClusterError, match="no workers are connected .* add one with `dask worker "):
-            check_workers(empty, fanout.BackendSpec.of(FACTORY, None), cluster.scheduler_address, timeout=0.5)
+            check_workers(empty, fanout.BackendSpec.of(FACTORY), cluster.scheduler_address, timeout=0.5)
 
 
 def test_sources_confidence_and_require_grounded_on_a_cluster(client, tmp_path):

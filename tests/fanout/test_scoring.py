@@ -403,7 +403,7 @@ def test_the_token_budget_stops_the_map_cleanly_and_a_resume_goes_on(guest, tmp_
     assert rest.ok and rest.skipped == 3 and rest.ran == 3
     done_all = tj.map(guest, items[:2], tmp_path / "two", backend=backend, concurrency=1, max_total_tokens=10)
     assert done_all.status == "finished"  # spent exactly as the last item ended: nothing left to stop
-    with pytest.raises(ValueError, match="max_total_tokens must be a whole number of at least 1"):
+    with pytest.raises(ValueError, match="must be a whole number of at least 1"):
         tj.map(guest, items, tmp_path / "x", max_total_tokens=0)
 
 
@@ -491,7 +491,7 @@ def test_map_scoring_refusals_are_one_line_and_exit_2(guest, tmp_path, monkeypat
     for extra, says in [(["--expected", "long.jsonl"], "more than 5 values for a manifest of 5 items (line 6"),
                         (["--expected", "nope.jsonl"], "expected answers: cannot read"),
                         (["--scorer", "exact"], "a scorer needs expected answers"),
-                        (["--max-total-tokens", "0"], "--max-total-tokens must be at least 1")]:
+                        (["--max-total-tokens", "0"], "--max-total-tokens (max_total_tokens=) must be a whole number of at least 1, got 0")]:
         out, err = io.StringIO(), io.StringIO()
         assert main(["map", "g.wasm", "--over", "m.jsonl", "--run-dir", "other", *extra], out=out, err=err) == 2
         assert err.getvalue().count("\n") == 1 and says in err.getvalue(), (extra, err.getvalue())

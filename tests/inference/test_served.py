@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import tensorjob_jupyter as tj
 from tensorjob_jupyter.abi import codes
-from tensorjob_jupyter.host import GuestSource, InferOptions
+from tensorjob_jupyter.host import GuestSource, InferOptions, ModelRef
 from tensorjob_jupyter.inference.base import (Constraint, GenerateRequest, ModelError, ModelTimeout, QueueFull,
                                               Sampler)
 from tensorjob_jupyter.inference.served import (DIALECTS, ServedBackend, ServerBusy, CallText, is_served,
@@ -630,7 +630,7 @@ def test_the_options_name_a_served_model_its_id_and_its_key_variable(fake):
 def test_a_map_s_backend_spec_carries_the_url_id_and_key_variable_never_the_key(fake):
     from tensorjob_jupyter.fanout.items import BackendSpec
 
-    spec = BackendSpec.of(None, fake.url, {"model_name": "fake-model", "api_key_env": "TJ_TEST_KEY"})
+    spec = BackendSpec.of(None, ModelRef.parse(fake.url, model_name="fake-model", api_key_env="TJ_TEST_KEY"))
     assert (spec.model.kind, spec.model.name, spec.model.served_name) == ("url", fake.url, "fake-model")
     data = pickle.dumps(spec)
     assert KEY.encode() not in data and b"TJ_TEST_KEY" in data
