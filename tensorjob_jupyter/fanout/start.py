@@ -25,7 +25,7 @@ from tensorjob_jupyter.inference.topology import physical_cores, threads_setting
 from tensorjob_jupyter.sandbox.compile import GuestSource
 from tensorjob_jupyter.world.grants import Withheld
 
-from tensorjob_jupyter.host.spec import JobSpec
+from tensorjob_jupyter.host.spec import InferOptions, JobSpec
 from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.fanout import cascade as cascading  # a module: it starts its phases' maps through here
 from tensorjob_jupyter.fanout.concurrency import AUTO, auto_concurrency
@@ -210,8 +210,14 @@ def deterministic_job(job: JobSpec, concurrency: Any, cluster: Any) -> tuple[Job
         raise ValueError("a deterministic map needs a local model: a served model batches requests as its "
                          "server decides")
     threads = deterministic_threads(model)
-    infer = dataclasses.replace(job.infer, cache_prompt=False, alone=True, threads=threads)
-    return job.replace(infer=infer), 1, {"threads": threads, "prompt_cache": False, "alone": True}
+    return job.replace(infer=decoded_alone(job.infer, threads)), 1, {"threads": threads, "prompt_cache": False,
+                                                                     "alone": True}
+
+
+def decoded_alone(infer: InferOptions, threads: int) -> InferOptions:
+    """``infer`` made deterministic: each infer decoded alone, with ``threads`` decode threads and no prompt cache
+    (a deterministic map's items and a deterministic replay's live infers alike)."""
+    return dataclasses.replace(infer, cache_prompt=False, alone=True, threads=threads)
 
 
 def map(guest: "JobSpec | GuestSource | bytes | str | os.PathLike",
@@ -238,7 +244,7 @@ def map_job(guest: Any, keywords: dict, where: str) -> JobSpec:
 
 def item_spec(job: JobSpec, backend: Any, runs_dir: Path, *, run_dir: str | os.PathLike | None = None,
               withhold: Sequence[tuple[str, str]] = ()) -> tuple[ItemSpec, Backend | None]:
-    """What every item of a map of ``job`` shares (its grants absolute and checked, its ``cwd`` and ``runs_dir``
+    """What every item of a map of ``job`` shares (its grants made absolute, its ``cwd`` and ``runs_dir``
     set, and the map's folders withheld from its grants: ``withheld_folders``, with ``withhold``'s (path, what)
     besides: a cascade's oracle map withholds the cascade's run folder), and the backend instance given, if one
     was (else its factory goes into the spec)."""
@@ -247,10 +253,7 @@ def item_spec(job: JobSpec, backend: Any, runs_dir: Path, *, run_dir: str | os.P
     for p in job.read:
         if isinstance(p, Withheld):  # a template made by item_spec before: withheld anew below
             continue
-        path = os.path.abspath(os.path.join(cwd, os.fspath(p)))
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"read grant not found: {p}")
-        grants.append(path)
+        grants.append(os.path.abspath(os.path.join(cwd, os.fspath(p))))  # checked where the spec was made
     is_instance = not isinstance(backend, type) and hasattr(backend, "generate_stream")
     instance = backend if backend is not None and is_instance else None
     factory = backend if backend is not None and instance is None else None
@@ -320,5 +323,5 @@ def _executor(spec: ItemSpec, instance: Backend | None, concurrency: int | str, 
 
 
 __all__ = ["DEFAULT_CONCURRENCY", "NOT_FOR_MAPS", "MAP_KEYWORDS", "start_map", "map_specs", "start_resolved", "ref_label", "model_label", "deterministic_threads",
-           "deterministic_job", "map",
+           "deterministic_job", "decoded_alone", "map",
            "map_job", "item_spec", "RUN_FOLDER", "TRANSCRIPTS_FOLDER", "withheld_folders", "withheld_notes"]

@@ -28,7 +28,9 @@ from tensorjob_jupyter.fanout.concurrency import AUTO
 from tensorjob_jupyter.limits import BYTES, COUNT, SECONDS, Limits
 from tensorjob_jupyter.regular_file import open_regular
 from tensorjob_jupyter.host.debugger import parse_break_on
-from tensorjob_jupyter.host import GuestSource, InferOptions, JobSpec, ModelRef, Overrides, check_fetch, parse_fields
+from tensorjob_jupyter.host import (
+    FetchGrants, GuestSource, InferOptions, JobSpec, ModelRef, Overrides, parse_fields,
+)
 from tensorjob_jupyter.frontends.input_value import InputError, read_input
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
@@ -304,12 +306,10 @@ class JobOptions:
             raise OptionError(f"{flag} {value}: must be {rule}")
         if not 0 <= self.seed < 2**32:
             raise OptionError(f"--seed {self.seed}: must be 0 to 4294967295")
-        self.loras(local_model=local_model)
-
-        try:
-            check_fetch(self.fetch)
-        except ValueError as e:
-            raise OptionError(f"--fetch: {e}") from None
+        for spec, (path, _scale) in zip(self.lora, self.loras().values()):
+            if local_model and not os.path.isfile(path):
+                raise OptionError(f"--lora {spec}: adapter file not found")
+        self._fetch
         return self
 
     def input_bytes(self) -> bytes:
@@ -321,8 +321,12 @@ class JobOptions:
         except OSError as e:
             raise OptionError(f"--input-file {self.input_file}: {e.strerror}") from None
 
-    def loras(self, *, local_model: bool = True) -> dict[str, tuple[str, float]]:
-        """``--lora`` as {name: (absolute path, scale)}; ``OptionError`` names a bad one."""
+    def loras(self) -> dict[str, tuple[str, float]]:
+        """``--lora`` as {name: (absolute path, scale)}, read once (and kept); ``OptionError`` names a bad one."""
+        return self._loras
+
+    @functools.cached_property
+    def _loras(self) -> dict[str, tuple[str, float]]:
         out: dict[str, tuple[str, float]] = {}
         for spec in self.lora:
             name, eq, rest = spec.partition("=")
@@ -335,17 +339,23 @@ class JobOptions:
                     path, scale = rest, 1.0
             if not eq or not name.strip() or not path:
                 raise OptionError(f"--lora {spec}: expected NAME=PATH or NAME=PATH:SCALE")
-            if name in out:
-                raise OptionError(f"--lora {spec}: two adapters are named {name!r}")
-            if local_model and not os.path.isfile(path):
-                raise OptionError(f"--lora {spec}: adapter file not found")
+            if name.strip() in out:
+                raise OptionError(f"--lora {spec}: two adapters are named {name.strip()!r}")
             out[name.strip()] = (os.path.abspath(path), scale)
         return out
+
+    @functools.cached_property
+    def _fetch(self) -> FetchGrants:
+        """``--fetch``'s prefixes as grants, parsed once (and kept); ``OptionError`` names a bad one."""
+        try:
+            return FetchGrants.parse(self.fetch)
+        except ValueError as e:
+            raise OptionError(f"--fetch: {e}") from None
 
     def infer_options(self) -> InferOptions:
         return InferOptions.of(temperature=self.temperature, top_p=self.top_p, repeat_penalty=self.repeat_penalty,
                                seed=self.seed, chat=self.chat, cache_prompt=not self.no_prompt_cache,
-                               lora={name: scale for name, (_path, scale) in self.loras(local_model=False).items()})
+                               lora={name: scale for name, (_path, scale) in self.loras().items()})
 
     def model_ref(self) -> ModelRef:
         """The model these options name (``--model``, ``--model-name``, ``--api-key-env``, ``--lora``), read
@@ -354,7 +364,7 @@ class JobOptions:
 
     @functools.cached_property
     def _model_ref(self) -> ModelRef:
-        loras = self.loras(local_model=False)
+        loras = self.loras()
         try:
             return ModelRef.parse(self.model, model_name=self.model_name, api_key_env=self.api_key_env,
                                   loras={name: path for name, (path, _scale) in loras.items()})
@@ -367,7 +377,7 @@ class JobOptions:
 
     def spec(self, guest: GuestSource) -> JobSpec:
         """The ``JobSpec`` of a job of ``guest`` with these options (what ``Job`` takes)."""
-        return JobSpec(guest=guest, input=self.input, read=self.read, fetch=self.fetch,
+        return JobSpec(guest=guest, input=self.input, read=self.read, fetch=self._fetch,
                        input_bytes=self.input_bytes(), limits=self.limits, infer=self.infer_options(),
                        model=self.model_ref(), runs_dir=self.runs, debug=self.debug, break_on=self.break_on,
                        require_grounded=self.require_grounded, require_present=self.require_present,
@@ -383,12 +393,12 @@ class JobOptions:
                                         if name in given]
         if "no_prompt_cache" in given:
             infer.append(("cache_prompt", not self.no_prompt_cache))
-        loras = self.loras(local_model=False) if "lora" in given else None  # a notebook's setting is no replay's
+        loras = self.loras() if "lora" in given else None  # a notebook's setting is no replay's
         if loras is not None:
             infer.append(("lora", {name: scale for name, (_path, scale) in loras.items()}))
         return Overrides(
             input=self.input if "input" in given else Overrides().input,
-            read=self.read if "read" in given else None, fetch=self.fetch if "fetch" in given else None,
+            read=self.read if "read" in given else None, fetch=self._fetch if "fetch" in given else None,
             input_bytes=self.input_bytes() if self.input_file is not None else None,
             limits=tuple((name, getattr(self.limits, name)) for name in limits_table.FIELDS if name in given),
             infer=tuple(infer), **self._model_overrides(loras),

@@ -35,7 +35,7 @@ from tensorjob_jupyter.fanout.progress import MapResult
 from tensorjob_jupyter.fanout.run import MapRun
 from tensorjob_jupyter.fanout.expected import Expected
 from tensorjob_jupyter.fanout.scoring import BUILTINS, Scoring, scorer_name, scorer_of
-from tensorjob_jupyter.fanout.start import deterministic_threads
+from tensorjob_jupyter.fanout.start import decoded_alone, deterministic_threads
 from tensorjob_jupyter.history.map_compare import MapComparison
 from tensorjob_jupyter.history.maps import RecordedMap
 from tensorjob_jupyter.history.replay import ReplayJob
@@ -115,8 +115,7 @@ class ReplayExecutor(LocalExecutor):
             if self.model is not None:
                 spec = spec.replace(model=self.model)
             if self.deterministic_threads is not None:
-                spec = spec.replace(infer=dataclasses.replace(spec.infer, cache_prompt=False, alone=True,
-                                                              threads=self.deterministic_threads))
+                spec = spec.replace(infer=decoded_alone(spec.infer, self.deterministic_threads))
             if self.rerun:  # not a replay: the item's job again, on the model, with nothing from its recording
                 return self._rerun(index, Job(spec, backend=self.backend), started, cancelled)
             job = ReplayJob(spec, run, live=self.live, backend=self.backend if self.live else None,

@@ -27,6 +27,7 @@ from tensorjob_jupyter.limits import check as limits_check
 from tensorjob_jupyter.host.spec import InferOptions
 from tensorjob_jupyter.sandbox.compile import GuestSource
 from tensorjob_jupyter.host.spec import JobSpec, Overrides, parse_fields
+from tensorjob_jupyter.world.fetch import FetchGrants
 from tensorjob_jupyter.inference.lazy import DEFAULT_MODEL_NAME
 from tensorjob_jupyter.inference.providers import ModelRef
 from tensorjob_jupyter.record.event_checks import MAX_COUNT
@@ -137,7 +138,7 @@ class RecordedRun:
                                   f"exist here; files are read live, so give the grants again with --read")
             read = tuple(r for r in self.read if os.path.exists(r))
         model = self.model_ref if self.model_ref is not None and not self.model_ref.served else ModelRef()
-        return JobSpec(guest=guest, input=self.input, read=read, fetch=self.fetch if recorded_grants else (),
+        return JobSpec(guest=guest, input=self.input, read=read, fetch=FetchGrants.parse(self.fetch) if recorded_grants else FetchGrants(),
                        limits=self.limits,
                        infer=self.infer, model=model, cwd=self.cwd,  # a recorded server is never taken
                        require_grounded=self.require_grounded, require_present=self.require_present,

@@ -16,7 +16,8 @@ says a front end imports nothing of ``sandbox``, ``world``, ``record`` or ``infe
 from tensorjob_jupyter.host.jobs import DEFAULT_MODEL, Job  # jobs(), get_job(), run(): from host.jobs (its name)
 from tensorjob_jupyter.host.reactor import JobStats
 from tensorjob_jupyter.host.schemas import SchemaError
-from tensorjob_jupyter.host.spec import InferOptions, JobSpec, Overrides, check_fetch, parse_fields
+from tensorjob_jupyter.host.spec import InferOptions, JobSpec, Overrides, parse_fields
+from tensorjob_jupyter.world.fetch import FetchGrants
 from tensorjob_jupyter.host.structured import OutputSpec
 from tensorjob_jupyter.host.waiting import SIGNAL_CHECK_S, wait_or_cancel
 # the guest: its source, compiled and cached (sandbox)
@@ -38,7 +39,7 @@ from tensorjob_jupyter.record.transcript import read_line
 
 __all__ = [
     "DEFAULT_MODEL", "Job", "JobSpec", "Overrides", "JobStats", "InferOptions", "OutputSpec", "SchemaError", "SIGNAL_CHECK_S",
-    "check_fetch", "parse_fields", "wait_or_cancel",
+    "FetchGrants", "parse_fields", "wait_or_cancel",
     "CompileError", "GuestSource", "cache_dir", "cache_usage", "clear_cache", "detect_language", "python_interpreter",
     "ModelError", "ModelRef",
     "EVENTS_FILE", "MAX_LINE_BYTES", "TranscriptError", "parse_event", "read_line", "busy_machine_line",

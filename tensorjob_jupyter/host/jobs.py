@@ -34,7 +34,6 @@ from tensorjob_jupyter.record.events import TRANSCRIPT_VERSION, EventStream, Sub
 from tensorjob_jupyter.inference.base import Backend
 
 from tensorjob_jupyter.host.reactor import JobStats, Reactor, internal_error
-from tensorjob_jupyter.world.fetch import FetchGrants
 from tensorjob_jupyter.record.job_folder import ENVELOPE_FILE, EVENTS_FILE, default_runs_dir, new_job_id
 from tensorjob_jupyter.record.glimpse import Glimpse
 from tensorjob_jupyter.sandbox.compile import GuestSource
@@ -134,7 +133,7 @@ class Job:
         self.guest_sha256 = source.sha256
         runs = Path(spec.runs_dir if spec.runs_dir is not None else default_runs_dir())
         self.grants = _without_runs_folder(Grants.for_paths(spec.read, spec.cwd), spec, runs)
-        self.fetch_grants = FetchGrants.parse(spec.fetch)
+        self.fetch_grants = spec.fetch
         # the model, whole, for a replay to find again (never a key): the spec's, or the one a backend given
         # was made for (``ModelRef.backend``); a backend no reference names (a test's, a recording) has none
         ref = spec.model if isinstance(backend, _DefaultModel) else getattr(backend, "model_ref", None)

@@ -71,8 +71,8 @@ class JobSpec:
     input: Any = None
     #: paths the guest may read (files or folders), relative to ``cwd``
     read: tuple[str, ...] = ()
-    #: http(s) URL prefixes the guest may fetch
-    fetch: tuple[str, ...] = ()
+    #: the http(s) URL prefixes the guest may fetch, parsed once (prefixes given here are parsed when the spec is made)
+    fetch: FetchGrants = field(default_factory=FetchGrants)
     #: bytes staged for the guest's ``read-input``
     input_bytes: bytes = b""
     limits: Limits = field(default_factory=Limits)
@@ -96,6 +96,10 @@ class JobSpec:
     require_present: tuple[str, ...] = ()
     fail_item: bool = False
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.fetch, FetchGrants):  # prefixes: parsed here, once (``ValueError`` names a bad one)
+            object.__setattr__(self, "fetch", FetchGrants.parse(self.fetch))
+
     @classmethod
     def of(cls, guest: "GuestSource | bytes | str | os.PathLike", *, input: Any = None,
            read: Iterable[str | os.PathLike] = (), fetch: Iterable[str] = (), input_bytes: bytes = b"",
@@ -116,15 +120,19 @@ class JobSpec:
 
         Raises at once, before anything runs: ``TypeError`` for an unknown keyword, ``ValueError`` for a
         bad limit, fetch prefix or ``break_on`` kind, ``ModelError`` for a model option of the wrong kind,
-        ``FileNotFoundError`` or ``CompileError`` for a guest."""
+        ``FileNotFoundError`` for a read grant that does not exist or a guest, ``CompileError`` for a guest."""
         limits = with_keywords(limits, limit_keywords, "Job")
-        fetch = tuple(fetch)
-        check_fetch(fetch)
+        grants = FetchGrants.parse(fetch)
+        paths: tuple[str, ...] = tuple(os.fspath(r) for r in read)
+        base = os.fspath(cwd) if cwd is not None else os.getcwd()
+        for path in paths:  # checked here, once: below, a grant that does not exist grants nothing
+            if not os.path.exists(os.path.join(base, path)):
+                raise FileNotFoundError(f"read grant not found: {path}")
         try:
             model_ref = ModelRef.parse(model, **(model_options or {}))
         except ValueError as e:
             raise ModelError(str(e)) from None
-        return cls(guest=GuestSource.of(guest), input=input, read=tuple(os.fspath(r) for r in read), fetch=fetch,
+        return cls(guest=GuestSource.of(guest), input=input, read=paths, fetch=grants,
                    input_bytes=bytes(input_bytes), limits=limits, infer=infer or InferOptions(), model=model_ref,
                    runs_dir=os.fspath(runs_dir) if runs_dir is not None else None,
                    cwd=os.fspath(cwd) if cwd is not None else None, name=name, debug=bool(debug),
@@ -176,7 +184,7 @@ class Overrides:
 
     input: Any = UNSET
     read: tuple[str, ...] | None = None
-    fetch: tuple[str, ...] | None = None
+    fetch: FetchGrants | None = None
     input_bytes: bytes | None = None
     #: the limits given, ``(name, value)``: each replaces the spec's own, the others stay
     limits: tuple[tuple[str, Any], ...] = ()
@@ -199,6 +207,8 @@ class Overrides:
     fail_item: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.fetch is not None and not isinstance(self.fetch, FetchGrants):  # prefixes: parsed here, once
+            object.__setattr__(self, "fetch", FetchGrants.parse(self.fetch))
         unknown = sorted({k for k, _ in self.infer} - set(INFER_FIELDS))
         if unknown:
             raise TypeError(f"Overrides.infer: not a sampling option: {', '.join(unknown)}")
@@ -236,15 +246,13 @@ class Overrides:
         if options:
             raise TypeError(f"the model's options given without a model are model_name, api_key_env and loras, "
                             f"not {', '.join(options)}")
-        if fetch is not None:
-            fetch = tuple(fetch)
-            check_fetch(fetch)
+        grants = FetchGrants.parse(fetch) if fetch is not None else None
         pairs: tuple[tuple[str, Any], ...] = ()
         if infer is not None:
             pairs = tuple((f, getattr(infer.sampler, f)) for f in SAMPLER_FIELDS) + (
                 ("chat", infer.chat), ("cache_prompt", infer.cache_prompt),
                 ("lora", {c.name: c.scale for c in infer.lora}))
-        return cls(input=input, read=tuple(os.fspath(r) for r in read) if read is not None else None, fetch=fetch,
+        return cls(input=input, read=tuple(os.fspath(r) for r in read) if read is not None else None, fetch=grants,
                    input_bytes=bytes(input_bytes) if input_bytes is not None else None,
                    limits=tuple(given_limits.items()), infer=pairs,
                    model=ref, model_name=model_name,
@@ -321,9 +329,4 @@ def parse_fields(fields: str | Iterable[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def check_fetch(prefixes: Iterable[str]) -> None:
-    """``ValueError`` naming a ``fetch`` prefix that is not an http(s) URL prefix."""
-    FetchGrants.parse(prefixes)
-
-
-__all__ = ["InferOptions", "JobSpec", "Overrides", "UNSET", "SAMPLER_FIELDS", "INFER_FIELDS", "MAX_REQUIRED_FIELDS", "MAX_FIELD_NAME_CHARS", "parse_fields", "check_fetch"]
+__all__ = ["InferOptions", "JobSpec", "Overrides", "UNSET", "SAMPLER_FIELDS", "INFER_FIELDS", "MAX_REQUIRED_FIELDS", "MAX_FIELD_NAME_CHARS", "parse_fields"]

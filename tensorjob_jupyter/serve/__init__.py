@@ -1,7 +1,7 @@
 """serve: the model for other kernels, over an OpenAI-compatible HTTP API (``tensorjob serve``).
 
-Owns: ``server`` (the app: requests checked as a guest's infers are, answers streamed, every bound) and
-``model`` (the served model, loaded before the socket opens). It runs no job: it answers requests with the
+Owns: ``openai_wire`` (a request read into one checked generation, as a guest's infer is; its answer written
+back), ``server`` (the HTTP app: answers streamed, every bound) and ``model`` (the served model, loaded before the socket opens). It runs no job: it answers requests with the
 model worker itself.
 May import: ``inference``, the host's output constraints (``host.structured``, ``host.schemas``) and the wire
 modules (``abi``, ``limits``, ``text``). Never ``sandbox``, ``world``, ``record``, ``host.jobs``, ``fanout``,

@@ -21,7 +21,7 @@ import time
 import urllib.parse
 import zlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 if TYPE_CHECKING:
     import httpx
@@ -148,6 +148,13 @@ class FetchGrants:
     @property
     def prefixes(self) -> list[str]:
         return [g.prefix for g in self.grants]
+
+    def __iter__(self) -> Iterator[str]:
+        """The prefixes granted, as given."""
+        return (g.prefix for g in self.grants)
+
+    def __len__(self) -> int:
+        return len(self.grants)
 
     def check(self, url: str) -> Target:
         """The parsed URL if a grant admits it, else ``FetchError(capability_denied)``."""

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -264,6 +265,7 @@ def _table_growth_mib(run: Path, *flags: str) -> float:
     return int([x for x in proc.stderr.splitlines() if x.startswith("GREW_KIB ")][-1].split()[1]) / 1024
 
 
+@pytest.mark.slow  # six CLIs in subprocesses over a 40,000-item map: in the full suite, not the fast loop
 def test_a_table_of_every_item_takes_memory_that_does_not_grow_with_the_map(tmp_path):
     small, large = _finished_map(tmp_path / "small", 2_000), _finished_map(tmp_path / "large", 40_000)
     for flags in ((), ("--csv",), ("--json",)):

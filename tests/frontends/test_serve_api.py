@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensorjob_jupyter.serve.server import MAX_BODY_BYTES, RequestError, RequestLog, build_app, plan
+from tensorjob_jupyter.serve.openai_wire import RequestError, plan
+from tensorjob_jupyter.serve.server import MAX_BODY_BYTES, RequestLog, build_app
 from tensorjob_jupyter.inference.base import QueueFull
 from tensorjob_jupyter.inference.scripted import ScriptedBackend
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import tensorjob_jupyter as tj
 from tensorjob_jupyter.host.spec import INFER_FIELDS, UNSET, Overrides
 from tensorjob_jupyter.limits import FIELDS as LIMIT_FIELDS
+from tensorjob_jupyter.world.fetch import FetchGrants
 from tests import wat
 
 GUEST = wat.script_guest([{"cmd": "done", "result": 0}])
@@ -65,6 +66,7 @@ def test_what_was_given_replaces_its_own_field_and_nothing_else_moves(o):
     given = o.given
     for f in ("read", "fetch", "input_bytes", "runs_dir", "cwd", "name", "debug", "break_on", "require_grounded"):
         assert getattr(merged, f) == (getattr(o, f) if f in given else getattr(BASE, f)), f
+    assert isinstance(merged.fetch, FetchGrants) and isinstance(o.fetch, (FetchGrants, type(None)))  # parsed once
     assert merged.input == (o.input if o.input is not UNSET else BASE.input)
     given_limits = dict(o.limits)
     for f in LIMIT_FIELDS:
