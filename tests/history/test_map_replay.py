@@ -516,3 +516,31 @@ def test_a_replay_whose_every_item_failed_says_so_and_exits_non_zero(tmp_path):
                               capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert replayed.returncode == 1, replayed.stdout + replayed.stderr
     assert "every item of the replay failed (2 of 2" in replayed.stdout, replayed.stdout
+
+
+@pytest.mark.slow  # the real model, and two CLIs in subprocesses
+def test_replay_map_live_runs_to_the_end_on_the_recorded_embedded_model_from_the_command_line(tmp_path):
+    """``tensorjob map`` on the embedded model, then ``tensorjob replay --map RUN --live`` of a guest whose odd
+    items ask another prompt, with no ``--model``: the model the map recorded is the one the changed items run on,
+    the others come from their recordings, and every item has its row."""
+    for name, text in GUESTS.items():
+        (tmp_path / name).write_text(text.replace("max_tokens=8", "max_tokens=3"), encoding="utf-8")
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": f"doc{i}", "n": i}) + "\n" for i in range(4)),
+                                         encoding="utf-8")
+    code, _, err = cli("map", "v1.py", "--over", "docs.jsonl", "--run-dir", "run", "--quiet", cwd=tmp_path,
+                       timeout=600)
+    assert code == 0, err
+    code, out, err = cli("replay", "v3.py", "--map", "run", "--live", "--run-dir", "live", cwd=tmp_path,
+                         timeout=600)
+    assert code in (0, 1), err  # 1: a changed item's answer differs from its recording, as it may
+    assert "2 answered from their recordings, 2 ran on the model" in out, out
+    rows = [json.loads(line) for line in (tmp_path / "live" / "results.jsonl").read_text().splitlines()]
+    failures = (tmp_path / "live" / "failures.jsonl").read_text().splitlines()
+    assert sorted(r["item"] for r in rows) == [0, 1, 2, 3] and not failures, failures
+    recorded_model = json.loads((tmp_path / "run" / "ledger.json").read_text())["model"]
+    ran = [json.loads(p.read_text().splitlines()[0]) for p in sorted((tmp_path / "live" / "jobs").glob(
+        "*/events.jsonl"))]
+    asked = [e for e in ran if e["input"]["n"] % 2 == 1]
+    assert len(asked) == 2 and all(e["model"] is not None for e in asked)
+    assert all(e["model_ref"]["kind"] == "embedded" for e in asked), [e.get("model_ref") for e in asked]
+    assert recorded_model  # the map pinned the model it ran on; the replay took it, named nothing anew
