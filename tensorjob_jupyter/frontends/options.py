@@ -377,7 +377,8 @@ class JobOptions:
 
     def spec(self, guest: GuestSource) -> JobSpec:
         """The ``JobSpec`` of a job of ``guest`` with these options (what ``Job`` takes)."""
-        return JobSpec(guest=guest, input=self.input, read=self.read, fetch=self._fetch,
+        return JobSpec(guest=guest, input=self.input, read=tuple(os.path.abspath(p) for p in self.read),
+                       fetch=self._fetch,
                        input_bytes=self.input_bytes(), limits=self.limits, infer=self.infer_options(),
                        model=self.model_ref(), runs_dir=self.runs, debug=self.debug, break_on=self.break_on,
                        require_grounded=self.require_grounded, require_present=self.require_present,

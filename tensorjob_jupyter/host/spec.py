@@ -69,7 +69,8 @@ class JobSpec:
     guest: GuestSource
     #: the job input: a JSON value (checked when the job is made)
     input: Any = None
-    #: paths the guest may read (files or folders), relative to ``cwd``
+    #: paths the guest may read (files or folders): absolute from ``JobSpec.of`` and the front ends; a relative one
+    #: is relative to ``cwd``
     read: tuple[str, ...] = ()
     #: the http(s) URL prefixes the guest may fetch, parsed once (prefixes given here are parsed when the spec is made)
     fetch: FetchGrants = field(default_factory=FetchGrants)
@@ -123,16 +124,19 @@ class JobSpec:
         ``FileNotFoundError`` for a read grant that does not exist or a guest, ``CompileError`` for a guest."""
         limits = with_keywords(limits, limit_keywords, "Job")
         grants = FetchGrants.parse(fetch)
-        paths: tuple[str, ...] = tuple(os.fspath(r) for r in read)
         base = os.fspath(cwd) if cwd is not None else os.getcwd()
-        for path in paths:  # checked here, once: below, a grant that does not exist grants nothing
-            if not os.path.exists(os.path.join(base, path)):
-                raise FileNotFoundError(f"read grant not found: {path}")
+        paths: list[str] = []
+        for entry in read:  # checked here, once, and made absolute: nothing below resolves them again
+            given = os.fspath(entry)
+            path = os.path.abspath(os.path.join(base, given))
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"read grant not found: {given}")
+            paths.append(path)
         try:
             model_ref = ModelRef.parse(model, **(model_options or {}))
         except ValueError as e:
             raise ModelError(str(e)) from None
-        return cls(guest=GuestSource.of(guest), input=input, read=paths, fetch=grants,
+        return cls(guest=GuestSource.of(guest), input=input, read=tuple(paths), fetch=grants,
                    input_bytes=bytes(input_bytes), limits=limits, infer=infer or InferOptions(), model=model_ref,
                    runs_dir=os.fspath(runs_dir) if runs_dir is not None else None,
                    cwd=os.fspath(cwd) if cwd is not None else None, name=name, debug=bool(debug),
