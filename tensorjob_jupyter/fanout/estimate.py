@@ -29,6 +29,7 @@ from tensorjob_jupyter.record.job_folder import runs_folder
 from tensorjob_jupyter.record.transcript import EventReader
 from tensorjob_jupyter.fanout.map_folder import JOBS
 from tensorjob_jupyter.fanout.manifest import Manifest, read_manifest
+from tensorjob_jupyter.fanout.map_spec import MapSpec
 from tensorjob_jupyter.fanout.start import item_spec, map_job, process_backend
 
 #: Items whose first infer an estimate runs to, at most (spread over the manifest).
@@ -244,13 +245,18 @@ class MapEstimate:
         return f"<MapEstimate {self.items} items, {self.prompt_tokens} prompt tokens>"
 
 
-def estimate_map(guest: Any, manifest: "str | os.PathLike | Sequence[Any] | Manifest", *, backend=None,
+def estimate_map(guest: Any, manifest: "MapSpec | str | os.PathLike | Sequence[Any] | Manifest", *, backend=None,
                  run_dir: str | os.PathLike | None = None, sample: int = DEFAULT_SAMPLE,
                  **job_keywords: Any) -> MapEstimate:
     """Estimate the map ``start_map`` would run with the same arguments (see the module doc): ``guest`` a
-    ``JobSpec`` or a guest and its job keywords. ``run_dir``: the map's run folder, whose recorded items (a map
+    ``JobSpec`` or a guest and its job keywords, ``manifest`` a ``MapSpec`` (its manifest and run folder) or the
+    manifest. ``run_dir``: the map's run folder, whose recorded items (a map
     run before) measure the speed first."""
-    items = read_manifest(manifest).items
+    if isinstance(manifest, MapSpec):  # the value form: the map's manifest and run folder
+        run_dir = run_dir if run_dir is not None else manifest.run_dir
+        items = manifest.manifest.items
+    else:
+        items = read_manifest(manifest).items
     if sample < 1:
         raise ValueError(f"sample must be at least 1, got {sample}")
     job = map_job(guest, job_keywords, "estimate_map")

@@ -103,6 +103,8 @@ class MapSpec:
                                              or max_total_tokens < 1):
             raise ValueError(f"--max-total-tokens (max_total_tokens=) must be a whole number of at least 1, got "
                              f"{max_total_tokens!r}")
+        if deterministic:
+            _check_deterministic(cluster, concurrency, chosen)
         if scorer is not None and not callable(scorer):
             scorer_of(scorer)  # an unknown name is a ScoringError here, before anything starts
         return cls(manifest=items, run_dir=str(Path(run_dir).absolute()), concurrency=check_concurrency(concurrency),
@@ -120,7 +122,7 @@ class MapSpec:
         folder (``withheld``) withheld from its grants; no scoring, budget or cascade of its own."""
         return self.replace(run_dir=str(Path(run_dir).absolute()), only=only, restart=restart, expected=None,
                             scorer=None, max_total_tokens=None, mixed_models=False, cascade=None,
-                            withhold=((withheld, "the cascade's run folder"),))
+                            withhold=(*self.withhold, (withheld, "the cascade's run folder")))
 
 
 def _cascade_spec(cascade: Any, *, cluster: Any, expected: Any, run_dir: str | os.PathLike, target: Any,
@@ -147,6 +149,19 @@ def _cascade_spec(cascade: Any, *, cluster: Any, expected: Any, run_dir: str | o
             raise ValueError(f"--cascade: {str(e).removeprefix('--model ').removeprefix('--model: ')}") from None
     return CascadeSpec(oracle=ref, oracle_backend=backend, target=target, delta=delta, fields=fields, score=score,
                        sample=cascade_sample, against=against)
+
+
+def _check_deterministic(cluster: Any, concurrency: Any, cascade: CascadeSpec | None) -> None:
+    """What cannot go with a deterministic map (``fanout.start.deterministic_job``; its own model, a served one,
+    is refused there, where the job's model is known), refused before anything runs."""
+    if cluster is not None:
+        raise ValueError("a deterministic map runs one item at a time in this process, not on a cluster")
+    if concurrency not in (None, AUTO, 1):
+        raise ValueError(f"a deterministic map runs one item at a time; concurrency={concurrency!r} cannot go "
+                         f"with it")
+    if cascade is not None and cascade.oracle is not None and cascade.oracle.served:
+        raise ValueError("a deterministic map needs a local model: a served oracle (--cascade URL) batches requests "
+                         "as its server decides")
 
 
 def _check_sample(cascade: CascadeSpec, items: int) -> None:

@@ -138,7 +138,7 @@ def start_resolved(job: JobSpec, spec: MapSpec, backend: Any = None) -> MapRun:
                          manifest_sha256=items.sha256)
     pinned = None
     if spec.deterministic:
-        job, concurrency, pinned = deterministic_job(job, concurrency, spec.cluster)
+        job, concurrency, pinned = deterministic_job(job)
     item, instance = item_spec(job, backend, Path(spec.run_dir) / JOBS, run_dir=spec.run_dir, withhold=spec.withhold)
     notes = withheld_notes(item.job.read)
     folder = MapFolder(spec.run_dir, fsync=spec.fsync)
@@ -197,14 +197,9 @@ def deterministic_threads(model: Any) -> int:
     return threads_setting() or physical_cores()
 
 
-def deterministic_job(job: JobSpec, concurrency: Any, cluster: Any) -> tuple[JobSpec, int, dict]:
+def deterministic_job(job: JobSpec) -> tuple[JobSpec, int, dict]:
     """A map's job made deterministic (see ``start_map``): the job, its concurrency (1) and what the ledger
-    records of it; ``ValueError`` for what cannot go with it."""
-    if cluster is not None:
-        raise ValueError("a deterministic map runs one item at a time in this process, not on a cluster")
-    if concurrency not in (None, AUTO, 1):
-        raise ValueError(f"a deterministic map runs one item at a time; concurrency={concurrency!r} cannot go "
-                         f"with it")
+    records of it; ``ValueError`` for a served model (what else cannot go with it, ``MapSpec.of`` refused)."""
     model = job.model
     if getattr(model, "kind", None) == URL:
         raise ValueError("a deterministic map needs a local model: a served model batches requests as its "
@@ -244,7 +239,7 @@ def map_job(guest: Any, keywords: dict, where: str) -> JobSpec:
 
 def item_spec(job: JobSpec, backend: Any, runs_dir: Path, *, run_dir: str | os.PathLike | None = None,
               withhold: Sequence[tuple[str, str]] = ()) -> tuple[ItemSpec, Backend | None]:
-    """What every item of a map of ``job`` shares (its grants made absolute, its ``cwd`` and ``runs_dir``
+    """What every item of a map of ``job`` shares (its grants absolute and there, its ``cwd`` and ``runs_dir``
     set, and the map's folders withheld from its grants: ``withheld_folders``, with ``withhold``'s (path, what)
     besides: a cascade's oracle map withholds the cascade's run folder), and the backend instance given, if one
     was (else its factory goes into the spec)."""
@@ -253,7 +248,10 @@ def item_spec(job: JobSpec, backend: Any, runs_dir: Path, *, run_dir: str | os.P
     for p in job.read:
         if isinstance(p, Withheld):  # a template made by item_spec before: withheld anew below
             continue
-        grants.append(os.path.abspath(os.path.join(cwd, os.fspath(p))))  # checked where the spec was made
+        path = os.path.abspath(os.path.join(cwd, os.fspath(p)))
+        if not os.path.exists(path):  # a spec built as a value, not through a door: before any item runs
+            raise FileNotFoundError(f"read grant not found: {p}")
+        grants.append(path)
     is_instance = not isinstance(backend, type) and hasattr(backend, "generate_stream")
     instance = backend if backend is not None and is_instance else None
     factory = backend if backend is not None and instance is None else None

@@ -306,10 +306,7 @@ class JobOptions:
             raise OptionError(f"{flag} {value}: must be {rule}")
         if not 0 <= self.seed < 2**32:
             raise OptionError(f"--seed {self.seed}: must be 0 to 4294967295")
-        for spec, (path, _scale) in zip(self.lora, self.loras().values()):
-            if local_model and not os.path.isfile(path):
-                raise OptionError(f"--lora {spec}: adapter file not found")
-        self._fetch
+        self._fetch  # --fetch parsed here, once (the adapters' files: ``ModelRef.check`` above)
         return self
 
     def input_bytes(self) -> bytes:

@@ -37,7 +37,7 @@ def start_map(spec: JobSpec, map_spec: tj.MapSpec) -> tj.MapRun:
 def estimate_map(spec: JobSpec, map_spec: tj.MapSpec) -> tj.MapEstimate:
     """``--estimate``: what the map would cost; a problem is one ``OptionError`` line."""
     with _one_line():
-        return tj.estimate_map(spec, map_spec.manifest, run_dir=map_spec.run_dir)
+        return tj.estimate_map(spec, map_spec)
 
 
 def replay_job(guest: GuestSource, run: Any, overrides: Overrides, *, live: bool, recorded_grants: bool,

@@ -45,6 +45,7 @@ from tensorjob_jupyter.host.spec import Overrides
 from tensorjob_jupyter.sandbox.compile import GuestSource
 from tensorjob_jupyter.host.waiting import wait_or_cancel
 from tensorjob_jupyter.host.reactor import internal_error
+from tensorjob_jupyter.inference.base import ModelError
 from tensorjob_jupyter.inference.providers import ModelRef
 from tensorjob_jupyter.inference.topology import available_cpus
 from tensorjob_jupyter.text import clip, for_terminal
@@ -426,7 +427,10 @@ def start_map_replay(run_dir: "MapReplaySpec | str | os.PathLike | MapResult", g
     if model is not None:
         if overrides.model is not None:
             raise ValueError("name the model once: model= or overrides.model")
-        overrides = overrides.replace(model=Overrides.of(model=model).model)  # the keyword form's, read once
+        try:
+            overrides = overrides.replace(model=Overrides.of(model=model).model)  # the keyword form's, read once
+        except ModelError as e:
+            raise ReplayError(f"--model: {e}") from None
     live, concurrency = spec.live, spec.concurrency
     recorded = RecordedMap(spec.run_dir)
     target = Path(spec.out).absolute() if spec.out is not None else recorded.path / REPLAY_DIR

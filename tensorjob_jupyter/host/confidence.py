@@ -21,7 +21,8 @@ from typing import Any, Sequence
 from tensorjob_jupyter.host.fields import MAX_FIELDS, Scalar, field_path, result_fields
 from tensorjob_jupyter.inference.logprobs import TokenLogprob
 
-__all__ = ["CONFIDENT_KINDS", "MAX_SCHEMA_HOPS", "json_leaves", "answer_confidence", "FieldConfidence", "leaves_json"]
+__all__ = ["CONFIDENT_KINDS", "MAX_SCHEMA_HOPS", "json_leaves", "answer_confidence", "answer_margins", "FieldConfidence",
+           "leaves_json"]
 
 #: The infer kinds (``host.structured.OutputSpec.kind``) whose answers have fields.
 CONFIDENT_KINDS = frozenset({"json", "choices", "regex"})
@@ -224,6 +225,32 @@ def answer_confidence(text: str, records: Sequence[TokenLogprob], kind: str,
             continue
         choice = isinstance(value, bool) or _is_choice(schema, parts)
         out[parts] = (value, _chosen(records, tokens) if choice else _spelled(records, tokens))
+    return out
+
+
+def answer_margins(text: str, records: Sequence[TokenLogprob],
+                   kind: str) -> dict[tuple, tuple[Scalar, float | None]] | None:
+    """``answer_confidence``'s leaves with another measure: each leaf's margin at its deciding token -- the
+    chosen token's probability against its runner-up's, ``p / (p + q)``, at the least sure token of its span --
+    for every leaf, strings and numbers too (``answer_confidence`` gives those the probability of their whole
+    spelling). Never under that spelling's probability: ``q`` is at most ``1 - p``. A measure to compare
+    (``bench/bench_cascade.py``); None where ``answer_confidence`` would be."""
+    if kind not in CONFIDENT_KINDS or not records:
+        return None
+    data = text.encode("utf-8", "surrogatepass")
+    ends = _token_spans(records)
+    if ends[-1] < len(data) or b"".join(r.token for r in records)[:len(data)] != data:
+        return None
+    if kind != "json":
+        return {(): (text, _chosen(records, _span_tokens(ends, 0, len(data))))}
+    leaves = json_leaves(text)
+    if leaves is None:
+        return None
+    offsets = _byte_offsets(text)
+    out: dict[tuple, tuple[Scalar, float | None]] = {}
+    for parts, value, start, end in leaves:
+        tokens = _span_tokens(ends, offsets[start], offsets[end])
+        out[parts] = (value, _null_chosen(records, tokens) if value is None else _chosen(records, tokens))
     return out
 
 

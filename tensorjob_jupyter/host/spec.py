@@ -69,8 +69,8 @@ class JobSpec:
     guest: GuestSource
     #: the job input: a JSON value (checked when the job is made)
     input: Any = None
-    #: paths the guest may read (files or folders): absolute from ``JobSpec.of`` and the front ends; a relative one
-    #: is relative to ``cwd``
+    #: paths the guest may read (files or folders): absolute from ``JobSpec.of`` and the front ends (so a later
+    #: ``replace(cwd=...)`` does not move them); a relative one given here is relative to ``cwd``
     read: tuple[str, ...] = ()
     #: the http(s) URL prefixes the guest may fetch, parsed once (prefixes given here are parsed when the spec is made)
     fetch: FetchGrants = field(default_factory=FetchGrants)
@@ -128,6 +128,8 @@ class JobSpec:
         paths: list[str] = []
         for entry in read:  # checked here, once, and made absolute: nothing below resolves them again
             given = os.fspath(entry)
+            if not given or "\0" in given:
+                raise ValueError(f"read grant {given!r}: a path (neither empty nor holding a NUL)")
             path = os.path.abspath(os.path.join(base, given))
             if not os.path.exists(path):
                 raise FileNotFoundError(f"read grant not found: {given}")

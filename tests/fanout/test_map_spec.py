@@ -60,6 +60,34 @@ def test_a_map_spec_is_checked_when_built_and_holds_its_values_resolved(tmp_path
     assert not (tmp_path / "run").exists()  # nothing started
 
 
+def test_what_cannot_go_with_a_deterministic_map_is_refused_when_the_spec_is_built(tmp_path):
+    manifest = write_manifest(tmp_path / "m.jsonl", MIXED)
+    for keywords, says in [(dict(cluster="tcp://127.0.0.1:1"), "not on a cluster"),
+                           (dict(concurrency=4), "concurrency=4 cannot go with it"),
+                           (dict(cascade="http://127.0.0.1:1/v1"), "a served oracle")]:
+        with pytest.raises(ValueError, match=says):
+            MapSpec.of(manifest, tmp_path / "run", deterministic=True, **keywords)
+    assert MapSpec.of(manifest, tmp_path / "run", deterministic=True, concurrency=1).deterministic
+
+
+def test_a_spec_built_as_a_value_is_still_checked_before_a_map_starts(guest, tmp_path):
+    manifest = write_manifest(tmp_path / "m.jsonl", MIXED)
+    spec = tj.JobSpec(guest=tj.JobSpec.of(guest).guest, read=("no-such-folder",), cwd=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="read grant not found: no-such-folder"):
+        tj.start_map(spec, MapSpec.of(manifest, tmp_path / "run"), backend=ScriptedBackend("a"))
+    assert not (tmp_path / "run").exists()
+    for bad in ("", "a\0b"):
+        with pytest.raises(ValueError, match="read grant"):
+            tj.JobSpec.of(guest, read=[bad])  # "" would otherwise be the whole working folder
+
+
+def test_an_estimate_takes_the_map_spec_too(guest, tmp_path):
+    manifest = write_manifest(tmp_path / "m.jsonl", [{"cmd": "done", "result": 1}] * 3)
+    estimate = tj.estimate_map(tj.JobSpec.of(guest), MapSpec.of(manifest, tmp_path / "run"),
+                               backend=ScriptedBackend("a"))
+    assert estimate.items == 3
+
+
 def test_the_two_forms_do_not_mix(guest, tmp_path):
     manifest = write_manifest(tmp_path / "m.jsonl", MIXED)
     map_spec = MapSpec.of(manifest, tmp_path / "run")
@@ -74,11 +102,13 @@ def test_the_two_forms_do_not_mix(guest, tmp_path):
 def test_a_cascades_oracle_map_is_the_same_spec_with_its_own_folder_and_items(tmp_path):
     manifest = write_manifest(tmp_path / "m.jsonl", MIXED)
     spec = MapSpec.of(manifest, tmp_path / "run", concurrency=2, expected=[None] * 5, scorer="exact",
-                      max_total_tokens=50, cascade=ModelRef(), target=0.8, delta=0.2)
+                      max_total_tokens=50, cascade=ModelRef(), target=0.8, delta=0.2,
+                      withhold=[(str(tmp_path / "secret"), "a folder of the caller's")])
     oracle = spec.oracle(tmp_path / "run" / "oracle", frozenset({1, 3}), restart=True, withheld=spec.run_dir)
     assert oracle.manifest is spec.manifest and oracle.concurrency == 2 and oracle.only == {1, 3}
     assert (oracle.cascade, oracle.expected, oracle.scorer, oracle.max_total_tokens) == (None, None, None, None)
-    assert oracle.withhold == ((spec.run_dir, "the cascade's run folder"),) and oracle.restart
+    assert oracle.withhold == ((str(tmp_path / "secret"), "a folder of the caller's"),
+                               (spec.run_dir, "the cascade's run folder")) and oracle.restart
     assert spec.cascade is not None and (spec.cascade.target, spec.cascade.delta) == (0.8, 0.2)
 
 

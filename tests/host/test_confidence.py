@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import tensorjob_jupyter as tj
 from tensorjob_jupyter.abi import event_types
 from tensorjob_jupyter.history.replay import replay
-from tensorjob_jupyter.host.confidence import FieldConfidence, answer_confidence, json_leaves
+from tensorjob_jupyter.host.confidence import FieldConfidence, answer_confidence, answer_margins, json_leaves
 from tensorjob_jupyter.host.fields import field_path, result_fields
 from tensorjob_jupyter.inference.logprobs import (
     MAX_TOKEN_BYTES, MIN_LOGPROB, TokenLogprob, TokenText, TopLogprob, clamp_logprob, openai_logprobs, penalised,
@@ -283,6 +283,38 @@ def test_any_json_answer_split_anywhere_gives_confidences_in_0_1(value, data):
     folded.add(leaves)
     confidence = folded.of(value)
     assert confidence is None or set(confidence) == {path for path, _ in result_fields(value)}
+
+
+def test_a_leaf_s_margin_is_its_deciding_token_against_the_runner_up():
+    pieces = ['{"', 'name', '":', ' "', 'Ada', ' Love', 'lace', '",', ' "n', '":', ' 4', '2', '}']
+    lps = [0.0, 0.0, 0.0, 0.0, math.log(0.9), math.log(0.5), math.log(0.8), 0.0, 0.0, 0.0, math.log(0.7), 0.0, 0.0]
+    runner = [None, None, None, None, math.log(0.05), math.log(0.4), math.log(0.1), None, None, None, None, None,
+              None]
+    margins = answer_margins("".join(pieces), records_for(pieces, lps, runner), "json")
+    assert margins[("name",)] == ("Ada Lovelace", pytest.approx(0.5 / (0.5 + 0.4)))  # ' Love': its least sure token
+    assert margins[("n",)] == (42, 1.0)  # ' 4' had no other token the distribution allowed
+    assert answer_margins('{"a": 1}', records_for(['{"a": 2}'], [-0.1]), "json") is None
+
+
+@given(json_values, st.data())
+def test_a_leaf_s_margin_is_never_under_the_probability_of_its_spelling(value, data):
+    text = json.dumps(value, ensure_ascii=False)
+    raw = text.encode("utf-8")
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(raw) - 1)), max_size=10))))
+    bounds = [0, *[c for c in cuts if c < len(raw)], len(raw)]
+    records = []
+    for a, b in zip(bounds, bounds[1:]):
+        lp = data.draw(st.floats(-30.0, 0.0))
+        room = 1.0 - math.exp(lp)  # what the other tokens may hold between them
+        runner = (math.log(room * data.draw(st.floats(1e-6, 1.0))) if room > 1e-9 and data.draw(st.booleans())
+                  else None)
+        records.append(TokenLogprob(raw[a:b], lp, runner))
+    spelled, margins = answer_confidence(text, records, "json"), answer_margins(text, records, "json")
+    assert spelled is not None and margins is not None and set(margins) == set(spelled)
+    for parts, (leaf, margin) in margins.items():
+        assert margin is not None and 0.0 <= margin <= 1.0
+        score = spelled[parts][1]
+        assert score is not None and margin >= score - 1e-9, (parts, leaf, margin, score)
 
 
 def test_a_result_field_takes_the_confidence_of_the_answer_leaf_it_came_from():
