@@ -103,11 +103,12 @@ class MapSpec:
                                              or max_total_tokens < 1):
             raise ValueError(f"--max-total-tokens (max_total_tokens=) must be a whole number of at least 1, got "
                              f"{max_total_tokens!r}")
+        width = check_concurrency(concurrency)
         if deterministic:
-            _check_deterministic(cluster, concurrency, chosen)
+            _check_deterministic(cluster, width, chosen)
         if scorer is not None and not callable(scorer):
             scorer_of(scorer)  # an unknown name is a ScoringError here, before anything starts
-        return cls(manifest=items, run_dir=str(Path(run_dir).absolute()), concurrency=check_concurrency(concurrency),
+        return cls(manifest=items, run_dir=str(Path(run_dir).absolute()), concurrency=width,
                    cluster=cluster, retry_failed=bool(retry_failed), restart=bool(restart), retries=int(retries),
                    fsync=bool(fsync), expected=expected, scorer=scorer, max_total_tokens=max_total_tokens,
                    deterministic=bool(deterministic), mixed_models=bool(mixed_models), cascade=chosen,
@@ -156,7 +157,7 @@ def _check_deterministic(cluster: Any, concurrency: Any, cascade: CascadeSpec | 
     is refused there, where the job's model is known), refused before anything runs."""
     if cluster is not None:
         raise ValueError("a deterministic map runs one item at a time in this process, not on a cluster")
-    if concurrency not in (None, AUTO, 1):
+    if concurrency not in (AUTO, 1):
         raise ValueError(f"a deterministic map runs one item at a time; concurrency={concurrency!r} cannot go "
                          f"with it")
     if cascade is not None and cascade.oracle is not None and cascade.oracle.served:
