@@ -140,3 +140,19 @@ def test_every_folder_says_what_it_owns_and_may_import():
     for init in folders:
         doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
         assert "Owns:" in doc and "May import:" in doc, init
+
+
+#: Where a model reference may be read from text: the provider table, the command-line doors, and the Python API's
+#: keyword forms (the doors a caller of ``tj`` uses); everything below takes the ``ModelRef`` as it is.
+MODEL_DOORS = {"inference/providers.py", "frontends/options.py", "frontends/serve_cli.py", "host/spec.py",
+               "fanout/map_spec.py"}
+
+
+def test_a_model_reference_is_read_from_text_only_at_a_door():
+    readers = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Attribute) and node.attr == "parse" and isinstance(node.value, ast.Name)
+                    and node.value.id == "ModelRef"):
+                readers.add(path.relative_to(PACKAGE).as_posix())
+    assert readers and readers <= MODEL_DOORS, sorted(readers - MODEL_DOORS)
