@@ -3,7 +3,8 @@
 A step carries each running generation's next token and the next chunk of every prompt being read, so a
 request that starts mid-batch never makes long answers wait a whole prompt. ``PromptRates`` sizes the chunks
 from what steps have cost (a step within ``PROMPT_STEP_RATIO`` of the running step alone) -- or reads the prompts
-whole where a running answer is short or nearly done (``whole``: what earlier answers made), ``share``
+whole where a running answer is short or nearly done, or answers are so long that starts are rare (``whole``),
+``share``
 splits them among the prompts being read, and ``fill_batch`` lays the step out in slot order, the order in
 which llama.cpp computes a batch over separate KV streams in the fewest passes. Apart from the decode step
 because it is arithmetic over measurements and token lists: it can be read, and tested, without a model.
@@ -35,6 +36,10 @@ PROMPT_MIN_TOKENS = 1
 #: The fewest tokens of a prompt read with nothing else running that measure what a prompt token costs read alone
 #: (the fixed part of its micro-batch a small share of it).
 LONE_MIN_TOKENS = 32
+#: Where answers are long enough that a slot frees only once in this many steps (the mean answer over the running
+#: sequences), prompts are read whole: one longer step in so many stays out of the running answers' 95th-percentile
+#: gap, and the new sequence starts answering at once instead of after its chunk steps.
+WHOLE_RARE_STEPS = 25
 #: How much of each new measurement the rates take (an exponential average: one slow step moves them little).
 RATE_WEIGHT = 0.2
 
@@ -92,12 +97,19 @@ class PromptRates:
         to have ``left`` (``expected_left``): short answers, or an answer near its end. Chunks would then spread the
         prompts over steps each paying its micro-batch's pass over the weights, and the new sequences' first tokens
         would come after a slot had freed anyway; read whole, they start that many steps sooner, and the running
-        ones wait one longer step for it. While every running answer is long, chunks (and smooth gaps) stay. Never
-        more than the batch's room."""
+        ones wait one longer step for it. Whole too where answers are so long that starts are rare
+        (``starts_rare``): the longer step is then one gap in ``WHOLE_RARE_STEPS`` or more, under the gaps' 95th
+        percentile. Otherwise, while every running answer is long, chunks (and smooth gaps) stay. Never more than
+        the batch's room."""
         room = max(0, self.n_batch - running)
         if not running or need <= budget or need > room:
             return budget
-        return need if math.ceil(need / max(1, budget)) >= left else budget
+        return need if math.ceil(need / max(1, budget)) >= left or self.starts_rare(running) else budget
+
+    def starts_rare(self, running: int) -> bool:
+        """Whether a slot frees so seldom -- the mean answer (``answer_tokens``) over the ``running`` sequences is at
+        least ``WHOLE_RARE_STEPS`` steps -- that a whole read's longer step is one gap in that many."""
+        return self.answer_tokens is not None and self.answer_tokens / max(1, running) >= WHOLE_RARE_STEPS
 
     def expected_left(self, limit: int, produced: int) -> int:
         """The tokens a running generation allowed ``limit`` and ``produced`` so far is still expected to make: up

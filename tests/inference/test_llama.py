@@ -507,6 +507,12 @@ def test_prompts_are_read_whole_where_the_running_answers_end_before_chunks_woul
     assert rates.whole(16, running=3, need=12, left=1) == 16  # the budget covers it already
     assert rates.whole(16, running=450, need=100, left=1) == 16  # more than the batch has room for: chunks
     assert rates.whole(512, running=0, need=300, left=1) == 512  # none running: the budget is all the batch
+    long = PromptRates(512)
+    for tokens in (120, 130, 110):  # long answers: with 4 running a slot frees about once in 30 steps
+        long.answered(tokens)
+    assert long.starts_rare(4) and not long.starts_rare(5) and not rates.starts_rare(2)  # 28-token answers, 2 running
+    assert long.whole(16, running=4, need=300, left=90) == 300  # one longer step in ~30: read whole
+    assert long.whole(16, running=5, need=300, left=90) == 16  # starts one in ~24 steps: chunks, smooth gaps
 
 
 def test_an_engine_s_prompt_rates_hold_its_batch(tiny):
