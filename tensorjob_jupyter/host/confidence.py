@@ -12,7 +12,6 @@ Design: docs/internals/host.md#confidencepy
 from __future__ import annotations
 
 import bisect
-import json
 import math
 import re
 from json.decoder import scanstring  # type: ignore[attr-defined]  # in the module, not in typeshed's stub
@@ -21,8 +20,8 @@ from typing import Any, Sequence
 from tensorjob_jupyter.host.fields import MAX_FIELDS, Scalar, field_path, result_fields
 from tensorjob_jupyter.inference.logprobs import TokenLogprob
 
-__all__ = ["CONFIDENT_KINDS", "MAX_SCHEMA_HOPS", "json_leaves", "answer_confidence", "answer_margins", "FieldConfidence",
-           "leaves_json"]
+__all__ = ["CONFIDENT_KINDS", "MAX_SCHEMA_HOPS", "json_leaves", "answer_confidence", "answer_margins",
+           "FieldConfidence", "leaves_json"]
 
 #: The infer kinds (``host.structured.OutputSpec.kind``) whose answers have fields.
 CONFIDENT_KINDS = frozenset({"json", "choices", "regex"})
@@ -198,11 +197,10 @@ def _against(gap: float) -> float:
     return 1.0 / (1.0 + math.exp(-gap)) if gap >= 0 else math.exp(gap) / (1.0 + math.exp(gap))
 
 
-def answer_confidence(text: str, records: Sequence[TokenLogprob], kind: str,
-                      schema: Any = None) -> dict[tuple, tuple[Scalar, float | None]] | None:
-    """``{path parts: (value, confidence)}`` for each leaf of an answer of ``kind`` (``CONFIDENT_KINDS``;
-    ``schema``: a JSON answer's schema, for its enums), from its tokens' ``records``; None when the answer has
-    no fields, no records, or records that do not spell ``text``."""
+def _leaf_tokens(text: str, records: Sequence[TokenLogprob], kind: str) -> list[tuple[tuple, Scalar, range]] | None:
+    """Each leaf of an answer of ``kind`` with the tokens that spell it: a JSON answer's scalar leaves
+    (``json_leaves``), another kind's whole text (at ``()``); None when the answer has no fields, no records, or
+    records that do not spell ``text``."""
     if kind not in CONFIDENT_KINDS or not records:
         return None
     data = text.encode("utf-8", "surrogatepass")
@@ -210,21 +208,33 @@ def answer_confidence(text: str, records: Sequence[TokenLogprob], kind: str,
     if ends[-1] < len(data) or b"".join(r.token for r in records)[:len(data)] != data:
         return None  # the tokens do not spell the answer: nothing to lay them over
     if kind != "json":
-        whole = _span_tokens(ends, 0, len(data))
-        score = _chosen(records, whole) if kind == "choices" else _spelled(records, whole)
-        return {(): (text, score)}
+        return [((), text, _span_tokens(ends, 0, len(data)))]
     leaves = json_leaves(text)
     if leaves is None:
         return None
     offsets = _byte_offsets(text)
+    return [(parts, value, _span_tokens(ends, offsets[start], offsets[end])) for parts, value, start, end in leaves]
+
+
+def answer_confidence(text: str, records: Sequence[TokenLogprob], kind: str,
+                      schema: Any = None) -> dict[tuple, tuple[Scalar, float | None]] | None:
+    """``{path parts: (value, confidence)}`` for each leaf of an answer of ``kind`` (``CONFIDENT_KINDS``;
+    ``schema``: a JSON answer's schema, for its enums), from its tokens' ``records``; None when the answer has
+    no fields, no records, or records that do not spell ``text``."""
+    leaves = _leaf_tokens(text, records, kind)
+    if leaves is None:
+        return None
     out: dict[tuple, tuple[Scalar, float | None]] = {}
-    for parts, value, start, end in leaves:
-        tokens = _span_tokens(ends, offsets[start], offsets[end])
-        if value is None:  # a null: the model chose to give no value, measured against giving one
-            out[parts] = (value, _null_chosen(records, tokens))
-            continue
-        choice = isinstance(value, bool) or _is_choice(schema, parts)
-        out[parts] = (value, _chosen(records, tokens) if choice else _spelled(records, tokens))
+    for parts, value, tokens in leaves:
+        if kind != "json":
+            score = _chosen(records, tokens) if kind == "choices" else _spelled(records, tokens)
+        elif value is None:  # a null: the model chose to give no value, measured against giving one
+            score = _null_chosen(records, tokens)
+        elif isinstance(value, bool) or _is_choice(schema, parts):
+            score = _chosen(records, tokens)
+        else:
+            score = _spelled(records, tokens)
+        out[parts] = (value, score)
     return out
 
 
@@ -235,23 +245,11 @@ def answer_margins(text: str, records: Sequence[TokenLogprob],
     for every leaf, strings and numbers too (``answer_confidence`` gives those the probability of their whole
     spelling). Never under that spelling's probability: ``q`` is at most ``1 - p``. A measure to compare
     (``bench/bench_cascade.py``); None where ``answer_confidence`` would be."""
-    if kind not in CONFIDENT_KINDS or not records:
-        return None
-    data = text.encode("utf-8", "surrogatepass")
-    ends = _token_spans(records)
-    if ends[-1] < len(data) or b"".join(r.token for r in records)[:len(data)] != data:
-        return None
-    if kind != "json":
-        return {(): (text, _chosen(records, _span_tokens(ends, 0, len(data))))}
-    leaves = json_leaves(text)
+    leaves = _leaf_tokens(text, records, kind)
     if leaves is None:
         return None
-    offsets = _byte_offsets(text)
-    out: dict[tuple, tuple[Scalar, float | None]] = {}
-    for parts, value, start, end in leaves:
-        tokens = _span_tokens(ends, offsets[start], offsets[end])
-        out[parts] = (value, _null_chosen(records, tokens) if value is None else _chosen(records, tokens))
-    return out
+    return {parts: (value, _null_chosen(records, tokens) if value is None and kind == "json"
+                    else _chosen(records, tokens)) for parts, value, tokens in leaves}
 
 
 def _is_choice(schema: Any, parts: tuple) -> bool:

@@ -267,14 +267,19 @@ def test_tokens_that_do_not_spell_the_answer_give_no_confidence():
     assert answer_confidence("free text", records_for(["free text"], [-0.1]), "text") is None
 
 
-@given(json_values, st.data())
-def test_any_json_answer_split_anywhere_gives_confidences_in_0_1(value, data):
-    text = json.dumps(value, ensure_ascii=False)
+def cut_anywhere(text: str, data) -> list[bytes]:
+    """``text``'s UTF-8 bytes cut at up to ten places Hypothesis draws (a token may end inside a character)."""
     raw = text.encode("utf-8")
     cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(raw) - 1)), max_size=10))))
     bounds = [0, *[c for c in cuts if c < len(raw)], len(raw)]
-    records = [TokenLogprob(raw[a:b], data.draw(st.floats(MIN_LOGPROB, 0.0)),
-                            data.draw(st.none() | st.floats(MIN_LOGPROB, 0.0))) for a, b in zip(bounds, bounds[1:])]
+    return [raw[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+@given(json_values, st.data())
+def test_any_json_answer_split_anywhere_gives_confidences_in_0_1(value, data):
+    text = json.dumps(value, ensure_ascii=False)
+    records = [TokenLogprob(piece, data.draw(st.floats(MIN_LOGPROB, 0.0)),
+                            data.draw(st.none() | st.floats(MIN_LOGPROB, 0.0))) for piece in cut_anywhere(text, data)]
     leaves = answer_confidence(text, records, "json")
     assert leaves is not None
     for _, score in leaves.values():
@@ -299,16 +304,13 @@ def test_a_leaf_s_margin_is_its_deciding_token_against_the_runner_up():
 @given(json_values, st.data())
 def test_a_leaf_s_margin_is_never_under_the_probability_of_its_spelling(value, data):
     text = json.dumps(value, ensure_ascii=False)
-    raw = text.encode("utf-8")
-    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(raw) - 1)), max_size=10))))
-    bounds = [0, *[c for c in cuts if c < len(raw)], len(raw)]
     records = []
-    for a, b in zip(bounds, bounds[1:]):
+    for piece in cut_anywhere(text, data):
         lp = data.draw(st.floats(-30.0, 0.0))
         room = 1.0 - math.exp(lp)  # what the other tokens may hold between them
         runner = (math.log(room * data.draw(st.floats(1e-6, 1.0))) if room > 1e-9 and data.draw(st.booleans())
                   else None)
-        records.append(TokenLogprob(raw[a:b], lp, runner))
+        records.append(TokenLogprob(piece, lp, runner))
     spelled, margins = answer_confidence(text, records, "json"), answer_margins(text, records, "json")
     assert spelled is not None and margins is not None and set(margins) == set(spelled)
     for parts, (leaf, margin) in margins.items():
