@@ -9,7 +9,8 @@ running jobs are cancelled before the pool waits for them.
 
 from __future__ import annotations
 
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+import queue
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterable
 
 from tensorjob_jupyter.inference.base import Backend
@@ -39,18 +40,20 @@ class LocalExecutor:
         def cancelled() -> bool:
             return sink.cancelled
 
+        ended: queue.SimpleQueue[Future] = queue.SimpleQueue()  # each item's future as it ends, in that order
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="tensorjob-map-item") as pool:
-            in_flight: set = set()
+            in_flight = 0
             try:
                 for index, item in todo:
-                    if len(in_flight) >= self.concurrency:
-                        in_flight = _report_some(in_flight, sink)
+                    if in_flight >= self.concurrency:
+                        in_flight -= _report_some(ended, sink)
                     if sink.cancelled:
                         break
                     sink.started(index)
-                    in_flight.add(pool.submit(self.run_item, index, item, cancelled))
+                    pool.submit(self.run_item, index, item, cancelled).add_done_callback(ended.put)
+                    in_flight += 1
                 while in_flight:
-                    in_flight = _report_some(in_flight, sink)
+                    in_flight -= _report_some(ended, sink)
             except BaseException:
                 sink.cancel()  # end the running jobs before the pool waits for them
                 raise
@@ -61,12 +64,14 @@ class LocalExecutor:
         return run_item(self.spec, self.backend, index, item, cancelled, running=self.running)
 
 
-def _report_some(in_flight: set, sink: MapRun) -> set:
-    """Wait for at least one item to finish and report it; the rest stay in flight."""
-    finished, pending = wait(in_flight, return_when=FIRST_COMPLETED)
+def _report_some(ended: "queue.SimpleQueue[Future]", sink: MapRun) -> int:
+    """Wait for at least one item to end and report it, with any others that have ended; how many."""
+    finished = [ended.get()]
+    while not ended.empty():
+        finished.append(ended.get())
     for fut in finished:
         sink.finished(fut.result())
-    return pending
+    return len(finished)
 
 
 __all__ = ["LocalExecutor"]

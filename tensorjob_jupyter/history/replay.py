@@ -338,7 +338,8 @@ class RecordedWorld:
                    already: list[str]) -> abi.Event:
         """The rest of an answer from the model, past the pieces ``already`` judged from the recording."""
         assert self.divergence is not None, "_more_than_recorded records the divergence first"
-        source = ModelTokens(job.model_backend(), plan.request, job.cancel, response)
+        assert job.guest is not None, "an infer comes from the running guest"
+        source = ModelTokens(job.model_backend(), plan.request, job.cancel, response, judged=job.guest.judges_tokens)
         try:
             delivery = job.token_loop(response, router.delta).run(source, already=already)
         except PrefixMismatch as e:

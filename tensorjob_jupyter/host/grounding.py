@@ -487,13 +487,15 @@ def locate(result: Any, segments: Sequence[Segment], *, first: Iterable[str] = (
     _then(looks, searched, lambda i: looks[i].pattern is not None, _normalised, segments, work, bounds)
     _then(looks, searched, lambda i: looks[i].fuzzy, _fuzzy, segments, work, bounds)
     found: dict[int, list[dict]] = {}
-    names = FieldNames(path for path, _ in fields)
+    names: FieldNames | None = None  # built once a field has sources to place (none has where nothing was read)
     size = 2  # {}
     for i in range(len(fields)):
         sources = searched.get(i)
         if sources is None:
             continue
-        sources = _placed(fields[i][0], sources, names, bounds.max_sources)
+        if sources:
+            names = names or FieldNames(path for path, _ in fields)
+            sources = _placed(fields[i][0], sources, names, bounds.max_sources)
         size += len(abi.dumps({fields[i][0]: sources}).encode("utf-8")) - 1  # the entry and its comma
         if size > bounds.max_sources_bytes:
             break

@@ -75,6 +75,8 @@ def _without_runs_folder(grants: Grants, spec: JobSpec, runs: Path) -> Grants:
     """``grants`` less the runs folder where a grant covers it from above (``--read ~`` with ``~/.tensorjob/runs``):
     earlier jobs' transcripts hold their answers, which a guest must not read back as if it had found them. A
     runs folder granted itself (or a folder in it) stays readable: that is asked for."""
+    if not grants.grants:
+        return grants  # nothing granted: nothing to take away
     where = Path(os.path.realpath(runs))  # where the transcripts are written: the process's directory, as they are
     if not any(where.is_relative_to(root) and where != root for root in grants.roots):
         return grants

@@ -446,7 +446,8 @@ class Reactor:
         plan = self.plan_infer(cmd)
         response = self.open_response(cmd, plan, backend.model_name)
         router = OutputRouter(plan.spec, response)
-        source = ModelTokens(backend, plan.request, self.cancel, response)
+        assert self.guest is not None, "an infer comes from the running guest"
+        source = ModelTokens(backend, plan.request, self.cancel, response, judged=self.guest.judges_tokens)
         delivery = self.token_loop(response, router.delta).run(source)
         return self.answer_infer(plan, router, response, source.result(response, self.count_tokens), delivery)
 

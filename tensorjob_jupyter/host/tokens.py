@@ -67,17 +67,19 @@ class TokenSource(Protocol):
 class ModelTokens:
     """Pieces from the model: ``generate_stream`` on the worker thread, one piece of lookahead.
 
-    Raises ``JobFailure`` at once if the model does not accept the request.
-    ``result()`` is the model's answer once the source is exhausted.
+    ``judged``: whether the guest judges each piece (``cf_on_token``, a streamed Python infer); where it does
+    not, nothing it does can stop the answer, so the model runs free from the first piece instead of waiting for
+    the guest's thread between pieces (cancel and the deadline still stop it). Raises ``JobFailure`` at once if
+    the model does not accept the request. ``result()`` is the model's answer once the source is exhausted.
     """
 
     def __init__(self, backend: Backend, request: GenerateRequest, cancel: threading.Event,
-                 response: ResponseStream):
+                 response: ResponseStream, *, judged: bool = True):
         self._pieces: queue.SimpleQueue = queue.SimpleQueue()
         self._stop = threading.Event()
         self._cancel = cancel
         self._credit = threading.Lock()
-        self._free_running = False
+        self._free_running = not judged
         self._reserved = False  # ready() took the credit for the next piece
         self._late_since: float | None = None  # when ready() first found the guest late for the next piece
         self._took: list[bool] = []

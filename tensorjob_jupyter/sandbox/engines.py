@@ -6,7 +6,8 @@ What stays per guest is what the guarantees are made of: its own ``Store`` (inst
 fuel), deadline and cancel. Since an engine has one epoch counter, each store's deadline is the
 next tick and its callback decides whether it goes on (``EpochTicked``), so a cancel stops one
 guest within microseconds and leaves the others running. ``EpochClock`` is the one thread that
-ticks every engine with live guests.
+ticks every engine with live guests. ``engine_for`` gives a guest a pooled engine (``pooling``):
+its memory from slots reserved once, not a reservation mapped and unmapped for each guest.
 
 Design: docs/internals/sandbox.md#enginespy
 """
@@ -22,6 +23,7 @@ import math
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import wasmtime
@@ -88,6 +90,68 @@ def shared_engine(key: tuple, config: Callable[[], wasmtime.Config]) -> SharedEn
         if engine is None:
             engine = _ENGINES[key] = SharedEngine(config(), key)
         return engine
+
+
+# --- the pooling allocator ----------------------------------------------------------------------
+
+#: Guests one pooled engine holds at once; past ``POOL_GUESTS - POOL_MARGIN`` live, the next go to the on-demand
+#: engine of the same settings (the margin covers guests starting at the same moment).
+POOL_GUESTS = 200
+POOL_MARGIN = 32
+#: The most linear memory a pooled guest may have (the default ``Limits.memory_bytes``); a guest allowed more
+#: runs on the on-demand engine, so no limit is ever lowered by a slot's size.
+POOL_MEMORY_BYTES = 256 * 1024 * 1024
+#: Free slots kept warm (their memory's first ``PoolShape.keep_resident_bytes`` still mapped, zeroed for the next
+#: guest instead of faulted in again): a map's items at once reuse them; the rest are given back to the kernel.
+POOL_WARM_SLOTS = 4
+#: The most elements a pooled guest's table may hold (the stores' own limit).
+POOL_TABLE_ELEMENTS = 1_000_000
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    """What one guest of a kind holds at most -- core instances, memories and tables (a component holds several) --
+    the bytes of its memory a warm slot keeps mapped (what the kind touches on every start), and whether it is
+    a component."""
+
+    core_instances: int
+    memories: int
+    tables: int
+    keep_resident_bytes: int
+    component: bool = False
+
+
+def pooling(config: wasmtime.Config, shape: PoolShape) -> wasmtime.Config:
+    """``config`` with wasmtime's pooling instance allocator, sized for ``POOL_GUESTS`` guests of ``shape``:
+    instances, memories and tables come from slots reserved once (a memory's image mapped copy-on-write), and a
+    guest's end resets its slot instead of unmapping it -- the kernel work that was most of a short guest's cost."""
+    pool = ffi.wasmtime_pooling_allocation_config_new()
+    try:
+        ffi.wasmtime_pooling_allocation_config_total_core_instances_set(pool, POOL_GUESTS * shape.core_instances)
+        ffi.wasmtime_pooling_allocation_config_total_memories_set(pool, POOL_GUESTS * shape.memories)
+        ffi.wasmtime_pooling_allocation_config_total_tables_set(pool, POOL_GUESTS * shape.tables)
+        ffi.wasmtime_pooling_allocation_config_total_component_instances_set(
+            pool, POOL_GUESTS if shape.component else 0)
+        ffi.wasmtime_pooling_allocation_config_max_memory_size_set(pool, POOL_MEMORY_BYTES)
+        ffi.wasmtime_pooling_allocation_config_table_elements_set(pool, POOL_TABLE_ELEMENTS)
+        ffi.wasmtime_pooling_allocation_config_linear_memory_keep_resident_set(pool, shape.keep_resident_bytes)
+        ffi.wasmtime_pooling_allocation_config_max_unused_warm_slots_set(pool, POOL_WARM_SLOTS)
+        ffi.wasmtime_pooling_allocation_strategy_set(config.ptr(), pool)
+    finally:
+        ffi.wasmtime_pooling_allocation_config_delete(pool)
+    return config
+
+
+def engine_for(key: tuple, config: Callable[[], wasmtime.Config], shape: PoolShape, memory_bytes: int
+               ) -> tuple[SharedEngine, tuple]:
+    """The engine a guest of ``shape`` allowed ``memory_bytes`` starts on, and its key: the pooled one of these
+    settings while it has room and the guest fits a slot, else the on-demand one (``shared_engine``)."""
+    if memory_bytes <= POOL_MEMORY_BYTES:
+        pooled_key = (*key, "pooled")
+        pooled = shared_engine(pooled_key, lambda: pooling(config(), shape))
+        if pooled.live < POOL_GUESTS - POOL_MARGIN:
+            return pooled, pooled_key
+    return shared_engine(key, config), key
 
 
 def forget_prepared() -> None:

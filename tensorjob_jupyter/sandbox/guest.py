@@ -28,7 +28,9 @@ import wasmtime
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import JobFailure, codes
 from tensorjob_jupyter.limits import Limits
-from tensorjob_jupyter.sandbox.engines import TICK_S, EpochTicked, SharedEngine, forget_prepared, shared_engine
+from tensorjob_jupyter.sandbox.engines import (
+    TICK_S, EpochTicked, PoolShape, SharedEngine, engine_for, forget_prepared,
+)
 from tensorjob_jupyter.sandbox.wasmcall import HotCall
 
 WASM_MAGIC = b"\0asm"
@@ -147,10 +149,18 @@ def _engine_config(limits: Limits) -> tuple[wasmtime.Config, tuple]:
     return cfg, key
 
 
+#: What one module guest holds at most (``Store.set_limits`` below): one instance, one memory, four tables; its
+#: stack and data are the first megabyte it touches.
+_POOL_SHAPE = PoolShape(core_instances=1, memories=1, tables=4, keep_resident_bytes=1024 * 1024)
+
+
 def _shared_engine(limits: Limits) -> tuple[SharedEngine, tuple]:
-    """The engine every guest with these settings (fuel on or off, the stack size) shares, and its key."""
-    cfg, key = _engine_config(limits)
-    return shared_engine(("core", *key), lambda: cfg), key
+    """The engine a guest with these settings (fuel on or off, the stack size, its memory limit) starts on, and
+    the key its compiled modules are kept under (``engines.engine_for``)."""
+    key = _engine_config(limits)[1]
+    shared, engine_key = engine_for(("core", *key), lambda: _engine_config(limits)[0], _POOL_SHAPE,
+                                    limits.memory_bytes)
+    return shared, engine_key[1:]
 
 
 # --- module validation ---------------------------------------------------------------
@@ -429,6 +439,11 @@ class Guest(EpochTicked):
         data = event if isinstance(event, (bytes, bytearray)) else abi.encode_event(event)
         ptr, n = self.write(data)
         return self._read_command("cf_step", self._call("cf_step", self._step, ptr, n))
+
+    @property
+    def judges_tokens(self) -> bool:
+        """Whether ``on_token`` can stop an answer: the guest exports ``cf_on_token``."""
+        return self._on_token is not None
 
     def on_token(self, token: str) -> bool:
         """Offer one token; True means continue. Without the export, always True."""

@@ -1,6 +1,7 @@
 """The reactor end to end on real wasm: files, infer and tokens, the event stream, the transcript."""
 
 import json
+import threading
 import time
 
 
@@ -135,6 +136,36 @@ def test_a_stop_verdict_truncates_generation_and_is_not_an_error(monkeypatch):
     # The guest's stop ends the response as a stop sequence would: completed, with our finish_reason.
     done = next(e for e in job.events if e["type"] == "response.completed")
     assert done["finish_reason"] == "guest_stop" and done["response"]["incomplete_details"] is None
+
+
+def test_the_model_waits_for_a_guest_that_judges_tokens_and_never_for_one_that_cannot(monkeypatch):
+    """A guest with no say over the answer (no ``cf_on_token``) lets the model run free from its first piece; one
+    that judges each piece holds the model one piece ahead until its verdict."""
+    from concurrent.futures import Future
+
+    from tensorjob_jupyter.host import tokens
+
+    monkeypatch.setattr(tokens, "LOOKAHEAD_WAIT_S", 30.0)  # a wait for the guest: far longer than this test
+
+    class Model:  # generate_stream's pieces are offered by the test's own producer thread
+        def generate_stream(self, request, on_piece):
+            return Future()
+
+    def produce(source, pieces):
+        done = threading.Event()
+        threading.Thread(target=lambda: ([source(p) for p in pieces], done.set()), daemon=True).start()
+        return done
+
+    free = tokens.ModelTokens(Model(), None, threading.Event(), None, judged=False)
+    assert produce(free, "abcdef").wait(30)  # not one piece judged, nothing waited for
+    assert [free.get(1) for _ in range(6)] == list("abcdef")
+
+    held = tokens.ModelTokens(Model(), None, threading.Event(), None)
+    done = produce(held, "ab")
+    assert held.get(30) == "a"
+    assert not done.wait(0.3)  # "b" waits for the guest's verdict on "a"
+    held.judged(0)
+    assert done.wait(30) and held.get(30) == "b"
 
 
 def test_each_token_reaches_subscribers_before_cf_on_token():

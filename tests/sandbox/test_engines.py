@@ -6,6 +6,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tensorjob_jupyter as tj
 from tensorjob_jupyter.abi import codes
@@ -112,3 +114,68 @@ def test_a_guest_collected_while_another_is_watched_leaves_the_new_one_to_start(
     thread.start()
     thread.join(60)
     assert ended, "the second guest's start hung on the first one's collection"
+
+
+# --- the pooling allocator ------------------------------------------------------------------
+
+
+def _pooled(guest) -> bool:
+    return guest._shared.key[-1] == "pooled"
+
+
+def test_guests_start_on_the_pooled_engine_and_past_its_room_on_the_on_demand_one(monkeypatch):
+    from tensorjob_jupyter.sandbox import engines
+
+    with Guest(FRESH) as probe:
+        assert _pooled(probe)
+        others = probe._shared.live - 1  # guests other tests of this process left live, if any
+    monkeypatch.setattr(engines, "POOL_GUESTS", engines.POOL_MARGIN + others + 2)  # room for two more, then none
+    guests = [Guest(FRESH) for _ in range(5)]
+    try:
+        pooled = [_pooled(g) for g in guests]
+        assert pooled == [True, True, False, False, False], pooled
+        for g in guests:  # each runs wherever it started, its memory its own
+            assert g.init(b"{}").result == "fresh"
+    finally:
+        for g in guests:
+            g.close()
+    with Guest(FRESH) as again:  # the room is back once they end
+        assert _pooled(again)
+
+
+def test_a_guest_allowed_more_memory_than_a_slot_runs_on_demand_and_gets_all_of_it():
+    from tensorjob_jupyter.sandbox import engines
+
+    limit = engines.POOL_MEMORY_BYTES + (64 << 20)
+    with Guest(wat.memory_bomb(), tj.Limits(memory_bytes=limit)) as big:
+        assert not _pooled(big)
+        big.init(b"{}")
+        assert engines.POOL_MEMORY_BYTES < big.peak_memory_bytes <= limit
+    with Guest(wat.memory_bomb(), tj.Limits(memory_bytes=8 << 20)) as small:
+        assert _pooled(small)
+        small.init(b"{}")
+        assert small.peak_memory_bytes <= 8 << 20
+
+
+def _marker_guest(offset: int) -> bytes:
+    """Grows its memory to hold ``offset``, traps if the byte there is not zero, then sets it: a guest that
+    started on a slot another left dirty would trap."""
+    pages = offset // 65536 + 1
+    return wat.script_guest([{"cmd": "done", "result": "clean"}], init_body=f"""
+      (if (i32.lt_u (memory.size) (i32.const {pages}))
+        (then (drop (memory.grow (i32.sub (i32.const {pages}) (memory.size))))))
+      (if (i32.load8_u (i32.const {offset})) (then (unreachable)))
+      (i32.store8 (i32.const {offset}) (i32.const 0xab))
+      (call $next)""")
+
+
+@settings(max_examples=25, deadline=None)
+@given(offset=st.one_of(st.integers(0, wat.DATA - 1), st.integers(2 * wat.HEAP, 6 << 20)))
+def test_a_pooled_slot_never_shows_a_guest_what_the_one_before_it_wrote(offset):
+    """Whatever a guest writes wherever in its memory -- inside the part a warm slot keeps mapped or past it --
+    the next guest on that slot starts from zeros there."""
+    guest = _marker_guest(offset)
+    for _ in range(3):
+        with Guest(guest) as g:
+            assert _pooled(g)
+            assert g.init(b"{}").result == "clean"
