@@ -29,6 +29,8 @@ from typing import Any, Callable
 import wasmtime
 from wasmtime import _ffi as ffi
 
+from tensorjob_jupyter.sandbox.wasmcall import set_deadline
+
 #: Epoch tick: deadlines fire within one tick; interrupts are immediate.
 TICK_S = 0.02
 #: What a store's call ends with when its guest is stopped (the interpreter's classifier and ``Guest``
@@ -278,7 +280,7 @@ class EpochTicked:
         """The next stretch of guest code on ``context`` (a store or a call's context) may run ``seconds``."""
         self._stop_at = time.monotonic() + seconds
         self._cause = cause
-        ffi.wasmtime_context_set_epoch_deadline(context._context(), 1)
+        set_deadline(context, 1)
 
     def _epoch_verdict(self) -> str | None:
         """None: the call goes on; else why it stops (kept in ``_stopped``). On the guest's thread."""

@@ -31,7 +31,7 @@ from tensorjob_jupyter.limits import Limits
 from tensorjob_jupyter.sandbox.engines import (
     TICK_S, EpochTicked, PoolShape, SharedEngine, engine_for, forget_prepared,
 )
-from tensorjob_jupyter.sandbox.wasmcall import HotCall
+from tensorjob_jupyter.sandbox.wasmcall import HotCall, HotMemory
 
 WASM_MAGIC = b"\0asm"
 #: Compiling is the one step no deadline can interrupt (it runs before the guest
@@ -291,7 +291,7 @@ class Guest(EpochTicked):
                 raise self._stop_trap() from None
             raise GuestTrap(codes.WASM_TRAP, f"could not instantiate the guest: {_first_line(e)}") from None
         ex = instance.exports(store)
-        self._memory: wasmtime.Memory = ex["memory"]
+        self._memory = HotMemory(store, ex["memory"])
         # The ABI's exports, called through prepared C calls (wasmcall.py): their
         # signatures were checked above, and they are the host's hottest path.
         self._alloc = HotCall(store, ex["cf_alloc"], 1, checked=True)
@@ -378,7 +378,7 @@ class Guest(EpochTicked):
 
     def _note_memory(self) -> int:
         """The memory's size now (it only changes inside a guest call); kept as the peak too."""
-        size = self._memory.data_len(self._store) if hasattr(self, "_memory") else 0
+        size = self._memory.size() if hasattr(self, "_memory") else 0
         self._size = size
         if size > self.peak_memory_bytes:
             self.peak_memory_bytes = size
@@ -388,13 +388,13 @@ class Guest(EpochTicked):
 
     @property
     def memory_bytes(self) -> int:
-        return self._memory.data_len(self._store)
+        return self._memory.size()
 
     def _base(self) -> int:
-        return ctypes.addressof(self._memory.data_ptr(self._store).contents)
+        return self._memory.base()
 
     def read(self, ptr: int, length: int, what: str) -> bytes:
-        size = self._memory.data_len(self._store)
+        size = self._memory.size()
         if ptr < 0 or length < 0 or ptr + length > size:
             raise GuestTrap(codes.WASM_TRAP, f"{what} [{ptr:#x}, +{length}) lies outside guest memory "
                                              f"({size} bytes)")

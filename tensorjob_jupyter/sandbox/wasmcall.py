@@ -5,8 +5,9 @@ the host two guest calls, and ``Func.__call__`` spends most of its time in Pytho
 that takes a microsecond. ``HotCall`` prepares everything once and calls
 ``wasmtime_func_call_unchecked``, which is sound because the signatures are checked when the guest
 is validated. Traps and errors surface exactly as through the public API
-(``tests/sandbox/test_wasmcall.py`` checks it). Tested with wasmtime-py 50 (the range
-``pyproject.toml`` pins).
+(``tests/sandbox/test_wasmcall.py`` checks it). ``HotMemory`` and ``set_deadline`` read a memory and
+set a deadline through bindings that keep the GIL: calls of nanoseconds need no hand-off to another
+thread. Tested with wasmtime-py 50 (the range ``pyproject.toml`` pins).
 
 Design: docs/internals/sandbox.md#wasmcallpy
 """
@@ -20,6 +21,20 @@ from wasmtime import _ffi as ffi
 from wasmtime._func import maybe_raise_last_exn
 
 _TRAP = ctypes.POINTER(ffi.wasm_trap_t)
+
+#: The same C API through bindings that keep the GIL, for calls that take nanoseconds and never block or call
+#: back: through the usual ones each lets the GIL go and takes it back, which with a map's items running on
+#: several threads is a hand-off to another thread and back for every one.
+_HELD = ctypes.PyDLL(ffi.dll._name, handle=ffi.dll._handle)
+_memory_data = _HELD.wasmtime_memory_data
+_memory_data.restype = ctypes.c_void_p
+_memory_data.argtypes = [ctypes.POINTER(ffi.wasmtime_context_t), ctypes.POINTER(ffi.wasmtime_memory_t)]
+_memory_data_size = _HELD.wasmtime_memory_data_size
+_memory_data_size.restype = ctypes.c_size_t
+_memory_data_size.argtypes = [ctypes.POINTER(ffi.wasmtime_context_t), ctypes.POINTER(ffi.wasmtime_memory_t)]
+_set_epoch_deadline = _HELD.wasmtime_context_set_epoch_deadline
+_set_epoch_deadline.restype = None
+_set_epoch_deadline.argtypes = [ctypes.POINTER(ffi.wasmtime_context_t), ctypes.c_uint64]
 
 
 class HotCall:
@@ -55,9 +70,27 @@ class HotCall:
         return values[0].i32
 
 
-def set_deadline(store: wasmtime.Store, ticks: int) -> None:
-    """``store.set_epoch_deadline(ticks)`` without re-checking the store each time."""
-    ffi.wasmtime_context_set_epoch_deadline(store._context(), ticks)
+class HotMemory:
+    """A guest's memory: its size and where it starts, read as the host reads them around every guest call."""
+
+    __slots__ = ("_context", "_memory")
+
+    def __init__(self, store: wasmtime.Store, memory: wasmtime.Memory):
+        self._context = store._context()
+        self._memory = ctypes.byref(memory._memory)
+
+    def size(self) -> int:
+        """``memory.data_len(store)``."""
+        return _memory_data_size(self._context, self._memory)
+
+    def base(self) -> int:
+        """The address of the memory's first byte (``memory.data_ptr(store)``); valid until the next guest call."""
+        return _memory_data(self._context, self._memory) or 0
 
 
-__all__ = ["HotCall", "set_deadline"]
+def set_deadline(store: wasmtime.Store | wasmtime.Caller, ticks: int) -> None:
+    """``store.set_epoch_deadline(ticks)`` (a store's, or a host call's caller's)."""
+    _set_epoch_deadline(store._context(), ticks)
+
+
+__all__ = ["HotCall", "HotMemory", "set_deadline"]

@@ -6,12 +6,13 @@ fuel, stack overflow, and an exception left by a host function, each compared
 with the public API on the same module.
 """
 
+import ctypes
 import threading
 
 import pytest
 import wasmtime
 
-from tensorjob_jupyter.sandbox.wasmcall import HotCall, set_deadline
+from tensorjob_jupyter.sandbox.wasmcall import HotCall, HotMemory, set_deadline
 
 MODULE = """(module
   (import "host" "boom" (func $boom (result i32)))
@@ -71,6 +72,18 @@ def test_a_hot_call_does_what_the_public_call_does(name, args):
     _, store2, ex2 = instance()
     hot = outcome(lambda: HotCall(store2, ex2[name], len(args))(*args))
     assert hot == public
+
+
+@pytest.mark.parametrize("grow", [0, 1, 15])
+def test_a_hot_memory_reads_what_the_public_memory_reads(grow):
+    _, store, ex = instance()
+    memory = ex["memory"]
+    memory.grow(store, grow)
+    hot = HotMemory(store, memory)
+    assert hot.size() == memory.data_len(store) == (1 + grow) * 65536
+    assert hot.base() == ctypes.addressof(memory.data_ptr(store).contents)
+    HotCall(store, ex["store"], 2)(hot.size() - 4, 0x01020304)
+    assert ctypes.string_at(hot.base() + hot.size() - 4, 4) == bytes(memory.read(store, hot.size() - 4))
 
 
 def test_an_epoch_interrupt_stops_a_hot_call_as_it_stops_a_public_one():
