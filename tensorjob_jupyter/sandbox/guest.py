@@ -138,15 +138,19 @@ class ModuleCache:
 MODULE_CACHE = ModuleCache()
 
 
-def _engine_config(limits: Limits) -> tuple[wasmtime.Config, tuple]:
+def _engine_config(limits: Limits) -> wasmtime.Config:
     cfg = wasmtime.Config()
     cfg.epoch_interruption = True
     cfg.consume_fuel = limits.fuel is not None
     cfg.max_wasm_stack = limits.stack_bytes
     cfg.wasm_memory64 = True  # so a 64-bit guest compiles and is refused by name
     cfg.wasm_threads = False
-    key = ("epoch", limits.fuel is not None, limits.stack_bytes, WASMTIME_VERSION)
-    return cfg, key
+    return cfg
+
+
+def _engine_key(limits: Limits) -> tuple:
+    """What ``_engine_config(limits)`` depends on."""
+    return "epoch", limits.fuel is not None, limits.stack_bytes, WASMTIME_VERSION
 
 
 #: What one module guest holds at most (``Store.set_limits`` below): one instance, one memory, four tables; its
@@ -157,8 +161,7 @@ _POOL_SHAPE = PoolShape(core_instances=1, memories=1, tables=4, keep_resident_by
 def _shared_engine(limits: Limits) -> tuple[SharedEngine, tuple]:
     """The engine a guest with these settings (fuel on or off, the stack size, its memory limit) starts on, and
     the key its compiled modules are kept under (``engines.engine_for``)."""
-    key = _engine_config(limits)[1]
-    shared, engine_key = engine_for(("core", *key), lambda: _engine_config(limits)[0], _POOL_SHAPE,
+    shared, engine_key = engine_for(("core", *_engine_key(limits)), lambda: _engine_config(limits), _POOL_SHAPE,
                                     limits.memory_bytes)
     return shared, engine_key[1:]
 
