@@ -19,6 +19,7 @@ import collections
 import ctypes
 import gc
 import itertools
+import logging
 import math
 import threading
 import time
@@ -26,10 +27,17 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
+try:
+    import resource
+except ImportError:  # pragma: no cover - not POSIX
+    resource = None  # type: ignore[assignment]
+
 import wasmtime
 from wasmtime import _ffi as ffi
 
 from tensorjob_jupyter.sandbox.wasmcall import set_deadline
+
+log = logging.getLogger("tensorjob_jupyter")
 
 #: Epoch tick: deadlines fire within one tick; interrupts are immediate.
 TICK_S = 0.02
@@ -100,6 +108,9 @@ def shared_engine(key: tuple, config: Callable[[], wasmtime.Config]) -> SharedEn
 #: engine of the same settings (the margin covers guests starting at the same moment).
 POOL_GUESTS = 200
 POOL_MARGIN = 32
+#: Pooled engines a process makes at most (one for each set of engine settings in use); later settings' guests
+#: start on the on-demand engines.
+POOL_ENGINES = 4
 #: The most linear memory a pooled guest may have (the default ``Limits.memory_bytes``); a guest allowed more
 #: runs on the on-demand engine, so no limit is ever lowered by a slot's size.
 POOL_MEMORY_BYTES = 256 * 1024 * 1024
@@ -148,12 +159,39 @@ def engine_for(key: tuple, config: Callable[[], wasmtime.Config], shape: PoolSha
                ) -> tuple[SharedEngine, tuple]:
     """The engine a guest of ``shape`` allowed ``memory_bytes`` starts on, and its key: the pooled one of these
     settings while it has room and the guest fits a slot, else the on-demand one (``shared_engine``)."""
-    if memory_bytes <= POOL_MEMORY_BYTES:
-        pooled_key = (*key, "pooled")
-        pooled = shared_engine(pooled_key, lambda: pooling(config(), shape))
-        if pooled.live < POOL_GUESTS - POOL_MARGIN:
-            return pooled, pooled_key
+    pooled_key = (*key, "pooled")
+    if memory_bytes <= POOL_MEMORY_BYTES and pooled_key not in _UNPOOLED:
+        try:
+            pooled = shared_engine(pooled_key, lambda: pooling(_reservable(config()), shape))
+        except (_NoRoom, wasmtime.WasmtimeError) as e:  # its slots cannot be reserved here
+            _UNPOOLED.add(pooled_key)
+            log.warning("tensorjob: guests of %s start without the pooling allocator: %s", key, e)
+        else:
+            if pooled.live < POOL_GUESTS - POOL_MARGIN:
+                return pooled, pooled_key
     return shared_engine(key, config), key
+
+
+#: The pooled engines that could not be made: their guests start on the on-demand engines from then on.
+_UNPOOLED: set[tuple] = set()
+
+
+class _NoRoom(Exception):
+    """This process may not reserve what a pool's slots take."""
+
+
+def _reservable(config: wasmtime.Config) -> wasmtime.Config:
+    """``config``, if this process may reserve a pool's slots: a pool reserves a 4 GiB address range
+    for each memory slot when its engine is made (about a terabyte), which a process under an address-space limit
+    (``RLIMIT_AS``) cannot, nor one with ``POOL_ENGINES`` pools already (each set of engine settings -- fuel, the
+    stack size -- has a pool of its own) -- and wasmtime ends the process, not the call, when an engine cannot be
+    made."""
+    if resource is not None and resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY:
+        raise _NoRoom("this process's address space is limited (RLIMIT_AS)")
+    pools = sum(1 for k in _ENGINES if k[-1] == "pooled")  # under _ENGINES_LOCK: shared_engine calls config()
+    if pools >= POOL_ENGINES:
+        raise _NoRoom(f"this process has {pools} pools already (POOL_ENGINES)")
+    return config
 
 
 def forget_prepared() -> None:

@@ -157,6 +157,17 @@ def test_a_guest_allowed_more_memory_than_a_slot_runs_on_demand_and_gets_all_of_
         assert small.peak_memory_bytes <= 8 << 20
 
 
+def test_past_its_pools_a_process_starts_guests_of_new_settings_on_demand(monkeypatch):
+    """Each set of engine settings has a pool of its own (about a terabyte of address space); past
+    ``POOL_ENGINES`` of them, guests of settings not seen before start on the on-demand engine."""
+    from tensorjob_jupyter.sandbox import engines
+
+    monkeypatch.setattr(engines, "POOL_ENGINES", 0)
+    with Guest(FRESH, tj.Limits(stack_bytes=(1 << 20) + 3 * 65536)) as g:  # settings no other test uses
+        assert not _pooled(g)
+        assert g.init(b"{}").result == "fresh"
+
+
 def _marker_guest(offset: int) -> bytes:
     """Grows its memory to hold ``offset``, traps if the byte there is not zero, then sets it: a guest that
     started on a slot another left dirty would trap."""
@@ -179,3 +190,24 @@ def test_a_pooled_slot_never_shows_a_guest_what_the_one_before_it_wrote(offset):
         with Guest(guest) as g:
             assert _pooled(g)
             assert g.init(b"{}").result == "clean"
+
+
+def test_a_process_held_to_a_few_gigabytes_of_address_space_runs_its_guests_without_the_pool(tmp_path):
+    """A pool reserves a 4 GiB range for each of its memory slots when its engine is made; under an address-space
+    limit that cannot be done (and wasmtime would end the process), so guests start on the on-demand engine."""
+    guest = tmp_path / "fresh.wasm"
+    guest.write_bytes(FRESH)
+    script = f"""
+import resource
+resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
+import tensorjob_jupyter as tj
+from tensorjob_jupyter.sandbox.guest import Guest
+with Guest(open({str(guest)!r}, "rb").read()) as g:
+    assert g._shared.key[-1] != "pooled", g._shared.key
+    assert g.init(b"{{}}").result == "fresh"
+env = tj.run({str(guest)!r}, runs_dir={str(tmp_path / "runs")!r})
+assert env.ok and env.result == "fresh", env
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "without the pooling allocator" in done.stderr

@@ -9,6 +9,8 @@ replay and maps are in ``test_python_guest_jobs.py``.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 
@@ -584,3 +586,22 @@ def test_any_guest_api_arguments_end_in_a_value_or_a_clean_failure(program):
         assert isinstance(out.command, (abi.Done, abi.Fail))
         if isinstance(out.command, abi.Fail) and out.command.code == codes.SCRIPT_ERROR:
             assert "Traceback" in out.command.message or "Error" in out.command.message
+
+
+def test_the_interpreter_fits_a_pool_slot_of_the_shape_it_is_given(tmp_path):
+    """A pooled engine's slots are counted for ``_POOL_SHAPE`` a guest; an interpreter holding more core instances,
+    memories or tables than that would be refused once many ran. On a pool with room for exactly one guest of that
+    shape, one starts and answers."""
+    guest = tmp_path / "g.py"
+    guest.write_text('import tensorjob as tj\ndef main(input):\n    return tj.infer("hi", max_tokens=2).text\n')
+    script = f"""
+from tensorjob_jupyter.sandbox import engines
+engines.POOL_GUESTS, engines.POOL_MARGIN = 1, 0
+import tensorjob_jupyter as tj
+from tensorjob_jupyter.inference.scripted import ScriptedBackend
+env = tj.run({str(guest)!r}, backend=ScriptedBackend("a b"), runs_dir={str(tmp_path / "runs")!r})
+assert env.ok and env.result == "a b", env
+assert any(k[0] == "python" and k[-1] == "pooled" for k in engines._ENGINES), list(engines._ENGINES)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -732,10 +732,11 @@ def _define_shared(linker: component.Linker) -> None:
             s.add_func("create-udp-socket", lambda store, family: "access-denied")
 
 
-#: What the interpreter's component holds at most in a pooled engine's slots (its core instances, memories and
-#: tables, with room to spare); the interpreter touches about 32 MiB of its memory starting (kept: 115 starts a
-#: second on this host without, 178 with).
-_POOL_SHAPE = PoolShape(core_instances=16, memories=4, tables=8, keep_resident_bytes=32 * 1024 * 1024,
+#: What the interpreter's component holds in a pooled engine's slots: 14 core instances, one memory and two tables
+#: (``tests/sandbox/test_python_guest.py`` starts one on a pool of exactly this shape), with room to spare; the
+#: interpreter touches about 32 MiB of its memory starting (kept: 115 starts a second on this host without, 178
+#: with).
+_POOL_SHAPE = PoolShape(core_instances=16, memories=2, tables=4, keep_resident_bytes=32 * 1024 * 1024,
                         component=True)
 
 
