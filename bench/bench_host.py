@@ -253,7 +253,7 @@ class profiled_reactor:
 def bare_emit_loop(wasm: bytes, n: int) -> tuple[int, float]:
     """The wasmtime-py calls one emit step needs, with nothing around them."""
     limits = tj.Limits()
-    cfg, _ = guest_mod._engine_config(limits)  # the host's own Engine configuration
+    cfg = guest_mod._engine_config(limits)  # the host's own Engine configuration (its on-demand engine)
     engine = wasmtime.Engine(cfg)
     module = wasmtime.Module(engine, wasm)
     store = wasmtime.Store(engine)

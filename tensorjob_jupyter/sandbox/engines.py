@@ -21,16 +21,12 @@ import gc
 import itertools
 import logging
 import math
+import mmap
 import threading
 import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
-
-try:
-    import resource
-except ImportError:  # pragma: no cover - not POSIX
-    resource = None  # type: ignore[assignment]
 
 import wasmtime
 from wasmtime import _ffi as ffi
@@ -117,8 +113,11 @@ POOL_MEMORY_BYTES = 256 * 1024 * 1024
 #: Free slots kept warm (their memory's first ``PoolShape.keep_resident_bytes`` still mapped, zeroed for the next
 #: guest instead of faulted in again): a map's items at once reuse them; the rest are given back to the kernel.
 POOL_WARM_SLOTS = 4
-#: The most elements a pooled guest's table may hold (the stores' own limit).
+#: The most elements a pooled guest's table may hold (the stores' own limit), and the most bytes of an instance's
+#: own state (a module with very many functions needs more: it starts on demand, as does any guest a pool's own
+#: limits refuse -- ``PoolRefused`` in ``sandbox/guest.py``).
 POOL_TABLE_ELEMENTS = 1_000_000
+POOL_INSTANCE_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -145,6 +144,9 @@ def pooling(config: wasmtime.Config, shape: PoolShape) -> wasmtime.Config:
         ffi.wasmtime_pooling_allocation_config_total_tables_set(pool, POOL_GUESTS * shape.tables)
         ffi.wasmtime_pooling_allocation_config_total_component_instances_set(
             pool, POOL_GUESTS if shape.component else 0)
+        ffi.wasmtime_pooling_allocation_config_max_memories_per_module_set(pool, shape.memories)
+        ffi.wasmtime_pooling_allocation_config_max_tables_per_module_set(pool, shape.tables)
+        ffi.wasmtime_pooling_allocation_config_max_core_instance_size_set(pool, POOL_INSTANCE_BYTES)
         ffi.wasmtime_pooling_allocation_config_max_memory_size_set(pool, POOL_MEMORY_BYTES)
         ffi.wasmtime_pooling_allocation_config_table_elements_set(pool, POOL_TABLE_ELEMENTS)
         ffi.wasmtime_pooling_allocation_config_linear_memory_keep_resident_set(pool, shape.keep_resident_bytes)
@@ -162,7 +164,7 @@ def engine_for(key: tuple, config: Callable[[], wasmtime.Config], shape: PoolSha
     pooled_key = (*key, "pooled")
     if memory_bytes <= POOL_MEMORY_BYTES and pooled_key not in _UNPOOLED:
         try:
-            pooled = shared_engine(pooled_key, lambda: pooling(_reservable(config()), shape))
+            pooled = shared_engine(pooled_key, lambda: pooling(_reservable(config(), shape), shape))
         except (_NoRoom, wasmtime.WasmtimeError) as e:  # its slots cannot be reserved here
             _UNPOOLED.add(pooled_key)
             log.warning("tensorjob: guests of %s start without the pooling allocator: %s", key, e)
@@ -180,18 +182,25 @@ class _NoRoom(Exception):
     """This process may not reserve what a pool's slots take."""
 
 
-def _reservable(config: wasmtime.Config) -> wasmtime.Config:
-    """``config``, if this process may reserve a pool's slots: a pool reserves a 4 GiB address range
-    for each memory slot when its engine is made (about a terabyte), which a process under an address-space limit
-    (``RLIMIT_AS``) cannot, nor one with ``POOL_ENGINES`` pools already (each set of engine settings -- fuel, the
-    stack size -- has a pool of its own) -- and wasmtime ends the process, not the call, when an engine cannot be
-    made."""
-    if resource is not None and resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY:
-        raise _NoRoom("this process's address space is limited (RLIMIT_AS)")
+def _reservable(config: wasmtime.Config, shape: PoolShape) -> wasmtime.Config:
+    """``config``, if this process may reserve the slots of a pool for ``shape``: a pool reserves a 4 GiB address
+    range for each memory slot when its engine is made (a terabyte or more), and wasmtime ends the process, not
+    the call, when it cannot -- under an address-space limit (``RLIMIT_AS``), or on a kernel with a small address
+    space. So twice the reservation is tried first (mapped with no access, never touched, and let go at once), and
+    a process with ``POOL_ENGINES`` pools already (each set of engine settings has its own) makes no more."""
     pools = sum(1 for k in _ENGINES if k[-1] == "pooled")  # under _ENGINES_LOCK: shared_engine calls config()
     if pools >= POOL_ENGINES:
         raise _NoRoom(f"this process has {pools} pools already (POOL_ENGINES)")
+    size = 2 * POOL_GUESTS * shape.memories * _SLOT_BYTES
+    try:
+        mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=0).close()
+    except (OSError, OverflowError, ValueError) as e:
+        raise _NoRoom(f"this process cannot reserve {size >> 30} GiB of address space ({e})") from None
     return config
+
+
+#: The address range a pooled memory slot takes: 4 GiB and its guard.
+_SLOT_BYTES = (4 << 30) + (32 << 20)
 
 
 def forget_prepared() -> None:

@@ -29,7 +29,7 @@ from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import JobFailure, codes
 from tensorjob_jupyter.limits import Limits
 from tensorjob_jupyter.sandbox.engines import (
-    TICK_S, EpochTicked, PoolShape, SharedEngine, engine_for, forget_prepared,
+    TICK_S, EpochTicked, PoolShape, SharedEngine, engine_for, forget_prepared, shared_engine,
 )
 from tensorjob_jupyter.sandbox.wasmcall import HotCall, HotMemory
 
@@ -158,6 +158,16 @@ def _engine_key(limits: Limits) -> tuple:
 _POOL_SHAPE = PoolShape(core_instances=1, memories=1, tables=4, keep_resident_bytes=1024 * 1024)
 
 
+class PoolRefused(Exception):
+    """A pooled engine refused a guest for its own limits or room, not the guest's: it starts on demand."""
+
+
+def _on_demand_engine(limits: Limits) -> tuple[SharedEngine, tuple]:
+    """The on-demand engine of these settings, and its modules' key (``_shared_engine``'s fallback)."""
+    key = ("core", *_engine_key(limits))
+    return shared_engine(key, lambda: _engine_config(limits)), key[1:]
+
+
 def _shared_engine(limits: Limits) -> tuple[SharedEngine, tuple]:
     """The engine a guest with these settings (fuel on or off, the stack size, its memory limit) starts on, and
     the key its compiled modules are kept under (``engines.engine_for``)."""
@@ -247,14 +257,35 @@ class Guest(EpochTicked):
         if not wasm.startswith(WASM_MAGIC):
             raise GuestTrap(codes.WASM_TRAP, "not a WebAssembly module (no \\0asm header)")
         self.digest = digest or module_digest(wasm)
-
-        self._shared, key = _shared_engine(self.limits)
         imports = list(imports)
+        try:
+            instance, store = self._start(_shared_engine(self.limits), wasm, imports, cache)
+        except PoolRefused:  # a pool's own limits, or its room, refused what the on-demand engine allows
+            instance, store = self._start(_on_demand_engine(self.limits), wasm, imports, cache)
+        ex = instance.exports(store)
+        self._memory = HotMemory(store, ex["memory"])
+        # The ABI's exports, called through prepared C calls (wasmcall.py): their
+        # signatures were checked above, and they are the host's hottest path.
+        self._alloc = HotCall(store, ex["cf_alloc"], 1, checked=True)
+        self._init = HotCall(store, ex["cf_init"], 2, checked=True)
+        self._step = HotCall(store, ex["cf_step"], 2, checked=True)
+        on_token = ex.get("cf_on_token")
+        self._on_token = HotCall(store, on_token, 2, checked=True) if on_token is not None else None
+        self._note_memory()
+
+    def _start(self, engine: tuple[SharedEngine, tuple], wasm: bytes, imports: list, cache: ModuleCache
+               ) -> tuple[Any, wasmtime.Store]:
+        """The guest's instance and store on ``engine`` (an engine and its modules' key). ``PoolRefused`` where a
+        pooled engine refused it for its own limits or room (nothing of the guest has run: its start is not a
+        trap), so that the caller starts it again on demand."""
+        self._shared, key = engine
+        self._closed, self._stopped = False, None
+        pooled = key[-1] == "pooled"
         kinds = tuple(sorted(getattr(imp, "shared_key", None) or "" for imp in imports))
         linked_once = all(kinds)
         shared = cast("list[SharedHostImports]", imports) if linked_once else []  # each has a shared_key
         self._imports = {imp.shared_key: imp for imp in shared}
-        module = self._module(wasm, key, cache)
+        module = self._module(wasm, key, cache, pooled=pooled)
         available = {n for imp in imports for n in imp.names()}
 
         def validate() -> bool:
@@ -292,24 +323,20 @@ class Guest(EpochTicked):
             self.close()
             if self._stopped is not None:
                 raise self._stop_trap() from None
+            if pooled:
+                raise PoolRefused(_first_line(e)) from None
             raise GuestTrap(codes.WASM_TRAP, f"could not instantiate the guest: {_first_line(e)}") from None
-        ex = instance.exports(store)
-        self._memory = HotMemory(store, ex["memory"])
-        # The ABI's exports, called through prepared C calls (wasmcall.py): their
-        # signatures were checked above, and they are the host's hottest path.
-        self._alloc = HotCall(store, ex["cf_alloc"], 1, checked=True)
-        self._init = HotCall(store, ex["cf_init"], 2, checked=True)
-        self._step = HotCall(store, ex["cf_step"], 2, checked=True)
-        on_token = ex.get("cf_on_token")
-        self._on_token = HotCall(store, on_token, 2, checked=True) if on_token is not None else None
-        self._note_memory()
+        return instance, store
 
-    def _module(self, wasm: bytes, key: tuple, cache: ModuleCache) -> wasmtime.Module:
-        """The module on the shared engine: compiled (or deserialized from ``cache``) the first time."""
+    def _module(self, wasm: bytes, key: tuple, cache: ModuleCache, *, pooled: bool) -> wasmtime.Module:
+        """The module on the shared engine: compiled (or deserialized from ``cache``) the first time; on a pooled
+        engine, a module its limits refuse is ``PoolRefused`` (the on-demand engine says whether it is valid)."""
         def load() -> wasmtime.Module:
             try:
                 return cache.load(self._shared.engine, key, wasm, self.digest)
             except wasmtime.WasmtimeError as e:
+                if pooled:
+                    raise PoolRefused(_first_line(e)) from None
                 raise GuestTrap(codes.WASM_TRAP, f"invalid WebAssembly module: {_first_line(e)}") from None
 
         module, made = self._shared.prepared(("module", self.digest), load)
@@ -493,5 +520,6 @@ def _first_line(e: BaseException) -> str:
 
 __all__ = [
     "WASM_MAGIC", "MAX_MODULE_BYTES", "PAGE", "TICK_S", "I32", "WASMTIME_VERSION", "GuestTrap", "HostImports",
-    "current_import", "EpochTicked", "CacheStats", "ModuleCache", "MODULE_CACHE", "validate_module", "module_digest", "Guest"
+    "current_import", "EpochTicked", "CacheStats", "ModuleCache", "MODULE_CACHE", "validate_module", "module_digest",
+    "PoolRefused", "Guest"
 ]

@@ -145,7 +145,7 @@ def test_the_model_waits_for_a_guest_that_judges_tokens_and_never_for_one_that_c
 
     from tensorjob_jupyter.host import tokens
 
-    monkeypatch.setattr(tokens, "LOOKAHEAD_WAIT_S", 30.0)  # a wait for the guest: far longer than this test
+    monkeypatch.setattr(tokens, "LOOKAHEAD_WAIT_S", 300.0)  # a wait for the guest: far longer than this test
 
     class Model:  # generate_stream's pieces are offered by the test's own producer thread
         def generate_stream(self, request, on_piece):
@@ -157,7 +157,7 @@ def test_the_model_waits_for_a_guest_that_judges_tokens_and_never_for_one_that_c
         return done
 
     free = tokens.ModelTokens(Model(), None, threading.Event(), None, judged=False)
-    assert produce(free, "abcdef").wait(30)  # not one piece judged, nothing waited for
+    assert produce(free, "abcdef").wait(20)  # not one piece judged, nothing waited for
     assert [free.get(1) for _ in range(6)] == list("abcdef")
 
     held = tokens.ModelTokens(Model(), None, threading.Event(), None)
@@ -165,7 +165,7 @@ def test_the_model_waits_for_a_guest_that_judges_tokens_and_never_for_one_that_c
     assert held.get(30) == "a"
     assert not done.wait(0.3)  # "b" waits for the guest's verdict on "a"
     held.judged(0)
-    assert done.wait(30) and held.get(30) == "b"
+    assert done.wait(20) and held.get(20) == "b"
 
 
 def test_each_token_reaches_subscribers_before_cf_on_token():

@@ -211,3 +211,45 @@ assert env.ok and env.result == "fresh", env
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "without the pooling allocator" in done.stderr
+
+
+def test_guests_a_pool_refuses_start_on_demand(tmp_path):
+    """A pool full past its room -- its live count racing the guests that start together -- or one whose own
+    limits refuse a module (its tables, its instance's size) leaves the guest to the on-demand engine, never fails
+    it: here a pool with room for one instance and no margin, three C guests and two Python guests at once."""
+    guest = tmp_path / "g.py"
+    guest.write_text('import tensorjob as tj\ndef main(input):\n    return tj.infer("hi", max_tokens=2).text\n')
+    fresh = tmp_path / "fresh.wasm"
+    fresh.write_bytes(FRESH)
+    script = f"""
+from tensorjob_jupyter.sandbox import engines
+engines.POOL_GUESTS, engines.POOL_MARGIN = 1, -10  # the live count lets every guest try the pool
+import tensorjob_jupyter as tj
+from tensorjob_jupyter.inference.scripted import ScriptedBackend
+from tensorjob_jupyter.sandbox.guest import Guest
+from tensorjob_jupyter.sandbox.python.guest import PythonGuest
+guests = [Guest(open({str(fresh)!r}, "rb").read()) for _ in range(3)]
+pooled = [g._shared.key[-1] == "pooled" for g in guests]
+assert pooled == [True, False, False], pooled
+assert all(g.init(b"{{}}").result == "fresh" for g in guests)
+from tensorjob_jupyter.sandbox.python.program import PythonProgram
+held = [PythonGuest(PythonProgram(open({str(guest)!r}).read(), "g.py")) for _ in range(2)]
+assert [g._shared.key[-1] == "pooled" for g in held] == [True, False]
+for g in held:
+    g.close()
+jobs = [tj.Job({str(guest)!r}, backend=ScriptedBackend("a b"), runs_dir={str(tmp_path / "runs")!r}) for _ in range(2)]
+for job in jobs:
+    job.start()
+for job in jobs:
+    env = job.wait(300)
+    assert env.ok and env.result == "a b", env
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_module_with_as_many_tables_as_a_store_allows_runs_pooled():
+    two_tables = wat.script_guest([{"cmd": "done", "result": "two"}], extra="(table 1 funcref) (table 2 funcref)")
+    with Guest(two_tables) as g:
+        assert _pooled(g)
+        assert g.init(b"{}").result == "two"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import queue
 import random
 import re
@@ -31,8 +30,8 @@ from wasmtime import component
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import codes, event_types
 from tensorjob_jupyter.limits import Limits
-from tensorjob_jupyter.sandbox.engines import EpochTicked, PoolShape, SharedEngine, engine_for
-from tensorjob_jupyter.sandbox.guest import GuestTrap
+from tensorjob_jupyter.sandbox.engines import EpochTicked, PoolShape, SharedEngine, engine_for, shared_engine
+from tensorjob_jupyter.sandbox.guest import GuestTrap, PoolRefused
 from tensorjob_jupyter.sandbox.python import hostcall, interpreter
 from tensorjob_jupyter.sandbox.python.program import MAX_SOURCE_BYTES, PythonProgram, format_syntax_error
 from tensorjob_jupyter.sandbox.streaming import DISABLED, DISCONNECTED, OK, REFUSED, StreamingHost
@@ -219,11 +218,31 @@ class PythonGuest(EpochTicked):
             raise GuestTrap(codes.WASM_TRAP, f"the Python guest is over {MAX_SOURCE_BYTES} bytes")
         try:
             self.interpreter = interpreter.ensure(self.fuel, progress)
-            self._shared, comp, linker = _prepared(self.interpreter, self.fuel, self.limits.stack_bytes,
-                                                    self.limits.memory_bytes)
         except interpreter.InterpreterError as e:
             raise GuestTrap(codes.UNSUPPORTED, f"cannot run a Python guest: {e}") from None
         self._rng = random.Random(self.determinism.seed)
+        try:
+            run, check = self._start(pooled=True)
+        except PoolRefused:  # a pool's own limits, or its room, refused what the on-demand engine allows
+            run, check = self._start(pooled=False)
+        if run is None or check is None:
+            self.close()
+            raise GuestTrap(codes.WASM_TRAP, "the Python interpreter lacks its run/check exports")
+        self._run, self._check = run, check
+        self._publish(EVENT_INTERPRETER, interpreter=self.interpreter.describe(), filename=program.filename,
+                      source_sha256=hashlib.sha256(program.source.encode("utf-8")).hexdigest(),
+                      seed=self.determinism.seed, wall_origin_ns=self.determinism.wall_origin_ns)
+
+    def _start(self, *, pooled: bool) -> tuple[Any, Any]:
+        """The interpreter's instance in a store of its own, on the pooled engine of these settings where it may
+        (``engines.engine_for``), else on demand; its ``run`` and ``check`` exports. ``PoolRefused`` where a
+        pooled engine refused it for its own limits or room (no guest code has run), to start it on demand."""
+        self._closed, self._stopped = False, None
+        try:
+            self._shared, comp, linker = _prepared(self.interpreter, self.fuel, self.limits.stack_bytes,
+                                                    self.limits.memory_bytes, pooled=pooled)
+        except interpreter.InterpreterError as e:
+            raise GuestTrap(codes.UNSUPPORTED, f"cannot run a Python guest: {e}") from None
         self._store = wasmtime.Store(self._shared.engine)
         self._store.set_wasi(wasmtime.WasiConfig())  # nothing granted: no dirs, env, args, network
         self._store.set_limits(memory_size=self.limits.memory_bytes, table_elements=1_000_000)
@@ -243,16 +262,12 @@ class PythonGuest(EpochTicked):
             if "memory" in message and ("limit" in message or "minimum" in message):
                 raise GuestTrap(codes.LIMIT_EXCEEDED, f"the Python interpreter needs more memory than the job's "
                                                       f"memory_bytes ({self.limits.memory_bytes}): {message}") from None
+            if self._shared.key[-1] == "pooled" and self._stopped is None:
+                raise PoolRefused(message) from None
             raise GuestTrap(codes.WASM_TRAP, f"could not start the Python interpreter: {message}") from None
         finally:
             _CURRENT.guest = None
-        if run is None or check is None:
-            self.close()
-            raise GuestTrap(codes.WASM_TRAP, "the Python interpreter lacks its run/check exports")
-        self._run, self._check = run, check
-        self._publish(EVENT_INTERPRETER, interpreter=self.interpreter.describe(), filename=program.filename,
-                      source_sha256=hashlib.sha256(program.source.encode("utf-8")).hexdigest(),
-                      seed=self.determinism.seed, wall_origin_ns=self.determinism.wall_origin_ns)
+        return run, check
 
     # -- the host functions (run on the interpreter's thread, inside a guest call) ---------------
 
@@ -740,13 +755,14 @@ _POOL_SHAPE = PoolShape(core_instances=16, memories=2, tables=4, keep_resident_b
                         component=True)
 
 
-def _prepared(interp: interpreter.Interpreter, fuel: bool, stack_bytes: int, memory_bytes: int
+def _prepared(interp: interpreter.Interpreter, fuel: bool, stack_bytes: int, memory_bytes: int, *, pooled: bool
               ) -> tuple[SharedEngine, component.Component, component.Linker]:
-    """The engine for these settings (``engines.engine_for``), the interpreter's component loaded into it once,
-    and its linker with the host's functions defined once (``InterpreterError`` if the component cannot be
-    loaded)."""
-    shared, _ = engine_for(("python", interpreter.engine_key(fuel), stack_bytes),
-                           lambda: interpreter.engine_config(fuel, stack_bytes), _POOL_SHAPE, memory_bytes)
+    """The engine for these settings (``engines.engine_for``; with ``pooled`` false, the on-demand one), the
+    interpreter's component loaded into it once, and its linker with the host's functions defined once
+    (``InterpreterError`` if the component cannot be loaded)."""
+    key = ("python", interpreter.engine_key(fuel), stack_bytes)
+    config = lambda: interpreter.engine_config(fuel, stack_bytes)  # noqa: E731
+    shared = engine_for(key, config, _POOL_SHAPE, memory_bytes)[0] if pooled else shared_engine(key, config)
     comp, _ = shared.prepared(("component", interp.sha256), lambda: interpreter.load_component(shared.engine, interp))
 
     def make_linker() -> component.Linker:
