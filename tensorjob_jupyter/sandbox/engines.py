@@ -40,6 +40,8 @@ TICK_S = 0.02
 #: What a store's call ends with when its guest is stopped (the interpreter's classifier and ``Guest``
 #: look for these words, as for a wasmtime interrupt trap).
 STOPPED_MESSAGE = b"wasm trap: interrupt (tensorjob: the guest was stopped)"
+#: The last part of a pooled engine's key (``engine_for``).
+POOLED = "pooled"
 #: Prepared items (modules, pre-linked instances, components) one engine keeps, the least used dropped first.
 MAX_PREPARED = 256
 
@@ -79,6 +81,11 @@ class SharedEngine:
             while len(self._prepared) > MAX_PREPARED:
                 self._prepared.popitem(last=False)
         return kept, kept is item
+
+    @property
+    def pooled(self) -> bool:
+        """Whether this engine's guests come from a pool's slots (``engine_for``)."""
+        return self.key[-1] == POOLED
 
     def forget(self) -> None:
         with self._lock:
@@ -157,20 +164,21 @@ def pooling(config: wasmtime.Config, shape: PoolShape) -> wasmtime.Config:
     return config
 
 
-def engine_for(key: tuple, config: Callable[[], wasmtime.Config], shape: PoolShape, memory_bytes: int
-               ) -> tuple[SharedEngine, tuple]:
+def engine_for(key: tuple, config: Callable[[], wasmtime.Config], shape: PoolShape, memory_bytes: int, *,
+               pooled: bool = True) -> tuple[SharedEngine, tuple]:
     """The engine a guest of ``shape`` allowed ``memory_bytes`` starts on, and its key: the pooled one of these
-    settings while it has room and the guest fits a slot, else the on-demand one (``shared_engine``)."""
-    pooled_key = (*key, "pooled")
-    if memory_bytes <= POOL_MEMORY_BYTES and pooled_key not in _UNPOOLED:
+    settings while it has room and the guest fits a slot, else (or with ``pooled`` false: a guest the pool
+    refused) the on-demand one (``shared_engine``)."""
+    pooled_key = (*key, POOLED)
+    if pooled and memory_bytes <= POOL_MEMORY_BYTES and pooled_key not in _UNPOOLED:
         try:
-            pooled = shared_engine(pooled_key, lambda: pooling(_reservable(config(), shape), shape))
+            pool = shared_engine(pooled_key, lambda: pooling(_reservable(config(), shape), shape))
         except (_NoRoom, wasmtime.WasmtimeError) as e:  # its slots cannot be reserved here
             _UNPOOLED.add(pooled_key)
             log.warning("tensorjob: guests of %s start without the pooling allocator: %s", key, e)
         else:
-            if pooled.live < POOL_GUESTS - POOL_MARGIN:
-                return pooled, pooled_key
+            if pool.live < POOL_GUESTS - POOL_MARGIN:
+                return pool, pooled_key
     return shared_engine(key, config), key
 
 
@@ -188,7 +196,7 @@ def _reservable(config: wasmtime.Config, shape: PoolShape) -> wasmtime.Config:
     the call, when it cannot -- under an address-space limit (``RLIMIT_AS``), or on a kernel with a small address
     space. So twice the reservation is tried first (mapped with no access, never touched, and let go at once), and
     a process with ``POOL_ENGINES`` pools already (each set of engine settings has its own) makes no more."""
-    pools = sum(1 for k in _ENGINES if k[-1] == "pooled")  # under _ENGINES_LOCK: shared_engine calls config()
+    pools = sum(1 for e in _ENGINES.values() if e.pooled)  # under _ENGINES_LOCK: shared_engine calls config()
     if pools >= POOL_ENGINES:
         raise _NoRoom(f"this process has {pools} pools already (POOL_ENGINES)")
     size = 2 * POOL_GUESTS * shape.memories * _SLOT_BYTES

@@ -29,7 +29,7 @@ from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import JobFailure, codes
 from tensorjob_jupyter.limits import Limits
 from tensorjob_jupyter.sandbox.engines import (
-    TICK_S, EpochTicked, PoolShape, SharedEngine, engine_for, forget_prepared, shared_engine,
+    TICK_S, EpochTicked, PoolShape, SharedEngine, engine_for, forget_prepared,
 )
 from tensorjob_jupyter.sandbox.wasmcall import HotCall, HotMemory
 
@@ -162,17 +162,11 @@ class PoolRefused(Exception):
     """A pooled engine refused a guest for its own limits or room, not the guest's: it starts on demand."""
 
 
-def _on_demand_engine(limits: Limits) -> tuple[SharedEngine, tuple]:
-    """The on-demand engine of these settings, and its modules' key (``_shared_engine``'s fallback)."""
-    key = ("core", *_engine_key(limits))
-    return shared_engine(key, lambda: _engine_config(limits)), key[1:]
-
-
-def _shared_engine(limits: Limits) -> tuple[SharedEngine, tuple]:
+def _shared_engine(limits: Limits, *, pooled: bool = True) -> tuple[SharedEngine, tuple]:
     """The engine a guest with these settings (fuel on or off, the stack size, its memory limit) starts on, and
-    the key its compiled modules are kept under (``engines.engine_for``)."""
+    the key its compiled modules are kept under (``engines.engine_for``; ``pooled`` false: on demand)."""
     shared, engine_key = engine_for(("core", *_engine_key(limits)), lambda: _engine_config(limits), _POOL_SHAPE,
-                                    limits.memory_bytes)
+                                    limits.memory_bytes, pooled=pooled)
     return shared, engine_key[1:]
 
 
@@ -261,7 +255,7 @@ class Guest(EpochTicked):
         try:
             instance, store = self._start(_shared_engine(self.limits), wasm, imports, cache)
         except PoolRefused:  # a pool's own limits, or its room, refused what the on-demand engine allows
-            instance, store = self._start(_on_demand_engine(self.limits), wasm, imports, cache)
+            instance, store = self._start(_shared_engine(self.limits, pooled=False), wasm, imports, cache)
         ex = instance.exports(store)
         self._memory = HotMemory(store, ex["memory"])
         # The ABI's exports, called through prepared C calls (wasmcall.py): their
@@ -280,7 +274,7 @@ class Guest(EpochTicked):
         trap), so that the caller starts it again on demand."""
         self._shared, key = engine
         self._closed, self._stopped = False, None
-        pooled = key[-1] == "pooled"
+        pooled = self._shared.pooled
         kinds = tuple(sorted(getattr(imp, "shared_key", None) or "" for imp in imports))
         linked_once = all(kinds)
         shared = cast("list[SharedHostImports]", imports) if linked_once else []  # each has a shared_key

@@ -30,7 +30,7 @@ from wasmtime import component
 from tensorjob_jupyter import abi
 from tensorjob_jupyter.abi import codes, event_types
 from tensorjob_jupyter.limits import Limits
-from tensorjob_jupyter.sandbox.engines import EpochTicked, PoolShape, SharedEngine, engine_for, shared_engine
+from tensorjob_jupyter.sandbox.engines import EpochTicked, PoolShape, SharedEngine, engine_for
 from tensorjob_jupyter.sandbox.guest import GuestTrap, PoolRefused
 from tensorjob_jupyter.sandbox.python import hostcall, interpreter
 from tensorjob_jupyter.sandbox.python.program import MAX_SOURCE_BYTES, PythonProgram, format_syntax_error
@@ -262,7 +262,7 @@ class PythonGuest(EpochTicked):
             if "memory" in message and ("limit" in message or "minimum" in message):
                 raise GuestTrap(codes.LIMIT_EXCEEDED, f"the Python interpreter needs more memory than the job's "
                                                       f"memory_bytes ({self.limits.memory_bytes}): {message}") from None
-            if self._shared.key[-1] == "pooled" and self._stopped is None:
+            if self._shared.pooled and self._stopped is None:
                 raise PoolRefused(message) from None
             raise GuestTrap(codes.WASM_TRAP, f"could not start the Python interpreter: {message}") from None
         finally:
@@ -760,9 +760,9 @@ def _prepared(interp: interpreter.Interpreter, fuel: bool, stack_bytes: int, mem
     """The engine for these settings (``engines.engine_for``; with ``pooled`` false, the on-demand one), the
     interpreter's component loaded into it once, and its linker with the host's functions defined once
     (``InterpreterError`` if the component cannot be loaded)."""
-    key = ("python", interpreter.engine_key(fuel), stack_bytes)
-    config = lambda: interpreter.engine_config(fuel, stack_bytes)  # noqa: E731
-    shared = engine_for(key, config, _POOL_SHAPE, memory_bytes)[0] if pooled else shared_engine(key, config)
+    shared, _ = engine_for(("python", interpreter.engine_key(fuel), stack_bytes),
+                           lambda: interpreter.engine_config(fuel, stack_bytes), _POOL_SHAPE, memory_bytes,
+                           pooled=pooled)
     comp, _ = shared.prepared(("component", interp.sha256), lambda: interpreter.load_component(shared.engine, interp))
 
     def make_linker() -> component.Linker:
